@@ -1,0 +1,95 @@
+# rtserve: train, archive, serve and test a real-time PyTorch classifier on TorchServe.
+SHELL = /usr/bin/env bash -o pipefail
+.SHELLFLAGS = -ec
+.DEFAULT_GOAL := help
+
+MODEL_NAME    ?= realtime-classifier
+MODEL_VERSION ?= 1.0
+PYTHON        ?= python3
+VENV          ?= .venv
+MODEL_STORE   ?= model_store
+ARTIFACTS     ?= artifacts
+RUN_DIR       ?= .run
+MODEL_CONFIG  ?= model/model-config.yaml
+PYTEST_ARGS   ?=
+
+# Training options per version; `make archive MODEL_VERSION=2.0` trains the larger model.
+TRAIN_ARGS_1.0 = --epochs 1 --hidden 64
+TRAIN_ARGS_2.0 = --epochs 6 --hidden 128
+TRAIN_ARGS    ?= $(or $(TRAIN_ARGS_$(MODEL_VERSION)),$(TRAIN_ARGS_1.0))
+
+BIN       := $(VENV)/bin
+PY        := $(BIN)/python
+STAMP     := $(VENV)/.installed
+MODEL_DIR := $(ARTIFACTS)/$(MODEL_VERSION)
+MAR       := $(MODEL_STORE)/$(MODEL_NAME)_$(MODEL_VERSION).mar
+HANDLER_SRC := $(wildcard handler/*.py)
+STAGE     := build/stage/$(MODEL_NAME)_$(MODEL_VERSION)
+
+##@ General
+.PHONY: help
+help: ## Show this help
+	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make \033[36m<target>\033[0m [VAR=value]\n"} \
+	  /^[a-zA-Z0-9_.%-]+:.*?##/ { printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2 } \
+	  /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
+	@printf "\nVariables: MODEL_NAME=%s MODEL_VERSION=%s MODEL_STORE=%s\n" "$(MODEL_NAME)" "$(MODEL_VERSION)" "$(MODEL_STORE)"
+
+##@ Build
+.PHONY: venv
+venv: $(STAMP) ## Create .venv and install the pinned dependencies
+
+$(STAMP): requirements.txt requirements-dev.txt
+	@echo ">> creating $(VENV) and installing pinned dependencies (about a minute)"
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	@touch $@
+
+.PHONY: train
+train: $(MODEL_DIR)/weights.pt ## Train MODEL_VERSION (deterministic; prints epochs and held-out accuracy)
+
+$(MODEL_DIR)/weights.pt $(MODEL_DIR)/meta.json &: $(STAMP) rtserve/train.py rtserve/data.py handler/model.py
+	@echo ">> training $(MODEL_NAME) $(MODEL_VERSION) ($(TRAIN_ARGS))"
+	$(PY) -m rtserve.train --version $(MODEL_VERSION) --out $(MODEL_DIR) $(TRAIN_ARGS)
+
+.PHONY: archive
+archive: $(MAR) ## Build model_store/$(MODEL_NAME)_$(MODEL_VERSION).mar
+
+$(MAR): $(MODEL_DIR)/weights.pt $(MODEL_DIR)/meta.json $(HANDLER_SRC) $(MODEL_CONFIG) | $(STAMP)
+	@echo ">> archiving $@"
+	rm -rf $(STAGE) && mkdir -p $(STAGE)/files/handler $(STAGE)/out $(STAGE)/tmp $(MODEL_STORE)
+	cp $(HANDLER_SRC) $(STAGE)/files/handler/
+	cp $(MODEL_DIR)/meta.json $(STAGE)/files/
+	TMPDIR=$(abspath $(STAGE)/tmp) $(BIN)/torch-model-archiver --model-name $(MODEL_NAME) \
+	  --version $(MODEL_VERSION) --serialized-file $(MODEL_DIR)/weights.pt \
+	  --handler handler/rtserve_handler.py --extra-files $(STAGE)/files \
+	  --config-file $(MODEL_CONFIG) --export-path $(STAGE)/out --force
+	mv $(STAGE)/out/$(MODEL_NAME).mar $@
+	@echo ">> built $@"
+
+##@ Run
+.PHONY: serve
+serve: $(MAR) ## Install, build the archive, start TorchServe on localhost and wait until it answers
+	$(PY) -m rtserve.server start --run-dir $(RUN_DIR) --model-store $(MODEL_STORE) \
+	  --models $(MODEL_NAME)=$(notdir $(MAR))
+	@echo ">> try it:"
+	@echo "   TOKEN=\$$($(PY) -m rtserve token)"
+	@echo "   curl -s http://127.0.0.1:8080/predictions/$(MODEL_NAME) -H \"Authorization: Bearer \$$TOKEN\" \\"
+	@echo "        -H 'Content-Type: application/json' -d @examples/request.json"
+	@echo "   or: make predict"
+
+.PHONY: predict
+predict: $(STAMP) ## Send examples/request.json to the running server
+	$(PY) -m rtserve predict $(MODEL_NAME) examples/request.json
+
+.PHONY: stop
+stop: ## Stop the TorchServe started by `make serve`
+	$(PY) -m rtserve.server stop --run-dir $(RUN_DIR)
+
+##@ Test
+.PHONY: test
+test: $(STAMP) ## Run the whole test suite (builds what it needs, starts and stops its own servers)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+.PHONY: clean
+clean: ## Remove build outputs (archives, artifacts, run directory); keeps .venv
+	rm -rf build $(ARTIFACTS) $(RUN_DIR) $(MODEL_STORE)/*.mar

@@ -1,0 +1,154 @@
+"""Request parsing and validation: pure functions, no TorchServe import.
+
+A request body is ``{"features": [n numbers]}``. Each request of a batch is parsed on its
+own; a bad one becomes an :class:`InvalidInput` for that request alone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from handler.errors import InvalidInput
+
+#: Default largest magnitude accepted for a feature. Far beyond any training value, small enough
+#: that the network's activations stay finite in float32.
+DEFAULT_FEATURE_LIMIT = 1.0e6
+
+
+def request_body(row: Any) -> Any:
+    """Return the payload of one TorchServe request row (``data`` or ``body``), decoded if JSON.
+
+    TorchServe decodes ``application/json`` bodies itself; other content types (or bodies it
+    failed to decode) arrive as bytes or text and are decoded here.
+
+    Raises:
+        InvalidInput: the body is empty, not UTF-8, or not valid JSON.
+    """
+    body = row.get("data") if isinstance(row, dict) else None
+    if body is None and isinstance(row, dict):
+        body = row.get("body")
+    if body is None:
+        raise InvalidInput(
+            "request body is empty or not JSON: send a JSON object like {\"features\": [...]} "
+            "with Content-Type: application/json"
+        )
+    if isinstance(body, (bytes, bytearray)):
+        try:
+            body = body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidInput("request body is not valid UTF-8 JSON") from exc
+    if isinstance(body, str):
+        if not body.strip():
+            raise InvalidInput("request body is empty: send a JSON object like {\"features\": [...]}")
+        try:
+            body = json.loads(body)
+        except (ValueError, RecursionError) as exc:
+            raise InvalidInput("request body is not valid JSON") from exc
+    return body
+
+
+def parse_features(body: Any, n_features: int, limit: float = DEFAULT_FEATURE_LIMIT) -> list[float]:
+    """Validate a decoded body and return its feature vector.
+
+    Raises:
+        InvalidInput: naming the field: ``features`` missing, not a list, wrong length, or an
+            element that is not a finite number within ``[-limit, limit]``.
+    """
+    if not isinstance(body, dict):
+        raise InvalidInput(
+            f"request body must be a JSON object with a 'features' field, got {_json_type(body)}",
+            field="features",
+        )
+    if "features" not in body:
+        raise InvalidInput("missing required field 'features'", field="features")
+    features = body["features"]
+    if not isinstance(features, list):
+        raise InvalidInput(
+            f"'features' must be a list of {n_features} numbers, got {_json_type(features)}",
+            field="features",
+        )
+    if len(features) != n_features:
+        raise InvalidInput(
+            f"'features' must have exactly {n_features} numbers, got {len(features)}",
+            field="features",
+        )
+    for i, value in enumerate(features):
+        kind = type(value)
+        if kind is not float and kind is not int:  # bool is a subclass of int: excluded here
+            raise InvalidInput(
+                f"features[{i}] must be a number, got {_json_type(value)}", field=f"features[{i}]"
+            )
+        if not -limit <= value <= limit:  # also false for NaN
+            what = "a finite number" if kind is float and not math.isfinite(value) else "in range"
+            raise InvalidInput(
+                f"features[{i}] must be {what} within [-{limit:g}, {limit:g}], got {_short(value)}",
+                field=f"features[{i}]",
+            )
+    return features
+
+
+@dataclass
+class ParsedBatch:
+    """A batch after parsing: the valid rows as one tensor, and an error per invalid request."""
+
+    size: int
+    rows: list[int] = field(default_factory=list)
+    inputs: torch.Tensor | None = None
+    errors: dict[int, InvalidInput] = field(default_factory=dict)
+
+
+def parse_batch(
+    data: Sequence[Any], n_features: int, limit: float = DEFAULT_FEATURE_LIMIT
+) -> ParsedBatch:
+    """Parse every request of a batch; valid ones become rows of one float32 tensor."""
+    batch = ParsedBatch(size=len(data))
+    vectors: list[list[float]] = []
+    for idx, row in enumerate(data):
+        try:
+            vectors.append(parse_features(request_body(row), n_features, limit))
+            batch.rows.append(idx)
+        except InvalidInput as exc:
+            batch.errors[idx] = exc
+    if vectors:
+        batch.inputs = torch.tensor(vectors, dtype=torch.float32)
+    return batch
+
+
+class Normalizer:
+    """Standardizes features with the training statistics: ``(x - mean) / std``."""
+
+    def __init__(self, mean: Sequence[float], std: Sequence[float]) -> None:
+        self.mean = torch.tensor(mean, dtype=torch.float32)
+        self.std = torch.tensor(std, dtype=torch.float32)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalize a ``[batch, n_features]`` tensor."""
+        return (x - self.mean) / self.std
+
+
+def _json_type(value: Any) -> str:
+    """The JSON name of a decoded value's type, for error messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def _short(value: Any) -> str:
+    """A bounded rendering of a value for error messages."""
+    text = repr(value)
+    return text if len(text) <= 32 else text[:29] + "..."

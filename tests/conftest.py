@@ -1,0 +1,51 @@
+"""Fixtures: trained artifacts (unit tier) and Makefile-built archives (integration tier)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from rtserve.train import train
+
+REPO = Path(__file__).resolve().parent.parent
+MODEL_NAME = "realtime-classifier"
+
+
+@pytest.fixture(scope="session")
+def trained_dir(tmp_path_factory) -> Path:
+    """A model directory laid out like an unpacked archive: weights.pt + meta.json."""
+    import torch
+
+    out = tmp_path_factory.mktemp("model_v1")
+    model, meta = train("1.0", epochs=1, hidden=64)
+    torch.save(model.state_dict(), out / "weights.pt")
+    meta.save(out / "meta.json")
+    return out
+
+
+@pytest.fixture(scope="session")
+def build_root(tmp_path_factory) -> Path:
+    """Where the Makefile puts artifacts and archives for this test session."""
+    return tmp_path_factory.mktemp("build")
+
+
+def make_archive(build_root: Path, version: str, **variables: str) -> Path:
+    """Build ``<name>_<version>.mar`` with the project's own Makefile (what users run)."""
+    store = build_root / "model_store"
+    args = [f"MODEL_VERSION={version}", f"MODEL_STORE={store}",
+            f"ARTIFACTS={build_root / 'artifacts'}", f"VENV={REPO / '.venv'}"]
+    args += [f"{k}={v}" for k, v in variables.items()]
+    subprocess.run(["make", "-s", "archive", *args], cwd=REPO, check=True,
+                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=dict(os.environ))
+    mar = store / f"{MODEL_NAME}_{version}.mar"
+    assert mar.is_file(), f"make archive did not produce {mar}"
+    return mar
+
+
+@pytest.fixture(scope="session")
+def mar_v1(build_root) -> Path:
+    """The default archive, built by `make archive`."""
+    return make_archive(build_root, "1.0")

@@ -1,0 +1,27 @@
+"""A real TorchServe on free loopback ports, serving the Makefile-built archive."""
+
+from __future__ import annotations
+
+import pytest
+
+from rtserve.server import TorchServe, free_ports, port_overrides
+from tests.conftest import MODEL_NAME
+
+
+def start_server(run_dir, mar, models=None, **kwargs) -> TorchServe:
+    """Start TorchServe from the project's config with every listener on a free port."""
+    server = TorchServe(run_dir, mar.parent, models if models is not None else [f"{MODEL_NAME}={mar.name}"],
+                        overrides=port_overrides(free_ports(6)), **kwargs)
+    server.start()
+    return server
+
+
+@pytest.fixture(scope="module")
+def server(mar_v1, tmp_path_factory):
+    """One server per test module, polled ready with a timeout, stopped in ``finally``."""
+    ts = start_server(tmp_path_factory.mktemp("run"), mar_v1)
+    try:
+        ts.wait_ready(timeout=120, models=[MODEL_NAME])
+        yield ts
+    finally:
+        ts.stop()

@@ -1,0 +1,104 @@
+"""Predictions over HTTP from a real TorchServe serving the archive `make archive` built."""
+
+from __future__ import annotations
+
+import json
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from tests.conftest import MODEL_NAME
+from tests.helpers import Reference, features
+
+pytestmark = pytest.mark.integration
+
+
+def post(server, body: bytes, token: str | None = "inference", content_type="application/json"):
+    headers = {"Content-Type": content_type}
+    if token:
+        headers["Authorization"] = f"Bearer {server.client().keys.get(token)}"
+    return requests.post(f"{server.props['inference_address']}/predictions/{MODEL_NAME}",
+                         data=body, headers=headers, timeout=30)
+
+
+def rows(n: int) -> list[list[float]]:
+    return [[(i * 7 + j * 13) % 97 - 48.0 + 0.25 * j for j in range(32)] for i in range(n)]
+
+
+def batch_log(server) -> list[tuple[int, int]]:
+    """(size, valid) of every batch the handler logged."""
+    text = (server.log_dir / "model_log.log").read_text()
+    return [(int(a), int(b)) for a, b in re.findall(r"batch size=(\d+) valid=(\d+)", text)]
+
+
+def test_served_archive_is_the_one_make_built(server, mar_v1):
+    desc = server.client().describe(MODEL_NAME)[0]
+    assert desc["modelUrl"] == mar_v1.name == "realtime-classifier_1.0.mar"
+    assert desc["modelVersion"] == "1.0"
+    assert server.props["model_store"] == str(mar_v1.parent)
+    assert desc["batchSize"] == 32 and desc["maxBatchDelay"] == 5
+    assert len([w for w in desc["workers"] if w["status"] == "READY"]) == 2
+
+
+def test_predictions_match_model_run_directly(server, mar_v1):
+    ref = Reference.from_mar(mar_v1)
+    data = rows(8)
+    expected = ref.probabilities(data)
+    client = server.client()
+    for row, probs in zip(data, expected):
+        body = client.predict(MODEL_NAME, {"features": row})
+        assert body["prediction"] == int(probs.argmax())
+        assert body["label"] == ref.meta.labels[body["prediction"]]
+        assert body["probabilities"] == pytest.approx(probs.tolist(), abs=1e-6)
+        assert body["model_version"] == "1.0"
+
+
+def test_concurrent_requests_are_batched(server, mar_v1):
+    before = len(batch_log(server))
+    data = rows(128)
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        answers = list(pool.map(lambda r: post(server, json.dumps({"features": r}).encode()), data))
+    assert [a.status_code for a in answers] == [200] * len(data)
+    expected = Reference.from_mar(mar_v1).probabilities(data)
+    for answer, probs in zip(answers, expected):
+        assert answer.json()["probabilities"] == pytest.approx(probs.tolist(), abs=1e-6)
+    batches = batch_log(server)[before:]
+    assert sum(size for size, _ in batches) == len(data)
+    assert max(size for size, _ in batches) > 1, f"no batch held more than one request: {batches}"
+
+
+def test_mixed_burst_gets_per_request_statuses(server):
+    good = json.dumps({"features": features()}).encode()
+    bad = [b"{oops", json.dumps({"features": [1.0] * 5}).encode(),
+           json.dumps({"features": ["x"] * 32}).encode(), json.dumps({"feature": []}).encode()]
+    bodies = [bad[i % 4] if i % 3 == 0 else good for i in range(96)]
+    before = len(batch_log(server))
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        answers = list(pool.map(lambda b: post(server, b), bodies))
+    for body, answer in zip(bodies, answers):
+        if body is good:
+            assert answer.status_code == 200 and answer.json()["model_version"] == "1.0"
+        else:
+            assert answer.status_code == 400, answer.text
+            assert answer.json()["error"]
+    mixed = [(s, v) for s, v in batch_log(server)[before:] if 0 < v < s]
+    assert mixed, "no batch mixed good and bad requests"
+
+
+def test_error_body_names_the_field(server):
+    answer = post(server, json.dumps({"features": features()[:31] + [float("nan")]}).encode().replace(b"NaN", b"NaN"))
+    assert answer.status_code == 400
+    assert answer.json() == {
+        "error": "features[31] must be a finite number within [-1e+06, 1e+06], got nan",
+        "field": "features[31]",
+    }
+
+
+def test_inference_needs_the_token(server):
+    good = json.dumps({"features": features()}).encode()
+    for answer in (post(server, good, token=None), post(server, good, token="management")):
+        assert answer.status_code == 400
+        assert answer.json()["type"] == "InvalidKeyException"
+    assert post(server, good).status_code == 200

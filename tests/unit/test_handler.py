@@ -1,0 +1,172 @@
+"""The handler with a real ts.context.Context, no server."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import yaml
+
+from handler.errors import ConfigError
+from handler.model import ModelMetadata
+from handler.rtserve_handler import RealTimeHandler
+from tests.conftest import REPO
+from tests.helpers import Reference, features, json_row, make_context, raw_row, start_batch
+
+pytestmark = pytest.mark.unit
+
+MODEL_YAML = yaml.safe_load((REPO / "model" / "model-config.yaml").read_text())
+
+
+@pytest.fixture(scope="module")
+def handler_ctx(trained_dir):
+    ctx = make_context(trained_dir, MODEL_YAML)
+    handler = RealTimeHandler()
+    handler.initialize(ctx)
+    return handler, ctx
+
+
+def run(handler, ctx, rows):
+    """Call the handler the way ts.service.Service.predict does; return (statuses, bodies)."""
+    start_batch(ctx, len(rows))
+    out = handler.handle(rows, ctx)
+    assert isinstance(out, list) and len(out) == len(rows)
+    statuses = [ctx.get_response_status(i)[0] for i in range(len(rows))]
+    for i in range(len(rows)):
+        assert ctx.get_response_content_type(i) == "application/json"
+    return statuses, [json.loads(o) for o in out]
+
+
+def test_valid_batch_matches_reference(handler_ctx, trained_dir):
+    handler, ctx = handler_ctx
+    rows = [features(value=v) for v in (-50.0, 0.0, 3.5, 40.0)]
+    statuses, bodies = run(handler, ctx, [json_row({"features": r}) for r in rows])
+    assert statuses == [200] * 4
+    ref = Reference(trained_dir / "weights.pt", ModelMetadata.load(trained_dir / "meta.json"))
+    expected = ref.probabilities(rows)
+    for body, probs in zip(bodies, expected):
+        assert set(body) == {"prediction", "label", "probabilities", "model_version"}
+        assert body["model_version"] == "1.0"
+        assert body["prediction"] == int(probs.argmax())
+        assert body["label"] == ref.meta.labels[body["prediction"]]
+        assert body["probabilities"] == pytest.approx(probs.tolist(), abs=1e-6)
+        assert math.isclose(sum(body["probabilities"]), 1.0, abs_tol=1e-5)
+
+
+def test_bytes_and_text_bodies_are_parsed(handler_ctx):
+    handler, ctx = handler_ctx
+    payload = json.dumps({"features": features()})
+    statuses, _ = run(handler, ctx, [raw_row(payload.encode()), {"data": payload}])
+    assert statuses == [200, 200]
+
+
+BAD = [
+    ("not json", raw_row(b"{not json"), "request body is not valid JSON", None),
+    ("not utf-8", raw_row(b"\xff\xfe\xfd"), "request body is not valid UTF-8 JSON", None),
+    ("empty", raw_row(b"  "), "request body is empty", None),
+    ("no body", {}, "request body is empty or not JSON", None),
+    ("array", json_row([1, 2]), "request body must be a JSON object with a 'features' field, got array", "features"),
+    ("missing", json_row({"x": 1}), "missing required field 'features'", "features"),
+    ("not list", json_row({"features": "1,2"}), "'features' must be a list of 32 numbers, got string", "features"),
+    ("short", json_row({"features": [1.0] * 31}), "'features' must have exactly 32 numbers, got 31", "features"),
+    ("long", json_row({"features": [1.0] * 33}), "'features' must have exactly 32 numbers, got 33", "features"),
+    ("string", json_row({"features": features()[:5] + ["x"] + features()[6:]}),
+     "features[5] must be a number, got string", "features[5]"),
+    ("bool", json_row({"features": [True] + features()[1:]}), "features[0] must be a number, got boolean", "features[0]"),
+    ("null", json_row({"features": features()[:31] + [None]}), "features[31] must be a number, got null", "features[31]"),
+    ("nested", json_row({"features": [[1.0]] + features()[1:]}), "features[0] must be a number, got array", "features[0]"),
+    ("nan", json_row({"features": [float("nan")] + features()[1:]}), "features[0] must be a finite number", "features[0]"),
+    ("inf", json_row({"features": features()[:2] + [float("inf")] + features()[3:]}), "features[2] must be a finite number", "features[2]"),
+    ("huge", json_row({"features": [10**400] + features()[1:]}), "features[0] must be in range", "features[0]"),
+]
+
+
+@pytest.mark.parametrize("name,row,message,field", BAD, ids=[b[0] for b in BAD])
+def test_each_bad_request_gets_its_own_400(handler_ctx, name, row, message, field):
+    handler, ctx = handler_ctx
+    statuses, bodies = run(handler, ctx, [row])
+    assert statuses == [400]
+    assert bodies[0]["error"].startswith(message)
+    assert bodies[0].get("field") == field
+    phrase = ctx.get_response_status(0)[1]
+    assert phrase.startswith(message[:40]) and phrase.isascii() and "\n" not in phrase
+
+
+def test_mixed_batch_keeps_good_requests(handler_ctx, trained_dir):
+    handler, ctx = handler_ctx
+    good = [features(value=v) for v in (1.0, -20.0, 60.0)]
+    rows = [json_row({"features": good[0]}), raw_row(b"oops"), json_row({"features": good[1]}),
+            json_row({"features": [1.0]}), json_row({"features": good[2]})]
+    statuses, bodies = run(handler, ctx, rows)
+    assert statuses == [200, 400, 200, 400, 200]
+    ref = Reference(trained_dir / "weights.pt", ModelMetadata.load(trained_dir / "meta.json"))
+    expected = ref.probabilities(good)
+    for body, probs in zip([bodies[0], bodies[2], bodies[4]], expected):
+        assert body["probabilities"] == pytest.approx(probs.tolist(), abs=1e-6)
+    assert "error" in bodies[1] and "error" in bodies[3]
+
+
+def test_all_bad_batch_skips_inference(handler_ctx):
+    handler, ctx = handler_ctx
+    statuses, bodies = run(handler, ctx, [raw_row(b"x")] * 3)
+    assert statuses == [400] * 3 and all("error" in b for b in bodies)
+
+
+@pytest.mark.parametrize("size", [1, 2, 7, 32])
+def test_output_length_equals_batch_length(handler_ctx, size):
+    handler, ctx = handler_ctx
+    rows = [json_row({"features": features()}) if i % 3 else raw_row(b"bad") for i in range(size)]
+    statuses, bodies = run(handler, ctx, rows)
+    assert len(bodies) == size
+    assert statuses == [200 if i % 3 else 400 for i in range(size)]
+
+
+def test_normalization_matches_training_statistics(handler_ctx, trained_dir):
+    handler, _ = handler_ctx
+    meta = ModelMetadata.load(trained_dir / "meta.json")
+    from rtserve.data import make_dataset
+
+    x = make_dataset().x_train
+    assert meta.mean == pytest.approx(x.mean(dim=0).tolist(), rel=1e-5)
+    assert meta.std == pytest.approx(x.std(dim=0).tolist(), rel=1e-5)
+    normalized = handler.normalize(x)
+    assert normalized.mean(dim=0).abs().max() < 1e-3
+    assert (normalized.std(dim=0) - 1).abs().max() < 1e-3
+
+
+def test_torchscript_mode_gives_same_answers(trained_dir):
+    yaml_cfg = {**MODEL_YAML, "handler": {**MODEL_YAML["handler"], "torchscript": True}}
+    ctx = make_context(trained_dir, yaml_cfg)
+    handler = RealTimeHandler()
+    handler.initialize(ctx)
+    assert isinstance(handler.model, torch.jit.ScriptModule)
+    _, bodies = run(handler, ctx, [json_row({"features": features()})])
+    ref = Reference(trained_dir / "weights.pt", ModelMetadata.load(trained_dir / "meta.json"))
+    assert bodies[0]["probabilities"] == pytest.approx(ref.probabilities([features()])[0].tolist(), abs=1e-6)
+
+
+@pytest.mark.parametrize("handler_cfg,message", [
+    ({"num_thread": 1}, "unknown handler setting(s): num_thread"),
+    ({"num_threads": "2"}, "handler.num_threads must be int"),
+    ({"num_threads": 0}, "handler.num_threads must be in [1, 64]"),
+    ({"torchscript": "yes"}, "handler.torchscript must be bool"),
+    ({"feature_limit": -1.0}, "handler.feature_limit must be a positive number"),
+])
+def test_bad_config_fails_initialize(trained_dir, handler_cfg, message):
+    ctx = make_context(trained_dir, {"handler": handler_cfg})
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(").replace(")", r"\)")):
+        RealTimeHandler().initialize(ctx)
+
+
+def test_missing_or_corrupt_artifacts_fail_initialize(trained_dir, tmp_path):
+    (tmp_path / "meta.json").write_text((trained_dir / "meta.json").read_text())
+    with pytest.raises(ConfigError, match="model weights not found"):
+        RealTimeHandler().initialize(make_context(tmp_path, MODEL_YAML))
+    (tmp_path / "weights.pt").write_bytes(b"not a torch file")
+    with pytest.raises(ConfigError, match="model weights cannot be loaded"):
+        RealTimeHandler().initialize(make_context(tmp_path, MODEL_YAML))
+    (tmp_path / "meta.json").unlink()
+    with pytest.raises(ConfigError, match="model metadata not found"):
+        RealTimeHandler().initialize(make_context(tmp_path, MODEL_YAML))
