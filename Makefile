@@ -130,6 +130,10 @@ test: $(STAMP) ## Run the whole test suite (builds what it needs, starts and sto
 bench-rollout: $(MODEL_STORE)/$(MODEL_NAME)_1.0.mar $(MODEL_STORE)/$(MODEL_NAME)_2.0.mar ## Rollout 1.0 -> 2.0 and back under steady load (about 40 s)
 	$(PY) -m bench.rollout_load --model-store $(MODEL_STORE)
 
+.PHONY: bench-hostile
+bench-hostile: $(MAR) ## Hostile-input corpus over HTTP mixed into valid traffic (3000 bad requests)
+	$(PY) -m bench.hostile_input --model-store $(MODEL_STORE) --version $(MODEL_VERSION)
+
 $(MODEL_STORE)/$(MODEL_NAME)_%.mar: FORCE
 	$(MAKE) --no-print-directory archive MODEL_VERSION=$*
 
