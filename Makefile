@@ -134,6 +134,10 @@ bench-rollout: $(MODEL_STORE)/$(MODEL_NAME)_1.0.mar $(MODEL_STORE)/$(MODEL_NAME)
 bench-hostile: $(MAR) ## Hostile-input corpus over HTTP mixed into valid traffic (3000 bad requests)
 	$(PY) -m bench.hostile_input --model-store $(MODEL_STORE) --version $(MODEL_VERSION)
 
+.PHONY: bench-overload
+bench-overload: $(MAR) ## A burst of 400 requests against 1 worker and a queue of 8: fast 503s, then normal service
+	$(PY) -m bench.overload --model-store $(MODEL_STORE) --version $(MODEL_VERSION) --burst 400 --queue 8 --workers 1
+
 $(MODEL_STORE)/$(MODEL_NAME)_%.mar: FORCE
 	$(MAKE) --no-print-directory archive MODEL_VERSION=$*
 

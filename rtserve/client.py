@@ -47,6 +47,13 @@ class Refused(TorchServeError):
     or the model API is disabled)."""
 
 
+class Overloaded(TorchServeError):
+    """HTTP 503 from a full job queue: TorchServe refused at once; retry later or elsewhere."""
+
+
+QUEUE_FULL = "has no worker to serve inference request"
+
+
 class Keys:
     """Token keys from TorchServe's ``key_file.json``; re-read whenever the file changes."""
 
@@ -275,6 +282,10 @@ def _error(method: str, path: str, resp: requests.Response) -> TorchServeError:
             "need enable_model_api=true)", status, body)
     if status in (403, 405):
         return Refused(message, status, body)
+    if status == 503 and QUEUE_FULL in str(detail):
+        return Overloaded(
+            f"{method} {path} -> 503: the model's job queue is full (TorchServe says: {detail}); "
+            "retry with backoff", status, body)
     if status == 404:
         return NotFound(message, status, body)
     if status == 409:
