@@ -1,6 +1,7 @@
 # rtserve image: TorchServe, the pinned dependencies, the handler and the .mar of ONE model
 # version. Build it with `make image MODEL_VERSION=2.0 IMG=registry.example.com/ml/rtserve`,
-# which builds the archive first and tags the image with the model version.
+# which builds the archive first, stages a build context with only what is copied below
+# (build/image/<version>/) and tags the image with the model version.
 #
 # bookworm, not the newer Debian the plain 3.11-slim tag follows: bookworm ships Java 17.
 FROM python:3.11.11-slim-bookworm
