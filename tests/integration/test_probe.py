@@ -4,19 +4,27 @@ The pod runs ``python -m rtserve.server run`` and probes it with ``python -m rts
 these tests run exactly those commands, with the cluster's ``config.properties``
 (deploy/k8s/base) but loopback listeners on free ports, and keys that expire after 1.8 s so the
 probes must renew them as they would after an hour in the cluster.
+
+Where the machine allows a private mount namespace (root, as on CI), the server runs the way
+the Deployment runs it: the root filesystem read-only, only the run directory and /tmp
+writable (the pod's two emptyDirs), as the manifest's non-root UID.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
+import yaml
 
 from rtserve.probe import loopback
 from rtserve.server import DRAIN_FILE, TorchServe, free_ports, port_overrides, read_properties, write_properties
@@ -28,22 +36,59 @@ K8S_CONFIG = REPO / "deploy" / "k8s" / "base" / "config.properties"
 KEY_LIFETIME_MIN = "0.03"  # 1.8 seconds
 
 
+def pod_security() -> dict:
+    """The Deployment's container securityContext (runAsUser, readOnlyRootFilesystem, ...)."""
+    manifest = yaml.safe_load((REPO / "deploy" / "k8s" / "base" / "deployment.yaml").read_text())
+    return manifest["spec"]["template"]["spec"]["containers"][0]["securityContext"]
+
+
+def can_sandbox() -> bool:
+    """Whether a private mount namespace with a read-only root can be made here."""
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("setpriv"):
+        return False
+    probe_cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                 "mount -o remount,bind,ro / && ! touch /.rtserve-ro-check 2>/dev/null"]
+    return subprocess.run(probe_cmd, capture_output=True, timeout=30).returncode == 0
+
+
 class Pod:
     """``python -m rtserve.server run`` as the container runs it, plus its probe commands."""
 
-    def __init__(self, run_dir: Path, config: Path, mar: Path) -> None:
-        self.run_dir = run_dir
-        self.env = dict(os.environ, RTSERVE_RUN_DIR=str(run_dir), RTSERVE_MODEL=MODEL_NAME,
-                        RTSERVE_CONFIG=str(config), RTSERVE_MODEL_STORE=str(mar.parent),
-                        RTSERVE_MODELS=f"{MODEL_NAME}={mar.name}")
-        self.server = TorchServe(run_dir, mar.parent, config=config)
+    def __init__(self, root: Path, config: Path, mar: Path, sandbox: bool) -> None:
+        self.root = root
+        self.run_dir = root / "run"
+        self.tmp = root / "tmp"
+        store = root / "model_store"
+        for d in (self.run_dir, self.tmp, store):
+            d.mkdir(parents=True)
+        shutil.copy(mar, store / mar.name)
+        self.sandbox = sandbox
+        self.uid = pod_security()["runAsUser"]
+        if sandbox:  # the emptyDirs belong to the pod's user (fsGroup in the cluster)
+            for d in (self.run_dir, self.tmp):
+                os.chown(d, self.uid, self.uid)
+        self.env = dict(os.environ, RTSERVE_RUN_DIR=str(self.run_dir), RTSERVE_MODEL=MODEL_NAME,
+                        RTSERVE_CONFIG=str(config), RTSERVE_MODEL_STORE=str(store),
+                        RTSERVE_MODELS=f"{MODEL_NAME}={mar.name}", HOME=str(self.run_dir),
+                        PYTHONDONTWRITEBYTECODE="1")
+        self.server = TorchServe(self.run_dir, store, config=config)
         self.proc: subprocess.Popen | None = None
-        self.out = run_dir.parent / f"{run_dir.name}.out"
+        self.out = root / "runner.out"
 
     def start(self) -> None:
+        cmd = [sys.executable, "-m", "rtserve.server", "run"]
+        if self.sandbox:
+            # Only the run directory and /tmp stay writable; then drop to the pod's user. It
+            # keeps CAP_DAC_READ_SEARCH (read anything, write nothing extra) only because this
+            # machine's Python lives under /root (mode 700); in the image it is world-readable.
+            script = (f"mount --bind {self.run_dir} {self.run_dir} && mount --bind {self.tmp} /tmp"
+                      f" && mount -o remount,bind,ro / && exec setpriv --reuid {self.uid}"
+                      f" --regid {self.uid} --clear-groups --inh-caps +dac_read_search"
+                      f" --ambient-caps +dac_read_search \"$@\"")
+            cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "pod", *cmd]
         with open(self.out, "ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "rtserve.server", "run"], cwd=REPO,
-                                         env=self.env, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(cmd, cwd=REPO, env=self.env, stdout=out,
+                                         stderr=subprocess.STDOUT)
 
     def probe(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "rtserve.probe", *args], cwd=REPO,
@@ -71,18 +116,24 @@ class Pod:
 
 
 @pytest.fixture(scope="module")
-def pod(mar_v1, tmp_path_factory):
-    root = tmp_path_factory.mktemp("pod")
+def pod(mar_v1):
+    # Under the repository's build/ (world-readable), not pytest's private tmp: the pod's
+    # non-root user must be able to read its config and archive.
+    parent = REPO / "build" / "test-pods"
+    parent.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(dir=parent))
+    root.chmod(0o755)
     config = root / "config.properties"
     props = read_properties(K8S_CONFIG)
     props.update(port_overrides(free_ports(6)), token_expiration_min=KEY_LIFETIME_MIN)
     write_properties(config, props)
-    pod = Pod(root / "run", config, mar_v1)
+    pod = Pod(root, config, mar_v1, sandbox=can_sandbox())
     pod.start()
     try:
         yield pod
     finally:
         pod.kill()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_loopback_rewrites_wildcard_listeners():
@@ -110,6 +161,26 @@ def test_ready_means_the_model_answers_even_after_keys_expire(pod):
     again = pod.probe("ready")
     assert again.returncode == 0, again.stdout
     assert (pod.run_dir / "key_file.json").read_text() != keys, "keys were not renewed"
+
+
+def test_server_runs_on_a_read_only_root_as_the_pods_user(pod):
+    """What readOnlyRootFilesystem and runAsUser do to the pod, done here with a mount namespace."""
+    if not pod.sandbox:
+        pytest.skip("no private mount namespace here (needs root and unshare): not emulated")
+    assert pod_security()["readOnlyRootFilesystem"] is True
+    pod.wait_ready()
+    frontend = psutil.Process(pod.server.pid())
+    workers = frontend.children(recursive=True)
+    assert workers, "no model workers"
+    for proc in [frontend, *workers]:
+        assert proc.uids().real == pod.uid, proc.cmdline()
+        mounts = Path(f"/proc/{proc.pid}/mountinfo").read_text().splitlines()
+        root_opts = next(line.split()[5] for line in mounts if line.split()[4] == "/")
+        assert root_opts.split(",")[0] == "ro", (proc.pid, root_opts)
+    written = {p.relative_to(pod.root).parts[0] for p in pod.root.rglob("*")
+               if p.stat().st_uid == pod.uid}
+    assert written <= {"run", "tmp"}, written
+    assert (pod.run_dir / "key_file.json").stat().st_uid == pod.uid
 
 
 def test_ready_fails_for_a_model_that_is_not_served(pod):
@@ -158,5 +229,8 @@ def test_drain_waits_for_in_flight_requests_then_sigterm_stops_cleanly(pod):
     # A restarted container keeps its emptyDir; the old drain file must not keep it unready.
     assert (pod.run_dir / DRAIN_FILE).exists()
     pod.start()
-    assert pod.wait_ready().returncode == 0
-    assert not (pod.run_dir / DRAIN_FILE).exists()
+    deadline = time.monotonic() + 60
+    while (pod.run_dir / DRAIN_FILE).exists() or pod.server.pid() is None:
+        assert time.monotonic() < deadline and pod.proc.poll() is None, pod.out.read_text()
+        time.sleep(0.1)
+    assert pod.terminate() == 0
