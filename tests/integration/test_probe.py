@@ -12,6 +12,7 @@ writable (the pod's two emptyDirs), as the manifest's non-root UID.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -190,6 +191,15 @@ def test_ready_fails_for_a_model_that_is_not_served(pod):
     assert "404" in result.stdout, result.stdout
 
 
+def test_cli_in_the_pod_reads_the_pods_keys(pod):
+    """`kubectl exec ... python -m rtserve token` finds key_file.json through RTSERVE_RUN_DIR."""
+    pod.wait_ready()
+    result = subprocess.run([sys.executable, "-m", "rtserve", "token", "management"], cwd=REPO,
+                            env=pod.env, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    keys = json.loads((pod.run_dir / "key_file.json").read_text())
+    assert result.stdout.strip() == keys["management"]["key"]
+
 def test_drain_waits_for_in_flight_requests_then_sigterm_stops_cleanly(pod):
     pod.wait_ready()
     client = TorchServe(pod.run_dir, pod.server.model_store, config=pod.run_dir / "config.properties").client()
@@ -234,3 +244,4 @@ def test_drain_waits_for_in_flight_requests_then_sigterm_stops_cleanly(pod):
         assert time.monotonic() < deadline and pod.proc.poll() is None, pod.out.read_text()
         time.sleep(0.1)
     assert pod.terminate() == 0
+
