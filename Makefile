@@ -206,7 +206,7 @@ k8s-pin: ## Record MODEL_VERSION as OVERLAY's image tag in its kustomization.yam
 
 .PHONY: k8s-render
 k8s-render: ## Render every overlay to build/k8s/render/<overlay>.yaml
-	@mkdir -p build/k8s/render
+	@rm -rf build/k8s/render && mkdir -p build/k8s/render
 	@for o in $(K8S_OVERLAYS); do \
 	  $(KUBECTL) kustomize $(K8S_DIR)/overlays/$$o > build/k8s/render/$$o.yaml; echo ">> build/k8s/render/$$o.yaml"; done
 
@@ -221,7 +221,10 @@ $(CHECKOV_STAMP): requirements-checkov.txt
 
 .PHONY: k8s-lint
 k8s-lint: k8s-render $(STAMP) $(CHECKOV_STAMP) ## Validate every overlay offline: Kubernetes K8S_VERSION schemas (strict) and checkov
-	$(BIN)/kubernetes-validate --strict --quiet -k $(K8S_VERSION) build/k8s/render/*.yaml
+	@out="$$($(BIN)/kubernetes-validate --strict --quiet -k $(K8S_VERSION) build/k8s/render/*.yaml)" || { \
+	  echo "$$out"; exit 1; }; \
+	if [ -n "$$out" ]; then echo "$$out"; echo "error: a warning (e.g. a missing schema) counts as a failure"; exit 1; fi
+	@echo ">> every object is valid for Kubernetes $(K8S_VERSION) (strict schemas)"
 	$(CHECKOV_VENV)/bin/checkov -d build/k8s/render --framework kubernetes --skip-download --compact --quiet
 
 ##@ Test
