@@ -91,9 +91,15 @@ def deployment(objects: list[dict]) -> dict:
     return dep
 
 
+def other_version(overlay: str) -> str:
+    """A model version the overlay does not pin."""
+    return "1.0" if pinned_tag(overlay) == "2.0" else "2.0"
+
+
 def test_deploy_renders_applies_and_waits_for_the_rollout(make):
     before = tracked_changes()
-    result = make("deploy", "OVERLAY=production", "MODEL_VERSION=2.0")
+    version = other_version("production")
+    result = make("deploy", "OVERLAY=production", f"MODEL_VERSION={version}")
     assert result.returncode == 0, result.stdout + result.stderr
     build = make.tmp / "k8s-build"
     assert make.calls == [
@@ -104,16 +110,15 @@ def test_deploy_renders_applies_and_waits_for_the_rollout(make):
     applied = make.applied
     dep = deployment(applied)
     assert dep["metadata"]["namespace"] == "rtserve-production"
-    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == f"{IMG}:2.0"
+    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == f"{IMG}:{version}"
     assert dep["metadata"]["annotations"]["kubernetes.io/change-cause"] == \
-        f"{MODEL_NAME} 2.0 ({IMG}:2.0) by make deploy"
+        f"{MODEL_NAME} {version} ({IMG}:{version}) by make deploy"
     # Everything else is the overlay as committed; the overlay itself is untouched.
     overlay = load(render(K8S_DIR / "overlays" / "production"))
     for obj in (dep, deployment(overlay)):
         obj["spec"]["template"]["spec"]["containers"][0].pop("image")
         obj["metadata"]["annotations"].pop("kubernetes.io/change-cause", None)
     assert applied == overlay
-    assert pinned_tag("production") != "2.0"
     assert tracked_changes() == before
 
 
@@ -172,12 +177,14 @@ def test_rollout_status_and_history(make):
 def test_k8s_pin_records_the_version_in_the_overlay(make, tmp_path):
     copy = tmp_path / "k8s"
     shutil.copytree(K8S_DIR, copy)
-    result = make("k8s-pin", "OVERLAY=production", "MODEL_VERSION=2.0", f"K8S_DIR={copy}")
+    before = tracked_changes()
+    version = other_version("production")
+    result = make("k8s-pin", "OVERLAY=production", f"MODEL_VERSION={version}", f"K8S_DIR={copy}")
     assert result.returncode == 0, result.stderr
     image = deployment(load(render(copy / "overlays" / "production")))["spec"]["template"]["spec"][
         "containers"][0]["image"]
-    assert image == f"{IMG}:2.0"
-    assert pinned_tag("production") != "2.0", "the repository's overlay was modified"
+    assert image == f"{IMG}:{version}"
+    assert tracked_changes() == before, "the repository's overlay was modified"
 
 
 def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
