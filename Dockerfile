@@ -12,7 +12,9 @@ ARG MODEL_VERSION=1.0
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 
 # Java 17 runs TorchServe's frontend; tini is PID 1 (reaps zombies, forwards SIGTERM).
-RUN apt-get update \
+# (The JRE's post-install links man pages into a directory the slim image has removed.)
+RUN mkdir -p /usr/share/man/man1 \
+ && apt-get update \
  && apt-get install -y --no-install-recommends openjdk-17-jre-headless tini \
  && rm -rf /var/lib/apt/lists/*
 
@@ -25,8 +27,8 @@ RUN groupadd --gid 10001 model-server \
 
 WORKDIR /opt/rtserve
 COPY requirements.txt ./
-RUN pip install --no-cache-dir --disable-pip-version-check --extra-index-url "${TORCH_INDEX}" \
-      -r requirements.txt
+RUN pip install --no-cache-dir --disable-pip-version-check --root-user-action=ignore \
+      --extra-index-url "${TORCH_INDEX}" -r requirements.txt
 
 COPY handler/ ./handler/
 COPY rtserve/ ./rtserve/
