@@ -7,7 +7,7 @@ and the effective ``config.properties`` the server wrote there, and call the ser
 
     python -m rtserve.probe ready   # /ping is healthy AND the model answers a real prediction
     python -m rtserve.probe live    # the frontend answers HTTP at all (any status)
-    python -m rtserve.probe drain --propagation 10 --timeout 35   # preStop hook
+    python -m rtserve.probe drain --propagation 10 --timeout 15   # preStop hook
 
 ``drain`` first creates the ``drain`` file in the run directory, which makes ``ready`` fail from
 then on, waits ``propagation`` seconds for endpoints and proxies to stop sending new requests,
@@ -168,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="model that must answer (default: $RTSERVE_MODEL)")
     parser.add_argument("--timeout", type=float, default=None,
                         help="ready/live: seconds per HTTP call (3); drain: most seconds to wait "
-                             "for idleness after --propagation (35)")
+                             "for idleness after --propagation (15)")
     parser.add_argument("--propagation", type=float, default=10.0,
                         help="drain: seconds between readiness turning false and the idle wait")
     parser.add_argument("--quiet", type=float, default=2.0,
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.check == "live":
         result = live(args.run_dir, args.timeout or 3.0)
     else:
-        timeout = 35.0 if args.timeout is None else args.timeout
+        timeout = 15.0 if args.timeout is None else args.timeout
         # A failed preStop hook only adds a FailedPreStopHook event; SIGTERM follows anyway.
         result = drain(args.run_dir, args.model, args.propagation, timeout, args.quiet)
     sys.stdout.write(result.message + "\n")

@@ -165,7 +165,9 @@ def test_drain_fits_in_the_grace_period(rendered, overlay):
     assert command[:4] == ["python", "-m", "rtserve.probe", "drain"]
     args = probe.build_parser().parse_args(command[3:])
     assert args.propagation >= 5, "endpoints and proxies need seconds to stop sending traffic"
-    assert args.timeout > 30, "in-flight requests may take up to the model's responseTimeout (30 s)"
+    model_config = yaml.safe_load((REPO / "model" / "model-config.yaml").read_text())
+    assert args.timeout > model_config["responseTimeout"], \
+        "in-flight requests may take up to the model's responseTimeout"
     stop_timeout = float(c["args"][c["args"].index("--stop-timeout") + 1])
     grace = pod_spec(rendered[overlay])["terminationGracePeriodSeconds"]
     slack = 5  # python start-up of the hook, the last HTTP check, signal delivery
