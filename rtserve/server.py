@@ -277,7 +277,11 @@ def run_foreground(server: TorchServe, stop_timeout: float = 15.0, poll: float =
     # A restarted container (e.g. after a failed liveness probe, which runs preStop too) keeps
     # its emptyDir: clear the previous drain or it would never become ready again.
     (server.run_dir / DRAIN_FILE).unlink(missing_ok=True)
-    server.start(console=True)
+    try:
+        server.start(console=True)
+    except ServerError as exc:
+        logger.error("%s", exc)
+        return 1
     logger.info("TorchServe started (pid %s) from %s", server.pid(), server.run_dir)
     while not stopping.wait(poll):
         if server.pid() is None:
