@@ -41,8 +41,8 @@ class ModelMetadata:
     version: str = ""
     accuracy: float | None = None
     training: dict = field(default_factory=dict)
-    feature_histograms: dict = field(default_factory=dict)
-    class_distribution: list[float] = field(default_factory=list)
+    #: Training distribution for drift scoring: see :func:`handler.drift.fit_reference`.
+    drift_reference: dict = field(default_factory=dict)
 
     @property
     def n_features(self) -> int:

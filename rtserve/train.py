@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from handler.drift import fit_reference
 from handler.model import ModelMetadata
 from rtserve.data import FEATURE_NAMES, LABELS, make_dataset
 
@@ -69,6 +70,9 @@ def train(
             epoch, epochs, total / len(order), accuracy(model, x_test, data.y_test),
         )
     meta.accuracy = round(accuracy(model, x_test, data.y_test), 4)
+    with torch.inference_mode():
+        predicted = model(x_train).argmax(dim=1)
+    meta.drift_reference = fit_reference(x_train, predicted, len(LABELS))
     return model, meta
 
 
