@@ -123,12 +123,38 @@ history-versions: $(STAMP) ## Show the recorded default-version changes (what ro
 ##@ Test
 .PHONY: test
 test: $(STAMP) ## Run the whole test suite (builds what it needs, starts and stops its own servers)
+	@$(MAKE) --no-print-directory nginx >/dev/null || \
+	  echo ">> nginx could not be installed: the rolling-rehearsal test will be skipped"
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 ##@ Benchmarks
 .PHONY: bench-rollout
 bench-rollout: $(MODEL_STORE)/$(MODEL_NAME)_1.0.mar $(MODEL_STORE)/$(MODEL_NAME)_2.0.mar ## Rollout 1.0 -> 2.0 and back under steady load (about 40 s)
 	$(PY) -m bench.rollout_load --model-store $(MODEL_STORE)
+
+##@ Reliability (worker crash, drain, rolling replacement behind nginx)
+REHEARSAL_ARGS ?=
+
+.PHONY: bench-crash
+bench-crash: $(MODEL_STORE)/$(MODEL_NAME)_1.0.mar ## SIGKILL a worker under steady load: failed requests, recovery time (about 25 s)
+	$(PY) -m bench.worker_crash --model-store $(MODEL_STORE)
+
+.PHONY: bench-drain
+bench-drain: $(MODEL_STORE)/$(MODEL_NAME)_1.0.mar ## Stop a server under load: plain SIGTERM vs drain, then SIGTERM (about 40 s)
+	$(PY) -m bench.drain --model-store $(MODEL_STORE)
+
+.PHONY: rehearsal
+rehearsal: nginx $(MODEL_STORE)/$(MODEL_NAME)_1.0.mar $(MODEL_STORE)/$(MODEL_NAME)_2.0.mar ## Rolling replacement 1.0 -> 2.0 -> 1.0 of 2 replicas behind nginx, under load (about 90 s)
+	$(PY) -m bench.rolling_rehearsal --model-store $(MODEL_STORE) $(REHEARSAL_ARGS)
+
+.PHONY: nginx
+nginx: ## Install nginx from Debian's packages if it is missing (the rehearsal's load balancer)
+	@if command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx; then \
+	  echo ">> nginx present: $$(PATH=$$PATH:/usr/sbin nginx -v 2>&1)"; \
+	else \
+	  echo ">> installing nginx from Debian's packages (apt-get)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx; \
+	fi
 
 $(MODEL_STORE)/$(MODEL_NAME)_%.mar: FORCE
 	$(MAKE) --no-print-directory archive MODEL_VERSION=$*
