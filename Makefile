@@ -85,8 +85,12 @@ predict: $(STAMP) ## Send examples/request.json to the running server
 	$(PY) -m rtserve predict $(MODEL_NAME) examples/request.json
 
 .PHONY: stop
-stop: ## Stop the TorchServe started by `make serve`
-	$(PY) -m rtserve.server stop --run-dir $(RUN_DIR)
+stop: ## Stop the TorchServe started by `make serve` (DRAIN=1: drain first, see `make drain`)
+	$(PY) -m rtserve.server stop --run-dir $(RUN_DIR) $(if $(DRAIN),--drain)
+
+.PHONY: drain
+drain: $(STAMP) ## Mark the running server not ready, wait until no request arrives, waits or runs
+	$(PY) -m rtserve.server drain --run-dir $(RUN_DIR)
 
 ##@ Versions (on the running server, through the management API)
 RTSERVE := $(PY) -m rtserve --inference $(INFERENCE_URL) --management $(MANAGEMENT_URL) --run-dir $(RUN_DIR)
