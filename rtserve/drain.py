@@ -91,16 +91,17 @@ class LogFollower:
         self.path = path
         self.offset = 0
         self._partial = b""
-        try:
-            size = path.stat().st_size
-        except OSError:
-            size = 0
-        if from_end:
-            self.offset = max(0, size - tail_bytes)
-            if self.offset:
-                self._skip_partial = True
-                return
         self._skip_partial = False
+        if not from_end:
+            return
+        try:
+            self.offset = max(0, path.stat().st_size - tail_bytes)
+            if self.offset:  # starting inside a line: drop its rest
+                with open(path, "rb") as f:
+                    f.seek(self.offset - 1)
+                    self._skip_partial = f.read(1) != b"\n"
+        except OSError:
+            self.offset = 0
 
     def lines(self) -> list[str]:
         """Complete lines written since the previous call."""
