@@ -124,6 +124,7 @@ http {{
         # One request per client connection: a reload closes the old workers' idle keep-alive
         # connections, and a client that sends on one at that instant gets no answer.
         keepalive_timeout 0;
+        # No token here: it answers only the config generation (how a reload is confirmed).
         location = {GENERATION_PATH} {{ return 200 "{generation}\\n"; }}
         location / {{
             if ($gateway_ok = 0) {{ return 401 '{{"error": "missing or wrong gateway token"}}\\n'; }}
