@@ -85,8 +85,12 @@ predict: $(STAMP) ## Send examples/request.json to the running server
 	$(PY) -m rtserve predict $(MODEL_NAME) examples/request.json
 
 .PHONY: stop
-stop: ## Stop the TorchServe started by `make serve`
-	$(PY) -m rtserve.server stop --run-dir $(RUN_DIR)
+stop: ## Stop the TorchServe started by `make serve` (DRAIN=1: drain first, see `make drain`)
+	$(PY) -m rtserve.server stop --run-dir $(RUN_DIR) $(if $(DRAIN),--drain)
+
+.PHONY: drain
+drain: $(STAMP) ## Mark the running server not ready, wait until no request arrives, waits or runs
+	$(PY) -m rtserve.server drain --run-dir $(RUN_DIR)
 
 ##@ Versions (on the running server, through the management API)
 RTSERVE := $(PY) -m rtserve --inference $(INFERENCE_URL) --management $(MANAGEMENT_URL) --run-dir $(RUN_DIR)
@@ -230,6 +234,8 @@ k8s-lint: k8s-render $(STAMP) $(CHECKOV_STAMP) ## Validate every overlay offline
 ##@ Test
 .PHONY: test
 test: $(STAMP) ## Run the whole test suite (builds what it needs, starts and stops its own servers)
+	@$(MAKE) --no-print-directory nginx >/dev/null || \
+	  echo ">> nginx could not be installed: the rolling-rehearsal test will be skipped"
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 ##@ Benchmarks
@@ -244,6 +250,30 @@ bench-hostile: $(MAR) ## Hostile-input corpus over HTTP mixed into valid traffic
 .PHONY: bench-overload
 bench-overload: $(MAR) ## A burst of 400 requests against 1 worker and a queue of 8: fast 503s, then normal service
 	$(PY) -m bench.overload --model-store $(MODEL_STORE) --version $(MODEL_VERSION) --burst 400 --queue 8 --workers 1
+
+##@ Reliability (worker crash, drain, rolling replacement behind nginx)
+REHEARSAL_ARGS ?=
+
+.PHONY: bench-crash
+bench-crash: $(MODEL_STORE)/$(MODEL_NAME)_1.0.mar ## SIGKILL a worker under steady load: failed requests, recovery time (about 25 s)
+	$(PY) -m bench.worker_crash --model-store $(MODEL_STORE)
+
+.PHONY: bench-drain
+bench-drain: $(MODEL_STORE)/$(MODEL_NAME)_1.0.mar ## Stop a server under load: plain SIGTERM vs drain, then SIGTERM (about 40 s)
+	$(PY) -m bench.drain --model-store $(MODEL_STORE)
+
+.PHONY: rehearsal
+rehearsal: nginx $(MODEL_STORE)/$(MODEL_NAME)_1.0.mar $(MODEL_STORE)/$(MODEL_NAME)_2.0.mar ## Rolling replacement 1.0 -> 2.0 -> 1.0 of 2 replicas behind nginx, under load (about 90 s)
+	$(PY) -m bench.rolling_rehearsal --model-store $(MODEL_STORE) $(REHEARSAL_ARGS)
+
+.PHONY: nginx
+nginx: ## Install nginx from Debian's packages if it is missing (the rehearsal's load balancer)
+	@if command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx; then \
+	  echo ">> nginx present: $$(PATH=$$PATH:/usr/sbin nginx -v 2>&1)"; \
+	else \
+	  echo ">> installing nginx from Debian's packages (apt-get)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx; \
+	fi
 
 $(MODEL_STORE)/$(MODEL_NAME)_%.mar: FORCE
 	$(MAKE) --no-print-directory archive MODEL_VERSION=$*

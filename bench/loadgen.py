@@ -4,6 +4,10 @@
 ``rate`` until stopped (or ``max_requests`` / ``max_seconds`` are reached), recording every
 request: start time, latency, status, and the ``model_version`` answered. ``mark(label)``
 opens a new phase; each request belongs to the phase in which it *started*.
+
+A refused connection is recorded with ``refused=True``: the server never saw that request (its
+listener was closed), unlike a reset or a timeout on a connection it had accepted. ``gate``
+models a router that honours readiness: while it returns False, no request is sent.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import requests
+from urllib3.exceptions import NewConnectionError
 
 
 @dataclass
@@ -29,6 +34,7 @@ class Record:
     version: str | None
     phase: str
     error: str = ""
+    refused: bool = False
 
 
 @dataclass
@@ -57,7 +63,7 @@ class SteadyLoad:
     def __init__(
         self, url: str, payload: dict, token: Callable[[], str | None], rate: float = 100.0,
         concurrency: int = 4, max_seconds: float = 600.0, max_requests: int = 200_000,
-        timeout: float = 30.0,
+        timeout: float = 30.0, keep_alive: bool = True, gate: Callable[[], bool] | None = None,
     ) -> None:
         self.url = url
         self.body = json.dumps(payload).encode()
@@ -67,6 +73,8 @@ class SteadyLoad:
         self.max_seconds = max_seconds
         self.max_requests = max_requests
         self.timeout = timeout
+        self.keep_alive = keep_alive
+        self.gate = gate
         self.records: list[Record] = []
         self.phase = "start"
         self._lock = threading.Lock()
@@ -83,6 +91,10 @@ class SteadyLoad:
             t.start()
             self._threads.append(t)
         return self
+
+    def now(self) -> float:
+        """Seconds since :meth:`start`: the time base of ``Record.start``."""
+        return time.monotonic() - self._t0
 
     def mark(self, phase: str) -> None:
         """Requests started from now on belong to ``phase``."""
@@ -105,12 +117,15 @@ class SteadyLoad:
             if next_at > now:
                 time.sleep(next_at - now)
             next_at = max(next_at + self.interval, time.monotonic() - self.interval)
+            if self.gate is not None and not self.gate():
+                continue
             phase, start = self.phase, time.monotonic()
-            status, version, error = 0, None, ""
+            status, version, error, refused = 0, None, "", False
             try:
                 key = self.token()
                 resp = session.post(self.url, data=self.body, timeout=self.timeout, headers={
                     "Content-Type": "application/json",
+                    **({} if self.keep_alive else {"Connection": "close"}),
                     **({"Authorization": f"Bearer {key}"} if key else {})})
                 status = resp.status_code
                 if status == 200:
@@ -118,10 +133,30 @@ class SteadyLoad:
                 else:
                     error = f"{status}: {resp.text[:200]}"
             except requests.RequestException as exc:
+                refused = connection_refused(exc)
                 error = f"{type(exc).__name__}: {exc}"[:200]
-            record = Record(start - self._t0, time.monotonic() - start, status, version, phase, error)
+            record = Record(start - self._t0, time.monotonic() - start, status, version, phase,
+                            error, refused)
             with self._lock:
                 self.records.append(record)
+
+
+def connection_refused(exc: BaseException) -> bool:
+    """Whether ``exc`` (from requests) is a refused TCP connect: nothing reached the server."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ConnectionRefusedError):
+            return True
+        if isinstance(e, NewConnectionError) and "Connection refused" in str(e):
+            return True
+        todo += [e.__cause__, e.__context__, getattr(e, "reason", None),
+                 *(a for a in getattr(e, "args", ()) if isinstance(a, BaseException))]
+    return False
 
 
 def summarize(records: list[Record]) -> list[PhaseReport]:

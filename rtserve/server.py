@@ -6,7 +6,8 @@ same start-up path users run. Each instance gets its own run directory holding i
 keeps its PID file and worker sockets there), so several instances can run side by side.
 
     python -m rtserve.server start --run-dir .run --models realtime-classifier=realtime-classifier_1.0.mar
-    python -m rtserve.server stop --run-dir .run
+    python -m rtserve.server stop --run-dir .run [--drain]
+    python -m rtserve.server drain --run-dir .run      # not ready, wait until idle (preStop)
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rtserve import drain as draining
 from rtserve.client import Client, TorchServeError
+from rtserve.drain import DrainReport
 from rtserve.rollout import HISTORY_FILE
 
 logger = logging.getLogger(__name__)
@@ -159,6 +162,7 @@ class TorchServe:
         self.key_file.unlink(missing_ok=True)
         # A fresh server starts from its --models again: the old rollout history no longer applies.
         (self.run_dir / HISTORY_FILE).unlink(missing_ok=True)
+        draining.clear(self.run_dir)  # nor is it draining
         config = self.run_dir / "config.properties"
         write_properties(config, self.props)
         cmd = [str(Path(sys.executable).with_name("torchserve")), "--start", "--ncs",
@@ -208,11 +212,36 @@ class TorchServe:
             time.sleep(0.25)
         raise ServerError(f"TorchServe not ready after {timeout:.0f}s ({last}):\n{self.log_tail()}")
 
-    def stop(self, timeout: float = 60.0) -> None:
-        """Stop this instance (SIGTERM to its frontend PID, then SIGKILL after ``timeout``)."""
+    @property
+    def draining(self) -> bool:
+        """Whether this instance is draining: the marker ``RUN_DIR/draining`` exists, and a
+        readiness check must then say not ready (see :mod:`rtserve.drain`)."""
+        return draining.is_draining(self.run_dir)
+
+    def drain(self, timeout: float = 30.0, quiet: float = 1.0, min_wait: float = 0.0) -> DrainReport:
+        """Mark this instance not ready, then wait until no request arrives, is queued or runs.
+
+        See :func:`rtserve.drain.wait_idle` for the arguments. The process keeps running.
+
+        Raises:
+            ServerError: the instance is not running.
+        """
         pid = self.pid()
         if pid is None:
-            return
+            raise ServerError(f"no TorchServe running from {self.run_dir}: nothing to drain")
+        return draining.drain(self.client(timeout=5.0, retries=1), self.run_dir, self.log_dir,
+                              pid, timeout=timeout, quiet=quiet, min_wait=min_wait)
+
+    def stop(self, timeout: float = 60.0, drain: bool = False) -> DrainReport | None:
+        """Stop this instance (SIGTERM to its frontend PID, then SIGKILL after ``timeout``).
+
+        With ``drain``, first :meth:`drain` with its defaults (in-flight and queued requests
+        finish; TorchServe's own SIGTERM drops them) and return its report.
+        """
+        pid = self.pid()
+        if pid is None:
+            return None
+        report = self.drain() if drain else None
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
         while _alive(pid) and time.monotonic() < deadline:
@@ -222,6 +251,7 @@ class TorchServe:
             _kill_tree(pid)
         (self.run_dir / "tmp" / PID_FILE).unlink(missing_ok=True)
         self.key_file.unlink(missing_ok=True)
+        return report
 
     def worker_deaths(self) -> int:
         """How many times a backend worker died so far (from model_log.log)."""
@@ -315,34 +345,55 @@ def _kill_tree(pid: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command-line entry used by the Makefile."""
-    parser = argparse.ArgumentParser(description="Start or stop a TorchServe instance.")
-    parser.add_argument("action", choices=["start", "stop", "status", "run"],
+    """Command-line entry used by the Makefile, the container (``run``) and preStop (``drain``)."""
+    parser = argparse.ArgumentParser(description="Start, run, drain or stop a TorchServe instance.")
+    parser.add_argument("action", choices=["start", "stop", "status", "drain", "run"],
                         help="run: stay in the foreground until SIGTERM (container entry point)")
     parser.add_argument("--run-dir", type=Path,
                         default=Path(os.environ.get("RTSERVE_RUN_DIR", REPO / ".run")))
     parser.add_argument("--model-store", type=Path,
                         default=Path(os.environ.get("RTSERVE_MODEL_STORE", REPO / "model_store")))
-    parser.add_argument("--config", type=Path,
-                        default=Path(os.environ.get("RTSERVE_CONFIG", DEFAULT_CONFIG)))
+    parser.add_argument("--config", type=Path, default=os.environ.get("RTSERVE_CONFIG"),
+                        help="default: config.properties (start, run); the run dir's copy (others)")
     parser.add_argument("--models", nargs="*", default=os.environ.get("RTSERVE_MODELS", "").split(),
                         help="NAME=FILE.mar to load at start (default: $RTSERVE_MODELS)")
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--stop-timeout", type=float, default=15.0,
                         help="run: seconds TorchServe gets to stop after SIGTERM before SIGKILL")
+    parser.add_argument("--drain", action="store_true",
+                        help="stop: drain first (not ready, wait until idle), then SIGTERM")
+    parser.add_argument("--drain-timeout", type=float, default=30.0,
+                        help="drain: give up waiting after this many seconds")
+    parser.add_argument("--quiet", type=float, default=1.0,
+                        help="drain: seconds with no arrival, queued or running request")
+    parser.add_argument("--min-wait", type=float, default=0.0,
+                        help="drain: wait at least this long (readiness propagation)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    server = TorchServe(args.run_dir, args.model_store, args.models, args.config)
+    config = args.config
+    if config is None:
+        # A running instance is reached through the effective config it was started with.
+        effective = args.run_dir / "config.properties"
+        starting = args.action in ("start", "run")
+        config = effective if not starting and effective.exists() else DEFAULT_CONFIG
+    server = TorchServe(args.run_dir, args.model_store, args.models, Path(config))
     if args.action == "run":
         return run_foreground(server, args.stop_timeout)
-    if args.action == "stop":
+    if args.action in ("stop", "drain"):
         pid = server.pid()
-        server.stop()
-        logger.info("TorchServe stopped (pid %s)." % pid if pid else "TorchServe is not running.")
-        return 0
+        if pid is None:
+            logger.info("TorchServe is not running.")
+            return 0
+        report = server.drain(args.drain_timeout, args.quiet, args.min_wait) \
+            if args.action == "drain" or args.drain else None
+        if args.action == "stop":
+            server.stop()
+            logger.info("TorchServe stopped (pid %s).", pid)
+        return 0 if report is None or report.drained else 1
     if args.action == "status":
         pid = server.pid()
-        logger.info("running (pid %d)" % pid if pid else "not running")
+        logger.info("running (pid %d)%s" % (pid, ", draining" if server.draining else "")
+                    if pid else "not running")
         return 0 if pid else 1
     try:
         server.start()

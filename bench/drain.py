@@ -1,0 +1,188 @@
+"""Stopping a server under load, as Kubernetes does: plain SIGTERM against drain-then-SIGTERM.
+
+Each run starts its own TorchServe (free loopback ports), keeps heavy concurrent traffic on it
+(``Connection: close``, so every request opens its own connection and a refused connect is
+unambiguous), then stops it the way a kubelet stops a pod: readiness goes false (the drain
+marker ``RUN_DIR/draining``) and the router, here the load generator's ``gate``, stops sending
+``--lag`` seconds later, like an endpoints update reaching kube-proxy or an ingress. Then:
+
+* ``plain``: SIGTERM at once, TorchServe 0.12.0's own shutdown. Requests it had accepted (queued
+  or in a worker) are dropped: the client sees its connection reset.
+* ``drain``: ``TorchServe.stop(drain=True)``: wait until no request arrives, is queued or runs for
+  ``--quiet`` seconds, then SIGTERM.
+
+Afterwards a few requests are sent straight to the stopped server: each must be refused at
+connect time. A request is *lost* if the server accepted its connection and never answered.
+
+    make bench-drain                          # both modes, about 40 s
+    .venv/bin/python -m bench.drain --mode drain --concurrency 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import requests
+
+from bench.loadgen import SteadyLoad, connection_refused
+from rtserve.drain import mark_draining
+from rtserve.server import TorchServe, free_ports, port_overrides, sample_payload
+
+logger = logging.getLogger(__name__)
+REPO = Path(__file__).resolve().parent.parent
+
+
+class ReadinessRouter:
+    """Routes to the server while it is ready, and for ``lag`` seconds after it stopped being.
+
+    Stands in for the endpoints controller and kube-proxy (or an ingress): they notice a failed
+    readiness probe only after a probe period and an update, during which traffic still arrives.
+    """
+
+    def __init__(self, server: TorchServe, lag: float) -> None:
+        self.server = server
+        self.lag = lag
+        self.not_ready_since: float | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> bool:
+        if not self.server.draining:
+            return True
+        with self._lock:
+            if self.not_ready_since is None:
+                self.not_ready_since = time.monotonic()
+        return time.monotonic() - self.not_ready_since < self.lag
+
+
+def probe_stopped(url: str, n: int = 5) -> list[str]:
+    """Send ``n`` requests to a stopped server; ``refused`` for each refused connect."""
+    out = []
+    for _ in range(n):
+        try:
+            resp = requests.post(url, json=sample_payload(), timeout=5)
+            out.append(f"answered {resp.status_code}")
+        except requests.RequestException as exc:
+            out.append("refused" if connection_refused(exc) else f"{type(exc).__name__}: {exc}"[:120])
+    return out
+
+
+def run(server: TorchServe, model: str, mode: str, hold: float = 2.0, lag: float = 0.5,
+        rate: float = 2000.0, concurrency: int = 16, quiet: float = 0.5,
+        drain_timeout: float = 30.0) -> dict:
+    """Load a ready ``server``, stop it in ``mode`` (``plain`` or ``drain``), return the report."""
+    client = server.client(timeout=10.0)
+    url = f"{server.props['inference_address']}/predictions/{model}"
+    router = ReadinessRouter(server, lag)
+    load = SteadyLoad(url, sample_payload(), lambda: client.keys.get("inference"), rate=rate,
+                      concurrency=concurrency, max_seconds=hold + drain_timeout + 120,
+                      timeout=30.0, keep_alive=False, gate=router)
+    drain_report = None
+    load.start("before stop")
+    try:
+        time.sleep(hold)
+        load.mark("stopping")
+        started = time.monotonic()
+        if mode == "drain":
+            drain_report = server.drain(timeout=drain_timeout, quiet=quiet)
+        else:
+            mark_draining(server.run_dir, server.pid())  # readiness false, then no wait
+        sigterm_at = time.monotonic() - started
+        server.stop()
+        stopped_at = time.monotonic() - started
+        load.mark("after stop")
+        time.sleep(0.3)
+    finally:
+        records = load.stop()
+    after = probe_stopped(url)
+    answered = [r for r in records if r.status != 0]
+    lost = [r for r in records if r.status == 0 and not r.refused]
+    return {
+        "mode": mode, "concurrency": concurrency, "lag_s": lag, "quiet_s": quiet,
+        "requests": len(records),
+        "answered": len(answered),
+        "answered_200": sum(1 for r in answered if r.status == 200),
+        "answered_other": dict(Counter(r.status for r in answered if r.status != 200)),
+        "refused": sum(1 for r in records if r.refused),
+        "lost": len(lost),
+        "lost_errors": dict(Counter(_short(r.error) for r in lost)),
+        "during_stop": sum(1 for r in records if r.phase == "stopping"),
+        "sigterm_after_s": round(sigterm_at, 2),
+        "stopped_after_s": round(stopped_at, 2),
+        "drain": drain_report.as_dict() if drain_report else None,
+        "after_stop": after,
+    }
+
+
+def _short(error: str) -> str:
+    for needle, text in (("reset by peer", "connection reset by peer"),
+                         ("without response", "connection closed without a response"),
+                         ("timed out", "read timed out")):
+        if needle in error:
+            return text
+    return error[:100]
+
+
+def render(report: dict) -> str:
+    """One report as text."""
+    lines = [
+        f"[{report['mode']}] {report['requests']} requests ({report['concurrency']} concurrent, "
+        f"router lag {report['lag_s']} s): answered {report['answered']} "
+        f"(200: {report['answered_200']}, other: {report['answered_other'] or 0}), "
+        f"refused at connect {report['refused']}, LOST {report['lost']}",
+        f"  {report['during_stop']} requests started after readiness went false; SIGTERM after "
+        f"{report['sigterm_after_s']} s, process gone after {report['stopped_after_s']} s",
+    ]
+    if report["drain"]:
+        d = report["drain"]
+        lines.append(f"  drain: idle={d['drained']} after {d['seconds']} s ({d['arrivals']} arrived "
+                     f"while draining, peak {d['peak_pending']} queued, peak {d['peak_busy']} "
+                     f"workers busy)")
+    lines += [f"  lost: {n} x {e}" for e, n in report["lost_errors"].items()]
+    lines.append(f"  requests sent after the stop: {', '.join(report['after_stop'])}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the chosen modes, each on its own server; print and save the reports."""
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="realtime-classifier")
+    parser.add_argument("--version", default="1.0")
+    parser.add_argument("--model-store", type=Path, default=REPO / "model_store")
+    parser.add_argument("--mode", choices=["plain", "drain", "both"], default="both")
+    parser.add_argument("--hold", type=float, default=3.0, help="seconds of traffic before the stop")
+    parser.add_argument("--lag", type=float, default=1.0, help="router lag after readiness goes false")
+    parser.add_argument("--quiet", type=float, default=1.0, help="drain: idle seconds required")
+    parser.add_argument("--rate", type=float, default=2000.0)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "drain.json")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    reports = []
+    for mode in (["plain", "drain"] if args.mode == "both" else [args.mode]):
+        server = TorchServe(REPO / "build" / f"bench-drain-{mode}", args.model_store,
+                            [f"{args.model}={args.model}_{args.version}.mar"],
+                            overrides=port_overrides(free_ports(6)))
+        server.start()
+        try:
+            server.wait_ready(120, [args.model])
+            reports.append(run(server, args.model, mode, args.hold, args.lag, args.rate,
+                               args.concurrency, args.quiet))
+        finally:
+            server.stop()
+        sys.stdout.write(render(reports[-1]) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(reports, indent=2) + "\n")
+    drained = [r for r in reports if r["mode"] == "drain"]
+    return 0 if all(r["lost"] == 0 and r["answered_other"] == {} for r in drained) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

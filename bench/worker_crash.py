@@ -1,0 +1,196 @@
+"""Worker crash under steady load: SIGKILL one backend worker, measure failures and recovery.
+
+Starts its own TorchServe (free loopback ports, the archive from --model-store), keeps steady
+prediction traffic, finds the workers' PIDs in the management API's describe output
+(``workers[].pid``) and SIGKILLs one of them (that PID only). It reports requests sent and failed
+(with each failure's status and body), the time until TorchServe had restarted the worker (same
+worker id, new PID, every worker READY) and until latency was back to the baseline, and whether
+the other workers kept serving meanwhile (their PIDs unchanged, 200s during the outage).
+
+Only requests in flight on the killed worker may fail: it holds at most one batch, and the
+closed-loop load never has more than ``concurrency`` requests outstanding, so the bound is
+``min(batchSize, concurrency)``. TorchServe answers them ``507 Worker died.``: it reads the exit
+status 137 (SIGKILL, also what the kernel's OOM killer sends) as out of memory.
+
+    make bench-crash                          # about 25 s
+    .venv/bin/python -m bench.worker_crash --baseline 5 --after 10 --rate 150
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import statistics
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from bench.loadgen import Record, SteadyLoad, summarize
+from rtserve.client import Client
+from rtserve.server import TorchServe, free_ports, port_overrides, sample_payload
+
+logger = logging.getLogger(__name__)
+REPO = Path(__file__).resolve().parent.parent
+
+#: Latency counts as back to baseline when a window's median is within this of the baseline's.
+LATENCY_FACTOR = 1.5
+LATENCY_SLACK_MS = 2.0
+#: Width of the windows (by request start time) used for the latency timeline.
+WINDOW_S = 0.5
+
+
+def workers(client: Client, model: str) -> list[dict]:
+    """The default version's workers as describe lists them: ``id``, ``pid``, ``status``."""
+    return client.describe(model)[0].get("workers", [])
+
+
+def wait_replaced(client: Client, model: str, victim: dict, count: int,
+                  timeout: float) -> tuple[float | None, list[dict]]:
+    """Poll until the victim's worker id runs under a new PID and ``count`` workers are READY.
+
+    Returns:
+        Seconds waited (None on timeout) and the last worker list seen.
+    """
+    started = time.monotonic()
+    seen: list[dict] = []
+    while time.monotonic() - started < timeout:
+        seen = workers(client, model)
+        ready = [w for w in seen if w.get("status") == "READY"]
+        if (len(ready) >= count and victim["pid"] not in {w.get("pid") for w in seen}
+                and any(w.get("id") == victim["id"] for w in ready)):
+            return time.monotonic() - started, seen
+        time.sleep(0.05)
+    return None, seen
+
+
+def latency_recovered_at(records: list[Record], since: float, baseline_ms: float) -> float | None:
+    """Start of the first window from ``since`` whose median latency is back near the baseline."""
+    limit = max(baseline_ms * LATENCY_FACTOR, baseline_ms + LATENCY_SLACK_MS)
+    later = sorted((r for r in records if r.start >= since and r.status == 200), key=lambda r: r.start)
+    t = since
+    while later and t <= later[-1].start:
+        window = [r.latency * 1000 for r in later if t <= r.start < t + WINDOW_S]
+        if len(window) >= 5 and statistics.median(window) <= limit:
+            return t
+        t += WINDOW_S
+    return None
+
+
+def run(server: TorchServe, model: str, baseline: float, after: float, rate: float,
+        concurrency: int, recovery_timeout: float = 60.0) -> dict:
+    """Kill one worker of ``model`` on a ready ``server`` under load; return the report."""
+    client = server.client(timeout=10.0)
+    desc = client.describe(model)[0]
+    before = desc.get("workers", [])
+    if len(before) < 2:
+        raise RuntimeError(f"{model} needs at least 2 workers for this test, has {len(before)}")
+    victim, others = before[0], before[1:]
+    bound = min(int(desc.get("batchSize", 1)), concurrency)
+    url = f"{server.props['inference_address']}/predictions/{model}"
+    load = SteadyLoad(url, sample_payload(), lambda: client.keys.get("inference"), rate=rate,
+                      concurrency=concurrency, max_seconds=baseline + after + recovery_timeout + 60,
+                      timeout=10.0)
+    load.start("baseline")
+    try:
+        time.sleep(baseline)
+        load.mark("worker down")
+        killed_at = load.now()
+        os.kill(int(victim["pid"]), signal.SIGKILL)
+        replaced_s, now = wait_replaced(client, model, victim, len(before), recovery_timeout)
+        load.mark("recovered")
+        time.sleep(after)
+    finally:
+        records = load.stop()
+    base = [r.latency * 1000 for r in records if r.phase == "baseline" and r.status == 200]
+    baseline_ms = statistics.median(base) if base else 0.0
+    latency_at = (latency_recovered_at(records, killed_at + replaced_s, baseline_ms)
+                  if replaced_s is not None else None)
+    failures = [{"status": r.status, "error": r.error, "at_s": round(r.start - killed_at, 3)}
+                for r in records if r.status != 200]
+    down = [r for r in records if r.phase == "worker down"]
+    others_now = {w.get("id"): w.get("pid") for w in now}
+    return {
+        "model": model, "rate_target": rate, "concurrency": concurrency,
+        "batch_size": int(desc.get("batchSize", 1)), "workers": len(before),
+        "requests": len(records), "failed": len(failures), "in_flight_bound": bound,
+        "failures": failures,
+        "killed": {"id": victim["id"], "pid": victim["pid"]},
+        "replacement": next(({"id": w.get("id"), "pid": w.get("pid"), "status": w.get("status")}
+                             for w in now if w.get("id") == victim["id"]), None),
+        "worker_restarted_s": round(replaced_s, 2) if replaced_s is not None else None,
+        "latency_back_s": round(latency_at - killed_at, 2) if latency_at is not None else None,
+        "full_capacity_s": (round(max(latency_at - killed_at, replaced_s), 2)
+                            if latency_at is not None and replaced_s is not None else None),
+        "baseline_p50_ms": round(baseline_ms, 2),
+        "others_kept_serving": (all(others_now.get(w["id"]) == w["pid"] for w in others)
+                                and sum(1 for r in down if r.status == 200) > 0),
+        "ok_while_down": sum(1 for r in down if r.status == 200),
+        "after_recovery": {"sent": sum(1 for r in records if r.phase == "recovered"),
+                           "failed": sum(1 for r in records
+                                         if r.phase == "recovered" and r.status != 200)},
+        "phases": [asdict(p) for p in summarize(records)],
+    }
+
+
+def render(report: dict) -> str:
+    """The report as text."""
+    lines = [
+        f"{report['requests']} requests ({report['rate_target']}/s target, "
+        f"{report['concurrency']} concurrent, {report['workers']} workers, batch size "
+        f"{report['batch_size']}); failed: {report['failed']} "
+        f"(bound: {report['in_flight_bound']} = min(batch size, concurrency))",
+        f"killed worker {report['killed']['id']} (pid {report['killed']['pid']}) with SIGKILL; "
+        f"replacement: {report['replacement']}",
+        f"worker restarted and all workers READY after: {report['worker_restarted_s']} s",
+        f"latency back to baseline (p50 {report['baseline_p50_ms']} ms) after: "
+        f"{report['latency_back_s']} s; full capacity after: {report['full_capacity_s']} s",
+        f"other workers kept serving: {report['others_kept_serving']} "
+        f"({report['ok_while_down']} OK while the worker was down)",
+        f"after recovery: {report['after_recovery']['sent']} sent, "
+        f"{report['after_recovery']['failed']} failed",
+        f"{'phase':14} {'sent':>6} {'failed':>6} {'p50 ms':>7} {'p99 ms':>7}",
+    ]
+    for p in report["phases"]:
+        lines.append(f"{p['phase']:14} {p['sent']:>6} {p['failed']:>6} {p['p50_ms']:>7} {p['p99_ms']:>7}")
+    for f in report["failures"]:
+        lines.append(f"  failed at {f['at_s']:+.3f} s from the kill: {f['error']!r}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Start a server, kill a worker under load, print and save the report."""
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="realtime-classifier")
+    parser.add_argument("--version", default="1.0")
+    parser.add_argument("--model-store", type=Path, default=REPO / "model_store")
+    parser.add_argument("--baseline", type=float, default=5.0, help="seconds of traffic before the kill")
+    parser.add_argument("--after", type=float, default=10.0, help="seconds of traffic after recovery")
+    parser.add_argument("--rate", type=float, default=150.0, help="target requests per second")
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "worker_crash.json")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    server = TorchServe(REPO / "build" / "bench-crash", args.model_store,
+                        [f"{args.model}={args.model}_{args.version}.mar"],
+                        overrides=port_overrides(free_ports(6)))
+    server.start()
+    try:
+        server.wait_ready(120, [args.model])
+        report = run(server, args.model, args.baseline, args.after, args.rate, args.concurrency)
+    finally:
+        server.stop()
+    sys.stdout.write(render(report) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    ok = (report["failed"] <= report["in_flight_bound"] and report["worker_restarted_s"] is not None
+          and report["after_recovery"]["failed"] == 0 and report["others_kept_serving"])
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,243 @@
+"""Drain a running TorchServe before it is stopped, so that no accepted request is lost.
+
+TorchServe 0.12.0 does not drain on SIGTERM: its shutdown hook (``ModelServer.stop``) closes
+the listening sockets and then shuts the Netty event loops down, which closes every open client
+connection at once. Requests waiting in a model's job queue or running in a worker are dropped
+without an answer (the client sees ``Connection reset by peer``); ``bench/drain.py`` measures it.
+
+So rtserve drains first, the way Kubernetes stops a pod:
+
+1. **Not ready.** Write the marker file ``RUN_DIR/draining`` (:data:`DRAIN_FILE`). A readiness
+   check must report not-ready while it exists (before it sends any probe prediction), so the
+   balancer or the Service stops sending new requests here. A Kubernetes ``preStop`` hook runs
+   ``python -m rtserve.server drain``; touching the file by hand does the same first step.
+2. **Wait until idle.** Poll until, for ``quiet`` seconds in a row, no inference request has
+   arrived, every model version's job queue is empty (describe ``jobQueueStatus.pendingRequests``)
+   and no worker holds a batch; never before ``min_wait`` (the time the routing layer needs to
+   notice the readiness change), and give up after ``timeout``.
+3. **Stop** (``TorchServe.stop(drain=True)``, or the kubelet's SIGTERM after ``preStop``): the
+   listeners close first, so anything sent after this point is refused at connect time, never
+   accepted and then dropped.
+
+The management API does not say whether a worker is in the middle of a batch, so the in-flight
+state comes from TorchServe's own log (``logs/ts_log.log``, written by the frontend's
+``WorkerThread``): a worker thread that logged ``Looping backend response`` holds a batch until it
+logs ``Backend response time`` (written after the answers were handed to the client connections).
+Arrivals are the frontend's ``ts_inference_requests_total`` lines in ``logs/ts_metrics.log``.
+Both are TorchServe 0.12.0's shipped log configuration (the version pinned in requirements.txt).
+
+A request that arrives after the quiet window ended and before SIGTERM is still lost: drain relies
+on the routing layer having stopped, and the quiet window is how it checks that it has.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from rtserve.client import Client, TorchServeError
+
+logger = logging.getLogger(__name__)
+
+#: The marker file in the run directory: present while the instance drains (readiness false).
+DRAIN_FILE = "draining"
+#: ts_log.log lines written by a worker thread when it sends a batch / after it answered it.
+BATCH_START = "Looping backend response at:"
+BATCH_DONE = "Backend response time:"
+#: ts_metrics.log line written by the frontend for every accepted inference request.
+ARRIVAL = "ts_inference_requests_total"
+#: How much of ts_log.log to read back at the start to learn each worker's current state.
+TAIL_BYTES = 4 << 20
+
+
+@dataclass
+class DrainReport:
+    """What one drain saw.
+
+    Attributes:
+        drained: idle for ``quiet`` seconds before ``timeout`` (False: gave up).
+        seconds: time from writing the marker to the end of the wait.
+        quiet_after: seconds after the marker at which the final quiet window began.
+        arrivals: inference requests that arrived while draining.
+        peak_pending: most requests seen waiting in the job queues at one poll.
+        peak_busy: most workers seen holding a batch at one poll.
+        polls: how many times the state was read.
+        busy_at_end: pending requests + busy workers at the last poll (0 when drained).
+    """
+
+    drained: bool
+    seconds: float
+    quiet_after: float
+    arrivals: int
+    peak_pending: int
+    peak_busy: int
+    polls: int
+    busy_at_end: int
+
+    def as_dict(self) -> dict:
+        """The report as plain JSON-able values."""
+        return asdict(self)
+
+
+class LogFollower:
+    """Reads the lines appended to a log file since the last call (survives rotation)."""
+
+    def __init__(self, path: Path, from_end: bool = True, tail_bytes: int = 0) -> None:
+        self.path = path
+        self.offset = 0
+        self._partial = b""
+        self._skip_partial = False
+        if not from_end:
+            return
+        try:
+            self.offset = max(0, path.stat().st_size - tail_bytes)
+            if self.offset:  # starting inside a line: drop its rest
+                with open(path, "rb") as f:
+                    f.seek(self.offset - 1)
+                    self._skip_partial = f.read(1) != b"\n"
+        except OSError:
+            self.offset = 0
+
+    def lines(self) -> list[str]:
+        """Complete lines written since the previous call."""
+        try:
+            size = self.path.stat().st_size
+        except OSError:
+            return []
+        if size < self.offset:  # rotated or truncated: start over on the new file
+            self.offset, self._partial, self._skip_partial = 0, b"", False
+        if size == self.offset:
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read(size - self.offset)
+        self.offset += len(data)
+        data = self._partial + data
+        *complete, self._partial = data.split(b"\n")
+        if self._skip_partial and complete:
+            complete, self._skip_partial = complete[1:], False
+        return [line.decode("utf-8", "replace") for line in complete]
+
+
+class Activity:
+    """Which worker threads hold a batch, and how many inference requests arrived, from the logs."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self._workers = LogFollower(log_dir / "ts_log.log", from_end=True, tail_bytes=TAIL_BYTES)
+        self._arrivals = LogFollower(log_dir / "ts_metrics.log", from_end=True)
+        self.busy: dict[str, bool] = {}  # worker id (its port) -> holds a batch
+        self.arrivals = 0
+
+    def poll(self) -> int:
+        """Read new log lines; returns how many inference requests arrived since the last poll."""
+        for line in self._workers.lines():
+            if BATCH_START in line:
+                self._set(line, True)
+            elif BATCH_DONE in line:
+                self._set(line, False)
+        new = sum(1 for line in self._arrivals.lines() if line.split(" - ", 1)[-1].startswith(ARRIVAL))
+        self.arrivals += new
+        return new
+
+    def _set(self, line: str, busy: bool) -> None:
+        # "<date> <time> [INFO ] W-9000-realtime-classifier_1.0 org.pytorch.serve.wlm.WorkerThread - ..."
+        for token in line.split():
+            if token.startswith("W-"):
+                self.busy[token.split("-")[1]] = busy
+                return
+
+    def busy_workers(self, live: set[str]) -> int:
+        """Busy workers among ``live`` (a dead worker's unfinished batch was answered with an error)."""
+        return sum(1 for worker, busy in self.busy.items() if busy and worker in live)
+
+
+def queue_state(client: Client) -> tuple[int, set[str]]:
+    """Pending requests over every version of every model, and the ids of their workers."""
+    pending, workers = 0, set()
+    for model in client.list_models():
+        for desc in client.describe(model["modelName"], "all"):
+            pending += int(desc.get("jobQueueStatus", {}).get("pendingRequests", 0))
+            workers |= {str(w.get("id")) for w in desc.get("workers", [])}
+    return pending, workers
+
+
+def mark_draining(run_dir: Path, pid: int | None) -> Path:
+    """Write the drain marker (readiness goes false); returns its path."""
+    path = Path(run_dir) / DRAIN_FILE
+    path.write_text(json.dumps({"since": datetime.now(timezone.utc).isoformat(), "pid": pid}) + "\n")
+    return path
+
+
+def wait_idle(client: Client, log_dir: Path, timeout: float = 30.0, quiet: float = 1.0,
+              min_wait: float = 0.0, poll: float = 0.05, activity: Activity | None = None) -> DrainReport:
+    """Wait until no request arrived, none is queued and no worker holds a batch for ``quiet`` s.
+
+    Args:
+        client: the instance's client (management key needed for describe).
+        log_dir: the instance's TorchServe log directory.
+        timeout: give up after this many seconds (the report then says ``drained=False``).
+        quiet: how long the idle state must hold; longer than the batch delay and the gaps
+            between requests while the routing layer still sends.
+        min_wait: never finish earlier (time for readiness to propagate to the routing layer).
+        poll: seconds between reads.
+        activity: a log reader created earlier (so that arrivals since then count).
+    """
+    activity = activity or Activity(log_dir)
+    started = time.monotonic()
+    quiet_since = started
+    peak_pending = peak_busy = polls = 0
+    busy_now = 0
+    while True:
+        now = time.monotonic()
+        arrived = activity.poll()
+        try:
+            pending, live = queue_state(client)
+        except TorchServeError as exc:  # the management API must answer: count it as busy
+            logger.warning("drain: describe failed (%s); still waiting", exc)
+            pending, live = 1, set()
+        busy = activity.busy_workers(live)
+        polls += 1
+        peak_pending, peak_busy = max(peak_pending, pending), max(peak_busy, busy)
+        busy_now = pending + busy
+        if arrived or busy_now:
+            quiet_since = now
+        elapsed = now - started
+        if now - quiet_since >= quiet and elapsed >= min_wait:
+            return DrainReport(True, round(elapsed, 3), round(quiet_since - started, 3),
+                               activity.arrivals, peak_pending, peak_busy, polls, 0)
+        if elapsed >= timeout:
+            logger.warning("drain: still busy after %.0fs (%d queued, %d workers busy); giving up",
+                           timeout, pending, busy)
+            return DrainReport(False, round(elapsed, 3), round(quiet_since - started, 3),
+                               activity.arrivals, peak_pending, peak_busy, polls, busy_now)
+        time.sleep(poll)
+
+
+def drain(client: Client, run_dir: Path, log_dir: Path, pid: int | None, timeout: float = 30.0,
+          quiet: float = 1.0, min_wait: float = 0.0) -> DrainReport:
+    """Mark the instance draining, then :func:`wait_idle`. The marker stays until the next start."""
+    activity = Activity(log_dir)  # start reading before readiness flips: no arrival is missed
+    mark_draining(run_dir, pid)
+    report = wait_idle(client, log_dir, timeout, quiet, min_wait, activity=activity)
+    logger.info("drain: %s after %.2fs (%d requests arrived while draining, peak %d queued, "
+                "peak %d workers busy)", "idle" if report.drained else "NOT idle", report.seconds,
+                report.arrivals, report.peak_pending, report.peak_busy)
+    return report
+
+
+def is_draining(run_dir: Path) -> bool:
+    """Whether the instance in ``run_dir`` is draining (readiness must be false)."""
+    return (Path(run_dir) / DRAIN_FILE).exists()
+
+
+def clear(run_dir: Path) -> None:
+    """Remove the drain marker (a fresh start is not draining)."""
+    try:
+        os.unlink(Path(run_dir) / DRAIN_FILE)
+    except FileNotFoundError:
+        pass

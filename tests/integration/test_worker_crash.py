@@ -1,0 +1,39 @@
+"""A backend worker SIGKILLed under steady load (a short run of bench/worker_crash.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.worker_crash import run as run_worker_crash
+from tests.conftest import MODEL_NAME
+
+pytestmark = pytest.mark.integration
+
+#: TorchServe retries a dead worker after 1 s (its back-off table starts 0, 1, 1, 2, ...), then
+#: loads the model again (2-4 s on a busy 2-core machine). The worker must be back within this.
+RESTART_LIMIT_S = 20.0
+
+
+def test_killed_worker_fails_only_its_batch_and_is_replaced(server):
+    report = run_worker_crash(server, MODEL_NAME, baseline=1.5, after=1.5, rate=100, concurrency=4,
+                              recovery_timeout=RESTART_LIMIT_S)
+    # Only the killed worker's batch may fail: at most min(batch size 32, 4 concurrent) = 4.
+    assert report["in_flight_bound"] == 4
+    assert report["failed"] <= report["in_flight_bound"], report["failures"]
+    # Each failure is TorchServe's explicit answer for the dead worker, not a hang or a reset:
+    # 507 when it has read the exit status 137 (SIGKILL) by then, 500 when not yet.
+    for failure in report["failures"]:
+        assert failure["status"] in (500, 507), failure
+        assert '"message": "Worker died."' in failure["error"], failure
+    # The same worker id runs again under a new PID, READY, within the limit.
+    assert report["worker_restarted_s"] is not None, "the killed worker was not replaced in time"
+    assert report["worker_restarted_s"] < RESTART_LIMIT_S
+    assert report["replacement"]["id"] == report["killed"]["id"]
+    assert report["replacement"]["pid"] != report["killed"]["pid"]
+    assert report["replacement"]["status"] == "READY"
+    # The other worker kept its PID and kept answering while the first was down.
+    assert report["others_kept_serving"] and report["ok_while_down"] > 0
+    # After recovery every request succeeds.
+    assert report["after_recovery"]["sent"] > 50
+    assert report["after_recovery"]["failed"] == 0
+    assert report["requests"] == sum(p["sent"] for p in report["phases"])
