@@ -51,6 +51,8 @@ BATCH_START = "Looping backend response at:"
 BATCH_DONE = "Backend response time:"
 #: ts_metrics.log line written by the frontend for every accepted inference request.
 ARRIVAL = "ts_inference_requests_total"
+#: access_log.log markers of inference requests (not /ping, not management calls).
+INFERENCE_PATHS = ('"POST /predictions/', '"POST /explanations/', '"POST /v1/models/', '"POST /v2/models/')
 #: How much of ts_log.log to read back at the start to learn each worker's current state.
 TAIL_BYTES = 4 << 20
 
@@ -130,17 +132,24 @@ class Activity:
     def __init__(self, log_dir: Path) -> None:
         self._workers = LogFollower(log_dir / "ts_log.log", from_end=True, tail_bytes=TAIL_BYTES)
         self._arrivals = LogFollower(log_dir / "ts_metrics.log", from_end=True)
+        self._answers = LogFollower(log_dir / "access_log.log", from_end=True)
         self.busy: dict[str, bool] = {}  # worker id (its port) -> holds a batch
         self.arrivals = 0
 
     def poll(self) -> int:
-        """Read new log lines; returns how many inference requests arrived since the last poll."""
+        """Read new log lines; returns how many inference requests were seen since the last poll.
+
+        A request is seen when it arrives (``ts_metrics.log``, written in TorchServe's default
+        ``log`` metrics mode) or when it is answered (``access_log.log``, written in every mode:
+        with ``metrics_mode=prometheus`` it is the only signal).
+        """
         for line in self._workers.lines():
             if BATCH_START in line:
                 self._set(line, True)
             elif BATCH_DONE in line:
                 self._set(line, False)
         new = sum(1 for line in self._arrivals.lines() if line.split(" - ", 1)[-1].startswith(ARRIVAL))
+        new += sum(1 for line in self._answers.lines() if any(p in line for p in INFERENCE_PATHS))
         self.arrivals += new
         return new
 

@@ -9,10 +9,11 @@ and the effective ``config.properties`` the server wrote there, and call the ser
     python -m rtserve.probe live    # the frontend answers HTTP at all (any status)
     python -m rtserve.probe drain --propagation 10 --timeout 15   # preStop hook
 
-``drain`` first creates the ``drain`` file in the run directory, which makes ``ready`` fail from
-then on, waits ``propagation`` seconds for endpoints and proxies to stop sending new requests,
-then waits until TorchServe is idle (no queued job, no inference request completed for
-``quiet`` seconds) or ``timeout`` passes. Only then does the kubelet send SIGTERM.
+``drain`` is :func:`rtserve.drain.drain`: it writes the ``draining`` marker in the run directory,
+which makes ``ready`` fail from then on, waits at least ``propagation`` seconds for endpoints and
+proxies to stop sending new requests, then until TorchServe is idle (nothing arrived, queued or
+running for ``quiet`` seconds) or ``timeout`` more seconds pass. Only then does the kubelet send
+SIGTERM.
 
 Every command prints one line (the kubelet keeps it in the pod's events) and exits 0 on
 success, 1 on failure. The run directory and model come from ``--run-dir`` / ``--model`` or
@@ -25,19 +26,16 @@ import argparse
 import logging
 import os
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from rtserve.client import Client, TorchServeError
-from rtserve.server import DRAIN_FILE, read_properties, sample_payload
+from rtserve.drain import drain as drain_instance
+from rtserve.drain import is_draining
+from rtserve.server import read_properties, sample_payload
 
 logger = logging.getLogger(__name__)
-
-#: Access-log markers of inference requests (not /ping, not management calls).
-INFERENCE_PATHS = (" /predictions/", " /explanations/")
-
 
 @dataclass
 class Result:
@@ -70,7 +68,7 @@ def local_client(run_dir: Path, timeout: float) -> Client:
 
 def ready(run_dir: Path, model: str, timeout: float = 3.0) -> Result:
     """Ready when not draining, ``/ping`` is healthy and ``model`` answers a prediction."""
-    if (run_dir / DRAIN_FILE).exists():
+    if is_draining(run_dir):
         return Result(False, "draining: not accepting new requests")
     if not (run_dir / "key_file.json").exists():
         return Result(False, "TorchServe has not written key_file.json yet")
@@ -100,60 +98,22 @@ def live(run_dir: Path, timeout: float = 3.0) -> Result:
     return Result(True, f"live: /ping {'200' if healthy else '500'}")
 
 
-def inference_requests_done(log_dir: Path) -> int:
-    """How many inference requests TorchServe has answered (lines of its access log)."""
-    try:
-        with open(log_dir / "access_log.log", errors="replace") as log:
-            return sum(1 for line in log if any(p in line for p in INFERENCE_PATHS))
-    except OSError:
-        return 0
-
-
-def pending_jobs(client: Client, model: str) -> int:
-    """Requests queued for ``model``'s default version and not yet taken by a worker."""
-    desc = client.describe(model)[0]
-    return int(desc.get("jobQueueStatus", {}).get("pendingRequests", 0))
-
-
-def drain(run_dir: Path, model: str, propagation: float, timeout: float, quiet: float = 2.0,
-          poll: float = 0.25) -> Result:
-    """Stop readiness, wait for traffic to move away, then wait for in-flight work to finish.
+def drain(run_dir: Path, propagation: float, timeout: float, quiet: float = 2.0) -> Result:
+    """Readiness false, then wait for traffic to move away and in-flight work to finish.
 
     Args:
-        run_dir: the server's run directory (the drain file is created there).
-        model: the model whose job queue must be empty.
-        propagation: seconds to wait after readiness turns false, for endpoints to update.
+        run_dir: the server's run directory (the ``draining`` marker is written there).
+        propagation: the least seconds to wait after readiness turns false (endpoint updates).
         timeout: the most seconds to wait for idleness after ``propagation``.
-        quiet: TorchServe is idle once its queue is empty and no inference request has
-            completed for this long.
-        poll: seconds between checks.
+        quiet: idle means nothing arrived, queued or running for this long.
     """
-    (run_dir / DRAIN_FILE).touch()
-    logger.info("drain: readiness is now false; waiting %.0fs for endpoints to update", propagation)
-    time.sleep(propagation)
-    client = local_client(run_dir, timeout=min(3.0, max(timeout, 0.5)))
+    client = local_client(run_dir, timeout=3.0)
     log_dir = Path(os.environ.get("LOG_LOCATION", run_dir / "logs"))
-    started = time.monotonic()
-    done = inference_requests_done(log_dir)
-    last_change = started
-    while True:
-        now = time.monotonic()
-        count = inference_requests_done(log_dir)
-        if count != done:
-            done, last_change = count, now
-        try:
-            pending = pending_jobs(client, model)
-        except TorchServeError as exc:
-            if exc.status == 0:
-                return Result(True, f"drained: TorchServe no longer answers ({exc})")
-            pending = -1  # unknown: keep waiting
-        if pending == 0 and now - last_change >= quiet:
-            return Result(True, f"drained after {now - started:.1f}s: queue empty, "
-                                f"no request completed for {quiet:.1f}s ({done} served)")
-        if now - started >= timeout:
-            return Result(False, f"drain timed out after {timeout:.0f}s "
-                                 f"({pending} queued); stopping anyway")
-        time.sleep(poll)
+    report = drain_instance(client, run_dir, log_dir, None, timeout=propagation + timeout,
+                            quiet=quiet, min_wait=propagation)
+    verdict = "drained" if report.drained else "drain timed out; stopping anyway"
+    return Result(report.drained, f"{verdict} after {report.seconds:.1f}s "
+                                  f"({report.arrivals} requests seen while draining)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -172,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--propagation", type=float, default=10.0,
                         help="drain: seconds between readiness turning false and the idle wait")
     parser.add_argument("--quiet", type=float, default=2.0,
-                        help="drain: idle means no inference request completed for this long")
+                        help="drain: idle means nothing arrived, queued or running for this long")
     return parser
 
 
@@ -187,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         timeout = 15.0 if args.timeout is None else args.timeout
         # A failed preStop hook only adds a FailedPreStopHook event; SIGTERM follows anyway.
-        result = drain(args.run_dir, args.model, args.propagation, timeout, args.quiet)
+        result = drain(args.run_dir, args.propagation, timeout, args.quiet)
     sys.stdout.write(result.message + "\n")
     return 0 if result.ok else 1
 

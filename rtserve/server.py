@@ -27,7 +27,7 @@ from pathlib import Path
 
 from rtserve import drain as draining
 from rtserve.client import Client, TorchServeError
-from rtserve.drain import DrainReport
+from rtserve.drain import DRAIN_FILE, DrainReport  # noqa: F401 - DRAIN_FILE re-exported
 from rtserve.rollout import HISTORY_FILE
 
 logger = logging.getLogger(__name__)
@@ -36,7 +36,6 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO / "config.properties"
 PID_FILE = ".model_server.pid"
 #: Created in the run directory by ``python -m rtserve.probe drain``: readiness is false from then.
-DRAIN_FILE = "drain"
 #: A model whose workers died this often during start-up is not going to load: fail fast.
 WORKER_DEATHS_FATAL = 4
 
@@ -305,8 +304,7 @@ def run_foreground(server: TorchServe, stop_timeout: float = 15.0, poll: float =
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     # A restarted container (e.g. after a failed liveness probe, which runs preStop too) keeps
-    # its emptyDir: clear the previous drain or it would never become ready again.
-    (server.run_dir / DRAIN_FILE).unlink(missing_ok=True)
+    # its emptyDir: start() clears the previous drain marker, or it would never be ready again.
     try:
         server.start(console=True)
     except ServerError as exc:

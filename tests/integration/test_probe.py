@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import re
 import signal
 import subprocess
 import sys
@@ -229,7 +230,8 @@ def test_drain_waits_for_in_flight_requests_then_sigterm_stops_cleanly(pod):
     drained = time.monotonic()
     sender.join()
     assert drain.returncode == 0, out
-    assert "drained after" in out and "queue empty" in out, out
+    seen = re.search(r"drained after [\d.]+s \((\d+) requests seen while draining\)", out)
+    assert seen and int(seen.group(1)) > 0, out
     assert len(finished) > 10, "the sender made too few requests to prove anything"
     assert finished[-1] < drained, "drain returned while requests were still being answered"
     assert drained - started >= 0.5 + 0.5  # propagation, then a quiet half second
