@@ -81,9 +81,18 @@ serve: $(MAR) ## Install, build the archive, start TorchServe on localhost and w
 predict: $(STAMP) ## Send examples/request.json to the running server
 	$(PY) -m rtserve predict $(MODEL_NAME) examples/request.json
 
+.PHONY: explain
+explain: $(STAMP) ## Explain examples/request.json on the running server (per-feature attributions)
+	$(PY) -m rtserve explain $(MODEL_NAME) examples/request.json
+
 .PHONY: stop
 stop: ## Stop the TorchServe started by `make serve`
 	$(PY) -m rtserve.server stop --run-dir $(RUN_DIR)
+
+##@ Measure
+.PHONY: bench-explain
+bench-explain: $(MAR) ## Time one explanation (in-process and over HTTP on a private TorchServe); about 30 s
+	$(PY) -m bench.explain_latency --mar $(MAR)
 
 ##@ Test
 .PHONY: test

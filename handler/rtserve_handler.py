@@ -88,14 +88,16 @@ class RealTimeHandler(BaseHandler):
         """Never switch the whole batch to ``explain_handle``: explain is decided per request."""
         return False
 
-    def _explain_requests(self, size: int) -> set[int]:
-        """Indices of the batch's requests that came in on an explain route."""
-        header = self.context.get_request_header
-        return {i for i in range(size) if header(i, EXPLAIN_HEADER) == EXPLAIN_VALUE}
+    def _explain_requests(self) -> set[int]:
+        """Indices of the batch's requests that came in on an explain route (their
+        ``RequestProcessor``s hold each request's headers, as ``get_request_header`` reads them)."""
+        processors = self.context.request_processor
+        return {i for i, rp in enumerate(processors)
+                if rp.get_request_property(EXPLAIN_HEADER) == EXPLAIN_VALUE}
 
     def preprocess(self, data: list) -> ParsedBatch:
         """Parse and validate every request of the batch; normalize the valid rows."""
-        explain = self._explain_requests(len(data))
+        explain = self._explain_requests()
         batch = parse_batch(data, self.meta.n_features, self.config.feature_limit,
                             explain, len(self.meta.labels))
         if batch.inputs is not None:

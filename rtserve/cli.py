@@ -38,6 +38,14 @@ def cmd_predict(args: argparse.Namespace) -> None:
     _emit(_client(args).predict(args.model, payload, args.version))
 
 
+def cmd_explain(args: argparse.Namespace) -> None:
+    """Send a JSON file as one explanation request (optionally for --target)."""
+    payload = json.loads(Path(args.file).read_text())
+    if args.target is not None:
+        payload["target"] = args.target
+    _emit(_client(args).explain(args.model, payload, args.version))
+
+
 def cmd_models(args: argparse.Namespace) -> None:
     """List models, or describe every version of one."""
     client = _client(args)
@@ -63,6 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file")
     p.add_argument("--version")
     p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("explain", help=cmd_explain.__doc__)
+    p.add_argument("model")
+    p.add_argument("file")
+    p.add_argument("--target", type=int, help="class index to explain (default: the prediction)")
+    p.add_argument("--version")
+    p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("models", help=cmd_models.__doc__)
     p.add_argument("model", nargs="?")

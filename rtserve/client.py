@@ -130,9 +130,15 @@ class Client:
         return self._call("POST", self.inference_url, path, "inference", json_body=payload)
 
     def explain(self, model: str, payload: Any, version: str | None = None) -> Any:
-        """POST one explanation request (``/explanations/{model}``)."""
+        """POST one explanation request (``/explanations/{model}``).
+
+        Retried like an idempotent call (an explanation changes nothing): a 503 from a batch
+        that already held ``handler.explain_max_per_batch`` explanations is tried again after a
+        short back-off.
+        """
         path = f"/explanations/{model}" + (f"/{version}" if version else "")
-        return self._call("POST", self.inference_url, path, "inference", json_body=payload)
+        return self._call("POST", self.inference_url, path, "inference", json_body=payload,
+                          idempotent=True)
 
     # -- management API ------------------------------------------------------------------
     def list_models(self) -> list[dict]:
