@@ -12,6 +12,9 @@ ARTIFACTS     ?= artifacts
 RUN_DIR       ?= .run
 MODEL_CONFIG  ?= model/model-config.yaml
 PYTEST_ARGS   ?=
+INFERENCE_URL ?= http://127.0.0.1:8080
+MANAGEMENT_URL ?= http://127.0.0.1:8081
+WORKERS       ?=
 
 # Training options per version; `make archive MODEL_VERSION=2.0` trains the larger model.
 TRAIN_ARGS_1.0 = --epochs 1 --hidden 64
@@ -89,15 +92,57 @@ explain: $(STAMP) ## Explain examples/request.json on the running server (per-fe
 stop: ## Stop the TorchServe started by `make serve`
 	$(PY) -m rtserve.server stop --run-dir $(RUN_DIR)
 
-##@ Measure
-.PHONY: bench-explain
-bench-explain: $(MAR) ## Time one explanation (in-process and over HTTP on a private TorchServe); about 30 s
-	$(PY) -m bench.explain_latency --mar $(MAR)
+##@ Versions (on the running server, through the management API)
+RTSERVE := $(PY) -m rtserve --inference $(INFERENCE_URL) --management $(MANAGEMENT_URL) --run-dir $(RUN_DIR)
+
+.PHONY: register
+register: $(MAR) ## Register MODEL_VERSION beside the running ones (not default); waits for its workers
+	$(RTSERVE) register $(MODEL_NAME) $(MODEL_VERSION) $(if $(WORKERS),--workers $(WORKERS))
+
+.PHONY: promote
+promote: $(STAMP) ## Make MODEL_VERSION the default (the previous default is recorded for rollback)
+	$(RTSERVE) promote $(MODEL_NAME) $(MODEL_VERSION)
+
+.PHONY: rollback
+rollback: $(STAMP) ## Return the default to the version before the last promote
+	$(RTSERVE) rollback $(MODEL_NAME)
+
+.PHONY: retire
+retire: $(STAMP) ## Unregister MODEL_VERSION (refused for the default version)
+	$(RTSERVE) retire $(MODEL_NAME) $(MODEL_VERSION)
+
+.PHONY: scale
+scale: $(STAMP) ## Scale to WORKERS workers (the default version, or VERSION=x)
+	@test -n "$(WORKERS)" || { echo "usage: make scale WORKERS=N [VERSION=x]"; exit 2; }
+	$(RTSERVE) scale $(MODEL_NAME) $(WORKERS) $(if $(VERSION),--version $(VERSION))
+
+.PHONY: models
+models: $(STAMP) ## List versions: default, workers and queue
+	$(RTSERVE) models $(MODEL_NAME)
+
+.PHONY: history-versions
+history-versions: $(STAMP) ## Show the recorded default-version changes (what rollback reads)
+	$(RTSERVE) history $(MODEL_NAME)
 
 ##@ Test
 .PHONY: test
 test: $(STAMP) ## Run the whole test suite (builds what it needs, starts and stops its own servers)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+##@ Benchmarks
+.PHONY: bench-rollout
+bench-rollout: $(MODEL_STORE)/$(MODEL_NAME)_1.0.mar $(MODEL_STORE)/$(MODEL_NAME)_2.0.mar ## Rollout 1.0 -> 2.0 and back under steady load (about 40 s)
+	$(PY) -m bench.rollout_load --model-store $(MODEL_STORE)
+
+.PHONY: bench-explain
+bench-explain: $(MAR) ## Time one explanation (in-process and over HTTP on a private TorchServe); about 40 s
+	$(PY) -m bench.explain_latency --mar $(MAR)
+
+$(MODEL_STORE)/$(MODEL_NAME)_%.mar: FORCE
+	$(MAKE) --no-print-directory archive MODEL_VERSION=$*
+
+.PHONY: FORCE
+FORCE:
 
 .PHONY: clean
 clean: ## Remove build outputs (archives, artifacts, run directory); keeps .venv

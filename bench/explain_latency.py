@@ -7,8 +7,9 @@ Three bounded measurements, all on this machine and all traffic on 127.0.0.1:
    explanation of ``explain_max_per_batch`` rows at once (the most one batch can add);
 2. http: sequential requests to a real TorchServe started from the archive on free ports:
    ``/explanations`` vs ``/predictions`` (both include TorchServe's batching delay);
-3. flood: sequential ``/predictions`` while other clients keep ``/explanations`` busy, to show
-   the per-batch ceiling keeps predictions moving.
+3. flood: steady ``/predictions`` (100/s from 2 clients, ``bench.loadgen.SteadyLoad``) alone,
+   then while 8 more clients send ``/explanations`` back to back without back-off on 503, to
+   show the per-batch ceiling keeps predictions moving.
 
     python -m bench.explain_latency --mar model_store/realtime-classifier_1.0.mar
 
@@ -24,9 +25,9 @@ import logging
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import zipfile
+from collections import Counter
 from pathlib import Path
 from typing import Callable
 
@@ -34,6 +35,7 @@ import requests
 import torch
 import yaml
 
+from bench.loadgen import SteadyLoad, summarize
 from handler.config import HandlerConfig
 from handler.explain import Explainer
 from handler.model import ModelMetadata, load_model
@@ -116,8 +118,10 @@ def bench_compute(mar: Path, rows: torch.Tensor, n: int, warmup: int) -> dict:
     }
 
 
-def bench_http(mar: Path, rows: list[list[float]], n: int, warmup: int, flood_clients: int) -> dict:
-    """Sequential requests to a real TorchServe, then predictions under an explanation flood."""
+def bench_http(mar: Path, rows: list[list[float]], n: int, warmup: int, flood_clients: int,
+               hold: float) -> dict:
+    """Sequential requests to a real TorchServe, then steady predictions before and during an
+    explanation flood (``bench.loadgen.SteadyLoad``)."""
     run_dir = Path(tempfile.mkdtemp(prefix="bench-explain-"))
     server = TorchServe(run_dir, mar.parent, [f"realtime-classifier={mar.name}"],
                         overrides=port_overrides(free_ports(6)))
@@ -125,48 +129,48 @@ def bench_http(mar: Path, rows: list[list[float]], n: int, warmup: int, flood_cl
     try:
         server.wait_ready(timeout=120, models=["realtime-classifier"])
         base = server.props["inference_address"]
+        client = server.client()
         session = requests.Session()
 
-        key = server.client().keys.get("inference")
-
-        def post(route: str, i: int, http: requests.Session = session) -> int:
-            resp = http.post(f"{base}/{route}/realtime-classifier",
-                             data=json.dumps({"features": rows[i % len(rows)]}),
-                             headers={"Content-Type": "application/json",
-                                      "Authorization": f"Bearer {key}"}, timeout=30)
-            if resp.status_code != 200 and not (route == "explanations" and resp.status_code == 503):
+        def post(route: str, i: int) -> None:
+            resp = session.post(f"{base}/{route}/realtime-classifier",
+                                data=json.dumps({"features": rows[i % len(rows)]}),
+                                headers={"Content-Type": "application/json",
+                                         "Authorization": f"Bearer {client.keys.get('inference')}"},
+                                timeout=30)
+            if resp.status_code != 200:
                 raise RuntimeError(f"{route}: {resp.status_code} {resp.text}")
-            return resp.status_code
 
         result = {
             "explanations": summary(timed(lambda i: post("explanations", i), n, warmup)),
             "predictions": summary(timed(lambda i: post("predictions", i), n, warmup)),
         }
-        stop = threading.Event()
-        sent = [0] * flood_clients
-        refused = [0] * flood_clients
-
-        def flood(worker: int) -> None:
-            """Explanations back to back, no back-off on 503 (a hostile client)."""
-            http = requests.Session()
-            while not stop.is_set():
-                if post("explanations", worker + sent[worker], http) == 503:
-                    refused[worker] += 1
-                sent[worker] += 1
-
-        threads = [threading.Thread(target=flood, args=(w,)) for w in range(flood_clients)]
-        for t in threads:
-            t.start()
+        token = lambda: client.keys.get("inference")  # noqa: E731
+        payload = {"features": rows[0]}
+        steady = SteadyLoad(f"{base}/predictions/realtime-classifier", payload, token,
+                            rate=100, concurrency=2, max_seconds=hold * 2 + 60)
+        flood = SteadyLoad(f"{base}/explanations/realtime-classifier", payload, token,
+                           rate=100_000, concurrency=flood_clients, max_seconds=hold + 60)
+        steady.start("predictions alone")
         try:
-            under_flood = timed(lambda i: post("predictions", i), n, warmup)
+            time.sleep(hold)
+            steady.mark("predictions during explanation flood")
+            flood.start("flood")
+            try:
+                time.sleep(hold)
+            finally:
+                flood_records = flood.stop()
         finally:
-            stop.set()
-            for t in threads:
-                t.join(timeout=60)
-        result["predictions_during_explanation_flood"] = {
-            **summary(under_flood), "flood_clients": flood_clients,
-            "explanations_sent_meanwhile": sum(sent),
-            "explanations_refused_503": sum(refused)}
+            steady_records = steady.stop()
+        for phase in summarize(steady_records):
+            result[phase.phase.replace(" ", "_")] = {
+                "n": phase.sent, "failed": phase.failed, "median_ms": phase.p50_ms,
+                "p99_ms": phase.p99_ms, "errors": phase.errors}
+        statuses = Counter(r.status for r in flood_records)
+        result["flood"] = {"clients": flood_clients, "seconds": hold,
+                           "explanations_answered_200": statuses.pop(200, 0),
+                           "explanations_refused_503": statuses.pop(503, 0),
+                           "other_statuses": dict(statuses)}
         return result
     finally:
         server.stop()
@@ -178,7 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mar", type=Path, default=REPO / "model_store" / "realtime-classifier_1.0.mar")
     parser.add_argument("-n", type=int, default=300, help="timed repetitions per measurement")
     parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--flood-clients", type=int, default=8)
+    parser.add_argument("--flood-clients", type=int, default=8,
+                        help="threads sending explanations back to back, no back-off on 503")
+    parser.add_argument("--hold", type=float, default=8.0,
+                        help="seconds of steady predictions before, and during, the flood")
     parser.add_argument("--skip-http", action="store_true", help="only the in-process part")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "explain_latency.json")
     args = parser.parse_args(argv)
@@ -190,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
               "compute": bench_compute(args.mar, data, args.n, args.warmup)}
     if not args.skip_http:
         report["http"] = bench_http(args.mar, data.tolist(), args.n, args.warmup,
-                                    args.flood_clients)
+                                    args.flood_clients, args.hold)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     logger.info("settings: %s", report["compute"]["settings"])
@@ -203,11 +210,14 @@ def main(argv: list[str] | None = None) -> int:
     delta = report["compute"]["abs_convergence_delta"]
     logger.info("|convergence delta| on 256 held-out rows: median %.1e, max %.1e",
                 delta["median"], delta["max"])
-    flood = report.get("http", {}).get("predictions_during_explanation_flood")
+    flood = report.get("http", {}).get("flood")
     if flood:
-        logger.info("flood: %d clients sent %d explanations meanwhile, %d refused with 503",
-                    flood["flood_clients"], flood["explanations_sent_meanwhile"],
-                    flood["explanations_refused_503"])
+        logger.info("flood: %d clients for %.0f s: %d explanations answered, %d refused with 503, "
+                    "other statuses %s", flood["clients"], flood["seconds"],
+                    flood["explanations_answered_200"], flood["explanations_refused_503"],
+                    flood["other_statuses"] or "none")
+        failed = sum(v.get("failed", 0) for v in report["http"].values() if isinstance(v, dict))
+        logger.info("failed predictions: %d", failed)
     logger.info("wrote %s", args.out)
     return 0
 

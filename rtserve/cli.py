@@ -1,4 +1,12 @@
-"""Command-line client for a running TorchServe (see ``python -m rtserve --help``)."""
+"""Command-line client for a running TorchServe: predictions, explanations and model versions.
+
+    python -m rtserve predict realtime-classifier examples/request.json
+    python -m rtserve explain realtime-classifier examples/request.json --target 0
+    python -m rtserve register realtime-classifier 2.0
+    python -m rtserve promote realtime-classifier 2.0
+    python -m rtserve rollback realtime-classifier
+    python -m rtserve models realtime-classifier
+"""
 
 from __future__ import annotations
 
@@ -10,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rtserve.client import Client, TorchServeError
+from rtserve.rollout import HISTORY_FILE, History, Rollout, timed
 
 logger = logging.getLogger(__name__)
 
@@ -17,7 +26,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _client(args: argparse.Namespace) -> Client:
-    return Client(args.inference, args.management, key_file=args.key_file, timeout=args.timeout)
+    key_file = args.key_file or Path(args.run_dir) / "key_file.json"
+    return Client(args.inference, args.management, key_file=key_file, timeout=args.timeout)
+
+
+def _rollout(args: argparse.Namespace) -> Rollout:
+    return Rollout(_client(args), History(Path(args.run_dir) / HISTORY_FILE), args.model)
 
 
 def _emit(value: Any) -> None:
@@ -26,9 +40,10 @@ def _emit(value: Any) -> None:
 
 def cmd_token(args: argparse.Namespace) -> None:
     """Print a token key from the key file (for curl)."""
-    key = _client(args).keys.get(args.kind)
+    client = _client(args)
+    key = client.keys.get(args.kind)
     if not key:
-        raise TorchServeError(f"no {args.kind} key in {args.key_file} (is the server running?)")
+        raise TorchServeError(f"no {args.kind} key in {client.keys.path} (is the server running?)")
     sys.stdout.write(key + "\n")
 
 
@@ -47,47 +62,92 @@ def cmd_explain(args: argparse.Namespace) -> None:
 
 
 def cmd_models(args: argparse.Namespace) -> None:
-    """List models, or describe every version of one."""
-    client = _client(args)
-    _emit(client.describe(args.model, "all") if args.model else client.list_models())
+    """Show each version of a model: default, workers and queue."""
+    rows = _rollout(args).status()
+    sys.stdout.write(f"{'MODEL':22} {'VERSION':8} {'DEFAULT':7} {'WORKERS':9} {'MIN-MAX':7} "
+                     f"{'QUEUED':6} {'QUEUE-FREE':10}\n")
+    for s in rows:
+        sys.stdout.write(
+            f"{args.model:22} {s.version:8} {'yes' if s.default else '':7} "
+            f"{f'{s.workers_ready}/{s.workers} ready':9} {f'{s.min_workers}-{s.max_workers}':7} "
+            f"{s.pending:<6} {s.queue_capacity:<10}\n")
+
+
+def cmd_register(args: argparse.Namespace) -> None:
+    """Register <model>_<version>.mar from the model store (not made default)."""
+    status, secs = timed(_rollout(args).register, args.version, args.workers)
+    logger.info("%s (%.1fs); the default is unchanged: `make promote MODEL_VERSION=%s` switches",
+                status, secs, args.version)
+
+
+def cmd_promote(args: argparse.Namespace) -> None:
+    """Make a registered version the default (recorded for rollback)."""
+    previous, secs = timed(_rollout(args).promote, args.version)
+    logger.info("%s default: %s -> %s (%.3fs)", args.model, previous, args.version, secs)
+
+
+def cmd_rollback(args: argparse.Namespace) -> None:
+    """Return the default to the version before the last promote."""
+    (old, new), secs = timed(_rollout(args).rollback)
+    logger.info("%s default rolled back: %s -> %s (%.3fs)", args.model, old, new, secs)
+
+
+def cmd_retire(args: argparse.Namespace) -> None:
+    """Unregister a version that is not the default."""
+    _, secs = timed(_rollout(args).retire, args.version)
+    logger.info("%s %s unregistered (%.1fs)", args.model, args.version, secs)
+
+
+def cmd_scale(args: argparse.Namespace) -> None:
+    """Set the worker count of a version (default: the default version); waits for workers."""
+    _, secs = timed(_rollout(args).scale, args.workers, args.version)
+    logger.info("%s %s scaled to %d workers (%.1fs)", args.model, args.version or "(default)",
+                args.workers, secs)
+
+
+def cmd_history(args: argparse.Namespace) -> None:
+    """Print the recorded default-version changes."""
+    _emit(_rollout(args).history.events(args.model))
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (one sub-command per operation)."""
-    parser = argparse.ArgumentParser(prog="python -m rtserve", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m rtserve", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--inference", default="http://127.0.0.1:8080", help="inference API URL")
     parser.add_argument("--management", default="http://127.0.0.1:8081", help="management API URL")
-    parser.add_argument("--key-file", default=str(REPO / ".run" / "key_file.json"),
-                        help="TorchServe's key_file.json (token authorization)")
+    parser.add_argument("--run-dir", default=str(REPO / ".run"),
+                        help="the server's run directory (key_file.json, rollout history)")
+    parser.add_argument("--key-file", help="TorchServe's key_file.json (default: RUN_DIR/key_file.json)")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per HTTP call")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("token", help=cmd_token.__doc__)
-    p.add_argument("kind", nargs="?", default="inference", choices=["inference", "management", "API"])
-    p.set_defaults(func=cmd_token)
+    def add(name, func, *arguments):
+        p = sub.add_parser(name, help=func.__doc__, description=func.__doc__)
+        for arg in arguments:
+            p.add_argument(*arg[0], **arg[1])
+        p.set_defaults(func=func)
 
-    p = sub.add_parser("predict", help=cmd_predict.__doc__)
-    p.add_argument("model")
-    p.add_argument("file")
-    p.add_argument("--version")
-    p.set_defaults(func=cmd_predict)
-
-    p = sub.add_parser("explain", help=cmd_explain.__doc__)
-    p.add_argument("model")
-    p.add_argument("file")
-    p.add_argument("--target", type=int, help="class index to explain (default: the prediction)")
-    p.add_argument("--version")
-    p.set_defaults(func=cmd_explain)
-
-    p = sub.add_parser("models", help=cmd_models.__doc__)
-    p.add_argument("model", nargs="?")
-    p.set_defaults(func=cmd_models)
+    model = (["model"], {})
+    version = (["version"], {})
+    add("token", cmd_token, (["kind"], {"nargs": "?", "default": "inference",
+                                        "choices": ["inference", "management", "API"]}))
+    add("predict", cmd_predict, model, (["file"], {}), (["--version"], {}))
+    add("explain", cmd_explain, model, (["file"], {}), (["--version"], {}),
+        (["--target"], {"type": int, "help": "class index to explain (default: the prediction)"}))
+    add("models", cmd_models, model)
+    add("register", cmd_register, model, version, (["--workers"], {"type": int}))
+    add("promote", cmd_promote, model, version)
+    add("rollback", cmd_rollback, model)
+    add("retire", cmd_retire, model, version)
+    add("scale", cmd_scale, model, (["workers"], {"type": int}), (["--version"], {}))
+    add("history", cmd_history, model)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one sub-command; errors print one clear line and exit 1."""
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     args = build_parser().parse_args(argv)
     try:
         args.func(args)

@@ -42,6 +42,11 @@ class Conflict(TorchServeError):
     """HTTP 409: e.g. the version is already registered."""
 
 
+class Refused(TorchServeError):
+    """HTTP 403 or 405: the server refuses the operation (e.g. removing the default version,
+    or the model API is disabled)."""
+
+
 class Keys:
     """Token keys from TorchServe's ``key_file.json``; re-read whenever the file changes."""
 
@@ -267,12 +272,15 @@ def _error(method: str, path: str, resp: requests.Response) -> TorchServeError:
         detail = body.get("message") or body.get("error") or body
         kind = body.get("type", "")
     message = f"{method} {path} -> {status}: {detail}"
-    if kind == "InvalidKeyException" or status in (401, 403):
+    if kind == "InvalidKeyException" or status == 401:
         return AuthError(
             f"{message} (token missing, wrong or expired: check the key file)", status, body)
-    if "Model API disabled" in str(detail) or "enable_model_api" in str(detail):
-        return TorchServeError(
-            f"{message} (the model API is disabled: set enable_model_api=true)", status, body)
+    if status == 405 and path.startswith("/models") and method in ("POST", "DELETE"):
+        return Refused(
+            f"{message} (the model API is disabled on this server: registering and unregistering "
+            "need enable_model_api=true)", status, body)
+    if status in (403, 405):
+        return Refused(message, status, body)
     if status == 404:
         return NotFound(message, status, body)
     if status == 409:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rtserve.client import Client, TorchServeError
+from rtserve.rollout import HISTORY_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -149,6 +150,8 @@ class TorchServe:
         (self.run_dir / "tmp").mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.key_file.unlink(missing_ok=True)
+        # A fresh server starts from its --models again: the old rollout history no longer applies.
+        (self.run_dir / HISTORY_FILE).unlink(missing_ok=True)
         config = self.run_dir / "config.properties"
         write_properties(config, self.props)
         cmd = [str(Path(sys.executable).with_name("torchserve")), "--start", "--ncs",

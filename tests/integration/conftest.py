@@ -8,10 +8,11 @@ from rtserve.server import TorchServe, free_ports, port_overrides
 from tests.conftest import MODEL_NAME
 
 
-def start_server(run_dir, mar, models=None, **kwargs) -> TorchServe:
+def start_server(run_dir, mar, models=None, overrides_extra=None, **kwargs) -> TorchServe:
     """Start TorchServe from the project's config with every listener on a free port."""
+    overrides = {**port_overrides(free_ports(6)), **(overrides_extra or {})}
     server = TorchServe(run_dir, mar.parent, models if models is not None else [f"{MODEL_NAME}={mar.name}"],
-                        overrides=port_overrides(free_ports(6)), **kwargs)
+                        overrides=overrides, **kwargs)
     server.start()
     return server
 

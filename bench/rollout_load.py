@@ -1,0 +1,128 @@
+"""Version rollout under steady load: register -> promote -> rollback -> retire, scale 1 -> 4 -> 1.
+
+Starts its own TorchServe (free loopback ports, archives from --model-store), keeps steady
+concurrent prediction traffic on the model's default route, runs each management step with
+``--hold`` seconds of traffic after it, then prints requests sent, failed, the versions seen in
+each phase and the latency of each management call, and writes the report as JSON.
+
+    make bench-rollout                       # 1.0 -> 2.0 and back, about 40 s
+    .venv/bin/python -m bench.rollout_load --hold 5 --rate 150
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from bench.loadgen import SteadyLoad, summarize
+from rtserve.rollout import HISTORY_FILE, History, Rollout, timed
+from rtserve.server import TorchServe, free_ports, port_overrides, sample_payload
+
+logger = logging.getLogger(__name__)
+REPO = Path(__file__).resolve().parent.parent
+
+#: The version each "after <step>" phase must see, given the old and new versions.
+EXPECTED_AFTER = {
+    "register": "old", "promote": "new", "rollback": "old", "retire": "old",
+    "scale to 1": "old", "scale to 4": "old", "scale to 1 again": "old",
+}
+
+
+def run(server: TorchServe, model: str, new: str, hold: float, rate: float,
+        concurrency: int) -> dict:
+    """Drive the rollout steps under load on a ready ``server``; return the report."""
+    client = server.client(timeout=180.0)
+    rollout = Rollout(client, History(server.run_dir / HISTORY_FILE), model)
+    old = rollout.default_version()
+    url = f"{server.props['inference_address']}/predictions/{model}"
+    load = SteadyLoad(url, sample_payload(), lambda: client.keys.get("inference"), rate=rate,
+                      concurrency=concurrency, max_seconds=hold * 10 + 600)
+    steps = [
+        ("register", lambda: rollout.register(new)),
+        ("promote", lambda: rollout.promote(new)),
+        ("rollback", rollout.rollback),
+        ("retire", lambda: rollout.retire(new)),
+        ("scale to 1", lambda: rollout.scale(1)),
+        ("scale to 4", lambda: rollout.scale(4)),
+        ("scale to 1 again", lambda: rollout.scale(1)),
+    ]
+    calls: dict[str, float] = {}
+    started = time.monotonic()
+    load.start("baseline")
+    try:
+        time.sleep(hold)
+        for name, step in steps:
+            load.mark(f"during {name}")
+            _, calls[name] = timed(step)
+            load.mark(f"after {name}")
+            time.sleep(hold)
+    finally:
+        records = load.stop()
+    elapsed = time.monotonic() - started
+    phases = summarize(records)
+    expected = {f"after {k}": (old if v == "old" else new) for k, v in EXPECTED_AFTER.items()}
+    return {
+        "model": model, "old": old, "new": new, "rate_target": rate, "concurrency": concurrency,
+        "seconds": round(elapsed, 1), "requests": len(records),
+        "achieved_rate": round(len(records) / elapsed, 1),
+        "failed": sum(1 for r in records if r.status != 200),
+        "phases": [asdict(p) for p in phases],
+        "expected_after": expected,
+        "timeline_ok": all(set(p.versions) == {expected[p.phase]} for p in phases if p.phase in expected),
+        "call_seconds": {k: round(v, 3) for k, v in calls.items()},
+    }
+
+
+def render(report: dict) -> str:
+    """The report as a text table."""
+    lines = [f"{report['requests']} requests in {report['seconds']} s "
+             f"({report['achieved_rate']}/s, target {report['rate_target']}/s, "
+             f"{report['concurrency']} concurrent); failed: {report['failed']}",
+             f"{'phase':26} {'sent':>6} {'failed':>6} {'p50 ms':>7} {'p99 ms':>7}  versions seen"]
+    for p in report["phases"]:
+        versions = ", ".join(f"{v}: {n}" for v, n in sorted(p["versions"].items()))
+        lines.append(f"{p['phase']:26} {p['sent']:>6} {p['failed']:>6} {p['p50_ms']:>7} "
+                     f"{p['p99_ms']:>7}  {versions}")
+        lines += [f"    error: {e}" for e in p["errors"]]
+    lines.append("management calls (s): " + ", ".join(
+        f"{k} {v}" for k, v in report["call_seconds"].items()))
+    lines.append(f"version timeline as expected: {report['timeline_ok']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Start a server, run the rollout under load, print and save the report."""
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="realtime-classifier")
+    parser.add_argument("--old", default="1.0")
+    parser.add_argument("--new", default="2.0")
+    parser.add_argument("--model-store", type=Path, default=REPO / "model_store")
+    parser.add_argument("--hold", type=float, default=5.0, help="seconds of traffic after each step")
+    parser.add_argument("--rate", type=float, default=150.0, help="target requests per second")
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "rollout_load.json")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    server = TorchServe(REPO / "build" / "bench-rollout", args.model_store,
+                        [f"{args.model}={args.model}_{args.old}.mar"],
+                        overrides=port_overrides(free_ports(6)))
+    server.start()
+    try:
+        server.wait_ready(120, [args.model])
+        report = run(server, args.model, args.new, args.hold, args.rate, args.concurrency)
+    finally:
+        server.stop()
+    sys.stdout.write(render(report) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    return 0 if report["failed"] == 0 and report["timeline_ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,244 @@
+"""Model versions on a running TorchServe: register, promote, roll back, retire, scale.
+
+TorchServe keeps no record of which version was the default before a ``set-default``, so
+:class:`History` keeps one (a small JSON file beside the server's key file) and ``rollback``
+reads it. Every operation checks its preconditions first and changes nothing when they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from rtserve.client import Client, NotFound, TorchServeError
+
+logger = logging.getLogger(__name__)
+
+#: The history file, kept in the server's run directory (cleared when that server starts).
+HISTORY_FILE = "rollout-history.json"
+VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+class RolloutError(TorchServeError):
+    """A version operation was refused before anything changed (bad version, no history, ...)."""
+
+
+def archive_name(model: str, version: str) -> str:
+    """The model-store file name of a version: ``<model>_<version>.mar``.
+
+    Raises:
+        RolloutError: the model or version is not a plain name (no paths, no URLs).
+    """
+    for what, value in (("model", model), ("version", version)):
+        if not VERSION_RE.match(value) or ".." in value:
+            raise RolloutError(f"invalid {what} {value!r}: letters, digits, '.', '_' and '-' only")
+    return f"{model}_{version}.mar"
+
+
+class History:
+    """Append-only record of default-version changes, stored as JSON lines of events."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def events(self, model: str | None = None) -> list[dict]:
+        """All recorded events, oldest first (optionally for one model)."""
+        try:
+            events = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return []
+        return [e for e in events if model is None or e["model"] == model]
+
+    def append(self, event: dict) -> None:
+        """Record one event (atomically: write a temporary file, then rename)."""
+        events = self.events() + [{**event, "at": datetime.now(timezone.utc).isoformat()}]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".history-")
+        with os.fdopen(fd, "w") as out:
+            json.dump(events, out, indent=1)
+        os.replace(tmp, self.path)
+
+    def previous_default(self, model: str) -> str | None:
+        """The version ``rollback`` returns to: promotes push their previous default, rollbacks pop."""
+        stack: list[str] = []
+        for event in self.events(model):
+            if event["action"] == "promote":
+                stack.append(event["from"])
+            elif event["action"] == "rollback" and stack:
+                stack.pop()
+        return stack[-1] if stack else None
+
+
+@dataclass
+class VersionStatus:
+    """One registered version as ``make models`` shows it."""
+
+    version: str
+    default: bool
+    workers_ready: int
+    workers: int
+    min_workers: int
+    max_workers: int
+    pending: int
+    queue_capacity: int
+
+
+class Rollout:
+    """Version operations for one model name."""
+
+    def __init__(self, client: Client, history: History, model: str) -> None:
+        self.client = client
+        self.history = history
+        self.model = model
+
+    def default_version(self) -> str:
+        """The current default version (TorchServe's describe without a version)."""
+        return self.client.describe(self.model)[0]["modelVersion"]
+
+    def status(self) -> list[VersionStatus]:
+        """Every registered version with its workers and queue."""
+        default = self.default_version()
+        out = []
+        for desc in self.client.describe(self.model, "all"):
+            workers = desc.get("workers", [])
+            queue = desc.get("jobQueueStatus", {})
+            out.append(VersionStatus(
+                version=desc["modelVersion"], default=desc["modelVersion"] == default,
+                workers_ready=sum(1 for w in workers if w.get("status") == "READY"),
+                workers=len(workers), min_workers=desc.get("minWorkers", 0),
+                max_workers=desc.get("maxWorkers", 0), pending=queue.get("pendingRequests", 0),
+                queue_capacity=queue.get("remainingCapacity", 0),
+            ))
+        return sorted(out, key=lambda s: s.version)
+
+    def versions(self) -> list[str]:
+        """Registered versions."""
+        return [s.version for s in self.status()]
+
+    def register(self, version: str, workers: int | None = None, timeout: float = 180.0) -> str:
+        """Register ``<model>_<version>.mar`` from the model store beside the running versions.
+
+        The default does not change. Workers are up when this returns; if the version cannot
+        load, whatever TorchServe kept of it is unregistered again and the error is raised.
+
+        Raises:
+            RolloutError: bad name or already registered.
+            TorchServeError: TorchServe refused or failed to load the archive.
+        """
+        url = archive_name(self.model, version)
+        try:
+            registered = self.versions()
+        except NotFound:
+            registered = []
+        if version in registered:
+            raise RolloutError(f"{self.model} {version} is already registered; nothing changed")
+        try:
+            result = self.client.register(url, initial_workers=workers or 1, timeout=timeout)
+        except TorchServeError as exc:
+            self._discard_failed(version)
+            raise type(exc)(f"{exc}{_register_hint(exc)}", exc.status, exc.body) from exc
+        if workers:
+            self.client.scale(self.model, workers, version=version, timeout=timeout)
+        if not any(s.version == version and s.workers_ready > 0 for s in self.status()):
+            self._discard_failed(version)
+            raise TorchServeError(f"{self.model} {version} registered but no worker became ready")
+        return result.get("status", "")
+
+    def _discard_failed(self, version: str) -> None:
+        try:
+            if version in self.versions() and version != self.default_version():
+                self.client.unregister(self.model, version)
+        except TorchServeError as exc:
+            logger.warning("could not clean up failed version %s: %s", version, exc)
+
+    def promote(self, version: str) -> str:
+        """Make ``version`` the default and record the previous default; returns the previous one.
+
+        Raises:
+            RolloutError: the version is not registered, has no ready worker, or is already default.
+        """
+        status = {s.version: s for s in self.status()}
+        current = next(v for v, s in status.items() if s.default)
+        if version not in status:
+            raise RolloutError(
+                f"{self.model} {version} is not registered (registered: {', '.join(sorted(status))}); "
+                "run `make register` first; nothing changed")
+        if version == current:
+            raise RolloutError(f"{self.model} {version} is already the default; nothing changed")
+        if status[version].workers_ready == 0:
+            raise RolloutError(f"{self.model} {version} has no ready worker; nothing changed")
+        self.client.set_default(self.model, version)
+        self.history.append({"action": "promote", "model": self.model, "from": current, "to": version})
+        return current
+
+    def rollback(self) -> tuple[str, str]:
+        """Return the default to the version before the last promote; returns (from, to).
+
+        Raises:
+            RolloutError: no previous version is recorded, or it is no longer registered.
+        """
+        target = self.history.previous_default(self.model)
+        if target is None:
+            raise RolloutError(f"no previous default recorded for {self.model}; nothing changed")
+        status = {s.version: s for s in self.status()}
+        current = next(v for v, s in status.items() if s.default)
+        if target not in status:
+            raise RolloutError(
+                f"previous default {self.model} {target} is no longer registered "
+                f"(register it again first); nothing changed")
+        self.client.set_default(self.model, target)
+        self.history.append({"action": "rollback", "model": self.model, "from": current, "to": target})
+        return current, target
+
+    def retire(self, version: str, timeout: float = 120.0) -> None:
+        """Unregister a version that is not the default.
+
+        Raises:
+            RolloutError: the version is the default or not registered.
+        """
+        status = {s.version: s for s in self.status()}
+        if version not in status:
+            raise RolloutError(f"{self.model} {version} is not registered; nothing changed")
+        if status[version].default:
+            raise RolloutError(
+                f"{self.model} {version} is the default: promote another version before retiring "
+                "it; nothing changed")
+        self.client.unregister(self.model, version, timeout=timeout)
+
+    def scale(self, workers: int, version: str | None = None, timeout: float = 180.0) -> None:
+        """Set the worker count of ``version`` (default: the default version); waits for workers.
+
+        Raises:
+            RolloutError: ``workers`` is out of range or the version is not registered.
+        """
+        if not 1 <= workers <= 64:
+            raise RolloutError(f"workers must be in [1, 64], got {workers}; nothing changed")
+        version = version or self.default_version()
+        if version not in self.versions():
+            raise RolloutError(f"{self.model} {version} is not registered; nothing changed")
+        self.client.scale(self.model, workers, version=version, timeout=timeout)
+
+
+def _register_hint(exc: TorchServeError) -> str:
+    """What a failed registration most likely means, for the error message."""
+    if exc.status == 400 and "Model name is not defined" in str(exc):
+        return " (the file is not a valid model archive: no readable MAR-INF/MANIFEST.json)"
+    if exc.status == 500 and "Failed to start workers" in str(exc):
+        return " (the archive's handler failed to load: see model_log.log in the server's logs)"
+    if exc.status == 404:
+        return " (build it with `make archive MODEL_VERSION=...` into the server's model store)"
+    return ""
+
+
+def timed(fn, *args, **kwargs) -> tuple[object, float]:
+    """Call ``fn`` and return (result, seconds)."""
+    start = time.perf_counter()
+    result = fn(*args, **kwargs)
+    return result, time.perf_counter() - start
