@@ -49,11 +49,12 @@ def route_headers(explain: bool) -> dict:
     The frontend (``InferenceRequestHandler.handlePredictions``) adds ``url_path`` and
     ``explain: False``, then ``explain: True`` on explain routes (the last value wins when the
     headers become a map); ``Service.retrieve_data_for_inference`` adds the body parameter's
-    content type. Values are strings, never booleans.
+    content type. The client's own headers pass through with their spelling (only
+    ``Content-Type`` is modelled here). Values are strings, never booleans.
     """
     return {
         "body": {"content-type": "application/json"},
-        "content-type": "application/json",
+        "Content-Type": "application/json",
         "url_path": "",
         "explain": "True" if explain else "False",
     }
