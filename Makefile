@@ -124,6 +124,113 @@ models: $(STAMP) ## List versions: default, workers and queue
 history-versions: $(STAMP) ## Show the recorded default-version changes (what rollback reads)
 	$(RTSERVE) history $(MODEL_NAME)
 
+##@ Kubernetes
+DOCKER          ?= docker
+IMG             ?= registry.example.com/ml/rtserve
+KUBECTL         ?= kubectl
+OVERLAY         ?= staging
+NAMESPACE       ?= rtserve-$(OVERLAY)
+K8S_APP         ?= rtserve
+ROLLOUT_TIMEOUT ?= 15m
+K8S_DIR         ?= deploy/k8s
+K8S_VERSION     ?= 1.32.0
+CHECKOV_VENV    ?= .venv-checkov
+K8S_BUILD       ?= build/k8s/$(OVERLAY)
+IMAGE_CONTEXT   ?= build/image/$(MODEL_VERSION)
+
+K8S_OVERLAYS   := $(notdir $(wildcard $(K8S_DIR)/overlays/*))
+CHECKOV_STAMP  := $(CHECKOV_VENV)/.installed
+# The version the overlay pins (its images newTag), used when MODEL_VERSION is not given.
+PINNED_VERSION  = $(shell sed -n 's/^ *newTag: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1/p' $(K8S_DIR)/overlays/$(OVERLAY)/kustomization.yaml)
+DEPLOY_VERSION  = $(if $(filter file,$(origin MODEL_VERSION)),$(PINNED_VERSION),$(MODEL_VERSION))
+
+.PHONY: image
+image: $(MAR) ## Build the container image IMG:MODEL_VERSION with that version's archive (needs Docker)
+	@echo ">> staging the build context in $(IMAGE_CONTEXT)"
+	rm -rf $(IMAGE_CONTEXT) && mkdir -p $(IMAGE_CONTEXT)/handler $(IMAGE_CONTEXT)/rtserve \
+	  $(IMAGE_CONTEXT)/model_store $(IMAGE_CONTEXT)/deploy/k8s/base
+	cp Dockerfile requirements.txt $(IMAGE_CONTEXT)/
+	cp handler/*.py $(IMAGE_CONTEXT)/handler/
+	cp rtserve/*.py $(IMAGE_CONTEXT)/rtserve/
+	cp $(K8S_DIR)/base/config.properties $(IMAGE_CONTEXT)/deploy/k8s/base/
+	cp $(MAR) $(IMAGE_CONTEXT)/model_store/
+	$(DOCKER) build --build-arg MODEL_NAME=$(MODEL_NAME) --build-arg MODEL_VERSION=$(MODEL_VERSION) \
+	  -t $(IMG):$(MODEL_VERSION) $(IMAGE_CONTEXT)
+
+.PHONY: image-push
+image-push: ## Push IMG:MODEL_VERSION to its registry
+	$(DOCKER) push $(IMG):$(MODEL_VERSION)
+
+.PHONY: deploy
+deploy: ## Apply OVERLAY with image IMG:MODEL_VERSION (default: the overlay's pin); fail if the rollout fails
+	@test -d $(K8S_DIR)/overlays/$(OVERLAY) || { echo "error: no overlay $(K8S_DIR)/overlays/$(OVERLAY) (have: $(K8S_OVERLAYS))"; exit 1; }
+	@rm -rf $(K8S_BUILD) && mkdir -p $(K8S_BUILD)
+	@printf '%s\n' \
+	  '# Written by make deploy: the overlay with this rollout'"'"'s image and change cause.' \
+	  'apiVersion: kustomize.config.k8s.io/v1beta1' \
+	  'kind: Kustomization' \
+	  'resources:' \
+	  '  - $(shell realpath -m --relative-to=$(K8S_BUILD) $(K8S_DIR)/overlays/$(OVERLAY))' \
+	  'images:' \
+	  '  - name: $(IMG)' \
+	  '    newTag: "$(DEPLOY_VERSION)"' \
+	  'patches:' \
+	  '  - patch: |-' \
+	  '      apiVersion: apps/v1' \
+	  '      kind: Deployment' \
+	  '      metadata:' \
+	  '        name: $(K8S_APP)' \
+	  '        annotations:' \
+	  '          kubernetes.io/change-cause: "$(MODEL_NAME) $(DEPLOY_VERSION) ($(IMG):$(DEPLOY_VERSION)) by make deploy"' \
+	  > $(K8S_BUILD)/kustomization.yaml
+	$(KUBECTL) kustomize $(K8S_BUILD) > $(K8S_BUILD)/manifests.yaml
+	@grep -q '^ *image: $(IMG):$(DEPLOY_VERSION)$$' $(K8S_BUILD)/manifests.yaml || { \
+	  echo "error: the $(OVERLAY) overlay's image is not $(IMG) (set IMG to the overlay's image name)"; exit 1; }
+	$(KUBECTL) apply -f $(K8S_BUILD)/manifests.yaml
+	$(KUBECTL) -n $(NAMESPACE) rollout status deployment/$(K8S_APP) --timeout=$(ROLLOUT_TIMEOUT) || { \
+	  echo ">> rollout of $(IMG):$(DEPLOY_VERSION) to $(OVERLAY) failed; to go back: make k8s-rollback OVERLAY=$(OVERLAY)"; exit 1; }
+
+.PHONY: rollout-status
+rollout-status: ## Wait until OVERLAY's rollout finishes (fails after ROLLOUT_TIMEOUT or the progress deadline)
+	$(KUBECTL) -n $(NAMESPACE) rollout status deployment/$(K8S_APP) --timeout=$(ROLLOUT_TIMEOUT)
+
+.PHONY: history
+history: ## List OVERLAY's rollout revisions with their change cause (model version and image)
+	$(KUBECTL) -n $(NAMESPACE) rollout history deployment/$(K8S_APP)
+
+.PHONY: k8s-rollback
+k8s-rollback: ## Roll OVERLAY back to the previous revision (or TO_REVISION) and wait for it
+	$(KUBECTL) -n $(NAMESPACE) rollout undo deployment/$(K8S_APP)$(if $(TO_REVISION), --to-revision=$(TO_REVISION))
+	$(KUBECTL) -n $(NAMESPACE) rollout status deployment/$(K8S_APP) --timeout=$(ROLLOUT_TIMEOUT)
+
+.PHONY: k8s-pin
+k8s-pin: ## Record MODEL_VERSION as OVERLAY's image tag in its kustomization.yaml (then commit it)
+	sed -i 's/^\( *newTag: *\).*$$/\1"$(MODEL_VERSION)"/' $(K8S_DIR)/overlays/$(OVERLAY)/kustomization.yaml
+	@grep -n 'newTag' $(K8S_DIR)/overlays/$(OVERLAY)/kustomization.yaml
+
+.PHONY: k8s-render
+k8s-render: ## Render every overlay to build/k8s/render/<overlay>.yaml
+	@rm -rf build/k8s/render && mkdir -p build/k8s/render
+	@for o in $(K8S_OVERLAYS); do \
+	  $(KUBECTL) kustomize $(K8S_DIR)/overlays/$$o > build/k8s/render/$$o.yaml; echo ">> build/k8s/render/$$o.yaml"; done
+
+.PHONY: checkov-venv
+checkov-venv: $(CHECKOV_STAMP) ## Install checkov into .venv-checkov (its pins clash with the test tools')
+
+$(CHECKOV_STAMP): requirements-checkov.txt
+	@echo ">> creating $(CHECKOV_VENV) for checkov (about 30 s)"
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements-checkov.txt
+	@touch $@
+
+.PHONY: k8s-lint
+k8s-lint: k8s-render $(STAMP) $(CHECKOV_STAMP) ## Validate every overlay offline: Kubernetes K8S_VERSION schemas (strict) and checkov
+	@out="$$($(BIN)/kubernetes-validate --strict --quiet -k $(K8S_VERSION) build/k8s/render/*.yaml)" || { \
+	  echo "$$out"; exit 1; }; \
+	if [ -n "$$out" ]; then echo "$$out"; echo "error: a warning (e.g. a missing schema) counts as a failure"; exit 1; fi
+	@echo ">> every object is valid for Kubernetes $(K8S_VERSION) (strict schemas)"
+	$(CHECKOV_VENV)/bin/checkov -d build/k8s/render --framework kubernetes --skip-download --compact --quiet
+
 ##@ Test
 .PHONY: test
 test: $(STAMP) ## Run the whole test suite (builds what it needs, starts and stops its own servers)
@@ -133,6 +240,14 @@ test: $(STAMP) ## Run the whole test suite (builds what it needs, starts and sto
 .PHONY: bench-rollout
 bench-rollout: $(MODEL_STORE)/$(MODEL_NAME)_1.0.mar $(MODEL_STORE)/$(MODEL_NAME)_2.0.mar ## Rollout 1.0 -> 2.0 and back under steady load (about 40 s)
 	$(PY) -m bench.rollout_load --model-store $(MODEL_STORE)
+
+.PHONY: bench-hostile
+bench-hostile: $(MAR) ## Hostile-input corpus over HTTP mixed into valid traffic (3000 bad requests)
+	$(PY) -m bench.hostile_input --model-store $(MODEL_STORE) --version $(MODEL_VERSION)
+
+.PHONY: bench-overload
+bench-overload: $(MAR) ## A burst of 400 requests against 1 worker and a queue of 8: fast 503s, then normal service
+	$(PY) -m bench.overload --model-store $(MODEL_STORE) --version $(MODEL_VERSION) --burst 400 --queue 8 --workers 1
 
 .PHONY: bench-explain
 bench-explain: $(MAR) ## Time one explanation (in-process and over HTTP on a private TorchServe); about 40 s

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -116,8 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--inference", default="http://127.0.0.1:8080", help="inference API URL")
     parser.add_argument("--management", default="http://127.0.0.1:8081", help="management API URL")
-    parser.add_argument("--run-dir", default=str(REPO / ".run"),
-                        help="the server's run directory (key_file.json, rollout history)")
+    # $RTSERVE_RUN_DIR is set in the container image: `kubectl exec` finds the pod's keys.
+    parser.add_argument("--run-dir", default=os.environ.get("RTSERVE_RUN_DIR", str(REPO / ".run")),
+                        help="the server's run directory (key_file.json, rollout history; "
+                             "default: $RTSERVE_RUN_DIR or .run)")
     parser.add_argument("--key-file", help="TorchServe's key_file.json (default: RUN_DIR/key_file.json)")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per HTTP call")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -47,6 +47,16 @@ class Refused(TorchServeError):
     or the model API is disabled)."""
 
 
+class Overloaded(TorchServeError):
+    """HTTP 503 from a full job queue (TorchServe refused at once), or an explanation past the
+    handler's per-batch ceiling: retry later or elsewhere."""
+
+
+QUEUE_FULL = "has no worker to serve inference request"
+#: The handler's 503 for an explanation past ``handler.explain_max_per_batch`` in its batch.
+EXPLAIN_CEILING = "handler.explain_max_per_batch"
+
+
 class Keys:
     """Token keys from TorchServe's ``key_file.json``; re-read whenever the file changes."""
 
@@ -281,6 +291,12 @@ def _error(method: str, path: str, resp: requests.Response) -> TorchServeError:
             "need enable_model_api=true)", status, body)
     if status in (403, 405):
         return Refused(message, status, body)
+    if status == 503 and QUEUE_FULL in str(detail):
+        return Overloaded(
+            f"{method} {path} -> 503: the model's job queue is full (TorchServe says: {detail}); "
+            "retry with backoff", status, body)
+    if status == 503 and EXPLAIN_CEILING in str(detail):
+        return Overloaded(f"{message} (retry with backoff)", status, body)
     if status == 404:
         return NotFound(message, status, body)
     if status == 409:

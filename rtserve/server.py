@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,8 @@ logger = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO / "config.properties"
 PID_FILE = ".model_server.pid"
+#: Created in the run directory by ``python -m rtserve.probe drain``: readiness is false from then.
+DRAIN_FILE = "drain"
 #: A model whose workers died this often during start-up is not going to load: fail fast.
 WORKER_DEATHS_FATAL = 4
 
@@ -138,8 +141,12 @@ class TorchServe:
             return None
         return pid if _alive(pid) else None
 
-    def start(self) -> None:
+    def start(self, console: bool = False) -> None:
         """Write the effective config and launch TorchServe in the background.
+
+        Args:
+            console: TorchServe's console output goes to this process's stdout/stderr (what a
+                container runtime collects) instead of ``launcher.log`` in the run directory.
 
         Raises:
             ServerError: this run directory already has a running server, or the launcher failed.
@@ -158,9 +165,14 @@ class TorchServe:
                "--ts-config", str(config), "--model-store", str(self.model_store)]
         if self.models:
             cmd += ["--models", *self.models]
-        with open(self.run_dir / "launcher.log", "wb") as out:
+        if console:
             rc = subprocess.call(cmd, cwd=self.run_dir, env=self._env(), stdin=subprocess.DEVNULL,
-                                 stdout=out, stderr=subprocess.STDOUT, timeout=60)
+                                 timeout=60)
+        else:
+            with open(self.run_dir / "launcher.log", "wb") as out:
+                rc = subprocess.call(cmd, cwd=self.run_dir, env=self._env(),
+                                     stdin=subprocess.DEVNULL, stdout=out,
+                                     stderr=subprocess.STDOUT, timeout=60)
         if rc != 0:
             raise ServerError(f"torchserve --start exited {rc}:\n{self.log_tail()}")
 
@@ -242,6 +254,44 @@ def sample_payload(n_features: int = 32) -> dict:
     return {"features": [0.0] * n_features}
 
 
+def run_foreground(server: TorchServe, stop_timeout: float = 15.0, poll: float = 1.0) -> int:
+    """Run TorchServe until SIGTERM/SIGINT, then stop it gracefully (a container's main process).
+
+    ``torchserve --foreground`` is unfit for a container: the launcher dies on SIGTERM without
+    stopping Java, and as PID 1 it ignores SIGTERM altogether. This starts TorchServe, forwards
+    the first SIGTERM/SIGINT as :meth:`TorchServe.stop` (SIGTERM to the frontend, SIGKILL after
+    ``stop_timeout``) and returns 0; it returns 1 if TorchServe exits on its own, so the
+    container restarts.
+
+    Returns:
+        The process exit status.
+    """
+    stopping = threading.Event()
+
+    def _on_signal(signum: int, _frame) -> None:
+        logger.info("received signal %d: stopping TorchServe", signum)
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    # A restarted container (e.g. after a failed liveness probe, which runs preStop too) keeps
+    # its emptyDir: clear the previous drain or it would never become ready again.
+    (server.run_dir / DRAIN_FILE).unlink(missing_ok=True)
+    try:
+        server.start(console=True)
+    except ServerError as exc:
+        logger.error("%s", exc)
+        return 1
+    logger.info("TorchServe started (pid %s) from %s", server.pid(), server.run_dir)
+    while not stopping.wait(poll):
+        if server.pid() is None:
+            logger.error("TorchServe exited on its own:\n%s", server.log_tail())
+            return 1
+    server.stop(stop_timeout)
+    logger.info("TorchServe stopped")
+    return 0
+
+
 def _alive(pid: int) -> bool:
     try:
         import psutil
@@ -267,15 +317,24 @@ def _kill_tree(pid: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry used by the Makefile."""
     parser = argparse.ArgumentParser(description="Start or stop a TorchServe instance.")
-    parser.add_argument("action", choices=["start", "stop", "status"])
-    parser.add_argument("--run-dir", type=Path, default=REPO / ".run")
-    parser.add_argument("--model-store", type=Path, default=REPO / "model_store")
-    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
-    parser.add_argument("--models", nargs="*", default=[], help="NAME=FILE.mar to load at start")
+    parser.add_argument("action", choices=["start", "stop", "status", "run"],
+                        help="run: stay in the foreground until SIGTERM (container entry point)")
+    parser.add_argument("--run-dir", type=Path,
+                        default=Path(os.environ.get("RTSERVE_RUN_DIR", REPO / ".run")))
+    parser.add_argument("--model-store", type=Path,
+                        default=Path(os.environ.get("RTSERVE_MODEL_STORE", REPO / "model_store")))
+    parser.add_argument("--config", type=Path,
+                        default=Path(os.environ.get("RTSERVE_CONFIG", DEFAULT_CONFIG)))
+    parser.add_argument("--models", nargs="*", default=os.environ.get("RTSERVE_MODELS", "").split(),
+                        help="NAME=FILE.mar to load at start (default: $RTSERVE_MODELS)")
     parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--stop-timeout", type=float, default=15.0,
+                        help="run: seconds TorchServe gets to stop after SIGTERM before SIGKILL")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     server = TorchServe(args.run_dir, args.model_store, args.models, args.config)
+    if args.action == "run":
+        return run_foreground(server, args.stop_timeout)
     if args.action == "stop":
         pid = server.pid()
         server.stop()

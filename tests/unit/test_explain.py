@@ -15,12 +15,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from requests import Response
 import torch
 import yaml
 
 from handler.errors import ConfigError
 from handler.model import ModelMetadata
 from handler.rtserve_handler import RealTimeHandler
+from rtserve.client import Overloaded, _error
 from rtserve.data import make_dataset
 from tests.conftest import REPO
 from tests.helpers import Reference, features, json_row, make_context, route_headers, start_batch
@@ -225,6 +227,11 @@ def test_explanations_past_the_ceiling_get_503_and_predictions_are_kept(served, 
         assert bodies[idx] == {"error": message}
         assert ctx.get_response_headers(idx)["Retry-After"] == "1"
         assert ctx.get_response_content_type(idx) == "application/json"
+    # rtserve's client reads this 503 as "overloaded, retry later"
+    resp = Response()
+    resp.status_code, resp._content = 503, json.dumps(bodies[limit + 1]).encode()
+    error = _error("POST", "/explanations/realtime-classifier", resp)
+    assert isinstance(error, Overloaded) and "retry with backoff" in str(error)
 
 
 def test_zero_baseline(trained_dir, samples):

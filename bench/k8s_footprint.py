@@ -1,0 +1,128 @@
+"""Measure what the Kubernetes manifests assume: the pod's memory and the exec probes' cost.
+
+Starts TorchServe the way the pod does (``python -m rtserve.server run`` with the cluster's
+config.properties, listeners moved to free loopback ports), sends a bounded burst of
+predictions, and prints the peak resident memory of TorchServe's process tree and how long
+``python -m rtserve.probe ready`` and ``live`` take. Run it after ``make archive``:
+
+    .venv/bin/python bench/k8s_footprint.py [--requests 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from rtserve.probe import local_client  # noqa: E402
+from rtserve.server import TorchServe, free_ports, port_overrides, read_properties, write_properties  # noqa: E402
+
+MODEL = "realtime-classifier"
+
+
+def tree_rss(pid: int) -> int:
+    """Resident bytes of a process and all its children."""
+    try:
+        proc = psutil.Process(pid)
+        procs = [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def timed(cmd: list[str], env: dict, runs: int) -> list[float]:
+    """Wall seconds of ``runs`` executions of ``cmd`` (each must exit 0)."""
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        subprocess.run(cmd, env=env, cwd=REPO, check=True, capture_output=True, timeout=30)
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--version", default="1.0")
+    args = parser.parse_args()
+    mar = REPO / "model_store" / f"{MODEL}_{args.version}.mar"
+    if not mar.exists():
+        sys.exit(f"{mar} missing: run `make archive MODEL_VERSION={args.version}` first")
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "config.properties"
+        props = read_properties(REPO / "deploy" / "k8s" / "base" / "config.properties")
+        props.update(port_overrides(free_ports(6)))
+        write_properties(config, props)
+        run_dir = Path(tmp) / "run"
+        env = dict(os.environ, RTSERVE_RUN_DIR=str(run_dir), RTSERVE_CONFIG=str(config),
+                   RTSERVE_MODEL_STORE=str(mar.parent), RTSERVE_MODEL=MODEL,
+                   RTSERVE_MODELS=f"{MODEL}={mar.name}")
+        runner = subprocess.Popen([sys.executable, "-m", "rtserve.server", "run"], cwd=REPO, env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        server = TorchServe(run_dir, mar.parent, config=config)
+        try:
+            started = time.monotonic()
+            while subprocess.run([sys.executable, "-m", "rtserve.probe", "ready"], env=env, cwd=REPO,
+                                 capture_output=True).returncode != 0:
+                if time.monotonic() - started > 120 or runner.poll() is not None:
+                    sys.exit("TorchServe did not become ready:\n" + server.log_tail())
+                time.sleep(0.5)
+            print(f"ready (startup probe passes) after {time.monotonic() - started:.1f}s")
+            pid = server.pid()
+            idle = tree_rss(pid)
+            peak = idle
+            done = threading.Event()
+
+            def sample() -> None:
+                nonlocal peak
+                while not done.wait(0.2):
+                    peak = max(peak, tree_rss(pid))
+
+            sampler = threading.Thread(target=sample)
+            sampler.start()
+            client = local_client(run_dir, timeout=30)
+            body = {"features": [0.5] * 32}
+            t = time.perf_counter()
+            with ThreadPoolExecutor(max_workers=16) as pool:
+                list(pool.map(lambda _: client.predict(MODEL, body), range(args.requests)))
+            elapsed = time.perf_counter() - t
+            done.set()
+            sampler.join()
+            print(f"{args.requests} predictions from 16 threads in {elapsed:.1f}s")
+            print(f"TorchServe process tree RSS: idle {idle / 2**20:.0f} MiB, "
+                  f"peak under load {peak / 2**20:.0f} MiB")
+            for check in ("ready", "live"):
+                times = timed([sys.executable, "-m", "rtserve.probe", check], env, 7)
+                print(f"python -m rtserve.probe {check}: median {statistics.median(times) * 1000:.0f} ms, "
+                      f"max {max(times) * 1000:.0f} ms (7 runs)")
+        finally:
+            runner.send_signal(signal.SIGTERM)
+            try:
+                runner.wait(60)
+            except subprocess.TimeoutExpired:
+                runner.kill()
+            server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""Every overlay rendered by the real ``kubectl kustomize`` (what ``make deploy`` applies)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+
+K8S_DIR = REPO / "deploy" / "k8s"
+OVERLAYS = sorted(p.name for p in (K8S_DIR / "overlays").iterdir() if (p / "kustomization.yaml").is_file())
+#: The Kubernetes version the manifests are validated against (kubernetes-validate ships it).
+K8S_VERSION = "1.32.0"
+
+
+def render(path: Path) -> str:
+    """``kubectl kustomize path``; the output as text."""
+    result = subprocess.run(["kubectl", "kustomize", str(path)], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def load(text: str) -> list[dict]:
+    """The objects of a multi-document YAML text."""
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def one(objects: list[dict], kind: str, name: str | None = None) -> dict:
+    """The single object of ``kind`` (and ``name``)."""
+    found = [o for o in objects if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def pinned_tag(overlay: str) -> str:
+    """The image tag an overlay's kustomization.yaml pins."""
+    kustomization = yaml.safe_load((K8S_DIR / "overlays" / overlay / "kustomization.yaml").read_text())
+    (image,) = kustomization["images"]
+    return str(image["newTag"])
+
+
+@pytest.fixture(scope="session")
+def rendered() -> dict[str, list[dict]]:
+    """overlay name -> its rendered objects."""
+    assert OVERLAYS, "no overlays found"
+    return {overlay: load(render(K8S_DIR / "overlays" / overlay)) for overlay in OVERLAYS}

@@ -1,0 +1,234 @@
+"""The Makefile's kubectl and image targets, driven through recording stand-ins.
+
+No Kubernetes API server and no Docker engine exist here, so ``KUBECTL`` and ``DOCKER`` are
+small stand-in scripts that record their arguments (the stand-in kubectl runs the real
+``kubectl kustomize`` for rendering, keeps a copy of what it is asked to apply, and can be told
+to fail ``rollout status``). The tests check the exact commands, their order, what would be
+applied, and that a failed rollout makes ``make deploy`` fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import MODEL_NAME, REPO
+from tests.deploy.conftest import K8S_DIR, load, pinned_tag, render
+
+pytestmark = pytest.mark.deploy
+
+IMG = "registry.example.com/ml/rtserve"
+
+STAND_IN = f"""#!{sys.executable}
+# Stand-in for {{tool}}: records its arguments (no API server / engine exists here).
+import json, os, shutil, sys
+args = sys.argv[1:]
+log = os.environ["STAND_IN_LOG"]
+with open(log, "a") as out:
+    out.write(json.dumps(args) + "\\n")
+if args[:1] == ["kustomize"]:
+    os.execvp("kubectl", ["kubectl", *args])
+if args[:2] == ["apply", "-f"]:
+    shutil.copy(args[2], log + ".applied.yaml")
+if "rollout" in args and "status" in args and os.environ.get("FAIL_ROLLOUT"):
+    sys.stderr.write('error: deployment "rtserve" exceeded its progress deadline\\n')
+    sys.exit(1)
+"""
+
+
+class Make:
+    """``make`` with stand-in tools; ``calls`` are the recorded argument lists, in order."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp = tmp_path
+        self.log = tmp_path / "calls.jsonl"
+        for tool in ("kubectl", "docker"):
+            script = tmp_path / tool
+            script.write_text(STAND_IN.replace("{tool}", tool))
+            script.chmod(0o755)
+
+    def __call__(self, *args: str, fail_rollout: bool = False) -> subprocess.CompletedProcess:
+        self.log.unlink(missing_ok=True)
+        env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+        env["STAND_IN_LOG"] = str(self.log)  # and no variables inherited from an outer make
+        if fail_rollout:
+            env["FAIL_ROLLOUT"] = "1"
+        return subprocess.run(
+            ["make", "--no-print-directory", *args, f"KUBECTL={self.tmp / 'kubectl'}",
+             f"DOCKER={self.tmp / 'docker'}", f"K8S_BUILD={self.tmp / 'k8s-build'}"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+    @property
+    def calls(self) -> list[list[str]]:
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines()]
+
+    @property
+    def applied(self) -> list[dict]:
+        return load(Path(str(self.log) + ".applied.yaml").read_text())
+
+
+@pytest.fixture
+def make(tmp_path) -> Make:
+    return Make(tmp_path)
+
+
+def tracked_changes() -> str:
+    return subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                          capture_output=True, text=True, check=True).stdout
+
+
+def deployment(objects: list[dict]) -> dict:
+    (dep,) = [o for o in objects if o["kind"] == "Deployment"]
+    return dep
+
+
+def other_version(overlay: str) -> str:
+    """A model version the overlay does not pin."""
+    return "1.0" if pinned_tag(overlay) == "2.0" else "2.0"
+
+
+def test_deploy_renders_applies_and_waits_for_the_rollout(make):
+    before = tracked_changes()
+    version = other_version("production")
+    result = make("deploy", "OVERLAY=production", f"MODEL_VERSION={version}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    build = make.tmp / "k8s-build"
+    assert make.calls == [
+        ["kustomize", str(build)],
+        ["apply", "-f", str(build / "manifests.yaml")],
+        ["-n", "rtserve-production", "rollout", "status", "deployment/rtserve", "--timeout=15m"],
+    ]
+    applied = make.applied
+    dep = deployment(applied)
+    assert dep["metadata"]["namespace"] == "rtserve-production"
+    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == f"{IMG}:{version}"
+    assert dep["metadata"]["annotations"]["kubernetes.io/change-cause"] == \
+        f"{MODEL_NAME} {version} ({IMG}:{version}) by make deploy"
+    # Everything else is the overlay as committed; the overlay itself is untouched.
+    overlay = load(render(K8S_DIR / "overlays" / "production"))
+    for obj in (dep, deployment(overlay)):
+        obj["spec"]["template"]["spec"]["containers"][0].pop("image")
+        obj["metadata"]["annotations"].pop("kubernetes.io/change-cause", None)
+    assert applied == overlay
+    assert tracked_changes() == before
+
+
+def test_deploy_without_a_version_rolls_out_the_overlays_pin(make):
+    result = make("deploy", "OVERLAY=staging")
+    assert result.returncode == 0, result.stderr
+    image = deployment(make.applied)["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == f"{IMG}:{pinned_tag('staging')}"
+    assert make.calls[-1][:2] == ["-n", "rtserve-staging"]
+
+
+def test_failed_rollout_fails_make_deploy(make):
+    result = make("deploy", "OVERLAY=staging", "MODEL_VERSION=2.0", fail_rollout=True)
+    assert result.returncode != 0
+    assert "exceeded its progress deadline" in result.stderr
+    assert "make k8s-rollback OVERLAY=staging" in result.stdout
+    assert [c[0] if c[0] != "-n" else c[2:4] for c in make.calls] == \
+        ["kustomize", "apply", ["rollout", "status"]]
+
+
+def test_deploy_refuses_an_image_the_overlay_does_not_use(make):
+    result = make("deploy", "OVERLAY=staging", "IMG=other.example.com/rtserve")
+    assert result.returncode != 0
+    assert "image is not other.example.com/rtserve" in result.stdout
+    assert [c[0] for c in make.calls] == ["kustomize"], "nothing may be applied"
+
+
+def test_deploy_refuses_an_unknown_overlay(make):
+    result = make("deploy", "OVERLAY=nowhere")
+    assert result.returncode != 0 and "no overlay" in result.stdout
+    assert make.calls == []
+
+
+def test_rollback_undoes_then_waits(make):
+    result = make("k8s-rollback", "OVERLAY=production")
+    assert result.returncode == 0, result.stderr
+    assert make.calls == [
+        ["-n", "rtserve-production", "rollout", "undo", "deployment/rtserve"],
+        ["-n", "rtserve-production", "rollout", "status", "deployment/rtserve", "--timeout=15m"],
+    ]
+    result = make("k8s-rollback", "OVERLAY=staging", "TO_REVISION=3", fail_rollout=True)
+    assert result.returncode != 0
+    assert make.calls[0] == ["-n", "rtserve-staging", "rollout", "undo", "deployment/rtserve",
+                             "--to-revision=3"]
+
+
+def test_rollout_status_and_history(make):
+    assert make("rollout-status", "OVERLAY=staging", "ROLLOUT_TIMEOUT=90s").returncode == 0
+    assert make.calls == [["-n", "rtserve-staging", "rollout", "status", "deployment/rtserve",
+                           "--timeout=90s"]]
+    assert make("rollout-status", fail_rollout=True).returncode != 0
+    assert make("history", "OVERLAY=production").returncode == 0
+    assert make.calls == [["-n", "rtserve-production", "rollout", "history", "deployment/rtserve"]]
+
+
+def test_k8s_pin_records_the_version_in_the_overlay(make, tmp_path):
+    copy = tmp_path / "k8s"
+    shutil.copytree(K8S_DIR, copy)
+    before = tracked_changes()
+    version = other_version("production")
+    result = make("k8s-pin", "OVERLAY=production", f"MODEL_VERSION={version}", f"K8S_DIR={copy}")
+    assert result.returncode == 0, result.stderr
+    image = deployment(load(render(copy / "overlays" / "production")))["spec"]["template"]["spec"][
+        "containers"][0]["image"]
+    assert image == f"{IMG}:{version}"
+    assert tracked_changes() == before, "the repository's overlay was modified"
+
+
+def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, with line continuations joined and comments dropped."""
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    joined = re.sub(r"\\\n", " ", "\n".join(lines))
+    return [(m.group(1).upper(), m.group(2).strip())
+            for m in re.finditer(r"^\s*([A-Za-z]+)\s+(.*)$", joined, re.M)]
+
+
+def test_make_image_stages_every_file_the_dockerfile_copies(make, mar_v1, build_root, tmp_path):
+    context = tmp_path / "context"
+    result = make("image", "MODEL_VERSION=1.0", f"IMG={IMG}", f"IMAGE_CONTEXT={context}",
+                  f"MODEL_STORE={mar_v1.parent}", f"ARTIFACTS={build_root / 'artifacts'}",
+                  f"VENV={REPO / '.venv'}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert make.calls == [["build", "--build-arg", f"MODEL_NAME={MODEL_NAME}", "--build-arg",
+                           "MODEL_VERSION=1.0", "-t", f"{IMG}:1.0", str(context)]]
+    build_args = dict(a.split("=", 1) for a in make.calls[0][2:6:2])
+
+    instructions = dockerfile_instructions((context / "Dockerfile").read_text())
+    (base,) = [args for op, args in instructions if op == "FROM"]
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm", base), base
+    args = {k: v for k, _, v in (a.partition("=") for op, a in instructions if op == "ARG")}
+    args.update(build_args)
+    copies = [a.split() for op, a in instructions if op == "COPY"]
+    assert copies, "no COPY found"
+    for *sources, _dest in copies:
+        for source in sources:
+            path = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], source)
+            assert (context / path).exists(), f"COPY source missing from the context: {path}"
+    assert (context / "model_store" / mar_v1.name).read_bytes() == mar_v1.read_bytes()
+    assert sorted(p.name for p in (context / "model_store").iterdir()) == [mar_v1.name]
+
+    (user,) = [a for op, a in instructions if op == "USER"]
+    uid, gid = (int(x) for x in user.split(":"))
+    assert uid > 10000 and gid > 10000
+    assert ":latest" not in (context / "Dockerfile").read_text()
+    (cmd,) = [json.loads(a) for op, a in instructions if op == "CMD"]
+    assert cmd == ["python", "-m", "rtserve.server", "run"]
+    help_text = subprocess.run([sys.executable, "-m", "rtserve.server", "--help"], cwd=REPO,
+                               capture_output=True, text=True, check=True).stdout
+    assert "run" in help_text
+    env = " ".join(a for op, a in instructions if op == "ENV")
+    assert "RTSERVE_MODELS=${MODEL_NAME}=${MODEL_NAME}_${MODEL_VERSION}.mar" in env
+    (expose,) = [a for op, a in instructions if op == "EXPOSE"]
+    assert expose.split() == ["8080", "8081", "8082"]

@@ -1,0 +1,292 @@
+"""Rendered overlays: valid against the Kubernetes 1.32 schemas, and right in what schemas miss."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path, PurePosixPath
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from rtserve import probe
+from rtserve.server import TorchServe
+from tests.conftest import REPO
+from tests.deploy.conftest import K8S_DIR, K8S_VERSION, OVERLAYS, load, one, pinned_tag, render
+
+pytestmark = pytest.mark.deploy
+
+PROPERTY = re.compile(r"^([a-z_]+)=(.*)$", re.M)
+
+
+def deployment(objects):
+    return one(objects, "Deployment")
+
+
+def pod_spec(objects) -> dict:
+    return deployment(objects)["spec"]["template"]["spec"]
+
+
+def container(objects) -> dict:
+    (c,) = pod_spec(objects)["containers"]
+    return c
+
+
+def env(objects) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container(objects)["env"]}
+
+
+def server_config(objects) -> dict[str, str]:
+    """The config.properties the pods mount (from the generated ConfigMap they refer to)."""
+    volume = next(v for v in pod_spec(objects)["volumes"] if "configMap" in v)
+    cm = one(objects, "ConfigMap", volume["configMap"]["name"])
+    return dict(PROPERTY.findall(cm["data"]["config.properties"]))
+
+
+def container_ports(objects) -> dict[str, int]:
+    return {p["name"]: p["containerPort"] for p in container(objects)["ports"]}
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_object_validates_strictly_offline(rendered, overlay):
+    kinds = set()
+    for obj in rendered[overlay]:
+        # strict: unknown fields fail; a missing schema raises SchemaNotFoundError and fails too.
+        assert kubernetes_validate.validate(obj, K8S_VERSION, strict=True) == "1.32"
+        kinds.add(obj["kind"])
+    assert kinds == {"Namespace", "ServiceAccount", "ConfigMap", "Service", "Deployment",
+                     "HorizontalPodAutoscaler", "PodDisruptionBudget", "NetworkPolicy"}
+
+
+def test_a_missing_schema_is_a_failure():
+    with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+        kubernetes_validate.validate({"apiVersion": "example.com/v1", "kind": "Nope",
+                                      "metadata": {"name": "x"}}, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_selectors_match_the_pod_template_and_carry_no_version(rendered, overlay):
+    objects = rendered[overlay]
+    dep = deployment(objects)
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert selects(dep["spec"]["selector"]["matchLabels"], labels)
+    for svc in (o for o in objects if o["kind"] == "Service"):
+        assert selects(svc["spec"]["selector"], labels), svc["metadata"]["name"]
+    assert selects(one(objects, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"], labels)
+    assert selects(one(objects, "NetworkPolicy")["spec"]["podSelector"]["matchLabels"], labels)
+    tag = container(objects)["image"].rsplit(":", 1)[1]
+    for key, value in dep["spec"]["selector"]["matchLabels"].items():
+        assert "version" not in key and value != tag
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_namespace_is_the_one_make_deploy_waits_on(rendered, overlay):
+    namespaces = {o["metadata"].get("namespace") for o in rendered[overlay] if o["kind"] != "Namespace"}
+    assert namespaces == {f"rtserve-{overlay}"}  # the Makefile's NAMESPACE ?= rtserve-$(OVERLAY)
+    assert one(rendered[overlay], "Namespace")["metadata"]["labels"][
+        "pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_rolling_update_never_drops_below_the_serving_count(rendered, overlay):
+    spec = deployment(rendered[overlay])["spec"]
+    assert spec["strategy"]["type"] == "RollingUpdate"
+    assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    assert spec["strategy"]["rollingUpdate"]["maxSurge"] >= 1
+    assert spec["revisionHistoryLimit"] >= 2, "kubectl rollout undo needs old ReplicaSets"
+    assert "replicas" not in spec, "the HPA owns the replica count; an applied one resets it"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_image_is_the_overlays_pinned_model_version(rendered, overlay):
+    image = container(rendered[overlay])["image"]
+    name, _, tag = image.rpartition(":")
+    assert name and "/" in name and tag and tag != "latest" and "@" not in image
+    assert tag == pinned_tag(overlay)
+    makefile = (REPO / "Makefile").read_text()
+    assert f"TRAIN_ARGS_{tag} =" in makefile, f"{overlay} pins {tag}, a version make cannot build"
+    assert container(rendered[overlay])["imagePullPolicy"] == "Always"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_probes_run_real_probe_commands_against_the_configured_ports(rendered, overlay):
+    objects = rendered[overlay]
+    c = container(objects)
+    parser = probe.build_parser()
+    checks = {}
+    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+        command = c[kind]["exec"]["command"]
+        assert command[:3] == ["python", "-m", "rtserve.probe"], command
+        checks[kind] = parser.parse_args(command[3:]).check  # exits (fails) on a bad argument
+        assert c[kind]["timeoutSeconds"] >= 3 and c[kind]["periodSeconds"] >= 5
+    assert checks == {"startupProbe": "ready", "readinessProbe": "ready", "livenessProbe": "live"}
+    # the startup probe gives the model load at least two minutes
+    assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] >= 120
+
+    # The probes find the server through RTSERVE_RUN_DIR, where the entry point runs it.
+    assert c["args"][:4] == ["python", "-m", "rtserve.server", "run"]
+    assert env(objects)["RTSERVE_RUN_DIR"] == c["workingDir"]
+    assert env(objects)["RTSERVE_MODEL"] == "realtime-classifier"
+
+    config = server_config(objects)
+    ports = container_ports(objects)
+    for name in ("inference", "management", "metrics"):
+        address = config[f"{name}_address"]
+        assert address == f"http://0.0.0.0:{ports[name]}", (name, address)
+    assert probe.loopback(config["inference_address"]) == f"http://127.0.0.1:{ports['inference']}"
+    annotations = deployment(objects)["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert int(annotations["prometheus.io/port"]) == ports["metrics"]
+    assert config["metrics_mode"] == "prometheus"
+    for svc in (o for o in objects if o["kind"] == "Service"):
+        for port in svc["spec"]["ports"]:
+            assert port["targetPort"] in ports, port
+    assert {svc["spec"]["ports"][0]["targetPort"] for svc in objects if svc["kind"] == "Service"} \
+        == {"inference", "management"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_token_auth_stays_on_and_grpc_stays_on_loopback(rendered, overlay):
+    config = server_config(rendered[overlay])
+    assert config["disable_token_authorization"] == "false"
+    assert config["grpc_inference_address"] == config["grpc_management_address"] == "127.0.0.1"
+    assert config["allowed_urls"] == "^$"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_drain_fits_in_the_grace_period(rendered, overlay):
+    c = container(rendered[overlay])
+    command = c["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[:4] == ["python", "-m", "rtserve.probe", "drain"]
+    args = probe.build_parser().parse_args(command[3:])
+    assert args.propagation >= 5, "endpoints and proxies need seconds to stop sending traffic"
+    model_config = yaml.safe_load((REPO / "model" / "model-config.yaml").read_text())
+    assert args.timeout > model_config["responseTimeout"], \
+        "in-flight requests may take up to the model's responseTimeout"
+    stop_timeout = float(c["args"][c["args"].index("--stop-timeout") + 1])
+    grace = pod_spec(rendered[overlay])["terminationGracePeriodSeconds"]
+    slack = 5  # python start-up of the hook, the last HTTP check, signal delivery
+    assert grace >= args.propagation + args.timeout + stop_timeout + slack, (grace, args)
+    readiness = c["readinessProbe"]
+    assert readiness["periodSeconds"] * readiness["failureThreshold"] <= args.propagation, \
+        "readiness must turn false before the propagation wait ends"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_hpa_and_pdb_are_consistent(rendered, overlay):
+    objects = rendered[overlay]
+    hpa = one(objects, "HorizontalPodAutoscaler")
+    pdb = one(objects, "PodDisruptionBudget")
+    dep = deployment(objects)
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                             "name": dep["metadata"]["name"]}
+    low, high = hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]
+    assert 2 <= low <= high
+    assert "minAvailable" not in pdb["spec"]
+    # A node drain may evict pods, but never all of them, and never blocks forever.
+    assert 1 <= pdb["spec"]["maxUnavailable"] < low
+    metric = hpa["spec"]["metrics"][0]["resource"]
+    assert metric["name"] == "cpu" and "cpu" in container(objects)["resources"]["requests"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_overlay_pins_its_own_replica_range(rendered, overlay):
+    patch = yaml.safe_load((K8S_DIR / "overlays" / overlay / "hpa.yaml").read_text())
+    hpa = one(rendered[overlay], "HorizontalPodAutoscaler")["spec"]
+    assert (hpa["minReplicas"], hpa["maxReplicas"]) == (patch["spec"]["minReplicas"],
+                                                        patch["spec"]["maxReplicas"])
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_security_context_is_strict(rendered, overlay):
+    objects = rendered[overlay]
+    pod = pod_spec(objects)
+    c = container(objects)
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    sc = c["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["privileged"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["runAsNonRoot"] is True and sc["runAsUser"] > 10000
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert re.search(rf"^USER {sc['runAsUser']}:{sc['runAsGroup']}$", dockerfile, re.M)
+    for kind in ("requests", "limits"):
+        assert set(c["resources"][kind]) == {"cpu", "memory"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_no_service_account_token(rendered, overlay):
+    objects = rendered[overlay]
+    pod = pod_spec(objects)
+    assert pod["automountServiceAccountToken"] is False
+    sa = one(objects, "ServiceAccount", pod["serviceAccountName"])
+    assert sa["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_torchserve_writes_only_to_emptydirs(rendered, overlay):
+    objects = rendered[overlay]
+    pod = pod_spec(objects)
+    c = container(objects)
+    empty = {v["name"] for v in pod["volumes"] if "emptyDir" in v}
+    writable = [PurePosixPath(m["mountPath"]) for m in c["volumeMounts"] if m["name"] in empty]
+    variables = env(objects)
+
+    def on_emptydir(path: str) -> bool:
+        return any(PurePosixPath(path).is_relative_to(mount) for mount in writable)
+
+    assert on_emptydir(c["workingDir"])
+    # What rtserve.server hands TorchServe for this run directory: the manifest says the same.
+    server = TorchServe(Path(variables["RTSERVE_RUN_DIR"]), Path("/opt/rtserve/model_store"))
+    expected = server._env()
+    for name in ("TEMP", "TMPDIR", "LOG_LOCATION", "METRICS_LOCATION"):
+        assert variables[name] == expected[name], name
+        assert on_emptydir(variables[name]), name
+    assert on_emptydir(variables["HOME"]) and on_emptydir("/tmp")
+    assert on_emptydir(str(server.key_file))
+    config_mount = next(m for m in c["volumeMounts"] if m["name"] not in empty)
+    assert config_mount["readOnly"] is True
+    assert str(PurePosixPath(variables["RTSERVE_CONFIG"]).parent) == config_mount["mountPath"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_network_policy_keeps_management_and_metrics_internal(rendered, overlay):
+    objects = rendered[overlay]
+    policy = one(objects, "NetworkPolicy")["spec"]
+    assert set(policy["policyTypes"]) == {"Ingress", "Egress"}
+    assert policy["egress"] == []
+    ports = container_ports(objects)
+    opened: dict[str, list] = {}
+    for rule in policy["ingress"]:
+        for port in rule["ports"]:
+            name = port["port"]
+            assert name in ports, f"policy names a port the container lacks: {name}"
+            opened.setdefault(name, []).append(rule.get("from"))
+    assert set(opened) == {"inference", "management", "metrics"}
+    assert all(sources for sources in opened["management"]), "management open to every pod"
+    assert all(sources for sources in opened["metrics"]), "metrics open to every pod"
+    (management_from,) = opened["management"]
+    assert management_from == [{"podSelector": {"matchLabels": {"rtserve.io/management-client": "true"}}}]
+    management = one(objects, "Service", "rtserve-management")
+    assert management["spec"]["type"] == "ClusterIP"
+
+
+def test_config_change_renames_the_configmap_and_so_rolls_the_pods(tmp_path):
+    """configMapGenerator's hash: a different config.properties gives a different name."""
+    copy = tmp_path / "k8s"
+    shutil.copytree(K8S_DIR, copy)
+    before = pod_spec(load(render(copy / "overlays" / OVERLAYS[0])))
+    (copy / "base" / "config.properties").write_text(
+        (copy / "base" / "config.properties").read_text() + "default_workers_per_model=1\n")
+    after = pod_spec(load(render(copy / "overlays" / OVERLAYS[0])))
+    names = [next(v["configMap"]["name"] for v in spec["volumes"] if "configMap" in v)
+             for spec in (before, after)]
+    assert names[0] != names[1] and all(n.startswith("rtserve-config-") for n in names)
+

@@ -1,0 +1,250 @@
+"""The container's entry point and its exec probes, against a real TorchServe on free ports.
+
+The pod runs ``python -m rtserve.server run`` and probes it with ``python -m rtserve.probe``;
+these tests run exactly those commands, with the cluster's ``config.properties``
+(deploy/k8s/base) but loopback listeners on free ports, and keys that expire after 1.8 s so the
+probes must renew them as they would after an hour in the cluster.
+
+Where the machine allows a private mount namespace (root, as on CI), the server runs the way
+the Deployment runs it: the root filesystem read-only, only the run directory and /tmp
+writable (the pod's two emptyDirs), as the manifest's non-root UID.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from rtserve.probe import loopback
+from rtserve.server import DRAIN_FILE, TorchServe, free_ports, port_overrides, read_properties, write_properties
+from tests.conftest import MODEL_NAME, REPO
+
+pytestmark = pytest.mark.integration
+
+K8S_CONFIG = REPO / "deploy" / "k8s" / "base" / "config.properties"
+KEY_LIFETIME_MIN = "0.03"  # 1.8 seconds
+
+
+def pod_security() -> dict:
+    """The Deployment's container securityContext (runAsUser, readOnlyRootFilesystem, ...)."""
+    manifest = yaml.safe_load((REPO / "deploy" / "k8s" / "base" / "deployment.yaml").read_text())
+    return manifest["spec"]["template"]["spec"]["containers"][0]["securityContext"]
+
+
+def can_sandbox() -> bool:
+    """Whether a private mount namespace with a read-only root can be made here."""
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("setpriv"):
+        return False
+    probe_cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                 "mount -o remount,bind,ro / && ! test -w /"]
+    return subprocess.run(probe_cmd, capture_output=True, timeout=30).returncode == 0
+
+
+class Pod:
+    """``python -m rtserve.server run`` as the container runs it, plus its probe commands."""
+
+    def __init__(self, root: Path, config: Path, mar: Path, sandbox: bool) -> None:
+        self.root = root
+        self.run_dir = root / "run"
+        self.tmp = root / "tmp"
+        store = root / "model_store"
+        for d in (self.run_dir, self.tmp, store):
+            d.mkdir(parents=True)
+        shutil.copy(mar, store / mar.name)
+        self.sandbox = sandbox
+        self.uid = pod_security()["runAsUser"]
+        if sandbox:  # the emptyDirs belong to the pod's user (fsGroup in the cluster)
+            for d in (self.run_dir, self.tmp):
+                os.chown(d, self.uid, self.uid)
+        self.env = dict(os.environ, RTSERVE_RUN_DIR=str(self.run_dir), RTSERVE_MODEL=MODEL_NAME,
+                        RTSERVE_CONFIG=str(config), RTSERVE_MODEL_STORE=str(store),
+                        RTSERVE_MODELS=f"{MODEL_NAME}={mar.name}", HOME=str(self.run_dir),
+                        PYTHONDONTWRITEBYTECODE="1")
+        self.server = TorchServe(self.run_dir, store, config=config)
+        self.proc: subprocess.Popen | None = None
+        self.out = root / "runner.out"
+
+    def start(self) -> None:
+        cmd = [sys.executable, "-m", "rtserve.server", "run"]
+        if self.sandbox:
+            # Only the run directory and /tmp stay writable; then drop to the pod's user. It
+            # keeps CAP_DAC_READ_SEARCH (read anything, write nothing extra) only because this
+            # machine's Python lives under /root (mode 700); in the image it is world-readable.
+            script = (f"mount --bind {self.run_dir} {self.run_dir} && mount --bind {self.tmp} /tmp"
+                      f" && mount -o remount,bind,ro / && exec setpriv --reuid {self.uid}"
+                      f" --regid {self.uid} --clear-groups --inh-caps +dac_read_search"
+                      f" --ambient-caps +dac_read_search \"$@\"")
+            cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "pod", *cmd]
+        with open(self.out, "ab") as out:
+            self.proc = subprocess.Popen(cmd, cwd=REPO, env=self.env, stdout=out,
+                                         stderr=subprocess.STDOUT)
+
+    def probe(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "rtserve.probe", *args], cwd=REPO,
+                              env=self.env, capture_output=True, text=True, timeout=60)
+
+    def wait_ready(self, timeout: float = 120.0) -> subprocess.CompletedProcess:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"runner exited:\n{self.out.read_text()}"
+            result = self.probe("ready")
+            if result.returncode == 0:
+                return result
+            time.sleep(0.5)
+        raise AssertionError(f"never ready: {result.stdout}\n{self.server.log_tail()}")
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.server.stop()
+
+
+@pytest.fixture(scope="module")
+def pod(mar_v1):
+    # Under the repository's build/ (world-readable), not pytest's private tmp: the pod's
+    # non-root user must be able to read its config and archive.
+    parent = REPO / "build" / "test-pods"
+    parent.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(dir=parent))
+    root.chmod(0o755)
+    config = root / "config.properties"
+    props = read_properties(K8S_CONFIG)
+    props.update(port_overrides(free_ports(6)), token_expiration_min=KEY_LIFETIME_MIN)
+    write_properties(config, props)
+    pod = Pod(root, config, mar_v1, sandbox=can_sandbox())
+    pod.start()
+    try:
+        yield pod
+    finally:
+        pod.kill()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_loopback_rewrites_wildcard_listeners():
+    assert loopback("http://0.0.0.0:8080") == "http://127.0.0.1:8080"
+    assert loopback("http://127.0.0.1:8081/") == "http://127.0.0.1:8081"
+    assert loopback("https://[::]:8443") == "https://127.0.0.1:8443"
+
+
+def test_probes_before_the_server_wrote_anything(tmp_path):
+    env = dict(os.environ, RTSERVE_RUN_DIR=str(tmp_path), RTSERVE_MODEL=MODEL_NAME)
+    out = {}
+    for check in ("ready", "live"):
+        result = subprocess.run([sys.executable, "-m", "rtserve.probe", check], cwd=REPO, env=env,
+                                capture_output=True, text=True, timeout=30)
+        assert result.returncode == 1, result.stdout
+        out[check] = result.stdout.strip()
+    assert out["ready"] == "TorchServe has not written key_file.json yet"
+    assert out["live"].startswith("no config yet:") and "config.properties" in out["live"]
+
+
+def test_ready_means_the_model_answers_even_after_keys_expire(pod):
+    first = pod.wait_ready()
+    assert first.stdout.strip() == f"ready: {MODEL_NAME} 1.0 answers"
+    keys = (pod.run_dir / "key_file.json").read_text()
+    time.sleep(2.0)  # every key has expired: the probes must renew them with the API key
+    live = pod.probe("live")
+    assert live.returncode == 0 and live.stdout.startswith("live: /ping 200"), live.stdout
+    again = pod.probe("ready")
+    assert again.returncode == 0, again.stdout
+    assert (pod.run_dir / "key_file.json").read_text() != keys, "keys were not renewed"
+
+
+def test_server_runs_on_a_read_only_root_as_the_pods_user(pod):
+    """What readOnlyRootFilesystem and runAsUser do to the pod, done here with a mount namespace."""
+    if not pod.sandbox:
+        pytest.skip("no private mount namespace here (needs root and unshare): not emulated")
+    assert pod_security()["readOnlyRootFilesystem"] is True
+    pod.wait_ready()
+    frontend = psutil.Process(pod.server.pid())
+    workers = frontend.children(recursive=True)
+    assert workers, "no model workers"
+    for proc in [frontend, *workers]:
+        assert proc.uids().real == pod.uid, proc.cmdline()
+        mounts = Path(f"/proc/{proc.pid}/mountinfo").read_text().splitlines()
+        root_opts = next(line.split()[5] for line in mounts if line.split()[4] == "/")
+        assert root_opts.split(",")[0] == "ro", (proc.pid, root_opts)
+    written = {p.relative_to(pod.root).parts[0] for p in pod.root.rglob("*")
+               if p.stat().st_uid == pod.uid}
+    assert written <= {"run", "tmp"}, written
+    assert (pod.run_dir / "key_file.json").stat().st_uid == pod.uid
+
+
+def test_ready_fails_for_a_model_that_is_not_served(pod):
+    pod.wait_ready()
+    result = pod.probe("ready", "--model", "no-such-model")
+    assert result.returncode == 1
+    assert "404" in result.stdout, result.stdout
+
+
+def test_cli_in_the_pod_reads_the_pods_keys(pod):
+    """`kubectl exec ... python -m rtserve token` finds key_file.json through RTSERVE_RUN_DIR."""
+    pod.wait_ready()
+    result = subprocess.run([sys.executable, "-m", "rtserve", "token", "management"], cwd=REPO,
+                            env=pod.env, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    keys = json.loads((pod.run_dir / "key_file.json").read_text())
+    assert result.stdout.strip() == keys["management"]["key"]
+
+def test_drain_waits_for_in_flight_requests_then_sigterm_stops_cleanly(pod):
+    pod.wait_ready()
+    client = TorchServe(pod.run_dir, pod.server.model_store, config=pod.run_dir / "config.properties").client()
+    client.inference_url = loopback(client.inference_url)
+    finished: list[float] = []
+    stop_at = time.monotonic() + 1.5
+
+    def traffic() -> None:  # requests keep arriving during the first 1.5 s of the drain
+        while time.monotonic() < stop_at:
+            assert client.predict(MODEL_NAME, {"features": [1.0] * 32})["model_version"] == "1.0"
+            finished.append(time.monotonic())
+
+    sender = threading.Thread(target=traffic)
+    sender.start()
+    started = time.monotonic()
+    drain = subprocess.Popen([sys.executable, "-m", "rtserve.probe", "drain", "--propagation", "0.5",
+                              "--timeout", "20", "--quiet", "0.5"], cwd=REPO, env=pod.env,
+                             stdout=subprocess.PIPE, text=True)
+    time.sleep(1.0)
+    during = pod.probe("ready")
+    assert during.returncode == 1 and during.stdout.strip() == "draining: not accepting new requests"
+    assert pod.probe("live").returncode == 0
+    out, _ = drain.communicate(timeout=60)
+    drained = time.monotonic()
+    sender.join()
+    assert drain.returncode == 0, out
+    assert "drained after" in out and "queue empty" in out, out
+    assert len(finished) > 10, "the sender made too few requests to prove anything"
+    assert finished[-1] < drained, "drain returned while requests were still being answered"
+    assert drained - started >= 0.5 + 0.5  # propagation, then a quiet half second
+
+    frontend = pod.server.pid()
+    assert pod.terminate() == 0
+    assert pod.server.pid() is None and frontend is not None
+    assert "TorchServe stopped" in pod.out.read_text()
+
+    # A restarted container keeps its emptyDir; the old drain file must not keep it unready.
+    assert (pod.run_dir / DRAIN_FILE).exists()
+    pod.start()
+    deadline = time.monotonic() + 60
+    while (pod.run_dir / DRAIN_FILE).exists() or pod.server.pid() is None:
+        assert time.monotonic() < deadline and pod.proc.poll() is None, pod.out.read_text()
+        time.sleep(0.1)
+    assert pod.terminate() == 0
+

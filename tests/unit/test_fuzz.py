@@ -1,0 +1,130 @@
+"""Property-based fuzzing of the handler's parsing and validation (hypothesis).
+
+Thousands of generated batches of hostile payloads go through ``RealTimeHandler.handle`` with a
+real TorchServe context. Every request must end in either a correct prediction (exactly when
+an independent oracle says the payload is valid) or its own 400 with a message; nothing raises.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from handler.rtserve_handler import RealTimeHandler
+from tests.conftest import REPO
+from tests.helpers import make_context, start_batch
+
+pytestmark = pytest.mark.unit
+
+N = 32
+LIMIT = 1.0e6
+MODEL_YAML = yaml.safe_load((REPO / "model" / "model-config.yaml").read_text())
+
+scalars = (st.none() | st.booleans() | st.text(max_size=20)
+           | st.floats(allow_nan=True, allow_infinity=True)
+           | st.integers() | st.sampled_from([10**400, -(10**400), 2**63, 1e308]))
+json_values = st.recursive(
+    scalars,
+    lambda children: st.lists(children, max_size=40) | st.dictionaries(st.text(max_size=10), children, max_size=5),
+    max_leaves=25,
+)
+numbers = (st.floats(min_value=-1e3, max_value=1e3, allow_nan=False)
+           | st.integers(min_value=-1000, max_value=1000))
+element = st.one_of(numbers, numbers, numbers, numbers, scalars, json_values)
+feature_lists = st.one_of(
+    st.lists(numbers, min_size=N, max_size=N),                        # valid
+    st.lists(element, min_size=N, max_size=N),                        # right length, maybe junk
+    st.lists(element, max_size=2 * N),                                # any length
+    st.integers(0, 20_000).map(lambda n: [1.0] * n),                  # enormous arrays
+)
+objects = st.one_of(
+    st.fixed_dictionaries({"features": feature_lists}),
+    st.fixed_dictionaries({"features": feature_lists}, optional={"extra": json_values}),
+    json_values,
+)
+
+
+def nested(depth: int) -> list:
+    """``[[[...]]]`` nested ``depth`` deep, built without recursion."""
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def encode(value) -> bytes:
+    return json.dumps(value, allow_nan=True).encode()
+
+
+rows = st.one_of(
+    objects.map(lambda v: {"body": v}),                                   # decoded by TorchServe
+    objects.map(lambda v: {"body": encode(v)}),                           # raw bytes
+    objects.map(lambda v: {"data": encode(v).decode()}),                  # text
+    st.tuples(objects, st.floats(0, 1)).map(                             # truncated JSON
+        lambda t: {"body": encode(t[0])[: int(len(encode(t[0])) * t[1])]}),
+    st.binary(max_size=300).map(lambda b: {"body": b}),                   # arbitrary bytes
+    st.integers(1, 20_000).map(lambda n: {"body": b"[" * n + b"]" * n}),  # deep nesting
+    st.integers(1, 500).map(lambda n: {"body": {"features": nested(n)}}),
+    st.just({}),                                                          # no body at all
+)
+
+
+def oracle_features(row: dict):
+    """The feature vector if the request is valid, else None (independent of handler code)."""
+    body = row.get("data", row.get("body"))
+    if isinstance(body, (bytes, bytearray)):
+        try:
+            body = body.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    if isinstance(body, str):
+        try:
+            body = json.loads(body)
+        except (ValueError, RecursionError):
+            return None
+    if not isinstance(body, dict) or not isinstance(body.get("features"), list):
+        return None
+    feats = body["features"]
+    if len(feats) != N:
+        return None
+    for v in feats:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return None
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if abs(v) > LIMIT:
+            return None
+    return feats
+
+
+@pytest.fixture(scope="module")
+def handler_ctx(trained_dir):
+    ctx = make_context(trained_dir, MODEL_YAML)
+    handler = RealTimeHandler()
+    handler.initialize(ctx)
+    return handler, ctx
+
+
+@settings(max_examples=1200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(batch=st.lists(rows, min_size=1, max_size=8))
+def test_hostile_batches_get_predictions_or_their_own_400(handler_ctx, batch):
+    handler, ctx = handler_ctx
+    start_batch(ctx, len(batch))
+    out = handler.handle(batch, ctx)
+    assert len(out) == len(batch)
+    for idx, (row, text) in enumerate(zip(batch, out)):
+        status, phrase = ctx.get_response_status(idx)
+        body = json.loads(text)
+        if oracle_features(row) is not None:
+            assert status == 200, body
+            assert 0 <= body["prediction"] < 3 and body["model_version"] == "1.0"
+            assert all(math.isfinite(p) for p in body["probabilities"])
+            assert math.isclose(sum(body["probabilities"]), 1.0, abs_tol=1e-5)
+        else:
+            assert status == 400, (row, body)
+            assert body["error"] and phrase and phrase.isascii() and "\n" not in phrase
