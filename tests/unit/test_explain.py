@@ -15,9 +15,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from requests import Response
 import torch
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from requests import Response
 
 from handler.errors import ConfigError
 from handler.model import ModelMetadata
@@ -25,7 +27,8 @@ from handler.rtserve_handler import RealTimeHandler
 from rtserve.client import Overloaded, _error
 from rtserve.data import make_dataset
 from tests.conftest import REPO
-from tests.helpers import Reference, features, json_row, make_context, route_headers, start_batch
+from tests.helpers import Reference, json_row, make_context, route_headers, start_batch
+from tests.unit.test_fuzz import json_values, numbers, oracle_features, rows
 
 pytestmark = pytest.mark.unit
 
@@ -283,3 +286,56 @@ def test_bad_explain_config_fails_initialize(trained_dir, handler_cfg, message):
     ctx = make_context(trained_dir, {"handler": handler_cfg})
     with pytest.raises(ConfigError, match=_escape(message)):
         RealTimeHandler().initialize(ctx)
+
+
+# -- hostile input on the explain route (strategies and oracle shared with test_fuzz.py) -----------
+
+def explain_oracle(row: dict, explain: bool) -> bool:
+    """Whether the request is valid (independent of handler code): valid features, and on the
+    explain route an absent target or an int class index."""
+    if oracle_features(row) is None:
+        return False
+    if not explain:
+        return True
+    body = row.get("data", row.get("body"))
+    body = json.loads(body) if isinstance(body, (bytes, bytearray, str)) else body
+    target = body.get("target", 0)
+    return type(target) is int and 0 <= target < 3
+
+
+targets = st.one_of(st.integers(0, 2), st.integers(-2, 4), st.integers(), json_values)
+valid_features = st.lists(numbers, min_size=32, max_size=32)
+explain_rows = st.one_of(
+    rows,                                                                    # test_fuzz's hostile rows
+    st.tuples(valid_features, targets).map(lambda t: {"body": {"features": t[0], "target": t[1]}}),
+    valid_features.map(lambda f: {"body": {"features": f}}),
+    st.lists(st.sampled_from([-1e6, 1e6, 0.0]), min_size=32, max_size=32).map(
+        lambda f: {"body": {"features": f}}),                                # extreme but valid
+)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+@given(batch=st.lists(st.tuples(explain_rows, st.booleans()), min_size=1, max_size=8))
+def test_hostile_explain_batches_get_answers_or_their_own_errors(served, batch):
+    handler, ctx, _ = served
+    start_batch(ctx, len(batch), [route_headers(explain) for _, explain in batch])
+    out = handler.handle([row for row, _ in batch], ctx)
+    assert len(out) == len(batch)
+    explained = 0
+    for idx, ((row, explain), text) in enumerate(zip(batch, out)):
+        status, phrase = ctx.get_response_status(idx)
+        body = json.loads(text)  # strict JSON: a NaN would not parse below
+        json.dumps(body, allow_nan=False)
+        if not explain_oracle(row, explain):
+            assert status == 400, (row, body)
+            assert body["error"] and phrase and phrase.isascii()
+        elif not explain:
+            assert status == 200 and "probabilities" in body, body
+        elif explained < handler.config.explain_max_per_batch:
+            explained += 1
+            assert status == 200, body
+            total = sum(body["attributions"].values())
+            gap = body["target_probability"] - body["baseline_probability"]
+            assert abs(total - gap - body["convergence_delta"]) < 1e-3
+        else:
+            assert status == 503 and "explain_max_per_batch" in body["error"], body
