@@ -84,6 +84,10 @@ serve: $(MAR) ## Install, build the archive, start TorchServe on localhost and w
 predict: $(STAMP) ## Send examples/request.json to the running server
 	$(PY) -m rtserve predict $(MODEL_NAME) examples/request.json
 
+.PHONY: explain
+explain: $(STAMP) ## Explain examples/request.json on the running server (per-feature attributions)
+	$(PY) -m rtserve explain $(MODEL_NAME) examples/request.json
+
 .PHONY: stop
 stop: ## Stop the TorchServe started by `make serve` (DRAIN=1: drain first, see `make drain`)
 	$(PY) -m rtserve.server stop --run-dir $(RUN_DIR) $(if $(DRAIN),--drain)
@@ -274,6 +278,10 @@ nginx: ## Install nginx from Debian's packages if it is missing (the rehearsal's
 	  echo ">> installing nginx from Debian's packages (apt-get)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx; \
 	fi
+
+.PHONY: bench-explain
+bench-explain: $(MAR) ## Time one explanation (in-process and over HTTP on a private TorchServe); about 40 s
+	$(PY) -m bench.explain_latency --mar $(MAR)
 
 $(MODEL_STORE)/$(MODEL_NAME)_%.mar: FORCE
 	$(MAKE) --no-print-directory archive MODEL_VERSION=$*

@@ -9,6 +9,13 @@ from typing import Any, Mapping
 from handler.errors import ConfigError
 from handler.schema import DEFAULT_FEATURE_LIMIT
 
+#: Baselines Integrated Gradients can start from (see handler/explain.py).
+EXPLAIN_BASELINES = ("mean", "zero")
+#: Hard ceilings on explanation work, whatever the model config says.
+MAX_EXPLAIN_STEPS = 1000
+MAX_EXPLAIN_PER_BATCH = 32
+MAX_EXPLAIN_ROWS = 32768
+
 
 @dataclass(frozen=True)
 class HandlerConfig:
@@ -20,6 +27,13 @@ class HandlerConfig:
         warmup_batches: forward passes run at initialize so the first request is not slow.
         feature_limit: largest accepted magnitude of a feature value.
         log_batches: log one line per batch with its size (shows that batching happens).
+        explain_steps: Integrated Gradients steps per explanation (cost grows linearly).
+        explain_baseline: the reference input: ``mean`` (the training mean, zeros after
+            normalization) or ``zero`` (all raw features 0).
+        explain_internal_batch_size: most interpolated rows Captum runs in one forward/backward
+            pass (bounds memory); at least ``explain_max_per_batch``.
+        explain_max_per_batch: ceiling on explanations computed in one batch; further explain
+            requests of that batch get a 503 with ``Retry-After`` so predictions are not starved.
     """
 
     torchscript: bool = False
@@ -27,6 +41,10 @@ class HandlerConfig:
     warmup_batches: int = 3
     feature_limit: float = DEFAULT_FEATURE_LIMIT
     log_batches: bool = True
+    explain_steps: int = 50
+    explain_baseline: str = "mean"
+    explain_internal_batch_size: int = 512
+    explain_max_per_batch: int = 4
 
     @classmethod
     def from_model_yaml(cls, model_yaml: Mapping[str, Any] | None) -> "HandlerConfig":
@@ -69,3 +87,17 @@ class HandlerConfig:
             raise ConfigError("model config: handler.warmup_batches must be in [0, 100]")
         if not (math.isfinite(self.feature_limit) and self.feature_limit > 0):
             raise ConfigError("model config: handler.feature_limit must be a positive number")
+        if not 2 <= self.explain_steps <= MAX_EXPLAIN_STEPS:
+            raise ConfigError(
+                f"model config: handler.explain_steps must be in [2, {MAX_EXPLAIN_STEPS}]")
+        if self.explain_baseline not in EXPLAIN_BASELINES:
+            raise ConfigError(
+                "model config: handler.explain_baseline must be one of: "
+                + ", ".join(EXPLAIN_BASELINES))
+        if not 1 <= self.explain_max_per_batch <= MAX_EXPLAIN_PER_BATCH:
+            raise ConfigError(
+                f"model config: handler.explain_max_per_batch must be in [1, {MAX_EXPLAIN_PER_BATCH}]")
+        if not self.explain_max_per_batch <= self.explain_internal_batch_size <= MAX_EXPLAIN_ROWS:
+            raise ConfigError(
+                "model config: handler.explain_internal_batch_size must be in "
+                f"[explain_max_per_batch, {MAX_EXPLAIN_ROWS}]")

@@ -1,7 +1,13 @@
 """TorchServe entry point: a thin ``BaseHandler`` subclass.
 
-Parsing, validation and the model live in pure modules of this package; this class wires
-them to TorchServe's stages and reports each request's own status.
+Parsing, validation, the model and the explainer live in pure modules of this package; this
+class wires them to TorchServe's stages and reports each request's own status.
+
+Predictions and explanations share the model's queue, so one batch can hold both. TorchServe's
+frontend marks every request with an ``explain`` header: ``"True"`` on ``/explanations/{model}``
+and the KServe ``:explain`` / ``/explain`` routes, ``"False"`` on ``/predictions/{model}``.
+``BaseHandler`` reads it from request 0 only; this handler reads it per request, so each request
+gets what it asked for.
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ import torch
 from ts.torch_handler.base_handler import BaseHandler
 
 from handler.config import HandlerConfig
-from handler.errors import ConfigError
+from handler.errors import ConfigError, ExplainCapacityExceeded
+from handler.explain import Explainer
 from handler.model import ModelMetadata, load_model
 from handler.schema import Normalizer, ParsedBatch, parse_batch
 
@@ -23,10 +30,14 @@ logger = logging.getLogger(__name__)
 
 METADATA_FILE = "meta.json"
 JSON = "application/json"
+#: The request header TorchServe's frontend sets per request, and its value on explain routes.
+EXPLAIN_HEADER = "explain"
+EXPLAIN_VALUE = "True"
 
 
 class RealTimeHandler(BaseHandler):
-    """Tabular classifier handler: ``{"features": [...]}`` in, one prediction per request out."""
+    """Tabular classifier handler: ``{"features": [...]}`` in, one prediction (or, on the
+    explain routes, one explanation) per request out."""
 
     def initialize(self, context: Any) -> None:
         """Read the config once, load the weights safely, and warm the model up.
@@ -50,6 +61,11 @@ class RealTimeHandler(BaseHandler):
         self.model = model
         self.normalize = Normalizer(self.meta.mean, self.meta.std)
         self.device = torch.device("cpu")
+        self.explainer = Explainer(
+            model, self.meta.mean, self.meta.std, self.meta.feature_names, self.meta.labels,
+            baseline=self.config.explain_baseline, n_steps=self.config.explain_steps,
+            internal_batch_size=self.config.explain_internal_batch_size,
+        )
         self._warm_up()
         self.initialized = True
         logger.info(
@@ -59,19 +75,36 @@ class RealTimeHandler(BaseHandler):
         )
 
     def _warm_up(self) -> None:
-        """Run a few forward passes so the first real request pays no one-off costs."""
+        """Run a few forward passes (and one explanation) so the first real request pays no
+        one-off costs."""
         x = torch.zeros(1, self.meta.n_features)
         with torch.inference_mode():
             for _ in range(self.config.warmup_batches):
                 self.model(x)
+        if self.config.warmup_batches:
+            self.explainer.explain(x, [0])  # Captum's first call pays one-off costs too
+
+    def _is_explain(self) -> bool:
+        """Never switch the whole batch to ``explain_handle``: explain is decided per request."""
+        return False
+
+    def _explain_requests(self) -> set[int]:
+        """Indices of the batch's requests that came in on an explain route (their
+        ``RequestProcessor``s hold each request's headers, as ``get_request_header`` reads them)."""
+        processors = self.context.request_processor
+        return {i for i, rp in enumerate(processors)
+                if rp.get_request_property(EXPLAIN_HEADER) == EXPLAIN_VALUE}
 
     def preprocess(self, data: list) -> ParsedBatch:
         """Parse and validate every request of the batch; normalize the valid rows."""
-        batch = parse_batch(data, self.meta.n_features, self.config.feature_limit)
+        explain = self._explain_requests()
+        batch = parse_batch(data, self.meta.n_features, self.config.feature_limit,
+                            explain, len(self.meta.labels))
         if batch.inputs is not None:
             batch.inputs = self.normalize(batch.inputs)
         if self.config.log_batches:
-            logger.info("batch size=%d valid=%d", batch.size, len(batch.rows))
+            logger.info("batch size=%d valid=%d explain=%d",
+                        batch.size, len(batch.rows), len(batch.targets))
         return batch
 
     def inference(self, batch: ParsedBatch, *args: Any, **kwargs: Any) -> tuple:
@@ -80,17 +113,46 @@ class RealTimeHandler(BaseHandler):
             return batch, None
         with torch.inference_mode():
             probabilities = torch.softmax(self.model(batch.inputs), dim=1)
+        if batch.targets:
+            self._explain(batch, probabilities)
         return batch, probabilities
 
+    def _explain(self, batch: ParsedBatch, probabilities: torch.Tensor) -> None:
+        """Explain up to ``explain_max_per_batch`` requests, each for its own target (default:
+        its predicted class); the rest of this batch's explain requests get a 503."""
+        limit = self.config.explain_max_per_batch
+        chosen = list(batch.targets)[:limit]
+        for idx in list(batch.targets)[limit:]:
+            batch.errors[idx] = ExplainCapacityExceeded(
+                f"this batch already holds {limit} explanation(s), the most the model computes "
+                "per batch (handler.explain_max_per_batch): retry shortly")
+        row_of = {idx: row for row, idx in enumerate(batch.rows)}
+        rows = [row_of[idx] for idx in chosen]
+        predicted = probabilities[rows].argmax(dim=1).tolist()
+        targets = [batch.targets[idx] if batch.targets[idx] is not None else cls
+                   for idx, cls in zip(chosen, predicted)]
+        explanations = self.explainer.explain(batch.inputs[rows], targets)
+        for idx, cls, explanation in zip(chosen, predicted, explanations):
+            batch.explanations[idx] = {
+                **self.explainer.document(explanation),
+                "prediction": cls,
+                "model_version": self.model_version,
+            }
+
     def postprocess(self, data: tuple) -> list[str]:
-        """One JSON document per request, in order; invalid requests get their own 400."""
+        """One JSON document per request, in order: a prediction, an explanation, or the
+        request's own error (400 for bad input, 503 past the explanation ceiling)."""
         batch, probabilities = data
         out: list[str] = [""] * batch.size
         if probabilities is not None:
             probs = probabilities.tolist()
             classes = probabilities.argmax(dim=1).tolist()
             labels = self.meta.labels
+            explanations = batch.explanations
             for row, idx in enumerate(batch.rows):
+                if explanations and idx in explanations:
+                    out[idx] = json.dumps(explanations[idx])
+                    continue
                 cls = classes[row]
                 out[idx] = json.dumps({
                     "prediction": cls,
@@ -101,6 +163,8 @@ class RealTimeHandler(BaseHandler):
         for idx, error in batch.errors.items():
             out[idx] = json.dumps(error.body())
             self.context.set_response_status(error.status, _reason_phrase(error.message), idx)
+            for key, value in error.headers.items():
+                self.context.set_response_header(idx, key, value)
         for idx in range(batch.size):
             self.context.set_response_content_type(idx, JSON)
         return out

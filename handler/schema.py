@@ -1,7 +1,8 @@
 """Request parsing and validation: pure functions, no TorchServe import.
 
-A request body is ``{"features": [n numbers]}``. Each request of a batch is parsed on its
-own; a bad one becomes an :class:`InvalidInput` for that request alone.
+A request body is ``{"features": [n numbers]}``; an explanation request may add
+``"target": <class index>``. Each request of a batch is parsed on its own; a bad one becomes
+an :class:`InvalidInput` for that request alone.
 """
 
 from __future__ import annotations
@@ -9,11 +10,11 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 import torch
 
-from handler.errors import InvalidInput
+from handler.errors import HandlerError, InvalidInput
 
 #: Default largest magnitude accepted for a feature. Far beyond any training value, small enough
 #: that the network's activations stay finite in float32.
@@ -92,25 +93,60 @@ def parse_features(body: Any, n_features: int, limit: float = DEFAULT_FEATURE_LI
     return features
 
 
+def parse_target(body: dict, n_classes: int) -> int | None:
+    """The optional ``target`` class of an explanation request (None when absent).
+
+    Raises:
+        InvalidInput: ``target`` is present but not an integer in ``[0, n_classes)``.
+    """
+    if "target" not in body:
+        return None
+    target = body["target"]
+    if type(target) is not int or not 0 <= target < n_classes:  # bool excluded
+        raise InvalidInput(
+            f"'target' must be a class index, an integer in [0, {n_classes - 1}], "
+            f"got {_short(target) if type(target) is int else _json_type(target)}",
+            field="target",
+        )
+    return target
+
+
 @dataclass
 class ParsedBatch:
-    """A batch after parsing: the valid rows as one tensor, and an error per invalid request."""
+    """A batch after parsing: the valid rows as one tensor, and an error per invalid request.
+
+    Attributes:
+        targets: the valid explanation requests, request index -> requested target class
+            (None: explain the predicted class).
+        explanations: request index -> explanation document, filled in by inference.
+    """
 
     size: int
     rows: list[int] = field(default_factory=list)
     inputs: torch.Tensor | None = None
-    errors: dict[int, InvalidInput] = field(default_factory=dict)
+    errors: dict[int, HandlerError] = field(default_factory=dict)
+    targets: dict[int, int | None] = field(default_factory=dict)
+    explanations: dict[int, dict] = field(default_factory=dict)
 
 
 def parse_batch(
-    data: Sequence[Any], n_features: int, limit: float = DEFAULT_FEATURE_LIMIT
+    data: Sequence[Any], n_features: int, limit: float = DEFAULT_FEATURE_LIMIT,
+    explain: Collection[int] = (), n_classes: int = 0,
 ) -> ParsedBatch:
-    """Parse every request of a batch; valid ones become rows of one float32 tensor."""
+    """Parse every request of a batch; valid ones become rows of one float32 tensor.
+
+    Requests whose index is in ``explain`` also get their optional ``target`` checked
+    against ``n_classes``.
+    """
     batch = ParsedBatch(size=len(data))
     vectors: list[list[float]] = []
     for idx, row in enumerate(data):
         try:
-            vectors.append(parse_features(request_body(row), n_features, limit))
+            body = request_body(row)
+            vector = parse_features(body, n_features, limit)
+            if explain and idx in explain:
+                batch.targets[idx] = parse_target(body, n_classes)
+            vectors.append(vector)
             batch.rows.append(idx)
         except InvalidInput as exc:
             batch.errors[idx] = exc

@@ -1,6 +1,7 @@
-"""Command-line client for a running TorchServe: predictions and model versions.
+"""Command-line client for a running TorchServe: predictions, explanations and model versions.
 
     python -m rtserve predict realtime-classifier examples/request.json
+    python -m rtserve explain realtime-classifier examples/request.json --target 0
     python -m rtserve register realtime-classifier 2.0
     python -m rtserve promote realtime-classifier 2.0
     python -m rtserve rollback realtime-classifier
@@ -51,6 +52,14 @@ def cmd_predict(args: argparse.Namespace) -> None:
     """Send a JSON file as one prediction request."""
     payload = json.loads(Path(args.file).read_text())
     _emit(_client(args).predict(args.model, payload, args.version))
+
+
+def cmd_explain(args: argparse.Namespace) -> None:
+    """Send a JSON file as one explanation request (optionally for --target)."""
+    payload = json.loads(Path(args.file).read_text())
+    if args.target is not None:
+        payload["target"] = args.target
+    _emit(_client(args).explain(args.model, payload, args.version))
 
 
 def cmd_models(args: argparse.Namespace) -> None:
@@ -127,6 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("token", cmd_token, (["kind"], {"nargs": "?", "default": "inference",
                                         "choices": ["inference", "management", "API"]}))
     add("predict", cmd_predict, model, (["file"], {}), (["--version"], {}))
+    add("explain", cmd_explain, model, (["file"], {}), (["--version"], {}),
+        (["--target"], {"type": int, "help": "class index to explain (default: the prediction)"}))
     add("models", cmd_models, model)
     add("register", cmd_register, model, version, (["--workers"], {"type": int}))
     add("promote", cmd_promote, model, version)

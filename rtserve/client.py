@@ -48,10 +48,13 @@ class Refused(TorchServeError):
 
 
 class Overloaded(TorchServeError):
-    """HTTP 503 from a full job queue: TorchServe refused at once; retry later or elsewhere."""
+    """HTTP 503 from a full job queue (TorchServe refused at once), or an explanation past the
+    handler's per-batch ceiling: retry later or elsewhere."""
 
 
 QUEUE_FULL = "has no worker to serve inference request"
+#: The handler's 503 for an explanation past ``handler.explain_max_per_batch`` in its batch.
+EXPLAIN_CEILING = "handler.explain_max_per_batch"
 
 
 class Keys:
@@ -142,9 +145,15 @@ class Client:
         return self._call("POST", self.inference_url, path, "inference", json_body=payload)
 
     def explain(self, model: str, payload: Any, version: str | None = None) -> Any:
-        """POST one explanation request (``/explanations/{model}``)."""
+        """POST one explanation request (``/explanations/{model}``).
+
+        Retried like an idempotent call (an explanation changes nothing): a 503 from a batch
+        that already held ``handler.explain_max_per_batch`` explanations is tried again after a
+        short back-off.
+        """
         path = f"/explanations/{model}" + (f"/{version}" if version else "")
-        return self._call("POST", self.inference_url, path, "inference", json_body=payload)
+        return self._call("POST", self.inference_url, path, "inference", json_body=payload,
+                          idempotent=True)
 
     # -- management API ------------------------------------------------------------------
     def list_models(self) -> list[dict]:
@@ -286,6 +295,8 @@ def _error(method: str, path: str, resp: requests.Response) -> TorchServeError:
         return Overloaded(
             f"{method} {path} -> 503: the model's job queue is full (TorchServe says: {detail}); "
             "retry with backoff", status, body)
+    if status == 503 and EXPLAIN_CEILING in str(detail):
+        return Overloaded(f"{message} (retry with backoff)", status, body)
     if status == 404:
         return NotFound(message, status, body)
     if status == 409:

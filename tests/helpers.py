@@ -6,6 +6,7 @@ import io
 import json
 import zipfile
 from pathlib import Path
+from typing import Sequence
 
 import torch
 import ts
@@ -28,11 +29,35 @@ def make_context(model_dir: Path, model_yaml: dict, version: str = "1.0") -> Con
                    metrics=metrics, model_yaml_config=model_yaml)
 
 
-def start_batch(context: Context, size: int) -> None:
-    """Set up per-request state the way ``ts.service.Service.predict`` does for a batch."""
+def start_batch(context: Context, size: int, headers: Sequence[dict] | None = None) -> None:
+    """Set up per-request state the way ``ts.service.Service.predict`` does for a batch.
+
+    ``headers[i]`` are request ``i``'s headers as ``Service.retrieve_data_for_inference`` hands
+    them to ``RequestProcessor`` (see :func:`route_headers`); none by default.
+    """
+    headers = list(headers) if headers is not None else [{} for _ in range(size)]
+    assert len(headers) == size
     context.request_ids = {i: f"req-{i}" for i in range(size)}
-    context.request_processor = [RequestProcessor({}) for _ in range(size)]
+    context.request_processor = [RequestProcessor(dict(h)) for h in headers]
     context.metrics.request_ids = context.request_ids
+
+
+def route_headers(explain: bool) -> dict:
+    """A request's headers as TorchServe 0.12 hands them to the handler for a JSON POST to
+    ``/predictions/{model}`` (``explain=False``) or ``/explanations/{model}`` (``explain=True``).
+
+    The frontend (``InferenceRequestHandler.handlePredictions``) adds ``url_path`` and
+    ``explain: False``, then ``explain: True`` on explain routes (the last value wins when the
+    headers become a map); ``Service.retrieve_data_for_inference`` adds the body parameter's
+    content type. The client's own headers pass through with their spelling (only
+    ``Content-Type`` is modelled here). Values are strings, never booleans.
+    """
+    return {
+        "body": {"content-type": "application/json"},
+        "Content-Type": "application/json",
+        "url_path": "",
+        "explain": "True" if explain else "False",
+    }
 
 
 def json_row(body) -> dict:
@@ -72,3 +97,20 @@ class Reference:
         with torch.inference_mode():
             x = self.normalize(torch.tensor(rows, dtype=torch.float32))
             return torch.softmax(self.model(x), dim=1)
+
+    def integrated_gradients(
+        self, row: list[float], target: int, n_steps: int = 50, baseline: str = "mean",
+    ) -> tuple[list[float], float]:
+        """Captum run directly on the raw-input model ``softmax(model(normalize(x)))``, for one
+        row alone, from a raw baseline (training mean or zeros): (attributions, delta)."""
+        from captum.attr import IntegratedGradients
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            return torch.softmax(self.model(self.normalize(x)), dim=1)
+
+        x = torch.tensor([row], dtype=torch.float32)
+        base = self.normalize.mean if baseline == "mean" else torch.zeros_like(self.normalize.mean)
+        attributions, delta = IntegratedGradients(forward).attribute(
+            x, baselines=base.unsqueeze(0), target=target, n_steps=n_steps,
+            return_convergence_delta=True)
+        return attributions[0].tolist(), float(delta[0])
