@@ -23,6 +23,8 @@ from typing import Callable
 import requests
 from urllib3.exceptions import NewConnectionError
 
+from rtserve.client import worker_lost
+
 
 @dataclass
 class Record:
@@ -35,6 +37,7 @@ class Record:
     phase: str
     error: str = ""
     refused: bool = False
+    retried: bool = False
 
 
 @dataclass
@@ -48,6 +51,7 @@ class PhaseReport:
     p50_ms: float
     p99_ms: float
     errors: list[str] = field(default_factory=list)
+    retried: int = 0
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -64,6 +68,7 @@ class SteadyLoad:
         self, url: str, payload: dict, token: Callable[[], str | None], rate: float = 100.0,
         concurrency: int = 4, max_seconds: float = 600.0, max_requests: int = 200_000,
         timeout: float = 30.0, keep_alive: bool = True, gate: Callable[[], bool] | None = None,
+        retry_worker_lost: bool = True,
     ) -> None:
         self.url = url
         self.body = json.dumps(payload).encode()
@@ -75,6 +80,7 @@ class SteadyLoad:
         self.timeout = timeout
         self.keep_alive = keep_alive
         self.gate = gate
+        self.retry_worker_lost = retry_worker_lost
         self.records: list[Record] = []
         self.phase = "start"
         self._lock = threading.Lock()
@@ -107,6 +113,13 @@ class SteadyLoad:
             t.join(self.timeout + 5)
         return self.records
 
+    def _post(self, session: requests.Session) -> requests.Response:
+        key = self.token()
+        return session.post(self.url, data=self.body, timeout=self.timeout, headers={
+            "Content-Type": "application/json",
+            **({} if self.keep_alive else {"Connection": "close"}),
+            **({"Authorization": f"Bearer {key}"} if key else {})})
+
     def _run(self, index: int) -> None:
         session = requests.Session()
         next_at = time.monotonic() + index * self.interval / self.concurrency
@@ -120,13 +133,12 @@ class SteadyLoad:
             if self.gate is not None and not self.gate():
                 continue
             phase, start = self.phase, time.monotonic()
-            status, version, error, refused = 0, None, "", False
+            status, version, error, refused, retried = 0, None, "", False, False
             try:
-                key = self.token()
-                resp = session.post(self.url, data=self.body, timeout=self.timeout, headers={
-                    "Content-Type": "application/json",
-                    **({} if self.keep_alive else {"Connection": "close"}),
-                    **({"Authorization": f"Bearer {key}"} if key else {})})
+                resp = self._post(session)
+                if self.retry_worker_lost and worker_lost(resp.status_code, resp.text):
+                    retried = True  # rtserve's client policy: resend once
+                    resp = self._post(session)
                 status = resp.status_code
                 if status == 200:
                     version = resp.json().get("model_version")
@@ -136,7 +148,7 @@ class SteadyLoad:
                 refused = connection_refused(exc)
                 error = f"{type(exc).__name__}: {exc}"[:200]
             record = Record(start - self._t0, time.monotonic() - start, status, version, phase,
-                            error, refused)
+                            error, refused, retried)
             with self._lock:
                 self.records.append(record)
 
@@ -179,5 +191,6 @@ def summarize(records: list[Record]) -> list[PhaseReport]:
             p50_ms=round(statistics.median(lat), 2) if lat else 0.0,
             p99_ms=round(_percentile(lat, 0.99), 2),
             errors=sorted({r.error for r in failed})[:5],
+            retried=sum(1 for r in rs if r.retried),
         ))
     return out

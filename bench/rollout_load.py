@@ -71,6 +71,7 @@ def run(server: TorchServe, model: str, new: str, hold: float, rate: float,
         "seconds": round(elapsed, 1), "requests": len(records),
         "achieved_rate": round(len(records) / elapsed, 1),
         "failed": sum(1 for r in records if r.status != 200),
+        "retried": sum(1 for r in records if r.retried),
         "phases": [asdict(p) for p in phases],
         "expected_after": expected,
         "timeline_ok": all(set(p.versions) == {expected[p.phase]} for p in phases if p.phase in expected),
@@ -82,7 +83,8 @@ def render(report: dict) -> str:
     """The report as a text table."""
     lines = [f"{report['requests']} requests in {report['seconds']} s "
              f"({report['achieved_rate']}/s, target {report['rate_target']}/s, "
-             f"{report['concurrency']} concurrent); failed: {report['failed']}",
+             f"{report['concurrency']} concurrent); failed: {report['failed']} "
+             f"(worker lost mid-request and resent once, as rtserve's client does: {report['retried']})",
              f"{'phase':26} {'sent':>6} {'failed':>6} {'p50 ms':>7} {'p99 ms':>7}  versions seen"]
     for p in report["phases"]:
         versions = ", ".join(f"{v}: {n}" for v, n in sorted(p["versions"].items()))

@@ -53,6 +53,14 @@ class Overloaded(TorchServeError):
 
 
 QUEUE_FULL = "has no worker to serve inference request"
+#: TorchServe's answers when the worker holding a request went away before answering it (a
+#: scale-down or a crashed worker). A prediction has no side effect, so it is safe to resend.
+WORKER_LOST = ("Worker scaled down.", "Worker died.")
+
+
+def worker_lost(status: int, body: str) -> bool:
+    """Whether an answer says the request's worker went away before answering it."""
+    return status in (500, 507) and any(m in body for m in WORKER_LOST)
 #: The handler's 503 for an explanation past ``handler.explain_max_per_batch`` in its batch.
 EXPLAIN_CEILING = "handler.explain_max_per_batch"
 
@@ -139,10 +147,18 @@ class Client:
     def predict(self, model: str, payload: Any, version: str | None = None) -> Any:
         """POST one prediction request; returns the decoded JSON answer.
 
-        Not retried: a prediction that reached a worker must not be sent twice.
+        Resent once, and only when TorchServe says the request's worker went away before
+        answering (:func:`worker_lost`: a worker scaled down or crashed mid-batch). Other
+        failures are not retried.
         """
         path = f"/predictions/{model}" + (f"/{version}" if version else "")
-        return self._call("POST", self.inference_url, path, "inference", json_body=payload)
+        try:
+            return self._call("POST", self.inference_url, path, "inference", json_body=payload)
+        except TorchServeError as exc:
+            if not worker_lost(exc.status, json.dumps(exc.body)):
+                raise
+            logger.info("%s: worker lost before answering (%s); resending once", path, exc)
+            return self._call("POST", self.inference_url, path, "inference", json_body=payload)
 
     def explain(self, model: str, payload: Any, version: str | None = None) -> Any:
         """POST one explanation request (``/explanations/{model}``).
