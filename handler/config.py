@@ -34,6 +34,10 @@ class HandlerConfig:
             pass (bounds memory); at least ``explain_max_per_batch``.
         explain_max_per_batch: ceiling on explanations computed in one batch; further explain
             requests of that batch get a 503 with ``Retry-After`` so predictions are not starved.
+        metrics: emit the handler metrics of ``config/metrics.yaml`` (one update per batch).
+        audit_log: write one JSON line per answered or rejected request (``rtserve.audit``).
+        drift_window: recent rows scored for drift against the training distribution.
+        drift_export_seconds: how often the drift gauges are refreshed.
     """
 
     torchscript: bool = False
@@ -45,6 +49,10 @@ class HandlerConfig:
     explain_baseline: str = "mean"
     explain_internal_batch_size: int = 512
     explain_max_per_batch: int = 4
+    metrics: bool = True
+    audit_log: bool = True
+    drift_window: int = 2000
+    drift_export_seconds: float = 5.0
 
     @classmethod
     def from_model_yaml(cls, model_yaml: Mapping[str, Any] | None) -> "HandlerConfig":
@@ -85,6 +93,10 @@ class HandlerConfig:
             raise ConfigError("model config: handler.num_threads must be in [1, 64]")
         if not 0 <= self.warmup_batches <= 100:
             raise ConfigError("model config: handler.warmup_batches must be in [0, 100]")
+        if not 100 <= self.drift_window <= 1_000_000:
+            raise ConfigError("model config: handler.drift_window must be in [100, 1000000]")
+        if not 0.1 <= self.drift_export_seconds <= 3600:
+            raise ConfigError("model config: handler.drift_export_seconds must be in [0.1, 3600]")
         if not (math.isfinite(self.feature_limit) and self.feature_limit > 0):
             raise ConfigError("model config: handler.feature_limit must be a positive number")
         if not 2 <= self.explain_steps <= MAX_EXPLAIN_STEPS:

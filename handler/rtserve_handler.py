@@ -15,9 +15,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from typing import Any
 
 import torch
+from ts.metrics.metric_type_enum import MetricTypes
 from ts.torch_handler.base_handler import BaseHandler
 
 from handler.config import HandlerConfig
@@ -25,6 +27,7 @@ from handler.errors import ConfigError, ExplainCapacityExceeded
 from handler.explain import Explainer
 from handler.model import ModelMetadata, load_model
 from handler.schema import Normalizer, ParsedBatch, parse_batch
+from handler.telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +69,7 @@ class RealTimeHandler(BaseHandler):
             baseline=self.config.explain_baseline, n_steps=self.config.explain_steps,
             internal_batch_size=self.config.explain_internal_batch_size,
         )
+        self.telemetry = self._telemetry(context) if self.config.metrics else None
         self._warm_up()
         self.initialized = True
         logger.info(
@@ -73,6 +77,33 @@ class RealTimeHandler(BaseHandler):
             context.model_name, self.model_version, self.meta.n_features,
             len(self.meta.labels), self.config.torchscript,
         )
+
+    def _telemetry(self, context: Any) -> Telemetry:
+        """Metrics, drift and audit for this worker (metric objects are looked up once)."""
+        metrics = context.metrics
+        batch_size = int(context.system_properties.get("batch_size") or 1)
+        return Telemetry(
+            lambda name, kind: metrics.get_metric(name, MetricTypes[kind]),
+            context.model_name, self.model_version, self.meta.labels, self.meta.feature_names,
+            batch_size, self.meta.drift_reference, self.config.drift_window,
+            self.config.drift_export_seconds, self.config.audit_log,
+        )
+
+    def handle(self, data: list, context: Any) -> list[str]:
+        """preprocess -> inference -> postprocess, timed per stage for the metrics and audit."""
+        self.context = context
+        t0 = time.perf_counter()
+        batch = self.preprocess(data)
+        t1 = time.perf_counter()
+        result = self.inference(batch)
+        t2 = time.perf_counter()
+        out = self.postprocess(result)
+        t3 = time.perf_counter()
+        if self.telemetry is not None:
+            ids = context.request_ids or {}
+            self.telemetry.record(batch, result[1], (t1 - t0, t2 - t1, t3 - t2),
+                                  [ids.get(i, "") for i in range(batch.size)])
+        return out
 
     def _warm_up(self) -> None:
         """Run a few forward passes (and one explanation) so the first real request pays no

@@ -107,6 +107,9 @@ class TorchServe:
         """The effective configuration: the base file, then the model store, then overrides."""
         props = read_properties(self.config)
         props["model_store"] = str(self.model_store)
+        metrics_config = props.get("metrics_config")
+        if metrics_config and not Path(metrics_config).is_absolute():
+            props["metrics_config"] = str((Path(self.config).resolve().parent / metrics_config))
         props.update(self.overrides)
         return props
 

@@ -9,19 +9,20 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-import ts
 from ts.context import Context, RequestProcessor
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 
 from handler.model import ModelMetadata, load_model
 from handler.schema import Normalizer
 
-TS_METRICS_YAML = Path(ts.__file__).parent / "configs" / "metrics.yaml"
+#: The metrics config the server is started with (config.properties ``metrics_config``); the
+#: worker's metrics cache is built from it, so undeclared metrics fail here as they would there.
+METRICS_YAML = Path(__file__).resolve().parent.parent / "config" / "metrics.yaml"
 
 
 def make_context(model_dir: Path, model_yaml: dict, version: str = "1.0") -> Context:
     """A real ``ts.context.Context`` as the worker builds it (metrics cache included)."""
-    metrics = MetricsCacheYamlImpl(config_file_path=str(TS_METRICS_YAML))
+    metrics = MetricsCacheYamlImpl(config_file_path=str(METRICS_YAML))
     metrics.initialize_cache()
     manifest = {"model": {"modelName": "realtime-classifier", "modelVersion": version,
                           "serializedFile": "weights.pt", "handler": "rtserve_handler.py"}}

@@ -1,0 +1,160 @@
+"""Metrics, drift and audit on a real TorchServe, scraped from its Prometheus listener."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+import torch
+import yaml
+
+from rtserve.data import make_dataset
+from tests.conftest import MODEL_NAME, REPO, make_archive
+from tests.integration.conftest import start_server
+from tests.promql import metric_names, scrape_names
+from tests.unit.test_monitoring import dashboard_expressions, rule_expressions
+
+pytestmark = pytest.mark.integration
+
+WINDOW = 300
+DIMS = f'ModelName="{MODEL_NAME}",ModelVersion="1.0"'
+
+
+@pytest.fixture(scope="module")
+def obs_server(tmp_path_factory):
+    """The default archive, but with a small drift window exported often (so a test can fill it)."""
+    root = tmp_path_factory.mktemp("obs")
+    config = yaml.safe_load((REPO / "model" / "model-config.yaml").read_text())
+    config["handler"].update(drift_window=WINDOW, drift_export_seconds=0.2)
+    (root / "model-config.yaml").write_text(yaml.safe_dump(config))
+    mar = make_archive(root, "1.0", MODEL_CONFIG=str(root / "model-config.yaml"))
+    ts = start_server(tmp_path_factory.mktemp("run"), mar)
+    try:
+        ts.wait_ready(timeout=120, models=[MODEL_NAME])
+        yield ts
+    finally:
+        ts.stop()
+
+
+def scrape(server) -> str:
+    return requests.get(f"{server.props['metrics_address']}/metrics", timeout=10).text
+
+
+def value(text: str, name: str, labels: str = DIMS) -> float:
+    """Sum of the series of ``name`` whose labels contain ``labels``."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and labels in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def send(server, bodies: list, workers: int = 16) -> list[requests.Response]:
+    url = f"{server.props['inference_address']}/predictions/{MODEL_NAME}"
+    key = server.client().keys.get("inference")
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(lambda b: requests.post(url, data=b, headers=headers, timeout=30), bodies))
+
+
+def rows(x: torch.Tensor) -> list[bytes]:
+    return [json.dumps({"features": r}).encode() for r in x.tolist()]
+
+
+def test_counts_histograms_and_version_labels_match_exactly(obs_server):
+    before = scrape(obs_server)
+    valid = rows(make_dataset().x_test[:60])
+    bad = ([b"{nope"] * 3 + [json.dumps({"features": [1.0] * 5}).encode()] * 4
+           + [json.dumps({"features": ["x"] * 32}).encode()] * 2)
+    answers = send(obs_server, valid + bad)
+    assert [a.status_code for a in answers] == [200] * 60 + [400] * 9
+    time.sleep(0.5)  # the frontend applies backend metric lines asynchronously
+    after = scrape(obs_server)
+
+    def delta(name: str, labels: str = DIMS) -> float:
+        return value(after, name, labels) - value(before, name, labels)
+
+    assert delta("HandlerRequests") == 69
+    for reason, n in {"not_json": 3, "wrong_length": 4, "not_a_number": 2}.items():
+        assert delta("SchemaViolations", f'{DIMS},Reason="{reason}"') == n, reason
+    labels = Counter(a.json()["label"] for a in answers[:60])
+    for label, n in labels.items():
+        assert delta("Predictions", f'{DIMS},Class="{label}"') == n, label
+    batches = delta("HandlerBatches")
+    assert 1 <= batches <= 69
+    for stage in ("preprocess", "inference", "postprocess"):
+        assert delta("HandlerStageTime_count", f'{DIMS},Stage="{stage}"') == batches, stage
+    assert delta("BatchFill_count") == batches
+    assert delta("BatchFill_sum") == pytest.approx(69 / 32, abs=1e-6)
+    # the frontend labels requests to the default route with model_version="default"
+    assert value(after, "ts_inference_requests_total", f'model_name="{MODEL_NAME}",model_version="default"') >= 69
+
+
+def test_drift_stays_low_in_distribution_and_rises_on_shift(obs_server):
+    data = make_dataset()
+    send(obs_server, rows(data.x_test[: WINDOW + 50]))
+    time.sleep(0.6)
+    send(obs_server, rows(data.x_test[WINDOW + 50: WINDOW + 60]))  # triggers an export
+    time.sleep(0.5)
+    calm = scrape(obs_server)
+    features = {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'FeatureDrift\{[^}]*Feature="(f\d\d)"[^}]*\} ([\d.eE+-]+)', calm)}
+    assert len(features) == 32 and max(features.values()) < 0.2, features
+
+    shifted = data.x_test[:WINDOW + 50].clone()
+    shifted[:, 5] = shifted[:, 5] + 3 * torch.tensor(data.x_train[:, 5].std().item())
+    send(obs_server, rows(shifted))
+    time.sleep(0.6)
+    send(obs_server, rows(shifted[:10]))
+    time.sleep(0.5)
+    drift = scrape(obs_server)
+    assert value(drift, "FeatureDrift", f'{DIMS},Feature="f05"') > 0.2
+    others = [value(drift, "FeatureDrift", f'{DIMS},Feature="f{i:02d}"') for i in range(32) if i != 5]
+    assert max(others) < 0.2
+
+
+def test_audit_log_has_one_line_per_prediction_with_client_request_ids(obs_server):
+    valid = rows(make_dataset().x_test[:25])
+    answers = send(obs_server, valid + [b"[]"] * 5)
+    ids = {a.headers["x-request-id"]: a for a in answers}
+    time.sleep(0.5)
+    events = {}
+    for line in (obs_server.log_dir / "model_log.log").read_text().splitlines():
+        if '{"event":' in line:
+            event = json.loads(line[line.index('{"event":'):])
+            events[event["request_id"]] = event
+    mine = {rid: events[rid] for rid in ids if rid in events}
+    assert len(mine) == 30, "every request has exactly one audit line"
+    for rid, answer in ids.items():
+        event = mine[rid]
+        assert event["model"] == MODEL_NAME and event["model_version"] == "1.0"
+        if answer.status_code == 200:
+            assert event["event"] == "prediction" and event["class"] == answer.json()["prediction"]
+            assert event["handler_ms"] > 0
+        else:
+            assert event["event"] == "rejected" and event["reason"] == "not_an_object"
+
+
+def test_every_rule_and_panel_metric_exists_in_a_real_scrape(obs_server):
+    send(obs_server, rows(make_dataset().x_test[:WINDOW + 10]) + [b"{"])
+    time.sleep(0.6)
+    send(obs_server, [b"{"] * 2 + rows(make_dataset().x_test[:5]))
+    client = obs_server.client(timeout=120)
+    client.scale(MODEL_NAME, 0)  # no worker: a real 503, so Requests5XX has a series
+    try:
+        assert send(obs_server, rows(make_dataset().x_test[:1]))[0].status_code == 503
+    finally:
+        client.scale(MODEL_NAME, 2)
+    time.sleep(0.5)
+    names = scrape_names(scrape(obs_server))
+    used = set()
+    for expr in list(rule_expressions().values()) + dashboard_expressions():
+        used |= metric_names(expr)
+    missing = used - names
+    assert not missing, f"metrics used by rules/dashboard but not scraped: {sorted(missing)}"
+    assert {"HandlerStageTime_bucket", "QueueTime_bucket", "FeatureDrift", "Predictions"} <= used
