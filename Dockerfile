@@ -32,6 +32,7 @@ RUN pip install --no-cache-dir --disable-pip-version-check --root-user-action=ig
 
 COPY handler/ ./handler/
 COPY rtserve/ ./rtserve/
+COPY config/ ./config/
 COPY deploy/k8s/base/config.properties /etc/rtserve/config.properties
 COPY model_store/${MODEL_NAME}_${MODEL_VERSION}.mar ./model_store/
 RUN python -m compileall -q handler rtserve

@@ -152,8 +152,9 @@ DEPLOY_VERSION  = $(if $(filter file,$(origin MODEL_VERSION)),$(PINNED_VERSION),
 image: $(MAR) ## Build the container image IMG:MODEL_VERSION with that version's archive (needs Docker)
 	@echo ">> staging the build context in $(IMAGE_CONTEXT)"
 	rm -rf $(IMAGE_CONTEXT) && mkdir -p $(IMAGE_CONTEXT)/handler $(IMAGE_CONTEXT)/rtserve \
-	  $(IMAGE_CONTEXT)/model_store $(IMAGE_CONTEXT)/deploy/k8s/base
+	  $(IMAGE_CONTEXT)/model_store $(IMAGE_CONTEXT)/deploy/k8s/base $(IMAGE_CONTEXT)/config
 	cp Dockerfile requirements.txt $(IMAGE_CONTEXT)/
+	cp config/* $(IMAGE_CONTEXT)/config/
 	cp handler/*.py $(IMAGE_CONTEXT)/handler/
 	cp rtserve/*.py $(IMAGE_CONTEXT)/rtserve/
 	cp $(K8S_DIR)/base/config.properties $(IMAGE_CONTEXT)/deploy/k8s/base/
