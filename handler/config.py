@@ -15,6 +15,8 @@ EXPLAIN_BASELINES = ("mean", "zero")
 MAX_EXPLAIN_STEPS = 1000
 MAX_EXPLAIN_PER_BATCH = 32
 MAX_EXPLAIN_ROWS = 32768
+#: Hard ceiling on the instances of one KServe v1/v2 request.
+MAX_INSTANCES = 1024
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,8 @@ class HandlerConfig:
             pass (bounds memory); at least ``explain_max_per_batch``.
         explain_max_per_batch: ceiling on explanations computed in one batch; further explain
             requests of that batch get a 503 with ``Retry-After`` so predictions are not starved.
+        max_instances: most instances in one KServe v1 ``instances`` list or Open Inference
+            Protocol tensor (its first dimension); more get a 400.
     """
 
     torchscript: bool = False
@@ -45,6 +49,7 @@ class HandlerConfig:
     explain_baseline: str = "mean"
     explain_internal_batch_size: int = 512
     explain_max_per_batch: int = 4
+    max_instances: int = 64
 
     @classmethod
     def from_model_yaml(cls, model_yaml: Mapping[str, Any] | None) -> "HandlerConfig":
@@ -101,3 +106,6 @@ class HandlerConfig:
             raise ConfigError(
                 "model config: handler.explain_internal_batch_size must be in "
                 f"[explain_max_per_batch, {MAX_EXPLAIN_ROWS}]")
+        if not 1 <= self.max_instances <= MAX_INSTANCES:
+            raise ConfigError(
+                f"model config: handler.max_instances must be in [1, {MAX_INSTANCES}]")
