@@ -32,6 +32,8 @@ INPUT_DATATYPE = "FP32"
 CLASS_OUTPUT = "class"
 PROBABILITIES_OUTPUT = "probabilities"
 OUTPUT_NAMES = (CLASS_OUTPUT, PROBABILITIES_OUTPUT)
+#: The output tensor of an error answer to a gRPC ``ModelInfer`` (see :func:`grpc_error`).
+ERROR_OUTPUT = "error"
 
 
 @dataclass
@@ -207,6 +209,19 @@ def answer(
         out["id"] = request.id
     out["outputs"] = [tensors[name] for name in request.outputs]
     return out
+
+
+def grpc_error(message: str, request_id: str, model_name: str, model_version: str) -> dict:
+    """An Open Inference Protocol error as TorchServe's gRPC ``ModelInfer`` can carry it.
+
+    TorchServe 0.12's frontend ignores a per-request status on gRPC and reads every gRPC
+    ``ModelInfer`` answer as an inference response (``id``, ``model_name``, ``model_version``,
+    ``outputs``); ``{"error": ...}`` makes it fail and the worker's whole batch with it. So the
+    error travels as the answer's only output: a BYTES tensor named ``error``.
+    """
+    return {"model_name": model_name, "model_version": model_version, "id": request_id,
+            "outputs": [{"name": ERROR_OUTPUT, "datatype": "BYTES", "shape": [1],
+                         "data": [message]}]}
 
 
 def _show(value: Any) -> str:

@@ -28,11 +28,12 @@ import torch
 from ts.torch_handler.base_handler import BaseHandler
 
 from handler.config import HandlerConfig
-from handler.errors import ConfigError, ExplainCapacityExceeded
+from handler.errors import ConfigError, ExplainCapacityExceeded, InvalidInput
 from handler.explain import Explainer
 from handler.model import ModelMetadata, load_model
-from handler.protocols import answer, parse_request
-from handler.schema import Normalizer, ParsedBatch, parse_batch, prediction_document
+from handler.protocols import OIP_V2, answer, detect, grpc_error, parse_request
+from handler.schema import (Normalizer, ParsedBatch, parse_batch, prediction_document,
+                            request_body)
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +111,22 @@ class RealTimeHandler(BaseHandler):
         return {i for i, rp in enumerate(self.context.request_processor)
                 if rp.get_request_property(PLAIN_ROUTE_HEADER) is not None}
 
+    def _oip_grpc_requests(self, data: list) -> dict[int, str]:
+        """Open Inference Protocol requests that came over gRPC (no HTTP route header: the
+        frontend sets ``explain`` on every REST inference route), request index -> ``id``."""
+        found: dict[int, str] = {}
+        for i, rp in enumerate(self.context.request_processor):
+            if rp.get_request_property(EXPLAIN_HEADER) is not None:
+                continue
+            try:
+                body = request_body(data[i])
+            except InvalidInput:
+                continue
+            if detect(body) == OIP_V2:
+                request_id = body.get("id")
+                found[i] = request_id if isinstance(request_id, str) else ""
+        return found
+
     def preprocess(self, data: list) -> ParsedBatch:
         """Parse and validate every request of the batch (rtserve's own body, KServe v1 or v2);
         normalize the valid rows."""
@@ -119,6 +136,7 @@ class RealTimeHandler(BaseHandler):
         batch = parse_batch(data, self.meta.n_features, self.config.feature_limit,
                             explain, len(self.meta.labels), other=other,
                             plain_only=self._plain_route_requests())
+        batch.oip_grpc = self._oip_grpc_requests(data)
         if batch.inputs is not None:
             batch.inputs = self.normalize(batch.inputs)
         if self.config.log_batches:
@@ -182,7 +200,11 @@ class RealTimeHandler(BaseHandler):
                 out[idx] = json.dumps(answer(request, classes[start:stop], probs[start:stop],
                                              labels, self.context.model_name, self.model_version))
         for idx, error in batch.errors.items():
-            out[idx] = json.dumps(error.body())
+            if idx in batch.oip_grpc:
+                out[idx] = json.dumps(grpc_error(error.message, batch.oip_grpc[idx],
+                                                 self.context.model_name, self.model_version))
+            else:
+                out[idx] = json.dumps(error.body())
             self.context.set_response_status(error.status, _reason_phrase(error.message), idx)
             for key, value in error.headers.items():
                 self.context.set_response_header(idx, key, value)

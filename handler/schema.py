@@ -145,6 +145,8 @@ class ParsedBatch:
     targets: dict[int, int | None] = field(default_factory=dict)
     explanations: dict[int, dict] = field(default_factory=dict)
     protocols: dict[int, Any] = field(default_factory=dict)
+    #: Open Inference Protocol requests that came over gRPC: request index -> their ``id``.
+    oip_grpc: dict[int, str] = field(default_factory=dict)
 
 
 #: Parses a decoded body of another protocol; returns None for a ``{"features": ...}`` body.

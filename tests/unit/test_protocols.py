@@ -141,3 +141,17 @@ def test_explain_route_refuses_protocol_bodies(handler_ctx):
 def test_max_instances_is_bounded(value):
     with pytest.raises(ConfigError, match=r"handler.max_instances must be in \[1, 1024\]"):
         HandlerConfig.from_model_yaml({"handler": {"max_instances": value}})
+
+
+def test_grpc_model_infer_error_is_an_error_output(handler_ctx):
+    """gRPC ``ModelInfer`` rows carry no HTTP headers; their error must still parse as an
+    inference response in TorchServe's frontend (id, model_name, model_version, outputs)."""
+    handler, ctx = handler_ctx
+    body = {"id": "g-9", "model_name": "realtime-classifier",
+            "inputs": [{"name": "x", "shape": [1, 32], "datatype": "FP32", "data": features()}]}
+    statuses, bodies = run(handler, ctx, [json_row(body), json_row(v2([features()], id="ok"))],
+                           [{}, {}])
+    assert bodies[0] == {"model_name": "realtime-classifier", "model_version": "1.0", "id": "g-9",
+                         "outputs": [{"name": "error", "datatype": "BYTES", "shape": [1],
+                                      "data": ["inputs[0].name must be 'features', got 'x'"]}]}
+    assert statuses[1] == 200 and bodies[1]["id"] == "ok"
