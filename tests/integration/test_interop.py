@@ -50,6 +50,16 @@ def stubs(tmp_path_factory):
     return generate(tmp_path_factory.mktemp("grpc_stubs"))
 
 
+def assert_same(answers: list[dict], expected: list[dict]) -> None:
+    """Same predictions as the plain route; probabilities to float32 rounding (a batch of
+    different size may sum in another order)."""
+    assert len(answers) == len(expected)
+    for got, want in zip(answers, expected):
+        assert {k: v for k, v in got.items() if k != "probabilities"} \
+            == {k: v for k, v in want.items() if k != "probabilities"}
+        assert got["probabilities"] == pytest.approx(want["probabilities"], abs=1e-6)
+
+
 def bearer(key: str) -> dict:
     return {"Authorization": f"Bearer {key}"}
 
@@ -59,7 +69,8 @@ def test_v1_predict_gives_one_prediction_per_instance(server, keys, plain):
     url = f"{server.props['inference_address']}/v1/models/{MODEL_NAME}:predict"
     resp = requests.post(url, json={"instances": ROWS}, headers=bearer(keys["inference"]), timeout=10)
     assert resp.status_code == 200
-    assert resp.json() == {"predictions": plain}
+    assert list(resp.json()) == ["predictions"]
+    assert_same(resp.json()["predictions"], plain)
 
 
 def test_v1_bad_instance_gets_a_400_in_the_v1_form(server, keys):
@@ -134,11 +145,11 @@ def test_grpc_predictions_match_the_plain_route(server, keys, stubs, plain):
             request = stubs.inference_pb2.PredictionsRequest(
                 model_name=MODEL_NAME, input={"data": json.dumps({"features": row}).encode()})
             answer = stub.Predictions(request, metadata=md, timeout=10)
-            assert json.loads(answer.prediction) == expected
+            assert_same([json.loads(answer.prediction)], [expected])
         v1 = stub.Predictions(stubs.inference_pb2.PredictionsRequest(
             model_name=MODEL_NAME, input={"data": json.dumps({"instances": ROWS}).encode()}),
             metadata=md, timeout=10)
-        assert json.loads(v1.prediction) == {"predictions": plain}
+        assert_same(json.loads(v1.prediction)["predictions"], plain)
         bad = stub.Predictions(stubs.inference_pb2.PredictionsRequest(
             model_name=MODEL_NAME, input={"data": b'{"features": [1, 2]}'}), metadata=md, timeout=10)
         # TorchServe's gRPC frontend drops a per-request status: the error is in the body.
@@ -213,4 +224,23 @@ def test_grpc_open_inference_protocol_bad_request_is_answered_alone(server, keys
     assert message == ("inputs[0].shape must be [N, 32] with N in [1, 64] "
                        "(handler.max_instances), got [1, 31]")
     assert server.worker_deaths() == 0
-    assert server.client().predict(MODEL_NAME, {"features": ROWS[0]}) == plain[0]
+    assert_same([server.client().predict(MODEL_NAME, {"features": ROWS[0]})], plain[:1])
+
+
+def test_grpc_example_script_runs(server, plain, tmp_path):
+    """examples/grpc_client.py, as the README shows it, against this server."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    out = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "grpc_client.py"),
+         "--port", server.props["grpc_inference_port"], "--key-file", str(server.key_file),
+         "--stubs", str(tmp_path / "stubs")],
+        capture_output=True, text=True, timeout=60, check=True).stdout.splitlines()
+    plain_answer, v1_answer = (json.loads(line) for line in out)
+    expected = server.client().predict(
+        MODEL_NAME, json.loads((REPO / "examples" / "request.json").read_text()))
+    assert_same([plain_answer], [expected])
+    assert_same(v1_answer["predictions"], [expected])
