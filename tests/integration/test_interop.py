@@ -130,6 +130,10 @@ def test_v2_model_metadata_and_readiness_are_not_served(server, keys):
         resp = requests.get(base + path, headers=bearer(keys["inference"]), timeout=10)
         assert resp.status_code == 404
         assert resp.json()["type"] == "ResourceNotFoundException"
+    resp = requests.post(f"{base}/versions/1.0/infer", json={}, headers=bearer(keys["inference"]),
+                         timeout=10)
+    assert resp.status_code == 501
+    assert resp.json() == {"error": "Model versioning is not yet supported."}
 
 
 # -- gRPC, with stubs generated from TorchServe's proto files ----------------------------------
