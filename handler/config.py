@@ -15,6 +15,8 @@ EXPLAIN_BASELINES = ("mean", "zero")
 MAX_EXPLAIN_STEPS = 1000
 MAX_EXPLAIN_PER_BATCH = 32
 MAX_EXPLAIN_ROWS = 32768
+#: Hard ceiling on the instances of one KServe v1/v2 request.
+MAX_INSTANCES = 1024
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,8 @@ class HandlerConfig:
         audit_log: write one JSON line per answered or rejected request (``rtserve.audit``).
         drift_window: recent rows scored for drift against the training distribution.
         drift_export_seconds: how often the drift gauges are refreshed.
+        max_instances: most instances in one KServe v1 ``instances`` list or Open Inference
+            Protocol tensor (its first dimension); more get a 400.
     """
 
     torchscript: bool = False
@@ -53,6 +57,7 @@ class HandlerConfig:
     audit_log: bool = True
     drift_window: int = 2000
     drift_export_seconds: float = 5.0
+    max_instances: int = 64
 
     @classmethod
     def from_model_yaml(cls, model_yaml: Mapping[str, Any] | None) -> "HandlerConfig":
@@ -113,3 +118,6 @@ class HandlerConfig:
             raise ConfigError(
                 "model config: handler.explain_internal_batch_size must be in "
                 f"[explain_max_per_batch, {MAX_EXPLAIN_ROWS}]")
+        if not 1 <= self.max_instances <= MAX_INSTANCES:
+            raise ConfigError(
+                f"model config: handler.max_instances must be in [1, {MAX_INSTANCES}]")

@@ -8,6 +8,12 @@ frontend marks every request with an ``explain`` header: ``"True"`` on ``/explan
 and the KServe ``:explain`` / ``/explain`` routes, ``"False"`` on ``/predictions/{model}``.
 ``BaseHandler`` reads it from request 0 only; this handler reads it per request, so each request
 gets what it asked for.
+
+The same handler answers KServe v1 (``/v1/models/{model}:predict``) and Open Inference Protocol
+(``/v2/models/{model}/infer``, gRPC ``ModelInfer``) requests, told apart per request by their
+body (see :mod:`handler.protocols`). ``/predictions`` and ``/explanations`` requests carry the
+``url_path`` header, which TorchServe's frontend sets on those routes only: they keep accepting
+``{"features": [...]}`` alone.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import json
 import logging
 import os
 import time
+from functools import partial
 from typing import Any
 
 import torch
@@ -23,10 +30,12 @@ from ts.metrics.metric_type_enum import MetricTypes
 from ts.torch_handler.base_handler import BaseHandler
 
 from handler.config import HandlerConfig
-from handler.errors import ConfigError, ExplainCapacityExceeded
+from handler.errors import ConfigError, ExplainCapacityExceeded, InvalidInput
 from handler.explain import Explainer
 from handler.model import ModelMetadata, load_model
-from handler.schema import Normalizer, ParsedBatch, parse_batch
+from handler.protocols import OIP_V2, answer, detect, grpc_error, parse_request
+from handler.schema import (Normalizer, ParsedBatch, parse_batch, prediction_document,
+                            request_body)
 from handler.telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
@@ -36,6 +45,8 @@ JSON = "application/json"
 #: The request header TorchServe's frontend sets per request, and its value on explain routes.
 EXPLAIN_HEADER = "explain"
 EXPLAIN_VALUE = "True"
+#: The header TorchServe's frontend sets (possibly empty) on ``/predictions`` and ``/explanations``.
+PLAIN_ROUTE_HEADER = "url_path"
 
 
 class RealTimeHandler(BaseHandler):
@@ -126,16 +137,43 @@ class RealTimeHandler(BaseHandler):
         return {i for i, rp in enumerate(processors)
                 if rp.get_request_property(EXPLAIN_HEADER) == EXPLAIN_VALUE}
 
+    def _plain_route_requests(self) -> set[int]:
+        """Indices of the batch's requests that came in on ``/predictions`` or ``/explanations``."""
+        return {i for i, rp in enumerate(self.context.request_processor)
+                if rp.get_request_property(PLAIN_ROUTE_HEADER) is not None}
+
+    def _oip_grpc_requests(self, data: list) -> dict[int, str]:
+        """Open Inference Protocol requests that came over gRPC (no HTTP route header: the
+        frontend sets ``explain`` on every REST inference route), request index -> ``id``."""
+        found: dict[int, str] = {}
+        for i, rp in enumerate(self.context.request_processor):
+            if rp.get_request_property(EXPLAIN_HEADER) is not None:
+                continue
+            try:
+                body = request_body(data[i])
+            except InvalidInput:
+                continue
+            if detect(body) == OIP_V2:
+                request_id = body.get("id")
+                found[i] = request_id if isinstance(request_id, str) else ""
+        return found
+
     def preprocess(self, data: list) -> ParsedBatch:
-        """Parse and validate every request of the batch; normalize the valid rows."""
+        """Parse and validate every request of the batch (rtserve's own body, KServe v1 or v2);
+        normalize the valid rows."""
         explain = self._explain_requests()
+        other = partial(parse_request, n_features=self.meta.n_features,
+                        limit=self.config.feature_limit, max_instances=self.config.max_instances)
         batch = parse_batch(data, self.meta.n_features, self.config.feature_limit,
-                            explain, len(self.meta.labels))
+                            explain, len(self.meta.labels), other=other,
+                            plain_only=self._plain_route_requests())
+        batch.oip_grpc = self._oip_grpc_requests(data)
         if batch.inputs is not None:
             batch.inputs = self.normalize(batch.inputs)
         if self.config.log_batches:
-            logger.info("batch size=%d valid=%d explain=%d",
-                        batch.size, len(batch.rows), len(batch.targets))
+            logger.info("batch size=%d valid=%d explain=%d kserve=%d rows=%d",
+                        batch.size, batch.size - len(batch.errors), len(batch.targets),
+                        len(batch.protocols), len(batch.rows))
         return batch
 
     def inference(self, batch: ParsedBatch, *args: Any, **kwargs: Any) -> tuple:
@@ -180,19 +218,24 @@ class RealTimeHandler(BaseHandler):
             classes = probabilities.argmax(dim=1).tolist()
             labels = self.meta.labels
             explanations = batch.explanations
+            first_row: dict[int, int] = {}
             for row, idx in enumerate(batch.rows):
+                first_row.setdefault(idx, row)
                 if explanations and idx in explanations:
                     out[idx] = json.dumps(explanations[idx])
-                    continue
-                cls = classes[row]
-                out[idx] = json.dumps({
-                    "prediction": cls,
-                    "label": labels[cls],
-                    "probabilities": probs[row],
-                    "model_version": self.model_version,
-                })
+                elif idx not in batch.protocols:
+                    out[idx] = json.dumps(prediction_document(
+                        classes[row], probs[row], labels, self.model_version))
+            for idx, request in batch.protocols.items():
+                start, stop = first_row[idx], first_row[idx] + len(request.vectors)
+                out[idx] = json.dumps(answer(request, classes[start:stop], probs[start:stop],
+                                             labels, self.context.model_name, self.model_version))
         for idx, error in batch.errors.items():
-            out[idx] = json.dumps(error.body())
+            if idx in batch.oip_grpc:
+                out[idx] = json.dumps(grpc_error(error.message, batch.oip_grpc[idx],
+                                                 self.context.model_name, self.model_version))
+            else:
+                out[idx] = json.dumps(error.body())
             self.context.set_response_status(error.status, _reason_phrase(error.message), idx)
             for key, value in error.headers.items():
                 self.context.set_response_header(idx, key, value)

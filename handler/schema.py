@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Collection, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 import torch
 
@@ -62,7 +62,7 @@ def parse_features(body: Any, n_features: int, limit: float = DEFAULT_FEATURE_LI
     """
     if not isinstance(body, dict):
         raise InvalidInput(
-            f"request body must be a JSON object with a 'features' field, got {_json_type(body)}",
+            f"request body must be a JSON object with a 'features' field, got {json_type(body)}",
             field="features",
         )
     if "features" not in body:
@@ -70,7 +70,7 @@ def parse_features(body: Any, n_features: int, limit: float = DEFAULT_FEATURE_LI
     features = body["features"]
     if not isinstance(features, list):
         raise InvalidInput(
-            f"'features' must be a list of {n_features} numbers, got {_json_type(features)}",
+            f"'features' must be a list of {n_features} numbers, got {json_type(features)}",
             field="features",
         )
     if len(features) != n_features:
@@ -78,19 +78,32 @@ def parse_features(body: Any, n_features: int, limit: float = DEFAULT_FEATURE_LI
             f"'features' must have exactly {n_features} numbers, got {len(features)}",
             field="features",
         )
-    for i, value in enumerate(features):
+    check_numbers(features, limit, "features")
+    return features
+
+
+def check_numbers(values: Sequence[Any], limit: float, name: str, with_field: bool = True) -> None:
+    """Check that every element of ``values`` is a finite number within ``[-limit, limit]``.
+
+    Args:
+        name: the field the values came from, used as ``name[i]`` in messages.
+        with_field: set the error's ``field`` (the plain route's error form has one).
+
+    Raises:
+        InvalidInput: naming the first bad element.
+    """
+    for i, value in enumerate(values):
         kind = type(value)
+        where = f"{name}[{i}]"
         if kind is not float and kind is not int:  # bool is a subclass of int: excluded here
-            raise InvalidInput(
-                f"features[{i}] must be a number, got {_json_type(value)}", field=f"features[{i}]"
-            )
+            raise InvalidInput(f"{where} must be a number, got {json_type(value)}",
+                               field=where if with_field else None)
         if not -limit <= value <= limit:  # also false for NaN
             what = "a finite number" if kind is float and not math.isfinite(value) else "in range"
             raise InvalidInput(
-                f"features[{i}] must be {what} within [-{limit:g}, {limit:g}], got {_short(value)}",
-                field=f"features[{i}]",
+                f"{where} must be {what} within [-{limit:g}, {limit:g}], got {short(value)}",
+                field=where if with_field else None,
             )
-    return features
 
 
 def parse_target(body: dict, n_classes: int) -> int | None:
@@ -105,7 +118,7 @@ def parse_target(body: dict, n_classes: int) -> int | None:
     if type(target) is not int or not 0 <= target < n_classes:  # bool excluded
         raise InvalidInput(
             f"'target' must be a class index, an integer in [0, {n_classes - 1}], "
-            f"got {_short(target) if type(target) is int else _json_type(target)}",
+            f"got {short(target) if type(target) is int else json_type(target)}",
             field="target",
         )
     return target
@@ -116,9 +129,13 @@ class ParsedBatch:
     """A batch after parsing: the valid rows as one tensor, and an error per invalid request.
 
     Attributes:
+        rows: the request index of each row of ``inputs``; a KServe v1/v2 request with several
+            instances owns several consecutive rows.
         targets: the valid explanation requests, request index -> requested target class
             (None: explain the predicted class).
         explanations: request index -> explanation document, filled in by inference.
+        protocols: request index -> its parsed KServe v1/v2 request
+            (:class:`handler.protocols.ProtocolRequest`); absent for ``{"features": ...}``.
     """
 
     size: int
@@ -127,22 +144,41 @@ class ParsedBatch:
     errors: dict[int, HandlerError] = field(default_factory=dict)
     targets: dict[int, int | None] = field(default_factory=dict)
     explanations: dict[int, dict] = field(default_factory=dict)
+    protocols: dict[int, Any] = field(default_factory=dict)
+    #: Open Inference Protocol requests that came over gRPC: request index -> their ``id``.
+    oip_grpc: dict[int, str] = field(default_factory=dict)
+
+
+#: Parses a decoded body of another protocol; returns None for a ``{"features": ...}`` body.
+OtherProtocol = Callable[[Any], Any]
 
 
 def parse_batch(
     data: Sequence[Any], n_features: int, limit: float = DEFAULT_FEATURE_LIMIT,
     explain: Collection[int] = (), n_classes: int = 0,
+    other: OtherProtocol | None = None, plain_only: Collection[int] = (),
 ) -> ParsedBatch:
     """Parse every request of a batch; valid ones become rows of one float32 tensor.
 
     Requests whose index is in ``explain`` also get their optional ``target`` checked
-    against ``n_classes``.
+    against ``n_classes``. Bodies of requests not in ``plain_only`` are first offered to
+    ``other`` (KServe v1/v2, see :func:`handler.protocols.parse_request`); its answer, an object
+    with ``vectors``, is kept in ``protocols``. Explanations take only ``{"features": ...}``.
     """
     batch = ParsedBatch(size=len(data))
     vectors: list[list[float]] = []
     for idx, row in enumerate(data):
         try:
             body = request_body(row)
+            parsed = other(body) if other is not None and idx not in plain_only else None
+            if parsed is not None:
+                if idx in explain:
+                    raise InvalidInput("explanations take a {\"features\": [...]} body, not a "
+                                       "KServe v1/v2 request")
+                batch.protocols[idx] = parsed
+                vectors += parsed.vectors
+                batch.rows += [idx] * len(parsed.vectors)
+                continue
             vector = parse_features(body, n_features, limit)
             if explain and idx in explain:
                 batch.targets[idx] = parse_target(body, n_classes)
@@ -153,6 +189,13 @@ def parse_batch(
     if vectors:
         batch.inputs = torch.tensor(vectors, dtype=torch.float32)
     return batch
+
+
+def prediction_document(cls: int, probabilities: Sequence[float], labels: Sequence[str],
+                        model_version: str) -> dict:
+    """The answer to one ``{"features": [...]}`` request (also one KServe v1 prediction)."""
+    return {"prediction": cls, "label": labels[cls], "probabilities": list(probabilities),
+            "model_version": model_version}
 
 
 class Normalizer:
@@ -167,7 +210,7 @@ class Normalizer:
         return (x - self.mean) / self.std
 
 
-def _json_type(value: Any) -> str:
+def json_type(value: Any) -> str:
     """The JSON name of a decoded value's type, for error messages."""
     if value is None:
         return "null"
@@ -184,7 +227,7 @@ def _json_type(value: Any) -> str:
     return type(value).__name__
 
 
-def _short(value: Any) -> str:
+def short(value: Any) -> str:
     """A bounded rendering of a value for error messages."""
     text = repr(value)
     return text if len(text) <= 32 else text[:29] + "..."

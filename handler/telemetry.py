@@ -130,7 +130,9 @@ class Telemetry:
                request_ids: Sequence[str]) -> None:
         """One JSON line per answered prediction or rejected request, in one log call."""
         ms = round(seconds * 1000.0, 3)
-        row_class = dict(zip(batch.rows, classes))
+        row_classes: dict[int, list[int]] = {}  # a KServe v1 request may hold several rows
+        for idx, cls in zip(batch.rows, classes):
+            row_classes.setdefault(idx, []).append(cls)
         lines = []
         for idx in range(batch.size):
             base = {"request_id": request_ids[idx] if idx < len(request_ids) else None,
@@ -139,9 +141,14 @@ class Telemetry:
             if idx in rejected:
                 lines.append({"event": "rejected", **base, "status": 400,
                               "reason": violation_reason(rejected[idx])})
-            elif idx in row_class and idx not in batch.errors:
-                cls = row_class[idx]
+            elif idx in row_classes and idx not in batch.errors:
+                found = row_classes[idx]
                 event = "explanation" if idx in batch.explanations else "prediction"
-                lines.append({"event": event, **base, "class": cls, "label": self.labels[cls]})
+                if len(found) == 1:
+                    lines.append({"event": event, **base, "class": found[0],
+                                  "label": self.labels[found[0]]})
+                else:
+                    lines.append({"event": event, **base, "classes": found,
+                                  "labels": [self.labels[c] for c in found]})
         if lines:
             audit_logger.info("\n".join(json.dumps(line, separators=(",", ":")) for line in lines))

@@ -155,6 +155,7 @@ def test_token_auth_stays_on_and_grpc_stays_on_loopback(rendered, overlay):
     config = server_config(rendered[overlay])
     assert config["disable_token_authorization"] == "false"
     assert config["grpc_inference_address"] == config["grpc_management_address"] == "127.0.0.1"
+    assert config["ts_open_inference_protocol"] == "true"  # the /v2 server routes
     assert config["allowed_urls"] == "^$"
 
 

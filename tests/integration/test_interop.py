@@ -1,0 +1,250 @@
+"""KServe v1, Open Inference Protocol (v2) over REST, and TorchServe's gRPC APIs, on a real
+TorchServe, spoken by clients this project did not write: Triton's ``tritonclient[http]`` (an
+Open Inference Protocol client) and gRPC stubs generated from TorchServe's own proto files. KServe
+v1 has no light published client; its requests are plain HTTP (``requests``). Every answer is
+compared with the plain ``/predictions`` answer for the same features."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import numpy as np
+import pytest
+import requests
+import tritonclient.http as triton
+from tritonclient.utils import InferenceServerException
+
+from rtserve.grpc_stubs import generate
+from tests.conftest import MODEL_NAME
+from tests.helpers import features
+
+pytestmark = pytest.mark.integration
+
+ROWS = [features(value=v) for v in (-50.0, 0.0, 3.5, 40.0)]
+
+
+@pytest.fixture(scope="module")
+def keys(server):
+    data = json.loads(server.key_file.read_text())
+    return {kind: data[kind]["key"] for kind in ("inference", "management")}
+
+
+@pytest.fixture(scope="module")
+def plain(server):
+    """The plain route's answers for ROWS: what every protocol must agree with."""
+    client = server.client()
+    return [client.predict(MODEL_NAME, {"features": row}) for row in ROWS]
+
+
+@pytest.fixture(scope="module")
+def triton_client(server):
+    url = server.props["inference_address"].removeprefix("http://")
+    client = triton.InferenceServerClient(url=url, connection_timeout=10, network_timeout=10)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def stubs(tmp_path_factory):
+    return generate(tmp_path_factory.mktemp("grpc_stubs"))
+
+
+def assert_same(answers: list[dict], expected: list[dict]) -> None:
+    """Same predictions as the plain route; probabilities to float32 rounding (a batch of
+    different size may sum in another order)."""
+    assert len(answers) == len(expected)
+    for got, want in zip(answers, expected):
+        assert {k: v for k, v in got.items() if k != "probabilities"} \
+            == {k: v for k, v in want.items() if k != "probabilities"}
+        assert got["probabilities"] == pytest.approx(want["probabilities"], abs=1e-6)
+
+
+def bearer(key: str) -> dict:
+    return {"Authorization": f"Bearer {key}"}
+
+
+# -- KServe v1 -------------------------------------------------------------------------------
+def test_v1_predict_gives_one_prediction_per_instance(server, keys, plain):
+    url = f"{server.props['inference_address']}/v1/models/{MODEL_NAME}:predict"
+    resp = requests.post(url, json={"instances": ROWS}, headers=bearer(keys["inference"]), timeout=10)
+    assert resp.status_code == 200
+    assert list(resp.json()) == ["predictions"]
+    assert_same(resp.json()["predictions"], plain)
+
+
+def test_v1_bad_instance_gets_a_400_in_the_v1_form(server, keys):
+    url = f"{server.props['inference_address']}/v1/models/{MODEL_NAME}:predict"
+    resp = requests.post(url, json={"instances": [ROWS[0], [1, 2]]},
+                         headers=bearer(keys["inference"]), timeout=10)
+    assert resp.status_code == 400
+    assert resp.json() == {"error": "instances[1] must be a list of 32 numbers, got 2 numbers"}
+
+
+# -- Open Inference Protocol (v2) over REST, with Triton's client ------------------------------
+def test_v2_server_metadata_and_health(triton_client, keys):
+    headers = bearer(keys["inference"])
+    assert triton_client.is_server_live(headers=headers) is True
+    assert triton_client.is_server_ready(headers=headers) is True
+    meta = triton_client.get_server_metadata(headers=headers)
+    assert meta["name"] == "Torchserve" and meta["version"] == "0.12.0"
+
+
+def test_v2_infer_matches_the_plain_route(triton_client, keys, plain):
+    inp = triton.InferInput("features", [len(ROWS), 32], "FP32")
+    inp.set_data_from_numpy(np.array(ROWS, dtype=np.float32), binary_data=False)
+    outputs = [triton.InferRequestedOutput(name, binary_data=False)
+               for name in ("class", "probabilities")]
+    result = triton_client.infer(MODEL_NAME, [inp], outputs=outputs, request_id="req-42",
+                                 headers=bearer(keys["inference"]))
+    response = result.get_response()
+    assert response["id"] == "req-42"
+    assert response["model_name"] == MODEL_NAME and response["model_version"] == "1.0"
+    assert result.as_numpy("class").tolist() == [p["prediction"] for p in plain]
+    np.testing.assert_allclose(result.as_numpy("probabilities"),
+                               [p["probabilities"] for p in plain], atol=1e-6)
+    assert result.as_numpy("probabilities").shape == (len(ROWS), 3)
+
+
+@pytest.mark.parametrize("name,shape,datatype,message", [
+    ("x", [1, 32], "FP32", "inputs[0].name must be 'features', got 'x'"),
+    ("features", [1, 32], "FP64", "inputs[0].datatype must be 'FP32', got 'FP64'"),
+    ("features", [2, 16], "FP32", "inputs[0].shape must be [N, 32] with N in [1, 64] "
+     "(handler.max_instances), got [2, 16]"),
+])
+def test_v2_bad_request_gets_a_400_in_the_v2_form(triton_client, keys, name, shape, datatype,
+                                                  message):
+    inp = triton.InferInput(name, shape, datatype)
+    inp.set_data_from_numpy(np.zeros(shape, dtype=np.float64 if datatype == "FP64" else np.float32),
+                            binary_data=False)
+    with pytest.raises(InferenceServerException) as err:
+        triton_client.infer(MODEL_NAME, [inp], headers=bearer(keys["inference"]))
+    assert err.value.status() == "400"
+    assert err.value.message() == message
+
+
+def test_v2_model_metadata_and_readiness_are_not_served(server, keys):
+    """TorchServe 0.12's REST frontend has no route for them (README: Interoperability)."""
+    base = f"{server.props['inference_address']}/v2/models/{MODEL_NAME}"
+    for path in ("", "/ready"):
+        resp = requests.get(base + path, headers=bearer(keys["inference"]), timeout=10)
+        assert resp.status_code == 404
+        assert resp.json()["type"] == "ResourceNotFoundException"
+    resp = requests.post(f"{base}/versions/1.0/infer", json={}, headers=bearer(keys["inference"]),
+                         timeout=10)
+    assert resp.status_code == 501
+    assert resp.json() == {"error": "Model versioning is not yet supported."}
+
+
+# -- gRPC, with stubs generated from TorchServe's proto files ----------------------------------
+def test_grpc_predictions_match_the_plain_route(server, keys, stubs, plain):
+    port = server.props["grpc_inference_port"]
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = stubs.inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+        md = (("authorization", f"Bearer {keys['inference']}"),)
+        health = stub.Ping(stubs.inference_pb2.google_dot_protobuf_dot_empty__pb2.Empty(),
+                           metadata=md, timeout=10)
+        assert json.loads(health.health)["status"] == "Healthy"
+        for row, expected in zip(ROWS, plain):
+            request = stubs.inference_pb2.PredictionsRequest(
+                model_name=MODEL_NAME, input={"data": json.dumps({"features": row}).encode()})
+            answer = stub.Predictions(request, metadata=md, timeout=10)
+            assert_same([json.loads(answer.prediction)], [expected])
+        v1 = stub.Predictions(stubs.inference_pb2.PredictionsRequest(
+            model_name=MODEL_NAME, input={"data": json.dumps({"instances": ROWS}).encode()}),
+            metadata=md, timeout=10)
+        assert_same(json.loads(v1.prediction)["predictions"], plain)
+        bad = stub.Predictions(stubs.inference_pb2.PredictionsRequest(
+            model_name=MODEL_NAME, input={"data": b'{"features": [1, 2]}'}), metadata=md, timeout=10)
+        # TorchServe's gRPC frontend drops a per-request status: the error is in the body.
+        assert json.loads(bad.prediction) == {
+            "error": "'features' must have exactly 32 numbers, got 2", "field": "features"}
+
+
+def test_grpc_needs_the_token(server, keys, stubs):
+    port = server.props["grpc_inference_port"]
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = stubs.inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+        request = stubs.inference_pb2.PredictionsRequest(
+            model_name=MODEL_NAME, input={"data": json.dumps({"features": ROWS[0]}).encode()})
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Predictions(request, metadata=(("authorization", "Bearer wrong"),), timeout=10)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "Token Authorization failed" in err.value.details()
+
+
+def test_grpc_management_describes_the_model(server, keys, stubs):
+    port = server.props["grpc_management_port"]
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = stubs.management_pb2_grpc.ManagementAPIsServiceStub(channel)
+        md = (("authorization", f"Bearer {keys['management']}"),)
+        answer = stub.DescribeModel(stubs.management_pb2.DescribeModelRequest(
+            model_name=MODEL_NAME), metadata=md, timeout=10)
+        described = json.loads(answer.msg)
+        assert described[0]["modelName"] == MODEL_NAME
+        assert described[0]["modelVersion"] == "1.0"
+
+
+def test_grpc_open_inference_protocol_infer(server, keys, stubs, plain):
+    """The Open Inference Protocol's gRPC service (``ts_open_inference_protocol=true``)."""
+    oip, oip_grpc = stubs.open_inference_grpc_pb2, stubs.open_inference_grpc_pb2_grpc
+    port = server.props["grpc_inference_port"]
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = oip_grpc.GRPCInferenceServiceStub(channel)
+        md = (("authorization", f"Bearer {keys['inference']}"),)
+        assert stub.ServerLive(oip.ServerLiveRequest(), metadata=md, timeout=10).live
+        assert stub.ModelReady(oip.ModelReadyRequest(name=MODEL_NAME), metadata=md, timeout=10).ready
+        tensor = oip.ModelInferRequest.InferInputTensor(
+            name="features", datatype="FP32", shape=[len(ROWS), 32],
+            contents=oip.InferTensorContents(fp32_contents=[v for r in ROWS for v in r]))
+        answer = stub.ModelInfer(oip.ModelInferRequest(
+            model_name=MODEL_NAME, id="g-1", inputs=[tensor]), metadata=md, timeout=10)
+        assert answer.id == "g-1" and answer.model_version == "1.0"
+        outputs = {o.name: o for o in answer.outputs}
+        assert list(outputs["class"].contents.int64_contents) == [p["prediction"] for p in plain]
+        assert list(outputs["probabilities"].shape) == [len(ROWS), 3]
+        np.testing.assert_allclose(list(outputs["probabilities"].contents.fp32_contents),
+                                   [v for p in plain for v in p["probabilities"]], atol=1e-6)
+
+
+
+def test_grpc_open_inference_protocol_bad_request_is_answered_alone(server, keys, stubs, plain):
+    """A bad ``ModelInfer`` gets its error as an ``error`` BYTES output (TorchServe's gRPC
+    frontend drops per-request statuses, and an ``{"error"}`` body would fail the whole batch),
+    and the worker keeps serving: its next prediction is answered normally."""
+    oip, oip_grpc = stubs.open_inference_grpc_pb2, stubs.open_inference_grpc_pb2_grpc
+    port = server.props["grpc_inference_port"]
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = oip_grpc.GRPCInferenceServiceStub(channel)
+        md = (("authorization", f"Bearer {keys['inference']}"),)
+        tensor = oip.ModelInferRequest.InferInputTensor(
+            name="features", datatype="FP32", shape=[1, 31],
+            contents=oip.InferTensorContents(fp32_contents=[0.0] * 31))
+        answer = stub.ModelInfer(oip.ModelInferRequest(
+            model_name=MODEL_NAME, id="g-2", inputs=[tensor]), metadata=md, timeout=10)
+    assert answer.id == "g-2"
+    assert [o.name for o in answer.outputs] == ["error"]
+    message = json.loads(answer.outputs[0].contents.bytes_contents[0])
+    assert message == ("inputs[0].shape must be [N, 32] with N in [1, 64] "
+                       "(handler.max_instances), got [1, 31]")
+    assert server.worker_deaths() == 0
+    assert_same([server.client().predict(MODEL_NAME, {"features": ROWS[0]})], plain[:1])
+
+
+def test_grpc_example_script_runs(server, plain, tmp_path):
+    """examples/grpc_client.py, as the README shows it, against this server."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    out = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "grpc_client.py"),
+         "--port", server.props["grpc_inference_port"], "--key-file", str(server.key_file),
+         "--stubs", str(tmp_path / "stubs")],
+        capture_output=True, text=True, timeout=60, check=True).stdout.splitlines()
+    plain_answer, v1_answer = (json.loads(line) for line in out)
+    expected = server.client().predict(
+        MODEL_NAME, json.loads((REPO / "examples" / "request.json").read_text()))
+    assert_same([plain_answer], [expected])
+    assert_same(v1_answer["predictions"], [expected])
