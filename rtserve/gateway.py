@@ -121,6 +121,8 @@ http {{
     proxy_next_upstream off;
 
     # 1 when the client sent one of the shared tokens (none until rtserve wrote the file).
+    # Keys are "Bearer " + up to 256 characters: the default 64-byte buckets are too small.
+    map_hash_bucket_size 512;
     map $http_authorization $rtserve_client_ok {{
         default 0;
         include {d}/client-tokens*.map;
@@ -154,7 +156,7 @@ http {{
         }}
         location = /@unavailable {{
             internal;
-            return 503 '{{"error": "TorchServe is not answering in this pod"}}\\n';
+            return 502 '{{"error": "TorchServe is not answering in this pod"}}\\n';
         }}
     }}
 
