@@ -15,6 +15,7 @@ import secrets
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -24,7 +25,7 @@ import requests
 
 from rtserve import gateway
 from rtserve.server import free_ports, port_overrides, read_properties, write_properties
-from tests.conftest import MODEL_NAME
+from tests.conftest import MODEL_NAME, REPO
 from tests.integration.test_probe import K8S_CONFIG, Pod
 
 pytestmark = [
@@ -226,3 +227,21 @@ def test_rotating_the_shared_token_needs_no_restart(pod_gateway):
           what="the refusal in the log")
     assert nginx.post(new).status_code == 200
     assert pod.server.pid() == frontend, "TorchServe restarted"
+    tokens_file.write_text(new + "\n")  # the good file again for the next test
+
+
+def test_rotating_the_management_key_leaves_the_gateway_alone(pod_gateway):
+    """README's management-key rotation, run in the pod: the inference key stays."""
+    pod, nginx, _, tokens_file = pod_gateway
+    pod.wait_ready()
+    token = gateway.parse_tokens(tokens_file.read_text())[0]
+    before = json.loads((pod.run_dir / "key_file.json").read_text())
+    code = ("from pathlib import Path; from rtserve.probe import local_client; "
+            f"local_client(Path({str(pod.run_dir)!r}), 5).refresh_key('management')")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=pod.env,
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    after = json.loads((pod.run_dir / "key_file.json").read_text())
+    assert after["management"]["key"] != before["management"]["key"]
+    assert after["inference"] == before["inference"]
+    assert nginx.post(token).status_code == 200
