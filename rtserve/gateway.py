@@ -6,7 +6,8 @@ TorchServe; instead each pod runs an nginx sidecar on the Service's inference po
 
 - answers ``401`` unless the request carries ``Authorization: Bearer <shared token>``, one of the
   tokens in the cluster Secret (one per line, so a rotation can accept old and new at once);
-- passes only ``/ping``, ``/predictions/...`` and ``/explanations/...`` (``404`` otherwise);
+- passes only the inference routes (:data:`ROUTES`: ``/ping``, ``/predictions/``,
+  ``/explanations/``, KServe v1 ``/v1/models/``, Open Inference Protocol ``/v2``); ``404`` otherwise;
 - proxies to TorchServe on ``127.0.0.1`` with ``Authorization: Bearer <this pod's inference key>``,
   replacing whatever the client sent (a pod's own key is not accepted from outside).
 
@@ -50,8 +51,9 @@ PID_FILE = "nginx.pid"
 TOKEN = re.compile(r"^[A-Za-z0-9_-]{32,256}$")
 #: TorchServe's keys are base64 of 6 random bytes (``TokenAuthorization.generateKey``).
 POD_KEY = re.compile(r"^[A-Za-z0-9_+/=-]{4,256}$")
-#: The routes the gateway passes on (TorchServe's inference API as rtserve uses it).
-ROUTES = ("= /ping", "/predictions/", "/explanations/")
+#: The routes the gateway passes on: TorchServe's inference API, KServe v1
+#: (``/v1/models/{m}:predict|:explain``) and the Open Inference Protocol REST routes (``/v2...``).
+ROUTES = ("= /ping", "/predictions/", "/explanations/", "/v1/models/", "= /v2", "/v2/")
 
 
 class GatewayError(ValueError):
@@ -143,7 +145,7 @@ http {{
         error_page 502 504 /@unavailable;
 {routes}
         location / {{
-            return 404 '{{"error": "not found: the gateway passes /ping, /predictions/ and /explanations/ only"}}\\n';
+            return 404 '{{"error": "not found: the gateway passes /ping, /predictions/, /explanations/, /v1/models/ and /v2 only"}}\\n';
         }}
         location = /@unauthorized {{
             internal;

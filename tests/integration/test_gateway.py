@@ -154,17 +154,25 @@ def test_only_inference_routes_pass_and_bodies_are_bounded(pod_gateway):
     pod.wait_ready()
     auth = {"Authorization": f"Bearer {tokens[0]}"}
     for method, path in (("GET", "/models"), ("OPTIONS", "/"), ("GET", "/metrics"),
-                         ("GET", f"/v1/models/{MODEL_NAME}")):
+                         ("GET", "/api-description"), ("GET", "/v1"), ("GET", "/v2x")):
         resp = requests.request(method, nginx.url + path, headers=auth, timeout=5)
         assert resp.status_code == 404, (path, resp.text)
-        assert resp.json()["error"].startswith("not found: the gateway passes /ping")
+        assert resp.json()["error"].startswith("not found: the gateway passes /ping"), path
     big = {"features": [1.0] * 32, "pad": "x" * (nginx.settings.max_body + 1)}
     resp = nginx.post(tokens[0], json=big)
     assert (resp.status_code, resp.json()) == (
         413, {"error": f"request body larger than {nginx.settings.max_body} bytes"})
-    # An explanation goes through too (the second public route).
+    # An explanation goes through too.
     resp = nginx.post(tokens[0], path=f"/explanations/{MODEL_NAME}")
     assert resp.status_code == 200, resp.text
+    # KServe v1 and Open Inference Protocol routes reach TorchServe (what it answers there
+    # depends on its protocol settings): its own access log has them.
+    for path in (f"/v1/models/{MODEL_NAME}:predict", "/v2", f"/v2/models/{MODEL_NAME}/infer"):
+        resp = nginx.post(tokens[0], path=path)
+        assert "the gateway passes" not in resp.text, path
+    access = (pod.run_dir / "logs" / "access_log.log").read_text()
+    for path in (f"/v1/models/{MODEL_NAME}:predict", "/v2 ", f"/v2/models/{MODEL_NAME}/infer"):
+        assert f'"POST {path}' in access, path
 
 
 def test_torchserve_inference_listens_on_loopback_only(pod_gateway):

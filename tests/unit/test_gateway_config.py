@@ -41,8 +41,9 @@ def test_config_routes_and_upstream():
     assert "listen 8080;" in public and "if ($rtserve_client_ok = 0)" in public
     assert [line.strip() for line in public.splitlines() if line.strip().startswith("location ")
             and "@" not in line] == ["location = /ping {", "location /predictions/ {",
-                                     "location /explanations/ {", "location / {"]
-    assert public.count("proxy_pass http://torchserve;") == 3
+                                     "location /explanations/ {", "location /v1/models/ {",
+                                     "location = /v2 {", "location /v2/ {", "location / {"]
+    assert public.count("proxy_pass http://torchserve;") == 6
     assert "server 127.0.0.1:8090;" in text and "client_max_body_size 65536;" in text
     assert re.findall(r"Bearer [A-Za-z0-9_+/=-]{4,}", text) == ["Bearer realm="], "no key belongs in the static config"
 
