@@ -54,6 +54,8 @@ LABEL org.opencontainers.image.title="rtserve" \
 
 USER 10001:10001
 WORKDIR /home/model-server/run
-EXPOSE 8080 8081 8082
+# Management and metrics. Inference listens on 127.0.0.1:8090 only: clients come in through
+# the pod's gateway sidecar on 8080 (deploy/k8s/base/deployment.yaml).
+EXPOSE 8081 8082
 ENTRYPOINT ["/usr/bin/tini", "--"]
 CMD ["python", "-m", "rtserve.server", "run"]

@@ -32,7 +32,6 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import time
@@ -41,6 +40,8 @@ from pathlib import Path
 
 import requests
 
+from rtserve.gateway import find_nginx  # noqa: F401 - re-exported for the tests
+
 logger = logging.getLogger(__name__)
 
 GENERATION_PATH = "/balancer-generation"
@@ -48,14 +49,6 @@ GENERATION_PATH = "/balancer-generation"
 
 class BalancerError(RuntimeError):
     """nginx is missing, refused its config, did not start, or did not take a reload."""
-
-
-def find_nginx() -> str | None:
-    """The nginx binary (``PATH`` first, then Debian's ``/usr/sbin/nginx``), or None."""
-    found = shutil.which("nginx")
-    if found:
-        return found
-    return "/usr/sbin/nginx" if os.access("/usr/sbin/nginx", os.X_OK) else None
 
 
 @dataclass(frozen=True)

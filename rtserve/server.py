@@ -24,8 +24,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from rtserve import drain as draining
+from rtserve import gateway
 from rtserve.client import Client, TorchServeError
 from rtserve.drain import DRAIN_FILE, DrainReport  # noqa: F401 - DRAIN_FILE re-exported
 from rtserve.rollout import HISTORY_FILE
@@ -286,14 +288,16 @@ def sample_payload(n_features: int = 32) -> dict:
     return {"features": [0.0] * n_features}
 
 
-def run_foreground(server: TorchServe, stop_timeout: float = 15.0, poll: float = 1.0) -> int:
+def run_foreground(server: TorchServe, stop_timeout: float = 15.0, poll: float = 1.0,
+                   on_poll: Callable[[], object] | None = None) -> int:
     """Run TorchServe until SIGTERM/SIGINT, then stop it gracefully (a container's main process).
 
     ``torchserve --foreground`` is unfit for a container: the launcher dies on SIGTERM without
     stopping Java, and as PID 1 it ignores SIGTERM altogether. This starts TorchServe, forwards
     the first SIGTERM/SIGINT as :meth:`TorchServe.stop` (SIGTERM to the frontend, SIGKILL after
     ``stop_timeout``) and returns 0; it returns 1 if TorchServe exits on its own, so the
-    container restarts.
+    container restarts. ``on_poll`` runs after the start and then every ``poll`` seconds (the
+    pod's gateway key sync, :meth:`rtserve.gateway.KeySync.sync`); its errors are logged.
 
     Returns:
         The process exit status.
@@ -314,7 +318,14 @@ def run_foreground(server: TorchServe, stop_timeout: float = 15.0, poll: float =
         logger.error("%s", exc)
         return 1
     logger.info("TorchServe started (pid %s) from %s", server.pid(), server.run_dir)
-    while not stopping.wait(poll):
+    while True:
+        if on_poll is not None:
+            try:
+                on_poll()
+            except Exception:  # noqa: BLE001 - the server keeps running; the log says why
+                logger.exception("gateway key sync failed")
+        if stopping.wait(poll):
+            break
         if server.pid() is None:
             logger.error("TorchServe exited on its own:\n%s", server.log_tail())
             return 1
@@ -379,7 +390,8 @@ def main(argv: list[str] | None = None) -> int:
         config = effective if not starting and effective.exists() else DEFAULT_CONFIG
     server = TorchServe(args.run_dir, args.model_store, args.models, Path(config))
     if args.action == "run":
-        return run_foreground(server, args.stop_timeout)
+        keysync = gateway.from_env(args.run_dir)  # the pod's nginx gateway, if it has one
+        return run_foreground(server, args.stop_timeout, on_poll=keysync.sync if keysync else None)
     if args.action in ("stop", "drain"):
         pid = server.pid()
         if pid is None:

@@ -231,4 +231,4 @@ def test_make_image_stages_every_file_the_dockerfile_copies(make, mar_v1, build_
     env = " ".join(a for op, a in instructions if op == "ENV")
     assert "RTSERVE_MODELS=${MODEL_NAME}=${MODEL_NAME}_${MODEL_VERSION}.mar" in env
     (expose,) = [a for op, a in instructions if op == "EXPOSE"]
-    assert expose.split() == ["8080", "8081", "8082"]
+    assert expose.split() == ["8081", "8082"]  # inference: loopback, behind the gateway sidecar

@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from rtserve import probe
+from rtserve import gateway, probe
 from rtserve.server import TorchServe
 from tests.conftest import REPO
 from tests.deploy.conftest import K8S_DIR, K8S_VERSION, OVERLAYS, load, one, pinned_tag, render
@@ -33,19 +33,41 @@ def container(objects) -> dict:
     return c
 
 
+def sidecar(objects) -> dict:
+    """The gateway: the pod's one init container (a native sidecar)."""
+    (c,) = pod_spec(objects)["initContainers"]
+    assert c["name"] == "gateway"
+    return c
+
+
 def env(objects) -> dict[str, str]:
     return {e["name"]: e["value"] for e in container(objects)["env"]}
 
 
+def config_map(objects, volume_name: str) -> dict:
+    """The generated ConfigMap the pod mounts as ``volume_name``."""
+    volume = next(v for v in pod_spec(objects)["volumes"] if v["name"] == volume_name)
+    return one(objects, "ConfigMap", volume["configMap"]["name"])
+
+
 def server_config(objects) -> dict[str, str]:
     """The config.properties the pods mount (from the generated ConfigMap they refer to)."""
-    volume = next(v for v in pod_spec(objects)["volumes"] if "configMap" in v)
-    cm = one(objects, "ConfigMap", volume["configMap"]["name"])
-    return dict(PROPERTY.findall(cm["data"]["config.properties"]))
+    return dict(PROPERTY.findall(config_map(objects, "config")["data"]["config.properties"]))
 
 
 def container_ports(objects) -> dict[str, int]:
     return {p["name"]: p["containerPort"] for p in container(objects)["ports"]}
+
+
+def pod_ports(objects) -> dict[str, int]:
+    """Named ports of every container of the pod (Services and policies may name any)."""
+    return {p["name"]: p["containerPort"]
+            for c in [container(objects), sidecar(objects)] for p in c["ports"]}
+
+
+def mounts(c: dict) -> dict[str, str]:
+    """volume name -> mount path in container ``c``."""
+    return {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
 
 
 def selects(selector: dict, labels: dict) -> bool:
@@ -135,19 +157,67 @@ def test_probes_run_real_probe_commands_against_the_configured_ports(rendered, o
 
     config = server_config(objects)
     ports = container_ports(objects)
-    for name in ("inference", "management", "metrics"):
+    for name in ("management", "metrics"):
         address = config[f"{name}_address"]
         assert address == f"http://0.0.0.0:{ports[name]}", (name, address)
-    assert probe.loopback(config["inference_address"]) == f"http://127.0.0.1:{ports['inference']}"
+    # TorchServe's inference listener is on loopback, no container port: the gateway's is.
+    assert config["inference_address"].startswith("http://127.0.0.1:")
+    assert "inference" not in ports and "inference" in pod_ports(objects)
+    assert probe.loopback(config["inference_address"]) == config["inference_address"]
     annotations = deployment(objects)["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true"
     assert int(annotations["prometheus.io/port"]) == ports["metrics"]
     assert config["metrics_mode"] == "prometheus"
     for svc in (o for o in objects if o["kind"] == "Service"):
         for port in svc["spec"]["ports"]:
-            assert port["targetPort"] in ports, port
+            assert port["targetPort"] in pod_ports(objects), port
     assert {svc["spec"]["ports"][0]["targetPort"] for svc in objects if svc["kind"] == "Service"} \
         == {"inference", "management"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_gateway_fronts_torchserve_with_the_shared_token(rendered, overlay):
+    objects = rendered[overlay]
+    pod, gw, c = pod_spec(objects), sidecar(objects), container(objects)
+    config = server_config(objects)
+    # The nginx.conf the ConfigMap ships is rtserve.gateway's pod config, in front of this server.
+    conf = config_map(objects, "gateway-conf")["data"]["nginx.conf"]
+    assert conf == gateway.render_nginx_conf(gateway.POD)
+    assert config["inference_address"] == f"http://{gateway.POD.upstream}"
+    assert int(config["max_request_size"]) == gateway.POD.max_body
+    assert gw["command"] == ["nginx", "-c", f"{mounts(gw)['gateway-conf']}/nginx.conf", "-e",
+                             "stderr", "-g", "daemon off;"]
+    gw_ports = {p["name"]: p["containerPort"] for p in gw["ports"]}
+    assert gw_ports == {"inference": int(gateway.POD.listen),
+                        "gateway-health": int(gateway.POD.health_listen)}
+    # A native sidecar: up before TorchServe starts, stopped only after it drained and exited.
+    assert gw["restartPolicy"] == "Always" and "lifecycle" not in gw
+    name, _, tag = gw["image"].rpartition(":")
+    assert name == "nginxinc/nginx-unprivileged" and re.fullmatch(r"\d+\.\d+\.\d+-alpine", tag)
+    assert gw["imagePullPolicy"] == "Always"
+    for kind, path in (("startupProbe", "/livez"), ("readinessProbe", "/readyz"),
+                       ("livenessProbe", "/livez")):
+        assert gw[kind]["httpGet"] == {"path": path, "port": "gateway-health"}, kind
+        assert f"location = {path} {{" in conf
+    # The shared directory: rtserve writes the maps where nginx includes them and keeps its PID.
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes["gateway"] and "emptyDir" in volumes["gateway-tmp"]
+    assert mounts(gw)["gateway"] == mounts(c)["gateway"] == gateway.POD.gateway_dir
+    assert mounts(gw)["gateway-tmp"] == gateway.POD.tmp_dir
+    assert env(objects)["RTSERVE_GATEWAY_DIR"] == gateway.POD.gateway_dir
+    assert f"include {gateway.POD.gateway_dir}/client-tokens*.map;" in conf
+    # The tokens: a Secret (created outside kustomize), as a file, in the rtserve container only.
+    secret = volumes["gateway-tokens"]["secret"]
+    assert secret["secretName"] == "rtserve-gateway-tokens" and secret.get("optional") is not True
+    assert PurePosixPath(env(objects)["RTSERVE_GATEWAY_TOKENS"]) == \
+        PurePosixPath(mounts(c)["gateway-tokens"]) / "tokens"
+    assert "gateway-tokens" not in mounts(gw)
+    assert not [o for o in objects if o["kind"] == "Secret"], "no secret value is committed"
+    # rtserve signals nginx to reload: one process namespace, one user.
+    assert pod["shareProcessNamespace"] is True
+    assert gw["securityContext"]["runAsUser"] == c["securityContext"]["runAsUser"]
+    # A renewed key would be refused until nginx reloads: it lives longer than a pod.
+    assert float(config["token_expiration_min"]) >= 365 * 24 * 60
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -208,18 +278,21 @@ def test_each_overlay_pins_its_own_replica_range(rendered, overlay):
 def test_security_context_is_strict(rendered, overlay):
     objects = rendered[overlay]
     pod = pod_spec(objects)
-    c = container(objects)
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-    sc = c["securityContext"]
-    assert sc["allowPrivilegeEscalation"] is False and sc["privileged"] is False
-    assert sc["readOnlyRootFilesystem"] is True
-    assert sc["capabilities"] == {"drop": ["ALL"]}
-    assert sc["runAsNonRoot"] is True and sc["runAsUser"] > 10000
+    for c in (container(objects), sidecar(objects)):
+        sc = c["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False and sc["privileged"] is False
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+        assert sc["runAsNonRoot"] is True and sc["runAsUser"] > 10000
+        assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+        for kind in ("requests", "limits"):
+            assert set(c["resources"][kind]) == {"cpu", "memory"}
+        assert c["resources"]["requests"] == c["resources"]["limits"], "Guaranteed QoS"
+    sc = container(objects)["securityContext"]
     dockerfile = (REPO / "Dockerfile").read_text()
     assert re.search(rf"^USER {sc['runAsUser']}:{sc['runAsGroup']}$", dockerfile, re.M)
-    for kind in ("requests", "limits"):
-        assert set(c["resources"][kind]) == {"cpu", "memory"}
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -252,7 +325,7 @@ def test_torchserve_writes_only_to_emptydirs(rendered, overlay):
         assert on_emptydir(variables[name]), name
     assert on_emptydir(variables["HOME"]) and on_emptydir("/tmp")
     assert on_emptydir(str(server.key_file))
-    config_mount = next(m for m in c["volumeMounts"] if m["name"] not in empty)
+    config_mount = next(m for m in c["volumeMounts"] if m["name"] == "config")
     assert config_mount["readOnly"] is True
     assert str(PurePosixPath(variables["RTSERVE_CONFIG"]).parent) == config_mount["mountPath"]
 
@@ -263,13 +336,14 @@ def test_network_policy_keeps_management_and_metrics_internal(rendered, overlay)
     policy = one(objects, "NetworkPolicy")["spec"]
     assert set(policy["policyTypes"]) == {"Ingress", "Egress"}
     assert policy["egress"] == []
-    ports = container_ports(objects)
+    ports = pod_ports(objects)
     opened: dict[str, list] = {}
     for rule in policy["ingress"]:
         for port in rule["ports"]:
             name = port["port"]
             assert name in ports, f"policy names a port the container lacks: {name}"
             opened.setdefault(name, []).append(rule.get("from"))
+    # the gateway's probe port is opened to no pod (the kubelet's probes come from the node)
     assert set(opened) == {"inference", "management", "metrics"}
     assert all(sources for sources in opened["management"]), "management open to every pod"
     assert all(sources for sources in opened["metrics"]), "metrics open to every pod"

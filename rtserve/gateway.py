@@ -1,0 +1,346 @@
+"""The pod's authenticating gateway: nginx in front of TorchServe's loopback inference listener.
+
+TorchServe 0.12 draws its token keys at random in every pod and cannot be given one, so a key
+read from one pod is refused by the others behind a Service. Token authorization stays on in
+TorchServe; instead each pod runs an nginx sidecar on the Service's inference port that
+
+- answers ``401`` unless the request carries ``Authorization: Bearer <shared token>``, one of the
+  tokens in the cluster Secret (one per line, so a rotation can accept old and new at once);
+- passes only the inference routes (:data:`ROUTES`: ``/ping``, ``/predictions/``,
+  ``/explanations/``, KServe v1 ``/v1/models/``, Open Inference Protocol ``/v2``); ``404`` otherwise;
+- proxies to TorchServe on ``127.0.0.1`` with ``Authorization: Bearer <this pod's inference key>``,
+  replacing whatever the client sent (a pod's own key is not accepted from outside).
+
+nginx's main config is static (:func:`render_nginx_conf`, shipped as a ConfigMap). The two
+secrets it needs live in small map files in a directory both containers share (an emptyDir),
+which nginx includes by glob, so it starts before they exist and refuses everyone until then:
+
+- ``client-tokens.map``: ``"Bearer <token>" 1;`` per shared token (from the Secret's file);
+- ``upstream-key.map``: ``default "Bearer <inference key>";`` (from TorchServe's key_file.json).
+
+:class:`KeySync` writes them (mode 0600) whenever the Secret or the pod's key changes, and then
+sends SIGHUP to the nginx master (its PID file is in the shared directory; the pod shares one
+process namespace and both containers run as the same user). ``rtserve.server run`` calls it
+every second when ``$RTSERVE_GATEWAY_DIR`` is set.
+
+    python -m rtserve.gateway conf            # the pod's nginx.conf (deploy/k8s/base/gateway-nginx.conf)
+    python -m rtserve.gateway sync            # write the map files once, reload nginx if needed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+CLIENT_TOKENS = "client-tokens.map"
+UPSTREAM_KEY = "upstream-key.map"
+PID_FILE = "nginx.pid"
+#: Shared tokens: URL-safe characters only (nothing nginx or a regex could read differently),
+#: and long enough to be unguessable (``secrets.token_urlsafe(32)`` gives 43).
+TOKEN = re.compile(r"^[A-Za-z0-9_-]{32,256}$")
+#: TorchServe's keys are base64 of 6 random bytes (``TokenAuthorization.generateKey``).
+POD_KEY = re.compile(r"^[A-Za-z0-9_+/=-]{4,256}$")
+#: The routes the gateway passes on: TorchServe's inference API, KServe v1
+#: (``/v1/models/{m}:predict|:explain``) and the Open Inference Protocol REST routes (``/v2...``).
+ROUTES = ("= /ping", "/predictions/", "/explanations/", "/v1/models/", "= /v2", "/v2/")
+
+
+class GatewayError(ValueError):
+    """The shared-token file or the pod's key file cannot be used (the message says why)."""
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    """Where nginx listens, where TorchServe is, and where the shared files live.
+
+    Attributes:
+        listen: nginx ``listen`` value of the public (Service) listener, e.g. ``8080``.
+        health_listen: ``listen`` value of the kubelet's probe listener (``/livez``, ``/readyz``).
+        upstream: TorchServe's inference listener, ``host:port`` on loopback.
+        gateway_dir: the shared directory with the map files and nginx's PID file.
+        tmp_dir: nginx's temp paths (an emptyDir in the pod).
+        access_log: ``access_log`` target; error_log: ``error_log`` target.
+        max_body: the largest request body, as TorchServe's ``max_request_size``.
+    """
+
+    listen: str = "8080"
+    health_listen: str = "8086"
+    upstream: str = "127.0.0.1:8090"
+    gateway_dir: str = "/var/run/rtserve-gateway"
+    tmp_dir: str = "/tmp"
+    access_log: str = "/dev/stdout"
+    error_log: str = "stderr"
+    max_body: int = 65536
+
+
+#: The pod's settings: deploy/k8s/base/gateway-nginx.conf is ``render_nginx_conf(POD)``.
+POD = GatewaySettings()
+
+
+def render_nginx_conf(s: GatewaySettings) -> str:
+    """nginx's main config for the gateway (no secrets in it: those come from the map files)."""
+    d, t = s.gateway_dir.rstrip("/"), s.tmp_dir.rstrip("/")
+    proxy = f"""proxy_pass http://torchserve;
+            proxy_set_header Authorization $rtserve_upstream_authorization;"""
+    routes = "\n".join(f"""        location {route} {{
+            {proxy}
+        }}""" for route in ROUTES)
+    return f"""# rtserve gateway: written by `python -m rtserve.gateway conf` (rtserve/gateway.py); no
+# secrets in here. The shared tokens and this pod's TorchServe key are in the map files that
+# rtserve writes to {d}/ and reloads nginx for.
+worker_processes 1;
+pid {d}/{PID_FILE};
+error_log {s.error_log} notice;
+events {{ worker_connections 1024; }}
+http {{
+    server_tokens off;
+    default_type application/json;
+    access_log {s.access_log};
+    client_body_temp_path {t}/client_body;
+    proxy_temp_path {t}/proxy;
+    fastcgi_temp_path {t}/fastcgi;
+    uwsgi_temp_path {t}/uwsgi;
+    scgi_temp_path {t}/scgi;
+    # TorchServe's max_request_size; bodies stay in memory.
+    client_max_body_size {s.max_body};
+    client_body_buffer_size {s.max_body};
+    proxy_max_temp_file_size 0;
+    proxy_connect_timeout 2s;
+    proxy_read_timeout 60s;
+    proxy_http_version 1.1;
+    proxy_set_header Connection "";
+    proxy_next_upstream off;
+
+    # 1 when the client sent one of the shared tokens (none until rtserve wrote the file).
+    # Keys are "Bearer " + up to 256 characters: the default 64-byte buckets are too small.
+    map_hash_bucket_size 512;
+    map $http_authorization $rtserve_client_ok {{
+        default 0;
+        include {d}/client-tokens*.map;
+    }}
+    # "Bearer <this pod's TorchServe inference key>" (empty until rtserve wrote the file).
+    map $pid $rtserve_upstream_authorization {{
+        include {d}/upstream-key*.map;
+    }}
+    upstream torchserve {{
+        server {s.upstream};
+        keepalive 8;
+    }}
+
+    server {{  # the Service's inference port
+        listen {s.listen};
+        if ($rtserve_client_ok = 0) {{ rewrite ^ /@unauthorized last; }}
+        error_page 413 /@too-large;
+        error_page 502 504 /@unavailable;
+{routes}
+        location / {{
+            return 404 '{{"error": "not found: the gateway passes /ping, /predictions/, /explanations/, /v1/models/ and /v2 only"}}\\n';
+        }}
+        location = /@unauthorized {{
+            internal;
+            add_header WWW-Authenticate 'Bearer realm="rtserve"' always;
+            return 401 '{{"error": "missing or wrong token: send Authorization: Bearer <gateway token>"}}\\n';
+        }}
+        location = /@too-large {{
+            internal;
+            return 413 '{{"error": "request body larger than {s.max_body} bytes"}}\\n';
+        }}
+        location = /@unavailable {{
+            internal;
+            return 502 '{{"error": "TorchServe is not answering in this pod"}}\\n';
+        }}
+    }}
+
+    server {{  # the kubelet's probes; the NetworkPolicy opens no port here to other pods
+        listen {s.health_listen};
+        access_log off;
+        location = /livez {{ return 200 '{{"status": "nginx up"}}\\n'; }}
+        # TorchServe's /ping with this pod's key: the gateway can reach and authenticate.
+        location = /readyz {{
+            proxy_pass http://torchserve/ping;
+            proxy_set_header Authorization $rtserve_upstream_authorization;
+        }}
+        location / {{ return 404 '{{"error": "not found"}}\\n'; }}
+    }}
+}}
+"""
+
+
+def parse_tokens(text: str) -> list[str]:
+    """The shared tokens of the Secret's file: one per line; blank lines and ``#`` lines ignored.
+
+    Raises:
+        GatewayError: no token, or a line that is not a token (which line, never its value).
+    """
+    tokens = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if not TOKEN.match(line):
+            raise GatewayError(f"tokens line {number}: a token is 32-256 characters of "
+                               "A-Z a-z 0-9 _ - (e.g. python -c 'import secrets; "
+                               "print(secrets.token_urlsafe(32))')")
+        tokens.append(line)
+    if not tokens:
+        raise GatewayError("tokens: no token in the file: the gateway would refuse everyone")
+    return tokens
+
+
+def render_client_tokens(tokens: list[str]) -> str:
+    """``client-tokens.map``: the map lines that accept each shared token."""
+    for token in tokens:
+        if not TOKEN.match(token):
+            raise GatewayError("not a valid token")
+    return "# shared gateway tokens (from the Secret); written by rtserve.gateway\n" + "".join(
+        f'"Bearer {token}" 1;\n' for token in tokens)
+
+
+def render_upstream_key(key: str) -> str:
+    """``upstream-key.map``: the header value nginx sends to this pod's TorchServe."""
+    if not POD_KEY.match(key):
+        raise GatewayError("TorchServe's inference key has unexpected characters")
+    return f'# this pod\'s TorchServe inference key; written by rtserve.gateway\ndefault "Bearer {key}";\n'
+
+
+def inference_key(key_file: Path) -> str | None:
+    """The inference key in TorchServe's ``key_file.json``; None while it is missing or partial."""
+    try:
+        return (json.loads(key_file.read_text()).get("inference") or {}).get("key")
+    except (OSError, ValueError):
+        return None
+
+
+def write_private(path: Path, text: str) -> bool:
+    """Write ``text`` to ``path`` atomically with mode 0600; False when it was already so."""
+    try:
+        if path.read_text() == text:
+            return False
+    except OSError:
+        pass
+    tmp = path.with_name(f".{path.name}.new")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    os.replace(tmp, path)
+    return True
+
+
+@dataclass
+class KeySync:
+    """Keeps the gateway's map files equal to the Secret's tokens and the pod's key.
+
+    Args:
+        gateway_dir: the shared directory nginx includes the maps from (and keeps its PID file in).
+        key_file: TorchServe's ``key_file.json``.
+        tokens_file: the Secret's file of shared tokens.
+    """
+
+    gateway_dir: Path
+    key_file: Path
+    tokens_file: Path
+    signalled_pid: int | None = None
+    _last_error: str | None = None
+
+    def sync(self) -> bool:
+        """Rewrite what changed; SIGHUP nginx after a change or when its master is new.
+
+        Returns:
+            Whether nginx was signalled to reload.
+        """
+        changed = False
+        try:
+            tokens = parse_tokens(self.tokens_file.read_text())
+            changed |= write_private(self.gateway_dir / CLIENT_TOKENS, render_client_tokens(tokens))
+            self._report(None)
+        except (OSError, GatewayError) as exc:  # keep what nginx has; say so once
+            self._report(f"gateway tokens not updated: {exc}")
+        key = inference_key(self.key_file)
+        if key:
+            changed |= write_private(self.gateway_dir / UPSTREAM_KEY, render_upstream_key(key))
+        pid = self.nginx_pid()
+        if pid is None or not (changed or pid != self.signalled_pid):
+            return False
+        try:
+            os.kill(pid, signal.SIGHUP)
+        except OSError as exc:
+            logger.warning("gateway: cannot signal nginx (pid %d) to reload: %s", pid, exc)
+            return False
+        self.signalled_pid = pid
+        logger.info("gateway: nginx (pid %d) reloads the %s", pid,
+                    "updated keys" if changed else "keys (new nginx master)")
+        return True
+
+    def nginx_pid(self) -> int | None:
+        """The nginx master's PID from its PID file in the shared directory, if any."""
+        try:
+            return int((self.gateway_dir / PID_FILE).read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def _report(self, error: str | None) -> None:
+        if error and error != self._last_error:
+            logger.error("%s", error)
+        self._last_error = error
+
+
+def from_env(run_dir: Path) -> KeySync | None:
+    """The pod's :class:`KeySync` when ``$RTSERVE_GATEWAY_DIR`` is set (tokens from
+    ``$RTSERVE_GATEWAY_TOKENS``), else None (no gateway: local ``make serve``)."""
+    gateway_dir = os.environ.get("RTSERVE_GATEWAY_DIR")
+    if not gateway_dir:
+        return None
+    tokens = os.environ.get("RTSERVE_GATEWAY_TOKENS", "/etc/rtserve-gateway-tokens/tokens")
+    return KeySync(Path(gateway_dir), Path(run_dir) / "key_file.json", Path(tokens))
+
+
+def find_nginx() -> str | None:
+    """The nginx binary (``PATH`` first, then Debian's ``/usr/sbin/nginx``), or None."""
+    found = shutil.which("nginx")
+    if found:
+        return found
+    return "/usr/sbin/nginx" if os.access("/usr/sbin/nginx", os.X_OK) else None
+
+
+def nginx_check(conf: Path, binary: str | None = None) -> subprocess.CompletedProcess:
+    """``nginx -t`` on ``conf`` (error log beside it); the completed process, output in stdout."""
+    binary = binary or find_nginx()
+    if not binary:
+        raise FileNotFoundError("nginx is not installed: run `make nginx`")
+    return subprocess.run([binary, "-t", "-c", str(conf), "-e", str(conf.with_suffix(".err"))],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=30)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``conf``: print the pod's nginx.conf; ``sync``: write the map files once."""
+    parser = argparse.ArgumentParser(prog="python -m rtserve.gateway", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("action", choices=["conf", "sync"])
+    parser.add_argument("--run-dir", type=Path,
+                        default=Path(os.environ.get("RTSERVE_RUN_DIR", ".run")))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    if args.action == "conf":
+        sys.stdout.write(render_nginx_conf(POD))
+        return 0
+    keysync = from_env(args.run_dir)
+    if keysync is None:
+        logger.error("RTSERVE_GATEWAY_DIR is not set: no gateway in this container")
+        return 1
+    keysync.sync()
+    return 0 if (keysync.gateway_dir / UPSTREAM_KEY).exists() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
