@@ -24,9 +24,9 @@ import pytest
 import requests
 
 from rtserve import gateway
-from rtserve.server import free_ports, port_overrides, read_properties, write_properties
+from rtserve.server import free_ports, port_overrides, write_properties
 from tests.conftest import MODEL_NAME, REPO
-from tests.integration.test_probe import K8S_CONFIG, Pod
+from tests.integration.test_probe import Pod, pod_properties
 
 pytestmark = [
     pytest.mark.integration,
@@ -101,7 +101,7 @@ def pod_gateway(mar_v1, tmp_path_factory):
     nginx_tmp.mkdir()
     ports = free_ports(8)
     config = root / "config.properties"
-    props = read_properties(K8S_CONFIG)
+    props = pod_properties()
     props.update(port_overrides(ports[:6]))
     write_properties(config, props)
     tokens = [secrets.token_urlsafe(32), secrets.token_urlsafe(32)]

@@ -35,6 +35,15 @@ from tests.conftest import MODEL_NAME, REPO
 pytestmark = pytest.mark.integration
 
 K8S_CONFIG = REPO / "deploy" / "k8s" / "base" / "config.properties"
+#: Where the Dockerfile puts the repository's files in the image (WORKDIR /opt/rtserve).
+IMAGE_ROOT = "/opt/rtserve/"
+
+
+def pod_properties() -> dict[str, str]:
+    """The pod's config.properties, with paths into the image mapped back to this checkout."""
+    props = read_properties(K8S_CONFIG)
+    return {k: str(REPO / v[len(IMAGE_ROOT):]) if v.startswith(IMAGE_ROOT) else v
+            for k, v in props.items()}
 KEY_LIFETIME_MIN = "0.03"  # 1.8 seconds
 
 
@@ -126,7 +135,7 @@ def pod(mar_v1):
     root = Path(tempfile.mkdtemp(dir=parent))
     root.chmod(0o755)
     config = root / "config.properties"
-    props = read_properties(K8S_CONFIG)
+    props = pod_properties()
     props.update(port_overrides(free_ports(6)), token_expiration_min=KEY_LIFETIME_MIN)
     write_properties(config, props)
     pod = Pod(root, config, mar_v1, sandbox=can_sandbox())
