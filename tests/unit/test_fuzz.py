@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from handler.rtserve_handler import RealTimeHandler
 from tests.conftest import REPO
-from tests.helpers import make_context, start_batch
+from tests.helpers import make_context, route_headers, start_batch
 
 pytestmark = pytest.mark.unit
 
@@ -114,7 +114,7 @@ def handler_ctx(trained_dir):
 @given(batch=st.lists(rows, min_size=1, max_size=8))
 def test_hostile_batches_get_predictions_or_their_own_400(handler_ctx, batch):
     handler, ctx = handler_ctx
-    start_batch(ctx, len(batch))
+    start_batch(ctx, len(batch), [route_headers(False)] * len(batch))  # POST /predictions
     out = handler.handle(batch, ctx)
     assert len(out) == len(batch)
     for idx, (row, text) in enumerate(zip(batch, out)):
