@@ -46,19 +46,44 @@ def best_us(fn: Callable[[], Any], repeat: int = 7, number: int = 200) -> float:
 
 def forward_floor(model_dir: Path) -> dict:
     """Microseconds of the bare forward pass (eager and TorchScript) at batch 1 and 32."""
-    from handler.model import ModelMetadata, load_model
+    from handler.model import ModelMetadata, load_model, quantize_int8
+    from handler.rtserve_handler import _script
 
     torch.set_num_threads(1)
     meta = ModelMetadata.load(model_dir / "meta.json")
     eager = load_model(model_dir / "weights.pt", meta)
-    scripted = torch.jit.script(eager)
+    int8 = quantize_int8(eager)
     out: dict[str, float] = {}
     with torch.inference_mode():
-        for name, model in (("eager", eager), ("torchscript", scripted)):
+        for name, model in (("eager", eager), ("torchscript", _script(eager)),
+                            ("int8", int8), ("int8_torchscript", _script(int8))):
             for batch in (1, 32):
                 x = torch.randn(batch, meta.n_features)
                 out[f"{name}_batch{batch}_us"] = round(best_us(lambda: model(x)), 2)
     return out
+
+
+def quantization_effect(model_dir: Path) -> dict:
+    """Held-out accuracy of the float model and of its dynamic-int8 copy, and how they differ."""
+    from handler.model import ModelMetadata, load_model, quantize_int8
+    from handler.schema import Normalizer
+    from rtserve.data import make_dataset
+
+    meta = ModelMetadata.load(model_dir / "meta.json")
+    model = load_model(model_dir / "weights.pt", meta)
+    data = make_dataset()
+    x = Normalizer(meta.mean, meta.std)(data.x_test)
+    with torch.inference_mode():
+        p_float = torch.softmax(model(x), dim=1)
+        p_int8 = torch.softmax(quantize_int8(model)(x), dim=1)
+    acc = lambda p: float((p.argmax(dim=1) == data.y_test).float().mean())  # noqa: E731
+    return {
+        "held_out_rows": len(data.y_test),
+        "accuracy_float": round(acc(p_float), 4),
+        "accuracy_int8": round(acc(p_int8), 4),
+        "same_prediction": round(float((p_float.argmax(1) == p_int8.argmax(1)).float().mean()), 4),
+        "max_probability_change": round(float((p_float - p_int8).abs().max()), 4),
+    }
 
 
 def handler_time(model_dir: Path, model_yaml: dict, body: dict, batch: int = 32) -> dict:
@@ -116,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(int(model_yaml.get("handler", {}).get("num_threads", 1)))
     body = json.loads(DEFAULT_REQUEST.read_text())
     report = {"forward": forward_floor(args.model_dir),
+              "quantization": quantization_effect(args.model_dir),
               "handler": handler_time(args.model_dir, model_yaml, body, args.batch),
               "handler_settings": model_yaml.get("handler", {})}
     sys.stdout.write(json.dumps(report, indent=2) + "\n")

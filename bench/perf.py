@@ -335,11 +335,11 @@ class RtServe(Server):
     """rtserve's TorchServe deployment: config.properties and the archive as built by the Makefile."""
 
     def __init__(self, model_store: Path, run_dir: Path, mar: str, name: str = "torchserve",
-                 overrides: dict | None = None, config: Path | None = None) -> None:
+                 overrides: dict | None = None, log_config: Path | None | str = "shipped") -> None:
         self.name = name
         self.description = "rtserve TorchServe, as shipped" if name == "torchserve" else name
         props = {**port_overrides(free_ports(6)), **(overrides or {})}
-        kwargs = {"config": config} if config else {}
+        kwargs = {} if log_config == "shipped" else {"log_config": log_config}
         self.ts = TorchServe(run_dir, model_store, [f"{MODEL}={mar}"], overrides=props, **kwargs)
         self.url = f"{self.ts.props['inference_address']}/predictions/{MODEL}"
         self.client = self.ts.client(timeout=5.0, retries=0)
@@ -379,11 +379,13 @@ class RtServe(Server):
         return {
             "batchSize": desc.get("batchSize"), "maxBatchDelay": desc.get("maxBatchDelay"),
             "workers": len(desc.get("workers", [])),
-            "vmargs": props.get("vmargs", ""), "handler": _archive_handler_config(self.ts),
+            "vmargs": props.get("vmargs", ""),
+            "log_config": str(self.ts.log_config) if self.ts.log_config else "TorchServe built-in",
+            "model_config": _archive_model_config(self.ts),
         }
 
 
-def _archive_handler_config(ts: TorchServe) -> dict:
+def _archive_model_config(ts: TorchServe) -> dict:
     import zipfile
 
     import yaml

@@ -147,11 +147,28 @@ def test_torchscript_mode_gives_same_answers(trained_dir):
     assert bodies[0]["probabilities"] == pytest.approx(ref.probabilities([features()])[0].tolist(), abs=1e-6)
 
 
+def test_quantize_mode_stays_close_to_float(trained_dir):
+    yaml_cfg = {**MODEL_YAML, "handler": {**MODEL_YAML["handler"], "quantize": True, "torchscript": True}}
+    ctx = make_context(trained_dir, yaml_cfg)
+    handler = RealTimeHandler()
+    handler.initialize(ctx)
+    # int8 weights live in LinearPackedParams submodules (scripted, so named by original_name)
+    assert any(getattr(m, "original_name", "") == "LinearPackedParams" for m in handler.model.modules())
+    rows = [features(value=v) for v in (-50.0, 0.0, 3.5, 40.0)]
+    statuses, bodies = run(handler, ctx, [json_row({"features": r}) for r in rows])
+    assert statuses == [200] * 4
+    ref = Reference(trained_dir / "weights.pt", ModelMetadata.load(trained_dir / "meta.json"))
+    for body, probs in zip(bodies, ref.probabilities(rows)):
+        assert body["probabilities"] == pytest.approx(probs.tolist(), abs=0.05)
+        assert math.isclose(sum(body["probabilities"]), 1.0, abs_tol=1e-5)
+
+
 @pytest.mark.parametrize("handler_cfg,message", [
     ({"num_thread": 1}, "unknown handler setting(s): num_thread"),
     ({"num_threads": "2"}, "handler.num_threads must be int"),
     ({"num_threads": 0}, "handler.num_threads must be in [1, 64]"),
     ({"torchscript": "yes"}, "handler.torchscript must be bool"),
+    ({"quantize": 1}, "handler.quantize must be bool"),
     ({"feature_limit": -1.0}, "handler.feature_limit must be a positive number"),
 ])
 def test_bad_config_fails_initialize(trained_dir, handler_cfg, message):
