@@ -38,7 +38,9 @@ VARIANTS: dict[str, tuple[str, dict, dict, object]] = {
     "delay-5": ("maxBatchDelay 5 ms (the seed's)", {"maxBatchDelay": 5}, {}, "shipped"),
     "delay-2": ("maxBatchDelay 2 ms", {"maxBatchDelay": 2}, {}, "shipped"),
     "delay-1": ("maxBatchDelay 1 ms", {"maxBatchDelay": 1}, {}, "shipped"),
-    "delay-0": ("maxBatchDelay 0: no wait, but batches of at most 2", {"maxBatchDelay": 0}, {}, "shipped"),
+    "delay-0": ("maxBatchDelay 0 in the archive: TorchServe reads it as unset, waits 100 ms",
+                {"maxBatchDelay": 0}, {}, "shipped"),
+    "batch-8": ("batchSize 8", {"batchSize": 8}, {}, "shipped"),
     "batch-16": ("batchSize 16", {"batchSize": 16}, {}, "shipped"),
     "batch-64": ("batchSize 64", {"batchSize": 64}, {}, "shipped"),
     "batch-1": ("batchSize 1 (no batching)", {"batchSize": 1}, {}, "shipped"),
@@ -51,8 +53,13 @@ VARIANTS: dict[str, tuple[str, dict, dict, object]] = {
     "logs-builtin": ("TorchServe's built-in log4j2 configuration", {}, {}, None),
     "logs-no-ts-metrics": ("shipped logs without ts_metrics.log", {}, {}, {"TS_METRICS": "off"}),
     "logs-no-access": ("shipped logs without access_log.log", {}, {}, {"ACCESS_LOG": "off"}),
+    "metrics-log": ("metrics_mode=log: frontend metrics as 6 lines per request in ts_metrics.log", {},
+                    {"metrics_mode": "log"}, "shipped"),
+    "netty-1": ("one Netty server and one client thread", {},
+                {"number_of_netty_threads": "1", "netty_client_threads": "1"}, "shipped"),
     # JVM
-    "jvm-default": ("no vmargs: JVM defaults (G1, heap up to 1/4 of RAM)", {}, {"vmargs": ""}, "shipped"),
+    "jvm-default": ("no vmargs: JVM defaults (G1, heap up to 1/4 of RAM)", {}, {"vmargs": "-XX:+UseG1GC"}, "shipped"),
+    "jvm-serial": ("SerialGC, 256 MiB heap", {}, {"vmargs": "-Xms64m -Xmx256m -XX:+UseSerialGC"}, "shipped"),
     "jvm-parallel": ("ParallelGC, 256 MiB heap",
                      {}, {"vmargs": "-Xms64m -Xmx256m -XX:+UseParallelGC"}, "shipped"),
     "jvm-g1-256": ("G1, 256 MiB heap", {}, {"vmargs": "-Xms64m -Xmx256m -XX:+UseG1GC"}, "shipped"),
@@ -111,7 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--soak", type=float, default=0.0)
+    parser.add_argument("--server-warmup", type=float, default=10.0)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--retry-busy", type=int, default=0,
+                        help="measure a point again when other processes disturbed it")
+    parser.add_argument("--wait-quiet", type=float, default=0.0,
+                        help="before each server, wait up to this many seconds for a quiet machine")
     parser.add_argument("--version", default="1.0")
     parser.add_argument("--out", type=Path, default=RESULTS / "tune.json")
     args = parser.parse_args(argv)
@@ -139,17 +151,19 @@ def main(argv: list[str] | None = None) -> int:
                 logs = variant_log_config(logs, REPO / "build" / "tune" / name / "log4j2.xml")
             server = RtServe(stores[name], root / f"{name}-{rep}", f"{MODEL}_{args.version}.mar",
                              name=name, overrides=props, log_config=logs)
-            result = bench_server(server, concurrencies, args.duration, args.warmup, args.soak)
+            result = bench_server(server, concurrencies, args.duration, args.warmup, args.soak,
+                                  args.wait_quiet, args.retry_busy, args.server_warmup)
             runs.append({"variant": name, "what": what, "repeat": rep, **asdict(result)})
     lines = [f"{'variant':<22} {'run':>3} " + " ".join(f"{'c=' + str(c) + ' req/s':>11} {'p50':>6} {'p99':>6}"
                                                        for c in concurrencies)
-             + f" {'CPU ms/req@' + str(concurrencies[-1]):>14} {'cold s':>6} {'RSS':>5}"]
+             + f" {'CPU ms/req@' + str(concurrencies[-1]):>14} {'cold s':>6} {'RSS':>5} {'others%':>7}"]
     for run in sorted(runs, key=lambda r: (args.variants.index(r["variant"]), r["repeat"])):
         pts = {p["concurrency"]: p for p in run["points"]}
         lines.append(f"{run['variant']:<22} {run['repeat']:>3} " + " ".join(
             f"{pts[c]['rps']:>11.0f} {pts[c]['p50_ms']:>6.2f} {pts[c]['p99_ms']:>6.2f}" for c in concurrencies)
             + f" {pts[concurrencies[-1]]['cpu_ms_per_request']:>14.3f} {run['cold_start_s']:>6.1f}"
-              f" {pts[concurrencies[-1]]['rss_mb']:>5.0f}")
+              f" {pts[concurrencies[-1]]['rss_mb']:>5.0f}"
+              f" {max(p['others_cpu_pct'] for p in run['points']):>7.0f}")
     sys.stdout.write("\n" + "\n".join(lines) + "\n")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

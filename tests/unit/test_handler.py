@@ -108,6 +108,35 @@ def test_mixed_batch_keeps_good_requests(handler_ctx, trained_dir):
     assert "error" in bodies[1] and "error" in bodies[3]
 
 
+@pytest.mark.parametrize("bad,message", [
+    (float("nan"), "features[3] must be a finite number"),
+    (-1e7, "features[3] must be in range"),
+    (10**400, "features[3] must be in range"),
+])
+def test_out_of_range_value_fails_only_its_own_request(handler_ctx, trained_dir, bad, message):
+    """Types are fine, so these pass the fast checks and are caught by the batch-wide range check."""
+    handler, ctx = handler_ctx
+    good = [features(value=v) for v in (1.0, -20.0)]
+    rows = [json_row({"features": good[0]}), json_row({"features": features()[:3] + [bad] + features()[4:]}),
+            json_row({"features": good[1]})]
+    statuses, bodies = run(handler, ctx, rows)
+    assert statuses == [200, 400, 200]
+    assert bodies[1]["error"].startswith(message) and bodies[1]["field"] == "features[3]"
+    ref = Reference(trained_dir / "weights.pt", ModelMetadata.load(trained_dir / "meta.json"))
+    for body, probs in zip([bodies[0], bodies[2]], ref.probabilities(good)):
+        assert body["probabilities"] == pytest.approx(probs.tolist(), abs=1e-6)
+
+
+def test_answers_are_json_dumps_of_the_fields(handler_ctx):
+    """The preassembled answer is byte for byte what json.dumps writes."""
+    handler, ctx = handler_ctx
+    start_batch(ctx, 1)
+    out = handler.handle([json_row({"features": features()})], ctx)[0]
+    body = json.loads(out)
+    assert out == json.dumps({"prediction": body["prediction"], "label": body["label"],
+                              "probabilities": body["probabilities"], "model_version": "1.0"})
+
+
 def test_all_bad_batch_skips_inference(handler_ctx):
     handler, ctx = handler_ctx
     statuses, bodies = run(handler, ctx, [raw_row(b"x")] * 3)
