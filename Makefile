@@ -244,6 +244,28 @@ test: $(STAMP) ## Run the whole test suite (builds what it needs, starts and sto
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 ##@ Benchmarks
+BENCH_STAMP := $(VENV)/.bench-installed
+BENCH_ARGS  ?=
+
+$(BENCH_STAMP): requirements-bench.txt $(STAMP)
+	@echo ">> installing the benchmark-only dependencies (requirements-bench.txt)"
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements-bench.txt
+	@touch $@
+
+.PHONY: bench-deps
+bench-deps: $(BENCH_STAMP) ## Install FastAPI/uvicorn (benchmark only) and the load tool wrk (apt, if missing)
+	@command -v wrk >/dev/null || { echo ">> installing wrk (apt)"; \
+	  { apt-get install -y -qq wrk >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq wrk; }; } \
+	  || { echo "wrk is missing and cannot be installed here: install Debian's wrk package"; exit 1; }; }
+
+.PHONY: bench
+bench: $(MAR) $(ARTIFACTS)/$(MODEL_VERSION)/weights.pt bench-deps ## Raw forward vs seed FastAPI vs rtserve's TorchServe (about 4 min; BENCH_ARGS=... to vary)
+	$(PY) -m bench.perf --model-store $(MODEL_STORE) --version $(MODEL_VERSION) $(BENCH_ARGS)
+
+.PHONY: bench-handler
+bench-handler: $(MODEL_DIR)/weights.pt ## Handler time per request in a full batch of 32, and the raw forward pass
+	$(PY) -m bench.handler_micro --model-dir $(MODEL_DIR)
+
 .PHONY: bench-rollout
 bench-rollout: $(MODEL_STORE)/$(MODEL_NAME)_1.0.mar $(MODEL_STORE)/$(MODEL_NAME)_2.0.mar ## Rollout 1.0 -> 2.0 and back under steady load (about 40 s)
 	$(PY) -m bench.rollout_load --model-store $(MODEL_STORE)

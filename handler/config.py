@@ -25,6 +25,8 @@ class HandlerConfig:
 
     Attributes:
         torchscript: run a TorchScript-compiled copy of the model instead of eager mode.
+        quantize: dynamic int8 quantization of the Linear layers (weights int8, activations
+            quantized on the fly); changes the answers slightly (see README, Performance).
         num_threads: torch intra-op threads per worker.
         warmup_batches: forward passes run at initialize so the first request is not slow.
         feature_limit: largest accepted magnitude of a feature value.
@@ -45,6 +47,7 @@ class HandlerConfig:
     """
 
     torchscript: bool = False
+    quantize: bool = False
     num_threads: int = 1
     warmup_batches: int = 3
     feature_limit: float = DEFAULT_FEATURE_LIMIT

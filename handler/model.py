@@ -116,3 +116,19 @@ def load_model(weights: str | Path, meta: ModelMetadata) -> RealTimeClassifier:
         raise ConfigError(f"model weights cannot be loaded from {weights}: {exc}") from exc
     model.eval()
     return model
+
+
+def quantize_int8(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` with its Linear layers dynamically quantized to int8 (CPU).
+
+    ``torch.ao.quantization`` warns that it is deprecated in favour of torchao (not a dependency
+    here); the warning is silenced for this one call.
+    """
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", UserWarning)
+        from torch.ao.quantization import quantize_dynamic
+
+        return quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)

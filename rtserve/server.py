@@ -36,6 +36,9 @@ logger = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO / "config.properties"
+#: rtserve's log4j2 configuration for the frontend: access, model, metrics and error logs without
+#: TorchServe's per-request DEBUG/INFO chatter (see the file's header).
+DEFAULT_LOG_CONFIG = REPO / "config" / "log4j2.xml"
 PID_FILE = ".model_server.pid"
 #: Created in the run directory by ``python -m rtserve.probe drain``: readiness is false from then.
 #: A model whose workers died this often during start-up is not going to load: fail fast.
@@ -99,6 +102,8 @@ class TorchServe:
     models: list[str] = field(default_factory=list)
     config: Path = DEFAULT_CONFIG
     overrides: dict[str, str] = field(default_factory=dict)
+    #: Passed as ``torchserve --log-config``; None keeps TorchServe's built-in configuration.
+    log_config: Path | None = DEFAULT_LOG_CONFIG
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir).resolve()
@@ -171,6 +176,8 @@ class TorchServe:
         write_properties(config, self.props)
         cmd = [str(Path(sys.executable).with_name("torchserve")), "--start", "--ncs",
                "--ts-config", str(config), "--model-store", str(self.model_store)]
+        if self.log_config is not None:
+            cmd += ["--log-config", str(Path(self.log_config).resolve())]
         if self.models:
             cmd += ["--models", *self.models]
         if console:

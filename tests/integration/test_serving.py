@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -33,12 +34,26 @@ def batch_log(server) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in re.findall(r"batch size=(\d+) valid=(\d+)", text)]
 
 
+def batches_since(server, before: int, requests: int, timeout: float = 5.0) -> list[tuple[int, int]]:
+    """The batches logged after the first ``before``, once they account for ``requests`` requests.
+
+    The frontend writes model_log.log through an asynchronous appender (config/log4j2.xml), so
+    the last lines may land a moment after the last answer.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        batches = batch_log(server)[before:]
+        if sum(size for size, _ in batches) >= requests or time.monotonic() > deadline:
+            return batches
+        time.sleep(0.05)
+
+
 def test_served_archive_is_the_one_make_built(server, mar_v1):
     desc = server.client().describe(MODEL_NAME)[0]
     assert desc["modelUrl"] == mar_v1.name == "realtime-classifier_1.0.mar"
     assert desc["modelVersion"] == "1.0"
     assert server.props["model_store"] == str(mar_v1.parent)
-    assert desc["batchSize"] == 32 and desc["maxBatchDelay"] == 5
+    assert desc["batchSize"] == 32 and desc["maxBatchDelay"] == 1
     assert len([w for w in desc["workers"] if w["status"] == "READY"]) == 2
 
 
@@ -64,7 +79,7 @@ def test_concurrent_requests_are_batched(server, mar_v1):
     expected = Reference.from_mar(mar_v1).probabilities(data)
     for answer, probs in zip(answers, expected):
         assert answer.json()["probabilities"] == pytest.approx(probs.tolist(), abs=1e-6)
-    batches = batch_log(server)[before:]
+    batches = batches_since(server, before, len(data))
     assert sum(size for size, _ in batches) == len(data)
     assert max(size for size, _ in batches) > 1, f"no batch held more than one request: {batches}"
 
@@ -83,7 +98,7 @@ def test_mixed_burst_gets_per_request_statuses(server):
         else:
             assert answer.status_code == 400, answer.text
             assert answer.json()["error"]
-    mixed = [(s, v) for s, v in batch_log(server)[before:] if 0 < v < s]
+    mixed = [(s, v) for s, v in batches_since(server, before, len(bodies)) if 0 < v < s]
     assert mixed, "no batch mixed good and bad requests"
 
 
@@ -102,3 +117,27 @@ def test_inference_needs_the_token(server):
         assert answer.status_code == 400
         assert answer.json()["type"] == "InvalidKeyException"
     assert post(server, good).status_code == 200
+
+
+def test_logs_keep_access_and_model_lines_without_per_request_chatter(server):
+    """config/log4j2.xml: one access line per request, the handler's lines in model_log.log, and
+    none of TorchServe's per-request DEBUG/INFO lines in ts_log.log."""
+    logs = server.log_dir
+    lines = lambda name: (logs / name).read_text().splitlines()  # noqa: E731
+    access = lambda: [l for l in lines("access_log.log") if f"/predictions/{MODEL_NAME} " in l]  # noqa: E741,E731
+    ts_before, access_before, model_before = len(lines("ts_log.log")), len(access()), len(batch_log(server))
+    n = 20
+    for _ in range(n):
+        assert post(server, json.dumps({"features": features()}).encode()).status_code == 200
+    deadline = time.monotonic() + 5
+    while len(access()) < access_before + n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    new_access = access()[access_before:]
+    assert len(new_access) == n and all('" 200 ' in l for l in new_access)  # noqa: E741
+    assert sum(size for size, _ in batches_since(server, model_before, n)) == n
+    new_ts = lines("ts_log.log")[ts_before:]
+    assert len(new_ts) < n, f"ts_log.log grew by {len(new_ts)} lines for {n} requests: {new_ts[:5]}"
+    for chatter in ("Sending response for jobId", "Backend response time", "Waiting time ns", "ACCESS_LOG",
+                    "MODEL_LOG", "TS_METRICS"):
+        assert not any(chatter in l for l in new_ts), chatter  # noqa: E741
+    assert "Backend received inference at" not in (logs / "model_log.log").read_text()

@@ -108,6 +108,35 @@ def test_mixed_batch_keeps_good_requests(handler_ctx, trained_dir):
     assert "error" in bodies[1] and "error" in bodies[3]
 
 
+@pytest.mark.parametrize("bad,message", [
+    (float("nan"), "features[3] must be a finite number"),
+    (-1e7, "features[3] must be in range"),
+    (10**400, "features[3] must be in range"),
+])
+def test_out_of_range_value_fails_only_its_own_request(handler_ctx, trained_dir, bad, message):
+    """Types are fine, so these pass the fast checks and are caught by the batch-wide range check."""
+    handler, ctx = handler_ctx
+    good = [features(value=v) for v in (1.0, -20.0)]
+    rows = [json_row({"features": good[0]}), json_row({"features": features()[:3] + [bad] + features()[4:]}),
+            json_row({"features": good[1]})]
+    statuses, bodies = run(handler, ctx, rows)
+    assert statuses == [200, 400, 200]
+    assert bodies[1]["error"].startswith(message) and bodies[1]["field"] == "features[3]"
+    ref = Reference(trained_dir / "weights.pt", ModelMetadata.load(trained_dir / "meta.json"))
+    for body, probs in zip([bodies[0], bodies[2]], ref.probabilities(good)):
+        assert body["probabilities"] == pytest.approx(probs.tolist(), abs=1e-6)
+
+
+def test_answers_are_json_dumps_of_the_fields(handler_ctx):
+    """The preassembled answer is byte for byte what json.dumps writes."""
+    handler, ctx = handler_ctx
+    start_batch(ctx, 1)
+    out = handler.handle([json_row({"features": features()})], ctx)[0]
+    body = json.loads(out)
+    assert out == json.dumps({"prediction": body["prediction"], "label": body["label"],
+                              "probabilities": body["probabilities"], "model_version": "1.0"})
+
+
 def test_all_bad_batch_skips_inference(handler_ctx):
     handler, ctx = handler_ctx
     statuses, bodies = run(handler, ctx, [raw_row(b"x")] * 3)
@@ -147,11 +176,28 @@ def test_torchscript_mode_gives_same_answers(trained_dir):
     assert bodies[0]["probabilities"] == pytest.approx(ref.probabilities([features()])[0].tolist(), abs=1e-6)
 
 
+def test_quantize_mode_stays_close_to_float(trained_dir):
+    yaml_cfg = {**MODEL_YAML, "handler": {**MODEL_YAML["handler"], "quantize": True, "torchscript": True}}
+    ctx = make_context(trained_dir, yaml_cfg)
+    handler = RealTimeHandler()
+    handler.initialize(ctx)
+    # int8 weights live in LinearPackedParams submodules (scripted, so named by original_name)
+    assert any(getattr(m, "original_name", "") == "LinearPackedParams" for m in handler.model.modules())
+    rows = [features(value=v) for v in (-50.0, 0.0, 3.5, 40.0)]
+    statuses, bodies = run(handler, ctx, [json_row({"features": r}) for r in rows])
+    assert statuses == [200] * 4
+    ref = Reference(trained_dir / "weights.pt", ModelMetadata.load(trained_dir / "meta.json"))
+    for body, probs in zip(bodies, ref.probabilities(rows)):
+        assert body["probabilities"] == pytest.approx(probs.tolist(), abs=0.05)
+        assert math.isclose(sum(body["probabilities"]), 1.0, abs_tol=1e-5)
+
+
 @pytest.mark.parametrize("handler_cfg,message", [
     ({"num_thread": 1}, "unknown handler setting(s): num_thread"),
     ({"num_threads": "2"}, "handler.num_threads must be int"),
     ({"num_threads": 0}, "handler.num_threads must be in [1, 64]"),
     ({"torchscript": "yes"}, "handler.torchscript must be bool"),
+    ({"quantize": 1}, "handler.quantize must be bool"),
     ({"feature_limit": -1.0}, "handler.feature_limit must be a positive number"),
 ])
 def test_bad_config_fails_initialize(trained_dir, handler_cfg, message):

@@ -1,0 +1,106 @@
+"""The seed-style FastAPI server the benchmark compares TorchServe with (benchmark only).
+
+What the seed documents write, kept as plain as they write it: one ``@app.post("/predict")``
+that runs the model under ``torch.no_grad()``, loading the same weights and ``meta.json`` as
+the archive (``artifacts/<version>``) and normalizing the same way. Its best configuration on
+2 cores is given by the benchmark (``bench.perf``): 1 or 2 uvicorn worker processes, uvloop and
+httptools (``uvicorn[standard]``), no access log, one torch thread per process, and TCP_NODELAY
+on every accepted connection.
+
+TCP_NODELAY: asyncio sets it only on sockets whose ``proto`` is ``IPPROTO_TCP``. Uvicorn's
+multi-worker mode (``--workers 2``) binds its listening socket with ``socket.socket(AF_INET)``,
+whose ``proto`` is 0, so accepted connections keep Nagle's algorithm and a keep-alive client
+waits for the peer's delayed ACK (about 40 ms) on every response that is written in two
+segments. :class:`NoDelayHttpToolsProtocol` sets the option itself on every connection, whatever
+the loop or the socket's ``proto``; it is passed to uvicorn as its ``http`` protocol class.
+
+    .venv/bin/python -m bench.fastapi_seed --port 8000 --workers 2 --model-dir artifacts/1.0
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the endpoint's annotations at runtime.
+import argparse
+import os
+import socket
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+MODEL_DIR_ENV = "RTSERVE_BENCH_MODEL_DIR"
+
+try:  # the benchmark's own dependencies (requirements-bench.txt), absent from the runtime venv
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+except ImportError:  # pragma: no cover - only `make bench` installs uvicorn
+    HttpToolsProtocol = object  # type: ignore[misc,assignment]
+
+
+class NoDelayHttpToolsProtocol(HttpToolsProtocol):  # type: ignore[misc,valid-type]
+    """Uvicorn's httptools protocol with TCP_NODELAY forced on each accepted connection."""
+
+    def connection_made(self, transport) -> None:  # noqa: ANN001 - asyncio's transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        super().connection_made(transport)
+
+
+def create_app(model_dir: str | Path):
+    """The seed's FastAPI app serving the model in ``model_dir`` (weights.pt + meta.json)."""
+    import torch
+    from fastapi import FastAPI
+    from pydantic import BaseModel
+
+    from handler.model import ModelMetadata, load_model
+
+    torch.set_num_threads(1)
+    meta = ModelMetadata.load(Path(model_dir) / "meta.json")
+    model = load_model(Path(model_dir) / "weights.pt", meta)
+    mean = torch.tensor(meta.mean)
+    std = torch.tensor(meta.std)
+
+    class PredictRequest(BaseModel):
+        features: list[float]
+
+    app = FastAPI()
+
+    @app.post("/predict")
+    def predict(request: PredictRequest) -> dict:
+        with torch.no_grad():
+            x = (torch.tensor([request.features]) - mean) / std
+            probabilities = torch.softmax(model(x), dim=1)[0]
+        cls = int(probabilities.argmax())
+        return {"prediction": cls, "label": meta.labels[cls],
+                "probabilities": probabilities.tolist(), "model_version": meta.version}
+
+    return app
+
+
+def app_factory():
+    """Uvicorn factory (``--factory``): each worker process builds its own app and model."""
+    return create_app(os.environ.get(MODEL_DIR_ENV, REPO / "artifacts" / "1.0"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the seed server with uvicorn (1 or more worker processes, TCP_NODELAY forced)."""
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--model-dir", type=Path, default=REPO / "artifacts" / "1.0")
+    parser.add_argument("--nagle", action="store_true",
+                        help="keep uvicorn's own protocol class (shows the Nagle delay with --workers 2)")
+    args = parser.parse_args(argv)
+    os.environ[MODEL_DIR_ENV] = str(args.model_dir.resolve())
+    sys.path.insert(0, str(REPO))
+    uvicorn.run(
+        "bench.fastapi_seed:app_factory", factory=True, host=args.host, port=args.port,
+        workers=args.workers, loop="uvloop", access_log=False, log_level="warning",
+        http="httptools" if args.nagle else "bench.fastapi_seed:NoDelayHttpToolsProtocol",
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

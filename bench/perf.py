@@ -1,0 +1,762 @@
+"""Side-by-side performance: the raw forward pass, the seed's FastAPI server, and rtserve's TorchServe.
+
+One run, one client (``wrk``, closed loop, loopback only): every server is started here on free
+ports, warmed up, then driven at each concurrency for a fixed time (the warm-up is excluded).
+For each point: throughput, p50/p95/p99 latency, errors, server CPU per request (the whole
+server process tree, from /proc before and after) and resident memory of the tree. Per server:
+cold start to first prediction and the first request's latency. TorchServe also runs a soak
+at the highest concurrency, after which its memory is read. Output: a table on stdout, JSON,
+and a PNG of latency percentiles against throughput.
+
+    make bench                                     # the full comparison
+    .venv/bin/python -m bench.perf --servers torchserve --duration 5   # one server, shorter
+
+Load on the machine skews everything: each server's block records the load average and the
+CPU share other processes used in the second before it started (``others_cpu_pct``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import psutil
+import requests
+
+from rtserve.client import TorchServeError
+from rtserve.server import TorchServe, free_ports, port_overrides, workers_ready
+
+logger = logging.getLogger("bench.perf")
+
+REPO = Path(__file__).resolve().parent.parent
+MODEL = "realtime-classifier"
+WRK_SCRIPT = Path(__file__).with_name("wrk_post.lua")
+REQUEST = REPO / "examples" / "request.json"
+RESULTS = REPO / "bench" / "results"
+CONCURRENCIES = (1, 8, 32, 64)
+
+
+class BenchError(RuntimeError):
+    """A server did not start, or the load tool failed."""
+
+
+# --------------------------------------------------------------------------- measurement
+
+
+@dataclass
+class Point:
+    """One closed-loop run at one concurrency."""
+
+    concurrency: int
+    seconds: float
+    requests: int
+    rps: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    max_ms: float
+    errors: int
+    error_kinds: dict
+    cpu_ms_per_request: float
+    server_cpu_pct: float
+    client_cpu_pct: float
+    others_cpu_pct: float
+    root_cpu_share: float
+    rss_mb: float
+
+
+@dataclass
+class ServerResult:
+    """Everything measured for one server."""
+
+    name: str
+    description: str
+    cold_start_s: float
+    first_request_ms: float
+    second_request_ms: float
+    rss_idle_mb: float
+    load_before: list
+    others_cpu_pct: float
+    points: list[Point] = field(default_factory=list)
+    soak: dict = field(default_factory=dict)
+    settings: dict = field(default_factory=dict)
+
+
+def _busy_cpu() -> float:
+    """CPU seconds all processes of the machine ran (user, nice, system).
+
+    Interrupt and softirq time is left out: loopback traffic's network stack runs there, and
+    it is nobody's process time.
+    """
+    t = psutil.cpu_times()
+    return t.user + t.nice + t.system
+
+
+def tree(pid: int) -> list[psutil.Process]:
+    """The process and all its descendants (those still alive)."""
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
+
+
+def tree_cpu(pid: int) -> tuple[float, float]:
+    """User + system CPU seconds of a process tree, and of its root alone (exited children not counted)."""
+    total = root = 0.0
+    for proc in tree(pid):
+        try:
+            t = proc.cpu_times()
+            total += t.user + t.system
+            if proc.pid == pid:
+                root = t.user + t.system
+        except psutil.Error:
+            pass
+    return total, root
+
+
+def tree_rss_mb(pid: int) -> float:
+    """Resident memory of a process tree in MiB (RSS summed; shared pages counted per process)."""
+    total = 0
+    for proc in tree(pid):
+        try:
+            total += proc.memory_info().rss
+        except psutil.Error:
+            pass
+    return round(total / 2**20, 1)
+
+
+def machine_load(exclude: set[int] | None = None, interval: float = 1.0) -> tuple[list, float]:
+    """The load average and the CPU share (of all cores, %) used by other processes over ``interval``."""
+    exclude = exclude or set()
+    mine = {os.getpid(), *exclude}
+    procs = []
+    for proc in psutil.process_iter():
+        if proc.pid in mine:
+            continue
+        try:
+            proc.cpu_percent(None)
+            procs.append(proc)
+        except psutil.Error:
+            pass
+    time.sleep(interval)
+    busy = 0.0
+    for proc in procs:
+        try:
+            busy += proc.cpu_percent(None)
+        except psutil.Error:
+            pass
+    return [round(x, 2) for x in os.getloadavg()], round(busy / psutil.cpu_count(), 1)
+
+
+def wait_quiet(max_wait: float, others_pct: float, exclude_tree: int | None = None) -> tuple[list, float]:
+    """Wait (bounded) until other processes used at most ``others_pct`` of the CPU for 3 s running."""
+    deadline = time.monotonic() + max_wait
+    while True:
+        exclude = {p.pid for p in tree(exclude_tree)} if exclude_tree else set()
+        load, others = machine_load(exclude, interval=3.0)
+        if others <= others_pct or time.monotonic() >= deadline:
+            return load, others
+        logger.info("   machine busy (load %s, other processes %.0f%% CPU): waiting", load, others)
+        time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
+
+
+def wrk_path() -> str:
+    """The ``wrk`` binary (``make bench`` installs Debian's package if it is missing)."""
+    path = shutil.which("wrk")
+    if not path:
+        raise BenchError("wrk not found: `apt-get install -y wrk` (make bench does it)")
+    return path
+
+
+def run_wrk(url: str, concurrency: int, seconds: float, token: str | None,
+            body: Path = REQUEST) -> dict:
+    """One closed-loop wrk run; returns the JSON summary printed by ``wrk_post.lua``."""
+    cmd = [wrk_path(), "-t1", f"-c{concurrency}", f"-d{max(1, round(seconds))}s", "--timeout", "10s",
+           "-s", str(WRK_SCRIPT), url, "--", str(body), token or ""]
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ps = psutil.Process(proc.pid)
+    cpu0 = sum(ps.cpu_times()[:2])
+    try:
+        cpu1 = cpu0
+        while proc.poll() is None:
+            try:
+                cpu1 = sum(ps.cpu_times()[:2])
+            except psutil.Error:
+                break
+            time.sleep(0.2)
+        out, _ = proc.communicate(timeout=seconds + 30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    match = re.search(r"^WRK_JSON (.*)$", out, re.M)
+    if proc.returncode != 0 or not match:
+        raise BenchError(f"wrk failed ({proc.returncode}): {out[-2000:]}")
+    result = json.loads(match.group(1))
+    result["wall_s"] = time.monotonic() - start
+    result["client_cpu_s"] = cpu1 - cpu0
+    return result
+
+
+def measure_point(url: str, token: Callable[[], str | None], pid: int, concurrency: int,
+                  seconds: float, warmup: float, retries: int = 0, busy_pct: float = 10.0) -> Point:
+    """Measure one point; while other processes used more than ``busy_pct`` of the CPU during
+    it, wait for a quiet moment and measure again (at most ``retries`` more times), keeping the
+    least disturbed run."""
+    best = _measure_once(url, token, pid, concurrency, seconds, warmup)
+    for _ in range(retries):
+        if best.others_cpu_pct <= busy_pct:
+            break
+        wait_quiet(120, busy_pct, pid)
+        again = _measure_once(url, token, pid, concurrency, seconds, warmup)
+        logger.info("   (c=%d disturbed: other processes used %.0f%% CPU; measured again: %.0f%%)",
+                    concurrency, best.others_cpu_pct, again.others_cpu_pct)
+        if again.others_cpu_pct < best.others_cpu_pct:
+            best = again
+    return best
+
+
+def _measure_once(url: str, token: Callable[[], str | None], pid: int, concurrency: int,
+                  seconds: float, warmup: float) -> Point:
+    """Warm up (excluded), then one measured run with server CPU and memory around it."""
+    if warmup > 0:
+        run_wrk(url, concurrency, warmup, token())
+    busy0 = _busy_cpu()
+    cpu0, root0 = tree_cpu(pid)
+    res = run_wrk(url, concurrency, seconds, token())
+    cpu1, root1 = tree_cpu(pid)
+    cpu, root = cpu1 - cpu0, root1 - root0
+    busy = _busy_cpu() - busy0
+    duration = res["duration_us"] / 1e6
+    others = max(0.0, busy - cpu - res["client_cpu_s"]) / res["wall_s"] / psutil.cpu_count() * 100
+    n = res["requests"]
+    lat = res["latency_us"]
+    errors = res["errors"]
+    return Point(
+        concurrency=concurrency, seconds=round(duration, 2), requests=n,
+        rps=round(n / duration, 1), p50_ms=lat["p50"] / 1000, p95_ms=lat["p95"] / 1000,
+        p99_ms=lat["p99"] / 1000, max_ms=lat["max"] / 1000, errors=sum(errors.values()),
+        error_kinds={k: v for k, v in errors.items() if v},
+        cpu_ms_per_request=round(cpu / n * 1000, 4) if n else 0.0,
+        server_cpu_pct=round(cpu / duration * 100, 1),
+        client_cpu_pct=round(res["client_cpu_s"] / duration * 100, 1),
+        others_cpu_pct=round(others, 1),
+        root_cpu_share=round(root / cpu, 2) if cpu else 0.0,
+        rss_mb=tree_rss_mb(pid),
+    )
+
+
+# --------------------------------------------------------------------------- servers
+
+
+class Server:
+    """A server under test: start (timed to the first prediction), URL, token, root PID, stop."""
+
+    name = "server"
+    description = ""
+    url = ""
+
+    def start(self) -> tuple[float, float]:
+        """Start and return (cold start to first prediction in s, first request in ms)."""
+        raise NotImplementedError
+
+    def token(self) -> str | None:
+        """The bearer token to send, if any."""
+        return None
+
+    def pid(self) -> int:
+        """The root process of the server's tree."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Stop the server and every process it started."""
+        raise NotImplementedError
+
+    def settings(self) -> dict:
+        """What to record about this server's configuration."""
+        return {}
+
+    def second_request_ms(self) -> float:
+        """The latency of one more request right after the first (ms)."""
+        status, seconds = timed_post(self.url, REQUEST.read_bytes(),
+                                     {"Authorization": f"Bearer {self.token()}"} if self.token() else {})
+        if status != 200:
+            raise BenchError(f"{self.name}: second request answered {status}")
+        return round(seconds * 1000, 2)
+
+    def first_request_detail(self) -> dict:
+        """Where the first request's time went, if the server's logs say."""
+        return {}
+
+
+def timed_post(url: str, body: bytes, headers: dict, timeout: float = 5.0) -> tuple[int, float]:
+    """One POST on a fresh, already connected keep-alive connection: (status, seconds).
+
+    The timer covers the request and the whole answer, not the TCP connect or any client
+    library set-up, so that it compares with wrk's per-request latencies.
+    """
+    import http.client
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    try:
+        conn.connect()
+        start = time.perf_counter()
+        conn.request("POST", parts.path, body=body, headers={"Content-Type": "application/json", **headers})
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status, time.perf_counter() - start
+    finally:
+        conn.close()
+
+
+def _first_prediction(send: Callable[[], tuple[int, float]], ready: Callable[[], bool],
+                      started: float, timeout: float, alive: Callable[[], bool]) -> tuple[float, float]:
+    """Poll ``ready`` (every 20 ms), then send the first prediction: (cold start s, its latency ms)."""
+    deadline = started + timeout
+    while time.monotonic() < deadline:
+        if not alive() and time.monotonic() - started > 5:
+            raise BenchError("server died during start-up")
+        try:
+            if ready():
+                status, seconds = send()
+                if status == 200:
+                    return round(time.monotonic() - started, 3), round(seconds * 1000, 2)
+        except (requests.RequestException, OSError, TorchServeError):
+            pass
+        time.sleep(0.02)
+    raise BenchError(f"no prediction within {timeout:.0f}s")
+
+
+class FastAPISeed(Server):
+    """The seed-style FastAPI app (bench/fastapi_seed.py) under uvicorn with ``workers`` processes."""
+
+    def __init__(self, workers: int, model_dir: Path, run_dir: Path) -> None:
+        self.workers = workers
+        self.model_dir = model_dir
+        self.run_dir = run_dir
+        self.port = free_ports(1)[0]
+        self.name = f"fastapi-{workers}w"
+        self.description = (f"seed FastAPI, uvicorn {workers} worker{'s' if workers > 1 else ''}, "
+                            "uvloop+httptools, TCP_NODELAY")
+        self.url = f"http://127.0.0.1:{self.port}/predict"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> tuple[float, float]:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.run_dir / f"{self.name}.log", "wb")
+        started = time.monotonic()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.fastapi_seed", "--port", str(self.port),
+             "--workers", str(self.workers), "--model-dir", str(self.model_dir)],
+            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        body = REQUEST.read_bytes()
+        try:
+            return _first_prediction(
+                lambda: timed_post(self.url, body, {}),
+                lambda: len(tree(self.proc.pid)) >= (1 if self.workers == 1 else self.workers + 1)
+                and _port_open(self.port),
+                started, 60, lambda: self.proc.poll() is None)
+        except BenchError as exc:
+            raise BenchError(f"{self.name}: {exc}: {(self.run_dir / f'{self.name}.log').read_text()[-2000:]}")
+
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        procs = tree(self.proc.pid)
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            pass
+        for proc in procs:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+
+    def settings(self) -> dict:
+        return {"workers": self.workers, "torch_threads_per_worker": 1, "access_log": False}
+
+
+def _port_open(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+class RtServe(Server):
+    """rtserve's TorchServe deployment: config.properties and the archive as built by the Makefile."""
+
+    def __init__(self, model_store: Path, run_dir: Path, mar: str, name: str = "torchserve",
+                 overrides: dict | None = None, log_config: Path | None | str = "shipped") -> None:
+        self.name = name
+        self.description = "rtserve TorchServe, as shipped" if name == "torchserve" else name
+        props = {**port_overrides(free_ports(6)), **(overrides or {})}
+        kwargs = {} if log_config == "shipped" else {"log_config": log_config}
+        self.ts = TorchServe(run_dir, model_store, [f"{MODEL}={mar}"], overrides=props, **kwargs)
+        self.url = f"{self.ts.props['inference_address']}/predictions/{MODEL}"
+        self.client = self.ts.client(timeout=5.0, retries=0)
+
+    def start(self) -> tuple[float, float]:
+        body = REQUEST.read_bytes()
+        started = time.monotonic()
+        self.ts.start()
+
+        def ready() -> bool:
+            return self.ts.key_file.exists() and self.client.ping() and workers_ready(self.client, MODEL)
+
+        try:
+            return _first_prediction(
+                lambda: timed_post(self.url, body, {"Authorization": f"Bearer {self.token()}"}),
+                ready, started, 120, lambda: self.ts.pid() is not None)
+        except BenchError as exc:
+            raise BenchError(f"{self.name}: {exc}:\n{self.ts.log_tail()}")
+
+    def token(self) -> str | None:
+        return self.client.keys.get("inference")
+
+    def first_request_detail(self) -> dict:
+        """The first prediction's time in TorchServe (access log) and in the handler (its metric)."""
+        out = {}
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and len(out) < 2:
+            try:
+                access = (self.ts.log_dir / "access_log.log").read_text()
+                metrics = (self.ts.log_dir / "model_metrics.log").read_text()
+            except OSError:
+                access = metrics = ""
+            m = re.search(r'"POST /predictions/\S+ HTTP/1.1" 200 (\d+)', access)
+            if m:
+                out["first_request_frontend_ms"] = int(m.group(1))
+            m = re.search(r"HandlerTime\.ms:([\d.]+)", metrics)
+            if m:
+                out["first_request_handler_ms"] = float(m.group(1))
+            time.sleep(0.1)
+        return out
+
+    def pid(self) -> int:
+        pid = self.ts.pid()
+        if pid is None:
+            raise BenchError(f"{self.name} is not running:\n{self.ts.log_tail()}")
+        return pid
+
+    def stop(self) -> None:
+        self.ts.stop()
+
+    def settings(self) -> dict:
+        desc = self.client.describe(MODEL)[0]
+        props = self.ts.props
+        return {
+            "batchSize": desc.get("batchSize"), "maxBatchDelay": desc.get("maxBatchDelay"),
+            "workers": len(desc.get("workers", [])),
+            "vmargs": props.get("vmargs", ""),
+            "log_config": str(self.ts.log_config) if self.ts.log_config else "TorchServe built-in",
+            "model_config": _archive_model_config(self.ts),
+        }
+
+
+def _archive_model_config(ts: TorchServe) -> dict:
+    import zipfile
+
+    import yaml
+
+    mar = ts.model_store / ts.models[0].split("=", 1)[1]
+    with zipfile.ZipFile(mar) as zf:
+        manifest = json.loads(zf.read("MAR-INF/MANIFEST.json"))
+        name = manifest["model"].get("configFile")
+        return yaml.safe_load(zf.read(name)) if name else {}
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def bench_server(server: Server, concurrencies: tuple[int, ...], seconds: float, warmup: float,
+                 soak: float = 0.0, quiet_wait: float = 0.0, retries: int = 0,
+                 server_warmup: float = 10.0) -> ServerResult:
+    """Start ``server``, measure every concurrency (and the soak), stop it.
+
+    After the start (timed) and before the first point, ``server_warmup`` seconds of load at the
+    highest concurrency are excluded: the JVM's JIT compilers keep a core busy for several
+    seconds of traffic after a start, which would otherwise land on the first points.
+
+    With ``quiet_wait``, first wait up to that many seconds until other processes use at most
+    10% of the machine's CPU (the load average lags a minute behind, so it is only recorded).
+    """
+    load, others = wait_quiet(quiet_wait, 10.0) if quiet_wait > 0 else machine_load()
+    logger.info("== %s (load %s, other processes %.0f%% CPU)", server.name, load, others)
+    try:
+        cold, first = server.start()
+        second = server.second_request_ms()
+        result = ServerResult(server.name, server.description, cold, first, second,
+                              tree_rss_mb(server.pid()), load, others, settings=server.settings())
+        result.settings.update(server.first_request_detail())
+        logger.info("   cold start %.2fs, first request %.1f ms, second %.1f ms, idle RSS %.0f MiB %s",
+                    cold, first, second, result.rss_idle_mb, server.first_request_detail())
+        if server_warmup > 0:
+            run_wrk(server.url, max(concurrencies), server_warmup, server.token())
+        for c in concurrencies:
+            point = measure_point(server.url, server.token, server.pid(), c, seconds, warmup, retries)
+            result.points.append(point)
+            logger.info("   c=%-3d %8.0f req/s  p50 %6.2f  p95 %6.2f  p99 %6.2f ms  err %d  "
+                        "CPU %.3f ms/req (root %.0f%%)  RSS %.0f MiB  others %.0f%%", c, point.rps,
+                        point.p50_ms, point.p95_ms, point.p99_ms, point.errors,
+                        point.cpu_ms_per_request, point.root_cpu_share * 100, point.rss_mb,
+                        point.others_cpu_pct)
+        if soak > 0:
+            c = max(concurrencies)
+            point = measure_point(server.url, server.token, server.pid(), c, soak, 0)
+            result.soak = {**asdict(point), "rss_after_mb": tree_rss_mb(server.pid())}
+            logger.info("   soak %.0fs at c=%d: %.0f req/s, p99 %.2f ms, RSS after %.0f MiB",
+                        soak, c, point.rps, point.p99_ms, result.soak["rss_after_mb"])
+    finally:
+        server.stop()
+    return result
+
+
+def best_fastapi(results: list[ServerResult]) -> dict[int, dict]:
+    """Per concurrency, the best FastAPI configuration's throughput and latencies."""
+    best: dict[int, dict] = {}
+    for r in results:
+        if not r.name.startswith("fastapi"):
+            continue
+        for p in r.points:
+            b = best.setdefault(p.concurrency, {"rps": 0.0, "p50_ms": float("inf"),
+                                                "p99_ms": float("inf")})
+            if p.rps > b["rps"]:
+                b.update(rps=p.rps, rps_from=r.name)
+            if p.p50_ms < b["p50_ms"]:
+                b.update(p50_ms=p.p50_ms, p50_from=r.name)
+            if p.p99_ms < b["p99_ms"]:
+                b.update(p99_ms=p.p99_ms, p99_from=r.name)
+    return best
+
+
+def ratios(results: list[ServerResult], target: str = "torchserve") -> dict[int, dict]:
+    """TorchServe over the best FastAPI configuration, per concurrency."""
+    best = best_fastapi(results)
+    ts = next((r for r in results if r.name == target), None)
+    if ts is None or not best:
+        return {}
+    out = {}
+    for p in ts.points:
+        b = best.get(p.concurrency)
+        if b and b["rps"]:
+            out[p.concurrency] = {
+                "rps_ratio": round(p.rps / b["rps"], 2),
+                "p50_ratio": round(p.p50_ms / b["p50_ms"], 2),
+                "p99_ratio": round(p.p99_ms / b["p99_ms"], 2),
+            }
+    return out
+
+
+def targets(results: list[ServerResult], handler: dict | None, target: str = "torchserve") -> list[dict]:
+    """The issue's targets, each with the measured figure and whether it is met."""
+    ts = next((r for r in results if r.name == target), None)
+    best = best_fastapi(results)
+    if ts is None:
+        return []
+    by_c = {p.concurrency: p for p in ts.points}
+    out = []
+
+    def add(name: str, value: float | None, limit: str, ok: bool | None) -> None:
+        out.append({"target": name, "measured": value, "limit": limit, "met": ok})
+
+    if 1 in by_c and 1 in best:
+        r = round(by_c[1].p50_ms / best[1]["p50_ms"], 2)
+        add("c=1 p50 / best FastAPI p50", r, "<= 1.5", r <= 1.5)
+    if 8 in by_c and 8 in best:
+        r = round(by_c[8].rps / best[8]["rps"], 2)
+        add("c=8 throughput / best FastAPI", r, ">= 1.0", r >= 1.0)
+    if 64 in by_c and 64 in best:
+        r = round(by_c[64].rps / best[64]["rps"], 2)
+        add("c=64 throughput / best FastAPI", r, ">= 5.0", r >= 5.0)
+        add("c=64 p99 ms", by_c[64].p99_ms, "< 20", by_c[64].p99_ms < 20)
+    if handler:
+        v = round(handler["preprocess_us_per_request"] + handler["inference_us_per_request"]
+                  + handler["postprocess_us_per_request"], 2)
+        add("handler us/request, preprocess+inference+postprocess (batch 32)", v, "<= 10", v <= 10)
+    add("cold start to first prediction s", ts.cold_start_s, "< 10", ts.cold_start_s < 10)
+    if 1 in by_c:
+        add("first request ms vs steady c=1 p99", ts.first_request_ms,
+            f"<= {by_c[1].p99_ms}", ts.first_request_ms <= by_c[1].p99_ms)
+    if ts.soak:
+        v = ts.soak["rss_after_mb"]
+        add(f"RSS MiB after {ts.soak['seconds']:.0f}s at c={ts.soak['concurrency']}", v, "< 1024", v < 1024)
+    return out
+
+
+def table(results: list[ServerResult], floor: dict | None, handler: dict | None) -> str:
+    """The human-readable report."""
+    lines = []
+    if floor:
+        lines.append("raw forward pass (1 thread, us): " + ", ".join(f"{k[:-3]} {v}" for k, v in floor.items()))
+    if handler:
+        stages = (handler["preprocess_us_per_request"] + handler["inference_us_per_request"]
+                  + handler["postprocess_us_per_request"])
+        lines.append(f"handler per request in a batch of {handler['batch']} (us): preprocess "
+                     f"{handler['preprocess_us_per_request']} + inference {handler['inference_us_per_request']} + "
+                     f"postprocess {handler['postprocess_us_per_request']} = {stages:.2f}; handle() with "
+                     f"TorchServe's own bookkeeping (metrics, checks) {handler['handle_us_per_request']}")
+    lines.append("")
+    lines.append(f"{'server':<18} {'conc':>4} {'req/s':>8} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} "
+                 f"{'errors':>6} {'CPU ms/req':>10} {'RSS MiB':>8} {'others %':>8}")
+    for r in results:
+        for p in r.points:
+            lines.append(f"{r.name:<18} {p.concurrency:>4} {p.rps:>8.0f} {p.p50_ms:>7.2f} {p.p95_ms:>7.2f} "
+                         f"{p.p99_ms:>7.2f} {p.errors:>6} {p.cpu_ms_per_request:>10.3f} {p.rss_mb:>8.0f} {p.others_cpu_pct:>8.0f}")
+    lines.append("")
+    lines.append(f"{'server':<18} {'cold start s':>12} {'first req ms':>12} {'second ms':>9} {'idle RSS MiB':>12}  "
+                 "load avg / others' CPU before")
+    for r in results:
+        lines.append(f"{r.name:<18} {r.cold_start_s:>12.2f} {r.first_request_ms:>12.1f} {r.second_request_ms:>9.1f} "
+                     f"{r.rss_idle_mb:>12.0f}  {r.load_before} / {r.others_cpu_pct}%")
+    for r in results:
+        if r.soak:
+            lines.append(f"{r.name} soak {r.soak['seconds']:.0f}s at c={r.soak['concurrency']}: "
+                         f"{r.soak['rps']:.0f} req/s, p99 {r.soak['p99_ms']:.2f} ms, errors {r.soak['errors']}, "
+                         f"RSS after {r.soak['rss_after_mb']:.0f} MiB")
+    rat = ratios(results)
+    if rat:
+        lines.append("")
+        lines.append("torchserve / best FastAPI:  " + "  ".join(
+            f"c={c}: x{v['rps_ratio']} req/s, x{v['p50_ratio']} p50, x{v['p99_ratio']} p99" for c, v in rat.items()))
+    tg = targets(results, handler)
+    if tg:
+        lines.append("")
+        for t in tg:
+            lines.append(f"  [{'met' if t['met'] else 'MISSED'}] {t['target']}: {t['measured']} (target {t['limit']})")
+    return "\n".join(lines)
+
+
+def plot(results: list[ServerResult], path: Path, title: str) -> None:
+    """Latency percentiles (log scale) against throughput, one colour per server."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
+    styles = {"p50_ms": ("-", "o"), "p95_ms": ("--", "s"), "p99_ms": (":", "^")}
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, r in enumerate(results):
+        xs = [p.rps for p in r.points]
+        for key, (ls, marker) in styles.items():
+            ax.plot(xs, [getattr(p, key) for p in r.points], linestyle=ls, marker=marker,
+                    color=colors[i % len(colors)], markersize=4,
+                    label=f"{r.name} {key[:-3]}")
+        for p in r.points:
+            ax.annotate(f"c{p.concurrency}", (p.rps, p.p50_ms), textcoords="offset points",
+                        xytext=(3, -10), fontsize=7, color=colors[i % len(colors)])
+    ax.set_yscale("log")
+    ax.set_xlabel("throughput (requests/s)")
+    ax.set_ylabel("latency (ms, log scale)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=len(results), loc="upper left")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _log_to_stdout() -> None:
+    """Progress lines from ``bench.*`` on stdout; everything else (the handler's own INFO lines
+    in the micro-benchmark) formatted as in a worker but written to /dev/null."""
+    logging.basicConfig(stream=open(os.devnull, "w"), format="%(message)s", level=logging.INFO)
+    out = logging.getLogger("bench")
+    out.addHandler(logging.StreamHandler(sys.stdout))
+    out.propagate = False
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the comparison and write the table, JSON and plot."""
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--servers", default="fastapi-1w,fastapi-2w,torchserve",
+                        help="comma-separated: fastapi-1w, fastapi-2w, torchserve")
+    parser.add_argument("--concurrency", default=",".join(map(str, CONCURRENCIES)))
+    parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per point")
+    parser.add_argument("--warmup", type=float, default=2.0, help="excluded seconds before each point")
+    parser.add_argument("--server-warmup", type=float, default=10.0,
+                        help="excluded seconds at the highest concurrency after each server start")
+    parser.add_argument("--soak", type=float, default=60.0,
+                        help="seconds at the highest concurrency before TorchServe's memory is read (0: skip)")
+    parser.add_argument("--model-store", type=Path, default=REPO / "model_store")
+    parser.add_argument("--version", default="1.0")
+    parser.add_argument("--model-dir", type=Path, help="weights + meta.json for FastAPI (default artifacts/VERSION)")
+    parser.add_argument("--wait-quiet", type=float, default=0.0,
+                        help="before each server, wait up to this many seconds for a quiet machine")
+    parser.add_argument("--retry-busy", type=int, default=0,
+                        help="measure a point again (this many times at most) when other processes "
+                             "used over 10%% of the CPU during it")
+    parser.add_argument("--out", type=Path, default=RESULTS / "perf.json")
+    parser.add_argument("--plot", type=Path, default=RESULTS / "perf.png")
+    args = parser.parse_args(argv)
+    _log_to_stdout()
+    concurrencies = tuple(int(c) for c in args.concurrency.split(","))
+    model_dir = (args.model_dir or REPO / "artifacts" / args.version).resolve()
+    wrk_path()
+    from bench.handler_micro import forward_floor, handler_time
+
+    import yaml
+
+    floor = forward_floor(model_dir)
+    handler = handler_time(model_dir, yaml.safe_load((REPO / "model" / "model-config.yaml").read_text()),
+                           json.loads(REQUEST.read_text()))
+    run_root = Path(tempfile.mkdtemp(prefix="bench-perf-", dir=REPO / "build"))
+    results: list[ServerResult] = []
+    for name in args.servers.split(","):
+        if name.startswith("fastapi-"):
+            server: Server = FastAPISeed(int(name.split("-")[1].rstrip("w")), model_dir, run_root)
+            soak = 0.0
+        elif name == "torchserve":
+            server = RtServe(args.model_store, run_root / name, f"{MODEL}_{args.version}.mar")
+            soak = args.soak
+        else:
+            raise SystemExit(f"unknown server {name!r}")
+        results.append(bench_server(server, concurrencies, args.duration, args.warmup, soak,
+                                    args.wait_quiet, args.retry_busy, args.server_warmup))
+    report = {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {"cpus": psutil.cpu_count(), "python": platform.python_version(),
+                    "platform": platform.platform(), "load_after": list(os.getloadavg())},
+        "method": {"client": "wrk -t1 (closed loop), loopback", "concurrency": list(concurrencies),
+                   "seconds": args.duration, "warmup_s": args.warmup, "soak_s": args.soak,
+                   "server_warmup_s": args.server_warmup},
+        "forward_floor_us": floor, "handler": handler,
+        "servers": [asdict(r) for r in results],
+        "best_fastapi": {str(k): v for k, v in best_fastapi(results).items()},
+        "ratios": {str(k): v for k, v in ratios(results).items()},
+        "targets": targets(results, handler),
+    }
+    text = table(results, floor, handler)
+    sys.stdout.write("\n" + text + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    plot(results, args.plot, f"rtserve vs seed FastAPI, closed loop c={list(concurrencies)}, "
+                             f"{psutil.cpu_count()} cores, loopback")
+    shutil.rmtree(run_root, ignore_errors=True)
+    logger.info("JSON: %s  plot: %s", args.out, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
