@@ -259,7 +259,7 @@ bench-deps: $(BENCH_STAMP) ## Install FastAPI/uvicorn (benchmark only) and the l
 	  || { echo "wrk is missing and cannot be installed here: install Debian's wrk package"; exit 1; }; }
 
 .PHONY: bench
-bench: $(MAR) $(ARTIFACTS)/$(MODEL_VERSION)/weights.pt bench-deps ## Raw forward vs seed FastAPI vs rtserve's TorchServe (about 4 min; BENCH_ARGS=... to vary)
+bench: $(MAR) $(ARTIFACTS)/$(MODEL_VERSION)/weights.pt bench-deps ## Raw forward vs seed FastAPI vs rtserve's TorchServe (about 5 min; BENCH_ARGS=... to vary)
 	$(PY) -m bench.perf --model-store $(MODEL_STORE) --version $(MODEL_VERSION) $(BENCH_ARGS)
 
 .PHONY: bench-handler

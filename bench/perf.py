@@ -670,11 +670,15 @@ def plot(results: list[ServerResult], path: Path, title: str) -> None:
     ax.set_ylabel("latency (ms, log scale)")
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, ncol=len(results), loc="upper left")
+    ax.legend(fontsize=7, ncol=len(results), loc="upper right")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     plt.close(fig)
+
+
+def _title(concurrencies: list[int], cpus: int) -> str:
+    return f"rtserve vs seed FastAPI, closed loop c={concurrencies}, {cpus} cores, loopback"
 
 
 def _log_to_stdout() -> None:
@@ -709,8 +713,15 @@ def main(argv: list[str] | None = None) -> int:
                              "used over 10%% of the CPU during it")
     parser.add_argument("--out", type=Path, default=RESULTS / "perf.json")
     parser.add_argument("--plot", type=Path, default=RESULTS / "perf.png")
+    parser.add_argument("--replot", type=Path, metavar="JSON",
+                        help="only draw --plot again from an earlier run's JSON")
     args = parser.parse_args(argv)
     _log_to_stdout()
+    if args.replot:
+        report = json.loads(args.replot.read_text())
+        results = [ServerResult(**{**r, "points": [Point(**p) for p in r["points"]]}) for r in report["servers"]]
+        plot(results, args.plot, _title(report["method"]["concurrency"], report["machine"]["cpus"]))
+        return 0
     concurrencies = tuple(int(c) for c in args.concurrency.split(","))
     model_dir = (args.model_dir or REPO / "artifacts" / args.version).resolve()
     wrk_path()
@@ -751,8 +762,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.write("\n" + text + "\n")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    plot(results, args.plot, f"rtserve vs seed FastAPI, closed loop c={list(concurrencies)}, "
-                             f"{psutil.cpu_count()} cores, loopback")
+    plot(results, args.plot, _title(list(concurrencies), psutil.cpu_count()))
     shutil.rmtree(run_root, ignore_errors=True)
     logger.info("JSON: %s  plot: %s", args.out, args.plot)
     return 0
