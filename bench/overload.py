@@ -22,7 +22,6 @@ import statistics
 import sys
 import threading
 import time
-from collections import Counter
 from pathlib import Path
 
 import requests

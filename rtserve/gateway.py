@@ -91,7 +91,7 @@ POD = GatewaySettings()
 def render_nginx_conf(s: GatewaySettings) -> str:
     """nginx's main config for the gateway (no secrets in it: those come from the map files)."""
     d, t = s.gateway_dir.rstrip("/"), s.tmp_dir.rstrip("/")
-    proxy = f"""proxy_pass http://torchserve;
+    proxy = """proxy_pass http://torchserve;
             proxy_set_header Authorization $rtserve_upstream_authorization;"""
     routes = "\n".join(f"""        location {route} {{
             {proxy}

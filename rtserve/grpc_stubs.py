@@ -7,7 +7,6 @@ at import time; :func:`generate` writes the modules into a directory of the call
 
 from __future__ import annotations
 
-import importlib
 import sys
 from pathlib import Path
 from types import SimpleNamespace

@@ -9,12 +9,15 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
+import yaml
 from ts.context import Context, RequestProcessor
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 
 from handler.model import ModelMetadata, load_model
 from handler.schema import Normalizer
 
+#: The shipped model config (model/model-config.yaml), as the archive carries it.
+MODEL_YAML = yaml.safe_load((Path(__file__).resolve().parent.parent / "model" / "model-config.yaml").read_text())
 #: The metrics config the server is started with (config.properties ``metrics_config``); the
 #: worker's metrics cache is built from it, so undeclared metrics fail here as they would there.
 METRICS_YAML = Path(__file__).resolve().parent.parent / "config" / "metrics.yaml"

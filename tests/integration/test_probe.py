@@ -221,7 +221,8 @@ def test_drain_waits_for_in_flight_requests_then_sigterm_stops_cleanly(pod):
     stop_at = time.monotonic() + 1.5
 
     def traffic() -> None:  # requests keep arriving during the first 1.5 s of the drain
-        while time.monotonic() < stop_at:
+        hard_stop = stop_at + 8.5  # a busy machine answers slowly: send at least 12 requests
+        while time.monotonic() < stop_at or (len(finished) < 12 and time.monotonic() < hard_stop):
             assert client.predict(MODEL_NAME, {"features": [1.0] * 32})["model_version"] == "1.0"
             finished.append(time.monotonic())
 

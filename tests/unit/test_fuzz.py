@@ -11,19 +11,15 @@ import json
 import math
 
 import pytest
-import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from handler.rtserve_handler import RealTimeHandler
-from tests.conftest import REPO
-from tests.helpers import make_context, route_headers, start_batch
+from tests.helpers import route_headers, start_batch
 
 pytestmark = pytest.mark.unit
 
 N = 32
 LIMIT = 1.0e6
-MODEL_YAML = yaml.safe_load((REPO / "model" / "model-config.yaml").read_text())
 
 scalars = (st.none() | st.booleans() | st.text(max_size=20)
            | st.floats(allow_nan=True, allow_infinity=True)
@@ -101,13 +97,6 @@ def oracle_features(row: dict):
             return None
     return feats
 
-
-@pytest.fixture(scope="module")
-def handler_ctx(trained_dir):
-    ctx = make_context(trained_dir, MODEL_YAML)
-    handler = RealTimeHandler()
-    handler.initialize(ctx)
-    return handler, ctx
 
 
 @settings(max_examples=1200, deadline=None, suppress_health_check=list(HealthCheck))

@@ -7,25 +7,15 @@ import math
 
 import pytest
 import torch
-import yaml
 
 from handler.errors import ConfigError
 from handler.model import ModelMetadata
 from handler.rtserve_handler import RealTimeHandler
-from tests.conftest import REPO
-from tests.helpers import Reference, features, json_row, make_context, raw_row, start_batch
+from tests.helpers import MODEL_YAML, Reference, features, json_row, make_context, raw_row, start_batch
 
 pytestmark = pytest.mark.unit
 
-MODEL_YAML = yaml.safe_load((REPO / "model" / "model-config.yaml").read_text())
 
-
-@pytest.fixture(scope="module")
-def handler_ctx(trained_dir):
-    ctx = make_context(trained_dir, MODEL_YAML)
-    handler = RealTimeHandler()
-    handler.initialize(ctx)
-    return handler, ctx
 
 
 def run(handler, ctx, rows):

@@ -5,28 +5,17 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 
 from handler.config import HandlerConfig
 from handler.errors import ConfigError
 from handler.model import ModelMetadata
-from handler.rtserve_handler import RealTimeHandler
-from tests.conftest import REPO
-from tests.helpers import Reference, features, json_row, make_context, route_headers, start_batch
+from tests.helpers import Reference, features, json_row, route_headers, start_batch
 
 pytestmark = pytest.mark.unit
 
-MODEL_YAML = yaml.safe_load((REPO / "model" / "model-config.yaml").read_text())
 #: Headers of a KServe v1/v2 route: like /predictions, but without ``url_path``.
 KSERVE_HEADERS = {k: v for k, v in route_headers(False).items() if k != "url_path"}
 
-
-@pytest.fixture(scope="module")
-def handler_ctx(trained_dir):
-    ctx = make_context(trained_dir, MODEL_YAML)
-    handler = RealTimeHandler()
-    handler.initialize(ctx)
-    return handler, ctx
 
 
 def run(handler, ctx, rows, headers=None):

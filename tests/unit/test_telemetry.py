@@ -7,17 +7,14 @@ import logging
 import re
 
 import pytest
-import yaml
 
 from handler.rtserve_handler import RealTimeHandler
 from handler.schema import parse_batch
 from handler.telemetry import violation_reason
-from tests.conftest import REPO
-from tests.helpers import features, json_row, make_context, raw_row, start_batch
+from tests.helpers import MODEL_YAML, features, json_row, make_context, raw_row, start_batch
 
 pytestmark = pytest.mark.unit
 
-MODEL_YAML = yaml.safe_load((REPO / "model" / "model-config.yaml").read_text())
 
 
 @pytest.fixture()
