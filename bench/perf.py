@@ -1,18 +1,20 @@
 """Side-by-side performance: the raw forward pass, the seed's FastAPI server, and rtserve's TorchServe.
 
 One run, one client (``wrk``, closed loop, loopback only): every server is started here on free
-ports, warmed up, then driven at each concurrency for a fixed time (the warm-up is excluded).
-For each point: throughput, p50/p95/p99 latency, errors, server CPU per request (the whole
-server process tree, from /proc before and after) and resident memory of the tree. Per server:
-cold start to first prediction and the first request's latency. TorchServe also runs a soak
-at the highest concurrency, after which its memory is read. Output: a table on stdout, JSON,
-and a PNG of latency percentiles against throughput.
+ports, warmed up (10 s at the highest concurrency, excluded), then driven at each concurrency
+for a fixed time after a short excluded warm-up. For each point: throughput, p50/p95/p99
+latency, errors, server CPU per request (the whole server process tree, from /proc before and
+after), resident memory of the tree, and the CPU other processes used meanwhile. Per server:
+cold start to the first prediction, the first and second request's latency. TorchServe also
+runs a soak at the highest concurrency, after which its memory is read. Output: a table on
+stdout, JSON, and a PNG of latency percentiles against throughput.
 
     make bench                                     # the full comparison
     .venv/bin/python -m bench.perf --servers torchserve --duration 5   # one server, shorter
 
-Load on the machine skews everything: each server's block records the load average and the
-CPU share other processes used in the second before it started (``others_cpu_pct``).
+Load on the machine skews everything: each point records the CPU share other processes used
+during it (``others_cpu_pct``; ``--retry-busy`` measures a disturbed point again), and each
+server's block the load average and other processes' CPU share just before it started.
 """
 
 from __future__ import annotations
