@@ -81,7 +81,7 @@ class Pod:
         self.env = dict(os.environ, RTSERVE_RUN_DIR=str(self.run_dir), RTSERVE_MODEL=MODEL_NAME,
                         RTSERVE_CONFIG=str(config), RTSERVE_MODEL_STORE=str(store),
                         RTSERVE_MODELS=f"{MODEL_NAME}={mar.name}", HOME=str(self.run_dir),
-                        PYTHONDONTWRITEBYTECODE="1")
+                        PYTHONDONTWRITEBYTECODE="1", TMPDIR=str(self.tmp))
         self.server = TorchServe(self.run_dir, store, config=config)
         self.proc: subprocess.Popen | None = None
         self.out = root / "runner.out"
@@ -92,7 +92,11 @@ class Pod:
             # Only the run directory and /tmp stay writable; then drop to the pod's user. It
             # keeps CAP_DAC_READ_SEARCH (read anything, write nothing extra) only because this
             # machine's Python lives under /root (mode 700); in the image it is world-readable.
-            script = (f"mount --bind {self.run_dir} {self.run_dir} && mount --bind {self.tmp} /tmp"
+            # A checkout under /tmp (CI may clone there) must stay visible: then the pod's tmp
+            # stays at its own path (TMPDIR points there) instead of covering /tmp.
+            tmp_bind = (f"mount --bind {self.tmp} {self.tmp}" if Path("/tmp") in REPO.resolve().parents
+                        else f"mount --bind {self.tmp} /tmp")
+            script = (f"mount --bind {self.run_dir} {self.run_dir} && {tmp_bind}"
                       f" && mount -o remount,bind,ro / && exec setpriv --reuid {self.uid}"
                       f" --regid {self.uid} --clear-groups --inh-caps +dac_read_search"
                       f" --ambient-caps +dac_read_search \"$@\"")
