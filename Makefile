@@ -28,6 +28,8 @@ MODEL_DIR := $(ARTIFACTS)/$(MODEL_VERSION)
 MAR       := $(MODEL_STORE)/$(MODEL_NAME)_$(MODEL_VERSION).mar
 HANDLER_SRC := $(wildcard handler/*.py)
 STAGE     := build/stage/$(MODEL_NAME)_$(MODEL_VERSION)
+AGENT_JAR := build/agent/rtserve-agent.jar
+AGENT_SRC := $(wildcard agent/src/rtserve/agent/*.java) agent/MANIFEST.MF
 
 ##@ General
 .PHONY: help
@@ -69,9 +71,22 @@ $(MAR): $(MODEL_DIR)/weights.pt $(MODEL_DIR)/meta.json $(HANDLER_SRC) $(MODEL_CO
 	mv $(STAGE)/out/$(MODEL_NAME).mar $@
 	@echo ">> built $@"
 
+.PHONY: agent
+agent: $(AGENT_JAR) ## Build the frontend's greedy-batching Java agent (build/agent/rtserve-agent.jar)
+
+$(AGENT_JAR): $(AGENT_SRC)
+	@command -v javac >/dev/null || { echo ">> installing a JDK (apt) for javac"; \
+	  { apt-get install -y -qq openjdk-17-jdk-headless >/dev/null 2>&1 || \
+	    { apt-get update -qq && apt-get install -y -qq openjdk-17-jdk-headless; }; } \
+	  || { echo "javac is missing and cannot be installed: install a JDK 17"; exit 1; }; }
+	rm -rf build/agent/classes && mkdir -p build/agent/classes
+	javac --release 17 -Xlint:all -Werror -d build/agent/classes $(filter %.java,$^)
+	jar --create --file $@ --manifest agent/MANIFEST.MF -C build/agent/classes .
+	@echo ">> built $@"
+
 ##@ Run
 .PHONY: serve
-serve: $(MAR) ## Install, build the archive, start TorchServe on localhost and wait until it answers
+serve: $(MAR) $(AGENT_JAR) ## Install, build the archive, start TorchServe on localhost and wait until it answers
 	$(PY) -m rtserve.server start --run-dir $(RUN_DIR) --model-store $(MODEL_STORE) \
 	  --models $(MODEL_NAME)=$(notdir $(MAR))
 	@echo ">> try it:"
@@ -238,7 +253,7 @@ k8s-lint: k8s-render $(STAMP) $(CHECKOV_STAMP) ## Validate every overlay offline
 
 ##@ Test
 .PHONY: test
-test: $(STAMP) ## Run the whole test suite (builds what it needs, starts and stops its own servers)
+test: $(STAMP) $(AGENT_JAR) ## Run the whole test suite (builds what it needs, starts and stops its own servers)
 	@$(MAKE) --no-print-directory nginx >/dev/null || \
 	  echo ">> nginx could not be installed: the rolling-rehearsal test will be skipped"
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -259,7 +274,7 @@ bench-deps: $(BENCH_STAMP) ## Install FastAPI/uvicorn (benchmark only) and the l
 	  || { echo "wrk is missing and cannot be installed here: install Debian's wrk package"; exit 1; }; }
 
 .PHONY: bench
-bench: $(MAR) $(ARTIFACTS)/$(MODEL_VERSION)/weights.pt bench-deps ## Raw forward vs seed FastAPI vs rtserve's TorchServe (about 5 min; BENCH_ARGS=... to vary)
+bench: $(MAR) $(ARTIFACTS)/$(MODEL_VERSION)/weights.pt $(AGENT_JAR) bench-deps ## Raw forward vs seed FastAPI vs rtserve's TorchServe (about 5 min; BENCH_ARGS=... to vary)
 	$(PY) -m bench.perf --model-store $(MODEL_STORE) --version $(MODEL_VERSION) $(BENCH_ARGS)
 
 .PHONY: bench-handler

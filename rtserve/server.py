@@ -40,6 +40,10 @@ DEFAULT_CONFIG = REPO / "config.properties"
 #: TorchServe's per-request DEBUG/INFO chatter (see the file's header).
 DEFAULT_LOG_CONFIG = REPO / "config" / "log4j2.xml"
 PID_FILE = ".model_server.pid"
+#: rtserve's Java agent for the frontend (agent/, built by ``make agent``): greedy batching.
+AGENT_JAR = Path(os.environ.get("RTSERVE_AGENT_JAR", REPO / "build" / "agent" / "rtserve-agent.jar"))
+#: The config.properties key that switches the agent off (``false``); on by default.
+GREEDY_KEY = "rtserve_greedy_batching"
 #: Created in the run directory by ``python -m rtserve.probe drain``: readiness is false from then.
 #: A model whose workers died this often during start-up is not going to load: fail fast.
 WORKER_DEATHS_FATAL = 4
@@ -121,6 +125,33 @@ class TorchServe:
         return props
 
     @property
+    def greedy(self) -> bool:
+        """Whether the frontend runs with rtserve's greedy-batching agent (``rtserve_greedy_batching``).
+
+        Raises:
+            ServerError: the setting is neither ``true`` nor ``false``.
+        """
+        value = self.props.get(GREEDY_KEY, "true").strip().lower()
+        if value not in ("true", "false"):
+            raise ServerError(f"{GREEDY_KEY} must be true or false, not {value!r}")
+        return value == "true"
+
+    def effective_props(self) -> dict[str, str]:
+        """What the frontend is started with: :attr:`props`, plus the agent in ``vmargs`` when
+        greedy batching is on (it then waits for no further request of a batch).
+
+        Raises:
+            ServerError: greedy batching is on but the agent was not built.
+        """
+        props = self.props
+        if self.greedy and "-javaagent:" not in props.get("vmargs", ""):
+            if not AGENT_JAR.is_file():
+                raise ServerError(f"greedy batching is on but {AGENT_JAR} is missing: build it "
+                                  f"with `make agent`, or set {GREEDY_KEY}=false")
+            props["vmargs"] = f"{props.get('vmargs', '')} -javaagent:{AGENT_JAR}".strip()
+        return props
+
+    @property
     def key_file(self) -> Path:
         """Where TorchServe writes its token keys (its working directory)."""
         return self.run_dir / "key_file.json"
@@ -173,7 +204,7 @@ class TorchServe:
         (self.run_dir / HISTORY_FILE).unlink(missing_ok=True)
         draining.clear(self.run_dir)  # nor is it draining
         config = self.run_dir / "config.properties"
-        write_properties(config, self.props)
+        write_properties(config, self.effective_props())
         cmd = [str(Path(sys.executable).with_name("torchserve")), "--start", "--ncs",
                "--ts-config", str(config), "--model-store", str(self.model_store)]
         if self.log_config is not None:
