@@ -110,13 +110,21 @@ class HandlerMetrics:
         self.stages = [stage.labels(model, version, name) for name in STAGES]
         self.batch_size = Histogram("rtserve_batch_size", "Requests per batch the handler ran",
                                     LABELS, buckets=BATCH_BUCKETS, **reg).labels(*ids)
-        feature = Gauge("rtserve_feature_drift_psi", "Population stability index of each input "
-                        "feature over the recent window", LABELS + ("feature",),
-                        multiprocess_mode="mostrecent", **reg)
-        self.feature_drift = [feature.labels(model, version, name) for name in feature_names]
+        # Drift gauges get their children at the first export: no series until there is a score.
+        self.ids = ids
+        self.feature_names = list(feature_names)
+        self.feature_drift = Gauge("rtserve_feature_drift_psi", "Population stability index of "
+                                   "each input feature over the recent window",
+                                   LABELS + ("feature",), multiprocess_mode="mostrecent", **reg)
         self.prediction_drift = Gauge("rtserve_prediction_drift_psi", "Population stability "
                                       "index of the predicted class over the recent window",
-                                      LABELS, multiprocess_mode="mostrecent", **reg).labels(*ids)
+                                      LABELS, multiprocess_mode="mostrecent", **reg)
+
+    def set_drift(self, features: Sequence[float], prediction: float) -> None:
+        """Set the drift gauges (PSI per feature, and of the predicted class)."""
+        for name, value in zip(self.feature_names, features):
+            self.feature_drift.labels(*self.ids, name).set(round(value, 6))
+        self.prediction_drift.labels(*self.ids).set(round(prediction, 6))
 
 
 class DriftBuffer:
@@ -310,6 +318,4 @@ class Telemetry:
         scores = self.drift.scores()
         if scores.rows < min(DRIFT_MIN_ROWS, self.drift.window):
             return
-        for gauge, value in zip(self.metrics.feature_drift, scores.features):
-            gauge.set(round(value, 6))
-        self.metrics.prediction_drift.set(round(scores.prediction, 6))
+        self.metrics.set_drift(scores.features, scores.prediction)
