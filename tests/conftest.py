@@ -32,9 +32,10 @@ def build_root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("build")
 
 
-def make_archive(build_root: Path, version: str, **variables: str) -> Path:
-    """Build ``<name>_<version>.mar`` with the project's own Makefile (what users run)."""
-    store = build_root / "model_store"
+def make_archive(build_root: Path, version: str, store: Path | None = None, **variables: str) -> Path:
+    """Build ``<name>_<version>.mar`` with the project's own Makefile (what users run), into
+    ``store`` (default ``build_root/model_store``)."""
+    store = store or build_root / "model_store"
     args = [f"MODEL_VERSION={version}", f"MODEL_STORE={store}",
             f"ARTIFACTS={build_root / 'artifacts'}", f"VENV={REPO / '.venv'}"]
     args += [f"{k}={v}" for k, v in variables.items()]
