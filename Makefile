@@ -274,8 +274,12 @@ bench-deps: $(BENCH_STAMP) ## Install FastAPI/uvicorn (benchmark only) and the l
 	  || { echo "wrk is missing and cannot be installed here: install Debian's wrk package"; exit 1; }; }
 
 .PHONY: bench
-bench: $(MAR) $(ARTIFACTS)/$(MODEL_VERSION)/weights.pt $(AGENT_JAR) bench-deps ## Raw forward vs seed FastAPI vs rtserve's TorchServe (about 5 min; BENCH_ARGS=... to vary)
+bench: $(MAR) $(ARTIFACTS)/$(MODEL_VERSION)/weights.pt $(AGENT_JAR) bench-deps ## Raw forward, FastAPI (seed and tuned) and rtserve (shipped, greedy off, telemetry off, batchSize 1): about 8 min
 	$(PY) -m bench.perf --model-store $(MODEL_STORE) --version $(MODEL_VERSION) $(BENCH_ARGS)
+
+.PHONY: bench-quick
+bench-quick: $(MAR) $(ARTIFACTS)/$(MODEL_VERSION)/weights.pt $(AGENT_JAR) bench-deps ## rtserve as shipped vs the tuned FastAPI at c=1, 8, 64 (about 90 s): before/after a request-path change
+	$(PY) -m bench.perf --quick --model-store $(MODEL_STORE) --version $(MODEL_VERSION) $(BENCH_ARGS)
 
 .PHONY: bench-handler
 bench-handler: $(MODEL_DIR)/weights.pt ## Handler time per request in a full batch of 32, and the raw forward pass

@@ -17,7 +17,7 @@ import pytest
 import requests
 import yaml
 
-from rtserve.server import AGENT_JAR, GREEDY_KEY
+from rtserve.server import AGENT_JAR, DEFAULT_CONFIG, GREEDY_KEY, read_properties
 from tests.conftest import MODEL_NAME, REPO, make_archive
 from tests.helpers import audit_batches, features
 from tests.integration.conftest import start_server
@@ -36,6 +36,11 @@ def slow_batching_mar(build_root, tmp_path_factory):
     path.write_text(yaml.safe_dump(config))
     return make_archive(build_root, "1.0", store=build_root / "store-slow-batching",
                         MODEL_CONFIG=str(path))
+
+
+def server_vmargs() -> str:
+    """The shipped JVM options (config.properties)."""
+    return read_properties(DEFAULT_CONFIG)["vmargs"]
 
 
 def serve(tmp_path_factory, mar, **overrides):
@@ -107,7 +112,7 @@ def test_without_the_agent_torchserve_waits_the_batch_delay(how, slow_batching_m
     if how == "switched off":
         server = serve(tmp_path_factory, slow_batching_mar, **{GREEDY_KEY: "false"})
     else:
-        vmargs = f"-Xms64m -Xmx256m -XX:+UseSerialGC -javaagent:{AGENT_JAR}=sha256={'0' * 64}"
+        vmargs = f"{server_vmargs()} -javaagent:{AGENT_JAR}=sha256={'0' * 64}"
         server = serve(tmp_path_factory, slow_batching_mar, vmargs=vmargs)
     try:
         lines = agent_lines(server)
