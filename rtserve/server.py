@@ -207,7 +207,8 @@ class TorchServe:
         with open(self.log_dir / "metrics_exporter.log", "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "rtserve.metrics", "--listen", effective[PUBLIC_METRICS_KEY],
-                 "--upstream", effective["metrics_address"], "--dir", str(self.metrics_dir)],
+                 "--upstream", effective["metrics_address"], "--dir", str(self.metrics_dir),
+                 "--access-log", str(self.log_dir / "access_log.log")],
                 cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True)
         (self.run_dir / EXPORTER_PID_FILE).write_text(str(proc.pid))
