@@ -41,6 +41,9 @@ BUCKETS = tuple(round((ms + 0.5) / 1000.0, 4) for ms in
 LABELS = ("model_name", "model_version", "status_class")
 #: The frontend's route when a request names no version (as TorchServe's own metrics label it).
 DEFAULT_VERSION = "default"
+#: Status classes whose series start at zero as soon as a model is seen (a counter series that
+#: appears with its first error would hide that error from ``rate()``).
+STATUS_CLASSES = ("2xx", "4xx", "5xx")
 #: At most this many (model, version) pairs get their own series; later ones are ``other``.
 MAX_MODELS = 32
 #: Answers for routes a client may invent (not found, not allowed, not authorized): their path
@@ -122,7 +125,9 @@ class RequestLatency:
             labels = key
             if key[:2] not in self._models and len(self._models) >= MAX_MODELS:
                 labels = ("other", "other", answer.status_class)
-            else:
+            elif key[:2] not in self._models:
                 self._models.add(key[:2])
+                for cls in STATUS_CLASSES:  # from zero: a model's first 5xx is a rate() > 0
+                    self.histogram.labels(*key[:2], cls)
             child = self._children[key] = self.histogram.labels(*labels)
         return child

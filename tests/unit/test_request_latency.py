@@ -67,6 +67,7 @@ def test_tail_observes_new_lines_only_and_survives_rotation(tmp_path):
     assert sample(registry, f"{METRIC}_bucket", **labels, status_class="2xx", le="0.0005") == 0
     assert sample(registry, f"{METRIC}_bucket", **labels, status_class="2xx", le="0.0015") == 1
     assert sample(registry, f"{METRIC}_bucket", **labels, status_class="5xx", le="0.0005") == 1
+    assert registry.get_sample_value(f"{METRIC}_count", {**labels, "status_class": "4xx"}) == 0
     with open(log, "a") as f:
         f.write("12\n")
     assert latency.poll() == 1
