@@ -23,11 +23,14 @@ management or metrics calls).
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 from rtserve.drain import LogFollower
 
@@ -77,21 +80,31 @@ def parse_line(line: str) -> Answer | None:
     m = _LINE.search(line)
     if m is None or m.group("method") != "POST":
         return None
-    path = m.group("uri").split("?", 1)[0]
+    route = _route(m.group("uri"))
+    if route is None:
+        return None
+    status = int(m.group("status"))
+    model, version = ("", "") if status in UNTRUSTED_STATUS else route
+    return Answer(model, version, status, int(m.group("ms")) / 1000.0)
+
+
+@functools.lru_cache(maxsize=1024)
+def _route(uri: str) -> tuple[str, str] | None:
+    """(model, version) of an inference route; None for any other path."""
+    path = uri.split("?", 1)[0]
     for route in _ROUTES:
         r = route.match(path)
         if r is not None:
-            status = int(m.group("status"))
-            if status in UNTRUSTED_STATUS:
-                model = version = ""
-            else:
-                model, version = r.group("model"), r.group("version") or DEFAULT_VERSION
-            return Answer(model, version, status, int(m.group("ms")) / 1000.0)
+            return r.group("model"), r.group("version") or DEFAULT_VERSION
     return None
 
 
 class RequestLatency:
     """The histogram, fed from the lines appended to ``access_log`` since the last :meth:`poll`.
+
+    A custom collector rather than a ``prometheus_client.Histogram``: the log has whole
+    milliseconds, so it keeps a count per (labels, millisecond) and forms the buckets when
+    scraped, which makes an observation one dictionary update.
 
     Args:
         access_log: TorchServe's ``access_log.log`` (it may not exist yet).
@@ -100,34 +113,49 @@ class RequestLatency:
             server must not count old requests again).
     """
 
+    HELP = ("Inference requests from arrival at the frontend to the answer (TorchServe's "
+            "access log, whole ms)")
+
     def __init__(self, access_log: Path, registry: CollectorRegistry, from_end: bool = True) -> None:
         self.follower = LogFollower(access_log, from_end=from_end)
-        self.histogram = Histogram(METRIC, "Inference requests from arrival at the frontend to "
-                                   "the answer (TorchServe's access log, whole ms)", LABELS,
-                                   buckets=BUCKETS, registry=registry)
-        self._children: dict[tuple[str, str, str], object] = {}
+        self._counts: dict[tuple[str, str, str], dict[int, int]] = {}
         self._models: set[tuple[str, str]] = set()
+        registry.register(self)
 
     def poll(self) -> int:
-        """Observe every new inference request; returns how many."""
+        """Count every new inference request; returns how many."""
         n = 0
         for line in self.follower.lines():
             answer = parse_line(line)
             if answer is not None:
-                self._child(answer).observe(answer.seconds)
+                counts = self._series(answer)
+                ms = round(answer.seconds * 1000)
+                counts[ms] = counts.get(ms, 0) + 1
                 n += 1
         return n
 
-    def _child(self, answer: Answer):
-        key = (answer.model, answer.version, answer.status_class)
-        child = self._children.get(key)
-        if child is None:
-            labels = key
-            if key[:2] not in self._models and len(self._models) >= MAX_MODELS:
-                labels = ("other", "other", answer.status_class)
-            elif key[:2] not in self._models:
-                self._models.add(key[:2])
+    def _series(self, answer: Answer) -> dict[int, int]:
+        model = (answer.model, answer.version)
+        if model not in self._models:
+            if len(self._models) >= MAX_MODELS:
+                model = ("other", "other")
+            else:
+                self._models.add(model)
                 for cls in STATUS_CLASSES:  # from zero: a model's first 5xx is a rate() > 0
-                    self.histogram.labels(*key[:2], cls)
-            child = self._children[key] = self.histogram.labels(*labels)
-        return child
+                    self._counts.setdefault((*model, cls), {})
+        return self._counts.setdefault((*model, answer.status_class), {})
+
+    def collect(self):
+        """The histogram family (prometheus_client's collector protocol)."""
+        family = HistogramMetricFamily(METRIC, self.HELP, labels=LABELS)
+        for labels, counts in self._counts.items():
+            values = sorted(counts.items())
+            buckets, i, below = [], 0, 0
+            for bound in BUCKETS:
+                while i < len(values) and values[i][0] <= bound * 1000:
+                    below += values[i][1]
+                    i += 1
+                buckets.append((floatToGoString(bound), below))
+            buckets.append(("+Inf", sum(counts.values())))
+            family.add_metric(list(labels), buckets, sum(ms * n for ms, n in values) / 1000.0)
+        yield family
