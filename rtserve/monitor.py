@@ -15,9 +15,7 @@ discovery replaced by the one local target. Everything (configs, data, logs, PID
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -28,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from rtserve.server import REPO, _alive, read_properties
+from rtserve.server import REPO, _alive, read_properties, terminate
 
 MONITORING = REPO / "deploy" / "monitoring"
 SHIPPED_CONFIG = MONITORING / "prometheus.yml"
@@ -220,12 +218,7 @@ class Monitor:
         for name in reversed(self.NAMES):
             pid = self.pid(name)
             if pid is not None:
-                os.kill(pid, signal.SIGTERM)
-                deadline = time.monotonic() + timeout
-                while _alive(pid) and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                if _alive(pid):
-                    os.kill(pid, signal.SIGKILL)
+                terminate(pid, timeout)
                 stopped.append(name)
             self._pid_file(name).unlink(missing_ok=True)
         return stopped
