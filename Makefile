@@ -111,6 +111,41 @@ stop: ## Stop the TorchServe started by `make serve` (DRAIN=1: drain first, see 
 drain: $(STAMP) ## Mark the running server not ready, wait until no request arrives, waits or runs
 	$(PY) -m rtserve.server drain --run-dir $(RUN_DIR)
 
+##@ Monitoring (Prometheus and Alertmanager on loopback; docs/monitoring.md)
+PROMETHEUS_PORT   ?= 9090
+ALERTMANAGER_PORT ?= 9093
+ALERT_WEBHOOK     ?=
+MONITORING_DIR    ?= deploy/monitoring
+
+.PHONY: monitor-deps
+monitor-deps: ## Install Prometheus, Alertmanager and promtool from Debian's packages if missing
+	@if command -v prometheus >/dev/null && command -v promtool >/dev/null && \
+	    { command -v prometheus-alertmanager || command -v alertmanager; } >/dev/null; then \
+	  echo ">> present: $$(prometheus --version 2>&1 | head -1)"; \
+	else \
+	  echo ">> installing prometheus and prometheus-alertmanager from Debian's packages (apt-get)"; \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null 2>&1 || \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager; }; }; \
+	fi
+
+.PHONY: monitor
+monitor: monitor-deps $(STAMP) ## Start Prometheus (127.0.0.1:PROMETHEUS_PORT) and Alertmanager scraping the server `make serve` runs
+	$(PY) -m rtserve.monitor start --run-dir $(RUN_DIR) --prometheus-port $(PROMETHEUS_PORT) \
+	  --alertmanager-port $(ALERTMANAGER_PORT) $(if $(ALERT_WEBHOOK),--webhook $(ALERT_WEBHOOK))
+
+.PHONY: monitor-stop
+monitor-stop: ## Stop the Prometheus and Alertmanager `make monitor` started (by their PID files)
+	$(PY) -m rtserve.monitor stop --run-dir $(RUN_DIR)
+
+.PHONY: test-rules
+test-rules: monitor-deps ## Check the alerting rules and run their unit tests (promtool)
+	promtool check rules $(MONITORING_DIR)/rtserve-alerts.yml
+	promtool test rules $(MONITORING_DIR)/tests/*.test.yml
+
+.PHONY: bench-latency-histogram
+bench-latency-histogram: $(STAMP) ## Cost of rtserve_request_duration_seconds per request (exporter side, off the request path)
+	$(PY) -m bench.request_histogram
+
 ##@ Versions (on the running server, through the management API)
 RTSERVE := $(PY) -m rtserve --inference $(INFERENCE_URL) --management $(MANAGEMENT_URL) --run-dir $(RUN_DIR)
 

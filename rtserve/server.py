@@ -207,7 +207,8 @@ class TorchServe:
         with open(self.log_dir / "metrics_exporter.log", "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "rtserve.metrics", "--listen", effective[PUBLIC_METRICS_KEY],
-                 "--upstream", effective["metrics_address"], "--dir", str(self.metrics_dir)],
+                 "--upstream", effective["metrics_address"], "--dir", str(self.metrics_dir),
+                 "--access-log", str(self.log_dir / "access_log.log")],
                 cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True)
         (self.run_dir / EXPORTER_PID_FILE).write_text(str(proc.pid))
@@ -216,12 +217,7 @@ class TorchServe:
         """SIGTERM the exporter (SIGKILL after ``timeout``)."""
         pid = self.exporter_pid()
         if pid is not None:
-            os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + timeout
-            while _alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
+            terminate(pid, timeout)
         (self.run_dir / EXPORTER_PID_FILE).unlink(missing_ok=True)
 
     def pid(self) -> int | None:
@@ -439,6 +435,16 @@ def _alive(pid: int) -> bool:
         return proc.status() != psutil.STATUS_ZOMBIE
     except Exception:  # noqa: BLE001 - gone, or not ours to inspect: not running for us
         return False
+
+
+def terminate(pid: int, timeout: float) -> None:
+    """SIGTERM ``pid``; SIGKILL it if it is still alive after ``timeout`` seconds."""
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
 
 
 def _kill_tree(pid: int) -> None:
