@@ -1,8 +1,8 @@
 """One Prometheus scrape for the whole server: TorchServe's frontend metrics plus the handler's.
 
 The handler's workers write their metrics into ``prometheus_client``'s multiprocess files
-(``RUN_DIR/metrics``, passed to them as ``PROMETHEUS_MULTIPROC_DIR``), not through TorchServe's
-metric log lines (see :mod:`handler.telemetry`). This exporter listens on the configured
+(in shared memory, see ``rtserve.server.TorchServe.metrics_dir``; passed to them as
+``PROMETHEUS_MULTIPROC_DIR``), not through TorchServe's metric log lines (see :mod:`handler.telemetry`). This exporter listens on the configured
 ``metrics_address`` (TorchServe's own listener moves to a private loopback port) and answers
 ``GET /metrics`` with TorchServe's scrape followed by the workers' merged metrics. Counters of
 workers that died or were scaled down keep counting (their files stay); gauges show the most

@@ -13,6 +13,7 @@ keeps its PID file and worker sockets there), so several instances can run side 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import logging
 import os
 import shutil
@@ -47,7 +48,11 @@ GREEDY_KEY = "rtserve_greedy_batching"
 #: In an effective config: the metrics address clients scrape (rtserve.metrics listens there;
 #: ``metrics_address`` is then TorchServe's own, private listener).
 PUBLIC_METRICS_KEY = "rtserve_metrics_address"
-#: The workers' metrics files (PROMETHEUS_MULTIPROC_DIR) and the exporter's PID file.
+#: The workers' metrics files (PROMETHEUS_MULTIPROC_DIR) live in shared memory when the machine
+#: (or container) has it: every metric update is a write into a memory-mapped file, and on a disk
+#: file system a page written back to disk faults on its next write (prometheus_client's docs
+#: advise a tmpfs too). Otherwise, and with RTSERVE_METRICS_DIR unset, RUN_DIR/metrics.
+SHARED_MEMORY = Path("/dev/shm")
 METRICS_DIR = "metrics"
 EXPORTER_PID_FILE = "metrics-exporter.pid"
 #: Created in the run directory by ``python -m rtserve.probe drain``: readiness is false from then.
@@ -183,7 +188,13 @@ class TorchServe:
 
     @property
     def metrics_dir(self) -> Path:
-        """The workers' metrics files (``PROMETHEUS_MULTIPROC_DIR``)."""
+        """The workers' metrics files (``PROMETHEUS_MULTIPROC_DIR``): ``$RTSERVE_METRICS_DIR``,
+        else a directory of this run directory's own in shared memory, else ``RUN_DIR/metrics``."""
+        if os.environ.get("RTSERVE_METRICS_DIR"):
+            return Path(os.environ["RTSERVE_METRICS_DIR"])
+        if SHARED_MEMORY.is_dir() and os.access(SHARED_MEMORY, os.W_OK):
+            digest = hashlib.sha256(str(self.run_dir).encode()).hexdigest()[:16]
+            return SHARED_MEMORY / f"rtserve-metrics-{os.getuid()}-{digest}"
         return self.run_dir / METRICS_DIR
 
     def _env(self) -> dict[str, str]:
@@ -344,6 +355,8 @@ class TorchServe:
         (self.run_dir / "tmp" / PID_FILE).unlink(missing_ok=True)
         self.key_file.unlink(missing_ok=True)
         self.stop_exporter()
+        if self.metrics_dir.parent == SHARED_MEMORY:
+            shutil.rmtree(self.metrics_dir, ignore_errors=True)  # memory, not a record
         return report
 
     def worker_deaths(self) -> int:
