@@ -39,7 +39,8 @@ import psutil
 import requests
 
 from rtserve.client import TorchServeError
-from rtserve.server import TorchServe, free_ports, port_overrides, workers_ready
+from rtserve.server import (DEFAULT_CONFIG, TorchServe, free_ports, port_overrides, read_properties,
+                            workers_ready)
 
 logger = logging.getLogger("bench.perf")
 
@@ -49,6 +50,8 @@ WRK_SCRIPT = Path(__file__).with_name("wrk_post.lua")
 REQUEST = REPO / "examples" / "request.json"
 RESULTS = REPO / "bench" / "results"
 CONCURRENCIES = (1, 8, 32, 64)
+#: The JVM option that keeps TorchServe from starting a thread per batch (config.properties).
+COMMON_POOL = " -Djava.util.concurrent.ForkJoinPool.common.parallelism=2"
 #: rtserve's variants: description, config.properties overrides, handler/model-config changes
 #: (a variant with model-config changes gets its own archive of the same weights).
 VARIANTS: dict[str, tuple[str, dict, dict]] = {
@@ -58,8 +61,12 @@ VARIANTS: dict[str, tuple[str, dict, dict]] = {
     "torchserve-notelemetry": ("rtserve, handler metrics and audit off",
                                {}, {"handler": {"metrics": False, "audit_log": False}}),
     "torchserve-bs1": ("rtserve, batchSize 1 (no batching at all)", {}, {"batchSize": 1}),
+    "torchserve-threadperbatch": ("rtserve, the JVM's default common pool (a thread per batch "
+                                  "on 2 cores)", {"vmargs": read_properties(DEFAULT_CONFIG)["vmargs"]
+                                                  .replace(COMMON_POOL, "")}, {}),
 }
-DEFAULT_SERVERS = "fastapi-1w,fastapi-2w,fastapi-2w-async," + ",".join(VARIANTS)
+DEFAULT_SERVERS = "fastapi-1w,fastapi-2w,fastapi-2w-async," + ",".join(
+    name for name in VARIANTS if name != "torchserve-threadperbatch")
 #: Cumulative counters read around the c=1 point: the frontend's time per request from the
 #: request's arrival to its answer, the part of it spent queued, and the handler's stages.
 BREAKDOWN_COUNTERS = ("ts_inference_requests_total", "ts_inference_latency_microseconds",
