@@ -61,12 +61,14 @@ VARIANTS: dict[str, tuple[str, dict, dict]] = {
     "torchserve-notelemetry": ("rtserve, handler metrics and audit off",
                                {}, {"handler": {"metrics": False, "audit_log": False}}),
     "torchserve-bs1": ("rtserve, batchSize 1 (no batching at all)", {}, {"batchSize": 1}),
+    "torchserve-unbuffered": ("rtserve, TorchServe's own worker reads (one recv per field)", {},
+                              {"handler": {"buffered_reads": False}}),
     "torchserve-threadperbatch": ("rtserve, the JVM's default common pool (a thread per batch "
                                   "on 2 cores)", {"vmargs": read_properties(DEFAULT_CONFIG)["vmargs"]
                                                   .replace(COMMON_POOL, "")}, {}),
 }
 DEFAULT_SERVERS = "fastapi-1w,fastapi-2w,fastapi-2w-async," + ",".join(
-    name for name in VARIANTS if name != "torchserve-threadperbatch")
+    name for name in VARIANTS if name not in ("torchserve-threadperbatch", "torchserve-unbuffered"))
 #: Cumulative counters read around the c=1 point: the frontend's time per request from the
 #: request's arrival to its answer, the part of it spent queued, and the handler's stages.
 BREAKDOWN_COUNTERS = ("ts_inference_requests_total", "ts_inference_latency_microseconds",
@@ -102,6 +104,7 @@ class Point:
     others_cpu_pct: float
     root_cpu_share: float
     rss_mb: float
+    cpu_split_us_per_request: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -130,6 +133,41 @@ def _busy_cpu() -> float:
     """
     t = psutil.cpu_times()
     return t.user + t.nice + t.system
+
+
+#: Thread names (``/proc/<pid>/task/<tid>/comm``) of TorchServe's frontend, by what they do.
+THREAD_GROUPS = (
+    ("epollEventLoopG", "frontend HTTP (Netty)"),
+    ("W-", "frontend worker threads"),
+    ("ForkJoinPool", "frontend socket writes"),
+    ("Log4j2", "frontend log appenders"),
+    ("CompilerThre", "frontend JIT"),
+    ("GC", "frontend GC"),
+    ("VM Thread", "frontend GC"),
+)
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds so far of the tree's threads, grouped: the JVM's by :data:`THREAD_GROUPS`,
+    every other process (the Python workers) as ``python workers``."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for proc in tree(pid):
+        java = proc.name() == "java"
+        try:
+            tasks = os.listdir(f"/proc/{proc.pid}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                comm = Path(f"/proc/{proc.pid}/task/{tid}/comm").read_text().strip()
+                fields = Path(f"/proc/{proc.pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            group = "python workers" if not java else next(
+                (name for prefix, name in THREAD_GROUPS if prefix in comm), "frontend other")
+            out[group] = out.get(group, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+    return out
 
 
 def tree(pid: int) -> list[psutil.Process]:
@@ -261,8 +299,10 @@ def _measure_once(url: str, token: Callable[[], str | None], pid: int, concurren
         run_wrk(url, concurrency, warmup, token())
     busy0 = _busy_cpu()
     cpu0, root0 = tree_cpu(pid)
+    split0 = thread_cpu(pid)
     res = run_wrk(url, concurrency, seconds, token())
     cpu1, root1 = tree_cpu(pid)
+    split1 = thread_cpu(pid)
     cpu, root = cpu1 - cpu0, root1 - root0
     busy = _busy_cpu() - busy0
     duration = res["duration_us"] / 1e6
@@ -281,6 +321,9 @@ def _measure_once(url: str, token: Callable[[], str | None], pid: int, concurren
         others_cpu_pct=round(others, 1),
         root_cpu_share=round(root / cpu, 2) if cpu else 0.0,
         rss_mb=tree_rss_mb(pid),
+        cpu_split_us_per_request={k: round((v - split0.get(k, 0.0)) / n * 1e6, 1)
+                                  for k, v in sorted(split1.items(), key=lambda kv: -kv[1])
+                                  if n and v - split0.get(k, 0.0) > 0},
     )
 
 
@@ -706,6 +749,12 @@ def table(results: list[ServerResult], floor: dict | None, handler: dict | None)
             lines.append(f"{r.name} soak {r.soak['seconds']:.0f}s at c={r.soak['concurrency']}: "
                          f"{r.soak['rps']:.0f} req/s, p99 {r.soak['p99_ms']:.2f} ms, errors {r.soak['errors']}, "
                          f"RSS after {r.soak['rss_after_mb']:.0f} MiB")
+    for r in results:
+        if r.name.startswith("torchserve"):
+            for p in r.points:
+                if p.cpu_split_us_per_request:
+                    lines.append(f"{r.name} c={p.concurrency} server CPU per request (us, by thread): " + ", ".join(
+                        f"{k} {v:.0f}" for k, v in p.cpu_split_us_per_request.items()))
     for r in results:
         if r.breakdown:
             b = r.breakdown

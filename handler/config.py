@@ -47,6 +47,8 @@ class HandlerConfig:
         drift_window: recent rows scored for drift against the training distribution.
         drift_export_seconds: how often the drift gauges are refreshed.
         drift_flush_rows: rows buffered before they enter the drift window (one bulk update).
+        buffered_reads: read the frontend's frames through a read-ahead buffer (one ``recv``
+            per batch instead of one per field; see :mod:`handler.worker_io`).
         max_instances: most instances in one KServe v1 ``instances`` list or Open Inference
             Protocol tensor (its first dimension); more get a 400.
     """
@@ -67,6 +69,7 @@ class HandlerConfig:
     drift_export_seconds: float = 5.0
     drift_flush_rows: int = 256
     max_instances: int = 64
+    buffered_reads: bool = True
 
     @classmethod
     def from_model_yaml(cls, model_yaml: Mapping[str, Any] | None) -> "HandlerConfig":

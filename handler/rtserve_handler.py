@@ -35,6 +35,7 @@ from handler.model import ModelMetadata, load_model, quantize_int8
 from handler.protocols import OIP_V2, answer, detect, grpc_error, parse_request
 from handler.schema import (Normalizer, ParsedBatch, parse_batch, prediction_document,
                             request_body)
+from handler import worker_io
 from handler.telemetry import (Telemetry, audit_path, quiet_torchserve_batch_lines,
                                require_multiprocess_dir)
 
@@ -85,12 +86,14 @@ class RealTimeHandler(BaseHandler):
         )
         self.telemetry = self._telemetry(context) if self.config.metrics else None
         quiet_torchserve_batch_lines()
+        self.buffered_reads = self.config.buffered_reads and worker_io.install()
         self._warm_up()
         self.initialized = True
         logger.info(
-            "loaded %s version %s (%d features, %d classes, torchscript=%s, quantize=%s)",
-            context.model_name, self.model_version, self.meta.n_features,
+            "loaded %s version %s (%d features, %d classes, torchscript=%s, quantize=%s, "
+            "buffered reads=%s)", context.model_name, self.model_version, self.meta.n_features,
             len(self.meta.labels), self.config.torchscript, self.config.quantize,
+            self.buffered_reads,
         )
 
     def _telemetry(self, context: Any) -> Telemetry:
