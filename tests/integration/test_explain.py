@@ -66,7 +66,7 @@ def test_explanation_route_returns_captum_attributions(server, ref, samples):
                          "baseline_probability", "convergence_delta", "method", "n_steps",
                          "prediction", "model_version"}
     check_explanation(body, ref, samples[0], 1)
-    assert list(body["baseline"].values()) == pytest.approx(ref.meta.mean, abs=1e-6)
+    assert list(body["baseline"].values()) == pytest.approx(ref.meta.mean, rel=1e-6)
     default = server.client().explain(MODEL_NAME, {"features": samples[0]})
     assert default["target"] == default["prediction"] == int(ref.probabilities(samples[:1])[0].argmax())
 
