@@ -206,7 +206,7 @@ def check_program_file(path: str | Path) -> None:
                         or not re.fullmatch(payload, str(entry.get("path_name")))):
                     raise ConfigError(
                         f"model program {path}: {folder}{key} is stored pickled or under an "
-                        "unexpected name; only raw tensor payloads are accepted")
+                        "unexpected name: refused (only raw tensor payloads are accepted)")
         sample = f"{root}data/sample_inputs/{models[0]}.pt"
         if sample in names:
             try:

@@ -15,7 +15,7 @@ import requests
 
 from rtserve.data import make_dataset
 from tests.conftest import MODEL_NAME
-from tests.helpers import Reference
+from tests.helpers import Reference, demo_eager
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +24,7 @@ ATOL = 1e-5
 
 @pytest.fixture(scope="module")
 def ref(mar_v1) -> Reference:
-    return Reference.from_mar(mar_v1)
+    return Reference.from_mar(mar_v1, demo_eager("1.0"))
 
 
 @pytest.fixture(scope="module")
