@@ -8,7 +8,12 @@ MODEL_VERSION ?= 1.0
 PYTHON        ?= python3
 VENV          ?= .venv
 MODEL_STORE   ?= model_store
-ARTIFACTS     ?= artifacts
+# ARTIFACTS: the model artifact directory to pack (model.pt2 + meta.json, written by
+# rtserve.package.export; see docs/bring-your-own-model.md). Not given: the demo model, trained
+# into DEMO_ARTIFACTS/MODEL_VERSION by rtserve.train through the same API.
+USER_ARTIFACTS := $(filter-out undefined,$(origin ARTIFACTS))
+DEMO_ARTIFACTS ?= artifacts
+ARTIFACTS     ?= $(DEMO_ARTIFACTS)/$(MODEL_VERSION)
 RUN_DIR       ?= .run
 MODEL_CONFIG  ?= model/model-config.yaml
 PYTEST_ARGS   ?=
@@ -16,7 +21,7 @@ INFERENCE_URL ?= http://127.0.0.1:8080
 MANAGEMENT_URL ?= http://127.0.0.1:8081
 WORKERS       ?=
 
-# Training options per version; `make archive MODEL_VERSION=2.0` trains the larger model.
+# Demo training options per version; `make archive MODEL_VERSION=2.0` trains the larger model.
 TRAIN_ARGS_1.0 = --epochs 1 --hidden 64
 TRAIN_ARGS_2.0 = --epochs 6 --hidden 128
 TRAIN_ARGS    ?= $(or $(TRAIN_ARGS_$(MODEL_VERSION)),$(TRAIN_ARGS_1.0))
@@ -24,7 +29,7 @@ TRAIN_ARGS    ?= $(or $(TRAIN_ARGS_$(MODEL_VERSION)),$(TRAIN_ARGS_1.0))
 BIN       := $(VENV)/bin
 PY        := $(BIN)/python
 STAMP     := $(VENV)/.installed
-MODEL_DIR := $(ARTIFACTS)/$(MODEL_VERSION)
+MODEL_DIR := $(ARTIFACTS)
 MAR       := $(MODEL_STORE)/$(MODEL_NAME)_$(MODEL_VERSION).mar
 HANDLER_SRC := $(wildcard handler/*.py)
 STAGE     := build/stage/$(MODEL_NAME)_$(MODEL_VERSION)
@@ -50,22 +55,43 @@ $(STAMP): requirements.txt requirements-dev.txt
 	@touch $@
 
 .PHONY: train
-train: $(MODEL_DIR)/weights.pt ## Train MODEL_VERSION (deterministic; prints epochs and held-out accuracy)
+train: $(MODEL_DIR)/model.pt2 ## Train the demo MODEL_VERSION and export it (deterministic; prints held-out accuracy)
 
-$(MODEL_DIR)/weights.pt $(MODEL_DIR)/meta.json &: $(STAMP) rtserve/train.py rtserve/data.py handler/model.py
+# The example model (examples/breast_cancer.py: scikit-learn's bundled breast cancer data).
+EXAMPLE_NAME    ?= breast-cancer
+EXAMPLE_VERSION ?= 1.0
+EXAMPLE_DIR     ?= $(DEMO_ARTIFACTS)/$(EXAMPLE_NAME)/$(EXAMPLE_VERSION)
+PACKAGE_SRC     := rtserve/package.py handler/model.py handler/drift.py
+
+ifeq ($(USER_ARTIFACTS),)
+$(MODEL_DIR)/model.pt2 $(MODEL_DIR)/meta.json &: $(STAMP) rtserve/train.py rtserve/data.py $(PACKAGE_SRC)
 	@echo ">> training $(MODEL_NAME) $(MODEL_VERSION) ($(TRAIN_ARGS))"
 	$(PY) -m rtserve.train --version $(MODEL_VERSION) --out $(MODEL_DIR) $(TRAIN_ARGS)
+else ifneq ($(abspath $(ARTIFACTS)),$(abspath $(EXAMPLE_DIR)))
+$(MODEL_DIR)/model.pt2 $(MODEL_DIR)/meta.json:
+	@echo "error: $@ is missing: export your model into $(ARTIFACTS) with rtserve.package.export first (docs/bring-your-own-model.md)"; exit 1
+endif
+
+$(EXAMPLE_DIR)/model.pt2 $(EXAMPLE_DIR)/meta.json &: $(STAMP) examples/breast_cancer.py $(PACKAGE_SRC)
+	@echo ">> training and packaging the example model into $(EXAMPLE_DIR)"
+	$(PY) -m rtserve.package export examples.breast_cancer:packaging --version $(EXAMPLE_VERSION) --out $(EXAMPLE_DIR)
+
+.PHONY: example
+example: $(EXAMPLE_DIR)/model.pt2 ## Train, package and archive the example model (model_store/breast-cancer_1.0.mar)
+	$(MAKE) --no-print-directory archive MODEL_NAME=$(EXAMPLE_NAME) MODEL_VERSION=$(EXAMPLE_VERSION) ARTIFACTS=$(EXAMPLE_DIR)
 
 .PHONY: archive
-archive: $(MAR) ## Build model_store/$(MODEL_NAME)_$(MODEL_VERSION).mar
+archive: $(MAR) ## Pack ARTIFACTS (default: the demo) into model_store/$(MODEL_NAME)_$(MODEL_VERSION).mar
 
-$(MAR): $(MODEL_DIR)/weights.pt $(MODEL_DIR)/meta.json $(HANDLER_SRC) $(MODEL_CONFIG) | $(STAMP)
+$(MAR): $(MODEL_DIR)/model.pt2 $(MODEL_DIR)/meta.json $(HANDLER_SRC) $(MODEL_CONFIG) | $(STAMP)
+	@echo ">> checking $(MODEL_DIR) (the handler's safe loader, then its golden set)"
+	$(PY) -m rtserve.package check $(MODEL_DIR) --version $(MODEL_VERSION)
 	@echo ">> archiving $@"
 	rm -rf $(STAGE) && mkdir -p $(STAGE)/files/handler $(STAGE)/out $(STAGE)/tmp $(MODEL_STORE)
 	cp $(HANDLER_SRC) $(STAGE)/files/handler/
 	cp $(MODEL_DIR)/meta.json $(STAGE)/files/
 	TMPDIR=$(abspath $(STAGE)/tmp) $(BIN)/torch-model-archiver --model-name $(MODEL_NAME) \
-	  --version $(MODEL_VERSION) --serialized-file $(MODEL_DIR)/weights.pt \
+	  --version $(MODEL_VERSION) --serialized-file $(MODEL_DIR)/model.pt2 \
 	  --handler handler/rtserve_handler.py --extra-files $(STAGE)/files \
 	  --config-file $(MODEL_CONFIG) --export-path $(STAGE)/out --force
 	mv $(STAGE)/out/$(MODEL_NAME).mar $@
@@ -86,7 +112,7 @@ $(AGENT_JAR): $(AGENT_SRC)
 
 ##@ Run
 .PHONY: serve
-serve: $(MAR) $(AGENT_JAR) ## Install, build the archive, start TorchServe on localhost and wait until it answers
+serve: $(MAR) $(AGENT_JAR) ## Build the archive (the demo, or ARTIFACTS), start TorchServe on localhost, wait until it answers
 	$(PY) -m rtserve.server start --run-dir $(RUN_DIR) --model-store $(MODEL_STORE) \
 	  --models $(MODEL_NAME)=$(notdir $(MAR))
 	@echo ">> try it:"
@@ -309,16 +335,24 @@ bench-deps: $(BENCH_STAMP) ## Install FastAPI/uvicorn (benchmark only) and the l
 	  || { echo "wrk is missing and cannot be installed here: install Debian's wrk package"; exit 1; }; }
 
 .PHONY: bench
-bench: $(MAR) $(ARTIFACTS)/$(MODEL_VERSION)/weights.pt $(AGENT_JAR) bench-deps ## Raw forward, FastAPI (seed and tuned) and rtserve (shipped, greedy off, telemetry off, batchSize 1): about 8 min
+bench: $(MAR) $(MODEL_DIR)/model.pt2 $(AGENT_JAR) bench-deps bench-handler ## Raw forward, FastAPI (seed and tuned) and rtserve (shipped, greedy off, telemetry off, batchSize 1): about 8 min
 	$(PY) -m bench.perf --model-store $(MODEL_STORE) --version $(MODEL_VERSION) $(BENCH_ARGS)
 
 .PHONY: bench-quick
-bench-quick: $(MAR) $(ARTIFACTS)/$(MODEL_VERSION)/weights.pt $(AGENT_JAR) bench-deps ## rtserve as shipped vs the tuned FastAPI at c=1, 8, 64 (about 90 s): before/after a request-path change
+bench-quick: $(MAR) $(MODEL_DIR)/model.pt2 $(AGENT_JAR) bench-deps ## rtserve as shipped vs the tuned FastAPI at c=1, 8, 64 (about 90 s): before/after a request-path change
 	$(PY) -m bench.perf --quick --model-store $(MODEL_STORE) --version $(MODEL_VERSION) $(BENCH_ARGS)
 
 .PHONY: bench-handler
-bench-handler: $(MODEL_DIR)/weights.pt ## Handler time per request in a full batch of 32, and the raw forward pass
-	$(PY) -m bench.handler_micro --model-dir $(MODEL_DIR)
+# The AOTInductor-compiled program, kept as a file (compiling takes about a minute on 2 cores).
+COMPILED := build/compiled/$(MODEL_NAME)_$(MODEL_VERSION).aoti.pt2
+
+$(COMPILED): $(MODEL_DIR)/model.pt2 | $(STAMP)
+	@echo ">> compiling $< with AOTInductor (about a minute)"
+	$(PY) -c 'import sys; from pathlib import Path; from bench.handler_micro import compile_aoti; \
+	  compile_aoti(Path(sys.argv[1]), Path(sys.argv[2]))' $(MODEL_DIR) $@
+
+bench-handler: $(MODEL_DIR)/model.pt2 $(COMPILED) ## Handler time per request in a full batch of 32 and the forward pass: previous eager, exported, AOTInductor
+	$(PY) -m bench.handler_micro --model-dir $(MODEL_DIR) --compiled $(COMPILED) --out bench/results/handler_micro.json
 
 .PHONY: bench-rollout
 bench-rollout: $(MODEL_STORE)/$(MODEL_NAME)_1.0.mar $(MODEL_STORE)/$(MODEL_NAME)_2.0.mar ## Rollout 1.0 -> 2.0 and back under steady load (about 40 s)
@@ -368,4 +402,4 @@ FORCE:
 
 .PHONY: clean
 clean: ## Remove build outputs (archives, artifacts, run directory); keeps .venv
-	rm -rf build $(ARTIFACTS) $(RUN_DIR) $(MODEL_STORE)/*.mar
+	rm -rf build $(DEMO_ARTIFACTS) $(RUN_DIR) $(MODEL_STORE)/*.mar

@@ -19,7 +19,6 @@ Prints a table and writes ``bench/results/explain_latency.json``.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import logging
 import statistics
@@ -38,8 +37,7 @@ import yaml
 from bench.loadgen import SteadyLoad, summarize
 from handler.config import HandlerConfig
 from handler.explain import Explainer
-from handler.model import ModelMetadata, load_model
-from handler.schema import Normalizer
+from handler.model import ModelMetadata, load_program
 from rtserve.data import make_dataset
 from rtserve.server import TorchServe, free_ports, port_overrides
 
@@ -68,26 +66,28 @@ def timed(fn: Callable[[int], object], n: int, warmup: int) -> list[float]:
     return out
 
 
-def load_archive(mar: Path) -> tuple[torch.nn.Module, ModelMetadata, HandlerConfig, str]:
-    """Model, metadata, handler settings and version packed in a ``.mar``."""
+def load_archive(mar: Path) -> tuple[Callable, ModelMetadata, HandlerConfig, str]:
+    """Model (the exported program's forward), metadata, handler settings and version packed
+    in a ``.mar``."""
     with zipfile.ZipFile(mar) as zf:
         manifest = json.loads(zf.read("MAR-INF/MANIFEST.json"))["model"]
-        weights = io.BytesIO(zf.read(manifest["serializedFile"]))
         with tempfile.TemporaryDirectory() as tmp:
-            (Path(tmp) / "meta.json").write_bytes(zf.read("meta.json"))
+            for name in ("meta.json", manifest["serializedFile"]):
+                (Path(tmp) / name).write_bytes(zf.read(name))
             meta = ModelMetadata.load(Path(tmp) / "meta.json")
+            model = load_program(Path(tmp) / manifest["serializedFile"])
         config = HandlerConfig.from_model_yaml(yaml.safe_load(zf.read(manifest["configFile"])))
-    return load_model(weights, meta), meta, config, manifest["modelVersion"]
+    return model, meta, config, manifest["modelVersion"]
 
 
 def bench_compute(mar: Path, rows: torch.Tensor, n: int, warmup: int) -> dict:
     """In-process cost of the explainer and of a prediction batch, single-threaded."""
     model, meta, config, _ = load_archive(mar)
     torch.set_num_threads(config.num_threads)
-    explainer = Explainer(model, meta.mean, meta.std, meta.feature_names, meta.labels,
+    explainer = Explainer(model, meta.mean, meta.feature_names, meta.labels,
                           baseline=config.explain_baseline, n_steps=config.explain_steps,
                           internal_batch_size=config.explain_internal_batch_size)
-    z = Normalizer(meta.mean, meta.std)(rows)
+    z = rows
     with torch.inference_mode():
         targets = model(z).argmax(dim=1).tolist()
     k = config.explain_max_per_batch

@@ -46,7 +46,7 @@ class NoDelayHttpToolsProtocol(HttpToolsProtocol):  # type: ignore[misc,valid-ty
 
 
 def create_app(model_dir: str | Path, async_endpoint: bool = False):
-    """The seed's FastAPI app serving the model in ``model_dir`` (weights.pt + meta.json).
+    """The seed's FastAPI app serving the model in ``model_dir`` (model.pt2 + meta.json).
 
     ``async_endpoint``: the endpoint is ``async def`` and runs on the event loop (the forward
     pass takes tens of microseconds, so a thread-pool hop per request costs more than it saves:
@@ -56,13 +56,11 @@ def create_app(model_dir: str | Path, async_endpoint: bool = False):
     from fastapi import FastAPI
     from pydantic import BaseModel
 
-    from handler.model import ModelMetadata, load_model
+    from handler.model import ModelMetadata, load_program
 
     torch.set_num_threads(1)
     meta = ModelMetadata.load(Path(model_dir) / "meta.json")
-    model = load_model(Path(model_dir) / "weights.pt", meta)
-    mean = torch.tensor(meta.mean)
-    std = torch.tensor(meta.std)
+    model = load_program(Path(model_dir) / "model.pt2")  # normalizes inside
 
     class PredictRequest(BaseModel):
         features: list[float]
@@ -71,7 +69,7 @@ def create_app(model_dir: str | Path, async_endpoint: bool = False):
 
     def predict(request: PredictRequest) -> dict:
         with torch.no_grad():
-            x = (torch.tensor([request.features]) - mean) / std
+            x = torch.tensor([request.features])
             probabilities = torch.softmax(model(x), dim=1)[0]
         cls = int(probabilities.argmax())
         return {"prediction": cls, "label": meta.labels[cls],

@@ -3,12 +3,12 @@
 Times what TorchServe's worker times as ``HandlerTime``: ``handle()`` (preprocess, inference,
 postprocess and TorchServe's own bookkeeping) on a full batch of valid requests, as the
 frontend hands them over (``application/json`` bodies already decoded by the worker's
-protocol code). Each stage is also timed on its own. Also times the raw forward pass of the
-same weights (the floor), eager and TorchScript, at batch 1 and 32. One torch thread, as in a
-worker.
+protocol code). Each stage is also timed on its own. Also times the raw forward pass (the
+floor) at batch 1 and 32. Each for every way to run the model: the previous eager ``nn.Module``,
+the exported program as the handler runs it, the exported module with its input-constraint
+hook, and the AOTInductor-compiled program (``--compiled``). One torch thread, as in a worker.
 
-    .venv/bin/python -m bench.handler_micro --model-dir artifacts/1.0
-    .venv/bin/python -m bench.handler_micro --set torchscript=true --set quantize=true
+    .venv/bin/python -m bench.handler_micro --model-dir artifacts/1.0 --compiled build/compiled/1.0.pt2
 """
 
 from __future__ import annotations
@@ -46,46 +46,44 @@ def best_us(fn: Callable[[], Any], repeat: int = 7, number: int = 200) -> float:
     return statistics.median(rounds)
 
 
-def forward_floor(model_dir: Path) -> dict:
-    """Microseconds of the bare forward pass (eager and TorchScript) at batch 1 and 32."""
-    from handler.model import ModelMetadata, load_model, quantize_int8
-    from handler.rtserve_handler import _script
+def variants(model_dir: Path, compiled: Path | None) -> dict[str, Callable]:
+    """The ways to run the model: the previous eager ``nn.Module`` (the demo retrained in this
+    process: same weights, deterministic), the exported program as the handler runs it (its
+    ``forward``), the exported module called with its input-constraint hook, and, when given,
+    the AOTInductor-compiled package of the same program."""
+    from handler.model import ModelMetadata, load_program
+    from rtserve.train import train
 
-    torch.set_num_threads(1)
     meta = ModelMetadata.load(model_dir / "meta.json")
-    eager = load_model(model_dir / "weights.pt", meta)
-    int8 = quantize_int8(eager)
+    training = meta.provenance.get("model_class", "")
+    out: dict[str, Callable] = {}
+    if training.endswith("RealTimeClassifier"):
+        hidden = int(torch.export.load(str(model_dir / "model.pt2")).state_dict["net.0.weight"].shape[0])
+        epochs = {64: 1, 128: 6}.get(hidden, 1)
+        out["previous_eager"] = train(meta.version, epochs=epochs, hidden=hidden)
+    out["exported"] = load_program(model_dir / "model.pt2")
+    out["exported_with_hook"] = torch.export.load(str(model_dir / "model.pt2")).module()
+    if compiled is not None:
+        out["compiled_aoti"] = torch._inductor.aoti_load_package(str(compiled))
+    return out
+
+
+def forward_floor(models: dict[str, Callable], n_features: int) -> dict:
+    """Microseconds of the bare forward pass of each variant at batch 1 and 32."""
     out: dict[str, float] = {}
     with torch.inference_mode():
-        for name, model in (("eager", eager), ("torchscript", _script(eager)),
-                            ("int8", int8), ("int8_torchscript", _script(int8))):
+        for name, model in models.items():
             for batch in (1, 32):
-                x = torch.randn(batch, meta.n_features)
+                x = torch.randn(batch, n_features)
                 out[f"{name}_batch{batch}_us"] = round(best_us(lambda: model(x)), 2)
     return out
 
 
-def quantization_effect(model_dir: Path) -> dict:
-    """Held-out accuracy of the float model and of its dynamic-int8 copy, and how they differ."""
-    from handler.model import ModelMetadata, load_model, quantize_int8
-    from handler.schema import Normalizer
-    from rtserve.data import make_dataset
-
-    meta = ModelMetadata.load(model_dir / "meta.json")
-    model = load_model(model_dir / "weights.pt", meta)
-    data = make_dataset()
-    x = Normalizer(meta.mean, meta.std)(data.x_test)
-    with torch.inference_mode():
-        p_float = torch.softmax(model(x), dim=1)
-        p_int8 = torch.softmax(quantize_int8(model)(x), dim=1)
-    acc = lambda p: float((p.argmax(dim=1) == data.y_test).float().mean())  # noqa: E731
-    return {
-        "held_out_rows": len(data.y_test),
-        "accuracy_float": round(acc(p_float), 4),
-        "accuracy_int8": round(acc(p_int8), 4),
-        "same_prediction": round(float((p_float.argmax(1) == p_int8.argmax(1)).float().mean()), 4),
-        "max_probability_change": round(float((p_float - p_int8).abs().max()), 4),
-    }
+def compile_aoti(model_dir: Path, out: Path) -> Path:
+    """AOTInductor-compile ``model.pt2`` into ``out`` (a .pt2 package; about a minute on 2 cores)."""
+    program = torch.export.load(str(model_dir / "model.pt2"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return Path(torch._inductor.aoti_compile_and_package(program, package_path=str(out)))
 
 
 @contextlib.contextmanager
@@ -123,20 +121,25 @@ def telemetry_time(handler: Any, rows: list, context: Any) -> float:
     return best_us(lambda: handler.telemetry.record(batch, probabilities, (1e-4, 1e-4, 1e-4), ids))
 
 
-def handler_time(model_dir: Path, model_yaml: dict, body: dict, batch: int = 32) -> dict:
-    """Microseconds per request of ``handle()`` and of each stage, on a batch of ``batch``,
-    and of the telemetry alone on that batch and on a batch of one (light traffic)."""
+def handler_time(model_dir: Path, model_yaml: dict, body: dict, batch: int = 32,
+                 model: Callable | None = None) -> dict:
+    """Microseconds per request of ``handle()`` and of each stage, on a batch of ``batch``
+    (with ``model`` in place of the archive's program when given), and of the telemetry alone
+    on that batch and on a batch of one (light traffic)."""
     with worker_env():
-        return _handler_time(model_dir, model_yaml, body, batch)
+        return _handler_time(model_dir, model_yaml, body, batch, model)
 
 
-def _handler_time(model_dir: Path, model_yaml: dict, body: dict, batch: int) -> dict:
+def _handler_time(model_dir: Path, model_yaml: dict, body: dict, batch: int,
+                  model: Callable | None) -> dict:
     from handler.rtserve_handler import RealTimeHandler
     from tests.helpers import make_context, start_batch
 
     context = make_context(model_dir, model_yaml)
     handler = RealTimeHandler()
     handler.initialize(context)
+    if model is not None:
+        handler.model = model
     rows = [{"body": json.loads(json.dumps(body))} for _ in range(batch)]
     start_batch(context, batch)
     outputs = handler.handle(rows, context)
@@ -178,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-dir", type=Path, default=REPO / "artifacts" / "1.0")
     parser.add_argument("--model-config", type=Path, default=DEFAULT_MODEL_CONFIG)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a handler: setting, e.g. torchscript=true")
+                        help="override a handler: setting, e.g. explain_steps=20")
+    parser.add_argument("--compiled", type=Path,
+                        help="an AOTInductor package of the same program (compiled when missing)")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
@@ -189,10 +194,14 @@ def main(argv: list[str] | None = None) -> int:
     for assignment in args.set:
         _set(model_yaml, assignment)
     torch.set_num_threads(int(model_yaml.get("handler", {}).get("num_threads", 1)))
-    body = json.loads(DEFAULT_REQUEST.read_text())
-    report = {"forward": forward_floor(args.model_dir),
-              "quantization": quantization_effect(args.model_dir),
-              "handler": handler_time(args.model_dir, model_yaml, body, args.batch),
+    if args.compiled is not None and not args.compiled.exists():
+        compile_aoti(args.model_dir, args.compiled)
+    models = variants(args.model_dir, args.compiled)
+    n_features = len(json.loads((args.model_dir / "meta.json").read_text())["feature_names"])
+    body = {"features": json.loads(DEFAULT_REQUEST.read_text())["features"][:n_features]}
+    report = {"forward": forward_floor(models, n_features),
+              "handler": {name: handler_time(args.model_dir, model_yaml, body, args.batch, model)
+                          for name, model in models.items()},
               "handler_settings": model_yaml.get("handler", {})}
     sys.stdout.write(json.dumps(report, indent=2) + "\n")
     if args.out:

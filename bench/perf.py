@@ -858,7 +858,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds at the highest concurrency before TorchServe's memory is read (0: skip)")
     parser.add_argument("--model-store", type=Path, default=REPO / "model_store")
     parser.add_argument("--version", default="1.0")
-    parser.add_argument("--model-dir", type=Path, help="weights + meta.json for FastAPI (default artifacts/VERSION)")
+    parser.add_argument("--model-dir", type=Path, help="model.pt2 + meta.json for FastAPI and the handler timings (default artifacts/VERSION)")
     parser.add_argument("--wait-quiet", type=float, default=0.0,
                         help="before each server, wait up to this many seconds for a quiet machine")
     parser.add_argument("--retry-busy", type=int, default=0,
@@ -884,11 +884,12 @@ def main(argv: list[str] | None = None) -> int:
     concurrencies = tuple(int(c) for c in args.concurrency.split(","))
     model_dir = (args.model_dir or REPO / "artifacts" / args.version).resolve()
     wrk_path()
-    from bench.handler_micro import forward_floor, handler_time
+    from bench.handler_micro import forward_floor, handler_time, variants
 
     import yaml
 
-    floor = None if args.quick else forward_floor(model_dir)
+    n_features = len(json.loads((model_dir / "meta.json").read_text())["feature_names"])
+    floor = None if args.quick else forward_floor(variants(model_dir, None), n_features)
     handler = handler_time(model_dir, yaml.safe_load((REPO / "model" / "model-config.yaml").read_text()),
                            json.loads(REQUEST.read_text()))
     run_root = Path(tempfile.mkdtemp(prefix="bench-perf-", dir=REPO / "build"))

@@ -65,10 +65,6 @@ VARIANTS: dict[str, tuple[str, dict, dict, object]] = {
     "jvm-g1-256": ("G1, 256 MiB heap", {}, {"vmargs": "-Xms64m -Xmx256m -XX:+UseG1GC"}, "shipped"),
     "jvm-c1": ("C1 compiler only (TieredStopAtLevel=1)", {},
                {"vmargs": "-Xms64m -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1"}, "shipped"),
-    # model execution
-    "torchscript": ("TorchScript", {"handler": {"torchscript": True}}, {}, "shipped"),
-    "eager": ("eager mode", {"handler": {"torchscript": False}}, {}, "shipped"),
-    "quantize": ("dynamic int8 quantization of the Linear layers", {"handler": {"quantize": True}}, {}, "shipped"),
 }
 
 

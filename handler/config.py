@@ -17,6 +17,13 @@ MAX_EXPLAIN_PER_BATCH = 32
 MAX_EXPLAIN_ROWS = 32768
 #: Hard ceiling on the instances of one KServe v1/v2 request.
 MAX_INSTANCES = 1024
+#: Settings that existed before the model contract, and why they are gone.
+RETIRED = {
+    "torchscript": "TorchScript is deprecated in torch 2.13; the archive carries a torch.export "
+                   "program (docs/bring-your-own-model.md)",
+    "quantize": "torch.ao dynamic quantization does not apply to a torch.export program; "
+                "quantize the model before packaging it",
+}
 
 
 @dataclass(frozen=True)
@@ -24,9 +31,6 @@ class HandlerConfig:
     """Settings of :class:`RealTimeHandler`; every field has a production default.
 
     Attributes:
-        torchscript: run a TorchScript-compiled copy of the model instead of eager mode.
-        quantize: dynamic int8 quantization of the Linear layers (weights int8, activations
-            quantized on the fly); changes the answers slightly (see README, Performance).
         num_threads: torch intra-op threads per worker.
         warmup_batches: forward passes run at initialize so the first request is not slow.
         feature_limit: largest accepted magnitude of a feature value.
@@ -53,8 +57,6 @@ class HandlerConfig:
             Protocol tensor (its first dimension); more get a 400.
     """
 
-    torchscript: bool = False
-    quantize: bool = False
     num_threads: int = 1
     warmup_batches: int = 3
     feature_limit: float = DEFAULT_FEATURE_LIMIT
@@ -83,6 +85,10 @@ class HandlerConfig:
         if not isinstance(section, Mapping):
             raise ConfigError("model config: 'handler' must be a mapping")
         known = {f.name: f for f in fields(cls)}
+        retired = sorted(set(section) & set(RETIRED))
+        if retired:
+            raise ConfigError("model config: retired handler setting(s): " + "; ".join(
+                f"{name} ({RETIRED[name]})" for name in retired))
         unknown = sorted(set(section) - set(known))
         if unknown:
             raise ConfigError(f"model config: unknown handler setting(s): {', '.join(unknown)}")

@@ -7,22 +7,19 @@ its share of ``p_target(input) - p_target(baseline)``, and the shares add up to 
 difference (completeness) up to Captum's ``convergence_delta``, the error of the
 ``n_steps``-point integral.
 
-Which space: attributions are computed on the normalized input the network sees
-(``z = (x - mean) / std``), one per raw feature name. Normalization is a per-feature affine
-map, so along the same straight path ``dF/dx_i = (1 / std_i) dF/dz_i`` and
-``x_i - b_i = std_i (z_i - zb_i)``: the attributions w.r.t. raw and normalized inputs are the
-same numbers (a unit test checks it against Captum run on the raw-input model). Working in
-normalized space keeps the integral well conditioned when raw features differ in scale by
-orders of magnitude. The ``baseline`` reported back is in raw units, like the request.
+Which space: the raw features of the request. The exported program takes raw features and does
+its own preprocessing, so the straight path runs from the raw baseline to the raw input. For a
+model that standardizes first, these are the same numbers as attributions computed on the
+standardized input (Integrated Gradients is invariant to a per-feature affine map along the
+straight path). The ``baseline`` reported back is in raw units, like the request.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
-from torch import nn
 
 #: Name of the attribution method, echoed in every explanation.
 METHOD = "integrated_gradients"
@@ -43,9 +40,8 @@ class Explainer:
     """Integrated Gradients over ``softmax(model(z))``, built once per worker.
 
     Args:
-        model: the classifier; takes normalized ``[batch, n_features]`` inputs, returns logits.
+        model: the classifier; takes raw ``[batch, n_features]`` inputs, returns logits.
         mean: training mean per feature (raw units).
-        std: training standard deviation per feature (raw units).
         feature_names: one name per feature, the keys of the attributions.
         labels: class labels, indexed by class.
         baseline: ``"mean"`` (the training mean: all zeros after normalization) or ``"zero"``
@@ -55,7 +51,7 @@ class Explainer:
     """
 
     def __init__(
-        self, model: nn.Module, mean: Sequence[float], std: Sequence[float],
+        self, model: Callable[[torch.Tensor], torch.Tensor], mean: Sequence[float],
         feature_names: Sequence[str], labels: Sequence[str], baseline: str = "mean",
         n_steps: int = 50, internal_batch_size: int = 512,
     ) -> None:
@@ -71,21 +67,20 @@ class Explainer:
         self.n_steps = n_steps
         self.internal_batch_size = internal_batch_size
         mean_t = torch.tensor(mean, dtype=torch.float32)
-        std_t = torch.tensor(std, dtype=torch.float32)
         raw = mean_t if baseline == "mean" else torch.zeros_like(mean_t)
         self.baseline_raw: list[float] = raw.tolist()
-        #: The baseline in the model's (normalized) input space, shape ``[1, n_features]``.
-        self.baseline = ((raw - mean_t) / std_t).unsqueeze(0)
+        #: The baseline, shape ``[1, n_features]`` (raw units).
+        self.baseline = raw.unsqueeze(0)
         with torch.inference_mode():
             self._baseline_probabilities = self.probabilities(self.baseline)[0].tolist()
         self._ig = IntegratedGradients(self.probabilities)
 
     def probabilities(self, z: torch.Tensor) -> torch.Tensor:
-        """The explained function: class probabilities for normalized inputs ``z``."""
+        """The explained function: class probabilities for raw inputs ``z``."""
         return torch.softmax(self.model(z), dim=1)
 
     def explain(self, inputs: torch.Tensor, targets: Sequence[int]) -> list[Explanation]:
-        """Explain each row of ``inputs`` (normalized, ``[k, n_features]``) for its own target.
+        """Explain each row of ``inputs`` (raw, ``[k, n_features]``) for its own target.
 
         All rows go through one Captum call: ``k * n_steps`` interpolated rows, in chunks of
         at most ``internal_batch_size``.

@@ -1,53 +1,82 @@
-"""The model definition and the metadata that travels with its weights (no TorchServe import)."""
+"""The model contract: an exported program plus ``meta.json`` (no TorchServe import).
+
+An artifact directory holds:
+
+- ``model.pt2``: the network as a ``torch.export`` program. It takes raw float32 features
+  ``[N, F]`` (any preprocessing is inside it) and returns logits ``[N, C]``; ``N`` is dynamic.
+- ``meta.json``: name, version, feature names, labels, per-feature training statistics (drift
+  reference and explanation baseline), the golden set (held-out rows with the model's own
+  outputs at packaging time), accuracy on it, and provenance. See :class:`ModelMetadata`.
+
+``rtserve.package.export`` writes such a directory; the handler reads it through
+:func:`load_program`, which never executes code carried by the file (see its docstring). No model
+class is imported anywhere in the handler.
+"""
 
 from __future__ import annotations
 
+import io
 import json
 import math
+import re
+import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
-from torch import nn
 
 from handler.errors import ConfigError
 
-
-class RealTimeClassifier(nn.Module):
-    """The seed's classifier: Linear -> ReLU -> Linear (32 inputs, 64 hidden, 3 classes by default)."""
-
-    def __init__(self, n_features: int = 32, hidden: int = 64, n_classes: int = 3) -> None:
-        super().__init__()
-        self.net = nn.Sequential(
-            nn.Linear(n_features, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, n_classes),
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Return logits of shape ``[batch, n_classes]``."""
-        return self.net(x)
+#: Files of an artifact directory.
+PROGRAM_FILE = "model.pt2"
+METADATA_FILE = "meta.json"
+#: The contract's version, written into every ``meta.json``.
+FORMAT = "rtserve-model/1"
+#: Statistics recorded per feature.
+STAT_NAMES = ("mean", "std", "min", "max")
 
 
 @dataclass
 class ModelMetadata:
-    """What the handler needs beside the weights, written by training into ``meta.json``."""
+    """``meta.json``: everything the handler needs beside the program.
 
+    Attributes:
+        name: the model's name (the archive's name is given at ``make archive``).
+        version: the model's version.
+        feature_names: one unique name per input column, in order.
+        labels: one unique label per output column (class index order).
+        stats: per-feature training statistics, ``{"mean": [...], "std": [...], "min": [...],
+            "max": [...]}`` in raw units; ``mean`` is the explanation baseline.
+        drift_reference: decile edges and shares per feature and class shares of the training
+            rows (raw units), see :func:`handler.drift.fit_reference`.
+        golden: ``{"features": [[...]], "labels": [int] | None, "probabilities": [[...]]}``:
+            rows and the model's own softmax outputs at packaging time.
+        accuracy: accuracy on the golden rows (``None`` when they carry no labels).
+        provenance: torch version, creation time and what packed it.
+        format: the contract version, :data:`FORMAT`.
+    """
+
+    name: str
+    version: str
     feature_names: list[str]
     labels: list[str]
-    mean: list[float]
-    std: list[float]
-    hidden: int
-    version: str = ""
-    accuracy: float | None = None
-    training: dict = field(default_factory=dict)
-    #: Training distribution for drift scoring: see :func:`handler.drift.fit_reference`.
+    stats: dict
     drift_reference: dict = field(default_factory=dict)
+    golden: dict = field(default_factory=dict)
+    accuracy: float | None = None
+    provenance: dict = field(default_factory=dict)
+    format: str = FORMAT
 
     @property
     def n_features(self) -> int:
         """Number of input features."""
         return len(self.feature_names)
+
+    @property
+    def mean(self) -> list[float]:
+        """Training mean per feature (raw units): the explanation baseline."""
+        return self.stats["mean"]
 
     def validate(self) -> None:
         """Check internal consistency.
@@ -55,19 +84,28 @@ class ModelMetadata:
         Raises:
             ConfigError: a field is missing, of the wrong length, or not finite.
         """
-        n = len(self.feature_names)
-        if n == 0 or len(set(self.feature_names)) != n:
-            raise ConfigError("meta.json: feature_names must be non-empty and unique")
-        if len(self.labels) < 2:
-            raise ConfigError("meta.json: labels must name at least two classes")
-        for name in ("mean", "std"):
-            values = getattr(self, name)
-            if len(values) != n or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
-                raise ConfigError(f"meta.json: {name} must hold {n} finite numbers")
-        if any(v <= 0 for v in self.std):
-            raise ConfigError("meta.json: std values must be positive")
-        if not isinstance(self.hidden, int) or self.hidden <= 0:
-            raise ConfigError("meta.json: hidden must be a positive integer")
+        if self.format != FORMAT:
+            raise ConfigError(f"meta.json: format must be {FORMAT!r}, got {self.format!r}")
+        for key in ("name", "version"):
+            if not isinstance(getattr(self, key), str) or not getattr(self, key):
+                raise ConfigError(f"meta.json: {key} must be a non-empty string")
+        for key, least in (("feature_names", 1), ("labels", 2)):
+            values = getattr(self, key)
+            if (not isinstance(values, list) or len(values) < least
+                    or not all(isinstance(v, str) and v for v in values)
+                    or len(set(values)) != len(values)):
+                raise ConfigError(
+                    f"meta.json: {key} must be at least {least} unique non-empty strings")
+        n = self.n_features
+        if not isinstance(self.stats, dict):
+            raise ConfigError("meta.json: stats must be an object")
+        for name in STAT_NAMES:
+            values = self.stats.get(name)
+            if (not isinstance(values, list) or len(values) != n
+                    or not all(_finite(v) for v in values)):
+                raise ConfigError(f"meta.json: stats.{name} must hold {n} finite numbers")
+        if self.accuracy is not None and not (_finite(self.accuracy) and 0 <= self.accuracy <= 1):
+            raise ConfigError("meta.json: accuracy must be a number in [0, 1] or null")
 
     @classmethod
     def load(cls, path: str | Path) -> "ModelMetadata":
@@ -81,8 +119,10 @@ class ModelMetadata:
             raw = json.loads(path.read_text())
         except FileNotFoundError as exc:
             raise ConfigError(f"model metadata not found: {path}") from exc
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"model metadata is not valid JSON: {path}: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise ConfigError(f"model metadata must be a JSON object: {path}")
         known = set(cls.__dataclass_fields__)
         try:
             meta = cls(**{k: v for k, v in raw.items() if k in known})
@@ -92,43 +132,112 @@ class ModelMetadata:
         return meta
 
     def save(self, path: str | Path) -> None:
-        """Write ``meta.json`` (sorted keys, so identical training gives identical bytes)."""
-        Path(path).write_text(json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
-
-    def build_model(self) -> RealTimeClassifier:
-        """An untrained model with this metadata's shape."""
-        return RealTimeClassifier(self.n_features, self.hidden, len(self.labels))
+        """Write ``meta.json`` (sorted keys)."""
+        Path(path).write_text(json.dumps(asdict(self), indent=1, sort_keys=True) + "\n")
 
 
-def load_model(weights: str | Path, meta: ModelMetadata) -> RealTimeClassifier:
-    """Build the model and load its weights safely (``weights_only=True``), in eval mode.
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# --------------------------------------------------------------------------- safe loading
+
+#: Every file a ``torch.export.save`` archive of a plain tensor program may hold, relative to its
+#: top folder. Anything else (compiled code under ``data/aotinductor/``, legacy pickled weight
+#: files, custom or opaque objects, extra files) is refused before torch reads the archive.
+_ALLOWED = re.compile(
+    r"(archive_format|archive_version|byteorder|\.data/version|\.data/serialization_id"
+    r"|models/(?P<model>[\w.-]+)\.json"
+    r"|data/weights/[\w.-]+_weights_config\.json|data/weights/weight_\d+"
+    r"|data/constants/[\w.-]+_constants_config\.json|data/constants/tensor_\d+"
+    r"|data/sample_inputs/[\w.-]+\.pt)")
+_PAYLOAD_CONFIGS = (("data/weights/", "_weights_config.json", r"weight_\d+"),
+                    ("data/constants/", "_constants_config.json", r"tensor_\d+"))
+
+
+def check_program_file(path: str | Path) -> None:
+    """Refuse a program file that could make ``torch.export.load`` run code, without running it.
+
+    ``torch.export.load`` unpickles with ``weights_only=False`` in several places: weights or
+    constants marked ``use_pickle``, custom and opaque objects, and sample inputs that fail a
+    ``weights_only`` load (it falls back); it also loads compiled AOTInductor libraries found in
+    the archive. This check reads the zip's directory and JSON configs only, and loads the sample
+    inputs with ``torch.load(weights_only=True)`` (which refuses any global outside the tensor
+    allow-list before calling it): every file must be one a plain exported tensor program has,
+    and no payload may be pickled.
 
     Raises:
-        ConfigError: the weights are missing or do not fit the metadata's shape.
+        ConfigError: saying what in the file is refused.
     """
-    model = meta.build_model()
     try:
-        state = torch.load(weights, map_location="cpu", weights_only=True)
-        model.load_state_dict(state, strict=True)
+        zf = zipfile.ZipFile(path)
     except FileNotFoundError as exc:
-        raise ConfigError(f"model weights not found: {weights}") from exc
-    except Exception as exc:  # corrupt file, unpickling refused, wrong shapes: all a bad archive
-        raise ConfigError(f"model weights cannot be loaded from {weights}: {exc}") from exc
-    model.eval()
-    return model
+        raise ConfigError(f"model program not found: {path}") from exc
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise ConfigError(f"model program {path} is not a torch.export archive: {exc}") from exc
+    with zf:
+        names = [n for n in zf.namelist() if not n.endswith("/")]
+        roots = {n.split("/", 1)[0] for n in names}
+        if len(roots) != 1 or any("/" not in n for n in names):
+            raise ConfigError(f"model program {path} is not a torch.export archive "
+                              "(one top folder expected)")
+        root = roots.pop() + "/"
+        models = []
+        for name in names:
+            match = _ALLOWED.fullmatch(name[len(root):])
+            if match is None:
+                raise ConfigError(
+                    f"model program {path} holds {name!r}, which a plain exported program "
+                    "never has (compiled code, pickled objects or extra files are refused)")
+            if match.group("model"):
+                models.append(match.group("model"))
+        if _read(zf, root + "archive_format") != b"pt2" or len(models) != 1:
+            raise ConfigError(f"model program {path} is not a torch.export archive "
+                              "(archive_format pt2 with exactly one program expected)")
+        for folder, suffix, payload in _PAYLOAD_CONFIGS:
+            config_name = f"{root}{folder}{models[0]}{suffix}"
+            try:
+                config = json.loads(_read(zf, config_name))["config"]
+            except (KeyError, ValueError, TypeError) as exc:
+                raise ConfigError(f"model program {path}: {config_name} is missing or not "
+                                  f"a payload config: {exc}") from exc
+            for key, entry in config.items():
+                if (not isinstance(entry, dict) or entry.get("use_pickle") is not False
+                        or not re.fullmatch(payload, str(entry.get("path_name")))):
+                    raise ConfigError(
+                        f"model program {path}: {folder}{key} is stored pickled or under an "
+                        "unexpected name: refused (only raw tensor payloads are accepted)")
+        sample = f"{root}data/sample_inputs/{models[0]}.pt"
+        if sample in names:
+            try:
+                torch.load(io.BytesIO(_read(zf, sample)), weights_only=True)
+            except Exception as exc:  # an UnpicklingError names the refused global
+                raise ConfigError(f"model program {path}: its sample inputs are not plain "
+                                  f"tensors and are refused: {exc}") from exc
 
 
-def quantize_int8(model: nn.Module) -> nn.Module:
-    """A copy of ``model`` with its Linear layers dynamically quantized to int8 (CPU).
+def _read(zf: zipfile.ZipFile, name: str) -> bytes:
+    try:
+        return zf.read(name)
+    except KeyError:
+        return b""
 
-    ``torch.ao.quantization`` warns that it is deprecated in favour of torchao (not a dependency
-    here); the warning is silenced for this one call.
+
+def load_program(path: str | Path) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Load ``model.pt2`` after :func:`check_program_file`; return its forward function.
+
+    The returned callable is the exported module's ``forward``, called directly: the module's
+    input-constraint pre-hook (about 0.1 ms per call, more than the forward pass of a small
+    network) is skipped because the handler has already checked every row's width and type.
+    The module is in inference form: batch norm uses its running statistics, dropout is off.
+
+    Raises:
+        ConfigError: the file is refused or cannot be deserialized.
     """
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        warnings.simplefilter("ignore", UserWarning)
-        from torch.ao.quantization import quantize_dynamic
-
-        return quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+    check_program_file(path)
+    try:
+        program = torch.export.load(str(path))
+        module = program.module()
+    except Exception as exc:  # a corrupt or incompatible archive: a bad model, not a crash
+        raise ConfigError(f"model program cannot be loaded from {path}: {exc}") from exc
+    return module.forward

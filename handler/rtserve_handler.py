@@ -31,17 +31,15 @@ from ts.torch_handler.base_handler import BaseHandler
 from handler.config import HandlerConfig
 from handler.errors import ConfigError, ExplainCapacityExceeded, InvalidInput
 from handler.explain import Explainer
-from handler.model import ModelMetadata, load_model, quantize_int8
+from handler.model import METADATA_FILE, PROGRAM_FILE, ModelMetadata, load_program
 from handler.protocols import OIP_V2, answer, detect, grpc_error, parse_request
-from handler.schema import (Normalizer, ParsedBatch, parse_batch, prediction_document,
-                            request_body)
 from handler import worker_io
+from handler.schema import ParsedBatch, parse_batch, prediction_document, request_body
 from handler.telemetry import (Telemetry, audit_path, quiet_torchserve_batch_lines,
                                require_multiprocess_dir)
 
 logger = logging.getLogger(__name__)
 
-METADATA_FILE = "meta.json"
 JSON = "application/json"
 #: The request header TorchServe's frontend sets per request, and its value on explain routes.
 EXPLAIN_HEADER = "explain"
@@ -55,7 +53,7 @@ class RealTimeHandler(BaseHandler):
     explain routes, one explanation) per request out."""
 
     def initialize(self, context: Any) -> None:
-        """Read the config once, load the weights safely, and warm the model up.
+        """Read the config once, load the exported program safely, and warm the model up.
 
         Raises:
             ConfigError: bad ``handler:`` settings, or missing or inconsistent artifacts.
@@ -64,23 +62,18 @@ class RealTimeHandler(BaseHandler):
         model_dir = context.system_properties["model_dir"]
         self.config = HandlerConfig.from_model_yaml(context.model_yaml_config)
         manifest_model = (context.manifest or {}).get("model", {})
-        weights = manifest_model.get("serializedFile")
-        if not weights:
-            raise ConfigError("the archive has no serialized weights file (--serialized-file)")
+        program = manifest_model.get("serializedFile")
+        if program != PROGRAM_FILE:
+            raise ConfigError(f"the archive's serialized file must be the exported program "
+                              f"{PROGRAM_FILE} (make archive packs it), got {program!r}")
         self.meta = ModelMetadata.load(os.path.join(model_dir, METADATA_FILE))
         self.model_version = str(manifest_model.get("modelVersion") or self.meta.version)
         torch.set_num_threads(self.config.num_threads)
-        model = eager = load_model(os.path.join(model_dir, weights), self.meta)
-        if self.config.quantize:
-            model = quantize_int8(model)
-        if self.config.torchscript:
-            model = _script(model)
-        self.model = model
-        self.normalize = Normalizer(self.meta.mean, self.meta.std)
+        self.model = load_program(os.path.join(model_dir, PROGRAM_FILE))
         self._json_parts = _json_parts(self.meta.labels, self.model_version)
         self.device = torch.device("cpu")
-        self.explainer = Explainer(  # gradients need the float eager model, never the int8 one
-            eager, self.meta.mean, self.meta.std, self.meta.feature_names, self.meta.labels,
+        self.explainer = Explainer(
+            self.model, self.meta.mean, self.meta.feature_names, self.meta.labels,
             baseline=self.config.explain_baseline, n_steps=self.config.explain_steps,
             internal_batch_size=self.config.explain_internal_batch_size,
         )
@@ -89,12 +82,10 @@ class RealTimeHandler(BaseHandler):
         self.buffered_reads = self.config.buffered_reads and worker_io.install()
         self._warm_up()
         self.initialized = True
-        logger.info(
-            "loaded %s version %s (%d features, %d classes, torchscript=%s, quantize=%s, "
-            "buffered reads=%s)", context.model_name, self.model_version, self.meta.n_features,
-            len(self.meta.labels), self.config.torchscript, self.config.quantize,
-            self.buffered_reads,
-        )
+        logger.info("loaded %s version %s (%s %s: %d features, %d classes, exported program, "
+                    "buffered reads=%s)", context.model_name, self.model_version, self.meta.name,
+                    self.meta.version, self.meta.n_features, len(self.meta.labels),
+                    self.buffered_reads)
 
     def _telemetry(self, context: Any) -> Telemetry:
         """Metrics, drift and audit for this worker (see :mod:`handler.telemetry`).
@@ -129,14 +120,13 @@ class RealTimeHandler(BaseHandler):
     def _warm_up(self) -> None:
         """Run the request path a few times so the first real request pays no one-off costs.
 
-        Parsing, normalization, the forward pass and answer assembly run on a synthetic batch
+        Parsing, the forward pass and answer assembly run on a synthetic batch
         (without the per-batch log line, so the log only counts real batches).
         """
         row = {"body": {"features": [0.0] * self.meta.n_features}}
         heads, tail = self._json_parts
         for _ in range(self.config.warmup_batches):
             batch = parse_batch([row, row], self.meta.n_features, self.config.feature_limit)
-            batch.inputs = self.normalize(batch.inputs)
             _, probabilities = self.inference(batch)
             classes = probabilities.argmax(dim=1).tolist()
             for cls, probs in zip(classes, probabilities.tolist()):
@@ -179,7 +169,7 @@ class RealTimeHandler(BaseHandler):
 
     def preprocess(self, data: list) -> ParsedBatch:
         """Parse and validate every request of the batch (rtserve's own body, KServe v1 or v2);
-        normalize the valid rows."""
+        the valid rows stay raw features: the exported program does its own preprocessing."""
         explain = self._explain_requests()
         other = partial(parse_request, n_features=self.meta.n_features,
                         limit=self.config.feature_limit, max_instances=self.config.max_instances)
@@ -187,8 +177,6 @@ class RealTimeHandler(BaseHandler):
                             explain, len(self.meta.labels), other=other,
                             plain_only=self._plain_route_requests())
         batch.oip_grpc = self._oip_grpc_requests(data)
-        if batch.inputs is not None:
-            batch.inputs = self.normalize(batch.inputs)
         if self.config.log_batches:
             logger.info("batch size=%d valid=%d explain=%d kserve=%d rows=%d",
                         batch.size, batch.size - len(batch.errors), len(batch.targets),
@@ -269,15 +257,6 @@ class RealTimeHandler(BaseHandler):
         for idx in range(batch.size):
             self.context.set_response_content_type(idx, JSON)
         return out
-
-
-def _script(model: torch.nn.Module) -> torch.jit.ScriptModule:
-    """``torch.jit.script`` without its deprecation warning (TorchScript still runs fastest here)."""
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return torch.jit.script(model)
 
 
 def _json_parts(labels: list[str], version: str) -> tuple[list[str], str]:

@@ -266,18 +266,6 @@ def _check_each(
     return kept_rows, kept
 
 
-class Normalizer:
-    """Standardizes features with the training statistics: ``(x - mean) / std``."""
-
-    def __init__(self, mean: Sequence[float], std: Sequence[float]) -> None:
-        self.mean = torch.tensor(mean, dtype=torch.float32)
-        self.std = torch.tensor(std, dtype=torch.float32)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """Normalize a ``[batch, n_features]`` tensor."""
-        return (x - self.mean) / self.std
-
-
 def json_type(value: Any) -> str:
     """The JSON name of a decoded value's type, for error messages."""
     if value is None:

@@ -33,7 +33,7 @@ from urllib.parse import urlsplit, urlunsplit
 from rtserve.client import Client, TorchServeError
 from rtserve.drain import drain as drain_instance
 from rtserve.drain import is_draining
-from rtserve.server import read_properties, sample_payload
+from rtserve.server import probe_prediction, read_properties
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def ready(run_dir: Path, model: str, timeout: float = 3.0) -> Result:
         client = local_client(run_dir, timeout)
         if not client.ping():
             return Result(False, "/ping: a model is not healthy yet")
-        answer = client.predict(model, sample_payload())
+        answer = probe_prediction(client, model)
     except (OSError, KeyError, TorchServeError) as exc:
         return Result(False, f"not ready: {exc}")
     if not isinstance(answer, dict) or "prediction" not in answer:

@@ -16,6 +16,7 @@ import argparse
 import hashlib
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -306,7 +307,7 @@ class TorchServe:
                     while pending:
                         if not workers_ready(client, pending[0]):
                             raise TorchServeError(f"{pending[0]}: workers still starting")
-                        client.predict(pending[0], sample_payload())
+                        probe_prediction(client, pending[0])
                         pending.pop(0)
                     return time.monotonic() - started
             except (TorchServeError, OSError) as exc:
@@ -386,8 +387,28 @@ def workers_ready(client: Client, model: str, version: str | None = None) -> boo
 
 
 def sample_payload(n_features: int = 32) -> dict:
-    """A valid request body (the seed's payload shape) used for readiness checks."""
+    """A valid request body (the demo's payload shape) used for readiness checks."""
     return {"features": [0.0] * n_features}
+
+
+#: How the handler names a model's feature count when a request has the wrong one.
+_EXPECTED_COUNT = re.compile(r"'features' must have exactly (\d+) numbers")
+
+
+def probe_prediction(client: Client, model: str) -> dict:
+    """One prediction of all-zero features from ``model``, whatever its feature count: the
+    demo's 32 first; a model with another count answers 400 naming it, and gets that many.
+
+    Raises:
+        TorchServeError: the model did not answer a prediction.
+    """
+    try:
+        return client.predict(model, sample_payload())
+    except TorchServeError as exc:
+        found = _EXPECTED_COUNT.search(str(exc)) if exc.status == 400 else None
+        if found is None:
+            raise
+        return client.predict(model, sample_payload(int(found.group(1))))
 
 
 def run_foreground(server: TorchServe, stop_timeout: float = 15.0, poll: float = 1.0,

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rtserve.train import train
+from rtserve.train import package
+from tests.helpers import demo_eager
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL_NAME = "realtime-classifier"
@@ -16,13 +17,10 @@ MODEL_NAME = "realtime-classifier"
 
 @pytest.fixture(scope="session")
 def trained_dir(tmp_path_factory) -> Path:
-    """A model directory laid out like an unpacked archive: weights.pt + meta.json."""
-    import torch
-
+    """The demo's artifact directory (model.pt2 + meta.json, laid out like an unpacked archive),
+    exported from the in-process eager model (:func:`tests.helpers.demo_eager`)."""
     out = tmp_path_factory.mktemp("model_v1")
-    model, meta = train("1.0", epochs=1, hidden=64)
-    torch.save(model.state_dict(), out / "weights.pt")
-    meta.save(out / "meta.json")
+    package(demo_eager("1.0"), "1.0", out)
     return out
 
 
@@ -33,15 +31,17 @@ def build_root(tmp_path_factory) -> Path:
 
 
 def make_archive(build_root: Path, version: str, store: Path | None = None, **variables: str) -> Path:
-    """Build ``<name>_<version>.mar`` with the project's own Makefile (what users run), into
-    ``store`` (default ``build_root/model_store``)."""
+    """Build ``<name>_<version>.mar`` with the project's own Makefile (what users run): the demo,
+    or the artifact directory given as ``ARTIFACTS=`` (with ``MODEL_NAME=``), into ``store``
+    (default ``build_root/model_store``)."""
     store = store or build_root / "model_store"
     args = [f"MODEL_VERSION={version}", f"MODEL_STORE={store}",
-            f"ARTIFACTS={build_root / 'artifacts'}", f"VENV={REPO / '.venv'}"]
+            f"DEMO_ARTIFACTS={build_root / 'artifacts'}", f"VENV={REPO / '.venv'}"]
     args += [f"{k}={v}" for k, v in variables.items()]
-    subprocess.run(["make", "-s", "archive", *args], cwd=REPO, check=True,
-                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=dict(os.environ))
-    mar = store / f"{MODEL_NAME}_{version}.mar"
+    done = subprocess.run(["make", "-s", "archive", *args], cwd=REPO, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, env=dict(os.environ), text=True)
+    assert done.returncode == 0, f"make archive failed:\n{done.stdout[-3000:]}"
+    mar = store / f"{variables.get('MODEL_NAME', MODEL_NAME)}_{version}.mar"
     assert mar.is_file(), f"make archive did not produce {mar}"
     return mar
 

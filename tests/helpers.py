@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import io
+import functools
 import json
 import zipfile
 from pathlib import Path
@@ -13,8 +13,7 @@ import yaml
 from ts.context import Context, RequestProcessor
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 
-from handler.model import ModelMetadata, load_model
-from handler.schema import Normalizer
+from handler.model import ModelMetadata
 
 #: The shipped model config (model/model-config.yaml), as the archive carries it.
 MODEL_YAML = yaml.safe_load((Path(__file__).resolve().parent.parent / "model" / "model-config.yaml").read_text())
@@ -28,7 +27,7 @@ def make_context(model_dir: Path, model_yaml: dict, version: str = "1.0") -> Con
     metrics = MetricsCacheYamlImpl(config_file_path=str(METRICS_YAML))
     metrics.initialize_cache()
     manifest = {"model": {"modelName": "realtime-classifier", "modelVersion": version,
-                          "serializedFile": "weights.pt", "handler": "rtserve_handler.py"}}
+                          "serializedFile": "model.pt2", "handler": "rtserve_handler.py"}}
     return Context("realtime-classifier", str(model_dir), manifest, 32, None, "0.12.0",
                    metrics=metrics, model_yaml_config=model_yaml)
 
@@ -96,41 +95,64 @@ def features(n: int = 32, value: float = 0.5) -> list[float]:
     return [value + i for i in range(n)]
 
 
-class Reference:
-    """The model run directly (outside TorchServe) from weights and metadata."""
+@functools.lru_cache(maxsize=None)
+def demo_eager(version: str = "1.0") -> torch.nn.Module:
+    """The demo model trained in this process (eager, eval mode), once per session. Training is
+    deterministic, so it has the weights of the archive `make archive` builds for ``version``."""
+    from rtserve.train import train
 
-    def __init__(self, weights, meta: ModelMetadata) -> None:
+    epochs, hidden = DEMO_TRAIN_ARGS[version]
+    return train(version, epochs=epochs, hidden=hidden)
+
+
+#: The Makefile's TRAIN_ARGS_<version> for the demo versions the tests build.
+DEMO_TRAIN_ARGS = {"1.0": (1, 64), "2.0": (6, 128)}
+
+
+class Reference:
+    """A model run directly in this process (outside TorchServe): an eager ``nn.Module`` or any
+    callable taking raw features, with its metadata."""
+
+    def __init__(self, model, meta: ModelMetadata) -> None:
         self.meta = meta
-        self.model = load_model(weights, meta)
-        self.normalize = Normalizer(meta.mean, meta.std)
+        self.model = model
 
     @classmethod
-    def from_mar(cls, mar: Path) -> "Reference":
-        """Load the weights and metadata packed inside a ``.mar`` archive."""
+    def demo(cls, model_dir: Path, version: str = "1.0") -> "Reference":
+        """The in-process eager demo model with the metadata of an artifact directory."""
+        return cls(demo_eager(version), ModelMetadata.load(Path(model_dir) / "meta.json"))
+
+    @classmethod
+    def from_mar(cls, mar: Path, model) -> "Reference":
+        """``model`` (eager, in-process) with the metadata packed inside a ``.mar`` archive; the
+        archive's golden set must be ``model``'s own answers (so it packs the same weights)."""
         with zipfile.ZipFile(mar) as zf:
-            manifest = json.loads(zf.read("MAR-INF/MANIFEST.json"))
-            weights = io.BytesIO(zf.read(manifest["model"]["serializedFile"]))
             raw = json.loads(zf.read("meta.json"))
-        return cls(weights, ModelMetadata(**{k: raw[k] for k in ModelMetadata.__dataclass_fields__ if k in raw}))
+        meta = ModelMetadata(**{k: raw[k] for k in ModelMetadata.__dataclass_fields__ if k in raw})
+        ref = cls(model, meta)
+        golden = ref.probabilities(meta.golden["features"])
+        assert torch.allclose(golden, torch.tensor(meta.golden["probabilities"]), atol=1e-5), \
+            f"{mar.name} does not pack the weights of the in-process model"
+        return ref
 
     def probabilities(self, rows: list[list[float]]) -> torch.Tensor:
         """Softmax outputs for raw feature rows."""
         with torch.inference_mode():
-            x = self.normalize(torch.tensor(rows, dtype=torch.float32))
-            return torch.softmax(self.model(x), dim=1)
+            return torch.softmax(self.model(torch.tensor(rows, dtype=torch.float32)), dim=1)
 
     def integrated_gradients(
         self, row: list[float], target: int, n_steps: int = 50, baseline: str = "mean",
     ) -> tuple[list[float], float]:
-        """Captum run directly on the raw-input model ``softmax(model(normalize(x)))``, for one
-        row alone, from a raw baseline (training mean or zeros): (attributions, delta)."""
+        """Captum run directly on ``softmax(model(x))`` for one row alone, from a raw baseline
+        (training mean or zeros): (attributions, delta)."""
         from captum.attr import IntegratedGradients
 
         def forward(x: torch.Tensor) -> torch.Tensor:
-            return torch.softmax(self.model(self.normalize(x)), dim=1)
+            return torch.softmax(self.model(x), dim=1)
 
         x = torch.tensor([row], dtype=torch.float32)
-        base = self.normalize.mean if baseline == "mean" else torch.zeros_like(self.normalize.mean)
+        mean = torch.tensor(self.meta.mean, dtype=torch.float32)
+        base = mean if baseline == "mean" else torch.zeros_like(mean)
         attributions, delta = IntegratedGradients(forward).attribute(
             x, baselines=base.unsqueeze(0), target=target, n_steps=n_steps,
             return_convergence_delta=True)

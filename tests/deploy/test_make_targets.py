@@ -198,7 +198,7 @@ def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
 def test_make_image_stages_every_file_the_dockerfile_copies(make, mar_v1, build_root, tmp_path):
     context = tmp_path / "context"
     result = make("image", "MODEL_VERSION=1.0", f"IMG={IMG}", f"IMAGE_CONTEXT={context}",
-                  f"MODEL_STORE={mar_v1.parent}", f"ARTIFACTS={build_root / 'artifacts'}",
+                  f"MODEL_STORE={mar_v1.parent}", f"DEMO_ARTIFACTS={build_root / 'artifacts'}",
                   f"VENV={REPO / '.venv'}")
     assert result.returncode == 0, result.stdout + result.stderr
     assert make.calls == [["build", "--build-arg", f"MODEL_NAME={MODEL_NAME}", "--build-arg",

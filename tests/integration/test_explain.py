@@ -14,7 +14,7 @@ import requests
 
 from rtserve.data import make_dataset
 from tests.conftest import MODEL_NAME
-from tests.helpers import Reference, audit_batches
+from tests.helpers import Reference, audit_batches, demo_eager
 
 pytestmark = pytest.mark.integration
 
@@ -23,7 +23,7 @@ ATOL = 1e-5
 
 @pytest.fixture(scope="module")
 def ref(mar_v1) -> Reference:
-    return Reference.from_mar(mar_v1)
+    return Reference.from_mar(mar_v1, demo_eager("1.0"))
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def test_explanation_route_returns_captum_attributions(server, ref, samples):
                          "baseline_probability", "convergence_delta", "method", "n_steps",
                          "prediction", "model_version"}
     check_explanation(body, ref, samples[0], 1)
-    assert list(body["baseline"].values()) == pytest.approx(ref.meta.mean, abs=1e-6)
+    assert list(body["baseline"].values()) == pytest.approx(ref.meta.mean, rel=1e-6)
     default = server.client().explain(MODEL_NAME, {"features": samples[0]})
     assert default["target"] == default["prediction"] == int(ref.probabilities(samples[:1])[0].argmax())
 

@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from tests.conftest import MODEL_NAME
-from tests.helpers import Reference, audit_batches, features
+from tests.helpers import Reference, audit_batches, demo_eager, features
 
 pytestmark = pytest.mark.integration
 
@@ -50,7 +50,7 @@ def test_served_archive_is_the_one_make_built(server, mar_v1):
 
 
 def test_predictions_match_model_run_directly(server, mar_v1):
-    ref = Reference.from_mar(mar_v1)
+    ref = Reference.from_mar(mar_v1, demo_eager("1.0"))
     data = rows(8)
     expected = ref.probabilities(data)
     client = server.client()
@@ -68,7 +68,7 @@ def test_concurrent_requests_are_batched(server, mar_v1):
     with ThreadPoolExecutor(max_workers=32) as pool:
         answers = list(pool.map(lambda r: post(server, json.dumps({"features": r}).encode()), data))
     assert [a.status_code for a in answers] == [200] * len(data)
-    expected = Reference.from_mar(mar_v1).probabilities(data)
+    expected = Reference.from_mar(mar_v1, demo_eager("1.0")).probabilities(data)
     for answer, probs in zip(answers, expected):
         assert answer.json()["probabilities"] == pytest.approx(probs.tolist(), abs=1e-6)
     batches = batches_since(server, before, len(data))

@@ -135,7 +135,7 @@ def test_model_api_disabled_gives_clear_error(store, tmp_path):
 def test_make_targets_drive_a_rollout(server, store, build_root):
     """The user path: make register / promote / models / rollback / retire against a live server."""
     props = server.props
-    variables = [f"MODEL_STORE={store}", f"ARTIFACTS={build_root / 'artifacts'}",
+    variables = [f"MODEL_STORE={store}", f"DEMO_ARTIFACTS={build_root / 'artifacts'}",
                  f"RUN_DIR={server.run_dir}", f"INFERENCE_URL={props['inference_address']}",
                  f"MANAGEMENT_URL={props['management_address']}", "MODEL_VERSION=2.0"]
 

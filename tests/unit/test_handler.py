@@ -34,7 +34,7 @@ def test_valid_batch_matches_reference(handler_ctx, trained_dir):
     rows = [features(value=v) for v in (-50.0, 0.0, 3.5, 40.0)]
     statuses, bodies = run(handler, ctx, [json_row({"features": r}) for r in rows])
     assert statuses == [200] * 4
-    ref = Reference(trained_dir / "weights.pt", ModelMetadata.load(trained_dir / "meta.json"))
+    ref = Reference.demo(trained_dir)
     expected = ref.probabilities(rows)
     for body, probs in zip(bodies, expected):
         assert set(body) == {"prediction", "label", "probabilities", "model_version"}
@@ -91,7 +91,7 @@ def test_mixed_batch_keeps_good_requests(handler_ctx, trained_dir):
             json_row({"features": [1.0]}), json_row({"features": good[2]})]
     statuses, bodies = run(handler, ctx, rows)
     assert statuses == [200, 400, 200, 400, 200]
-    ref = Reference(trained_dir / "weights.pt", ModelMetadata.load(trained_dir / "meta.json"))
+    ref = Reference.demo(trained_dir)
     expected = ref.probabilities(good)
     for body, probs in zip([bodies[0], bodies[2], bodies[4]], expected):
         assert body["probabilities"] == pytest.approx(probs.tolist(), abs=1e-6)
@@ -112,7 +112,7 @@ def test_out_of_range_value_fails_only_its_own_request(handler_ctx, trained_dir,
     statuses, bodies = run(handler, ctx, rows)
     assert statuses == [200, 400, 200]
     assert bodies[1]["error"].startswith(message) and bodies[1]["field"] == "features[3]"
-    ref = Reference(trained_dir / "weights.pt", ModelMetadata.load(trained_dir / "meta.json"))
+    ref = Reference.demo(trained_dir)
     for body, probs in zip([bodies[0], bodies[2]], ref.probabilities(good)):
         assert body["probabilities"] == pytest.approx(probs.tolist(), abs=1e-6)
 
@@ -142,52 +142,30 @@ def test_output_length_equals_batch_length(handler_ctx, size):
     assert statuses == [200 if i % 3 else 400 for i in range(size)]
 
 
-def test_normalization_matches_training_statistics(handler_ctx, trained_dir):
+def test_training_statistics_and_normalization_inside_the_program(handler_ctx, trained_dir):
+    """meta.json's statistics are the training rows'; the handler sends raw rows to the program,
+    whose first layer standardizes them with those statistics."""
     handler, _ = handler_ctx
     meta = ModelMetadata.load(trained_dir / "meta.json")
     from rtserve.data import make_dataset
 
     x = make_dataset().x_train
-    assert meta.mean == pytest.approx(x.mean(dim=0).tolist(), rel=1e-5)
-    assert meta.std == pytest.approx(x.std(dim=0).tolist(), rel=1e-5)
-    normalized = handler.normalize(x)
-    assert normalized.mean(dim=0).abs().max() < 1e-3
-    assert (normalized.std(dim=0) - 1).abs().max() < 1e-3
-
-
-def test_torchscript_mode_gives_same_answers(trained_dir):
-    yaml_cfg = {**MODEL_YAML, "handler": {**MODEL_YAML["handler"], "torchscript": True}}
-    ctx = make_context(trained_dir, yaml_cfg)
-    handler = RealTimeHandler()
-    handler.initialize(ctx)
-    assert isinstance(handler.model, torch.jit.ScriptModule)
-    _, bodies = run(handler, ctx, [json_row({"features": features()})])
-    ref = Reference(trained_dir / "weights.pt", ModelMetadata.load(trained_dir / "meta.json"))
-    assert bodies[0]["probabilities"] == pytest.approx(ref.probabilities([features()])[0].tolist(), abs=1e-6)
-
-
-def test_quantize_mode_stays_close_to_float(trained_dir):
-    yaml_cfg = {**MODEL_YAML, "handler": {**MODEL_YAML["handler"], "quantize": True, "torchscript": True}}
-    ctx = make_context(trained_dir, yaml_cfg)
-    handler = RealTimeHandler()
-    handler.initialize(ctx)
-    # int8 weights live in LinearPackedParams submodules (scripted, so named by original_name)
-    assert any(getattr(m, "original_name", "") == "LinearPackedParams" for m in handler.model.modules())
-    rows = [features(value=v) for v in (-50.0, 0.0, 3.5, 40.0)]
-    statuses, bodies = run(handler, ctx, [json_row({"features": r}) for r in rows])
-    assert statuses == [200] * 4
-    ref = Reference(trained_dir / "weights.pt", ModelMetadata.load(trained_dir / "meta.json"))
-    for body, probs in zip(bodies, ref.probabilities(rows)):
-        assert body["probabilities"] == pytest.approx(probs.tolist(), abs=0.05)
-        assert math.isclose(sum(body["probabilities"]), 1.0, abs_tol=1e-5)
+    assert meta.stats["mean"] == pytest.approx(x.double().mean(dim=0).tolist(), rel=1e-6)
+    assert meta.stats["std"] == pytest.approx(x.double().std(dim=0).tolist(), rel=1e-6)
+    assert meta.stats["min"] == pytest.approx(x.min(dim=0).values.tolist())
+    norm = Reference.demo(trained_dir).model.norm
+    assert norm.mean.tolist() == pytest.approx(meta.stats["mean"], rel=1e-5)
+    rows = x[:64]
+    with torch.inference_mode():
+        assert torch.allclose(handler.model(rows), Reference.demo(trained_dir).model(rows), atol=1e-5)
 
 
 @pytest.mark.parametrize("handler_cfg,message", [
     ({"num_thread": 1}, "unknown handler setting(s): num_thread"),
     ({"num_threads": "2"}, "handler.num_threads must be int"),
     ({"num_threads": 0}, "handler.num_threads must be in [1, 64]"),
-    ({"torchscript": "yes"}, "handler.torchscript must be bool"),
-    ({"quantize": 1}, "handler.quantize must be bool"),
+    ({"torchscript": True}, "retired handler setting(s): torchscript (TorchScript is deprecated"),
+    ({"quantize": False}, "retired handler setting(s): quantize (torch.ao dynamic quantization"),
     ({"feature_limit": -1.0}, "handler.feature_limit must be a positive number"),
 ])
 def test_bad_config_fails_initialize(trained_dir, handler_cfg, message):
@@ -198,10 +176,10 @@ def test_bad_config_fails_initialize(trained_dir, handler_cfg, message):
 
 def test_missing_or_corrupt_artifacts_fail_initialize(trained_dir, tmp_path):
     (tmp_path / "meta.json").write_text((trained_dir / "meta.json").read_text())
-    with pytest.raises(ConfigError, match="model weights not found"):
+    with pytest.raises(ConfigError, match="model program not found"):
         RealTimeHandler().initialize(make_context(tmp_path, MODEL_YAML))
-    (tmp_path / "weights.pt").write_bytes(b"not a torch file")
-    with pytest.raises(ConfigError, match="model weights cannot be loaded"):
+    (tmp_path / "model.pt2").write_bytes(b"not a torch file")
+    with pytest.raises(ConfigError, match="is not a torch.export archive"):
         RealTimeHandler().initialize(make_context(tmp_path, MODEL_YAML))
     (tmp_path / "meta.json").unlink()
     with pytest.raises(ConfigError, match="model metadata not found"):

@@ -8,7 +8,6 @@ import pytest
 
 from handler.config import HandlerConfig
 from handler.errors import ConfigError
-from handler.model import ModelMetadata
 from tests.helpers import Reference, features, json_row, route_headers, start_batch
 
 pytestmark = pytest.mark.unit
@@ -33,7 +32,7 @@ def v2(rows, **extra):
 def test_mixed_protocols_in_one_batch_match_the_plain_answers(handler_ctx, trained_dir):
     handler, ctx = handler_ctx
     rows = [features(value=v) for v in (-50.0, 0.0, 3.5)]
-    ref = Reference(trained_dir / "weights.pt", ModelMetadata.load(trained_dir / "meta.json"))
+    ref = Reference.demo(trained_dir)
     probs = ref.probabilities(rows)
     statuses, bodies = run(handler, ctx, [
         json_row({"features": rows[0]}),
