@@ -39,8 +39,7 @@ import psutil
 import requests
 
 from rtserve.client import TorchServeError
-from rtserve.server import (DEFAULT_CONFIG, TorchServe, free_ports, port_overrides, read_properties,
-                            workers_ready)
+from rtserve.server import DEFAULT_CONFIG, TorchServe, free_ports, port_overrides, read_properties
 
 logger = logging.getLogger("bench.perf")
 
@@ -495,7 +494,10 @@ class RtServe(Server):
         self.ts.start()
 
         def ready() -> bool:
-            return self.ts.key_file.exists() and self.client.ping() and workers_ready(self.client, MODEL)
+            """rtserve's own readiness (what `make serve` and the pod's probe wait for): /ping,
+            every worker READY and one real prediction; the first request after it is timed."""
+            self.ts.wait_ready(timeout=120, models=[MODEL])
+            return True
 
         try:
             return _first_prediction(

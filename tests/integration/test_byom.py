@@ -128,11 +128,11 @@ def scrape(server) -> str:
 
 
 def series(text: str, name: str, model: str) -> dict[str, float]:
-    """``Feature`` label (or '') -> value of ``name``'s series for ``model``."""
+    """``feature`` label (or '') -> value of ``name``'s series for ``model``."""
     out = {}
     for line in text.splitlines():
-        if line.startswith(name + "{") and f'ModelName="{model}"' in line:
-            feature = line.split('Feature="', 1)[1].split('"', 1)[0] if 'Feature="' in line else ""
+        if line.startswith(name + "{") and f'model_name="{model}"' in line:
+            feature = line.split('feature="', 1)[1].split('"', 1)[0] if 'feature="' in line else ""
             out[feature] = out.get(feature, 0.0) + float(line.rsplit(" ", 1)[1])
     return out
 
@@ -156,17 +156,18 @@ def test_drift_against_its_own_reference_and_metrics_labelled_with_its_own_name(
     deadline = time.monotonic() + 10
     while True:
         text = scrape(server)
-        scraped = series(text, "FeatureDrift", EXAMPLE)
+        scraped = series(text, "rtserve_feature_drift_psi", EXAMPLE)
         if scraped or time.monotonic() > deadline:
             break
         time.sleep(0.2)
     assert set(scraped) == set(ref.meta.feature_names)
     assert scraped == pytest.approx(expected, abs=1e-4)
     assert max(expected.values()) > 0.2  # the shifted rows show
-    assert series(text, "HandlerRequests", EXAMPLE)[""] >= DRIFT_WINDOW + 21
-    assert set(series(text, "FeatureDrift", RANDOM)) <= {f"x{i}" for i in range(7)}
-    predicted = {line.split('Class="', 1)[1].split('"')[0] for line in text.splitlines()
-                 if line.startswith("Predictions{") and f'ModelName="{EXAMPLE}"' in line}
+    assert series(text, "rtserve_handler_requests_total", EXAMPLE)[""] >= DRIFT_WINDOW + 21
+    assert set(series(text, "rtserve_feature_drift_psi", RANDOM)) <= {f"x{i}" for i in range(7)}
+    predicted = {line.split('class="', 1)[1].split('"')[0] for line in text.splitlines()
+                 if line.startswith("rtserve_predictions_total{") and f'model_name="{EXAMPLE}"' in line
+                 and not line.endswith(" 0.0")}
     assert predicted and predicted <= {"malignant", "benign"}
 
 
