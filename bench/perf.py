@@ -874,7 +874,7 @@ def main(argv: list[str] | None = None) -> int:
     _log_to_stdout()
     if args.quick:
         args.servers, args.concurrency = "fastapi-2w-async,torchserve", "1,8,64"
-        args.duration, args.warmup, args.server_warmup, args.soak = 3.0, 1.0, 3.0, 0.0
+        args.duration, args.warmup, args.server_warmup, args.soak = 3.0, 1.0, 8.0, 0.0
         if args.out == RESULTS / "perf.json":
             args.out, args.plot = RESULTS / "quick.json", RESULTS / "quick.png"
     if args.replot:
