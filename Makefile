@@ -173,15 +173,23 @@ bench-latency-histogram: $(STAMP) ## Cost of rtserve_request_duration_seconds pe
 	$(PY) -m bench.request_histogram
 
 ##@ Versions (on the running server, through the management API)
-RTSERVE := $(PY) -m rtserve --inference $(INFERENCE_URL) --management $(MANAGEMENT_URL) --run-dir $(RUN_DIR)
+# The promotion gate (docs/versions-and-promotion.md): thresholds in GATE_CONFIG; REQUESTS: a
+# JSON-lines file of recent request bodies compared too; FORCE=1 REASON="..." overrides a refusal.
+GATE_CONFIG ?= config/gate.yaml
+REQUESTS    ?=
+FORCE       ?=
+REASON      ?=
+RTSERVE := $(PY) -m rtserve --inference $(INFERENCE_URL) --management $(MANAGEMENT_URL) \
+  --run-dir $(RUN_DIR) --model-store $(MODEL_STORE) --gate-config $(GATE_CONFIG)
 
 .PHONY: register
-register: $(MAR) ## Register MODEL_VERSION beside the running ones (not default); waits for its workers
+register: $(MAR) ## Register MODEL_VERSION beside the running ones (not default); waits for its workers, checks its golden set
 	$(RTSERVE) register $(MODEL_NAME) $(MODEL_VERSION) $(if $(WORKERS),--workers $(WORKERS))
 
 .PHONY: promote
-promote: $(STAMP) ## Make MODEL_VERSION the default (the previous default is recorded for rollback)
-	$(RTSERVE) promote $(MODEL_NAME) $(MODEL_VERSION)
+promote: $(STAMP) ## Make MODEL_VERSION the default if it passes the gate (REQUESTS=, FORCE=1 REASON=); recorded for rollback
+	$(RTSERVE) promote $(MODEL_NAME) $(MODEL_VERSION) $(if $(REQUESTS),--requests $(REQUESTS)) \
+	  $(if $(FORCE),--force --reason "$$REASON")
 
 .PHONY: rollback
 rollback: $(STAMP) ## Return the default to the version before the last promote
