@@ -37,6 +37,7 @@ class GateConfig:
     golden_tolerance: float
     burst_requests: int
     warmup_requests: int
+    latency_attempts: int
     concurrency: int
     max_rows: int
 
@@ -66,8 +67,10 @@ class GateConfig:
             values[name] = float(value) if kind == "float" else value
         if values["min_agreement"] > 1 or values["max_accuracy_drop"] > 1:
             raise GateError(f"{path}: min_agreement and max_accuracy_drop are shares in [0, 1]")
-        if min(values["burst_requests"], values["concurrency"], values["max_rows"]) < 1:
-            raise GateError(f"{path}: burst_requests, concurrency and max_rows must be at least 1")
+        if min(values["burst_requests"], values["concurrency"], values["max_rows"],
+               values["latency_attempts"]) < 1:
+            raise GateError(f"{path}: burst_requests, concurrency, max_rows and latency_attempts "
+                            "must be at least 1")
         return cls(**values)
 
     def thresholds(self) -> dict:
@@ -178,6 +181,11 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
+def p99_ratio(candidate_ms: Sequence[float], default_ms: Sequence[float]) -> float:
+    """The candidate's p99 over the default's."""
+    return percentile(candidate_ms, 99) / max(percentile(default_ms, 99), 1e-9)
+
+
 @dataclass
 class Measured:
     """One version's answers to the gate's rows (labels by name) and its burst latencies (ms)."""
@@ -268,7 +276,7 @@ def decide(config: GateConfig, model: str, rows: Sequence[Row], default: Measure
                         f"the {on} (at least {config.min_agreement} required)")
     lat = {v.version: {"p50": percentile(v.latencies_ms, 50), "p99": percentile(v.latencies_ms, 99)}
            for v in (default, candidate)}
-    ratio = lat[candidate.version]["p99"] / max(lat[default.version]["p99"], 1e-9)
+    ratio = p99_ratio(candidate.latencies_ms, default.latencies_ms)
     if ratio > config.max_latency_ratio:
         failures.append(f"latency: the candidate's p99 {lat[candidate.version]['p99']:.2f} ms is "
                         f"{ratio:.2f} times the default's {lat[default.version]['p99']:.2f} ms "
