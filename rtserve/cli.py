@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from rtserve.client import Client, TorchServeError
-from rtserve.gate import GateConfig, GateError
+from rtserve.gate import ArchiveMeta, GateConfig, GateError
+from rtserve.gateway import parse_tokens
+from rtserve.measure import verify_served
 from rtserve.rollout import HISTORY_FILE, History, Rollout, Verification, timed
 
 logger = logging.getLogger(__name__)
@@ -95,6 +97,27 @@ def cmd_promote(args: argparse.Namespace) -> None:
     logger.info("%s default: %s -> %s (%.3fs)", args.model, previous, args.version, secs)
 
 
+def cmd_verify(args: argparse.Namespace) -> None:
+    """Check the version a URL serves against its archive: golden set and p99 (`make k8s-verify`)."""
+    token = None
+    if args.token_file:
+        tokens = parse_tokens(Path(args.token_file).read_text())
+        if not tokens:
+            raise GateError(f"no token in {args.token_file}")
+        token = tokens[0]
+    client = (Client(args.inference, args.management, timeout=args.timeout, token=token) if token
+              else _client(args))
+    archive = Path(args.archive)
+    if archive.is_dir():  # the image's model store holds the one archive it serves
+        found = sorted(archive.glob(f"{args.model}_*.mar"))
+        if len(found) != 1:
+            raise GateError(f"expected one {args.model}_*.mar in {archive}, found {len(found)}")
+        archive = found[0]
+    meta = ArchiveMeta.from_mar(archive)
+    figures, secs = timed(verify_served, client, args.model, meta, GateConfig.load(args.gate_config))
+    logger.info("verified %s", json.dumps({**figures, "seconds": round(secs, 1)}))
+
+
 def cmd_rollback(args: argparse.Namespace) -> None:
     """Return the default to the version before the last promote."""
     (old, new), secs = timed(_rollout(args).rollback)
@@ -157,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
         (["--force"], {"action": "store_true", "help": "promote even if the gate refuses"}),
         (["--reason"], {"help": "why a forced promotion is needed (recorded)"}))
     add("rollback", cmd_rollback, model)
+    add("verify", cmd_verify, model, (["--archive"], {"required": True, "help": "the served .mar, or the model store holding it"}),
+        (["--token-file"], {"help": "a file of shared gateway tokens (the first is used)"}))
     add("retire", cmd_retire, model, version)
     add("scale", cmd_scale, model, (["workers"], {"type": int}), (["--version"], {}))
     add("history", cmd_history, model)

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 from rtserve.client import Client
-from rtserve.gate import ArchiveMeta, GateConfig, GateError, golden_mismatches
+from rtserve.gate import ArchiveMeta, GateConfig, GateError, golden_mismatches, percentile
 
 
 class GoldenMismatch(GateError):
@@ -27,7 +27,9 @@ def answer_rows(client: Client, model: str, version: str | None, rows: Sequence[
     def one(row):
         if not hasattr(local, "client"):  # one HTTP session per thread
             local.client = Client(client.inference_url, client.management_url,
-                                  key_file=client.keys.path, timeout=client.timeout)
+                                  key_file=client.keys.path, timeout=client.timeout,
+                                  token=client.keys.get("inference") if client.keys.path is None
+                                  else None)
         return local.client.predict(model, {"features": list(row)}, version)
 
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
@@ -68,3 +70,23 @@ def latency_burst(client: Client, model: str, versions: Sequence[str | None],
             if i >= config.warmup_requests:
                 times[version].append((time.perf_counter() - start) * 1000.0)
     return times
+
+
+def verify_served(client: Client, model: str, meta: ArchiveMeta, config: GateConfig) -> dict:
+    """What ``make k8s-verify`` checks of the version a Service serves (no second version to
+    compare with): its answers equal its archive's golden set, and its p99 over a burst is at
+    most ``max_p99_ms``. Returns the figures.
+
+    Raises:
+        GoldenMismatch: the answers differ (rows named).
+        GateError: the p99 is over the limit.
+    """
+    rows = check_golden(client, model, None, meta, config)
+    burst = latency_burst(client, model, (None,), meta.golden["features"][0], config)[None]
+    figures = {"model": model, "version": meta.version, "golden_rows": rows,
+               "requests": len(burst), "p50_ms": round(percentile(burst, 50), 3),
+               "p99_ms": round(percentile(burst, 99), 3), "max_p99_ms": config.max_p99_ms}
+    if figures["p99_ms"] > config.max_p99_ms:
+        raise GateError(f"{model} {meta.version}: p99 {figures['p99_ms']} ms over {len(burst)} "
+                        f"requests is above max_p99_ms {config.max_p99_ms} ms ({figures})")
+    return figures
