@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from rtserve.data import FEATURE_NAMES, LABELS, make_dataset
-from rtserve.gate import GateConfig
+from rtserve.gate import ArchiveMeta, GateConfig
 from rtserve.measure import GoldenMismatch
 from rtserve.package import export
 from rtserve.rollout import HISTORY_FILE, GateRefused, History, Rollout, Verification
@@ -35,8 +35,9 @@ from tests.unit.test_package import rewrite
 
 pytestmark = pytest.mark.integration
 
-#: config/gate.yaml with a shorter burst (thresholds unchanged).
-CONFIG = dataclasses.replace(GateConfig.load(), burst_requests=50, warmup_requests=5)
+#: config/gate.yaml with a shorter measurement (thresholds unchanged).
+CONFIG = dataclasses.replace(GateConfig.load(), burst_requests=50, warmup_requests=5,
+                             latency_attempts=2, concurrency=8)
 ALTERED_ROWS = [3, 7]
 
 
@@ -203,3 +204,24 @@ def test_make_promote_refuses_then_force_records_its_reason(rollout, server, sto
     assert history["reason"] == audit["reason"] == reason and history["forced_by"]
     assert [e["action"] for e in rollout.history.events()] == ["gate", "gate", "promote"]
     assert promote("FORCE=1").returncode != 0  # a forced promotion needs a reason
+
+
+@pytest.mark.parametrize("version,ok", [("1.0", True), ("6.0", False)])
+def test_verify_command_checks_what_a_url_serves(server, store, tmp_path, version, ok):
+    """`python -m rtserve verify` (what the Kubernetes Job runs) against the served default, with a
+    token file like the gateway Secret's: its own archive passes, an archive it does not match fails."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"# shared tokens\n{server.client().keys.get('inference')}\n")
+    done = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "python"), "-m", "rtserve", "--inference",
+         server.props["inference_address"], "--run-dir", str(tmp_path), "verify", MODEL_NAME,
+         "--archive", str(store[0] / f"{MODEL_NAME}_{version}.mar"), "--token-file", str(tokens)],
+        cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    if ok:
+        assert done.returncode == 0, done.stdout
+        figures = json.loads(done.stdout.split("verified ", 1)[1])
+        golden = ArchiveMeta.from_mar(store[0] / f"{MODEL_NAME}_{version}.mar").golden
+        assert figures["golden_rows"] == len(golden["features"]) > 0
+        assert figures["p99_ms"] <= figures["max_p99_ms"] == CONFIG.max_p99_ms
+    else:
+        assert done.returncode == 1 and f"rows {ALTERED_ROWS}" in done.stdout, done.stdout
