@@ -173,15 +173,23 @@ bench-latency-histogram: $(STAMP) ## Cost of rtserve_request_duration_seconds pe
 	$(PY) -m bench.request_histogram
 
 ##@ Versions (on the running server, through the management API)
-RTSERVE := $(PY) -m rtserve --inference $(INFERENCE_URL) --management $(MANAGEMENT_URL) --run-dir $(RUN_DIR)
+# The promotion gate (docs/versions-and-promotion.md): thresholds in GATE_CONFIG; REQUESTS: a
+# JSON-lines file of recent request bodies compared too; FORCE=1 REASON="..." overrides a refusal.
+GATE_CONFIG ?= config/gate.yaml
+REQUESTS    ?=
+FORCE       ?=
+REASON      ?=
+RTSERVE := $(PY) -m rtserve --inference $(INFERENCE_URL) --management $(MANAGEMENT_URL) \
+  --run-dir $(RUN_DIR) --model-store $(MODEL_STORE) --gate-config $(GATE_CONFIG)
 
 .PHONY: register
-register: $(MAR) ## Register MODEL_VERSION beside the running ones (not default); waits for its workers
+register: $(MAR) ## Register MODEL_VERSION beside the running ones (not default); waits for its workers, checks its golden set
 	$(RTSERVE) register $(MODEL_NAME) $(MODEL_VERSION) $(if $(WORKERS),--workers $(WORKERS))
 
 .PHONY: promote
-promote: $(STAMP) ## Make MODEL_VERSION the default (the previous default is recorded for rollback)
-	$(RTSERVE) promote $(MODEL_NAME) $(MODEL_VERSION)
+promote: $(STAMP) ## Make MODEL_VERSION the default if it passes the gate (REQUESTS=, FORCE=1 REASON=); recorded for rollback
+	$(RTSERVE) promote $(MODEL_NAME) $(MODEL_VERSION) $(if $(REQUESTS),--requests $(REQUESTS)) \
+	  $(if $(FORCE),--force --reason "$$REASON")
 
 .PHONY: rollback
 rollback: $(STAMP) ## Return the default to the version before the last promote
@@ -243,7 +251,7 @@ image-push: ## Push IMG:MODEL_VERSION to its registry
 	$(DOCKER) push $(IMG):$(MODEL_VERSION)
 
 .PHONY: deploy
-deploy: ## Apply OVERLAY with image IMG:MODEL_VERSION (default: the overlay's pin); fail if the rollout fails
+deploy: ## Apply OVERLAY with image IMG:MODEL_VERSION (default: the overlay's pin), wait, verify (k8s-verify); undo and fail if the verification fails
 	@test -d $(K8S_DIR)/overlays/$(OVERLAY) || { echo "error: no overlay $(K8S_DIR)/overlays/$(OVERLAY) (have: $(K8S_OVERLAYS))"; exit 1; }
 	@rm -rf $(K8S_BUILD) && mkdir -p $(K8S_BUILD)
 	@printf '%s\n' \
@@ -270,6 +278,39 @@ deploy: ## Apply OVERLAY with image IMG:MODEL_VERSION (default: the overlay's pi
 	$(KUBECTL) apply -f $(K8S_BUILD)/manifests.yaml
 	$(KUBECTL) -n $(NAMESPACE) rollout status deployment/$(K8S_APP) --timeout=$(ROLLOUT_TIMEOUT) || { \
 	  echo ">> rollout of $(IMG):$(DEPLOY_VERSION) to $(OVERLAY) failed; to go back: make k8s-rollback OVERLAY=$(OVERLAY)"; exit 1; }
+	$(MAKE) --no-print-directory k8s-verify || { \
+	  echo ">> $(IMG):$(DEPLOY_VERSION) failed its verification on $(OVERLAY): rolling back"; \
+	  $(KUBECTL) -n $(NAMESPACE) rollout undo deployment/$(K8S_APP); \
+	  $(KUBECTL) -n $(NAMESPACE) rollout status deployment/$(K8S_APP) --timeout=$(ROLLOUT_TIMEOUT); exit 1; }
+
+VERIFY_DIR     ?= $(K8S_DIR)/verify
+VERIFY_BUILD   ?= $(K8S_BUILD)-verify
+VERIFY_TIMEOUT ?= 300
+
+.PHONY: k8s-verify
+k8s-verify: ## Run the verification Job (image IMG:MODEL_VERSION) against OVERLAY's Service: golden set + p99; fail with its report
+	@rm -rf $(VERIFY_BUILD) && mkdir -p $(VERIFY_BUILD)
+	@printf '%s\n' \
+	  '# Written by make k8s-verify: the verification Job for this rollout.' \
+	  'apiVersion: kustomize.config.k8s.io/v1beta1' \
+	  'kind: Kustomization' \
+	  'namespace: $(NAMESPACE)' \
+	  'resources:' \
+	  '  - $(shell realpath -m --relative-to=$(VERIFY_BUILD) $(VERIFY_DIR))' \
+	  'images:' \
+	  '  - name: $(IMG)' \
+	  '    newTag: "$(DEPLOY_VERSION)"' \
+	  > $(VERIFY_BUILD)/kustomization.yaml
+	$(KUBECTL) kustomize $(VERIFY_BUILD) > $(VERIFY_BUILD)/manifests.yaml
+	$(KUBECTL) -n $(NAMESPACE) delete job/$(K8S_APP)-verify --ignore-not-found --wait=true
+	$(KUBECTL) apply -f $(VERIFY_BUILD)/manifests.yaml
+	@result=; for i in $$(seq 1 $$(( $(VERIFY_TIMEOUT) / 2 ))); do \
+	  result="$$($(KUBECTL) -n $(NAMESPACE) get job/$(K8S_APP)-verify \
+	    -o 'jsonpath={.status.conditions[?(@.status=="True")].type}')"; \
+	  case "$$result" in *Complete*|*Failed*) break;; esac; sleep 2; done; \
+	$(KUBECTL) -n $(NAMESPACE) logs job/$(K8S_APP)-verify || true; \
+	case "$$result" in *Complete*) echo ">> $(IMG):$(DEPLOY_VERSION) verified on $(OVERLAY)";; \
+	  *) echo ">> verification of $(IMG):$(DEPLOY_VERSION) on $(OVERLAY) failed ($${result:-no result in $(VERIFY_TIMEOUT) s})"; exit 1;; esac
 
 .PHONY: rollout-status
 rollout-status: ## Wait until OVERLAY's rollout finishes (fails after ROLLOUT_TIMEOUT or the progress deadline)
@@ -290,10 +331,11 @@ k8s-pin: ## Record MODEL_VERSION as OVERLAY's image tag in its kustomization.yam
 	@grep -n 'newTag' $(K8S_DIR)/overlays/$(OVERLAY)/kustomization.yaml
 
 .PHONY: k8s-render
-k8s-render: ## Render every overlay to build/k8s/render/<overlay>.yaml
+k8s-render: ## Render every overlay to build/k8s/render/<overlay>.yaml and the verification Job to verify.yaml
 	@rm -rf build/k8s/render && mkdir -p build/k8s/render
 	@for o in $(K8S_OVERLAYS); do \
 	  $(KUBECTL) kustomize $(K8S_DIR)/overlays/$$o > build/k8s/render/$$o.yaml; echo ">> build/k8s/render/$$o.yaml"; done
+	$(KUBECTL) kustomize $(VERIFY_DIR) > build/k8s/render/verify.yaml; echo ">> build/k8s/render/verify.yaml"
 
 .PHONY: checkov-venv
 checkov-venv: $(CHECKOV_STAMP) ## Install checkov into .venv-checkov (its pins clash with the test tools')

@@ -3,7 +3,8 @@
     python -m rtserve predict realtime-classifier examples/request.json
     python -m rtserve explain realtime-classifier examples/request.json --target 0
     python -m rtserve register realtime-classifier 2.0
-    python -m rtserve promote realtime-classifier 2.0
+    python -m rtserve promote realtime-classifier 2.0            # through the gate
+    python -m rtserve promote realtime-classifier 2.0 --force --reason "..."
     python -m rtserve rollback realtime-classifier
     python -m rtserve models realtime-classifier
 """
@@ -19,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from rtserve.client import Client, TorchServeError
-from rtserve.rollout import HISTORY_FILE, History, Rollout, timed
+from rtserve.gate import ArchiveMeta, GateConfig, GateError
+from rtserve.measure import verify_served
+from rtserve.rollout import HISTORY_FILE, History, Rollout, Verification, timed
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +35,10 @@ def _client(args: argparse.Namespace) -> Client:
 
 
 def _rollout(args: argparse.Namespace) -> Rollout:
-    return Rollout(_client(args), History(Path(args.run_dir) / HISTORY_FILE), args.model)
+    verification = Verification(Path(args.model_store), GateConfig.load(args.gate_config),
+                                Path(args.run_dir) / "logs" / "audit.log")
+    return Rollout(_client(args), History(Path(args.run_dir) / HISTORY_FILE), args.model,
+                   verification)
 
 
 def _emit(value: Any) -> None:
@@ -82,9 +88,34 @@ def cmd_register(args: argparse.Namespace) -> None:
 
 
 def cmd_promote(args: argparse.Namespace) -> None:
-    """Make a registered version the default (recorded for rollback)."""
-    previous, secs = timed(_rollout(args).promote, args.version)
+    """Make a registered version the default through the gate (recorded for rollback)."""
+    if args.force and not (args.reason or "").strip():
+        raise GateError("--force needs --reason \"why\" (recorded in the rollout history)")
+    previous, secs = timed(_rollout(args).promote, args.version,
+                           args.reason if args.force else None, args.requests)
     logger.info("%s default: %s -> %s (%.3fs)", args.model, previous, args.version, secs)
+
+
+def cmd_verify(args: argparse.Namespace) -> None:
+    """Check the version a URL serves against its archive: golden set and p99 (`make k8s-verify`)."""
+    token = None
+    if args.token_file:
+        tokens = [line.strip() for line in Path(args.token_file).read_text().splitlines()
+                  if line.strip() and not line.lstrip().startswith("#")]
+        if not tokens:
+            raise GateError(f"no token in {args.token_file}")
+        token = tokens[0]
+    client = (Client(args.inference, args.management, timeout=args.timeout, token=token) if token
+              else _client(args))
+    archive = Path(args.archive)
+    if archive.is_dir():  # the image's model store holds the one archive it serves
+        found = sorted(archive.glob(f"{args.model}_*.mar"))
+        if len(found) != 1:
+            raise GateError(f"expected one {args.model}_*.mar in {archive}, found {len(found)}")
+        archive = found[0]
+    meta = ArchiveMeta.from_mar(archive)
+    figures, secs = timed(verify_served, client, args.model, meta, GateConfig.load(args.gate_config))
+    logger.info("verified %s", json.dumps({**figures, "seconds": round(secs, 1)}))
 
 
 def cmd_rollback(args: argparse.Namespace) -> None:
@@ -123,6 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "default: $RTSERVE_RUN_DIR or .run)")
     parser.add_argument("--key-file", help="TorchServe's key_file.json (default: RUN_DIR/key_file.json)")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per HTTP call")
+    parser.add_argument("--model-store", default=os.environ.get("RTSERVE_MODEL_STORE",
+                                                                str(REPO / "model_store")),
+                        help="the server's model store: archives' golden sets are read there")
+    parser.add_argument("--gate-config", help="the gate's thresholds (default: config/gate.yaml)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def add(name, func, *arguments):
@@ -140,8 +175,13 @@ def build_parser() -> argparse.ArgumentParser:
         (["--target"], {"type": int, "help": "class index to explain (default: the prediction)"}))
     add("models", cmd_models, model)
     add("register", cmd_register, model, version, (["--workers"], {"type": int}))
-    add("promote", cmd_promote, model, version)
+    add("promote", cmd_promote, model, version,
+        (["--requests"], {"help": "JSON lines of recent request bodies the gate also compares on"}),
+        (["--force"], {"action": "store_true", "help": "promote even if the gate refuses"}),
+        (["--reason"], {"help": "why a forced promotion is needed (recorded)"}))
     add("rollback", cmd_rollback, model)
+    add("verify", cmd_verify, model, (["--archive"], {"required": True, "help": "the served .mar, or the model store holding it"}),
+        (["--token-file"], {"help": "a file of shared gateway tokens (the first is used)"}))
     add("retire", cmd_retire, model, version)
     add("scale", cmd_scale, model, (["workers"], {"type": int}), (["--version"], {}))
     add("history", cmd_history, model)
@@ -154,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         args.func(args)
-    except TorchServeError as exc:
+    except (TorchServeError, GateError) as exc:
         logger.error("error: %s", exc)
         return 1
     return 0

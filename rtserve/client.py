@@ -104,6 +104,17 @@ class Keys:
         return when <= datetime.now(timezone.utc)
 
 
+class StaticKeys(Keys):
+    """One fixed inference token (e.g. a gateway token from a mounted Secret), never renewed."""
+
+    def __init__(self, token: str) -> None:
+        super().__init__(None)
+        self._data = {"inference": {"key": token}}
+
+    def _load(self) -> dict:
+        return self._data
+
+
 class Client:
     """Calls TorchServe's inference and management APIs.
 
@@ -114,6 +125,7 @@ class Client:
         metrics_url: e.g. ``http://127.0.0.1:8082`` (no token needed).
         timeout: seconds for connect and for read, on every call.
         retries: extra attempts for idempotent calls on connection errors and 502/503/504.
+        token: a fixed inference token instead of ``key_file`` (a gateway's shared token).
     """
 
     def __init__(
@@ -124,11 +136,12 @@ class Client:
         metrics_url: str | None = None,
         timeout: float = 10.0,
         retries: int = 2,
+        token: str | None = None,
     ) -> None:
         self.inference_url = inference_url.rstrip("/")
         self.management_url = management_url.rstrip("/")
         self.metrics_url = metrics_url.rstrip("/") if metrics_url else None
-        self.keys = Keys(key_file)
+        self.keys = StaticKeys(token) if token else Keys(key_file)
         self.timeout = timeout
         self.retries = retries
         self.session = requests.Session()

@@ -7,6 +7,7 @@ reads it. Every operation checks its preconditions first and changes nothing whe
 
 from __future__ import annotations
 
+import getpass
 import json
 import logging
 import os
@@ -18,6 +19,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from rtserve.client import Client, NotFound, TorchServeError
+from rtserve.gate import ArchiveMeta, GateConfig, GateError, GateReport, Measured, audit_line, \
+    decide, gate_rows, p99_ratio, read_requests
+from rtserve.measure import answer_rows, check_golden, latency_burst
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +32,34 @@ VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 class RolloutError(TorchServeError):
     """A version operation was refused before anything changed (bad version, no history, ...)."""
+
+
+class GateRefused(RolloutError):
+    """The promotion gate refused the candidate; ``report`` holds its figures."""
+
+    def __init__(self, report: GateReport) -> None:
+        super().__init__(f"{report.text()}\n{report.model} {report.candidate} was not promoted; "
+                         "nothing changed (FORCE=1 REASON=\"...\" overrides)")
+        self.report = report
+
+
+@dataclass
+class Verification:
+    """Where the live checks find archives and record decisions (see :mod:`rtserve.gate`).
+
+    Attributes:
+        model_store: the server's model store (the archives' golden sets are read there).
+        config: the gate's thresholds.
+        audit_log: the audit trail file that gate decisions are appended to (None: not kept).
+    """
+
+    model_store: Path
+    config: GateConfig
+    audit_log: Path | None = None
+
+    def meta(self, model: str, version: str) -> ArchiveMeta:
+        """The golden set and labels of ``<model>_<version>.mar``."""
+        return ArchiveMeta.from_mar(self.model_store / archive_name(model, version))
 
 
 def archive_name(model: str, version: str) -> str:
@@ -93,10 +125,12 @@ class VersionStatus:
 class Rollout:
     """Version operations for one model name."""
 
-    def __init__(self, client: Client, history: History, model: str) -> None:
+    def __init__(self, client: Client, history: History, model: str,
+                 verification: Verification | None = None) -> None:
         self.client = client
         self.history = history
         self.model = model
+        self.verification = verification
 
     def default_version(self) -> str:
         """The current default version (TorchServe's describe without a version)."""
@@ -126,11 +160,14 @@ class Rollout:
         """Register ``<model>_<version>.mar`` from the model store beside the running versions.
 
         The default does not change. Workers are up when this returns; if the version cannot
-        load, whatever TorchServe kept of it is unregistered again and the error is raised.
+        load, or (with a :class:`Verification`) answers its archive's golden set differently from
+        the probabilities recorded at packaging time, it is unregistered again and the error is
+        raised.
 
         Raises:
             RolloutError: bad name or already registered.
             TorchServeError: TorchServe refused or failed to load the archive.
+            GoldenMismatch: the served answers differ from the golden set (rows named).
         """
         url = archive_name(self.model, version)
         try:
@@ -149,6 +186,14 @@ class Rollout:
         if not any(s.version == version and s.workers_ready > 0 for s in self.status()):
             self._discard_failed(version)
             raise TorchServeError(f"{self.model} {version} registered but no worker became ready")
+        if self.verification is not None:
+            try:
+                check_golden(self.client, self.model, version,
+                             self.verification.meta(self.model, version), self.verification.config)
+            except (GateError, TorchServeError) as exc:
+                self._discard_failed(version)
+                raise type(exc)(f"{exc}; {self.model} {version} was unregistered again, the "
+                                "default is unchanged") from exc
         return result.get("status", "")
 
     def _discard_failed(self, version: str) -> None:
@@ -158,11 +203,16 @@ class Rollout:
         except TorchServeError as exc:
             logger.warning("could not clean up failed version %s: %s", version, exc)
 
-    def promote(self, version: str) -> str:
+    def promote(self, version: str, force_reason: str | None = None,
+                requests_file: str | Path | None = None, forced_by: str | None = None) -> str:
         """Make ``version`` the default and record the previous default; returns the previous one.
+
+        With a :class:`Verification`, the gate runs first (:meth:`gate`) and its decision is
+        recorded; a refused candidate is promoted only with ``force_reason``.
 
         Raises:
             RolloutError: the version is not registered, has no ready worker, or is already default.
+            GateRefused: the gate refused it and no ``force_reason`` was given.
         """
         status = {s.version: s for s in self.status()}
         current = next(v for v, s in status.items() if s.default)
@@ -174,9 +224,51 @@ class Rollout:
             raise RolloutError(f"{self.model} {version} is already the default; nothing changed")
         if status[version].workers_ready == 0:
             raise RolloutError(f"{self.model} {version} has no ready worker; nothing changed")
+        if force_reason is not None and not force_reason.strip():
+            raise RolloutError("a forced promotion needs a reason (REASON=\"...\"); nothing changed")
+        if self.verification is not None:
+            report = self.gate(current, version, requests_file)
+            report.outcome = "promoted" if report.passed else ("forced" if force_reason else "refused")
+            if force_reason:
+                report.forced_by = forced_by or _user()
+                report.reason = force_reason
+            self._record(report)
+            if not report.passed and not force_reason:
+                raise GateRefused(report)
+            logger.info("%s", report.text())
         self.client.set_default(self.model, version)
         self.history.append({"action": "promote", "model": self.model, "from": current, "to": version})
         return current
+
+    def gate(self, default: str, candidate: str,
+             requests_file: str | Path | None = None) -> GateReport:
+        """Measure both versions on the same rows and bursts and decide (changes nothing)."""
+        if self.verification is None:
+            raise RolloutError("the gate needs the model store (a Verification)")
+        metas = [self.verification.meta(self.model, v) for v in (default, candidate)]
+        config = self.verification.config
+        requests = (read_requests(requests_file, metas[1].n_features, config.max_rows)
+                    if requests_file else [])
+        rows = gate_rows(metas[0], metas[1], requests)
+        features = [r.features for r in rows]
+        burst = latency_burst(self.client, self.model, (default, candidate), features[0], config)
+        for _ in range(config.latency_attempts - 1):  # a noisy burst is measured again
+            if p99_ratio(burst[candidate], burst[default]) <= config.max_latency_ratio:
+                break
+            again = latency_burst(self.client, self.model, (default, candidate), features[0], config)
+            if p99_ratio(again[candidate], again[default]) < p99_ratio(burst[candidate], burst[default]):
+                burst = again
+        measured = [Measured(v, [a["label"] for a in answer_rows(
+            self.client, self.model, v, features, config.concurrency)], burst[v])
+            for v in (default, candidate)]
+        return decide(config, self.model, rows, *measured)
+
+    def _record(self, report: GateReport) -> None:
+        """One event in the rollout history and one line in the audit log."""
+        event = {**report.event(), "at": datetime.now(timezone.utc).isoformat()}
+        self.history.append(event)
+        if self.verification is not None and self.verification.audit_log is not None:
+            audit_line(self.verification.audit_log, event)
 
     def rollback(self) -> tuple[str, str]:
         """Return the default to the version before the last promote; returns (from, to).
@@ -224,6 +316,14 @@ class Rollout:
         if version not in self.versions():
             raise RolloutError(f"{self.model} {version} is not registered; nothing changed")
         self.client.scale(self.model, workers, version=version, timeout=timeout)
+
+
+def _user() -> str:
+    """Who runs this (for a forced promotion's record)."""
+    try:
+        return os.environ.get("USER") or getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid {os.getuid()}"
 
 
 def _register_hint(exc: TorchServeError) -> str:

@@ -11,6 +11,8 @@ import yaml
 from tests.conftest import REPO
 
 K8S_DIR = REPO / "deploy" / "k8s"
+#: The verification Job's kustomization (`make k8s-verify`), rendered and checked like an overlay.
+VERIFY_DIR = K8S_DIR / "verify"
 OVERLAYS = sorted(p.name for p in (K8S_DIR / "overlays").iterdir() if (p / "kustomization.yaml").is_file())
 #: The Kubernetes version the manifests are validated against (kubernetes-validate ships it).
 K8S_VERSION = "1.32.0"

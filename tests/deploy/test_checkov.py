@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from tests.conftest import REPO
-from tests.deploy.conftest import K8S_DIR, OVERLAYS, load, render
+from tests.deploy.conftest import K8S_DIR, OVERLAYS, VERIFY_DIR, load, render
 
 pytestmark = pytest.mark.deploy
 
@@ -25,6 +25,7 @@ def checkov_report(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("rendered")
     for overlay in OVERLAYS:
         (out / f"{overlay}.yaml").write_text(render(K8S_DIR / "overlays" / overlay))
+    (out / "verify.yaml").write_text(render(VERIFY_DIR))
     result = subprocess.run([str(CHECKOV), "-d", str(out), "--framework", "kubernetes",
                              "--skip-download", "--output", "json", "--compact"],
                             capture_output=True, text=True, timeout=300, cwd=out)
@@ -37,8 +38,8 @@ def checkov_report(tmp_path_factory) -> list[dict]:
 def manifest_skips() -> dict[str, str]:
     """check id -> reason, from the checkov.io/skip annotations of every rendered object."""
     skips: dict[str, str] = {}
-    for overlay in OVERLAYS:
-        for obj in load(render(K8S_DIR / "overlays" / overlay)):
+    for path in [K8S_DIR / "overlays" / overlay for overlay in OVERLAYS] + [VERIFY_DIR]:
+        for obj in load(render(path)):
             for key, value in (obj["metadata"].get("annotations") or {}).items():
                 if key.startswith("checkov.io/skip"):
                     check, _, reason = value.partition("=")
@@ -52,6 +53,9 @@ def test_no_failed_check(checkov_report):
     failed = [(c["check_id"], c["resource"]) for c in report["results"]["failed_checks"]]
     assert failed == []
     assert report["summary"]["passed"] > 100  # it really looked at the Deployment's pod spec
+    looked_at = {c["resource"].split(".")[0] + "/" + c["resource"].split(".")[-1]
+                 for c in report["results"]["passed_checks"]}
+    assert "Job/rtserve-verify" in looked_at, "the verification Job was not checked"
     passed = {c["check_id"] for c in report["results"]["passed_checks"]}
     # a few that the issue names: non-root, read-only root, probes, limits, no SA token, seccomp
     assert {"CKV_K8S_23", "CKV_K8S_22", "CKV_K8S_8", "CKV_K8S_9", "CKV_K8S_11", "CKV_K8S_13",

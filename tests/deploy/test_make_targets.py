@@ -3,8 +3,9 @@
 No Kubernetes API server and no Docker engine exist here, so ``KUBECTL`` and ``DOCKER`` are
 small stand-in scripts that record their arguments (the stand-in kubectl runs the real
 ``kubectl kustomize`` for rendering, keeps a copy of what it is asked to apply, and can be told
-to fail ``rollout status``). The tests check the exact commands, their order, what would be
-applied, and that a failed rollout makes ``make deploy`` fail.
+to fail ``rollout status`` or report the verification Job failed). The tests check the exact
+commands, their order, what would be applied, that a failed rollout makes ``make deploy`` fail,
+and that a failed verification rolls the Deployment back.
 """
 
 from __future__ import annotations
@@ -36,10 +37,15 @@ with open(log, "a") as out:
 if args[:1] == ["kustomize"]:
     os.execvp("kubectl", ["kubectl", *args])
 if args[:2] == ["apply", "-f"]:
-    shutil.copy(args[2], log + ".applied.yaml")
+    shutil.copy(args[2], log + (".verify.yaml" if "-verify" in args[2] else ".applied.yaml"))
 if "rollout" in args and "status" in args and os.environ.get("FAIL_ROLLOUT"):
     sys.stderr.write('error: deployment "rtserve" exceeded its progress deadline\\n')
     sys.exit(1)
+if "get" in args and "job/rtserve-verify" in args:  # the Job's true conditions
+    sys.stdout.write("Failed" if os.environ.get("FAIL_VERIFY") else "Complete")
+if "logs" in args:
+    sys.stdout.write("error: realtime-classifier 2.0 answers 3 of 256 golden rows differently\\n"
+                     if os.environ.get("FAIL_VERIFY") else "verified {{}}\\n")
 """
 
 
@@ -54,12 +60,15 @@ class Make:
             script.write_text(STAND_IN.replace("{tool}", tool))
             script.chmod(0o755)
 
-    def __call__(self, *args: str, fail_rollout: bool = False) -> subprocess.CompletedProcess:
+    def __call__(self, *args: str, fail_rollout: bool = False,
+                 fail_verify: bool = False) -> subprocess.CompletedProcess:
         self.log.unlink(missing_ok=True)
         env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
         env["STAND_IN_LOG"] = str(self.log)  # and no variables inherited from an outer make
         if fail_rollout:
             env["FAIL_ROLLOUT"] = "1"
+        if fail_verify:
+            env["FAIL_VERIFY"] = "1"
         return subprocess.run(
             ["make", "--no-print-directory", *args, f"KUBECTL={self.tmp / 'kubectl'}",
              f"DOCKER={self.tmp / 'docker'}", f"K8S_BUILD={self.tmp / 'k8s-build'}"],
@@ -74,6 +83,10 @@ class Make:
     @property
     def applied(self) -> list[dict]:
         return load(Path(str(self.log) + ".applied.yaml").read_text())
+
+    @property
+    def verify_applied(self) -> list[dict]:
+        return load(Path(str(self.log) + ".verify.yaml").read_text())
 
 
 @pytest.fixture
@@ -106,7 +119,9 @@ def test_deploy_renders_applies_and_waits_for_the_rollout(make):
         ["kustomize", str(build)],
         ["apply", "-f", str(build / "manifests.yaml")],
         ["-n", "rtserve-production", "rollout", "status", "deployment/rtserve", "--timeout=15m"],
+        *verify_calls("rtserve-production", make.tmp / "k8s-build-verify"),
     ]
+    assert_verify_job(make.verify_applied, "rtserve-production", version)
     applied = make.applied
     dep = deployment(applied)
     assert dep["metadata"]["namespace"] == "rtserve-production"
@@ -120,6 +135,53 @@ def test_deploy_renders_applies_and_waits_for_the_rollout(make):
         obj["metadata"]["annotations"].pop("kubernetes.io/change-cause", None)
     assert applied == overlay
     assert tracked_changes() == before
+
+
+def verify_calls(namespace: str, build: Path) -> list[list[str]]:
+    """What `make k8s-verify` runs: render, replace the Job, poll its conditions, print its log."""
+    return [
+        ["kustomize", str(build)],
+        ["-n", namespace, "delete", "job/rtserve-verify", "--ignore-not-found", "--wait=true"],
+        ["apply", "-f", str(build / "manifests.yaml")],
+        ["-n", namespace, "get", "job/rtserve-verify", "-o",
+         'jsonpath={.status.conditions[?(@.status=="True")].type}'],
+        ["-n", namespace, "logs", "job/rtserve-verify"],
+    ]
+
+
+def assert_verify_job(objects: list[dict], namespace: str, version: str) -> None:
+    """The Job runs the rollout's own image in its namespace, once, against the Service."""
+    (job,) = [o for o in objects if o["kind"] == "Job"]
+    assert {o["metadata"]["namespace"] for o in objects} == {namespace}
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == f"{IMG}:{version}"
+    assert job["spec"]["backoffLimit"] == 0
+    assert container["args"][:3] == ["python", "-m", "rtserve"] and "verify" in container["args"]
+    assert "http://rtserve:8080" in container["args"]
+
+
+def test_failed_verification_rolls_back_and_fails_make_deploy(make):
+    result = make("deploy", "OVERLAY=staging", "MODEL_VERSION=2.0", fail_verify=True)
+    assert result.returncode != 0
+    assert "answers 3 of 256 golden rows differently" in result.stdout  # the Job's report
+    assert f"{IMG}:2.0 failed its verification on staging: rolling back" in result.stdout
+    build = make.tmp / "k8s-build-verify"
+    assert make.calls[3:] == [
+        *verify_calls("rtserve-staging", build),
+        ["-n", "rtserve-staging", "rollout", "undo", "deployment/rtserve"],
+        ["-n", "rtserve-staging", "rollout", "status", "deployment/rtserve", "--timeout=15m"],
+    ]
+
+
+def test_k8s_verify_on_demand(make):
+    result = make("k8s-verify", "OVERLAY=production", "MODEL_VERSION=1.0")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert make.calls == verify_calls("rtserve-production", make.tmp / "k8s-build-verify")
+    assert_verify_job(make.verify_applied, "rtserve-production", "1.0")
+    assert f"{IMG}:1.0 verified on production" in result.stdout
+    result = make("k8s-verify", "OVERLAY=production", "MODEL_VERSION=1.0", fail_verify=True)
+    assert result.returncode != 0 and "verification of" in result.stdout
+    assert not any("undo" in c for c in make.calls), "on demand, nothing is rolled back"
 
 
 def test_deploy_without_a_version_rolls_out_the_overlays_pin(make):

@@ -13,7 +13,7 @@ import yaml
 from rtserve import gateway, probe
 from rtserve.server import TorchServe
 from tests.conftest import REPO
-from tests.deploy.conftest import K8S_DIR, K8S_VERSION, OVERLAYS, load, one, pinned_tag, render
+from tests.deploy.conftest import K8S_DIR, K8S_VERSION, OVERLAYS, VERIFY_DIR, load, one, pinned_tag, render
 
 pytestmark = pytest.mark.deploy
 
@@ -365,3 +365,22 @@ def test_config_change_renames_the_configmap_and_so_rolls_the_pods(tmp_path):
              for spec in (before, after)]
     assert names[0] != names[1] and all(n.startswith("rtserve-config-") for n in names)
 
+
+
+def test_verification_job_validates_and_runs_once_unprivileged():
+    """The Job `make k8s-verify` applies: strict schemas, no retry, a deadline, non-root and
+    read-only, no service account token, only the Service's inference port and DNS reachable."""
+    objects = load(render(VERIFY_DIR))
+    for obj in objects:
+        assert kubernetes_validate.validate(obj, K8S_VERSION, strict=True) == "1.32"
+    job = one(objects, "Job", "rtserve-verify")["spec"]
+    assert job["backoffLimit"] == 0 and job["activeDeadlineSeconds"] > 0
+    pod = job["template"]["spec"]
+    assert pod["restartPolicy"] == "Never" and pod["automountServiceAccountToken"] is False
+    (container,) = pod["containers"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert container["imagePullPolicy"] == "Always"
+    policy = one(objects, "NetworkPolicy", "rtserve-verify")["spec"]
+    assert policy["ingress"] == [] and set(policy["policyTypes"]) == {"Ingress", "Egress"}
+    assert policy["egress"][0]["to"][0]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "rtserve"}
