@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from rtserve import drain as draining
-from rtserve import gateway
+from rtserve import gateway, oip
 from rtserve.client import Client, TorchServeError
 from rtserve.drain import DRAIN_FILE, DrainReport  # noqa: F401 - DRAIN_FILE re-exported
 from rtserve.rollout import HISTORY_FILE
@@ -174,7 +174,7 @@ class TorchServe:
         draining.clear(self.run_dir)  # nor is it draining
         config = self.run_dir / "config.properties"
         write_properties(config, self.props)
-        cmd = [str(Path(sys.executable).with_name("torchserve")), "--start", "--ncs",
+        cmd = [torchserve_binary(), "--start", "--ncs",
                "--ts-config", str(config), "--model-store", str(self.model_store)]
         if self.log_config is not None:
             cmd += ["--log-config", str(Path(self.log_config).resolve())]
@@ -281,6 +281,23 @@ class TorchServe:
                 text = path.read_text(errors="replace").splitlines()[-lines:]
                 parts.append(f"--- {path.relative_to(self.run_dir)} ---\n" + "\n".join(text))
         return "\n".join(parts) or "(no logs)"
+
+
+def torchserve_binary() -> str:
+    """The ``torchserve`` launcher of this interpreter's environment: beside ``sys.executable``
+    (a virtualenv's bin/, as in the image), else the one on ``PATH``.
+
+    Raises:
+        ServerError: neither exists.
+    """
+    beside = Path(sys.executable).with_name("torchserve")
+    if beside.is_file():
+        return str(beside)
+    found = shutil.which("torchserve")
+    if found is None:
+        raise ServerError(f"no torchserve beside {sys.executable} nor on PATH: install "
+                          "requirements.txt into this interpreter's environment")
+    return found
 
 
 def workers_ready(client: Client, model: str, version: str | None = None) -> bool:
@@ -398,6 +415,8 @@ def main(argv: list[str] | None = None) -> int:
     server = TorchServe(args.run_dir, args.model_store, args.models, Path(config))
     if args.action == "run":
         keysync = gateway.from_env(args.run_dir)  # the pod's nginx gateway, if it has one
+        if keysync is not None:  # and the OIP model routes it sends to rtserve (rtserve.oip)
+            oip.start_for_server(args.run_dir, args.model_store, args.models)
         return run_foreground(server, args.stop_timeout, on_poll=keysync.sync if keysync else None)
     if args.action in ("stop", "drain"):
         pid = server.pid()
