@@ -19,23 +19,30 @@ FROM ${BASE_IMAGE} AS builder
 # (A JDK and `javac` for a Java agent built from agent/ go here, in the builder only; the runtime
 #  stage then copies the built .jar, as it copies /opt/venv below.)
 COPY wheelhouse/ /wheelhouse/
-# pip itself, C++ headers, CMake files and static libraries are never used at run time.
 RUN python3 -m venv /opt/venv \
  && /opt/venv/bin/pip install --no-index --find-links /wheelhouse --no-cache-dir \
       --disable-pip-version-check -r /wheelhouse/requirements.txt \
- && /opt/venv/bin/pip uninstall --yes --disable-pip-version-check pip \
- && rm -rf /opt/venv/lib/python3.11/site-packages/torch/include \
+ && /opt/venv/bin/pip uninstall --yes --disable-pip-version-check pip
+# Only what runs: no C++ headers, CMake files or static libraries (for building extensions), no
+# test suites, and bytecode only for the modules rtserve imports (prune_venv.py says what and why).
+COPY handler/ /build/handler/
+COPY rtserve/ /build/rtserve/
+COPY prune_venv.py /build/
+RUN rm -rf /opt/venv/lib/python3.11/site-packages/torch/include \
       /opt/venv/lib/python3.11/site-packages/torch/share/cmake \
- && find /opt/venv -name '*.a' -delete
+ && find /opt/venv -name '*.a' -delete \
+ && cd /build && PYTHONDONTWRITEBYTECODE=1 /opt/venv/bin/python prune_venv.py /opt/venv
 
 FROM ${BASE_IMAGE} AS runtime
 # Java 17 runs TorchServe's frontend; tini is PID 1 (reaps zombies, forwards SIGTERM).
-# (The JRE's post-install links man pages into a directory the slim image has removed.)
+# (The JRE's post-install links man pages into a directory the slim image has removed; ct.sym is
+#  javac's symbol table, which only a JDK's compiler reads.)
 RUN mkdir -p /usr/share/man/man1 \
  && apt-get update \
  && apt-get install -y --no-install-recommends openjdk-17-jre-headless tini \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt /var/log/dpkg.log \
-      /usr/share/doc/* /usr/share/man/*
+      /usr/share/doc/* /usr/share/man/* \
+ && rm -f /usr/lib/jvm/java-17-openjdk-*/lib/ct.sym
 
 # A fixed non-root UID (above 10000) that the Deployment's runAsUser names too.
 RUN groupadd --gid 10001 model-server \

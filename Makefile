@@ -233,9 +233,13 @@ BASE_IMAGE    ?= docker.io/library/python:3.11-slim-bookworm
 LOCAL_BASE    ?= localhost/rtserve-base:bookworm-$(shell sha256sum deploy/podman/build-base.sh | cut -c1-12)
 WHEELHOUSE    ?= build/wheelhouse
 IMAGE_CONTEXT ?= build/image/$(MODEL_VERSION)
+# The image's tag: the model version (what the overlays pin); tests use their own.
+IMAGE_TAG     ?= $(MODEL_VERSION)
 POD_OVERLAY   ?= production
 POD_DIR       ?= $(RUN_DIR)/pod
 POD_ARGS      ?=
+# The rtserve image's tag in the pod (default: the version); tests use their own.
+POD_IMAGE_TAG ?=
 GATEWAY_BASE  ?= docker.io/library/debian:bookworm-slim
 GATEWAY_STANDIN ?= localhost/rtserve-gateway-standin:nginx-bookworm
 WHEELHOUSE_STAMP := $(WHEELHOUSE)/.built
@@ -266,11 +270,11 @@ image-base: ## Build LOCAL_BASE (Debian bookworm, Python 3.11) with debootstrap,
 	else DOCKER=$(DOCKER) deploy/podman/build-base.sh $(LOCAL_BASE) build/image-base; fi
 
 .PHONY: image
-image: $(MAR) $(WHEELHOUSE_STAMP) ## Build IMG:MODEL_VERSION with that version's archive (DOCKER=podman|docker; reused while its inputs are unchanged)
+image: $(MAR) $(WHEELHOUSE_STAMP) ## Build IMG:IMAGE_TAG (default MODEL_VERSION) with that version's archive (DOCKER=podman|docker; reused while its inputs are unchanged)
 	@echo ">> staging the build context in $(IMAGE_CONTEXT)"
 	rm -rf $(IMAGE_CONTEXT) && mkdir -p $(IMAGE_CONTEXT)/handler $(IMAGE_CONTEXT)/rtserve \
 	  $(IMAGE_CONTEXT)/model_store $(IMAGE_CONTEXT)/deploy/k8s/base $(IMAGE_CONTEXT)/config
-	cp Dockerfile $(IMAGE_CONTEXT)/
+	cp Dockerfile deploy/podman/prune_venv.py $(IMAGE_CONTEXT)/
 	cp -rl $(abspath $(WHEELHOUSE)) $(IMAGE_CONTEXT)/wheelhouse 2>/dev/null || cp -r $(WHEELHOUSE) $(IMAGE_CONTEXT)/wheelhouse
 	rm -f $(IMAGE_CONTEXT)/wheelhouse/.built
 	cp config/* $(IMAGE_CONTEXT)/config/
@@ -281,14 +285,14 @@ image: $(MAR) $(WHEELHOUSE_STAMP) ## Build IMG:MODEL_VERSION with that version's
 	@base=$$(DOCKER=$(DOCKER) deploy/podman/base-image.sh $(BASE_IMAGE) $(LOCAL_BASE)); \
 	inputs=$$( { (cd $(IMAGE_CONTEXT) && find . -type f -print0 | sort -z | xargs -0 sha256sum); \
 	  $(DOCKER) image inspect --format '{{.Id}}' $$base; } | sha256sum | cut -c1-16); \
-	if [ "$$($(DOCKER) image inspect --format '{{index .Config.Labels "rtserve.inputs"}}' $(IMG):$(MODEL_VERSION) 2>/dev/null)" = "$$inputs" ]; then \
-	  echo ">> $(IMG):$(MODEL_VERSION) is up to date (inputs $$inputs)"; exit 0; fi; \
+	if [ "$$($(DOCKER) image inspect --format '{{index .Config.Labels "rtserve.inputs"}}' $(IMG):$(IMAGE_TAG) 2>/dev/null)" = "$$inputs" ]; then \
+	  echo ">> $(IMG):$(IMAGE_TAG) is up to date (inputs $$inputs)"; exit 0; fi; \
 	start=$$(date +%s); \
-	echo "$(DOCKER) build --build-arg BASE_IMAGE=$$base ... -t $(IMG):$(MODEL_VERSION) $(IMAGE_CONTEXT)"; \
+	echo "$(DOCKER) build --build-arg BASE_IMAGE=$$base ... -t $(IMG):$(IMAGE_TAG) $(IMAGE_CONTEXT)"; \
 	$(DOCKER) build --build-arg BASE_IMAGE=$$base --build-arg MODEL_NAME=$(MODEL_NAME) \
 	  --build-arg MODEL_VERSION=$(MODEL_VERSION) --label rtserve.inputs=$$inputs \
-	  -t $(IMG):$(MODEL_VERSION) $(IMAGE_CONTEXT) > $(IMAGE_CONTEXT).log 2>&1 || { tail -n 40 $(IMAGE_CONTEXT).log; exit 1; }; \
-	echo ">> built $(IMG):$(MODEL_VERSION) in $$(( $$(date +%s) - start )) s on $$base: $$($(DOCKER) image inspect --format '{{.Size}}' $(IMG):$(MODEL_VERSION) | numfmt --to=si)B (log: $(IMAGE_CONTEXT).log)"
+	  -t $(IMG):$(IMAGE_TAG) $(IMAGE_CONTEXT) > $(IMAGE_CONTEXT).log 2>&1 || { tail -n 40 $(IMAGE_CONTEXT).log; exit 1; }; \
+	echo ">> built $(IMG):$(IMAGE_TAG) in $$(( $$(date +%s) - start )) s on $$base: $$($(DOCKER) image inspect --format '{{.Size}}' $(IMG):$(IMAGE_TAG) | numfmt --to=si)B (log: $(IMAGE_CONTEXT).log)"
 
 
 .PHONY: image-gateway
@@ -304,9 +308,9 @@ image-gateway: ## Build the gateway stand-in (Debian's nginx) used when the mani
 
 .PHONY: pod
 pod: podman $(STAMP) ## Run the production pod locally with podman (gateway 8080, management 8081, metrics 8082 on 127.0.0.1)
-	@$(MAKE) --no-print-directory image DOCKER=podman MODEL_VERSION=$(POD_VERSION)
+	@$(MAKE) --no-print-directory image DOCKER=podman MODEL_VERSION=$(POD_VERSION) IMAGE_TAG=$(or $(POD_IMAGE_TAG),$(POD_VERSION))
 	@$(MAKE) --no-print-directory image-gateway DOCKER=podman
-	$(PY) -m deploy.podman.pod up --overlay $(POD_OVERLAY) --pod-dir $(POD_DIR) --image-tag $(POD_VERSION) $(POD_ARGS)
+	$(PY) -m deploy.podman.pod up --overlay $(POD_OVERLAY) --pod-dir $(POD_DIR) --image-tag $(or $(POD_IMAGE_TAG),$(POD_VERSION)) $(POD_ARGS)
 
 .PHONY: pod-stop
 pod-stop: $(STAMP) ## Stop the local pod: preStop hook, then stop within the grace period, remove it
@@ -316,11 +320,18 @@ pod-stop: $(STAMP) ## Stop the local pod: preStop hook, then stop within the gra
 pod-status: $(STAMP) ## The local pod's containers: started, ready, restarts, last probe output
 	@$(PY) -m deploy.podman.pod status --pod-dir $(POD_DIR)
 
+.PHONY: pod-rollout
+pod-rollout: podman $(STAMP) ## Two pods 1.0 -> 2.0 -> 1.0 behind nginx under load, one at a time (about 4 min)
+	@for v in 1.0 2.0; do $(MAKE) --no-print-directory image DOCKER=podman MODEL_VERSION=$$v; done
+	@$(MAKE) --no-print-directory image-gateway DOCKER=podman
+	$(PY) -m bench.pod_rollout
+
 ##@ Test
 .PHONY: test
 test: $(STAMP) ## Run the whole test suite (builds what it needs, starts and stops its own servers)
 	@$(MAKE) --no-print-directory nginx >/dev/null || \
 	  echo ">> nginx could not be installed: the rolling-rehearsal test will be skipped"
+	@$(MAKE) --no-print-directory podman  # the pod tests (-m pod) need it: they fail without
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 ##@ Benchmarks
