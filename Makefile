@@ -326,6 +326,12 @@ pod-rollout: podman $(STAMP) ## Two pods 1.0 -> 2.0 -> 1.0 behind nginx under lo
 	@$(MAKE) --no-print-directory image-gateway DOCKER=podman
 	$(PY) -m bench.pod_rollout
 
+.PHONY: pod-report
+pod-report: podman $(STAMP) ## Image size and breakdown, pod time to ready, memory idle and under load (about 1 min)
+	@$(MAKE) --no-print-directory image DOCKER=podman MODEL_VERSION=$(POD_VERSION)
+	@$(MAKE) --no-print-directory image-gateway DOCKER=podman
+	$(PY) -m bench.pod_report --tag $(POD_VERSION)
+
 ##@ Test
 .PHONY: test
 test: $(STAMP) ## Run the whole test suite (builds what it needs, starts and stops its own servers)

@@ -121,7 +121,7 @@ def test_read_only_root_and_user_10001(pod):
     for container in ("rtserve", "gateway"):
         wrote = pod.exec(container, "sh", "-c", "echo x > /probe-write")
         assert wrote.returncode != 0 and "Read-only file system" in wrote.stderr, container
-        users = podman("top", pod.container(container), "uid", "gid", "args").stdout.splitlines()[1:]
+        users = podman("top", pod.container(container), "huser", "hgroup", "args").stdout.splitlines()[1:]
         assert users, container
         for line in users:
             uid, gid, *args = line.split()
