@@ -126,7 +126,7 @@ def test_read_only_root_and_user_10001(pod):
     script = ("import os\nfor p in filter(str.isdigit, os.listdir('/proc')):\n"
               " s = open(f'/proc/{p}/status').read().split('\\n')\n"
               " ids = [l.split()[1] for l in s if l.startswith(('Uid:', 'Gid:'))]\n"
-              " print(p, *ids, open(f'/proc/{p}/cmdline').read().replace('\\0', ' ')[:60])")
+              " print(p, *ids, open(f'/proc/{p}/cmdline').read().replace('\\0', ' ').replace('\\n', ' ')[:60])")
     procs = pod.exec("rtserve", "python", "-c", script).stdout.splitlines()
     others = [(line.split(None, 3) + [""])[:4] for line in procs if not line.startswith("1 ")]
     assert len(others) >= 4, procs  # tini, rtserve, java, worker, nginx master and worker, ...
