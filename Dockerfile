@@ -7,7 +7,8 @@
 # Two stages: the builder installs the Python dependencies into a virtualenv from the wheelhouse
 # (wheels made on the host from the pinned requirements.txt: `pip install --no-index`, so the image
 # holds exactly what the tests ran and the build needs no package index); the runtime stage gets
-# the virtualenv, a Java 17 runtime and rtserve's own files, nothing else.
+# the virtualenv, a Java 17 runtime, the Java agent (built from agent/ in a stage of its own,
+# with a JDK that stays there) and rtserve's own files, nothing else.
 #
 # The base is a build argument: the official Python 3.11 image on Debian bookworm (bookworm ships
 # Java 17), or the equivalent that `make image-base` builds from Debian's packages where no
@@ -15,9 +16,34 @@
 # link points at the same interpreter in both.
 ARG BASE_IMAGE=docker.io/library/python:3.11-slim-bookworm
 
+# Java 17 runs TorchServe's frontend; tini is PID 1 (reaps zombies, forwards SIGTERM). A stage of
+# its own: the runtime builds on it and so does the agent's builder, which adds the JDK.
+# (The JRE's post-install links man pages into a directory the slim image has removed; ct.sym is
+#  javac's symbol table for other releases, which the runtime never reads.)
+FROM ${BASE_IMAGE} AS java
+RUN mkdir -p /usr/share/man/man1 \
+ && apt-get update \
+ && apt-get install -y --no-install-recommends openjdk-17-jre-headless tini \
+ && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt /var/log/dpkg.log \
+      /usr/share/doc/* /usr/share/man/* \
+ && rm -f /usr/lib/jvm/java-17-openjdk-*/lib/ct.sym
+
+# The frontend's greedy-batching Java agent, built from agent/ with javac and jar exactly as the
+# Makefile's build/agent/rtserve-agent.jar rule does (Debian's JDK 17, in this stage only). The
+# JRE is reinstalled for the ct.sym the stage above removed: `javac --release` reads it.
+FROM java AS agent
+RUN mkdir -p /usr/share/man/man1 \
+ && apt-get update \
+ && apt-get install -y --no-install-recommends --reinstall openjdk-17-jre-headless \
+ && apt-get install -y --no-install-recommends openjdk-17-jdk-headless \
+ && rm -rf /var/lib/apt/lists/*
+COPY agent/ /build/agent/
+RUN cd /build && mkdir -p build/agent/classes \
+ && javac --release 17 -Xlint:all -Werror -d build/agent/classes agent/src/rtserve/agent/*.java \
+ && jar --create --file build/agent/rtserve-agent.jar --manifest agent/MANIFEST.MF \
+      -C build/agent/classes .
+
 FROM ${BASE_IMAGE} AS builder
-# (A JDK and `javac` for a Java agent built from agent/ go here, in the builder only; the runtime
-#  stage then copies the built .jar, as it copies /opt/venv below.)
 COPY wheelhouse/ /wheelhouse/
 RUN python3 -m venv /opt/venv \
  && /opt/venv/bin/pip install --no-index --find-links /wheelhouse --no-cache-dir \
@@ -33,17 +59,7 @@ RUN rm -rf /opt/venv/lib/python3.11/site-packages/torch/include \
  && find /opt/venv -name '*.a' -delete \
  && cd /build && PYTHONDONTWRITEBYTECODE=1 /opt/venv/bin/python prune_venv.py /opt/venv
 
-FROM ${BASE_IMAGE} AS runtime
-# Java 17 runs TorchServe's frontend; tini is PID 1 (reaps zombies, forwards SIGTERM).
-# (The JRE's post-install links man pages into a directory the slim image has removed; ct.sym is
-#  javac's symbol table, which only a JDK's compiler reads.)
-RUN mkdir -p /usr/share/man/man1 \
- && apt-get update \
- && apt-get install -y --no-install-recommends openjdk-17-jre-headless tini \
- && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt /var/log/dpkg.log \
-      /usr/share/doc/* /usr/share/man/* \
- && rm -f /usr/lib/jvm/java-17-openjdk-*/lib/ct.sym
-
+FROM java AS runtime
 # A fixed non-root UID (above 10000) that the Deployment's runAsUser names too.
 RUN groupadd --gid 10001 model-server \
  && useradd --uid 10001 --gid 10001 --home-dir /home/model-server --no-create-home \
@@ -57,6 +73,8 @@ COPY handler/ ./handler/
 COPY rtserve/ ./rtserve/
 COPY config/ ./config/
 COPY deploy/k8s/base/config.properties /etc/rtserve/config.properties
+# Where rtserve.server looks for it (REPO/build/agent/rtserve-agent.jar, REPO being /opt/rtserve).
+COPY --from=agent /build/build/agent/rtserve-agent.jar ./build/agent/rtserve-agent.jar
 RUN /opt/venv/bin/python -m compileall -q handler rtserve
 
 # The root filesystem is read-only in the cluster: everything TorchServe writes (key_file.json,

@@ -28,6 +28,8 @@ MODEL_DIR := $(ARTIFACTS)/$(MODEL_VERSION)
 MAR       := $(MODEL_STORE)/$(MODEL_NAME)_$(MODEL_VERSION).mar
 HANDLER_SRC := $(wildcard handler/*.py)
 STAGE     := build/stage/$(MODEL_NAME)_$(MODEL_VERSION)
+AGENT_JAR := build/agent/rtserve-agent.jar
+AGENT_SRC := $(wildcard agent/src/rtserve/agent/*.java) agent/MANIFEST.MF
 
 ##@ General
 .PHONY: help
@@ -69,9 +71,22 @@ $(MAR): $(MODEL_DIR)/weights.pt $(MODEL_DIR)/meta.json $(HANDLER_SRC) $(MODEL_CO
 	mv $(STAGE)/out/$(MODEL_NAME).mar $@
 	@echo ">> built $@"
 
+.PHONY: agent
+agent: $(AGENT_JAR) ## Build the frontend's greedy-batching Java agent (build/agent/rtserve-agent.jar)
+
+$(AGENT_JAR): $(AGENT_SRC)
+	@command -v javac >/dev/null || { echo ">> installing a JDK (apt) for javac"; \
+	  { apt-get install -y -qq openjdk-17-jdk-headless >/dev/null 2>&1 || \
+	    { apt-get update -qq && apt-get install -y -qq openjdk-17-jdk-headless; }; } \
+	  || { echo "javac is missing and cannot be installed: install a JDK 17"; exit 1; }; }
+	rm -rf build/agent/classes && mkdir -p build/agent/classes
+	javac --release 17 -Xlint:all -Werror -d build/agent/classes $(filter %.java,$^)
+	jar --create --file $@ --manifest agent/MANIFEST.MF -C build/agent/classes .
+	@echo ">> built $@"
+
 ##@ Run
 .PHONY: serve
-serve: $(MAR) ## Install, build the archive, start TorchServe on localhost and wait until it answers
+serve: $(MAR) $(AGENT_JAR) ## Install, build the archive, start TorchServe on localhost and wait until it answers
 	$(PY) -m rtserve.server start --run-dir $(RUN_DIR) --model-store $(MODEL_STORE) \
 	  --models $(MODEL_NAME)=$(notdir $(MAR))
 	@echo ">> try it:"
@@ -95,6 +110,41 @@ stop: ## Stop the TorchServe started by `make serve` (DRAIN=1: drain first, see 
 .PHONY: drain
 drain: $(STAMP) ## Mark the running server not ready, wait until no request arrives, waits or runs
 	$(PY) -m rtserve.server drain --run-dir $(RUN_DIR)
+
+##@ Monitoring (Prometheus and Alertmanager on loopback; docs/monitoring.md)
+PROMETHEUS_PORT   ?= 9090
+ALERTMANAGER_PORT ?= 9093
+ALERT_WEBHOOK     ?=
+MONITORING_DIR    ?= deploy/monitoring
+
+.PHONY: monitor-deps
+monitor-deps: ## Install Prometheus, Alertmanager and promtool from Debian's packages if missing
+	@if command -v prometheus >/dev/null && command -v promtool >/dev/null && \
+	    { command -v prometheus-alertmanager || command -v alertmanager; } >/dev/null; then \
+	  echo ">> present: $$(prometheus --version 2>&1 | head -1)"; \
+	else \
+	  echo ">> installing prometheus and prometheus-alertmanager from Debian's packages (apt-get)"; \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null 2>&1 || \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager; }; }; \
+	fi
+
+.PHONY: monitor
+monitor: monitor-deps $(STAMP) ## Start Prometheus (127.0.0.1:PROMETHEUS_PORT) and Alertmanager scraping the server `make serve` runs
+	$(PY) -m rtserve.monitor start --run-dir $(RUN_DIR) --prometheus-port $(PROMETHEUS_PORT) \
+	  --alertmanager-port $(ALERTMANAGER_PORT) $(if $(ALERT_WEBHOOK),--webhook $(ALERT_WEBHOOK))
+
+.PHONY: monitor-stop
+monitor-stop: ## Stop the Prometheus and Alertmanager `make monitor` started (by their PID files)
+	$(PY) -m rtserve.monitor stop --run-dir $(RUN_DIR)
+
+.PHONY: test-rules
+test-rules: monitor-deps ## Check the alerting rules and run their unit tests (promtool)
+	promtool check rules $(MONITORING_DIR)/rtserve-alerts.yml
+	promtool test rules $(MONITORING_DIR)/tests/*.test.yml
+
+.PHONY: bench-latency-histogram
+bench-latency-histogram: $(STAMP) ## Cost of rtserve_request_duration_seconds per request (exporter side, off the request path)
+	$(PY) -m bench.request_histogram
 
 ##@ Versions (on the running server, through the management API)
 RTSERVE := $(PY) -m rtserve --inference $(INFERENCE_URL) --management $(MANAGEMENT_URL) --run-dir $(RUN_DIR)
@@ -273,7 +323,10 @@ image-base: ## Build LOCAL_BASE (Debian bookworm, Python 3.11) with debootstrap,
 image: $(MAR) $(WHEELHOUSE_STAMP) ## Build IMG:IMAGE_TAG (default MODEL_VERSION) with that version's archive (DOCKER=podman|docker; reused while its inputs are unchanged)
 	@echo ">> staging the build context in $(IMAGE_CONTEXT)"
 	rm -rf $(IMAGE_CONTEXT) && mkdir -p $(IMAGE_CONTEXT)/handler $(IMAGE_CONTEXT)/rtserve \
-	  $(IMAGE_CONTEXT)/model_store $(IMAGE_CONTEXT)/deploy/k8s/base $(IMAGE_CONTEXT)/config
+	  $(IMAGE_CONTEXT)/model_store $(IMAGE_CONTEXT)/deploy/k8s/base $(IMAGE_CONTEXT)/config \
+	  $(IMAGE_CONTEXT)/agent/src/rtserve/agent
+	cp agent/MANIFEST.MF $(IMAGE_CONTEXT)/agent/
+	cp agent/src/rtserve/agent/*.java $(IMAGE_CONTEXT)/agent/src/rtserve/agent/
 	cp Dockerfile deploy/podman/prune_venv.py $(IMAGE_CONTEXT)/
 	cp -rl $(abspath $(WHEELHOUSE)) $(IMAGE_CONTEXT)/wheelhouse 2>/dev/null || cp -r $(WHEELHOUSE) $(IMAGE_CONTEXT)/wheelhouse
 	rm -f $(IMAGE_CONTEXT)/wheelhouse/.built
@@ -283,8 +336,8 @@ image: $(MAR) $(WHEELHOUSE_STAMP) ## Build IMG:IMAGE_TAG (default MODEL_VERSION)
 	cp $(K8S_DIR)/base/config.properties $(IMAGE_CONTEXT)/deploy/k8s/base/
 	cp $(MAR) $(IMAGE_CONTEXT)/model_store/
 	@base=$$(DOCKER=$(DOCKER) deploy/podman/base-image.sh $(BASE_IMAGE) $(LOCAL_BASE)); \
-	inputs=$$( { (cd $(IMAGE_CONTEXT) && find . -type f -print0 | sort -z | xargs -0 sha256sum); \
-	  $(DOCKER) image inspect --format '{{.Id}}' $$base; } | sha256sum | cut -c1-16); \
+	inputs=$$($(PY) -m deploy.podman.context_hash $(IMAGE_CONTEXT) \
+	  "$$($(DOCKER) image inspect --format '{{.Id}}' $$base)") || exit 1; \
 	if [ "$$($(DOCKER) image inspect --format '{{index .Config.Labels "rtserve.inputs"}}' $(IMG):$(IMAGE_TAG) 2>/dev/null)" = "$$inputs" ]; then \
 	  echo ">> $(IMG):$(IMAGE_TAG) is up to date (inputs $$inputs)"; exit 0; fi; \
 	start=$$(date +%s); \
@@ -334,7 +387,7 @@ pod-report: podman $(STAMP) ## Image size and breakdown, pod time to ready, memo
 
 ##@ Test
 .PHONY: test
-test: $(STAMP) ## Run the whole test suite (builds what it needs, starts and stops its own servers)
+test: $(STAMP) $(AGENT_JAR) ## Run the whole test suite (builds what it needs, starts and stops its own servers)
 	@$(MAKE) --no-print-directory nginx >/dev/null || \
 	  echo ">> nginx could not be installed: the rolling-rehearsal test will be skipped"
 	@$(MAKE) --no-print-directory podman  # the pod tests (-m pod) need it: they fail without
@@ -356,8 +409,12 @@ bench-deps: $(BENCH_STAMP) ## Install FastAPI/uvicorn (benchmark only) and the l
 	  || { echo "wrk is missing and cannot be installed here: install Debian's wrk package"; exit 1; }; }
 
 .PHONY: bench
-bench: $(MAR) $(ARTIFACTS)/$(MODEL_VERSION)/weights.pt bench-deps ## Raw forward vs seed FastAPI vs rtserve's TorchServe (about 5 min; BENCH_ARGS=... to vary)
+bench: $(MAR) $(ARTIFACTS)/$(MODEL_VERSION)/weights.pt $(AGENT_JAR) bench-deps ## Raw forward, FastAPI (seed and tuned) and rtserve (shipped, greedy off, telemetry off, batchSize 1): about 8 min
 	$(PY) -m bench.perf --model-store $(MODEL_STORE) --version $(MODEL_VERSION) $(BENCH_ARGS)
+
+.PHONY: bench-quick
+bench-quick: $(MAR) $(ARTIFACTS)/$(MODEL_VERSION)/weights.pt $(AGENT_JAR) bench-deps ## rtserve as shipped vs the tuned FastAPI at c=1, 8, 64 (about 90 s): before/after a request-path change
+	$(PY) -m bench.perf --quick --model-store $(MODEL_STORE) --version $(MODEL_VERSION) $(BENCH_ARGS)
 
 .PHONY: bench-handler
 bench-handler: $(MODEL_DIR)/weights.pt ## Handler time per request in a full batch of 32, and the raw forward pass

@@ -27,6 +27,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL_DIR_ENV = "RTSERVE_BENCH_MODEL_DIR"
+ASYNC_ENV = "RTSERVE_BENCH_ASYNC"
 
 try:  # the benchmark's own dependencies (requirements-bench.txt), absent from the runtime venv
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -44,8 +45,13 @@ class NoDelayHttpToolsProtocol(HttpToolsProtocol):  # type: ignore[misc,valid-ty
         super().connection_made(transport)
 
 
-def create_app(model_dir: str | Path):
-    """The seed's FastAPI app serving the model in ``model_dir`` (weights.pt + meta.json)."""
+def create_app(model_dir: str | Path, async_endpoint: bool = False):
+    """The seed's FastAPI app serving the model in ``model_dir`` (weights.pt + meta.json).
+
+    ``async_endpoint``: the endpoint is ``async def`` and runs on the event loop (the forward
+    pass takes tens of microseconds, so a thread-pool hop per request costs more than it saves:
+    the tuned configuration); otherwise a plain ``def`` as the seed writes it.
+    """
     import torch
     from fastapi import FastAPI
     from pydantic import BaseModel
@@ -63,7 +69,6 @@ def create_app(model_dir: str | Path):
 
     app = FastAPI()
 
-    @app.post("/predict")
     def predict(request: PredictRequest) -> dict:
         with torch.no_grad():
             x = (torch.tensor([request.features]) - mean) / std
@@ -72,12 +77,19 @@ def create_app(model_dir: str | Path):
         return {"prediction": cls, "label": meta.labels[cls],
                 "probabilities": probabilities.tolist(), "model_version": meta.version}
 
+    if async_endpoint:
+        @app.post("/predict")
+        async def predict_async(request: PredictRequest) -> dict:
+            return predict(request)
+    else:
+        app.post("/predict")(predict)
     return app
 
 
 def app_factory():
     """Uvicorn factory (``--factory``): each worker process builds its own app and model."""
-    return create_app(os.environ.get(MODEL_DIR_ENV, REPO / "artifacts" / "1.0"))
+    return create_app(os.environ.get(MODEL_DIR_ENV, REPO / "artifacts" / "1.0"),
+                      async_endpoint=os.environ.get(ASYNC_ENV) == "1")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,12 +102,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--model-dir", type=Path, default=REPO / "artifacts" / "1.0")
+    parser.add_argument("--async-endpoint", action="store_true",
+                        help="an async def endpoint, run on the event loop (the tuned setup)")
     parser.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")
     parser.add_argument("--nagle", action="store_true",
                         help="keep uvicorn's own protocol class (with --loop asyncio --workers 2: "
                              "the Nagle delay)")
     args = parser.parse_args(argv)
     os.environ[MODEL_DIR_ENV] = str(args.model_dir.resolve())
+    os.environ[ASYNC_ENV] = "1" if args.async_endpoint else "0"
     sys.path.insert(0, str(REPO))
     uvicorn.run(
         "bench.fastapi_seed:app_factory", factory=True, host=args.host, port=args.port,

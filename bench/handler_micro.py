@@ -14,11 +14,13 @@ worker.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -86,8 +88,49 @@ def quantization_effect(model_dir: Path) -> dict:
     }
 
 
+@contextlib.contextmanager
+def worker_env():
+    """What rtserve.server gives a worker: a metrics directory in prometheus_client's
+    multiprocess mode (values in memory-mapped files, as in a worker) and a log directory for
+    the audit trail; both removed afterwards."""
+    from prometheus_client import values
+
+    saved = {k: os.environ.get(k) for k in ("PROMETHEUS_MULTIPROC_DIR", "LOG_LOCATION")}
+    value_class = values.ValueClass
+    with tempfile.TemporaryDirectory(prefix="bench-worker-") as root:
+        os.makedirs(os.path.join(root, "metrics"))
+        os.environ.update(PROMETHEUS_MULTIPROC_DIR=os.path.join(root, "metrics"), LOG_LOCATION=root)
+        values.ValueClass = values.MultiProcessValue()
+        try:
+            yield root
+        finally:
+            values.ValueClass = value_class
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+
+def telemetry_time(handler: Any, rows: list, context: Any) -> float:
+    """Microseconds per call of the handler's telemetry (metrics, drift, audit) for ``rows``."""
+    from tests.helpers import start_batch
+
+    start_batch(context, len(rows))
+    batch = handler.preprocess(rows)
+    _, probabilities = handler.inference(batch)
+    ids = [f"{i:08d}-1111-2222-3333-444444444444" for i in range(len(rows))]
+    return best_us(lambda: handler.telemetry.record(batch, probabilities, (1e-4, 1e-4, 1e-4), ids))
+
+
 def handler_time(model_dir: Path, model_yaml: dict, body: dict, batch: int = 32) -> dict:
-    """Microseconds per request of ``handle()`` and of each stage, on a batch of ``batch``."""
+    """Microseconds per request of ``handle()`` and of each stage, on a batch of ``batch``,
+    and of the telemetry alone on that batch and on a batch of one (light traffic)."""
+    with worker_env():
+        return _handler_time(model_dir, model_yaml, body, batch)
+
+
+def _handler_time(model_dir: Path, model_yaml: dict, body: dict, batch: int) -> dict:
     from handler.rtserve_handler import RealTimeHandler
     from tests.helpers import make_context, start_batch
 
@@ -106,6 +149,12 @@ def handler_time(model_dir: Path, model_yaml: dict, body: dict, batch: int = 32)
     pre = best_us(lambda: handler.preprocess(rows), number=number)
     inf = best_us(lambda: handler.inference(parsed), number=number)
     post = best_us(lambda: handler.postprocess(inferred), number=number)
+    telemetry = {}
+    if handler.telemetry is not None:
+        telemetry = {
+            "telemetry_us_per_request": round(telemetry_time(handler, rows, context) / batch, 2),
+            "telemetry_us_batch_of_1": round(telemetry_time(handler, rows[:1], context), 2),
+        }
     return {
         "batch": batch,
         "handle_us_per_request": round(total / batch, 2),
@@ -113,6 +162,7 @@ def handler_time(model_dir: Path, model_yaml: dict, body: dict, batch: int = 32)
         "inference_us_per_request": round(inf / batch, 2),
         "postprocess_us_per_request": round(post / batch, 2),
         "handle_us_per_batch": round(total, 1),
+        **telemetry,
     }
 
 

@@ -30,7 +30,9 @@ class HandlerConfig:
         num_threads: torch intra-op threads per worker.
         warmup_batches: forward passes run at initialize so the first request is not slow.
         feature_limit: largest accepted magnitude of a feature value.
-        log_batches: log one line per batch with its size (shows that batching happens).
+        log_batches: log one line per batch with its size through the worker's stdout into
+            model_log.log (debugging; off by default: the audit trail's ``batch`` field and the
+            ``rtserve_batch_size`` histogram show batching without a line per batch).
         explain_steps: Integrated Gradients steps per explanation (cost grows linearly).
         explain_baseline: the reference input: ``mean`` (the training mean, zeros after
             normalization) or ``zero`` (all raw features 0).
@@ -38,10 +40,13 @@ class HandlerConfig:
             pass (bounds memory); at least ``explain_max_per_batch``.
         explain_max_per_batch: ceiling on explanations computed in one batch; further explain
             requests of that batch get a 503 with ``Retry-After`` so predictions are not starved.
-        metrics: emit the handler metrics of ``config/metrics.yaml`` (one update per batch).
-        audit_log: write one JSON line per answered or rejected request (``rtserve.audit``).
+        metrics: export the handler's Prometheus metrics (``rtserve_*``, see
+            :mod:`handler.telemetry`) and drift gauges.
+        audit_log: append one JSON line per answered or rejected request to ``audit.log`` in
+            the server's log directory.
         drift_window: recent rows scored for drift against the training distribution.
         drift_export_seconds: how often the drift gauges are refreshed.
+        drift_flush_rows: rows buffered before they enter the drift window (one bulk update).
         max_instances: most instances in one KServe v1 ``instances`` list or Open Inference
             Protocol tensor (its first dimension); more get a 400.
     """
@@ -51,7 +56,7 @@ class HandlerConfig:
     num_threads: int = 1
     warmup_batches: int = 3
     feature_limit: float = DEFAULT_FEATURE_LIMIT
-    log_batches: bool = True
+    log_batches: bool = False
     explain_steps: int = 50
     explain_baseline: str = "mean"
     explain_internal_batch_size: int = 512
@@ -60,6 +65,7 @@ class HandlerConfig:
     audit_log: bool = True
     drift_window: int = 2000
     drift_export_seconds: float = 5.0
+    drift_flush_rows: int = 256
     max_instances: int = 64
 
     @classmethod
@@ -103,6 +109,8 @@ class HandlerConfig:
             raise ConfigError("model config: handler.warmup_batches must be in [0, 100]")
         if not 100 <= self.drift_window <= 1_000_000:
             raise ConfigError("model config: handler.drift_window must be in [100, 1000000]")
+        if not 1 <= self.drift_flush_rows <= 100_000:
+            raise ConfigError("model config: handler.drift_flush_rows must be in [1, 100000]")
         if not 0.1 <= self.drift_export_seconds <= 3600:
             raise ConfigError("model config: handler.drift_export_seconds must be in [0.1, 3600]")
         if not (math.isfinite(self.feature_limit) and self.feature_limit > 0):

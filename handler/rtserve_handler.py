@@ -26,7 +26,6 @@ from functools import partial
 from typing import Any
 
 import torch
-from ts.metrics.metric_type_enum import MetricTypes
 from ts.torch_handler.base_handler import BaseHandler
 
 from handler.config import HandlerConfig
@@ -36,7 +35,8 @@ from handler.model import ModelMetadata, load_model, quantize_int8
 from handler.protocols import OIP_V2, answer, detect, grpc_error, parse_request
 from handler.schema import (Normalizer, ParsedBatch, parse_batch, prediction_document,
                             request_body)
-from handler.telemetry import Telemetry
+from handler.telemetry import (Telemetry, audit_path, quiet_torchserve_batch_lines,
+                               require_multiprocess_dir)
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +84,7 @@ class RealTimeHandler(BaseHandler):
             internal_batch_size=self.config.explain_internal_batch_size,
         )
         self.telemetry = self._telemetry(context) if self.config.metrics else None
+        quiet_torchserve_batch_lines()
         self._warm_up()
         self.initialized = True
         logger.info(
@@ -93,14 +94,17 @@ class RealTimeHandler(BaseHandler):
         )
 
     def _telemetry(self, context: Any) -> Telemetry:
-        """Metrics, drift and audit for this worker (metric objects are looked up once)."""
-        metrics = context.metrics
-        batch_size = int(context.system_properties.get("batch_size") or 1)
+        """Metrics, drift and audit for this worker (see :mod:`handler.telemetry`).
+
+        Raises:
+            ConfigError: the server gave the workers no metrics directory.
+        """
+        require_multiprocess_dir()
         return Telemetry(
-            lambda name, kind: metrics.get_metric(name, MetricTypes[kind]),
             context.model_name, self.model_version, self.meta.labels, self.meta.feature_names,
-            batch_size, self.meta.drift_reference, self.config.drift_window,
-            self.config.drift_export_seconds, self.config.audit_log,
+            self.meta.drift_reference, self.config.drift_window,
+            self.config.drift_export_seconds, self.config.drift_flush_rows,
+            audit_path() if self.config.audit_log else None,
         )
 
     def handle(self, data: list, context: Any) -> list[str]:

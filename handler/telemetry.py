@@ -1,32 +1,59 @@
 """Per-batch telemetry: handler metrics, drift, and the audit trail (no TorchServe import).
 
-One :meth:`Telemetry.record` call per batch updates every metric declared in
-``config/metrics.yaml`` (aggregated per batch, so the cost does not grow with one metric line per
-request), feeds the drift monitor, exports drift gauges every ``drift_every`` seconds, and writes
-one JSON audit line per answered or rejected request to the ``rtserve.audit`` logger, which
-TorchServe forwards into ``model_log.log``.
+Nothing here goes through the worker's stdout: TorchServe's metric API writes one formatted log
+line per update, which the frontend reads back, parses and logs again (the busiest threads of
+the frontend at low load, and about 16 us per request in a full batch). Instead:
+
+- **Metrics** are ``prometheus_client`` metrics in its multiprocess mode: each worker adds to
+  memory-mapped files in ``PROMETHEUS_MULTIPROC_DIR`` (``rtserve.server`` sets it to the run
+  directory's ``metrics/``), and :mod:`rtserve.metrics` serves them together with TorchServe's
+  own on the metrics port. An update is a few hundred nanoseconds of memory writes.
+- **Drift** rows are buffered and scored in bulk every ``drift_flush_rows`` rows (one set of
+  tensor ops per flush instead of per batch); every row counts, so the scores are exact, only
+  up to ``drift_flush_rows`` rows late (:class:`DriftBuffer`).
+- **Audit** lines go straight from the worker to ``audit.log`` in the server's log directory,
+  one ``write`` of whole lines per batch on a file opened for appending (whole writes of a few
+  KiB from several workers do not interleave), formatted from preassembled parts.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import time
-from collections import Counter
+from collections import Counter as Tally
 from typing import Any, Callable, Sequence
 
 import torch
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from handler.drift import DriftMonitor
-from handler.errors import HandlerError
+from handler.errors import ConfigError, HandlerError
 
-logger = logging.getLogger(__name__)
-audit_logger = logging.getLogger("rtserve.audit")
+#: The environment variable prometheus_client's multiprocess mode reads (set by rtserve.server).
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+#: The server's log directory (rtserve.server sets it for TorchServe, whose workers inherit it).
+LOG_DIR_ENV = "LOG_LOCATION"
+AUDIT_FILE = "audit.log"
+
+#: What TorchServe's worker prints to its stdout for every batch, for the frontend to read back:
+#: its "Backend received inference at" log line (the frontend's log config drops it anyway) and
+#: its PredictionTime metric line (rtserve_handler_stage_seconds has the handler's stages).
+TORCHSERVE_BATCH_LINE = "Backend received inference at"
+TORCHSERVE_METRICS_LOGGER = "ts.metrics.caching_metric"
 
 STAGES = ("preprocess", "inference", "postprocess")
 #: Drift gauges are exported only once the window holds this many rows (or is full): PSI over a
 #: handful of rows is noise, not drift.
 DRIFT_MIN_ROWS = 200
+#: Handler stage buckets, seconds: 10 us .. 1 s (a stage of this model takes 20 us .. 2 ms; an
+#: explanation tens of ms).
+STAGE_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2,
+                 5e-2, 0.1, 0.25, 1.0)
+#: Batch size buckets: powers of two up to the largest batch TorchServe forms here.
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+LABELS = ("model_name", "model_version")
 
 #: SchemaViolations reasons, from the first matching phrase of an InvalidInput's message.
 REASONS = (
@@ -44,7 +71,7 @@ REASONS = (
 
 
 def violation_reason(error: HandlerError) -> str:
-    """A short label for why a request was rejected (the ``Reason`` metric dimension)."""
+    """A short label for why a request was rejected (the ``reason`` metric label)."""
     if error.field == "target":
         return "bad_target"
     for phrase, reason in REASONS:
@@ -53,102 +80,242 @@ def violation_reason(error: HandlerError) -> str:
     return "invalid"
 
 
+class HandlerMetrics:
+    """The handler's Prometheus metrics for one model version (children bound once).
+
+    Args:
+        model, version: the ``model_name`` / ``model_version`` labels.
+        labels: class labels; feature_names: input feature names (drift label).
+        registry: where the metrics are registered (a private one by default: in multiprocess
+            mode the values live in the shared files whatever the registry).
+    """
+
+    def __init__(self, model: str, version: str, labels: Sequence[str],
+                 feature_names: Sequence[str], registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        reg = {"registry": self.registry}
+        ids = (model, version)
+        self.requests = Counter("rtserve_handler_requests", "Requests the handler answered or "
+                                "rejected", LABELS, **reg).labels(*ids)
+        self.batches = Counter("rtserve_handler_batches", "Batches the handler ran", LABELS,
+                               **reg).labels(*ids)
+        violations = Counter("rtserve_schema_violations", "Requests rejected with 400, by reason",
+                             LABELS + ("reason",), **reg)
+        self.violations = lambda reason: violations.labels(model, version, reason)
+        predictions = Counter("rtserve_predictions", "Answered predictions by predicted class",
+                              LABELS + ("class",), **reg)
+        self.predictions = [predictions.labels(model, version, label) for label in labels]
+        stage = Histogram("rtserve_handler_stage_seconds", "Seconds per batch in each handler "
+                          "stage", LABELS + ("stage",), buckets=STAGE_BUCKETS, **reg)
+        self.stages = [stage.labels(model, version, name) for name in STAGES]
+        self.batch_size = Histogram("rtserve_batch_size", "Requests per batch the handler ran",
+                                    LABELS, buckets=BATCH_BUCKETS, **reg).labels(*ids)
+        # Drift gauges get their children at the first export: no series until there is a score.
+        self.ids = ids
+        self.feature_names = list(feature_names)
+        self.feature_drift = Gauge("rtserve_feature_drift_psi", "Population stability index of "
+                                   "each input feature over the recent window",
+                                   LABELS + ("feature",), multiprocess_mode="mostrecent", **reg)
+        self.prediction_drift = Gauge("rtserve_prediction_drift_psi", "Population stability "
+                                      "index of the predicted class over the recent window",
+                                      LABELS, multiprocess_mode="mostrecent", **reg)
+
+    def set_drift(self, features: Sequence[float], prediction: float) -> None:
+        """Set the drift gauges (PSI per feature, and of the predicted class)."""
+        for name, value in zip(self.feature_names, features):
+            self.feature_drift.labels(*self.ids, name).set(round(value, 6))
+        self.prediction_drift.labels(*self.ids).set(round(prediction, 6))
+
+
+class DriftBuffer:
+    """Feeds a :class:`DriftMonitor` in bulk: rows are kept (by reference) until ``flush_rows``
+    have arrived, then scored in one update. Exact: every row is counted, at most
+    ``flush_rows`` rows late."""
+
+    def __init__(self, monitor: DriftMonitor, flush_rows: int = 256) -> None:
+        self.monitor = monitor
+        self.flush_rows = flush_rows
+        self._inputs: list[torch.Tensor] = []
+        self._classes: list[torch.Tensor] = []
+        self._rows = 0
+
+    def add(self, inputs: torch.Tensor, classes: torch.Tensor) -> None:
+        """Keep one batch's valid rows (``[rows, features]``) and predicted classes."""
+        self._inputs.append(inputs)
+        self._classes.append(classes)
+        self._rows += len(inputs)
+        if self._rows >= self.flush_rows:
+            self.flush()
+
+    def flush(self) -> None:
+        """Score what is buffered."""
+        if self._rows:
+            self.monitor.update(torch.cat(self._inputs), torch.cat(self._classes))
+            self._inputs, self._classes, self._rows = [], [], 0
+
+
+class AuditLog:
+    """One JSON line per answered or rejected request, appended to ``path`` once per batch.
+
+    Each line holds ``event`` (prediction, explanation, rejected), ``request_id`` (the
+    x-request-id the client got), ``model``, ``model_version``, ``batch`` (``<worker pid>-<n>``:
+    the lines of one batch share it), ``batch_size``, ``handler_ms`` and then ``class`` + ``label`` (``classes`` + ``labels`` for a request with several rows) or,
+    for a rejection, ``status`` and ``reason``.
+    """
+
+    def __init__(self, path: str, model: str, version: str, labels: Sequence[str]) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+        self.labels = list(labels)
+        self.batches = 0
+        self._model = f'"model":{_js(model)},"model_version":{_js(version)},"batch":"{os.getpid()}-'
+        # "class":N,"label":"..." per class, preformatted.
+        self._answer = [f'"class":{cls},"label":{_js(label)}' for cls, label in enumerate(labels)]
+
+    def write(self, batch: Any, classes: list[int], rejected: dict, seconds: float,
+              request_ids: Sequence[str]) -> None:
+        """Append this batch's lines (``batch`` is a ``handler.schema.ParsedBatch``)."""
+        self.batches += 1
+        common = (f'{self._model}{self.batches}","batch_size":{batch.size},'
+                  f'"handler_ms":{round(seconds * 1000.0, 3)}')
+        row_classes: dict[int, list[int]] = {}  # a KServe v1 request may hold several rows
+        for idx, cls in zip(batch.rows, classes):
+            row_classes.setdefault(idx, []).append(cls)
+        lines = []
+        errors, explanations = batch.errors, batch.explanations
+        for idx in range(batch.size):
+            rid = request_ids[idx] if idx < len(request_ids) else None
+            rid = _js(rid) if rid is not None else "null"
+            if idx in rejected:
+                lines.append(f'{{"event":"rejected","request_id":{rid},{common},"status":400,'
+                             f'"reason":"{violation_reason(rejected[idx])}"}}\n')
+            elif idx in row_classes and idx not in errors:
+                found = row_classes[idx]
+                event = "explanation" if idx in explanations else "prediction"
+                if len(found) == 1:
+                    tail = self._answer[found[0]]
+                else:
+                    tail = (f'"classes":{json.dumps(found, separators=(",", ":"))},"labels":'
+                            f'{json.dumps([self.labels[c] for c in found], separators=(",", ":"))}')
+                lines.append(f'{{"event":"{event}","request_id":{rid},{common},{tail}}}\n')
+        if lines:
+            os.write(self.fd, "".join(lines).encode())
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _js(value: str) -> str:
+    """A JSON string literal (plain ASCII ids, as TorchServe's UUIDs, skip the encoder)."""
+    if value.isascii() and value.isprintable() and '"' not in value and "\\" not in value:
+        return f'"{value}"'
+    return json.dumps(value)
+
+
+class _DropLine(logging.Filter):
+    """Drops records whose message starts with ``prefix``."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and record.msg.startswith(self.prefix))
+
+
+def quiet_torchserve_batch_lines() -> None:
+    """Stop the two lines TorchServe's worker writes to its stdout per batch (see
+    :data:`TORCHSERVE_BATCH_LINE`): each costs the worker a write and the frontend a read, a
+    parse and a log call, on every batch. Warnings and errors still go through."""
+    root = logging.getLogger()
+    if not any(isinstance(f, _DropLine) for f in root.filters):
+        root.addFilter(_DropLine(TORCHSERVE_BATCH_LINE))
+    logging.getLogger(TORCHSERVE_METRICS_LOGGER).setLevel(logging.WARNING)
+
+
+def audit_path() -> str:
+    """Where the audit trail goes: ``audit.log`` in the server's log directory."""
+    return os.path.join(os.environ.get(LOG_DIR_ENV) or "logs", AUDIT_FILE)
+
+
+def require_multiprocess_dir() -> str:
+    """The metrics directory the server gave the workers.
+
+    Raises:
+        ConfigError: it is not set, so the handler's metrics would be exported nowhere.
+    """
+    path = os.environ.get(MULTIPROC_ENV)
+    if not path or not os.path.isdir(path):
+        raise ConfigError(f"handler.metrics is on but {MULTIPROC_ENV} is not an existing directory "
+                          "(rtserve.server sets it): start the server with rtserve.server, or set "
+                          "handler.metrics: false")
+    return path
+
+
 class Telemetry:
     """Metrics, drift and audit for one model version in one worker.
 
     Args:
-        metric: ``metric(name, kind)`` returns TorchServe's metric object (``add_or_update``).
-        model: model name; version: model version (metric dimensions and audit fields).
-        labels: class labels; feature_names: input feature names (drift dimension).
-        batch_size: the model's configured batch size (for BatchFill).
+        model: model name; version: model version (metric labels and audit fields).
+        labels: class labels; feature_names: input feature names (drift label).
         drift_reference: ``meta.json``'s training reference; empty disables drift.
         drift_window: rows in the drift window; drift_every: seconds between drift exports.
-        audit: write the audit trail.
+        drift_flush_rows: rows buffered before the drift window is updated.
+        audit_path: append the audit trail here (None: no audit trail).
+        registry: the metrics' registry (tests read values from it).
     """
 
     def __init__(
-        self, metric: Callable[[str, str], Any], model: str, version: str, labels: Sequence[str],
-        feature_names: Sequence[str], batch_size: int, drift_reference: dict,
-        drift_window: int = 2000, drift_every: float = 5.0, audit: bool = True,
-        clock: Callable[[], float] = time.monotonic,
+        self, model: str, version: str, labels: Sequence[str], feature_names: Sequence[str],
+        drift_reference: dict, drift_window: int = 2000, drift_every: float = 5.0,
+        drift_flush_rows: int = 256, audit_path: str | None = None,
+        registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.model, self.version = model, version
-        self.labels, self.features = list(labels), list(feature_names)
-        self.batch_size = max(1, batch_size)
-        self.stage = metric("HandlerStageTime", "HISTOGRAM")
-        self.fill = metric("BatchFill", "HISTOGRAM")
-        self.requests = metric("HandlerRequests", "COUNTER")
-        self.batches = metric("HandlerBatches", "COUNTER")
-        self.violations = metric("SchemaViolations", "COUNTER")
-        self.predictions = metric("Predictions", "COUNTER")
-        self.feature_drift = metric("FeatureDrift", "GAUGE")
-        self.prediction_drift = metric("PredictionDrift", "GAUGE")
+        self.metrics = HandlerMetrics(model, version, labels, feature_names, registry)
         self.drift = DriftMonitor(drift_reference, drift_window) if drift_reference else None
+        self.buffer = DriftBuffer(self.drift, min(drift_flush_rows, drift_window)) if self.drift else None
         self.drift_every = drift_every
-        self.audit = audit
+        self.audit = AuditLog(audit_path, model, version, labels) if audit_path else None
         self.clock = clock
         self._last_export = clock()
 
     def record(self, batch: Any, probabilities: torch.Tensor | None, stage_seconds: Sequence[float],
                request_ids: Sequence[str]) -> None:
         """Account for one handled batch (``batch`` is a ``handler.schema.ParsedBatch``)."""
-        dims = [self.model, self.version]
-        for stage, seconds in zip(STAGES, stage_seconds):
-            self.stage.add_or_update(seconds * 1000.0, dims + [stage])
-        self.fill.add_or_update(batch.size / self.batch_size, dims)
-        self.batches.add_or_update(1, dims)
-        self.requests.add_or_update(batch.size, dims)
+        m = self.metrics
+        for stage, seconds in zip(m.stages, stage_seconds):
+            stage.observe(seconds)
+        m.batch_size.observe(batch.size)
+        m.batches.inc()
+        m.requests.inc(batch.size)
         rejected = {idx: err for idx, err in batch.errors.items() if err.status == 400}
-        for reason, n in Counter(violation_reason(e) for e in rejected.values()).items():
-            self.violations.add_or_update(n, dims + [reason])
+        if rejected:
+            for reason, n in Tally(violation_reason(e) for e in rejected.values()).items():
+                m.violations(reason).inc(n)
         classes: list[int] = []
         if probabilities is not None:
-            classes = probabilities.argmax(dim=1).tolist()
-            answered = [cls for idx, cls in zip(batch.rows, classes)
-                        if idx not in batch.errors and idx not in batch.explanations]
-            for cls, n in Counter(answered).items():
-                self.predictions.add_or_update(n, dims + [self.labels[cls]])
-            if self.drift is not None:
-                self.drift.update(batch.inputs, probabilities.argmax(dim=1))
+            predicted = probabilities.argmax(dim=1)
+            classes = predicted.tolist()
+            skip = batch.errors or batch.explanations
+            answered = classes if not skip else [
+                cls for idx, cls in zip(batch.rows, classes)
+                if idx not in batch.errors and idx not in batch.explanations]
+            if len(answered) == 1:
+                m.predictions[answered[0]].inc()
+            else:
+                for cls, n in Tally(answered).items():
+                    m.predictions[cls].inc(n)
+            if self.buffer is not None:
+                self.buffer.add(batch.inputs, predicted)
         if self.drift is not None and self.clock() - self._last_export >= self.drift_every:
             self.export_drift()
-        if self.audit:
-            self._audit(batch, classes, rejected, sum(stage_seconds), request_ids)
+        if self.audit is not None:
+            self.audit.write(batch, classes, rejected, sum(stage_seconds), request_ids)
 
     def export_drift(self) -> None:
-        """Set the drift gauges from the current window."""
+        """Score the buffered rows, then set the drift gauges from the window."""
         self._last_export = self.clock()
+        self.buffer.flush()
         scores = self.drift.scores()
         if scores.rows < min(DRIFT_MIN_ROWS, self.drift.window):
             return
-        dims = [self.model, self.version]
-        for name, value in zip(self.features, scores.features):
-            self.feature_drift.add_or_update(round(value, 6), dims + [name])
-        self.prediction_drift.add_or_update(round(scores.prediction, 6), dims)
-
-    def _audit(self, batch: Any, classes: list[int], rejected: dict, seconds: float,
-               request_ids: Sequence[str]) -> None:
-        """One JSON line per answered prediction or rejected request, in one log call."""
-        ms = round(seconds * 1000.0, 3)
-        row_classes: dict[int, list[int]] = {}  # a KServe v1 request may hold several rows
-        for idx, cls in zip(batch.rows, classes):
-            row_classes.setdefault(idx, []).append(cls)
-        lines = []
-        for idx in range(batch.size):
-            base = {"request_id": request_ids[idx] if idx < len(request_ids) else None,
-                    "model": self.model, "model_version": self.version,
-                    "batch_size": batch.size, "handler_ms": ms}
-            if idx in rejected:
-                lines.append({"event": "rejected", **base, "status": 400,
-                              "reason": violation_reason(rejected[idx])})
-            elif idx in row_classes and idx not in batch.errors:
-                found = row_classes[idx]
-                event = "explanation" if idx in batch.explanations else "prediction"
-                if len(found) == 1:
-                    lines.append({"event": event, **base, "class": found[0],
-                                  "label": self.labels[found[0]]})
-                else:
-                    lines.append({"event": event, **base, "classes": found,
-                                  "labels": [self.labels[c] for c in found]})
-        if lines:
-            audit_logger.info("\n".join(json.dumps(line, separators=(",", ":")) for line in lines))
+        self.metrics.set_drift(scores.features, scores.prediction)

@@ -40,6 +40,16 @@ DEFAULT_CONFIG = REPO / "config.properties"
 #: TorchServe's per-request DEBUG/INFO chatter (see the file's header).
 DEFAULT_LOG_CONFIG = REPO / "config" / "log4j2.xml"
 PID_FILE = ".model_server.pid"
+#: rtserve's Java agent for the frontend (agent/, built by ``make agent``): greedy batching.
+AGENT_JAR = Path(os.environ.get("RTSERVE_AGENT_JAR", REPO / "build" / "agent" / "rtserve-agent.jar"))
+#: The config.properties key that switches the agent off (``false``); on by default.
+GREEDY_KEY = "rtserve_greedy_batching"
+#: In an effective config: the metrics address clients scrape (rtserve.metrics listens there;
+#: ``metrics_address`` is then TorchServe's own, private listener).
+PUBLIC_METRICS_KEY = "rtserve_metrics_address"
+#: The workers' metrics files (PROMETHEUS_MULTIPROC_DIR) and the exporter's PID file.
+METRICS_DIR = "metrics"
+EXPORTER_PID_FILE = "metrics-exporter.pid"
 #: Created in the run directory by ``python -m rtserve.probe drain``: readiness is false from then.
 #: A model whose workers died this often during start-up is not going to load: fail fast.
 WORKER_DEATHS_FATAL = 4
@@ -118,6 +128,39 @@ class TorchServe:
         if metrics_config and not Path(metrics_config).is_absolute():
             props["metrics_config"] = str((Path(self.config).resolve().parent / metrics_config))
         props.update(self.overrides)
+        if PUBLIC_METRICS_KEY in props:  # read back from an effective config
+            props["metrics_address"] = props.pop(PUBLIC_METRICS_KEY)
+        return props
+
+    @property
+    def greedy(self) -> bool:
+        """Whether the frontend runs with rtserve's greedy-batching agent (``rtserve_greedy_batching``).
+
+        Raises:
+            ServerError: the setting is neither ``true`` nor ``false``.
+        """
+        value = self.props.get(GREEDY_KEY, "true").strip().lower()
+        if value not in ("true", "false"):
+            raise ServerError(f"{GREEDY_KEY} must be true or false, not {value!r}")
+        return value == "true"
+
+    def effective_props(self, private_metrics_port: int) -> dict[str, str]:
+        """What the frontend is started with: :attr:`props`, with TorchServe's metrics listener
+        moved to ``private_metrics_port`` on loopback (:mod:`rtserve.metrics` serves the
+        configured address), plus the agent in ``vmargs`` when greedy batching is on (it then
+        waits for no further request of a batch).
+
+        Raises:
+            ServerError: greedy batching is on but the agent was not built.
+        """
+        props = self.props
+        props[PUBLIC_METRICS_KEY] = props["metrics_address"]
+        props["metrics_address"] = f"http://127.0.0.1:{private_metrics_port}"
+        if self.greedy and "-javaagent:" not in props.get("vmargs", ""):
+            if not AGENT_JAR.is_file():
+                raise ServerError(f"greedy batching is on but {AGENT_JAR} is missing: build it "
+                                  f"with `make agent`, or set {GREEDY_KEY}=false")
+            props["vmargs"] = f"{props.get('vmargs', '')} -javaagent:{AGENT_JAR}".strip()
         return props
 
     @property
@@ -138,12 +181,44 @@ class TorchServe:
             key_file=self.key_file, metrics_url=props.get("metrics_address"), **kwargs,
         )
 
+    @property
+    def metrics_dir(self) -> Path:
+        """The workers' metrics files (``PROMETHEUS_MULTIPROC_DIR``)."""
+        return self.run_dir / METRICS_DIR
+
     def _env(self) -> dict[str, str]:
         tmp = self.run_dir / "tmp"
         env = dict(os.environ)
         env.update(TMPDIR=str(tmp), TEMP=str(tmp), LOG_LOCATION=str(self.log_dir),
-                   METRICS_LOCATION=str(self.log_dir))
+                   METRICS_LOCATION=str(self.log_dir), PROMETHEUS_MULTIPROC_DIR=str(self.metrics_dir))
         return env
+
+    def exporter_pid(self) -> int | None:
+        """The metrics exporter's PID, if it is running."""
+        try:
+            pid = int((self.run_dir / EXPORTER_PID_FILE).read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return pid if _alive(pid) else None
+
+    def start_exporter(self) -> None:
+        """Start :mod:`rtserve.metrics` on the configured metrics address, in its own session."""
+        effective = read_properties(self.run_dir / "config.properties")
+        with open(self.log_dir / "metrics_exporter.log", "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "rtserve.metrics", "--listen", effective[PUBLIC_METRICS_KEY],
+                 "--upstream", effective["metrics_address"], "--dir", str(self.metrics_dir),
+                 "--access-log", str(self.log_dir / "access_log.log")],
+                cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        (self.run_dir / EXPORTER_PID_FILE).write_text(str(proc.pid))
+
+    def stop_exporter(self, timeout: float = 5.0) -> None:
+        """SIGTERM the exporter (SIGKILL after ``timeout``)."""
+        pid = self.exporter_pid()
+        if pid is not None:
+            terminate(pid, timeout)
+        (self.run_dir / EXPORTER_PID_FILE).unlink(missing_ok=True)
 
     def pid(self) -> int | None:
         """The frontend's PID from this instance's private PID file, if it is running."""
@@ -166,14 +241,18 @@ class TorchServe:
         if self.pid() is not None:
             raise ServerError(f"TorchServe is already running from {self.run_dir} (pid {self.pid()})")
         shutil.rmtree(self.log_dir, ignore_errors=True)  # fresh logs: readiness reads them
+        shutil.rmtree(self.metrics_dir, ignore_errors=True)  # and fresh counters
+        self.stop_exporter()
         (self.run_dir / "tmp").mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_dir.mkdir(parents=True, exist_ok=True)
         self.key_file.unlink(missing_ok=True)
         # A fresh server starts from its --models again: the old rollout history no longer applies.
         (self.run_dir / HISTORY_FILE).unlink(missing_ok=True)
         draining.clear(self.run_dir)  # nor is it draining
         config = self.run_dir / "config.properties"
-        write_properties(config, self.props)
+        write_properties(config, self.effective_props(free_ports(1)[0]))
+        self.start_exporter()
         cmd = [torchserve_binary(), "--start", "--ncs",
                "--ts-config", str(config), "--model-store", str(self.model_store)]
         if self.log_config is not None:
@@ -189,6 +268,7 @@ class TorchServe:
                                      stdin=subprocess.DEVNULL, stdout=out,
                                      stderr=subprocess.STDOUT, timeout=60)
         if rc != 0:
+            self.stop_exporter()
             raise ServerError(f"torchserve --start exited {rc}:\n{self.log_tail()}")
 
     def wait_ready(self, timeout: float = 120.0, models: list[str] | None = None) -> float:
@@ -251,6 +331,7 @@ class TorchServe:
         """
         pid = self.pid()
         if pid is None:
+            self.stop_exporter()
             return None
         report = self.drain() if drain else None
         os.kill(pid, signal.SIGTERM)
@@ -262,6 +343,7 @@ class TorchServe:
             _kill_tree(pid)
         (self.run_dir / "tmp" / PID_FILE).unlink(missing_ok=True)
         self.key_file.unlink(missing_ok=True)
+        self.stop_exporter()
         return report
 
     def worker_deaths(self) -> int:
@@ -352,7 +434,11 @@ def run_foreground(server: TorchServe, stop_timeout: float = 15.0, poll: float =
             break
         if server.pid() is None:
             logger.error("TorchServe exited on its own:\n%s", server.log_tail())
+            server.stop_exporter()
             return 1
+        if server.exporter_pid() is None:
+            logger.error("the metrics exporter exited: starting it again")
+            server.start_exporter()
     server.stop(stop_timeout)
     logger.info("TorchServe stopped")
     return 0
@@ -366,6 +452,16 @@ def _alive(pid: int) -> bool:
         return proc.status() != psutil.STATUS_ZOMBIE
     except Exception:  # noqa: BLE001 - gone, or not ours to inspect: not running for us
         return False
+
+
+def terminate(pid: int, timeout: float) -> None:
+    """SIGTERM ``pid``; SIGKILL it if it is still alive after ``timeout`` seconds."""
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
 
 
 def _kill_tree(pid: int) -> None:

@@ -32,9 +32,10 @@ def build_root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("build")
 
 
-def make_archive(build_root: Path, version: str, **variables: str) -> Path:
-    """Build ``<name>_<version>.mar`` with the project's own Makefile (what users run)."""
-    store = build_root / "model_store"
+def make_archive(build_root: Path, version: str, store: Path | None = None, **variables: str) -> Path:
+    """Build ``<name>_<version>.mar`` with the project's own Makefile (what users run), into
+    ``store`` (default ``build_root/model_store``)."""
+    store = store or build_root / "model_store"
     args = [f"MODEL_VERSION={version}", f"MODEL_STORE={store}",
             f"ARTIFACTS={build_root / 'artifacts'}", f"VENV={REPO / '.venv'}"]
     args += [f"{k}={v}" for k, v in variables.items()]
@@ -49,3 +50,25 @@ def make_archive(build_root: Path, version: str, **variables: str) -> Path:
 def mar_v1(build_root) -> Path:
     """The default archive, built by `make archive`."""
     return make_archive(build_root, "1.0")
+
+
+def monitoring_binary(*names: str) -> str:
+    """The path of the first of ``names`` installed, installing Debian's prometheus packages
+    (``make monitor-deps``) when none is."""
+    import shutil
+
+    for attempt in range(2):
+        for name in names:
+            found = shutil.which(name)
+            if found:
+                return found
+        if attempt == 0:
+            subprocess.run(["make", "-s", "monitor-deps"], cwd=REPO, check=False,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    pytest.fail(f"{names[0]} is missing and `make monitor-deps` could not install it")
+
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    """promtool (Debian's prometheus package)."""
+    return monitoring_binary("promtool")

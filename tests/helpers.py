@@ -64,6 +64,23 @@ def route_headers(explain: bool) -> dict:
     }
 
 
+def audit_batches(log_dir: Path) -> list[tuple[int, int, int]]:
+    """(size, valid, explanations) of every batch in the server's audit trail, in order.
+
+    The handler appends each batch's lines with one write and marks them with the same
+    ``batch`` id; valid = answered (not rejected) requests.
+    """
+    path = Path(log_dir) / "audit.log"
+    if not path.exists():
+        return []
+    batches: dict[str, list[dict]] = {}
+    for line in path.read_text().splitlines():
+        entry = json.loads(line)
+        batches.setdefault(entry["batch"], []).append(entry)
+    return [(lines[0]["batch_size"], sum(e["event"] != "rejected" for e in lines),
+             sum(e["event"] == "explanation" for e in lines)) for lines in batches.values()]
+
+
 def json_row(body) -> dict:
     """A request row as TorchServe hands it over for an application/json body (decoded)."""
     return {"body": body}

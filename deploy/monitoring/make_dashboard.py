@@ -11,10 +11,10 @@ from pathlib import Path
 OUT = Path(__file__).with_name("grafana-dashboard.json")
 
 
-def quantiles(metric: str, by: str) -> list[dict]:
+def quantiles(metric: str, by: str, selector: str = "", qs: tuple = (0.5, 0.95, 0.99)) -> list[dict]:
     """p50/p95/p99 targets of a histogram."""
-    return [{"expr": f"histogram_quantile({q}, sum by (le{', ' + by if by else ''}) (rate({metric}_bucket[$__rate_interval])))",
-             "legendFormat": f"p{int(q * 100)}{' {{' + by + '}}' if by else ''}"} for q in (0.5, 0.95, 0.99)]
+    return [{"expr": f"histogram_quantile({q}, sum by (le{', ' + by if by else ''}) (rate({metric}_bucket{selector}[$__rate_interval])))",
+             "legendFormat": f"p{int(q * 100)}{' {{' + by + '}}' if by else ''}"} for q in qs]
 
 
 def panel(pid: int, title: str, targets: list[dict], unit: str, x: int, y: int, w: int = 12) -> dict:
@@ -26,31 +26,33 @@ def panel(pid: int, title: str, targets: list[dict], unit: str, x: int, y: int, 
 
 def dashboard() -> dict:
     """The dashboard document."""
+    answers = "rtserve_request_duration_seconds_count"
     panels = [
-        panel(1, "Queue wait per request (p50/p95/p99)", quantiles("QueueTime", ""), "ms", 0, 0),
-        panel(2, "Handler time per batch and stage (p50/p95/p99)", quantiles("HandlerStageTime", "Stage"), "ms", 12, 0),
+        panel(1, "Request latency, arrival to answer (p50/p95/p99)",
+              quantiles("rtserve_request_duration_seconds", "", '{status_class="2xx"}'), "s", 0, 0),
+        panel(2, "Handler time per batch and stage (p50/p95/p99)",
+              quantiles("rtserve_handler_stage_seconds", "stage"), "s", 12, 0),
         panel(3, "Throughput (requests/s)", [
-            {"expr": "sum by (model_name, model_version) (rate(ts_inference_requests_total[$__rate_interval]))",
+            {"expr": f"sum by (model_name, model_version) (rate({answers}[$__rate_interval]))",
              "legendFormat": "{{model_name}} {{model_version}}"}], "reqps", 0, 8),
-        panel(4, "Mean end-to-end latency (ms)", [
-            {"expr": "sum(rate(ts_inference_latency_microseconds[$__rate_interval])) / 1000 / clamp_min(sum(rate(ts_inference_requests_total[$__rate_interval])), 1e-9)",
-             "legendFormat": "mean"}], "ms", 12, 8),
-        panel(5, "Answers by status class (per s)", [
-            {"expr": "sum(rate(Requests2XX[$__rate_interval]))", "legendFormat": "2xx"},
-            {"expr": "sum(rate(Requests4XX[$__rate_interval]))", "legendFormat": "4xx"},
-            {"expr": "sum(rate(Requests5XX[$__rate_interval]))", "legendFormat": "5xx"}], "reqps", 0, 16),
+        panel(4, "Queue wait per request (p50/p95/p99)", quantiles("QueueTime", ""), "ms", 12, 8),
+        panel(5, "Answers by status class (per s) and 5xx ratio", [
+            {"expr": f"sum by (status_class) (rate({answers}[$__rate_interval]))", "legendFormat": "{{status_class}}"},
+            {"expr": f'sum(rate({answers}{{status_class="5xx"}}[$__rate_interval])) / clamp_min(sum(rate({answers}[$__rate_interval])), 1e-9)',
+             "legendFormat": "5xx ratio"}], "reqps", 0, 16),
         panel(6, "Schema violations by reason (per s)", [
-            {"expr": "sum by (Reason) (rate(SchemaViolations[$__rate_interval]))", "legendFormat": "{{Reason}}"}], "reqps", 12, 16),
-        panel(7, "Batch size (mean) and fill (p50/p95)", [
-            {"expr": "sum(rate(HandlerRequests[$__rate_interval])) / clamp_min(sum(rate(HandlerBatches[$__rate_interval])), 1e-9)",
-             "legendFormat": "mean batch size"}] + quantiles("BatchFill", "")[:2], "short", 0, 24),
+            {"expr": "sum by (reason) (rate(rtserve_schema_violations_total[$__rate_interval]))",
+             "legendFormat": "{{reason}}"}], "reqps", 12, 16),
+        panel(7, "Batch size (mean, p50/p95)", [
+            {"expr": "sum(rate(rtserve_handler_requests_total[$__rate_interval])) / clamp_min(sum(rate(rtserve_handler_batches_total[$__rate_interval])), 1e-9)",
+             "legendFormat": "mean batch size"}] + quantiles("rtserve_batch_size", "", qs=(0.5, 0.95)), "short", 0, 24),
         panel(8, "Predictions by class (per s)", [
-            {"expr": "sum by (ModelVersion, Class) (rate(Predictions[$__rate_interval]))",
-             "legendFormat": "{{ModelVersion}} {{Class}}"}], "reqps", 12, 24),
+            {"expr": "sum by (model_version, class) (rate(rtserve_predictions_total[$__rate_interval]))",
+             "legendFormat": "{{model_version}} {{class}}"}], "reqps", 12, 24),
         panel(9, "Drift per input feature (PSI; > 0.2 is a significant shift)", [
-            {"expr": "max by (Feature) (FeatureDrift)", "legendFormat": "{{Feature}}"}], "short", 0, 32, 16),
+            {"expr": "max by (feature) (rtserve_feature_drift_psi)", "legendFormat": "{{feature}}"}], "short", 0, 32, 16),
         panel(10, "Prediction drift (PSI)", [
-            {"expr": "max by (ModelVersion) (PredictionDrift)", "legendFormat": "{{ModelVersion}}"}], "short", 16, 32, 8),
+            {"expr": "max by (model_version) (rtserve_prediction_drift_psi)", "legendFormat": "{{model_version}}"}], "short", 16, 32, 8),
     ]
     return {
         "title": "rtserve", "uid": "rtserve", "schemaVersion": 39, "version": 1, "editable": True,

@@ -7,7 +7,6 @@ Reference attributions are Captum run directly on the weights packed in the serv
 from __future__ import annotations
 
 import json
-import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -15,7 +14,7 @@ import requests
 
 from rtserve.data import make_dataset
 from tests.conftest import MODEL_NAME
-from tests.helpers import Reference
+from tests.helpers import Reference, audit_batches
 
 pytestmark = pytest.mark.integration
 
@@ -41,10 +40,8 @@ def post(server, path: str, payload) -> requests.Response:
 
 
 def batch_log(server) -> list[tuple[int, int, int]]:
-    """(size, valid, explain) of every batch the handler logged."""
-    text = (server.log_dir / "model_log.log").read_text()
-    return [tuple(map(int, m)) for m in
-            re.findall(r"batch size=(\d+) valid=(\d+) explain=(\d+)", text)]
+    """(size, valid, explanations) of every batch the handler ran (its audit trail)."""
+    return audit_batches(server.log_dir)
 
 
 def check_explanation(body: dict, ref: Reference, row: list[float], target: int) -> None:

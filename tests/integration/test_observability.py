@@ -22,7 +22,9 @@ from tests.unit.test_monitoring import dashboard_expressions, rule_expressions
 pytestmark = pytest.mark.integration
 
 WINDOW = 300
-DIMS = f'ModelName="{MODEL_NAME}",ModelVersion="1.0"'
+DIMS = f'model_name="{MODEL_NAME}",model_version="1.0"'
+#: The frontend's labels for requests to the default route (no version in the path).
+ROUTE = f'model_name="{MODEL_NAME}",model_version="default"'
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +47,18 @@ def scrape(server) -> str:
     return requests.get(f"{server.props['metrics_address']}/metrics", timeout=10).text
 
 
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
 def value(text: str, name: str, labels: str = DIMS) -> float:
-    """Sum of the series of ``name`` whose labels contain ``labels``."""
+    """Sum of the series of ``name`` that carry every label of ``labels`` (in any order)."""
+    wanted = set(LABEL.findall(labels))
     total = 0.0
     for line in text.splitlines():
-        if line.startswith(name + "{") and labels in line:
-            total += float(line.rsplit(" ", 1)[1])
+        if line.startswith(name + "{"):
+            series, number = line.rsplit(" ", 1)
+            if wanted <= set(LABEL.findall(series)):
+                total += float(number)
     return total
 
 
@@ -73,24 +81,27 @@ def test_counts_histograms_and_version_labels_match_exactly(obs_server):
            + [json.dumps({"features": ["x"] * 32}).encode()] * 2)
     answers = send(obs_server, valid + bad)
     assert [a.status_code for a in answers] == [200] * 60 + [400] * 9
-    time.sleep(0.5)  # the frontend applies backend metric lines asynchronously
+    time.sleep(0.5)  # the frontend writes its access log asynchronously
     after = scrape(obs_server)
 
     def delta(name: str, labels: str = DIMS) -> float:
         return value(after, name, labels) - value(before, name, labels)
 
-    assert delta("HandlerRequests") == 69
+    assert delta("rtserve_handler_requests_total") == 69
     for reason, n in {"not_json": 3, "wrong_length": 4, "not_a_number": 2}.items():
-        assert delta("SchemaViolations", f'{DIMS},Reason="{reason}"') == n, reason
+        assert delta("rtserve_schema_violations_total", f'{DIMS},reason="{reason}"') == n, reason
     labels = Counter(a.json()["label"] for a in answers[:60])
     for label, n in labels.items():
-        assert delta("Predictions", f'{DIMS},Class="{label}"') == n, label
-    batches = delta("HandlerBatches")
+        assert delta("rtserve_predictions_total", f'{DIMS},class="{label}"') == n, label
+    batches = delta("rtserve_handler_batches_total")
     assert 1 <= batches <= 69
     for stage in ("preprocess", "inference", "postprocess"):
-        assert delta("HandlerStageTime_count", f'{DIMS},Stage="{stage}"') == batches, stage
-    assert delta("BatchFill_count") == batches
-    assert delta("BatchFill_sum") == pytest.approx(69 / 32, abs=1e-6)
+        assert delta("rtserve_handler_stage_seconds_count", f'{DIMS},stage="{stage}"') == batches, stage
+    assert delta("rtserve_batch_size_count") == batches
+    assert delta("rtserve_batch_size_sum") == 69
+    # the end-to-end histogram (from the access log) counts every answer once, by status class
+    assert delta("rtserve_request_duration_seconds_count", f'{ROUTE},status_class="2xx"') == 60
+    assert delta("rtserve_request_duration_seconds_count", f'{ROUTE},status_class="4xx"') == 9
     # the frontend labels requests to the default route with model_version="default"
     assert value(after, "ts_inference_requests_total", f'model_name="{MODEL_NAME}",model_version="default"') >= 69
 
@@ -103,7 +114,7 @@ def test_drift_stays_low_in_distribution_and_rises_on_shift(obs_server):
     time.sleep(0.5)
     calm = scrape(obs_server)
     features = {m.group(1): float(m.group(2)) for m in re.finditer(
-        r'FeatureDrift\{[^}]*Feature="(f\d\d)"[^}]*\} ([\d.eE+-]+)', calm)}
+        r'rtserve_feature_drift_psi\{[^}]*feature="(f\d\d)"[^}]*\} ([\d.eE+-]+)', calm)}
     assert len(features) == 32 and max(features.values()) < 0.2, features
 
     shifted = data.x_test[:WINDOW + 50].clone()
@@ -113,8 +124,9 @@ def test_drift_stays_low_in_distribution_and_rises_on_shift(obs_server):
     send(obs_server, rows(shifted[:10]))
     time.sleep(0.5)
     drift = scrape(obs_server)
-    assert value(drift, "FeatureDrift", f'{DIMS},Feature="f05"') > 0.2
-    others = [value(drift, "FeatureDrift", f'{DIMS},Feature="f{i:02d}"') for i in range(32) if i != 5]
+    assert value(drift, "rtserve_feature_drift_psi", f'{DIMS},feature="f05"') > 0.2
+    others = [value(drift, "rtserve_feature_drift_psi", f'{DIMS},feature="f{i:02d}"')
+              for i in range(32) if i != 5]
     assert max(others) < 0.2
 
 
@@ -124,15 +136,15 @@ def test_audit_log_has_one_line_per_prediction_with_client_request_ids(obs_serve
     ids = {a.headers["x-request-id"]: a for a in answers}
     time.sleep(0.5)
     events = {}
-    for line in (obs_server.log_dir / "model_log.log").read_text().splitlines():
-        if '{"event":' in line:
-            event = json.loads(line[line.index('{"event":'):])
-            events[event["request_id"]] = event
+    for line in (obs_server.log_dir / "audit.log").read_text().splitlines():
+        event = json.loads(line)
+        events[event["request_id"]] = event
     mine = {rid: events[rid] for rid in ids if rid in events}
     assert len(mine) == 30, "every request has exactly one audit line"
     for rid, answer in ids.items():
         event = mine[rid]
         assert event["model"] == MODEL_NAME and event["model_version"] == "1.0"
+        assert re.fullmatch(r"\d+-\d+", event["batch"]), event  # <worker pid>-<batch number>
         if answer.status_code == 200:
             assert event["event"] == "prediction" and event["class"] == answer.json()["prediction"]
             assert event["handler_ms"] > 0
@@ -145,7 +157,7 @@ def test_every_rule_and_panel_metric_exists_in_a_real_scrape(obs_server):
     time.sleep(0.6)
     send(obs_server, [b"{"] * 2 + rows(make_dataset().x_test[:5]))
     client = obs_server.client(timeout=120)
-    client.scale(MODEL_NAME, 0)  # no worker: a real 503, so Requests5XX has a series
+    client.scale(MODEL_NAME, 0)  # no worker: a real 503, so the 5xx series exist
     try:
         assert send(obs_server, rows(make_dataset().x_test[:1]))[0].status_code == 503
     finally:
@@ -157,4 +169,5 @@ def test_every_rule_and_panel_metric_exists_in_a_real_scrape(obs_server):
         used |= metric_names(expr)
     missing = used - names
     assert not missing, f"metrics used by rules/dashboard but not scraped: {sorted(missing)}"
-    assert {"HandlerStageTime_bucket", "QueueTime_bucket", "FeatureDrift", "Predictions"} <= used
+    assert {"rtserve_request_duration_seconds_bucket", "rtserve_handler_stage_seconds_bucket",
+            "QueueTime_bucket", "rtserve_feature_drift_psi", "rtserve_predictions_total"} <= used

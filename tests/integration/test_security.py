@@ -80,12 +80,20 @@ def test_registration_from_urls_is_refused(server, url):
 
 
 def test_every_listener_is_on_loopback(server):
-    listening = [c.laddr for c in psutil.Process(server.pid()).net_connections() if c.status == "LISTEN"]
-    ports = {int(server.props[k].rsplit(":", 1)[1]) for k in
-             ("inference_address", "management_address", "metrics_address")}
-    ports |= {int(server.props["grpc_inference_port"]), int(server.props["grpc_management_port"])}
-    assert {a.port for a in listening} == ports
-    for addr in listening:
+    """The frontend's five listeners (its metrics one private, on a port of its own) and the
+    metrics exporter's, which serves the configured metrics address."""
+    port = lambda address: int(address.rsplit(":", 1)[1])  # noqa: E731
+    effective = read_properties(server.run_dir / "config.properties")
+    frontend = [c.laddr for c in psutil.Process(server.pid()).net_connections() if c.status == "LISTEN"]
+    ports = {port(server.props[k]) for k in ("inference_address", "management_address")}
+    ports |= {port(effective["metrics_address"]), int(server.props["grpc_inference_port"]),
+              int(server.props["grpc_management_port"])}
+    assert {a.port for a in frontend} == ports
+    assert port(effective["metrics_address"]) != port(server.props["metrics_address"])
+    exporter = [c.laddr for c in psutil.Process(server.exporter_pid()).net_connections()
+                if c.status == "LISTEN"]
+    assert [a.port for a in exporter] == [port(server.props["metrics_address"])]
+    for addr in frontend + exporter:
         ip = ipaddress.ip_address(addr.ip)
         if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:  # Java's ::ffff:127.0.0.1
             ip = ip.ipv4_mapped

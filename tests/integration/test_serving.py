@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -11,7 +10,7 @@ import pytest
 import requests
 
 from tests.conftest import MODEL_NAME
-from tests.helpers import Reference, features
+from tests.helpers import Reference, audit_batches, features
 
 pytestmark = pytest.mark.integration
 
@@ -29,23 +28,16 @@ def rows(n: int) -> list[list[float]]:
 
 
 def batch_log(server) -> list[tuple[int, int]]:
-    """(size, valid) of every batch the handler logged."""
-    text = (server.log_dir / "model_log.log").read_text()
-    return [(int(a), int(b)) for a, b in re.findall(r"batch size=(\d+) valid=(\d+)", text)]
+    """(size, valid) of every batch the handler ran (its audit trail)."""
+    return [(size, valid) for size, valid, _ in audit_batches(server.log_dir)]
 
 
-def batches_since(server, before: int, requests: int, timeout: float = 5.0) -> list[tuple[int, int]]:
-    """The batches logged after the first ``before``, once they account for ``requests`` requests.
-
-    The frontend writes model_log.log through an asynchronous appender (config/log4j2.xml), so
-    the last lines may land a moment after the last answer.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        batches = batch_log(server)[before:]
-        if sum(size for size, _ in batches) >= requests or time.monotonic() > deadline:
-            return batches
-        time.sleep(0.05)
+def batches_since(server, before: int, requests: int) -> list[tuple[int, int]]:
+    """The batches after the first ``before`` (the worker writes a batch's audit lines before it
+    answers, so they are all there once the answers are)."""
+    batches = batch_log(server)[before:]
+    assert sum(size for size, _ in batches) == requests, batches
+    return batches
 
 
 def test_served_archive_is_the_one_make_built(server, mar_v1):
@@ -120,12 +112,14 @@ def test_inference_needs_the_token(server):
 
 
 def test_logs_keep_access_and_model_lines_without_per_request_chatter(server):
-    """config/log4j2.xml: one access line per request, the handler's lines in model_log.log, and
-    in ts_log.log only the worker threads' two lines per batch, written once."""
+    """config/log4j2.xml: one access line per request, and in ts_log.log only the worker
+    threads' two lines per batch, written once; nothing per batch in model_log.log (the worker
+    writes no line per batch to its stdout: the audit trail has its own file)."""
     logs = server.log_dir
     lines = lambda name: (logs / name).read_text().splitlines()  # noqa: E731
     access = lambda: [a for a in lines("access_log.log") if f"/predictions/{MODEL_NAME} " in a]  # noqa: E731
     ts_before, access_before, model_before = len(lines("ts_log.log")), len(access()), len(batch_log(server))
+    model_log_before = len(lines("model_log.log"))
     n = 20
     for _ in range(n):
         assert post(server, json.dumps({"features": features()}).encode()).status_code == 200
@@ -142,4 +136,5 @@ def test_logs_keep_access_and_model_lines_without_per_request_chatter(server):
     new_ts = lines("ts_log.log")[ts_before:]
     per_batch = [t for t in new_ts if "Looping backend response at:" in t or "Backend response time:" in t]
     assert len(per_batch) == 2 * len(batches) == len(new_ts), new_ts[:6]
+    assert lines("model_log.log")[model_log_before:] == []
     assert "Backend received inference at" not in (logs / "model_log.log").read_text()

@@ -1,74 +1,124 @@
-"""Handler telemetry through a real TorchServe metrics cache: the [METRICS] lines and audit lines."""
+"""Handler telemetry: Prometheus metrics (read from the handler's registry), drift, audit.log."""
 
 from __future__ import annotations
 
 import json
-import logging
-import re
 
 import pytest
+import torch
 
+from handler.drift import DriftMonitor, fit_reference
+from handler.errors import ConfigError
 from handler.rtserve_handler import RealTimeHandler
 from handler.schema import parse_batch
-from handler.telemetry import violation_reason
+from handler.telemetry import DriftBuffer, violation_reason
 from tests.helpers import MODEL_YAML, features, json_row, make_context, raw_row, start_batch
 
 pytestmark = pytest.mark.unit
 
+IDS = {"model_name": "realtime-classifier", "model_version": "1.0"}
 
 
 @pytest.fixture()
-def handler_ctx(trained_dir):
+def handler_ctx(trained_dir, server_env):
     cfg = {**MODEL_YAML, "handler": {**MODEL_YAML["handler"], "drift_window": 100,
-                                     "drift_export_seconds": 0.1}}
+                                     "drift_export_seconds": 0.1, "drift_flush_rows": 16}}
     ctx = make_context(trained_dir, cfg)
     handler = RealTimeHandler()
     handler.initialize(ctx)
     return handler, ctx
 
 
-def metric_lines(caplog) -> list[tuple[str, float, str]]:
-    out = []
-    for rec in caplog.records:
-        m = re.match(r"\[METRICS\](\w+)\.\w+:([\d.eE+-]+)\|#([^|]*)\|", rec.getMessage())
-        if m:
-            out.append((m.group(1), float(m.group(2)), m.group(3)))
-    return out
+def value(handler, name: str, **labels) -> float:
+    found = handler.telemetry.metrics.registry.get_sample_value(name, {**IDS, **labels})
+    return 0.0 if found is None else found
 
 
-def test_one_batch_updates_every_metric_once_and_audits_every_request(handler_ctx, caplog):
+def audit(server_env) -> list[dict]:
+    return [json.loads(line) for line in (server_env / "logs" / "audit.log").read_text().splitlines()]
+
+
+def test_one_batch_updates_every_metric_once_and_audits_every_request(handler_ctx, server_env):
     handler, ctx = handler_ctx
     rows = [json_row({"features": features()}), raw_row(b"{x"), json_row({"features": [1.0]}),
             json_row({"instances": [features(), features(value=-40.0)]}), json_row({"features": features()})]
     start_batch(ctx, len(rows))
-    with caplog.at_level(logging.INFO):
-        handler.handle(rows, ctx)
-    lines = metric_lines(caplog)
-    names = [n for n, _, _ in lines]
-    assert names.count("HandlerStageTime") == 3 and names.count("BatchFill") == 1
-    assert ("HandlerRequests", 5.0) in [(n, v) for n, v, _ in lines]
-    violations = {dims: v for n, v, dims in lines if n == "SchemaViolations"}
-    assert sorted(violations.values()) == [1.0, 1.0]
-    assert any("Reason:not_json" in d for d in violations) and any("Reason:wrong_length" in d for d in violations)
-    assert sum(v for n, v, _ in lines if n == "Predictions") == 4  # 2 plain + 2 v1 instances
-    audit = [json.loads(line) for rec in caplog.records if rec.name == "rtserve.audit"
-             for line in rec.getMessage().splitlines()]
-    assert [a["request_id"] for a in audit] == [f"req-{i}" for i in range(5)]
-    assert [a["event"] for a in audit] == ["prediction", "rejected", "rejected", "prediction", "prediction"]
-    assert len(audit[3]["classes"]) == 2 and audit[0]["model_version"] == "1.0"
+    handler.handle(rows, ctx)
+    for stage in ("preprocess", "inference", "postprocess"):
+        assert value(handler, "rtserve_handler_stage_seconds_count", stage=stage) == 1
+        assert 0 < value(handler, "rtserve_handler_stage_seconds_sum", stage=stage) < 1
+    assert value(handler, "rtserve_batch_size_count") == 1
+    assert value(handler, "rtserve_batch_size_sum") == 5
+    assert value(handler, "rtserve_batch_size_bucket", le="4.0") == 0
+    assert value(handler, "rtserve_batch_size_bucket", le="8.0") == 1
+    assert value(handler, "rtserve_handler_requests_total") == 5
+    assert value(handler, "rtserve_handler_batches_total") == 1
+    assert value(handler, "rtserve_schema_violations_total", reason="not_json") == 1
+    assert value(handler, "rtserve_schema_violations_total", reason="wrong_length") == 1
+    predicted = sum(value(handler, "rtserve_predictions_total", **{"class": label})
+                    for label in handler.meta.labels)
+    assert predicted == 4  # 2 plain + 2 v1 instances
+    lines = audit(server_env)
+    assert [a["request_id"] for a in lines] == [f"req-{i}" for i in range(5)]
+    assert [a["event"] for a in lines] == ["prediction", "rejected", "rejected", "prediction", "prediction"]
+    assert len(lines[3]["classes"]) == 2 and lines[0]["model_version"] == "1.0"
+    assert {a["batch"] for a in lines} == {lines[0]["batch"]} and lines[0]["batch_size"] == 5
+    assert set(lines[0]) == {"event", "request_id", "model", "model_version", "batch",
+                             "batch_size", "handler_ms", "class", "label"}
+    assert set(lines[1]) == {"event", "request_id", "model", "model_version", "batch",
+                             "batch_size", "handler_ms", "status", "reason"}
+    assert lines[1]["status"] == 400 and lines[1]["reason"] == "not_json"
+    assert lines[0]["label"] == handler.meta.labels[lines[0]["class"]]
 
 
-def test_drift_gauges_are_exported_once_the_window_has_enough_rows(handler_ctx, caplog):
+def test_audit_ids_with_quotes_stay_valid_json(handler_ctx, server_env):
+    handler, ctx = handler_ctx
+    start_batch(ctx, 1)
+    ctx.request_ids = {0: 'odd "id" \\ é'}
+    handler.handle([json_row({"features": features()})], ctx)
+    assert audit(server_env)[-1]["request_id"] == 'odd "id" \\ é'
+
+
+def test_drift_gauges_are_exported_once_the_window_has_enough_rows(handler_ctx):
     handler, ctx = handler_ctx
     handler.telemetry.clock = iter(range(1000)).__next__  # each record is 1 s after the last
     handler.telemetry._last_export = -1
-    with caplog.at_level(logging.INFO):
-        for _ in range(4):
-            batch = [json_row({"features": features(value=v)}) for v in range(30)]
-            start_batch(ctx, len(batch))
-            handler.handle(batch, ctx)
-    drift = [n for n, _, _ in metric_lines(caplog) if n == "FeatureDrift"]
-    assert len(drift) == 32 * 1  # exported after 120 rows >= the 100-row window, not before
+    exported = []
+    for _ in range(4):
+        batch = [json_row({"features": features(value=v)}) for v in range(30)]
+        start_batch(ctx, len(batch))
+        handler.handle(batch, ctx)
+        exported.append(handler.telemetry.metrics.registry.get_sample_value(
+            "rtserve_feature_drift_psi", {**IDS, "feature": "f00"}))
+    # exported once 120 rows >= the 100-row window, not before
+    assert exported[:3] == [None, None, None] and exported[3] > 0.2
+
+
+def test_drift_buffer_is_exact():
+    """Buffered bulk updates give the very same window as one update per batch."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2000, 6, generator=gen)
+    classes = torch.randint(0, 3, (2000,), generator=gen)
+    reference = fit_reference(x, classes, 3)
+    direct, bulk = DriftMonitor(reference, 500), DriftMonitor(reference, 500)
+    buffer = DriftBuffer(bulk, 64)
+    shifted = torch.randn(900, 6, generator=gen) + torch.tensor([0, 0, 2.0, 0, 0, 0])
+    pred = torch.randint(0, 3, (900,), generator=gen)
+    for start in range(0, 900, 7):
+        direct.update(shifted[start:start + 7], pred[start:start + 7])
+        buffer.add(shifted[start:start + 7], pred[start:start + 7])
+    buffer.flush()
+    a, b = direct.scores(), bulk.scores()
+    assert a.rows == b.rows == 500
+    assert b.features == pytest.approx(a.features, abs=1e-6)
+    assert b.prediction == pytest.approx(a.prediction, abs=1e-6)
+    assert b.features[2] > 0.2 > max(b.features[:2] + b.features[3:])
+
+
+def test_metrics_without_a_metrics_directory_fail_the_load(trained_dir, monkeypatch):
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR")
+    with pytest.raises(ConfigError, match="PROMETHEUS_MULTIPROC_DIR"):
+        RealTimeHandler().initialize(make_context(trained_dir, MODEL_YAML))
 
 
 @pytest.mark.parametrize("body,reason", [

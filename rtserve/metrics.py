@@ -1,0 +1,141 @@
+"""One Prometheus scrape for the whole server: TorchServe's frontend metrics plus the handler's.
+
+The handler's workers write their metrics into ``prometheus_client``'s multiprocess files
+(``RUN_DIR/metrics``, passed to them as ``PROMETHEUS_MULTIPROC_DIR``), not through TorchServe's
+metric log lines (see :mod:`handler.telemetry`). This exporter listens on the configured
+``metrics_address`` (TorchServe's own listener moves to a private loopback port) and answers
+``GET /metrics`` with TorchServe's scrape followed by the workers' merged metrics. Counters of
+workers that died or were scaled down keep counting (their files stay); gauges show the most
+recent value any worker set. With ``--access-log`` it also serves the end-to-end request
+latency histogram it reads from TorchServe's access log (:mod:`rtserve.request_latency`), off
+the request path. ``rtserve.server`` starts and stops it with TorchServe.
+
+    python -m rtserve.metrics --listen http://127.0.0.1:8082 --upstream http://127.0.0.1:41234 \\
+        --dir .run/metrics --access-log .run/logs/access_log.log
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from rtserve.request_latency import RequestLatency
+
+logger = logging.getLogger(__name__)
+
+#: A scrape of TorchServe that takes longer than this is reported as down for that scrape.
+UPSTREAM_TIMEOUT = 5.0
+UP_METRIC = "rtserve_torchserve_metrics_up"
+#: Seconds between two reads of the access log (a scrape also reads it first).
+ACCESS_LOG_POLL = 1.0
+
+
+class LatencySource:
+    """The request latency histogram in its own registry, read under a lock (the poller thread
+    and scrapes both catch up on the access log)."""
+
+    def __init__(self, access_log: Path) -> None:
+        self.registry = CollectorRegistry()
+        self.latency = RequestLatency(access_log, self.registry)
+        self._lock = threading.Lock()
+
+    def render(self) -> bytes:
+        with self._lock:
+            self.latency.poll()
+            return generate_latest(self.registry)
+
+    def follow(self, stop: threading.Event, every: float = ACCESS_LOG_POLL) -> None:
+        """Catch up every ``every`` seconds until ``stop`` is set."""
+        while not stop.wait(every):
+            try:
+                with self._lock:
+                    self.latency.poll()
+            except OSError as exc:
+                logger.warning("reading the access log failed: %s", exc)
+
+
+def render(multiproc_dir: Path, upstream: str | None, latency: LatencySource | None = None) -> bytes:
+    """TorchServe's metrics (from ``upstream``/metrics), then the workers' (from the files), then
+    the request latency histogram."""
+    parts = []
+    up = 0
+    if upstream:
+        try:
+            with urllib.request.urlopen(f"{upstream}/metrics", timeout=UPSTREAM_TIMEOUT) as resp:
+                parts.append(resp.read())
+                up = 1
+        except (OSError, urllib.error.URLError) as exc:
+            logger.warning("TorchServe's metrics (%s) did not answer: %s", upstream, exc)
+    parts.append(f"# HELP {UP_METRIC} Whether TorchServe's own metrics answered this scrape.\n"
+                 f"# TYPE {UP_METRIC} gauge\n{UP_METRIC} {up}\n".encode())
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(multiproc_dir))
+    parts.append(generate_latest(registry))
+    if latency is not None:
+        parts.append(latency.render())
+    return b"".join(p if p.endswith(b"\n") or not p else p + b"\n" for p in parts)
+
+
+def make_server(listen: str, multiproc_dir: Path, upstream: str | None,
+                latency: LatencySource | None = None) -> ThreadingHTTPServer:
+    """An HTTP server answering ``GET /metrics`` on ``listen`` (``http://host:port``)."""
+    address = urlsplit(listen)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            if self.path.split("?", 1)[0] != "/metrics":
+                self.send_error(404, "only /metrics is served here")
+                return
+            body = render(multiproc_dir, upstream, latency)
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, fmt: str, *args) -> None:  # scrapes are not worth a log line
+            return
+
+    server = ThreadingHTTPServer((address.hostname, address.port), Handler)
+    server.daemon_threads = True
+    return server
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve until SIGTERM/SIGINT."""
+    parser = argparse.ArgumentParser(description="Serve TorchServe's and the handler's metrics.")
+    parser.add_argument("--listen", required=True, help="http://host:port to serve /metrics on")
+    parser.add_argument("--upstream", help="TorchServe's own metrics listener (http://host:port)")
+    parser.add_argument("--dir", type=Path, required=True, help="the workers' metrics directory")
+    parser.add_argument("--access-log", type=Path, help="TorchServe's access_log.log (request latency)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    latency = LatencySource(args.access_log) if args.access_log else None
+    server = make_server(args.listen, args.dir, args.upstream, latency)
+    stop = threading.Event()
+    if latency is not None:
+        threading.Thread(target=latency.follow, args=(stop,), daemon=True).start()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    logger.info("serving metrics on %s (TorchServe's from %s, workers' from %s)",
+                args.listen, args.upstream, args.dir)
+    stop.wait()
+    server.shutdown()
+    server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

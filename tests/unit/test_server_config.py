@@ -1,0 +1,41 @@
+"""rtserve.server's effective config: the greedy-batching agent and the metrics exporter's port."""
+
+from __future__ import annotations
+
+import pytest
+
+from rtserve import server as srv
+from rtserve.server import GREEDY_KEY, PUBLIC_METRICS_KEY, ServerError, TorchServe
+
+pytestmark = pytest.mark.unit
+
+
+def instance(tmp_path, **overrides) -> TorchServe:
+    return TorchServe(tmp_path / "run", tmp_path / "store", overrides=overrides)
+
+
+def test_agent_is_added_to_vmargs_once_and_metrics_move_to_a_private_port(tmp_path):
+    props = instance(tmp_path).effective_props(41234)
+    assert props["vmargs"].endswith(f" -javaagent:{srv.AGENT_JAR}")
+    assert props["vmargs"].count("-javaagent") == 1
+    assert props["metrics_address"] == "http://127.0.0.1:41234"
+    assert props[PUBLIC_METRICS_KEY] == "http://127.0.0.1:8082"
+    # read back from the effective file (as stop/drain do), clients see the public address
+    path = tmp_path / "effective.properties"
+    srv.write_properties(path, props)
+    again = TorchServe(tmp_path / "run", tmp_path / "store", config=path)
+    assert again.props["metrics_address"] == "http://127.0.0.1:8082"
+    assert again.effective_props(41235)["vmargs"].count("-javaagent") == 1
+
+
+def test_greedy_off_leaves_vmargs_alone(tmp_path):
+    props = instance(tmp_path, **{GREEDY_KEY: "false"}).effective_props(41234)
+    assert "-javaagent" not in props["vmargs"]
+
+
+def test_bad_greedy_value_and_missing_agent_are_refused(tmp_path, monkeypatch):
+    with pytest.raises(ServerError, match=f"{GREEDY_KEY} must be true or false, not 'yes'"):
+        instance(tmp_path, **{GREEDY_KEY: "yes"}).effective_props(41234)
+    monkeypatch.setattr(srv, "AGENT_JAR", tmp_path / "missing.jar")
+    with pytest.raises(ServerError, match="make agent"):
+        instance(tmp_path).effective_props(41234)
