@@ -9,6 +9,10 @@ version, then back:
     start the new pod -> wait until its probes say ready -> add it to nginx
     -> take the old pod out -> its preStop hook (drain) -> stop within the grace period
 
+As a Deployment with maxSurge 1 and maxUnavailable 0 does, the next new pod starts as soon as the
+old one is out of the balancer: a terminating pod no longer counts, so its drain and stop
+overlap the next pod's start. The first two pods start together.
+
     make pod-rollout            # 1.0 -> 2.0 -> 1.0, about 4 minutes
 """
 
@@ -19,8 +23,10 @@ import json
 import logging
 import re
 import sys
+import threading
 import time
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
@@ -43,6 +49,7 @@ class PodReplica:
     version: str
     config: PodConfig
     hop_port: int
+    ready: Future | None = field(default=None, repr=False)  # up(): seconds to ready
 
     def backend(self) -> Backend:
         """The balancer reaches the pod's gateway with the shared token (as a Service would)."""
@@ -66,6 +73,9 @@ class PodRehearsal(Rehearsal):
         self.pod_prefix = pod_prefix
         self.token_file = self.work_dir / "gateway-token"
         ensure_token(self.token_file)
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="pod")
+        self._lock = threading.Lock()  # the balancer's config, the rotation, the phase marks
+        self._terminating: list[Future] = []
 
     def _new_replica(self, version: str) -> PodReplica:
         name = f"r{len(self.started) + 1}"
@@ -74,10 +84,48 @@ class PodRehearsal(Rehearsal):
                            ports, self.tags[version])
         replica = PodReplica(name, version, config, free_ports(1)[0])
         self.started.append(replica)
+        replica.ready = self._pool.submit(up, config)  # pods start in parallel
         return replica
 
     def _wait_ready(self, replica: PodReplica) -> None:
-        up(replica.config)
+        replica.ready.result()
+
+    def replace(self, old: PodReplica, version: str) -> None:
+        """Surge one new pod; once it is in the balancer and ``old`` out, ``old`` drains and
+        stops in the background while the caller goes on (the next pod starts)."""
+        t = time.monotonic()
+        with self._lock:
+            self._phase(f"r{len(self.started) + 1} ({version}) starting")
+        new = self._new_replica(version)
+        self._wait_ready(new)
+        self._step("start", new.name, time.monotonic() - t, version=version)
+        with self._lock:
+            self.live.append(new)
+            self.rotation.append(new.name)
+            self._phase(f"{new.name} in")
+            self._step("add", new.name, self._apply())
+            self.rotation.remove(old.name)
+            self._phase(f"{old.name} out, draining")
+            self._step("remove", old.name, self._apply())
+        self._terminating.append(self._pool.submit(self._terminate, old))
+
+    def _terminate(self, old: PodReplica) -> None:
+        self._drain_and_stop(old)
+        with self._lock:
+            self.live.remove(old)
+            self._apply()  # drop the stopped pod's hop
+            self._phase(f"{old.name} stopped")
+
+    def roll(self, version: str) -> None:
+        """Replace every pod in rotation (terminations overlapping the next start), wait until
+        the old ones are gone, then hold."""
+        for old in [r for r in self.live if r.name in self.rotation]:
+            self.replace(old, version)
+        for done in self._terminating:
+            done.result()
+        self._terminating.clear()
+        self._phase(f"all on {version}")
+        time.sleep(self.hold)
 
     def _drain_and_stop(self, old: PodReplica) -> None:
         """The pod's preStop hook (rtserve.probe drain), then SIGTERM within the grace period."""
@@ -115,7 +163,10 @@ class PodRehearsal(Rehearsal):
         if self.nginx:
             self.nginx.stop()
         for r in self.started:
+            if r.ready is not None:
+                r.ready.exception()  # let a start in progress finish before its pod goes
             down(r.config.pod_dir)
+        self._pool.shutdown(wait=True)
         return records
 
 

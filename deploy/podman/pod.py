@@ -243,6 +243,8 @@ class PodConfig:
         ports: host port (on 127.0.0.1) by container port name.
         image_tag: the rtserve image's tag (the model version); None keeps the overlay's pin.
         overlay: the kustomize overlay rendered.
+        manifest: a file of already rendered objects to run instead of the overlay (tests run
+            a copy of the rendered manifest with shorter probe periods: tests/pod).
     """
 
     name: str = "rtserve"
@@ -251,10 +253,25 @@ class PodConfig:
     ports: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_PORTS))
     image_tag: str | None = None
     overlay: str = "production"
+    manifest: Path | None = None
 
     def __post_init__(self) -> None:
         self.pod_dir = Path(self.pod_dir).resolve()
         self.token_file = Path(self.token_file or self.pod_dir / "gateway-token").resolve()
+        self.manifest = Path(self.manifest).resolve() if self.manifest else None
+
+    def objects(self) -> list[dict]:
+        """The objects this pod runs: the manifest file's, else the overlay's rendering."""
+        if self.manifest:
+            return [doc for doc in yaml.safe_load_all(self.manifest.read_text()) if doc]
+        return render(self.overlay)
+
+    def to_json(self) -> str:
+        return json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()})
+
+    @classmethod
+    def from_json(cls, text: str) -> PodConfig:
+        return cls(**json.loads(text))
 
 
 def ensure_token(path: Path) -> str:
@@ -516,7 +533,7 @@ class Kubelet:
 def load_pod(config: PodConfig) -> tuple[Pod, list[str]]:
     """Render the overlay and make the pod object (nothing started)."""
     token = ensure_token(config.token_file)
-    spec, notes = with_images(pod_spec(render(config.overlay), token), config.image_tag)
+    spec, notes = with_images(pod_spec(config.objects(), token), config.image_tag)
     return Pod(config, spec), notes
 
 
@@ -552,8 +569,7 @@ def up(config: PodConfig, timeout: float = 240) -> float:
         logger.info(">> %s", note)
     pod.create()
     (pod.dir / "status.json").unlink(missing_ok=True)
-    (pod.dir / "config.json").write_text(json.dumps({**asdict(config), "pod_dir": str(config.pod_dir),
-                                                     "token_file": str(config.token_file)}))
+    (pod.dir / "config.json").write_text(config.to_json())
     started = time.monotonic()
     log = open(pod.dir / "kubelet.log", "ab")
     proc = subprocess.Popen([sys.executable, "-m", "deploy.podman.pod", "kubelet", "--pod-dir",
@@ -577,8 +593,7 @@ def down(pod_dir: Path) -> list[str]:
     config_file = Path(pod_dir) / "config.json"
     if not config_file.exists():
         return []
-    raw = json.loads(config_file.read_text())
-    config = PodConfig(**{**raw, "pod_dir": Path(raw["pod_dir"]), "token_file": Path(raw["token_file"])})
+    config = PodConfig.from_json(config_file.read_text())
     pid = kubelet_pid(config.pod_dir)
     if pid:
         os.kill(pid, signal.SIGTERM)
@@ -611,14 +626,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overlay", default="production")
     parser.add_argument("--image-tag", default=None, help="the rtserve image's tag (model version)")
     parser.add_argument("--token-file", type=Path, default=None)
+    parser.add_argument("--manifest", type=Path, default=None,
+                        help="run these rendered objects (a YAML file) instead of the overlay's")
     parser.add_argument("--ports", default=None,
                         help="inference,management,metrics host ports (default 8080,8081,8082)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s" if args.action == "kubelet"
                         else "%(message)s", stream=sys.stdout)
     if args.action == "kubelet":
-        raw = json.loads((args.pod_dir / "config.json").read_text())
-        config = PodConfig(**{**raw, "pod_dir": Path(raw["pod_dir"]), "token_file": Path(raw["token_file"])})
+        config = PodConfig.from_json((args.pod_dir / "config.json").read_text())
         pod, _ = load_pod(config)
         Kubelet(pod).run()
         return 0
@@ -633,7 +649,8 @@ def main(argv: list[str] | None = None) -> int:
     ports = dict(DEFAULT_PORTS)
     if args.ports:
         ports = dict(zip(("inference", "management", "metrics"), (int(p) for p in args.ports.split(","))))
-    config = PodConfig(args.name, args.pod_dir, args.token_file, ports, args.image_tag, args.overlay)
+    config = PodConfig(args.name, args.pod_dir, args.token_file, ports, args.image_tag, args.overlay,
+                       args.manifest)
     try:
         waited = up(config)
     except PodError as exc:

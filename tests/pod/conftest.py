@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from deploy.podman.pod import CONTAINERS_CONF, read_status
+import yaml
+
+from deploy.podman.pod import CONTAINERS_CONF, read_status, render
 from rtserve.server import free_ports
 from tests.conftest import REPO, make_archive
 
@@ -107,15 +109,43 @@ class LocalPod:
         raise AssertionError(f"{what}: not within {timeout:.0f}s; status {self.status()}")
 
 
-def start_pod(image_vars, images, tmp: Path, version: str, name: str) -> LocalPod:
-    """`make pod` on free loopback ports; the caller stops it with `make pod-stop`."""
+def start_pod(image_vars, images, tmp: Path, version: str, name: str,
+              manifest: Path | None = None) -> LocalPod:
+    """`make pod` on free loopback ports (of ``manifest``'s objects when given, else the
+    production overlay's); the caller stops it with `make pod-stop`."""
     ports = dict(zip(("inference", "management", "metrics"), free_ports(3)))
     pod_dir = tmp / name
+    extra = f" --manifest {manifest}" if manifest else ""
     out = make("pod", f"POD_DIR={pod_dir}", f"MODEL_VERSION={version}",
                f"POD_IMAGE_TAG={images[version]}",
-               f"POD_ARGS=--name {name} --ports {ports['inference']},{ports['management']},{ports['metrics']}",
+               f"POD_ARGS=--name {name} --ports {ports['inference']},{ports['management']},{ports['metrics']}{extra}",
                *image_vars, timeout=600)
     return LocalPod(name, pod_dir, ports, version, out)
+
+
+#: How much shorter the fast-probe copy's liveness period, probe timeout, grace period and
+#: preStop waits are than the rendered manifest's.
+FAST = 5
+
+
+def fast_probe_manifest(path: Path) -> tuple[Path, dict]:
+    """A test copy of the rendered production manifest whose rtserve liveness probe, grace period
+    and preStop waits are ``FAST`` times shorter (thresholds unchanged), so that a liveness
+    restart takes seconds instead of a minute and a half. Returns the file and the liveness
+    probe it states."""
+    objects = render("production")
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    (rtserve,) = [c for c in pod["containers"] if c["name"] == "rtserve"]
+    live = rtserve["livenessProbe"]
+    live["periodSeconds"] = max(2, live["periodSeconds"] // FAST)
+    live["timeoutSeconds"] = min(live["timeoutSeconds"], live["periodSeconds"])
+    pod["terminationGracePeriodSeconds"] = max(5, pod["terminationGracePeriodSeconds"] // FAST)
+    hook = rtserve["lifecycle"]["preStop"]["exec"]["command"]
+    rtserve["lifecycle"]["preStop"]["exec"]["command"] = [
+        str(max(1, int(arg) // FAST)) if arg.isdigit() else arg for arg in hook]
+    path.write_text(yaml.safe_dump_all(objects))
+    return path, live
 
 
 def stop_pod(pod_dir: Path) -> str:

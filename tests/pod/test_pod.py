@@ -1,11 +1,14 @@
 """The production pod, run locally by `make pod` from the rendered manifest, with real images.
 
-One pod for the module; the tests that break something (a worker, then liveness) come last.
+One pod of the production manifest for the module, checked by every test but the liveness
+restart, which runs on a pod of its own made from a copy of the rendered manifest with shorter
+probe periods (its fixture says how much shorter); the tests that break something come last.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 
@@ -17,7 +20,7 @@ import tritonclient.http as triton
 from deploy.podman.pod import pod_spec, render
 from tests.conftest import MODEL_NAME
 from tests.helpers import features
-from tests.pod.conftest import podman, stop_pod
+from tests.pod.conftest import fast_probe_manifest, podman, start_pod, stop_pod
 
 pytestmark = pytest.mark.pod
 
@@ -60,6 +63,17 @@ def test_management_and_metrics_ports(pod):
     metrics = requests.get(f"{pod.url('metrics')}/metrics", timeout=10)
     assert metrics.status_code == 200
     assert "ts_inference_requests_total" in metrics.text
+    # rtserve's exporter serves the handler's own metrics beside TorchServe's.
+    assert 'rtserve_handler_requests_total{model_name="realtime-classifier",model_version="1.0"}' \
+        in metrics.text
+
+
+def test_the_frontend_runs_the_greedy_batching_agent(pod):
+    """The image built the Java agent from agent/; rtserve.server loaded it into the frontend."""
+    log = podman("logs", pod.container("rtserve")).stdout + podman("logs", pod.container("rtserve")).stderr
+    assert "[rtserve-agent] greedy batching ON" in log, log[-2000:]
+    jar = pod.exec("rtserve", "ls", "/opt/rtserve/build/agent/rtserve-agent.jar")
+    assert jar.returncode == 0, jar.stderr
 
 
 def test_ports_are_published_on_loopback_only(pod):
@@ -185,23 +199,38 @@ def test_a_killed_worker_comes_back(pod):
     assert predict(pod).status_code == 200
 
 
-def test_a_liveness_failure_restarts_the_container(pod):
-    """The frontend frozen (SIGSTOP): liveness fails 3 times 10 s apart, the kubelet runs preStop
-    and restarts the container, which starts and becomes ready again."""
-    pid = (pod.pod_dir / "volumes" / "run" / "tmp" / ".model_server.pid").read_text().strip()
-    frozen = pod.exec("rtserve", "python", "-c", f"import os, signal; os.kill({pid}, signal.SIGSTOP)")
-    assert frozen.returncode == 0, frozen.stderr
-    pod.wait(lambda s: s["containers"]["rtserve"]["restarts"] == 1, 120, "liveness restart")
-    pod.wait(lambda s: s["ready"], 180, "ready after the restart")
-    log = (pod.pod_dir / "kubelet.log").read_text()
-    assert "rtserve: liveness probe failed 3 times" in log
-    resp = predict(pod)
-    assert resp.status_code == 200 and resp.json()["model_version"] == "1.0"
-
-
 def test_pod_stop_runs_prestop_and_removes_the_pod(pod):
     out = stop_pod(pod.pod_dir)
     assert "rtserve preStop: drain: idle after" in out
     assert podman("pod", "exists", pod.name).returncode == 1
     with pytest.raises(requests.ConnectionError):
         predict(pod)
+
+
+@pytest.fixture
+def fast_probe_pod(image_vars, images, tmp_path):
+    """A second pod, of a test copy of the rendered manifest with a 5x shorter liveness period,
+    grace period and preStop waits (tests/pod/conftest.py: fast_probe_manifest); the liveness
+    threshold is the manifest's."""
+    manifest, live = fast_probe_manifest(tmp_path / "fast-probes.yaml")
+    name = f"rtserve-pytest-live-{os.getpid()}"
+    started = start_pod(image_vars, images, tmp_path, "1.0", name, manifest=manifest)
+    try:
+        yield started, live
+    finally:
+        stop_pod(started.pod_dir)
+
+
+def test_a_liveness_failure_restarts_the_container(fast_probe_pod):
+    """The frontend frozen (SIGSTOP): liveness fails its threshold's times in a row, the kubelet
+    runs preStop and restarts the container, which starts and becomes ready again."""
+    pod, live = fast_probe_pod
+    pid = (pod.pod_dir / "volumes" / "run" / "tmp" / ".model_server.pid").read_text().strip()
+    frozen = pod.exec("rtserve", "python", "-c", f"import os, signal; os.kill({pid}, signal.SIGSTOP)")
+    assert frozen.returncode == 0, frozen.stderr
+    pod.wait(lambda s: s["containers"]["rtserve"]["restarts"] >= 1, 120, "liveness restart")
+    pod.wait(lambda s: s["ready"], 180, "ready after the restart")
+    log = (pod.pod_dir / "kubelet.log").read_text()
+    assert f"rtserve: liveness probe failed {live['failureThreshold']} times" in log
+    resp = predict(pod)
+    assert resp.status_code == 200 and resp.json()["model_version"] == "1.0"
