@@ -212,8 +212,15 @@ def test_make_image_stages_every_file_the_dockerfile_copies(make, mar_v1, build_
 
     instructions = dockerfile_instructions((context / "Dockerfile").read_text())
     froms = [args.split() for op, args in instructions if op == "FROM"]
-    # Builder and runtime stages, both on the BASE_IMAGE build argument.
-    assert froms == [["${BASE_IMAGE}", "AS", "builder"], ["${BASE_IMAGE}", "AS", "runtime"]]
+    # Every stage on the BASE_IMAGE build argument: the Java runtime, the agent's builder (a JDK
+    # on top of it), the virtualenv's builder, and the runtime on the Java stage.
+    assert froms == [["${BASE_IMAGE}", "AS", "java"], ["java", "AS", "agent"],
+                     ["${BASE_IMAGE}", "AS", "builder"], ["java", "AS", "runtime"]]
+    # The agent is built from source with javac and jar, as the Makefile does, never copied in.
+    runs = " ".join(a for op, a in instructions if op == "RUN")
+    assert "javac --release 17 -Xlint:all -Werror" in runs and "jar --create" in runs
+    assert not list(context.rglob("*.jar")), "a built jar in the build context"
+    assert (context / "agent" / "MANIFEST.MF").is_file()
     args = {k: v for k, _, v in (a.partition("=") for op, a in instructions if op == "ARG")}
     assert re.fullmatch(r"docker\.io/library/python:3\.11-slim-bookworm", args["BASE_IMAGE"])
     args.update(build_args)
