@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from rtserve import drain as draining
-from rtserve import gateway, oip
+from rtserve import gateway
 from rtserve.client import Client, TorchServeError
 from rtserve.drain import DRAIN_FILE, DrainReport  # noqa: F401 - DRAIN_FILE re-exported
 from rtserve.rollout import HISTORY_FILE
@@ -512,6 +512,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.action == "run":
         keysync = gateway.from_env(args.run_dir)  # the pod's nginx gateway, if it has one
         if keysync is not None:  # and the OIP model routes it sends to rtserve (rtserve.oip)
+            from rtserve import oip  # here: it imports torch, which the probes must not
+
             oip.start_for_server(args.run_dir, args.model_store, args.models)
         return run_foreground(server, args.stop_timeout, on_poll=keysync.sync if keysync else None)
     if args.action in ("stop", "drain"):

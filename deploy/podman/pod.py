@@ -397,8 +397,13 @@ class Pod:
         """Run one probe as a kubelet does: (passed, its output)."""
         try:
             if probe.exec_command:
-                r = podman("exec", self.cname(c), *probe.exec_command, check=False,
-                           timeout=probe.timeout)
+                # The probe's process ends at its timeout, inside the container too, as a CRI
+                # runtime ends it: killing only `podman exec` would leave it running, and under
+                # load such leftovers pile up until the container runs out of memory.
+                r = podman("exec", self.cname(c), "timeout", "-s", "KILL", str(probe.timeout),
+                           *probe.exec_command, check=False, timeout=probe.timeout + 5)
+                if r.returncode in (124, 137):
+                    return False, f"timed out after {probe.timeout}s"
                 return r.returncode == 0, (r.stdout + r.stderr).strip()[-300:]
             # httpGet: from the host into the pod's network namespace, as the kubelet connects
             # to the pod's IP; 200-399 passes.
