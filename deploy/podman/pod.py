@@ -31,6 +31,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -62,8 +63,10 @@ def podman(*args: str, check: bool = True, timeout: float = 120) -> subprocess.C
     """Run podman with the project's containers.conf; stdout and stderr as text."""
     env = dict(os.environ)
     env.setdefault("CONTAINERS_CONF", str(CONTAINERS_CONF))
+    # Not from the repository: conmon (podman's container monitor) inherits this directory and,
+    # on cgroup v1, drops an empty file named `oom` there when a container runs out of memory.
     result = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout,
-                            env=env)
+                            env=env, cwd=tempfile.gettempdir())
     if check and result.returncode != 0:
         raise PodError(f"podman {' '.join(args[:3])} ... failed: {result.stderr.strip()[-800:]}")
     return result
