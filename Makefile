@@ -380,7 +380,7 @@ pod-rollout: podman $(STAMP) ## Two pods 1.0 -> 2.0 -> 1.0 behind nginx under lo
 	$(PY) -m bench.pod_rollout
 
 .PHONY: pod-report
-pod-report: podman $(STAMP) ## Image size and breakdown, pod time to ready, memory idle and under load (about 1 min)
+pod-report: podman $(STAMP) ## Image size and breakdown, pod time to ready, memory idle and under load, the sizing sweep (about 2 min)
 	@$(MAKE) --no-print-directory image DOCKER=podman MODEL_VERSION=$(POD_VERSION)
 	@$(MAKE) --no-print-directory image-gateway DOCKER=podman
 	$(PY) -m bench.pod_report --tag $(POD_VERSION)
