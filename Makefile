@@ -213,7 +213,6 @@ history-versions: $(STAMP) ## Show the recorded default-version changes (what ro
 	$(RTSERVE) history $(MODEL_NAME)
 
 ##@ Kubernetes
-DOCKER          ?= docker
 IMG             ?= registry.example.com/ml/rtserve
 KUBECTL         ?= kubectl
 OVERLAY         ?= staging
@@ -224,27 +223,15 @@ K8S_DIR         ?= deploy/k8s
 K8S_VERSION     ?= 1.32.0
 CHECKOV_VENV    ?= .venv-checkov
 K8S_BUILD       ?= build/k8s/$(OVERLAY)
-IMAGE_CONTEXT   ?= build/image/$(MODEL_VERSION)
 
 K8S_OVERLAYS   := $(notdir $(wildcard $(K8S_DIR)/overlays/*))
 CHECKOV_STAMP  := $(CHECKOV_VENV)/.installed
 # The version the overlay pins (its images newTag), used when MODEL_VERSION is not given.
-PINNED_VERSION  = $(shell sed -n 's/^ *newTag: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1/p' $(K8S_DIR)/overlays/$(OVERLAY)/kustomization.yaml)
+pinned_version  = $(shell sed -n 's/^ *newTag: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1/p' $(K8S_DIR)/overlays/$(1)/kustomization.yaml)
+PINNED_VERSION  = $(call pinned_version,$(OVERLAY))
 DEPLOY_VERSION  = $(if $(filter file,$(origin MODEL_VERSION)),$(PINNED_VERSION),$(MODEL_VERSION))
-
-.PHONY: image
-image: $(MAR) ## Build the container image IMG:MODEL_VERSION with that version's archive (needs Docker)
-	@echo ">> staging the build context in $(IMAGE_CONTEXT)"
-	rm -rf $(IMAGE_CONTEXT) && mkdir -p $(IMAGE_CONTEXT)/handler $(IMAGE_CONTEXT)/rtserve \
-	  $(IMAGE_CONTEXT)/model_store $(IMAGE_CONTEXT)/deploy/k8s/base $(IMAGE_CONTEXT)/config
-	cp Dockerfile requirements.txt $(IMAGE_CONTEXT)/
-	cp config/* $(IMAGE_CONTEXT)/config/
-	cp handler/*.py $(IMAGE_CONTEXT)/handler/
-	cp rtserve/*.py $(IMAGE_CONTEXT)/rtserve/
-	cp $(K8S_DIR)/base/config.properties $(IMAGE_CONTEXT)/deploy/k8s/base/
-	cp $(MAR) $(IMAGE_CONTEXT)/model_store/
-	$(DOCKER) build --build-arg MODEL_NAME=$(MODEL_NAME) --build-arg MODEL_VERSION=$(MODEL_VERSION) \
-	  -t $(IMG):$(MODEL_VERSION) $(IMAGE_CONTEXT)
+# The version `make pod` runs: MODEL_VERSION when given, else the one POD_OVERLAY pins.
+POD_VERSION     = $(if $(filter file,$(origin MODEL_VERSION)),$(call pinned_version,$(POD_OVERLAY)),$(MODEL_VERSION))
 
 .PHONY: image-push
 image-push: ## Push IMG:MODEL_VERSION to its registry
@@ -354,11 +341,124 @@ k8s-lint: k8s-render $(STAMP) $(CHECKOV_STAMP) ## Validate every overlay offline
 	@echo ">> every object is valid for Kubernetes $(K8S_VERSION) (strict schemas)"
 	$(CHECKOV_VENV)/bin/checkov -d build/k8s/render --framework kubernetes --skip-download --compact --quiet
 
+##@ Image and local pod (docs/image-and-pod.md)
+# Docker where it is installed, else podman (what these machines have; `make podman` installs it).
+DOCKER        ?= $(if $(shell command -v docker 2>/dev/null),docker,podman)
+# podman reads the project's settings (runc, cgroupfs, ulimits); the machine's are left alone.
+export CONTAINERS_CONF ?= $(abspath deploy/podman/containers.conf)
+BASE_IMAGE    ?= docker.io/library/python:3.11-slim-bookworm
+# The local stand-in for BASE_IMAGE (debootstrap); its tag changes with the script that builds it.
+LOCAL_BASE    ?= localhost/rtserve-base:bookworm-$(shell sha256sum deploy/podman/build-base.sh | cut -c1-12)
+WHEELHOUSE    ?= build/wheelhouse
+IMAGE_CONTEXT ?= build/image/$(MODEL_VERSION)
+# The image's tag: the model version (what the overlays pin); tests use their own.
+IMAGE_TAG     ?= $(MODEL_VERSION)
+POD_OVERLAY   ?= production
+POD_DIR       ?= $(RUN_DIR)/pod
+POD_ARGS      ?=
+# The rtserve image's tag in the pod (default: the version); tests use their own.
+POD_IMAGE_TAG ?=
+GATEWAY_BASE  ?= docker.io/library/debian:bookworm-slim
+GATEWAY_STANDIN ?= localhost/rtserve-gateway-standin:nginx-bookworm
+WHEELHOUSE_STAMP := $(WHEELHOUSE)/.built
+
+.PHONY: podman
+podman: ## Install podman, buildah, debootstrap and runc from Debian's packages if podman is missing
+	@if command -v podman >/dev/null 2>&1 && command -v runc >/dev/null 2>&1 && command -v debootstrap >/dev/null 2>&1; then \
+	  echo ">> $$(podman --version)"; \
+	else \
+	  echo ">> installing podman from Debian's packages (apt-get)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    podman buildah debootstrap uidmap slirp4netns fuse-overlayfs runc iptables nginx >/dev/null; \
+	fi
+
+.PHONY: wheelhouse
+wheelhouse: $(WHEELHOUSE_STAMP) ## Wheels of the pinned requirements.txt, made on this host (the image installs only these)
+
+$(WHEELHOUSE_STAMP): requirements.txt | $(STAMP)
+	@echo ">> wheels for requirements.txt into $(WHEELHOUSE)"
+	rm -rf $(WHEELHOUSE) && mkdir -p $(WHEELHOUSE)
+	$(BIN)/pip wheel --quiet --disable-pip-version-check -r requirements.txt -w $(WHEELHOUSE)
+	cp requirements.txt $(WHEELHOUSE)/
+	@touch $@
+
+.PHONY: image-base
+image-base: ## Build LOCAL_BASE (Debian bookworm, Python 3.11) with debootstrap, for where BASE_IMAGE cannot be pulled
+	@if $(DOCKER) image inspect $(LOCAL_BASE) >/dev/null 2>&1; then echo ">> $(LOCAL_BASE) is built"; \
+	else DOCKER=$(DOCKER) deploy/podman/build-base.sh $(LOCAL_BASE) build/image-base; fi
+
+.PHONY: image
+image: $(MAR) $(WHEELHOUSE_STAMP) ## Build IMG:IMAGE_TAG (default MODEL_VERSION) with that version's archive (DOCKER=podman|docker; reused while its inputs are unchanged)
+	@echo ">> staging the build context in $(IMAGE_CONTEXT)"
+	rm -rf $(IMAGE_CONTEXT) && mkdir -p $(IMAGE_CONTEXT)/handler $(IMAGE_CONTEXT)/rtserve \
+	  $(IMAGE_CONTEXT)/model_store $(IMAGE_CONTEXT)/deploy/k8s/base $(IMAGE_CONTEXT)/config \
+	  $(IMAGE_CONTEXT)/agent/src/rtserve/agent
+	cp agent/MANIFEST.MF $(IMAGE_CONTEXT)/agent/
+	cp agent/src/rtserve/agent/*.java $(IMAGE_CONTEXT)/agent/src/rtserve/agent/
+	cp Dockerfile deploy/podman/prune_venv.py $(IMAGE_CONTEXT)/
+	cp -rl $(abspath $(WHEELHOUSE)) $(IMAGE_CONTEXT)/wheelhouse 2>/dev/null || cp -r $(WHEELHOUSE) $(IMAGE_CONTEXT)/wheelhouse
+	rm -f $(IMAGE_CONTEXT)/wheelhouse/.built
+	cp config/* $(IMAGE_CONTEXT)/config/
+	cp handler/*.py $(IMAGE_CONTEXT)/handler/
+	cp rtserve/*.py $(IMAGE_CONTEXT)/rtserve/
+	cp $(K8S_DIR)/base/config.properties $(IMAGE_CONTEXT)/deploy/k8s/base/
+	cp $(MAR) $(IMAGE_CONTEXT)/model_store/
+	@base=$$(DOCKER=$(DOCKER) deploy/podman/base-image.sh $(BASE_IMAGE) $(LOCAL_BASE)); \
+	inputs=$$($(PY) -m deploy.podman.context_hash $(IMAGE_CONTEXT) \
+	  "$$($(DOCKER) image inspect --format '{{.Id}}' $$base)") || exit 1; \
+	if [ "$$($(DOCKER) image inspect --format '{{index .Config.Labels "rtserve.inputs"}}' $(IMG):$(IMAGE_TAG) 2>/dev/null)" = "$$inputs" ]; then \
+	  echo ">> $(IMG):$(IMAGE_TAG) is up to date (inputs $$inputs)"; exit 0; fi; \
+	start=$$(date +%s); \
+	echo "$(DOCKER) build --build-arg BASE_IMAGE=$$base ... -t $(IMG):$(IMAGE_TAG) $(IMAGE_CONTEXT)"; \
+	$(DOCKER) build --build-arg BASE_IMAGE=$$base --build-arg MODEL_NAME=$(MODEL_NAME) \
+	  --build-arg MODEL_VERSION=$(MODEL_VERSION) --label rtserve.inputs=$$inputs \
+	  -t $(IMG):$(IMAGE_TAG) $(IMAGE_CONTEXT) > $(IMAGE_CONTEXT).log 2>&1 || { tail -n 40 $(IMAGE_CONTEXT).log; exit 1; }; \
+	echo ">> built $(IMG):$(IMAGE_TAG) in $$(( $$(date +%s) - start )) s on $$base: $$($(DOCKER) image inspect --format '{{.Size}}' $(IMG):$(IMAGE_TAG) | numfmt --to=si)B (log: $(IMAGE_CONTEXT).log)"
+
+
+.PHONY: image-gateway
+image-gateway: ## Build the gateway stand-in (Debian's nginx) used when the manifest's nginx image cannot be pulled
+	@base=$$(DOCKER=$(DOCKER) deploy/podman/base-image.sh $(GATEWAY_BASE) $(LOCAL_BASE)); \
+	inputs=$$( { cat deploy/podman/gateway.Dockerfile; $(DOCKER) image inspect --format '{{.Id}}' $$base; } | sha256sum | cut -c1-16); \
+	if [ "$$($(DOCKER) image inspect --format '{{index .Config.Labels "rtserve.inputs"}}' $(GATEWAY_STANDIN) 2>/dev/null)" = "$$inputs" ]; then \
+	  echo ">> $(GATEWAY_STANDIN) is up to date"; exit 0; fi; \
+	mkdir -p build/image-gateway; \
+	$(DOCKER) build --build-arg BASE_IMAGE=$$base --label rtserve.inputs=$$inputs -t $(GATEWAY_STANDIN) \
+	  -f deploy/podman/gateway.Dockerfile build/image-gateway > build/image-gateway.log 2>&1 || { tail -n 30 build/image-gateway.log; exit 1; }; \
+	echo ">> built $(GATEWAY_STANDIN) on $$base"
+
+.PHONY: pod
+pod: podman $(STAMP) ## Run the production pod locally with podman (gateway 8080, management 8081, metrics 8082 on 127.0.0.1)
+	@$(MAKE) --no-print-directory image DOCKER=podman MODEL_VERSION=$(POD_VERSION) IMAGE_TAG=$(or $(POD_IMAGE_TAG),$(POD_VERSION))
+	@$(MAKE) --no-print-directory image-gateway DOCKER=podman
+	$(PY) -m deploy.podman.pod up --overlay $(POD_OVERLAY) --pod-dir $(POD_DIR) --image-tag $(or $(POD_IMAGE_TAG),$(POD_VERSION)) $(POD_ARGS)
+
+.PHONY: pod-stop
+pod-stop: $(STAMP) ## Stop the local pod: preStop hook, then stop within the grace period, remove it
+	$(PY) -m deploy.podman.pod down --pod-dir $(POD_DIR)
+
+.PHONY: pod-status
+pod-status: $(STAMP) ## The local pod's containers: started, ready, restarts, last probe output
+	@$(PY) -m deploy.podman.pod status --pod-dir $(POD_DIR)
+
+.PHONY: pod-rollout
+pod-rollout: podman $(STAMP) ## Two pods 1.0 -> 2.0 -> 1.0 behind nginx under load, one at a time (about 4 min)
+	@for v in 1.0 2.0; do $(MAKE) --no-print-directory image DOCKER=podman MODEL_VERSION=$$v; done
+	@$(MAKE) --no-print-directory image-gateway DOCKER=podman
+	$(PY) -m bench.pod_rollout
+
+.PHONY: pod-report
+pod-report: podman $(STAMP) ## Image size and breakdown, pod time to ready, memory idle and under load, the sizing sweep (about 2 min)
+	@$(MAKE) --no-print-directory image DOCKER=podman MODEL_VERSION=$(POD_VERSION)
+	@$(MAKE) --no-print-directory image-gateway DOCKER=podman
+	$(PY) -m bench.pod_report --tag $(POD_VERSION)
+
 ##@ Test
 .PHONY: test
 test: $(STAMP) $(AGENT_JAR) ## Run the whole test suite (builds what it needs, starts and stops its own servers)
 	@$(MAKE) --no-print-directory nginx >/dev/null || \
 	  echo ">> nginx could not be installed: the rolling-rehearsal test will be skipped"
+	@$(MAKE) --no-print-directory podman  # the pod tests (-m pod) need it: they fail without
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 ##@ Benchmarks

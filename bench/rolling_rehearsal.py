@@ -102,7 +102,7 @@ class Rehearsal:
         t = time.monotonic()
         first = [self._new_replica(version) for _ in range(replicas)]
         for r in first:
-            r.server.wait_ready(180, [self.model])
+            self._wait_ready(r)
         self._step("start", "+".join(r.name for r in first), time.monotonic() - t)
         self.live = list(first)
         self.rotation = [r.name for r in first]
@@ -141,7 +141,7 @@ class Rehearsal:
         t = time.monotonic()
         self._phase(f"r{len(self.started) + 1} ({version}) starting")
         new = self._new_replica(version)
-        new.server.wait_ready(180, [self.model])
+        self._wait_ready(new)
         self._step("start", new.name, time.monotonic() - t, version=version)
         self.live.append(new)
         self.rotation.append(new.name)
@@ -150,6 +150,16 @@ class Rehearsal:
         self.rotation.remove(old.name)
         self._phase(f"{old.name} out, draining")
         self._step("remove", old.name, self._apply())
+        self._drain_and_stop(old)
+        self.live.remove(old)
+        self._apply()  # drop the stopped replica's hop
+        self._phase(f"{old.name} stopped")
+
+    def _wait_ready(self, replica: Replica) -> None:
+        replica.server.wait_ready(180, [self.model])
+
+    def _drain_and_stop(self, old: Replica) -> None:
+        """Drain ``old`` (rtserve.drain), then stop it; both are steps."""
         report = old.server.drain(timeout=30.0, quiet=self.quiet)
         if not report.drained:
             raise RuntimeError(f"{old.name} did not drain: {report}")
@@ -158,9 +168,6 @@ class Rehearsal:
         t = time.monotonic()
         old.server.stop()
         self._step("stop", old.name, time.monotonic() - t)
-        self.live.remove(old)
-        self._apply()  # drop the stopped replica's hop
-        self._phase(f"{old.name} stopped")
 
     def roll(self, version: str) -> None:
         """Replace every replica in rotation, one at a time, then hold."""
@@ -181,9 +188,13 @@ class Rehearsal:
 
 def run(work_dir: Path, model_store: Path, model: str = "realtime-classifier", old: str = "1.0",
         new: str = "2.0", replicas: int = 2, hold: float = 3.0, rate: float = 100.0,
-        concurrency: int = 4, quiet: float = 0.5, roll_back: bool = True) -> dict:
-    """The whole rehearsal: old -> new (-> old) under traffic; returns the report."""
-    rehearsal = Rehearsal(work_dir, model_store, model, quiet, hold)
+        concurrency: int = 4, quiet: float = 0.5, roll_back: bool = True,
+        rehearsal: Rehearsal | None = None) -> dict:
+    """The whole rehearsal: old -> new (-> old) under traffic; returns the report.
+
+    ``rehearsal`` replaces the local TorchServe replicas by others (bench/pod_rollout.py: pods).
+    """
+    rehearsal = rehearsal or Rehearsal(work_dir, model_store, model, quiet, hold)
     started = time.monotonic()
     try:
         rehearsal.start(old, replicas, rate, concurrency)

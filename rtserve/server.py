@@ -265,7 +265,7 @@ class TorchServe:
         config = self.run_dir / "config.properties"
         write_properties(config, self.effective_props(free_ports(1)[0]))
         self.start_exporter()
-        cmd = [str(Path(sys.executable).with_name("torchserve")), "--start", "--ncs",
+        cmd = [torchserve_binary(), "--start", "--ncs",
                "--ts-config", str(config), "--model-store", str(self.model_store)]
         if self.log_config is not None:
             cmd += ["--log-config", str(Path(self.log_config).resolve())]
@@ -377,6 +377,23 @@ class TorchServe:
                 text = path.read_text(errors="replace").splitlines()[-lines:]
                 parts.append(f"--- {path.relative_to(self.run_dir)} ---\n" + "\n".join(text))
         return "\n".join(parts) or "(no logs)"
+
+
+def torchserve_binary() -> str:
+    """The ``torchserve`` launcher of this interpreter's environment: beside ``sys.executable``
+    (a virtualenv's bin/, as in the image), else the one on ``PATH``.
+
+    Raises:
+        ServerError: neither exists.
+    """
+    beside = Path(sys.executable).with_name("torchserve")
+    if beside.is_file():
+        return str(beside)
+    found = shutil.which("torchserve")
+    if found is None:
+        raise ServerError(f"no torchserve beside {sys.executable} nor on PATH: install "
+                          "requirements.txt into this interpreter's environment")
+    return found
 
 
 def workers_ready(client: Client, model: str, version: str | None = None) -> bool:
@@ -528,6 +545,10 @@ def main(argv: list[str] | None = None) -> int:
     server = TorchServe(args.run_dir, args.model_store, args.models, Path(config))
     if args.action == "run":
         keysync = gateway.from_env(args.run_dir)  # the pod's nginx gateway, if it has one
+        if keysync is not None:  # and the OIP model routes it sends to rtserve (rtserve.oip)
+            from rtserve import oip  # here: it imports torch, which the probes must not
+
+            oip.start_for_server(args.run_dir, args.model_store, args.models)
         return run_foreground(server, args.stop_timeout, on_poll=keysync.sync if keysync else None)
     if args.action in ("stop", "drain"):
         pid = server.pid()

@@ -263,16 +263,30 @@ def test_make_image_stages_every_file_the_dockerfile_copies(make, mar_v1, build_
                   f"MODEL_STORE={mar_v1.parent}", f"DEMO_ARTIFACTS={build_root / 'artifacts'}",
                   f"VENV={REPO / '.venv'}")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert make.calls == [["build", "--build-arg", f"MODEL_NAME={MODEL_NAME}", "--build-arg",
-                           "MODEL_VERSION=1.0", "-t", f"{IMG}:1.0", str(context)]]
-    build_args = dict(a.split("=", 1) for a in make.calls[0][2:6:2])
+    builds = [call for call in make.calls if call[:1] == ["build"]]
+    assert len(builds) == 1, make.calls
+    (build,) = builds
+    assert build[-3:] == ["-t", f"{IMG}:1.0", str(context)]
+    build_args = dict(build[i + 1].split("=", 1) for i, a in enumerate(build) if a == "--build-arg")
+    assert build_args["MODEL_NAME"] == MODEL_NAME and build_args["MODEL_VERSION"] == "1.0"
+    # The stand-in has every image, so the official base is used as it is.
+    assert build_args["BASE_IMAGE"] == "docker.io/library/python:3.11-slim-bookworm"
 
     instructions = dockerfile_instructions((context / "Dockerfile").read_text())
-    (base,) = [args for op, args in instructions if op == "FROM"]
-    assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm", base), base
+    froms = [args.split() for op, args in instructions if op == "FROM"]
+    # Every stage on the BASE_IMAGE build argument: the Java runtime, the agent's builder (a JDK
+    # on top of it), the virtualenv's builder, and the runtime on the Java stage.
+    assert froms == [["${BASE_IMAGE}", "AS", "java"], ["java", "AS", "agent"],
+                     ["${BASE_IMAGE}", "AS", "builder"], ["java", "AS", "runtime"]]
+    # The agent is built from source with javac and jar, as the Makefile does, never copied in.
+    runs = " ".join(a for op, a in instructions if op == "RUN")
+    assert "javac --release 17 -Xlint:all -Werror" in runs and "jar --create" in runs
+    assert not list(context.rglob("*.jar")), "a built jar in the build context"
+    assert (context / "agent" / "MANIFEST.MF").is_file()
     args = {k: v for k, _, v in (a.partition("=") for op, a in instructions if op == "ARG")}
+    assert re.fullmatch(r"docker\.io/library/python:3\.11-slim-bookworm", args["BASE_IMAGE"])
     args.update(build_args)
-    copies = [a.split() for op, a in instructions if op == "COPY"]
+    copies = [a.split() for op, a in instructions if op == "COPY" and not a.startswith("--from=")]
     assert copies, "no COPY found"
     for *sources, _dest in copies:
         for source in sources:
@@ -280,6 +294,14 @@ def test_make_image_stages_every_file_the_dockerfile_copies(make, mar_v1, build_
             assert (context / path).exists(), f"COPY source missing from the context: {path}"
     assert (context / "model_store" / mar_v1.name).read_bytes() == mar_v1.read_bytes()
     assert sorted(p.name for p in (context / "model_store").iterdir()) == [mar_v1.name]
+    # The wheelhouse: the pinned requirements and a wheel for each of them, nothing to download.
+    wheels = sorted(p.name for p in (context / "wheelhouse").glob("*.whl"))
+    assert (context / "wheelhouse" / "requirements.txt").read_text() == (REPO / "requirements.txt").read_text()
+    for line in (REPO / "requirements.txt").read_text().splitlines():
+        name = line.split("#")[0].strip().split("==")[0]
+        if name:
+            normal = re.sub(r"[-_.]+", "_", name).lower()
+            assert any(w.lower().startswith(normal + "-") for w in wheels), f"no wheel for {name}"
 
     (user,) = [a for op, a in instructions if op == "USER"]
     uid, gid = (int(x) for x in user.split(":"))

@@ -39,3 +39,17 @@ def test_bad_greedy_value_and_missing_agent_are_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(srv, "AGENT_JAR", tmp_path / "missing.jar")
     with pytest.raises(ServerError, match="make agent"):
         instance(tmp_path).effective_props(41234)
+
+
+def test_the_probes_do_not_import_torch():
+    """The kubelet runs `python -m rtserve.probe` every few seconds in the container: without
+    torch it starts in a fraction of the time and memory (with it, about 200 MB each, and
+    probes left running under load once ran a pod out of memory)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = "import sys, rtserve.probe, rtserve.server; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2]).stdout
+    assert out.strip() == "[]", out

@@ -1,0 +1,222 @@
+"""Report an image and its pod: size with a breakdown, time to ready, memory idle and under load,
+and the sizing that follows from them.
+
+Measured, never asserted: `make pod-report` builds what is missing, starts a pod on free loopback
+ports, sends steady load through its gateway, and prints (and writes JSON):
+
+- the image's size, per layer (base, Java runtime, virtualenv, rtserve) and the largest packages;
+- seconds from `podman run` until the kubelet loop saw every probe pass;
+- each container's memory at idle and under load (``podman stats``), and the load's rate and
+  latency percentiles through the gateway;
+- the sizing sweep: ``wrk`` (closed loop, one thread, bench/wrk_post.lua) through the gateway at
+  rising concurrency, each point's requests/s, p99, the pod's CPU (in cores, from its cgroup's
+  usage) and memory; the pod's capacity is the most requests/s of a point with p99 under
+  ``--p99-ms`` (15) and no errors. The pod runs at the manifest's CPU limit (``--cpus``); on a
+  machine with no more cores than that limit, wrk and the pod share them, so the capacity is a
+  lower bound.
+- what follows (:func:`sizing`): the HPA's CPU target, requests/limits, and pods and cores for
+  10k and 100k requests/s.
+
+    .venv/bin/python -m bench.pod_report --tag 1.0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.loadgen import SteadyLoad, summarize
+from bench.perf import run_wrk
+from deploy.podman.pod import PodConfig, down, pod_spec, podman, render, up
+from rtserve.server import free_ports, sample_payload
+
+logger = logging.getLogger(__name__)
+REPO = Path(__file__).resolve().parent.parent
+SITE = "/opt/venv/lib/python3.11/site-packages"
+
+
+def image_breakdown(image: str) -> dict:
+    """Total size, sizes per layer (largest first) and the largest installed packages, in MB."""
+    size = int(podman("image", "inspect", "--format", "{{.Size}}", image).stdout)
+    layers = []
+    for line in podman("history", "--no-trunc", "--format", "{{.Size}}\t{{.CreatedBy}}", image).stdout.splitlines():
+        human, created = line.split("\t", 1)
+        if human.strip() not in ("0 B", "0B"):
+            layers.append({"size": human.strip(), "step": " ".join(created.split())[:90]})
+    du = podman("run", "--rm", "--entrypoint", "sh", image, "-c",
+                f"du -sm {SITE}/* /usr/lib/jvm/* | sort -rn | head -12").stdout
+    packages = {line.split("\t")[1].removeprefix(SITE + "/"): int(line.split("\t")[0])
+                for line in du.splitlines() if "\t" in line}
+    return {"image": image, "size_mb": round(size / 1e6), "layers": layers, "largest_mb": packages}
+
+
+def memory(pod: str) -> dict[str, str]:
+    """Memory use per container of ``pod`` (podman stats)."""
+    out = podman("stats", "--no-stream", "--format", "{{.Name}}\t{{.MemUsage}}").stdout
+    return {n.removeprefix(pod + "-"): m.split("/")[0].strip()
+            for n, m in (line.split("\t") for line in out.splitlines()) if n.startswith(pod + "-")}
+
+
+def _mib(text: str) -> float:
+    """``podman stats``' memory (e.g. ``512.3MB``, ``1.2GB``, ``900kB``) in MiB."""
+    units = {"kB": 1e3, "KB": 1e3, "KiB": 1024, "MB": 1e6, "MiB": 2**20, "GB": 1e9, "GiB": 2**30, "B": 1}
+    for unit in sorted(units, key=len, reverse=True):
+        if text.endswith(unit):
+            return float(text[: -len(unit)]) * units[unit] / 2**20
+    return float(text) / 2**20
+
+
+def pod_cpu_seconds(pod: str) -> float:
+    """CPU seconds used so far by the pod's containers (their cgroups' usage, via podman)."""
+    total = 0.0
+    for c in ("rtserve", "gateway"):
+        out = podman("exec", f"{pod}-{c}", "cat", "/sys/fs/cgroup/cpu.stat", check=False).stdout
+        usage = dict(line.split() for line in out.splitlines() if line.strip())
+        if "usage_usec" in usage:
+            total += int(usage["usage_usec"]) / 1e6
+            continue
+        out = podman("exec", f"{pod}-{c}", "cat", "/sys/fs/cgroup/cpuacct/cpuacct.usage", check=False).stdout
+        total += int(out.strip() or 0) / 1e9
+    return total
+
+
+def sweep(pod: str, url: str, token: str, concurrencies: list[int], seconds: float,
+          body: Path) -> list[dict]:
+    """wrk through the gateway at each concurrency: rate, latency, pod CPU (cores) and memory."""
+    points = []
+    run_wrk(url, max(concurrencies), 2, token, body)  # warm-up, not measured
+    for c in concurrencies:
+        cpu0, t0 = pod_cpu_seconds(pod), time.monotonic()
+        res = run_wrk(url, c, seconds, token, body)
+        cores = (pod_cpu_seconds(pod) - cpu0) / (time.monotonic() - t0)
+        mem = memory(pod)
+        errors = sum(res["errors"].values())
+        point = {"concurrency": c, "per_second": round(res["requests"] / (res["duration_us"] / 1e6), 1),
+                 "p50_ms": round(res["latency_us"]["p50"] / 1e3, 2),
+                 "p99_ms": round(res["latency_us"]["p99"] / 1e3, 2), "errors": errors,
+                 "pod_cores": round(cores, 2), "memory": mem,
+                 "memory_mib": round(sum(_mib(m) for m in mem.values()))}
+        logger.info("c=%-3d %7.1f req/s  p50 %6.2f ms  p99 %6.2f ms  errors %d  pod %.2f cores  %s",
+                    c, point["per_second"], point["p50_ms"], point["p99_ms"], errors, cores, mem)
+        points.append(point)
+    return points
+
+
+def sizing(points: list[dict], p99_ms: float, cpu_limit: float, memory_idle_mib: float,
+           headroom: float, rates: tuple[int, ...] = (10_000, 100_000)) -> dict:
+    """What the sweep says: the capacity per pod, the HPA CPU target, requests and limits, pods
+    and cores for ``rates``.
+
+    - capacity: the most req/s of a point with p99 under ``p99_ms`` and no errors;
+    - HPA target: the pod's CPU use at that capacity as a share of its limit, times ``headroom``
+      (scaling out starts before a pod reaches its p99 limit: the HPA reacts in tens of seconds);
+    - CPU requests = limits = the manifest's limit (Guaranteed QoS; the capacity was measured at
+      it); memory requests = limits = the most measured under load, plus 50 %, rounded up to
+      256 MiB;
+    - pods for a rate: the rate over the load a pod carries at the HPA's target.
+    """
+    ok = [p for p in points if p["p99_ms"] < p99_ms and p["errors"] == 0]
+    if not ok:
+        return {"capacity_per_second": None, "note": f"no point had p99 under {p99_ms} ms"}
+    best = max(ok, key=lambda p: p["per_second"])
+    used = min(1.0, best["pod_cores"] / cpu_limit)
+    target_pct = int(used * headroom * 100 // 5 * 5)
+    per_pod = best["per_second"] * headroom
+    peak_mib = max([memory_idle_mib] + [p["memory_mib"] for p in points])
+    memory_mib = math.ceil(peak_mib * 1.5 / 256) * 256
+    return {
+        "p99_limit_ms": p99_ms, "capacity_per_second": best["per_second"],
+        "at_concurrency": best["concurrency"], "p99_ms_at_capacity": best["p99_ms"],
+        "pod_cores_at_capacity": best["pod_cores"], "cpu_limit": cpu_limit,
+        "hpa_target_utilization_pct": target_pct, "per_pod_at_target": round(per_pod, 1),
+        "memory_peak_mib": round(peak_mib), "memory_request_mib": memory_mib,
+        "pods_for": {str(r): math.ceil(r / per_pod) for r in rates},
+        "cores_for": {str(r): math.ceil(r / per_pod) * cpu_limit for r in rates},
+    }
+
+
+def render_sizing(s: dict) -> str:
+    """The sizing as a Markdown table (docs/image-and-pod.md)."""
+    if not s.get("capacity_per_second"):
+        return s.get("note", "no sizing")
+    rows = [
+        ("per pod at its CPU limit, p99 < %g ms" % s["p99_limit_ms"],
+         f"{s['capacity_per_second']:.0f} req/s (c={s['at_concurrency']}, p99 {s['p99_ms_at_capacity']} ms, "
+         f"{s['pod_cores_at_capacity']} of {s['cpu_limit']:g} cores)"),
+        ("memory, most measured", f"{s['memory_peak_mib']} MiB"),
+        ("pod CPU requests = limits (rtserve + gateway)", f"{s['cpu_limit']:g}"),
+        ("memory requests = limits", f"{s['memory_request_mib']} Mi"),
+        ("HPA CPU target", f"{s['hpa_target_utilization_pct']} % ({s['per_pod_at_target']:.0f} req/s per pod)"),
+    ] + [(f"{int(r):,} req/s", f"{n} pods, {s['cores_for'][r]:g} cores") for r, n in s["pods_for"].items()]
+    return "\n".join(["| | |", "|---|---|"] + [f"| {a} | {b} |" for a, b in rows])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tag", default="1.0", help="the rtserve image tag (model version)")
+    parser.add_argument("--image", default="registry.example.com/ml/rtserve")
+    parser.add_argument("--rate", type=float, default=200.0)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--concurrency-sweep", default="1,2,4,8,16,32",
+                        help="wrk concurrencies of the sizing sweep ('' skips it)")
+    parser.add_argument("--sweep-seconds", type=float, default=8.0)
+    parser.add_argument("--p99-ms", type=float, default=15.0)
+    parser.add_argument("--headroom", type=float, default=0.7,
+                        help="share of the capacity a pod carries at the HPA's target")
+    parser.add_argument("--work-dir", type=Path, default=REPO / ".run" / "pod-report")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "pod_report.json")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    report = {"image": image_breakdown(f"{args.image}:{args.tag}")}
+    build_log = REPO / "build" / "image" / f"{args.tag}.log"
+    ports = dict(zip(("inference", "management", "metrics"), free_ports(3)))
+    config = PodConfig("rtserve-report", args.work_dir, None, ports, args.tag)
+    try:
+        report["seconds_to_ready"] = round(up(config), 1)
+        time.sleep(5)
+        report["memory_idle"] = memory(config.name)
+        token = config.token_file.read_text().strip()
+        load = SteadyLoad(f"http://127.0.0.1:{ports['inference']}/predictions/realtime-classifier",
+                          sample_payload(), lambda: token, rate=args.rate,
+                          concurrency=args.concurrency, max_seconds=args.seconds + 30, timeout=10.0)
+        load.start("load")
+        time.sleep(args.seconds)
+        report["memory_load"] = memory(config.name)
+        (phase,) = summarize(load.stop())
+        report["load"] = {"rate_target": args.rate, "sent": phase.sent, "failed": phase.failed,
+                          "per_second": round(phase.sent / args.seconds, 1),
+                          "p50_ms": phase.p50_ms, "p99_ms": phase.p99_ms}
+        if args.concurrency_sweep:
+            # The pod's CPU: every container's limit (the HPA divides the pod's use by the sum).
+            pod_cpus = sum(float(c.cpus) for c in pod_spec(render(config.overlay), token).containers
+                           if c.cpus)
+            with tempfile.TemporaryDirectory() as tmp:
+                body = Path(tmp) / "request.json"
+                body.write_text(json.dumps(sample_payload()))
+                points = sweep(config.name, f"http://127.0.0.1:{ports['inference']}/predictions/realtime-classifier",
+                               token, [int(c) for c in args.concurrency_sweep.split(",")],
+                               args.sweep_seconds, body)
+            idle = sum(_mib(m) for m in report["memory_idle"].values())
+            report["sweep"] = points
+            report["sizing"] = sizing(points, args.p99_ms, pod_cpus, idle, args.headroom)
+    finally:
+        down(config.pod_dir)
+    report["build_log"] = str(build_log) if build_log.exists() else None
+    print(json.dumps(report, indent=1))
+    if "sizing" in report:
+        print(render_sizing(report["sizing"]))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

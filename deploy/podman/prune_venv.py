@@ -1,0 +1,59 @@
+"""Trim a built virtualenv to what runs (used by the Dockerfile's builder stage).
+
+    python prune_venv.py VENV
+
+Removes test suites (``tests`` packages, torch's ``test`` data and C++ test binaries) and keeps
+compiled bytecode only for the modules rtserve actually imports (the server, the probes, the
+worker and the handler with its explanations): the image's root filesystem is read-only, so
+those must be precompiled; any other module still has its source and is compiled in memory if it
+is ever imported. Prints what it removed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import sys
+from pathlib import Path
+
+#: What the server container runs: the handler, the probes, the frontend's worker, rtserve.
+RUNTIME_MODULES = ("handler.rtserve_handler", "handler.explain", "rtserve.server", "rtserve.probe",
+                   "rtserve.oip", "rtserve.gateway", "ts.model_service_worker", "ts.service",
+                   "ts.torch_handler.base_handler", "ts.model_loader", "captum.attr", "psutil",
+                   "requests", "yaml", "numpy")
+#: torch/bin: C++ test programs and protoc, none used by torch at run time, but the shared-memory
+#: manager that torch.multiprocessing starts.
+TORCH_BIN_KEEP = {"torch_shm_manager"}
+
+
+def size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
+
+
+def main(venv: str) -> int:
+    site = next(Path(venv).glob("lib/python3*/site-packages"))
+    removed = {"tests": 0, "torch test data and binaries": 0, "bytecode of modules never imported": 0}
+    for tests in [p for p in site.glob("**/tests") if p.is_dir()]:
+        if tests.exists():
+            removed["tests"] += size(tests)
+            shutil.rmtree(tests)
+    for path in [site / "torch" / "test", *(p for p in (site / "torch" / "bin").iterdir()
+                                             if p.name not in TORCH_BIN_KEEP)]:
+        if path.exists():
+            removed["torch test data and binaries"] += size(path)
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    for name in RUNTIME_MODULES:
+        importlib.import_module(name)
+    keep = {Path(cached) for m in list(sys.modules.values())
+            if isinstance(cached := getattr(m, "__cached__", None), str)}
+    for pyc in site.rglob("*.pyc"):
+        if pyc not in keep:
+            removed["bytecode of modules never imported"] += pyc.stat().st_size
+            pyc.unlink()
+    for what, n in removed.items():
+        print(f"pruned {n / 1e6:.0f} MB: {what}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

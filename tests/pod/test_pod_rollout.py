@@ -1,0 +1,48 @@
+"""Rolling replacement with real pods behind a real nginx under load (bench/pod_rollout.py).
+
+Two 1.0 pods are replaced one at a time by 2.0 pods, then back to 1.0: `make pod-rollout` runs
+the same and docs/image-and-pod.md has its figures.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from bench.pod_rollout import run as run_rollout
+from tests.pod.conftest import podman
+
+pytestmark = pytest.mark.pod
+
+
+def test_pods_are_replaced_one_at_a_time_without_a_failed_request(images, tmp_path):
+    prefix = f"rtserve-pytest-roll-{os.getpid()}"
+    report = run_rollout(tmp_path / "rollout", images, hold=1.0, rate=40, concurrency=3,
+                         pod_prefix=prefix)
+    assert report["failed"] == 0, [p["errors"] for p in report["phases"] if p["errors"]]
+    assert report["requests"] > 500
+    phases = report["phases"]
+    assert phases[0]["phase"] == "all on 1.0 [r1:1.0+r2:1.0]"
+    assert [p["phase"] for p in phases if p["phase"].startswith("all on")] == [
+        "all on 1.0 [r1:1.0+r2:1.0]", "all on 2.0 [r3:2.0+r4:2.0]", "all on 1.0 [r5:1.0+r6:1.0]"]
+    assert report["steady_ok"]  # each steady phase answered by its version only
+    assert any(p["versions"].keys() == {"1.0", "2.0"} for p in phases)
+    actions = [(s["action"], s["replica"]) for s in report["steps"]]
+    assert actions[:4] == [("start", "r1+r2"), ("start", "r3"), ("add", "r3"), ("remove", "r1")]
+    # One at a time: each new pod is in the balancer before an old one goes out, and each old
+    # one drains and stops only once out (its termination may overlap the next pod's start).
+    for new, old in (("r3", "r1"), ("r4", "r2"), ("r5", "r3"), ("r6", "r4")):
+        order = [actions.index(a) for a in (("start", new), ("add", new), ("remove", old),
+                                            ("drain", old), ("stop", old))]
+        assert order == sorted(order), (new, old, actions)
+    assert [a for a, _ in actions].count("drain") == 4
+    assert all(s["seconds"] >= 10 for s in report["steps"] if s["action"] == "drain"), \
+        "preStop waits the manifest's 10 s propagation"
+    assert report["auth"] == {
+        "balancer without a key": 401, "balancer with a wrong key": 401,
+        "balancer with a pod's TorchServe key": 401, "hop without a key": 401,
+        "pod gateway without a key": 401, "balancer with the gateway key": 200,
+    }
+    pods = podman("pod", "ps", "--format", "{{.Name}}").stdout.split()
+    assert not [p for p in pods if p.startswith(prefix)], pods
