@@ -784,7 +784,7 @@ def plot(results: list[ServerResult], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
+    fig, ax = plt.subplots(figsize=(10, 7), dpi=100)
     styles = {"p50_ms": ("-", "o"), "p95_ms": ("--", "s"), "p99_ms": (":", "^")}
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, r in enumerate(results):
@@ -801,7 +801,7 @@ def plot(results: list[ServerResult], path: Path, title: str) -> None:
     ax.set_ylabel("latency (ms, log scale)")
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, ncol=len(results), loc="upper right")
+    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.1))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
