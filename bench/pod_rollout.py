@@ -29,13 +29,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import requests
+
 
 from bench.balancer import Backend
 from bench.rolling_rehearsal import REPO, Rehearsal, render
 from bench.rolling_rehearsal import run as run_rehearsal
 from deploy.podman.pod import PodConfig, down, ensure_token, up
-from rtserve.server import free_ports, sample_payload
+from rtserve.server import free_ports
 
 logger = logging.getLogger(__name__)
 DRAINED = re.compile(r"drained after ([\d.]+)s \((\d+) requests seen")
@@ -143,12 +143,7 @@ class PodRehearsal(Rehearsal):
         replica = self.live[0]
         pod_url = replica.backend().inference_url
         key = json.loads((replica.config.pod_dir / "volumes" / "run" / "key_file.json").read_text())
-
-        def post(base: str, token: str | None) -> int:
-            headers = {"Authorization": f"Bearer {token}"} if token else {}
-            return requests.post(f"{base}/predictions/{self.model}", json=sample_payload(),
-                                 headers=headers, timeout=10).status_code
-
+        post = self.post_status
         return {
             "balancer without a key": post(self.nginx.url, None),
             "balancer with a wrong key": post(self.nginx.url, "wrong"),

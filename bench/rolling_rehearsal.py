@@ -115,15 +115,16 @@ class Rehearsal:
         self._phase(f"all on {version}")
         self.load.start(self.load.phase)
 
+    def post_status(self, base: str, key: str | None) -> int:
+        """The status of one prediction sent to ``base`` with bearer ``key`` (none: no header)."""
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return requests.post(f"{base}/predictions/{self.model}", json=sample_payload(),
+                             headers=headers, timeout=10).status_code
+
     def check_auth(self) -> dict[str, int]:
         """Statuses without the right token at each hop (all refused), and with it (200)."""
         replica = self.live[0]
-
-        def post(base: str, key: str | None) -> int:
-            headers = {"Authorization": f"Bearer {key}"} if key else {}
-            return requests.post(f"{base}/predictions/{self.model}", json=sample_payload(),
-                                 headers=headers, timeout=10).status_code
-
+        post = self.post_status
         return {
             "balancer without a key": post(self.nginx.url, None),
             "balancer with a wrong key": post(self.nginx.url, "wrong"),

@@ -157,3 +157,12 @@ class Reference:
             x, baselines=base.unsqueeze(0), target=target, n_steps=n_steps,
             return_convergence_delta=True)
         return attributions[0].tolist(), float(delta[0])
+
+
+def keep_only(rollout, version: str = "1.0") -> None:
+    """Leave a server as a module fixture made it: ``version`` the default and the only one."""
+    for other in rollout.versions():
+        if other != version:
+            if rollout.default_version() == other:
+                rollout.client.set_default(rollout.model, version)
+            rollout.client.unregister(rollout.model, other)

@@ -30,7 +30,7 @@ from rtserve.measure import GoldenMismatch
 from rtserve.package import export
 from rtserve.rollout import HISTORY_FILE, GateRefused, History, Rollout, Verification
 from tests.conftest import MODEL_NAME, REPO, make_archive
-from tests.helpers import demo_eager
+from tests.helpers import demo_eager, keep_only
 from tests.unit.test_package import rewrite
 
 pytestmark = pytest.mark.integration
@@ -120,11 +120,7 @@ def rollout(server, store):
     audit = server.run_dir / "logs" / "audit.log"
     ro = Rollout(server.client(timeout=120), history, MODEL_NAME, Verification(store[0], CONFIG, audit))
     yield ro
-    for version in ro.versions():  # leave the module's server as the fixture made it
-        if version != "1.0":
-            if ro.default_version() == version:
-                ro.client.set_default(MODEL_NAME, "1.0")
-            ro.client.unregister(MODEL_NAME, version)
+    keep_only(ro)  # leave the module's server as the fixture made it
 
 
 def last_gate_records(server) -> tuple[dict, dict]:

@@ -12,6 +12,7 @@ from rtserve.client import AuthError, Client, NotFound, Refused, TorchServeError
 from rtserve.rollout import HISTORY_FILE, History, Rollout, RolloutError
 from rtserve.server import sample_payload
 from tests.conftest import MODEL_NAME, REPO, make_archive
+from tests.helpers import keep_only
 from tests.integration.conftest import start_server
 
 pytestmark = pytest.mark.integration
@@ -34,11 +35,7 @@ def rollout(server, store):
     history.path.unlink(missing_ok=True)
     ro = Rollout(server.client(timeout=120), history, MODEL_NAME)
     yield ro
-    for version in ro.versions():  # leave the module's server as the fixture made it
-        if version != "1.0":
-            if ro.default_version() == version:
-                ro.client.set_default(MODEL_NAME, "1.0")
-            ro.client.unregister(MODEL_NAME, version)
+    keep_only(ro)  # leave the module's server as the fixture made it
 
 
 def served_versions(client: Client, n: int = 6, version: str | None = None) -> set[str]:
