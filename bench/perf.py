@@ -60,6 +60,10 @@ VARIANTS: dict[str, tuple[str, dict, dict]] = {
     "torchserve-notelemetry": ("rtserve, handler metrics and audit off",
                                {}, {"handler": {"metrics": False, "audit_log": False}}),
     "torchserve-bs1": ("rtserve, batchSize 1 (no batching at all)", {}, {"batchSize": 1}),
+    "torchserve-nometrics": ("rtserve, handler metrics and drift off (audit on)", {},
+                             {"handler": {"metrics": False}}),
+    "torchserve-noaudit": ("rtserve, audit trail off (metrics and drift on)", {},
+                           {"handler": {"audit_log": False}}),
     "torchserve-unbuffered": ("rtserve, TorchServe's own worker reads (one recv per field)", {},
                               {"handler": {"buffered_reads": False}}),
     "torchserve-threadperbatch": ("rtserve, the JVM's default common pool (a thread per batch "
@@ -67,7 +71,8 @@ VARIANTS: dict[str, tuple[str, dict, dict]] = {
                                                   .replace(COMMON_POOL, "")}, {}),
 }
 DEFAULT_SERVERS = "fastapi-1w,fastapi-2w,fastapi-2w-async," + ",".join(
-    name for name in VARIANTS if name not in ("torchserve-threadperbatch", "torchserve-unbuffered"))
+    name for name in VARIANTS if name not in ("torchserve-threadperbatch", "torchserve-unbuffered",
+                                              "torchserve-nometrics", "torchserve-noaudit"))
 #: Cumulative counters read around the c=1 point: the frontend's time per request from the
 #: request's arrival to its answer, the part of it spent queued, and the handler's stages.
 BREAKDOWN_COUNTERS = ("ts_inference_requests_total", "ts_inference_latency_microseconds",
