@@ -32,7 +32,7 @@ from pathlib import Path
 
 
 from bench.balancer import Backend
-from bench.rolling_rehearsal import REPO, Rehearsal, render
+from bench.rolling_rehearsal import REPO, Rehearsal, finish
 from bench.rolling_rehearsal import run as run_rehearsal
 from deploy.podman.pod import PodConfig, down, ensure_token, up
 from rtserve.server import free_ports
@@ -193,10 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         else {args.old: args.old, args.new: args.new}
     report = run(args.work_dir, tags, old=args.old, new=args.new, hold=args.hold, rate=args.rate,
                  concurrency=args.concurrency)
-    sys.stdout.write(render(report) + "\n")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    return 0 if report["failed"] == 0 and report["steady_ok"] else 1
+    return finish(report, args.out)
 
 
 if __name__ == "__main__":

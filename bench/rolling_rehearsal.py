@@ -270,9 +270,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     report = run(args.work_dir, args.model_store, args.model, args.old, args.new, args.replicas,
                  args.hold, args.rate, args.concurrency, args.quiet)
+    return finish(report, args.out)
+
+
+def finish(report: dict, out: Path) -> int:
+    """Print a rehearsal's report, write its JSON to ``out``; exit status 0 when it lost nothing."""
     sys.stdout.write(render(report) + "\n")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
     return 0 if report["failed"] == 0 and report["steady_ok"] else 1
 
 
