@@ -1,10 +1,12 @@
-"""Call TorchServe's gRPC inference API with stubs generated from proto/ (TorchServe's own files).
+"""Call TorchServe's gRPC inference API with stubs generated from the installed server's own protos.
 
     .venv/bin/python examples/grpc_client.py                  # the server of `make serve`
     .venv/bin/python examples/grpc_client.py --port 7070 --key-file .run/key_file.json
 
 Sends examples/request.json to ``Predictions``, then the same features as a KServe v1 body, and
-prints both answers. Needs grpcio and grpcio-tools (requirements-dev.txt, installed by make venv).
+prints both answers. The stubs are generated once per installed TorchServe, from the .proto files in
+its frontend jar (rtserve/grpc_stubs.py), into --stubs. Needs grpcio and grpcio-tools
+(requirements-dev.txt, installed by make venv).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=7070, help="grpc_inference_port")
     parser.add_argument("--key-file", type=Path, default=REPO / ".run" / "key_file.json")
     parser.add_argument("--model", default="realtime-classifier")
-    parser.add_argument("--stubs", type=Path, default=REPO / "build" / "grpc")
+    parser.add_argument("--stubs", type=Path, default=REPO / "build" / "grpc",
+                        help="cache directory of the generated stubs")
     args = parser.parse_args()
 
     stubs = generate(args.stubs)

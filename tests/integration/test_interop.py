@@ -1,8 +1,9 @@
 """KServe v1, Open Inference Protocol (v2) over REST, and TorchServe's gRPC APIs, on a real
 TorchServe, spoken by clients this project did not write: Triton's ``tritonclient[http]`` (an
-Open Inference Protocol client) and gRPC stubs generated from TorchServe's own proto files. KServe
-v1 has no light published client; its requests are plain HTTP (``requests``). Every answer is
-compared with the plain ``/predictions`` answer for the same features."""
+Open Inference Protocol client) and gRPC stubs generated from the proto files inside the installed
+TorchServe frontend jar. KServe v1 has no light published client; its requests are plain HTTP
+(``requests``). Every answer is compared with the plain ``/predictions`` answer for the same
+features."""
 
 from __future__ import annotations
 
@@ -46,8 +47,9 @@ def triton_client(server):
 
 
 @pytest.fixture(scope="module")
-def stubs(tmp_path_factory):
-    return generate(tmp_path_factory.mktemp("grpc_stubs"))
+def stubs():
+    """Generated from the installed frontend jar's protos into build/grpc (once per jar)."""
+    return generate()
 
 
 def assert_same(answers: list[dict], expected: list[dict]) -> None:
@@ -136,7 +138,7 @@ def test_v2_model_metadata_and_readiness_are_not_served(server, keys):
     assert resp.json() == {"error": "Model versioning is not yet supported."}
 
 
-# -- gRPC, with stubs generated from TorchServe's proto files ----------------------------------
+# -- gRPC, with stubs generated from the installed frontend jar's proto files ------------------
 def test_grpc_predictions_match_the_plain_route(server, keys, stubs, plain):
     port = server.props["grpc_inference_port"]
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
