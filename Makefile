@@ -40,7 +40,7 @@ AGENT_SRC := $(wildcard agent/src/rtserve/agent/*.java) agent/MANIFEST.MF
 .PHONY: help
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make \033[36m<target>\033[0m [VAR=value]\n"} \
-	  /^[a-zA-Z0-9_.%-]+:.*?##/ { printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2 } \
+	  /^[a-zA-Z0-9_.%-]+:.*?##/ { printf "  \033[36m%-24s\033[0m %s\n", $$1, $$2 } \
 	  /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
 	@printf "\nVariables: MODEL_NAME=%s MODEL_VERSION=%s MODEL_STORE=%s\n" "$(MODEL_NAME)" "$(MODEL_VERSION)" "$(MODEL_STORE)"
 
@@ -110,6 +110,23 @@ $(AGENT_JAR): $(AGENT_SRC)
 	jar --create --file $@ --manifest agent/MANIFEST.MF -C build/agent/classes .
 	@echo ">> built $@"
 
+WHEELHOUSE    ?= build/wheelhouse
+WHEELHOUSE_STAMP := $(WHEELHOUSE)/.built
+
+.PHONY: wheelhouse
+wheelhouse: $(WHEELHOUSE_STAMP) ## Wheels of the pinned requirements.txt, made on this host (the image installs only these)
+
+$(WHEELHOUSE_STAMP): requirements.txt | $(STAMP)
+	@echo ">> wheels for requirements.txt into $(WHEELHOUSE)"
+	rm -rf $(WHEELHOUSE) && mkdir -p $(WHEELHOUSE)
+	$(BIN)/pip wheel --quiet --disable-pip-version-check -r requirements.txt -w $(WHEELHOUSE)
+	cp requirements.txt $(WHEELHOUSE)/
+	@touch $@
+
+.PHONY: clean
+clean: ## Remove build outputs (archives, artifacts, run directory); keeps .venv
+	rm -rf build $(DEMO_ARTIFACTS) $(RUN_DIR) $(MODEL_STORE)/*.mar
+
 ##@ Run
 .PHONY: serve
 serve: $(MAR) $(AGENT_JAR) ## Build the archive (the demo, or ARTIFACTS), start TorchServe on localhost, wait until it answers
@@ -137,42 +154,8 @@ stop: ## Stop the TorchServe started by `make serve` (DRAIN=1: drain first, see 
 drain: $(STAMP) ## Mark the running server not ready, wait until no request arrives, waits or runs
 	$(PY) -m rtserve.server drain --run-dir $(RUN_DIR)
 
-##@ Monitoring (Prometheus and Alertmanager on loopback; docs/monitoring.md)
-PROMETHEUS_PORT   ?= 9090
-ALERTMANAGER_PORT ?= 9093
-ALERT_WEBHOOK     ?=
-MONITORING_DIR    ?= deploy/monitoring
-
-.PHONY: monitor-deps
-monitor-deps: ## Install Prometheus, Alertmanager and promtool from Debian's packages if missing
-	@if command -v prometheus >/dev/null && command -v promtool >/dev/null && \
-	    { command -v prometheus-alertmanager || command -v alertmanager; } >/dev/null; then \
-	  echo ">> present: $$(prometheus --version 2>&1 | head -1)"; \
-	else \
-	  echo ">> installing prometheus and prometheus-alertmanager from Debian's packages (apt-get)"; \
-	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null 2>&1 || \
-	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager; }; }; \
-	fi
-
-.PHONY: monitor
-monitor: monitor-deps $(STAMP) ## Start Prometheus (127.0.0.1:PROMETHEUS_PORT) and Alertmanager scraping the server `make serve` runs
-	$(PY) -m rtserve.monitor start --run-dir $(RUN_DIR) --prometheus-port $(PROMETHEUS_PORT) \
-	  --alertmanager-port $(ALERTMANAGER_PORT) $(if $(ALERT_WEBHOOK),--webhook $(ALERT_WEBHOOK))
-
-.PHONY: monitor-stop
-monitor-stop: ## Stop the Prometheus and Alertmanager `make monitor` started (by their PID files)
-	$(PY) -m rtserve.monitor stop --run-dir $(RUN_DIR)
-
-.PHONY: test-rules
-test-rules: monitor-deps ## Check the alerting rules and run their unit tests (promtool)
-	promtool check rules $(MONITORING_DIR)/rtserve-alerts.yml
-	promtool test rules $(MONITORING_DIR)/tests/*.test.yml
-
-.PHONY: bench-latency-histogram
-bench-latency-histogram: $(STAMP) ## Cost of rtserve_request_duration_seconds per request (exporter side, off the request path)
-	$(PY) -m bench.request_histogram
-
-##@ Versions (on the running server, through the management API)
+##@ Versions (local server)
+# On the running server, through the management API.
 # The promotion gate (docs/versions-and-promotion.md): thresholds in GATE_CONFIG; REQUESTS: a
 # JSON-lines file of recent request bodies compared too; FORCE=1 REASON="..." overrides a refusal.
 GATE_CONFIG ?= config/gate.yaml
@@ -208,148 +191,47 @@ scale: $(STAMP) ## Scale to WORKERS workers (the default version, or VERSION=x)
 models: $(STAMP) ## List versions: default, workers and queue
 	$(RTSERVE) models $(MODEL_NAME)
 
-.PHONY: history-versions
-history-versions: $(STAMP) ## Show the recorded default-version changes (what rollback reads)
+.PHONY: history
+history: $(STAMP) ## Show the recorded default-version changes (what rollback reads)
 	$(RTSERVE) history $(MODEL_NAME)
 
-##@ Kubernetes
-IMG             ?= registry.example.com/ml/rtserve
-KUBECTL         ?= kubectl
-OVERLAY         ?= staging
-NAMESPACE       ?= rtserve-$(OVERLAY)
-K8S_APP         ?= rtserve
-ROLLOUT_TIMEOUT ?= 15m
-K8S_DIR         ?= deploy/k8s
-K8S_VERSION     ?= 1.32.0
-CHECKOV_VENV    ?= .venv-checkov
-K8S_BUILD       ?= build/k8s/$(OVERLAY)
+##@ Monitoring
+# Prometheus and Alertmanager on loopback (docs/monitoring.md).
+PROMETHEUS_PORT   ?= 9090
+ALERTMANAGER_PORT ?= 9093
+ALERT_WEBHOOK     ?=
+MONITORING_DIR    ?= deploy/monitoring
 
-K8S_OVERLAYS   := $(notdir $(wildcard $(K8S_DIR)/overlays/*))
-CHECKOV_STAMP  := $(CHECKOV_VENV)/.installed
-# The version the overlay pins (its images newTag), used when MODEL_VERSION is not given.
-pinned_version  = $(shell sed -n 's/^ *newTag: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1/p' $(K8S_DIR)/overlays/$(1)/kustomization.yaml)
-PINNED_VERSION  = $(call pinned_version,$(OVERLAY))
-DEPLOY_VERSION  = $(if $(filter file,$(origin MODEL_VERSION)),$(PINNED_VERSION),$(MODEL_VERSION))
-# The version `make pod` runs: MODEL_VERSION when given, else the one POD_OVERLAY pins.
-POD_VERSION     = $(if $(filter file,$(origin MODEL_VERSION)),$(call pinned_version,$(POD_OVERLAY)),$(MODEL_VERSION))
+.PHONY: monitor-deps
+monitor-deps: ## Install Prometheus, Alertmanager and promtool from Debian's packages if missing
+	@if command -v prometheus >/dev/null && command -v promtool >/dev/null && \
+	    { command -v prometheus-alertmanager || command -v alertmanager; } >/dev/null; then \
+	  echo ">> present: $$(prometheus --version 2>&1 | head -1)"; \
+	else \
+	  echo ">> installing prometheus and prometheus-alertmanager from Debian's packages (apt-get)"; \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null 2>&1 || \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager; }; }; \
+	fi
 
-.PHONY: image-push
-image-push: ## Push IMG:MODEL_VERSION to its registry
-	$(DOCKER) push $(IMG):$(MODEL_VERSION)
+.PHONY: monitor
+monitor: monitor-deps $(STAMP) ## Start Prometheus (127.0.0.1:PROMETHEUS_PORT) and Alertmanager scraping the server `make serve` runs
+	$(PY) -m rtserve.monitor start --run-dir $(RUN_DIR) --prometheus-port $(PROMETHEUS_PORT) \
+	  --alertmanager-port $(ALERTMANAGER_PORT) $(if $(ALERT_WEBHOOK),--webhook $(ALERT_WEBHOOK))
 
-.PHONY: deploy
-deploy: ## Apply OVERLAY with image IMG:MODEL_VERSION (default: the overlay's pin), wait, verify (k8s-verify); undo and fail if the verification fails
-	@test -d $(K8S_DIR)/overlays/$(OVERLAY) || { echo "error: no overlay $(K8S_DIR)/overlays/$(OVERLAY) (have: $(K8S_OVERLAYS))"; exit 1; }
-	@rm -rf $(K8S_BUILD) && mkdir -p $(K8S_BUILD)
-	@printf '%s\n' \
-	  '# Written by make deploy: the overlay with this rollout'"'"'s image and change cause.' \
-	  'apiVersion: kustomize.config.k8s.io/v1beta1' \
-	  'kind: Kustomization' \
-	  'resources:' \
-	  '  - $(shell realpath -m --relative-to=$(K8S_BUILD) $(K8S_DIR)/overlays/$(OVERLAY))' \
-	  'images:' \
-	  '  - name: $(IMG)' \
-	  '    newTag: "$(DEPLOY_VERSION)"' \
-	  'patches:' \
-	  '  - patch: |-' \
-	  '      apiVersion: apps/v1' \
-	  '      kind: Deployment' \
-	  '      metadata:' \
-	  '        name: $(K8S_APP)' \
-	  '        annotations:' \
-	  '          kubernetes.io/change-cause: "$(MODEL_NAME) $(DEPLOY_VERSION) ($(IMG):$(DEPLOY_VERSION)) by make deploy"' \
-	  > $(K8S_BUILD)/kustomization.yaml
-	$(KUBECTL) kustomize $(K8S_BUILD) > $(K8S_BUILD)/manifests.yaml
-	@grep -q '^ *image: $(IMG):$(DEPLOY_VERSION)$$' $(K8S_BUILD)/manifests.yaml || { \
-	  echo "error: the $(OVERLAY) overlay's image is not $(IMG) (set IMG to the overlay's image name)"; exit 1; }
-	$(KUBECTL) apply -f $(K8S_BUILD)/manifests.yaml
-	$(KUBECTL) -n $(NAMESPACE) rollout status deployment/$(K8S_APP) --timeout=$(ROLLOUT_TIMEOUT) || { \
-	  echo ">> rollout of $(IMG):$(DEPLOY_VERSION) to $(OVERLAY) failed; to go back: make k8s-rollback OVERLAY=$(OVERLAY)"; exit 1; }
-	$(MAKE) --no-print-directory k8s-verify || { \
-	  echo ">> $(IMG):$(DEPLOY_VERSION) failed its verification on $(OVERLAY): rolling back"; \
-	  $(KUBECTL) -n $(NAMESPACE) rollout undo deployment/$(K8S_APP); \
-	  $(KUBECTL) -n $(NAMESPACE) rollout status deployment/$(K8S_APP) --timeout=$(ROLLOUT_TIMEOUT); exit 1; }
+.PHONY: monitor-stop
+monitor-stop: ## Stop the Prometheus and Alertmanager `make monitor` started (by their PID files)
+	$(PY) -m rtserve.monitor stop --run-dir $(RUN_DIR)
 
-VERIFY_DIR     ?= $(K8S_DIR)/verify
-VERIFY_BUILD   ?= $(K8S_BUILD)-verify
-VERIFY_TIMEOUT ?= 300
-
-.PHONY: k8s-verify
-k8s-verify: ## Run the verification Job (image IMG:MODEL_VERSION) against OVERLAY's Service: golden set + p99; fail with its report
-	@rm -rf $(VERIFY_BUILD) && mkdir -p $(VERIFY_BUILD)
-	@printf '%s\n' \
-	  '# Written by make k8s-verify: the verification Job for this rollout.' \
-	  'apiVersion: kustomize.config.k8s.io/v1beta1' \
-	  'kind: Kustomization' \
-	  'namespace: $(NAMESPACE)' \
-	  'resources:' \
-	  '  - $(shell realpath -m --relative-to=$(VERIFY_BUILD) $(VERIFY_DIR))' \
-	  'images:' \
-	  '  - name: $(IMG)' \
-	  '    newTag: "$(DEPLOY_VERSION)"' \
-	  > $(VERIFY_BUILD)/kustomization.yaml
-	$(KUBECTL) kustomize $(VERIFY_BUILD) > $(VERIFY_BUILD)/manifests.yaml
-	$(KUBECTL) -n $(NAMESPACE) delete job/$(K8S_APP)-verify --ignore-not-found --wait=true
-	$(KUBECTL) apply -f $(VERIFY_BUILD)/manifests.yaml
-	@result=; for i in $$(seq 1 $$(( $(VERIFY_TIMEOUT) / 2 ))); do \
-	  result="$$($(KUBECTL) -n $(NAMESPACE) get job/$(K8S_APP)-verify \
-	    -o 'jsonpath={.status.conditions[?(@.status=="True")].type}')"; \
-	  case "$$result" in *Complete*|*Failed*) break;; esac; sleep 2; done; \
-	$(KUBECTL) -n $(NAMESPACE) logs job/$(K8S_APP)-verify || true; \
-	case "$$result" in *Complete*) echo ">> $(IMG):$(DEPLOY_VERSION) verified on $(OVERLAY)";; \
-	  *) echo ">> verification of $(IMG):$(DEPLOY_VERSION) on $(OVERLAY) failed ($${result:-no result in $(VERIFY_TIMEOUT) s})"; exit 1;; esac
-
-.PHONY: rollout-status
-rollout-status: ## Wait until OVERLAY's rollout finishes (fails after ROLLOUT_TIMEOUT or the progress deadline)
-	$(KUBECTL) -n $(NAMESPACE) rollout status deployment/$(K8S_APP) --timeout=$(ROLLOUT_TIMEOUT)
-
-.PHONY: history
-history: ## List OVERLAY's rollout revisions with their change cause (model version and image)
-	$(KUBECTL) -n $(NAMESPACE) rollout history deployment/$(K8S_APP)
-
-.PHONY: k8s-rollback
-k8s-rollback: ## Roll OVERLAY back to the previous revision (or TO_REVISION) and wait for it
-	$(KUBECTL) -n $(NAMESPACE) rollout undo deployment/$(K8S_APP)$(if $(TO_REVISION), --to-revision=$(TO_REVISION))
-	$(KUBECTL) -n $(NAMESPACE) rollout status deployment/$(K8S_APP) --timeout=$(ROLLOUT_TIMEOUT)
-
-.PHONY: k8s-pin
-k8s-pin: ## Record MODEL_VERSION as OVERLAY's image tag in its kustomization.yaml (then commit it)
-	sed -i 's/^\( *newTag: *\).*$$/\1"$(MODEL_VERSION)"/' $(K8S_DIR)/overlays/$(OVERLAY)/kustomization.yaml
-	@grep -n 'newTag' $(K8S_DIR)/overlays/$(OVERLAY)/kustomization.yaml
-
-.PHONY: k8s-render
-k8s-render: ## Render every overlay to build/k8s/render/<overlay>.yaml and the verification Job to verify.yaml
-	@rm -rf build/k8s/render && mkdir -p build/k8s/render
-	@for o in $(K8S_OVERLAYS); do \
-	  $(KUBECTL) kustomize $(K8S_DIR)/overlays/$$o > build/k8s/render/$$o.yaml; echo ">> build/k8s/render/$$o.yaml"; done
-	$(KUBECTL) kustomize $(VERIFY_DIR) > build/k8s/render/verify.yaml; echo ">> build/k8s/render/verify.yaml"
-
-.PHONY: checkov-venv
-checkov-venv: $(CHECKOV_STAMP) ## Install checkov into .venv-checkov (its pins clash with the test tools')
-
-$(CHECKOV_STAMP): requirements-checkov.txt
-	@echo ">> creating $(CHECKOV_VENV) for checkov (about 30 s)"
-	$(PYTHON) -m venv $(CHECKOV_VENV)
-	$(CHECKOV_VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements-checkov.txt
-	@touch $@
-
-.PHONY: k8s-lint
-k8s-lint: k8s-render $(STAMP) $(CHECKOV_STAMP) ## Validate every overlay offline: Kubernetes K8S_VERSION schemas (strict) and checkov
-	@out="$$($(BIN)/kubernetes-validate --strict --quiet -k $(K8S_VERSION) build/k8s/render/*.yaml)" || { \
-	  echo "$$out"; exit 1; }; \
-	if [ -n "$$out" ]; then echo "$$out"; echo "error: a warning (e.g. a missing schema) counts as a failure"; exit 1; fi
-	@echo ">> every object is valid for Kubernetes $(K8S_VERSION) (strict schemas)"
-	$(CHECKOV_VENV)/bin/checkov -d build/k8s/render --framework kubernetes --skip-download --compact --quiet
-
-##@ Image and local pod (docs/image-and-pod.md)
-# Docker where it is installed, else podman (what these machines have; `make podman` installs it).
+##@ Image and pod
+# The image of one model version, and the cluster's pod run locally (docs/image-and-pod.md).
+IMG           ?= registry.example.com/ml/rtserve
+# Docker where it is installed, else podman (what these machines have; `make pod-deps` installs it).
 DOCKER        ?= $(if $(shell command -v docker 2>/dev/null),docker,podman)
 # podman reads the project's settings (runc, cgroupfs, ulimits); the machine's are left alone.
 export CONTAINERS_CONF ?= $(abspath deploy/podman/containers.conf)
 BASE_IMAGE    ?= docker.io/library/python:3.11-slim-bookworm
 # The local stand-in for BASE_IMAGE (debootstrap); its tag changes with the script that builds it.
 LOCAL_BASE    ?= localhost/rtserve-base:bookworm-$(shell sha256sum deploy/podman/build-base.sh | cut -c1-12)
-WHEELHOUSE    ?= build/wheelhouse
 IMAGE_CONTEXT ?= build/image/$(MODEL_VERSION)
 # The image's tag: the model version (what the overlays pin); tests use their own.
 IMAGE_TAG     ?= $(MODEL_VERSION)
@@ -360,10 +242,9 @@ POD_ARGS      ?=
 POD_IMAGE_TAG ?=
 GATEWAY_BASE  ?= docker.io/library/debian:bookworm-slim
 GATEWAY_STANDIN ?= localhost/rtserve-gateway-standin:nginx-bookworm
-WHEELHOUSE_STAMP := $(WHEELHOUSE)/.built
 
-.PHONY: podman
-podman: ## Install podman, buildah, debootstrap and runc from Debian's packages if podman is missing
+.PHONY: pod-deps
+pod-deps: ## Install podman, buildah, debootstrap and runc from Debian's packages if podman is missing
 	@if command -v podman >/dev/null 2>&1 && command -v runc >/dev/null 2>&1 && command -v debootstrap >/dev/null 2>&1; then \
 	  echo ">> $$(podman --version)"; \
 	else \
@@ -371,16 +252,6 @@ podman: ## Install podman, buildah, debootstrap and runc from Debian's packages 
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	    podman buildah debootstrap uidmap slirp4netns fuse-overlayfs runc iptables nginx >/dev/null; \
 	fi
-
-.PHONY: wheelhouse
-wheelhouse: $(WHEELHOUSE_STAMP) ## Wheels of the pinned requirements.txt, made on this host (the image installs only these)
-
-$(WHEELHOUSE_STAMP): requirements.txt | $(STAMP)
-	@echo ">> wheels for requirements.txt into $(WHEELHOUSE)"
-	rm -rf $(WHEELHOUSE) && mkdir -p $(WHEELHOUSE)
-	$(BIN)/pip wheel --quiet --disable-pip-version-check -r requirements.txt -w $(WHEELHOUSE)
-	cp requirements.txt $(WHEELHOUSE)/
-	@touch $@
 
 .PHONY: image-base
 image-base: ## Build LOCAL_BASE (Debian bookworm, Python 3.11) with debootstrap, for where BASE_IMAGE cannot be pulled
@@ -427,8 +298,12 @@ image-gateway: ## Build the gateway stand-in (Debian's nginx) used when the mani
 	  -f deploy/podman/gateway.Dockerfile build/image-gateway > build/image-gateway.log 2>&1 || { tail -n 30 build/image-gateway.log; exit 1; }; \
 	echo ">> built $(GATEWAY_STANDIN) on $$base"
 
+.PHONY: image-push
+image-push: ## Push IMG:MODEL_VERSION to its registry
+	$(DOCKER) push $(IMG):$(MODEL_VERSION)
+
 .PHONY: pod
-pod: podman $(STAMP) ## Run the production pod locally with podman (gateway 8080, management 8081, metrics 8082 on 127.0.0.1)
+pod: pod-deps $(STAMP) ## Run the production pod locally with podman (gateway 8080, management 8081, metrics 8082 on 127.0.0.1)
 	@$(MAKE) --no-print-directory image DOCKER=podman MODEL_VERSION=$(POD_VERSION) IMAGE_TAG=$(or $(POD_IMAGE_TAG),$(POD_VERSION))
 	@$(MAKE) --no-print-directory image-gateway DOCKER=podman
 	$(PY) -m deploy.podman.pod up --overlay $(POD_OVERLAY) --pod-dir $(POD_DIR) --image-tag $(or $(POD_IMAGE_TAG),$(POD_VERSION)) $(POD_ARGS)
@@ -442,24 +317,153 @@ pod-status: $(STAMP) ## The local pod's containers: started, ready, restarts, la
 	@$(PY) -m deploy.podman.pod status --pod-dir $(POD_DIR)
 
 .PHONY: pod-rollout
-pod-rollout: podman $(STAMP) ## Two pods 1.0 -> 2.0 -> 1.0 behind nginx under load, one at a time (about 4 min)
+pod-rollout: pod-deps $(STAMP) ## Two pods 1.0 -> 2.0 -> 1.0 behind nginx under load, one at a time (about 4 min)
 	@for v in 1.0 2.0; do $(MAKE) --no-print-directory image DOCKER=podman MODEL_VERSION=$$v; done
 	@$(MAKE) --no-print-directory image-gateway DOCKER=podman
 	$(PY) -m bench.pod_rollout
 
 .PHONY: pod-report
-pod-report: podman $(STAMP) ## Image size and breakdown, pod time to ready, memory idle and under load, the sizing sweep (about 2 min)
+pod-report: pod-deps $(STAMP) ## Image size and breakdown, pod time to ready, memory idle and under load, the sizing sweep (about 2 min)
 	@$(MAKE) --no-print-directory image DOCKER=podman MODEL_VERSION=$(POD_VERSION)
 	@$(MAKE) --no-print-directory image-gateway DOCKER=podman
 	$(PY) -m bench.pod_report --tag $(POD_VERSION)
 
+##@ Kubernetes (cluster)
+KUBECTL         ?= kubectl
+OVERLAY         ?= staging
+NAMESPACE       ?= rtserve-$(OVERLAY)
+K8S_APP         ?= rtserve
+ROLLOUT_TIMEOUT ?= 15m
+K8S_DIR         ?= deploy/k8s
+K8S_VERSION     ?= 1.32.0
+CHECKOV_VENV    ?= .venv-checkov
+K8S_BUILD       ?= build/k8s/$(OVERLAY)
+
+K8S_OVERLAYS   := $(notdir $(wildcard $(K8S_DIR)/overlays/*))
+CHECKOV_STAMP  := $(CHECKOV_VENV)/.installed
+# The version the overlay pins (its images newTag), used when MODEL_VERSION is not given.
+pinned_version  = $(shell sed -n 's/^ *newTag: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1/p' $(K8S_DIR)/overlays/$(1)/kustomization.yaml)
+PINNED_VERSION  = $(call pinned_version,$(OVERLAY))
+DEPLOY_VERSION  = $(if $(filter file,$(origin MODEL_VERSION)),$(PINNED_VERSION),$(MODEL_VERSION))
+# The version `make pod` runs: MODEL_VERSION when given, else the one POD_OVERLAY pins.
+POD_VERSION     = $(if $(filter file,$(origin MODEL_VERSION)),$(call pinned_version,$(POD_OVERLAY)),$(MODEL_VERSION))
+
+.PHONY: k8s-deploy
+k8s-deploy: ## Apply OVERLAY with image IMG:MODEL_VERSION (default: the overlay's pin), wait, verify (k8s-verify); undo and fail if the verification fails
+	@test -d $(K8S_DIR)/overlays/$(OVERLAY) || { echo "error: no overlay $(K8S_DIR)/overlays/$(OVERLAY) (have: $(K8S_OVERLAYS))"; exit 1; }
+	@rm -rf $(K8S_BUILD) && mkdir -p $(K8S_BUILD)
+	@printf '%s\n' \
+	  '# Written by make k8s-deploy: the overlay with this rollout'"'"'s image and change cause.' \
+	  'apiVersion: kustomize.config.k8s.io/v1beta1' \
+	  'kind: Kustomization' \
+	  'resources:' \
+	  '  - $(shell realpath -m --relative-to=$(K8S_BUILD) $(K8S_DIR)/overlays/$(OVERLAY))' \
+	  'images:' \
+	  '  - name: $(IMG)' \
+	  '    newTag: "$(DEPLOY_VERSION)"' \
+	  'patches:' \
+	  '  - patch: |-' \
+	  '      apiVersion: apps/v1' \
+	  '      kind: Deployment' \
+	  '      metadata:' \
+	  '        name: $(K8S_APP)' \
+	  '        annotations:' \
+	  '          kubernetes.io/change-cause: "$(MODEL_NAME) $(DEPLOY_VERSION) ($(IMG):$(DEPLOY_VERSION)) by make k8s-deploy"' \
+	  > $(K8S_BUILD)/kustomization.yaml
+	$(KUBECTL) kustomize $(K8S_BUILD) > $(K8S_BUILD)/manifests.yaml
+	@grep -q '^ *image: $(IMG):$(DEPLOY_VERSION)$$' $(K8S_BUILD)/manifests.yaml || { \
+	  echo "error: the $(OVERLAY) overlay's image is not $(IMG) (set IMG to the overlay's image name)"; exit 1; }
+	$(KUBECTL) apply -f $(K8S_BUILD)/manifests.yaml
+	$(KUBECTL) -n $(NAMESPACE) rollout status deployment/$(K8S_APP) --timeout=$(ROLLOUT_TIMEOUT) || { \
+	  echo ">> rollout of $(IMG):$(DEPLOY_VERSION) to $(OVERLAY) failed; to go back: make k8s-rollback OVERLAY=$(OVERLAY)"; exit 1; }
+	$(MAKE) --no-print-directory k8s-verify || { \
+	  echo ">> $(IMG):$(DEPLOY_VERSION) failed its verification on $(OVERLAY): rolling back"; \
+	  $(KUBECTL) -n $(NAMESPACE) rollout undo deployment/$(K8S_APP); \
+	  $(KUBECTL) -n $(NAMESPACE) rollout status deployment/$(K8S_APP) --timeout=$(ROLLOUT_TIMEOUT); exit 1; }
+
+VERIFY_DIR     ?= $(K8S_DIR)/verify
+VERIFY_BUILD   ?= $(K8S_BUILD)-verify
+VERIFY_TIMEOUT ?= 300
+
+.PHONY: k8s-verify
+k8s-verify: ## Run the verification Job (image IMG:MODEL_VERSION) against OVERLAY's Service: golden set + p99; fail with its report
+	@rm -rf $(VERIFY_BUILD) && mkdir -p $(VERIFY_BUILD)
+	@printf '%s\n' \
+	  '# Written by make k8s-verify: the verification Job for this rollout.' \
+	  'apiVersion: kustomize.config.k8s.io/v1beta1' \
+	  'kind: Kustomization' \
+	  'namespace: $(NAMESPACE)' \
+	  'resources:' \
+	  '  - $(shell realpath -m --relative-to=$(VERIFY_BUILD) $(VERIFY_DIR))' \
+	  'images:' \
+	  '  - name: $(IMG)' \
+	  '    newTag: "$(DEPLOY_VERSION)"' \
+	  > $(VERIFY_BUILD)/kustomization.yaml
+	$(KUBECTL) kustomize $(VERIFY_BUILD) > $(VERIFY_BUILD)/manifests.yaml
+	$(KUBECTL) -n $(NAMESPACE) delete job/$(K8S_APP)-verify --ignore-not-found --wait=true
+	$(KUBECTL) apply -f $(VERIFY_BUILD)/manifests.yaml
+	@result=; for i in $$(seq 1 $$(( $(VERIFY_TIMEOUT) / 2 ))); do \
+	  result="$$($(KUBECTL) -n $(NAMESPACE) get job/$(K8S_APP)-verify \
+	    -o 'jsonpath={.status.conditions[?(@.status=="True")].type}')"; \
+	  case "$$result" in *Complete*|*Failed*) break;; esac; sleep 2; done; \
+	$(KUBECTL) -n $(NAMESPACE) logs job/$(K8S_APP)-verify || true; \
+	case "$$result" in *Complete*) echo ">> $(IMG):$(DEPLOY_VERSION) verified on $(OVERLAY)";; \
+	  *) echo ">> verification of $(IMG):$(DEPLOY_VERSION) on $(OVERLAY) failed ($${result:-no result in $(VERIFY_TIMEOUT) s})"; exit 1;; esac
+
+.PHONY: k8s-status
+k8s-status: ## Wait until OVERLAY's rollout finishes (fails after ROLLOUT_TIMEOUT or the progress deadline)
+	$(KUBECTL) -n $(NAMESPACE) rollout status deployment/$(K8S_APP) --timeout=$(ROLLOUT_TIMEOUT)
+
+.PHONY: k8s-history
+k8s-history: ## List OVERLAY's rollout revisions with their change cause (model version and image)
+	$(KUBECTL) -n $(NAMESPACE) rollout history deployment/$(K8S_APP)
+
+.PHONY: k8s-rollback
+k8s-rollback: ## Roll OVERLAY back to the previous revision (or TO_REVISION) and wait for it
+	$(KUBECTL) -n $(NAMESPACE) rollout undo deployment/$(K8S_APP)$(if $(TO_REVISION), --to-revision=$(TO_REVISION))
+	$(KUBECTL) -n $(NAMESPACE) rollout status deployment/$(K8S_APP) --timeout=$(ROLLOUT_TIMEOUT)
+
+.PHONY: k8s-pin
+k8s-pin: ## Record MODEL_VERSION as OVERLAY's image tag in its kustomization.yaml (then commit it)
+	sed -i 's/^\( *newTag: *\).*$$/\1"$(MODEL_VERSION)"/' $(K8S_DIR)/overlays/$(OVERLAY)/kustomization.yaml
+	@grep -n 'newTag' $(K8S_DIR)/overlays/$(OVERLAY)/kustomization.yaml
+
+.PHONY: k8s-render
+k8s-render: ## Render every overlay to build/k8s/render/<overlay>.yaml and the verification Job to verify.yaml
+	@rm -rf build/k8s/render && mkdir -p build/k8s/render
+	@for o in $(K8S_OVERLAYS); do \
+	  $(KUBECTL) kustomize $(K8S_DIR)/overlays/$$o > build/k8s/render/$$o.yaml; echo ">> build/k8s/render/$$o.yaml"; done
+	$(KUBECTL) kustomize $(VERIFY_DIR) > build/k8s/render/verify.yaml; echo ">> build/k8s/render/verify.yaml"
+
+.PHONY: k8s-deps
+k8s-deps: $(CHECKOV_STAMP) ## Install checkov into .venv-checkov (its pins clash with the test tools')
+
+$(CHECKOV_STAMP): requirements-checkov.txt
+	@echo ">> creating $(CHECKOV_VENV) for checkov (about 30 s)"
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements-checkov.txt
+	@touch $@
+
+.PHONY: k8s-lint
+k8s-lint: k8s-render $(STAMP) $(CHECKOV_STAMP) ## Validate every overlay offline: Kubernetes K8S_VERSION schemas (strict) and checkov
+	@out="$$($(BIN)/kubernetes-validate --strict --quiet -k $(K8S_VERSION) build/k8s/render/*.yaml)" || { \
+	  echo "$$out"; exit 1; }; \
+	if [ -n "$$out" ]; then echo "$$out"; echo "error: a warning (e.g. a missing schema) counts as a failure"; exit 1; fi
+	@echo ">> every object is valid for Kubernetes $(K8S_VERSION) (strict schemas)"
+	$(CHECKOV_VENV)/bin/checkov -d build/k8s/render --framework kubernetes --skip-download --compact --quiet
+
 ##@ Test
 .PHONY: test
 test: $(STAMP) $(AGENT_JAR) ## Run the whole test suite (builds what it needs, starts and stops its own servers)
-	@$(MAKE) --no-print-directory nginx >/dev/null || \
+	@$(MAKE) --no-print-directory nginx-deps >/dev/null || \
 	  echo ">> nginx could not be installed: the rolling-rehearsal test will be skipped"
-	@$(MAKE) --no-print-directory podman  # the pod tests (-m pod) need it: they fail without
+	@$(MAKE) --no-print-directory pod-deps  # the pod tests (-m pod) need it: they fail without
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+.PHONY: test-rules
+test-rules: monitor-deps ## Check the alerting rules and run their unit tests (promtool)
+	promtool check rules $(MONITORING_DIR)/rtserve-alerts.yml
+	promtool test rules $(MONITORING_DIR)/tests/*.test.yml
 
 ##@ Benchmarks
 BENCH_STAMP := $(VENV)/.bench-installed
@@ -508,7 +512,16 @@ bench-hostile: $(MAR) ## Hostile-input corpus over HTTP mixed into valid traffic
 bench-overload: $(MAR) ## A burst of 400 requests against 1 worker and a queue of 8: fast 503s, then normal service
 	$(PY) -m bench.overload --model-store $(MODEL_STORE) --version $(MODEL_VERSION) --burst 400 --queue 8 --workers 1
 
-##@ Reliability (worker crash, drain, rolling replacement behind nginx)
+.PHONY: bench-latency-histogram
+bench-latency-histogram: $(STAMP) ## Cost of rtserve_request_duration_seconds per request (exporter side, off the request path)
+	$(PY) -m bench.request_histogram
+
+.PHONY: bench-explain
+bench-explain: $(MAR) ## Time one explanation (in-process and over HTTP on a private TorchServe); about 40 s
+	$(PY) -m bench.explain_latency --mar $(MAR)
+
+##@ Reliability
+# Worker crash, drain, rolling replacement behind nginx.
 REHEARSAL_ARGS ?=
 
 .PHONY: bench-crash
@@ -519,12 +532,12 @@ bench-crash: $(MODEL_STORE)/$(MODEL_NAME)_1.0.mar ## SIGKILL a worker under stea
 bench-drain: $(MODEL_STORE)/$(MODEL_NAME)_1.0.mar ## Stop a server under load: plain SIGTERM vs drain, then SIGTERM (about 40 s)
 	$(PY) -m bench.drain --model-store $(MODEL_STORE)
 
-.PHONY: rehearsal
-rehearsal: nginx $(MODEL_STORE)/$(MODEL_NAME)_1.0.mar $(MODEL_STORE)/$(MODEL_NAME)_2.0.mar ## Rolling replacement 1.0 -> 2.0 -> 1.0 of 2 replicas behind nginx, under load (about 90 s)
+.PHONY: bench-rehearsal
+bench-rehearsal: nginx-deps $(MODEL_STORE)/$(MODEL_NAME)_1.0.mar $(MODEL_STORE)/$(MODEL_NAME)_2.0.mar ## Rolling replacement 1.0 -> 2.0 -> 1.0 of 2 replicas behind nginx, under load (about 90 s)
 	$(PY) -m bench.rolling_rehearsal --model-store $(MODEL_STORE) $(REHEARSAL_ARGS)
 
-.PHONY: nginx
-nginx: ## Install nginx from Debian's packages if it is missing (the rehearsal's load balancer)
+.PHONY: nginx-deps
+nginx-deps: ## Install nginx from Debian's packages if it is missing (the rehearsal's load balancer)
 	@if command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx; then \
 	  echo ">> nginx present: $$(PATH=$$PATH:/usr/sbin nginx -v 2>&1)"; \
 	else \
@@ -532,16 +545,18 @@ nginx: ## Install nginx from Debian's packages if it is missing (the rehearsal's
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx; \
 	fi
 
-.PHONY: bench-explain
-bench-explain: $(MAR) ## Time one explanation (in-process and over HTTP on a private TorchServe); about 40 s
-	$(PY) -m bench.explain_latency --mar $(MAR)
-
 $(MODEL_STORE)/$(MODEL_NAME)_%.mar: FORCE
 	$(MAKE) --no-print-directory archive MODEL_VERSION=$*
 
 .PHONY: FORCE
 FORCE:
 
-.PHONY: clean
-clean: ## Remove build outputs (archives, artifacts, run directory); keeps .venv
-	rm -rf build $(DEMO_ARTIFACTS) $(RUN_DIR) $(MODEL_STORE)/*.mar
+# The names before one naming rule (k8s-* for the cluster, no prefix for the local server, image*
+# and pod* for images and pods, <group>-deps for tool installs): each fails and names its
+# successor. (`history` now means the local server's; the cluster's is k8s-history.)
+RENAMED := deploy:k8s-deploy rollout-status:k8s-status history-versions:history podman:pod-deps \
+  checkov-venv:k8s-deps nginx:nginx-deps rehearsal:bench-rehearsal
+RENAMED_OLD := $(foreach r,$(RENAMED),$(word 1,$(subst :, ,$(r))))
+.PHONY: $(RENAMED_OLD)
+$(RENAMED_OLD):
+	@echo "make $@ was renamed: use make $(word 2,$(subst :, ,$(filter $@:%,$(RENAMED))))" >&2; exit 2

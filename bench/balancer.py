@@ -138,7 +138,7 @@ class Nginx:
         self.port = port
         self.binary = binary or find_nginx()
         if not self.binary:
-            raise BalancerError("nginx is not installed: run `make nginx` (apt-get install nginx)")
+            raise BalancerError("nginx is not installed: run `make nginx-deps` (apt-get install nginx)")
         self.gateway_key = secrets.token_urlsafe(24)
         self.generation = 0
         self.proc: subprocess.Popen | None = None

@@ -12,7 +12,7 @@ Deployment with ``maxSurge: 1, maxUnavailable: 0`` does:
 and rolls back to the old version the same way. Every phase boundary is logged; it prints
 requests sent, failed (must be 0), and the versions seen in each phase, and writes JSON.
 
-    make rehearsal                             # 2 replicas, 1.0 -> 2.0 -> 1.0, about 60 s
+    make bench-rehearsal                       # 2 replicas, 1.0 -> 2.0 -> 1.0, about 60 s
     .venv/bin/python -m bench.rolling_rehearsal --replicas 3 --hold 3
 """
 

@@ -330,7 +330,7 @@ def nginx_check(conf: Path, binary: str | None = None) -> subprocess.CompletedPr
     """``nginx -t`` on ``conf`` (error log beside it); the completed process, output in stdout."""
     binary = binary or find_nginx()
     if not binary:
-        raise FileNotFoundError("nginx is not installed: run `make nginx`")
+        raise FileNotFoundError("nginx is not installed: run `make nginx-deps`")
     return subprocess.run([binary, "-t", "-c", str(conf), "-e", str(conf.with_suffix(".err"))],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=30)
 

@@ -12,7 +12,7 @@ docker=${DOCKER:-podman}
 mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 packages=python3,python3-pip,python3-venv,python-is-python3,ca-certificates
 
-command -v debootstrap >/dev/null || { echo "error: debootstrap is missing (make podman installs it)"; exit 1; }
+command -v debootstrap >/dev/null || { echo "error: debootstrap is missing (make pod-deps installs it)"; exit 1; }
 rm -rf "$work/rootfs" && mkdir -p "$work"
 echo ">> debootstrap bookworm ($packages) from $mirror: about 1.5 min"
 debootstrap --variant=minbase --include="$packages" bookworm "$work/rootfs" "$mirror" \

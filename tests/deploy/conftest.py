@@ -1,4 +1,4 @@
-"""Every overlay rendered by the real ``kubectl kustomize`` (what ``make deploy`` applies)."""
+"""Every overlay rendered by the real ``kubectl kustomize`` (what ``make k8s-deploy`` applies)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """checkov over every rendered overlay: no failed check; every skip is in the manifest with a reason.
 
-checkov runs from its own virtualenv (`make checkov-venv`, pinned in requirements-checkov.txt):
+checkov runs from its own virtualenv (`make k8s-deps`, pinned in requirements-checkov.txt):
 its pins conflict with the test tools'. ``--skip-download`` keeps it offline.
 """
 
@@ -21,7 +21,7 @@ CHECKOV = REPO / ".venv-checkov" / "bin" / "checkov"
 
 @pytest.fixture(scope="module")
 def checkov_report(tmp_path_factory) -> list[dict]:
-    subprocess.run(["make", "-s", "checkov-venv"], cwd=REPO, check=True, timeout=600)
+    subprocess.run(["make", "-s", "k8s-deps"], cwd=REPO, check=True, timeout=600)
     out = tmp_path_factory.mktemp("rendered")
     for overlay in OVERLAYS:
         (out / f"{overlay}.yaml").write_text(render(K8S_DIR / "overlays" / overlay))

@@ -4,8 +4,9 @@ No Kubernetes API server and no Docker engine exist here, so ``KUBECTL`` and ``D
 small stand-in scripts that record their arguments (the stand-in kubectl runs the real
 ``kubectl kustomize`` for rendering, keeps a copy of what it is asked to apply, and can be told
 to fail ``rollout status`` or report the verification Job failed). The tests check the exact
-commands, their order, what would be applied, that a failed rollout makes ``make deploy`` fail,
-and that a failed verification rolls the Deployment back.
+commands, their order, what would be applied, that a failed rollout makes ``make k8s-deploy``
+fail, and that a failed verification rolls the Deployment back. ``make help`` groups every public
+target under one naming rule, and the names before it fail and name their successors.
 """
 
 from __future__ import annotations
@@ -109,10 +110,10 @@ def other_version(overlay: str) -> str:
     return "1.0" if pinned_tag(overlay) == "2.0" else "2.0"
 
 
-def test_deploy_renders_applies_and_waits_for_the_rollout(make):
+def test_k8s_deploy_renders_applies_and_waits_for_the_rollout(make):
     before = tracked_changes()
     version = other_version("production")
-    result = make("deploy", "OVERLAY=production", f"MODEL_VERSION={version}")
+    result = make("k8s-deploy", "OVERLAY=production", f"MODEL_VERSION={version}")
     assert result.returncode == 0, result.stdout + result.stderr
     build = make.tmp / "k8s-build"
     assert make.calls == [
@@ -127,7 +128,7 @@ def test_deploy_renders_applies_and_waits_for_the_rollout(make):
     assert dep["metadata"]["namespace"] == "rtserve-production"
     assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == f"{IMG}:{version}"
     assert dep["metadata"]["annotations"]["kubernetes.io/change-cause"] == \
-        f"{MODEL_NAME} {version} ({IMG}:{version}) by make deploy"
+        f"{MODEL_NAME} {version} ({IMG}:{version}) by make k8s-deploy"
     # Everything else is the overlay as committed; the overlay itself is untouched.
     overlay = load(render(K8S_DIR / "overlays" / "production"))
     for obj in (dep, deployment(overlay)):
@@ -160,8 +161,8 @@ def assert_verify_job(objects: list[dict], namespace: str, version: str) -> None
     assert "http://rtserve:8080" in container["args"]
 
 
-def test_failed_verification_rolls_back_and_fails_make_deploy(make):
-    result = make("deploy", "OVERLAY=staging", "MODEL_VERSION=2.0", fail_verify=True)
+def test_failed_verification_rolls_back_and_fails_make_k8s_deploy(make):
+    result = make("k8s-deploy", "OVERLAY=staging", "MODEL_VERSION=2.0", fail_verify=True)
     assert result.returncode != 0
     assert "answers 3 of 256 golden rows differently" in result.stdout  # the Job's report
     assert f"{IMG}:2.0 failed its verification on staging: rolling back" in result.stdout
@@ -184,16 +185,16 @@ def test_k8s_verify_on_demand(make):
     assert not any("undo" in c for c in make.calls), "on demand, nothing is rolled back"
 
 
-def test_deploy_without_a_version_rolls_out_the_overlays_pin(make):
-    result = make("deploy", "OVERLAY=staging")
+def test_k8s_deploy_without_a_version_rolls_out_the_overlays_pin(make):
+    result = make("k8s-deploy", "OVERLAY=staging")
     assert result.returncode == 0, result.stderr
     image = deployment(make.applied)["spec"]["template"]["spec"]["containers"][0]["image"]
     assert image == f"{IMG}:{pinned_tag('staging')}"
     assert make.calls[-1][:2] == ["-n", "rtserve-staging"]
 
 
-def test_failed_rollout_fails_make_deploy(make):
-    result = make("deploy", "OVERLAY=staging", "MODEL_VERSION=2.0", fail_rollout=True)
+def test_failed_rollout_fails_make_k8s_deploy(make):
+    result = make("k8s-deploy", "OVERLAY=staging", "MODEL_VERSION=2.0", fail_rollout=True)
     assert result.returncode != 0
     assert "exceeded its progress deadline" in result.stderr
     assert "make k8s-rollback OVERLAY=staging" in result.stdout
@@ -201,20 +202,20 @@ def test_failed_rollout_fails_make_deploy(make):
         ["kustomize", "apply", ["rollout", "status"]]
 
 
-def test_deploy_refuses_an_image_the_overlay_does_not_use(make):
-    result = make("deploy", "OVERLAY=staging", "IMG=other.example.com/rtserve")
+def test_k8s_deploy_refuses_an_image_the_overlay_does_not_use(make):
+    result = make("k8s-deploy", "OVERLAY=staging", "IMG=other.example.com/rtserve")
     assert result.returncode != 0
     assert "image is not other.example.com/rtserve" in result.stdout
     assert [c[0] for c in make.calls] == ["kustomize"], "nothing may be applied"
 
 
-def test_deploy_refuses_an_unknown_overlay(make):
-    result = make("deploy", "OVERLAY=nowhere")
+def test_k8s_deploy_refuses_an_unknown_overlay(make):
+    result = make("k8s-deploy", "OVERLAY=nowhere")
     assert result.returncode != 0 and "no overlay" in result.stdout
     assert make.calls == []
 
 
-def test_rollback_undoes_then_waits(make):
+def test_k8s_rollback_undoes_then_waits(make):
     result = make("k8s-rollback", "OVERLAY=production")
     assert result.returncode == 0, result.stderr
     assert make.calls == [
@@ -227,13 +228,100 @@ def test_rollback_undoes_then_waits(make):
                              "--to-revision=3"]
 
 
-def test_rollout_status_and_history(make):
-    assert make("rollout-status", "OVERLAY=staging", "ROLLOUT_TIMEOUT=90s").returncode == 0
+def test_k8s_status_and_k8s_history(make):
+    assert make("k8s-status", "OVERLAY=staging", "ROLLOUT_TIMEOUT=90s").returncode == 0
     assert make.calls == [["-n", "rtserve-staging", "rollout", "status", "deployment/rtserve",
                            "--timeout=90s"]]
-    assert make("rollout-status", fail_rollout=True).returncode != 0
-    assert make("history", "OVERLAY=production").returncode == 0
+    assert make("k8s-status", fail_rollout=True).returncode != 0
+    assert make("k8s-history", "OVERLAY=production").returncode == 0
     assert make.calls == [["-n", "rtserve-production", "rollout", "history", "deployment/rtserve"]]
+
+
+#: The names before one naming rule, and what each is called now (`history` is not here: it now
+#: names the local server's history, the cluster's is k8s-history).
+RENAMED = {"deploy": "k8s-deploy", "rollout-status": "k8s-status", "history-versions": "history",
+           "podman": "pod-deps", "checkov-venv": "k8s-deps", "nginx": "nginx-deps",
+           "rehearsal": "bench-rehearsal"}
+
+#: `make help`'s groups, in order, and the rule every target in each follows. Cluster operations
+#: are k8s-*, pod and image targets image*/pod*, tool installs <group>-deps; nothing else may
+#: take those prefixes.
+GROUPS = {
+    "General": lambda t: t == "help",
+    "Build": lambda t: not prefixed(t),
+    "Run": lambda t: not prefixed(t),
+    "Versions (local server)": lambda t: not prefixed(t),
+    "Monitoring": lambda t: t.startswith("monitor"),
+    "Image and pod": lambda t: t.startswith(("image", "pod")),
+    "Kubernetes (cluster)": lambda t: t.startswith("k8s-"),
+    "Test": lambda t: t.startswith("test"),
+    "Benchmarks": lambda t: t.startswith("bench"),
+    "Reliability": lambda t: t.startswith("bench-") or t == "nginx-deps",
+}
+
+
+def prefixed(target: str) -> bool:
+    return target.startswith(("k8s-", "image", "pod", "bench", "monitor", "test")) \
+        or target.endswith("-deps")
+
+
+def help_groups() -> dict[str, list[str]]:
+    """`make help` as group header -> the targets listed under it, in order."""
+    out = subprocess.run(["make", "--no-print-directory", "help"], cwd=REPO, capture_output=True,
+                         text=True, check=True, timeout=60).stdout
+    groups: dict[str, list[str]] = {}
+    current = None
+    for line in re.sub(r"\x1b\[[0-9;]*m", "", out).splitlines():
+        if line and not line.startswith((" ", "Usage:", "Variables:")):
+            current = groups.setdefault(line, [])
+        elif line.startswith("  "):
+            assert current is not None, f"{line.split()[0]} is listed before any group header"
+            current.append(line.split()[0])
+    return groups
+
+
+def test_make_help_lists_every_public_target_once_under_the_naming_rule():
+    makefile = (REPO / "Makefile").read_text()
+    documented = re.findall(r"(?m)^([A-Za-z0-9_.-]+):[^=\n]*?##", makefile)
+    database = subprocess.run(["make", "--no-print-directory", "-pq", "help"], cwd=REPO,
+                              capture_output=True, text=True, timeout=60).stdout
+    (phony,) = re.findall(r"(?m)^\.PHONY: (.*)$", database)
+    # Every phony target but FORCE and the old names has a ## description.
+    assert set(phony.split()) - {"FORCE", *RENAMED} == set(documented)
+    groups = help_groups()
+    assert list(groups) == list(GROUPS)
+    listed = [t for targets in groups.values() for t in targets]
+    assert sorted(listed) == sorted(documented), "a target listed twice, or one missing"
+    for group, targets in groups.items():
+        assert targets, f"{group} is empty"
+        breaking = [t for t in targets if not GROUPS[group](t)]
+        assert not breaking, f"{group}: {breaking} break the naming rule"
+    assert "image-push" in groups["Image and pod"]
+    assert {"k8s-deploy", "k8s-status", "k8s-history", "k8s-rollback", "k8s-deps"} \
+        <= set(groups["Kubernetes (cluster)"])
+    assert {"register", "promote", "rollback", "history"} <= set(groups["Versions (local server)"])
+    assert not set(RENAMED) & set(listed)
+
+
+@pytest.mark.parametrize("old", sorted(RENAMED))
+def test_an_old_name_fails_and_names_its_successor(make, old):
+    result = make(old, "OVERLAY=staging")
+    assert result.returncode == 2
+    assert f"make {old} was renamed: use make {RENAMED[old]}\n" in result.stderr
+    assert make.calls == [], "an old name ran something"
+    assert subprocess.run(["make", "-n", RENAMED[old]], cwd=REPO, capture_output=True,
+                          timeout=60).returncode == 0
+
+
+def test_history_is_the_local_servers_and_k8s_history_the_clusters(make):
+    local = make("-n", "history", "RUN_DIR=/nowhere/run")
+    assert local.returncode == 0, local.stderr
+    assert re.search(rf"-m rtserve .*--run-dir /nowhere/run .* history {MODEL_NAME}$",
+                     local.stdout, re.M), local.stdout
+    assert "kubectl" not in local.stdout
+    cluster = make("-n", "k8s-history", "OVERLAY=production")
+    assert f"{make.tmp / 'kubectl'} -n rtserve-production rollout history deployment/rtserve" \
+        in cluster.stdout
 
 
 def test_k8s_pin_records_the_version_in_the_overlay(make, tmp_path):

@@ -30,7 +30,7 @@ from tests.integration.test_probe import Pod, pod_properties
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(gateway.find_nginx() is None, reason="nginx is not installed (`make nginx`)"),
+    pytest.mark.skipif(gateway.find_nginx() is None, reason="nginx is not installed (`make nginx-deps`)"),
 ]
 
 PAYLOAD = {"features": [1.0] * 32}

@@ -1,6 +1,6 @@
 """Rolling replacement of 2 TorchServe replicas behind a real nginx (bench/rolling_rehearsal.py).
 
-The suite runs the forward half (1.0 -> 2.0) to stay short; `make rehearsal` also rolls back.
+The suite runs the forward half (1.0 -> 2.0) to stay short; `make bench-rehearsal` also rolls back.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from tests.conftest import MODEL_NAME, make_archive
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(find_nginx() is None, reason="nginx is not installed and `make nginx` "
+    pytest.mark.skipif(find_nginx() is None, reason="nginx is not installed and `make nginx-deps` "
                        "could not install it (it needs root and Debian's apt)"),
 ]
 

@@ -44,7 +44,7 @@ def podman(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="session")
 def image_vars(build_root, mar_v1) -> list[str]:
     """Make variables that point the image and pod targets at this session's archives."""
-    assert shutil.which("podman"), "podman is missing: `make test` installs it (make podman)"
+    assert shutil.which("podman"), "podman is missing: `make test` installs it (make pod-deps)"
     make_archive(build_root, "2.0")
     return [f"MODEL_STORE={mar_v1.parent}", f"DEMO_ARTIFACTS={build_root / 'artifacts'}",
             f"VENV={REPO / '.venv'}", "DOCKER=podman"]

@@ -20,7 +20,7 @@ from tests.conftest import REPO
 
 pytestmark = pytest.mark.unit
 
-needs_nginx = pytest.mark.skipif(gateway.find_nginx() is None, reason="nginx is not installed (`make nginx`)")
+needs_nginx = pytest.mark.skipif(gateway.find_nginx() is None, reason="nginx is not installed (`make nginx-deps`)")
 
 
 def local(tmp_path) -> gateway.GatewaySettings:
