@@ -165,8 +165,17 @@ REASON      ?=
 RTSERVE := $(PY) -m rtserve --inference $(INFERENCE_URL) --management $(MANAGEMENT_URL) \
   --run-dir $(RUN_DIR) --model-store $(MODEL_STORE) --gate-config $(GATE_CONFIG)
 
+# The archive `make register` registers. With ARTIFACTS, or for the demo (MODEL_NAME
+# realtime-classifier with its artifacts in DEMO_ARTIFACTS, or no archive yet): $(MAR), built or
+# rebuilt from them first. Otherwise the archive `make archive ... ARTIFACTS=<dir>` built earlier,
+# as it is (ARTIFACTS need not be restated; without ARTIFACTS the demo's rules would train the
+# demo model into it).
+REGISTER_BUILDS := $(or $(USER_ARTIFACTS),$(and $(filter realtime-classifier,$(MODEL_NAME)),$(or \
+  $(wildcard $(DEMO_ARTIFACTS)/$(MODEL_VERSION)/meta.json),$(if $(wildcard $(MAR)),,no archive yet))))
+
 .PHONY: register
-register: $(MAR) ## Register MODEL_VERSION beside the running ones (not default); waits for its workers, checks its golden set
+register: $(if $(REGISTER_BUILDS),$(MAR),$(STAMP)) ## Register MODEL_VERSION beside the running ones (not default); waits for its workers, checks its golden set
+	@test -f $(MAR) || { echo "error: $(MAR) is missing: build it with make archive MODEL_NAME=$(MODEL_NAME) MODEL_VERSION=$(MODEL_VERSION) ARTIFACTS=<dir> (docs/bring-your-own-model.md)"; exit 1; }
 	$(RTSERVE) register $(MODEL_NAME) $(MODEL_VERSION) $(if $(WORKERS),--workers $(WORKERS))
 
 .PHONY: promote

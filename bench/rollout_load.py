@@ -3,7 +3,9 @@
 Starts its own TorchServe (free loopback ports, archives from --model-store), keeps steady
 concurrent prediction traffic on the model's default route, runs each management step with
 ``--hold`` seconds of traffic after it, then prints requests sent, failed, the versions seen in
-each phase and the latency of each management call, and writes the report as JSON.
+each phase and the latency of each management call, and writes the report as JSON. Register and
+promote run the checks `make register` and `make promote` run (the golden set, then the gate with
+config/gate.yaml's thresholds), under the same load; the gate's decision is in the report.
 
     make bench-rollout                       # 1.0 -> 2.0 and back, about 40 s
     .venv/bin/python -m bench.rollout_load --hold 5 --rate 150
@@ -20,7 +22,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from bench.loadgen import SteadyLoad, summarize
-from rtserve.rollout import HISTORY_FILE, History, Rollout, timed
+from rtserve.gate import GateConfig
+from rtserve.rollout import HISTORY_FILE, History, Rollout, Verification, timed
 from rtserve.server import TorchServe, free_ports, port_overrides, sample_payload
 
 logger = logging.getLogger(__name__)
@@ -34,11 +37,20 @@ EXPECTED_AFTER = {
 
 
 def run(server: TorchServe, model: str, new: str, hold: float, rate: float,
-        concurrency: int) -> dict:
-    """Drive the rollout steps under load on a ready ``server``; return the report."""
+        concurrency: int, gate_config: Path | None = None) -> dict:
+    """Drive the rollout steps under load on a ready ``server``; return the report.
+
+    Raises:
+        GateRefused: the gate refused ``new`` (its report is the message).
+    """
     client = server.client(timeout=180.0)
-    rollout = Rollout(client, History(server.run_dir / HISTORY_FILE), model)
+    history = History(server.run_dir / HISTORY_FILE)
+    # Through the golden-set check and the gate, as the CLI builds them (rtserve.cli._rollout).
+    verification = Verification(server.model_store, GateConfig.load(gate_config),
+                                server.log_dir / "audit.log")
+    rollout = Rollout(client, history, model, verification)
     old = rollout.default_version()
+    recorded = len(history.events())
     url = f"{server.props['inference_address']}/predictions/{model}"
     load = SteadyLoad(url, sample_payload(), lambda: client.keys.get("inference"), rate=rate,
                       concurrency=concurrency, max_seconds=hold * 10 + 600)
@@ -65,6 +77,7 @@ def run(server: TorchServe, model: str, new: str, hold: float, rate: float,
         records = load.stop()
     elapsed = time.monotonic() - started
     phases = summarize(records)
+    gates = [e for e in history.events()[recorded:] if e["action"] == "gate"]
     expected = {f"after {k}": (old if v == "old" else new) for k, v in EXPECTED_AFTER.items()}
     return {
         "model": model, "old": old, "new": new, "rate_target": rate, "concurrency": concurrency,
@@ -76,6 +89,7 @@ def run(server: TorchServe, model: str, new: str, hold: float, rate: float,
         "expected_after": expected,
         "timeline_ok": all(set(p.versions) == {expected[p.phase]} for p in phases if p.phase in expected),
         "call_seconds": {k: round(v, 3) for k, v in calls.items()},
+        "gate": gates[-1] if gates else None,
     }
 
 
@@ -94,6 +108,14 @@ def render(report: dict) -> str:
     lines.append("management calls (s): " + ", ".join(
         f"{k} {v}" for k, v in report["call_seconds"].items()))
     lines.append(f"version timeline as expected: {report['timeline_ok']}")
+    if gate := report.get("gate"):
+        acc, lat, limits = gate["accuracy"], gate["latency_ms"], gate["thresholds"]
+        lines.append(
+            f"gate {gate['candidate']} over {gate['default']}: {gate['outcome']}; accuracy "
+            f"{acc['candidate']} vs {acc['default']} (max drop {limits['max_accuracy_drop']}), "
+            f"agreement {gate['agreement']['value']} (min {limits['min_agreement']}), p99 "
+            f"{lat['candidate']['p99']} vs {lat['default']['p99']} ms, ratio {lat['ratio']} "
+            f"(max {limits['max_latency_ratio']})")
     return "\n".join(lines)
 
 

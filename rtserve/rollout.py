@@ -1,8 +1,8 @@
 """Model versions on a running TorchServe: register, promote, roll back, retire, scale.
 
 TorchServe keeps no record of which version was the default before a ``set-default``, so
-:class:`History` keeps one (a small JSON file beside the server's key file) and ``rollback``
-reads it. Every operation checks its preconditions first and changes nothing when they fail.
+:class:`History` keeps one (a JSON-lines file beside the server's key file: one event per line,
+gate decisions included) and ``rollback`` reads it. Every operation checks its preconditions first and changes nothing when they fail.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import re
-import tempfile
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -25,8 +24,9 @@ from rtserve.measure import answer_rows, check_golden, latency_burst
 
 logger = logging.getLogger(__name__)
 
-#: The history file, kept in the server's run directory (cleared when that server starts).
-HISTORY_FILE = "rollout-history.json"
+#: The history file, kept in the server's run directory (cleared when that server starts): one
+#: JSON object per line, appended, never rewritten.
+HISTORY_FILE = "rollout-history.jsonl"
 VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
@@ -75,27 +75,54 @@ def archive_name(model: str, version: str) -> str:
 
 
 class History:
-    """Append-only record of default-version changes, stored as JSON lines of events."""
+    """Append-only record of default-version changes and gate decisions: one JSON object per line.
+
+    Each :meth:`append` is one ``write`` of one line to a file opened with ``O_APPEND``, so records
+    of concurrent writers (two ``make promote`` runs) never interleave and nothing already
+    recorded is rewritten.
+    """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
 
     def events(self, model: str | None = None) -> list[dict]:
-        """All recorded events, oldest first (optionally for one model)."""
+        """All recorded events, oldest first (optionally for one model).
+
+        Raises:
+            RolloutError: a line is not a JSON object (the file was edited or truncated).
+        """
         try:
-            events = json.loads(self.path.read_text())
+            lines = self.path.read_text().splitlines()
         except FileNotFoundError:
             return []
-        return [e for e in events if model is None or e["model"] == model]
+        events = []
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                event = json.loads(line)
+            except ValueError as exc:
+                raise RolloutError(f"{self.path}:{number}: not a JSON line ({exc}); move the file "
+                                   "away to start a new history") from exc
+            if not isinstance(event, dict):
+                raise RolloutError(f"{self.path}:{number}: not a JSON object")
+            events.append(event)
+        return [e for e in events if model is None or e.get("model") == model]
 
     def append(self, event: dict) -> None:
-        """Record one event (atomically: write a temporary file, then rename)."""
-        events = self.events() + [{**event, "at": datetime.now(timezone.utc).isoformat()}]
+        """Record one event as one line (``at``: now, unless the event has its own time)."""
+        line = json.dumps({**event, "at": event.get("at") or datetime.now(timezone.utc).isoformat()},
+                          separators=(",", ":")) + "\n"
+        data = line.encode()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".history-")
-        with os.fdopen(fd, "w") as out:
-            json.dump(events, out, indent=1)
-        os.replace(tmp, self.path)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            written = os.write(fd, data)
+        finally:
+            os.close(fd)
+        if written != len(data):
+            raise RolloutError(f"{self.path}: only {written} of {len(data)} bytes of a history "
+                               "line were written (disk full?)")
 
     def previous_default(self, model: str) -> str | None:
         """The version ``rollback`` returns to: promotes push their previous default, rollbacks pop."""

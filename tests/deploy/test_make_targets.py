@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -404,3 +405,77 @@ def test_make_image_stages_every_file_the_dockerfile_copies(make, mar_v1, build_
     assert "RTSERVE_MODELS=${MODEL_NAME}=${MODEL_NAME}_${MODEL_VERSION}.mar" in env
     (expose,) = [a for op, a in instructions if op == "EXPOSE"]
     assert expose.split() == ["8081", "8082"]  # inference: loopback, behind the gateway sidecar
+
+
+def plan(*args: str) -> list[str]:
+    """The commands `make -n` would run (lines joined), with no variables from an outer make."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    done = subprocess.run(["make", "--no-print-directory", "-n", *args, f"VENV={REPO / '.venv'}"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout.replace("\\\n", " ").splitlines()
+
+
+def registers(lines: list[str], name: str, version: str) -> bool:
+    return any(re.search(rf"-m rtserve .* register {re.escape(name)} {re.escape(version)}\b", l)
+               for l in lines)
+
+
+def builds(lines: list[str]) -> set[str]:
+    """Which archive-building steps the plan runs: training the demo, packing an archive."""
+    return {step for step, marker in (("train", "-m rtserve.train"), ("pack", "torch-model-archiver"))
+            if any(marker in l for l in lines)}
+
+
+@pytest.mark.parametrize("name,version,demo_artifacts,expected", [
+    ("churn", "1.0", False, set()),                   # your model, packed earlier: registered as is
+    (MODEL_NAME, "3.1", False, set()),                # your model under the demo's name, packed earlier
+    (MODEL_NAME, "1.0", True, set()),                 # the demo, archive up to date
+    (MODEL_NAME, "2.0", False, {"train", "pack"}),    # the demo, nothing built yet
+])
+def test_make_register_uses_the_archive_make_archive_built(tmp_path, name, version,
+                                                           demo_artifacts, expected):
+    """`make register MODEL_NAME=x MODEL_VERSION=y` registers model_store/x_y.mar built earlier by
+    `make archive ... ARTIFACTS=dir` without ARTIFACTS restated (before, the demo's rules would
+    train the demo into it); the demo's archive is still built when missing."""
+    store, artifacts = tmp_path / "store", tmp_path / "artifacts"
+    store.mkdir()
+    if demo_artifacts:  # what `make archive` leaves for the demo (fresh artifacts, then the archive)
+        (artifacts / version).mkdir(parents=True)
+        for f in ("model.pt2", "meta.json"):
+            (artifacts / version / f).write_text("{}")
+    if expected != {"train", "pack"}:
+        (store / f"{name}_{version}.mar").write_bytes(b"PK")
+        later = time.time() + 60
+        os.utime(store / f"{name}_{version}.mar", (later, later))
+    lines = plan("register", f"MODEL_NAME={name}", f"MODEL_VERSION={version}",
+                 f"MODEL_STORE={store}", f"DEMO_ARTIFACTS={artifacts}")
+    assert builds(lines) == expected, lines
+    assert registers(lines, name, version), lines
+
+
+def test_make_register_rebuilds_from_artifacts_when_given(tmp_path):
+    """With ARTIFACTS, `make register` packs them first when they are newer than the archive."""
+    store, mine = tmp_path / "store", tmp_path / "mine"
+    store.mkdir(), mine.mkdir()
+    (store / "churn_1.0.mar").write_bytes(b"PK")
+    os.utime(store / "churn_1.0.mar", (1, 1))
+    for f in ("model.pt2", "meta.json"):
+        (mine / f).write_text("{}")
+    lines = plan("register", "MODEL_NAME=churn", "MODEL_VERSION=1.0", f"MODEL_STORE={store}",
+                 f"ARTIFACTS={mine}")
+    assert builds(lines) == {"pack"} and registers(lines, "churn", "1.0"), lines
+    assert any(f"rtserve.package check {mine}" in l for l in lines), lines
+
+
+def test_make_register_of_a_missing_archive_says_how_to_build_it(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    done = subprocess.run(["make", "--no-print-directory", "register", "MODEL_NAME=churn",
+                           "MODEL_VERSION=1.0", f"MODEL_STORE={tmp_path}", f"VENV={REPO / '.venv'}",
+                           f"RUN_DIR={tmp_path / 'run'}"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stdout.splitlines()[0] == (
+        f"error: {tmp_path}/churn_1.0.mar is missing: build it with make archive MODEL_NAME=churn "
+        "MODEL_VERSION=1.0 ARTIFACTS=<dir> (docs/bring-your-own-model.md)")
+    assert not (tmp_path / "run").exists()  # no server was asked

@@ -123,11 +123,31 @@ def rollout(server, store):
     keep_only(ro)  # leave the module's server as the fixture made it
 
 
+#: What every gate decision records: versions, figures, thresholds, outcome, who forced it and why.
+GATE_KEYS = {"model", "default", "candidate", "accuracy", "agreement", "latency_ms", "rows",
+             "thresholds", "failures", "passed", "outcome", "forced_by", "reason", "at"}
+
+
+def history_lines(server) -> list[dict]:
+    """The rollout history file, parsed line by line: each line is one JSON object on its own."""
+    path = server.run_dir / HISTORY_FILE
+    lines = path.read_text().splitlines()
+    parsed = [json.loads(line) for line in lines]
+    assert all(isinstance(e, dict) for e in parsed) and parsed == History(path).events()
+    return parsed
+
+
 def last_gate_records(server) -> tuple[dict, dict]:
-    """The last gate event of the rollout history and of the audit log."""
-    history = [e for e in History(server.run_dir / HISTORY_FILE).events() if e["action"] == "gate"]
+    """The last gate decision: its line in the rollout history and its line in the audit log, the
+    same record, with every figure the decision used."""
+    history = [e for e in history_lines(server) if e["action"] == "gate"]
     lines = (server.run_dir / "logs" / "audit.log").read_text().splitlines()
     audit = [json.loads(line) for line in lines if '"event":"gate"' in line]
+    assert set(history[-1]) == GATE_KEYS | {"event", "action"}
+    assert history[-1] == audit[-1]
+    assert history[-1]["thresholds"] == CONFIG.thresholds()
+    latency = history[-1]["latency_ms"]
+    assert latency["default"]["p99"] > 0 and latency["candidate"]["p99"] > 0 and latency["ratio"] > 0
     return history[-1], audit[-1]
 
 
@@ -155,7 +175,7 @@ def test_gate_refuses_a_bad_candidate_and_changes_nothing(rollout, server, store
     # slower on this busy machine: latency is not what the test is about for it.
     assert expected <= found if "latency" not in expected else found == expected, report.text()
     assert rollout.default_version() == "1.0"
-    assert not any(e["action"] == "promote" for e in rollout.history.events())
+    assert [e["action"] for e in history_lines(server)] == ["gate"]  # the decision, no change
     history, audit = last_gate_records(server)
     assert history["outcome"] == audit["outcome"] == "refused"
     assert (history["candidate"], history["failures"]) == (version, report.failures)
@@ -170,23 +190,35 @@ def test_good_candidate_passes_and_is_promoted(rollout, server, store):
     assert rollout.default_version() == "2.0"
     history, audit = last_gate_records(server)
     assert history["outcome"] == audit["outcome"] == "promoted" and history["failures"] == []
+    assert history["forced_by"] is None and history["reason"] is None
+    assert [e["action"] for e in history_lines(server)] == ["gate", "promote"]
     assert history["accuracy"]["candidate"] >= history["accuracy"]["default"] - CONFIG.max_accuracy_drop
     assert rollout.history.previous_default(MODEL_NAME) == "1.0"
 
 
 def test_make_promote_refuses_then_force_records_its_reason(rollout, server, store, build_root):
-    """`make promote` refuses the shuffled-label candidate with the report and changes nothing;
-    FORCE=1 REASON=... promotes it, and the reason and who forced it are recorded."""
-    rollout.register("3.1", workers=1)
+    """`make register` registers the candidate `make archive ... ARTIFACTS=<dir>` built, as it is
+    (ARTIFACTS not restated); `make promote` refuses this shuffled-label candidate with the report
+    and changes nothing; FORCE=1 REASON=... promotes it, and the reason and who forced it are
+    recorded."""
     props = server.props
     variables = [f"MODEL_STORE={store[0]}", f"DEMO_ARTIFACTS={build_root / 'artifacts'}",
                  f"RUN_DIR={server.run_dir}", f"INFERENCE_URL={props['inference_address']}",
                  f"MANAGEMENT_URL={props['management_address']}", "MODEL_VERSION=3.1"]
 
-    def promote(*extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["make", "-s", "promote", *variables, *extra], cwd=REPO, text=True,
+    def make(target: str, *extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["make", "-s", target, *variables, *extra], cwd=REPO, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
 
+    def promote(*extra: str) -> subprocess.CompletedProcess:
+        return make("promote", *extra)
+
+    archive = store[0] / f"{MODEL_NAME}_3.1.mar"
+    packed = archive.read_bytes()
+    registered = make("register", "WORKERS=1")
+    assert registered.returncode == 0 and "registered with" in registered.stdout, registered.stdout
+    assert archive.read_bytes() == packed  # not rebuilt from the demo's rules
+    assert rollout.versions() == ["1.0", "3.1"] and rollout.default_version() == "1.0"
     refused = promote()
     assert refused.returncode != 0 and "FAILED accuracy" in refused.stdout, refused.stdout
     assert "was not promoted; nothing changed" in refused.stdout
@@ -201,7 +233,9 @@ def test_make_promote_refuses_then_force_records_its_reason(rollout, server, sto
     history, audit = last_gate_records(server)
     assert history["outcome"] == audit["outcome"] == "forced"
     assert history["reason"] == audit["reason"] == reason and history["forced_by"]
-    assert [e["action"] for e in rollout.history.events()] == ["gate", "gate", "promote"]
+    # one line per decision: the refused one, the forced one, then the default change itself
+    assert [e["action"] for e in history_lines(server)] == ["gate", "gate", "promote"]
+    assert (history["default"], history["candidate"], history["passed"]) == ("1.0", "3.1", False)
     assert promote("FORCE=1").returncode != 0  # a forced promotion needs a reason
 
 

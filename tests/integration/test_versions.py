@@ -7,8 +7,10 @@ import subprocess
 
 import pytest
 
+from bench.rollout_load import render as render_rollout_load
 from bench.rollout_load import run as run_rollout_load
 from rtserve.client import AuthError, Client, NotFound, Refused, TorchServeError
+from rtserve.gate import GateConfig
 from rtserve.rollout import HISTORY_FILE, History, Rollout, RolloutError
 from rtserve.server import sample_payload
 from tests.conftest import MODEL_NAME, REPO, make_archive
@@ -160,13 +162,22 @@ def test_make_targets_drive_a_rollout(server, store, build_root):
 
 
 def test_rollout_under_load_loses_nothing(server, store):
-    """A short run of bench/rollout_load.py: every request succeeds, versions switch as expected."""
+    """A short run of bench/rollout_load.py: register checks 2.0's golden set and promote runs the
+    gate (config/gate.yaml) under the load; every request succeeds, versions switch as expected."""
     report = run_rollout_load(server, MODEL_NAME, "2.0", hold=1.0, rate=60, concurrency=3)
+    gate = report["gate"]
+    assert gate is not None, "promote did not run the gate"
+    assert (gate["default"], gate["candidate"], gate["outcome"]) == ("1.0", "2.0", "promoted"), gate
+    assert gate["failures"] == [] and gate["thresholds"] == GateConfig.load().thresholds()
+    assert gate["accuracy"]["rows"] > 0 and gate["latency_ms"]["requests"] == GateConfig.load().burst_requests
     failures = {p["phase"]: (p["failed"], p["errors"]) for p in report["phases"] if p["failed"]}
-    # TorchServe 0.12 can lose a request its worker held when a scale-down interrupts it and
-    # neither answers nor says "Worker scaled down." (README, "Scaling down under traffic"):
-    # allowed only while a scale-down call runs, and at most the requests in flight.
+    # No request fails through register, the gate, promote, rollback and retire. TorchServe 0.12
+    # can lose a request its worker held when a scale-down interrupts it and neither answers nor
+    # says "Worker scaled down." (README, "Scaling down under traffic"): allowed only while a
+    # scale-down call runs, and at most the requests in flight.
     assert set(failures) <= {"during scale to 1", "during scale to 1 again"}, failures
     assert sum(n for n, _ in failures.values()) <= 3, failures
+    assert report["failed"] == sum(n for n, _ in failures.values())
     assert report["timeline_ok"], report
     assert report["requests"] > 200
+    assert "gate 2.0 over 1.0: promoted" in render_rollout_load(report)

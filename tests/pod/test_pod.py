@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
+import subprocess
 import time
 
 import numpy as np
 import pytest
 import requests
 import tritonclient.http as triton
+import yaml
 
 from deploy.podman.pod import pod_spec, render
-from tests.conftest import MODEL_NAME
+from rtserve.gate import ArchiveMeta, GateConfig
+from tests.conftest import MODEL_NAME, REPO
 from tests.helpers import features
 from tests.pod.conftest import fast_probe_manifest, podman, start_pod, stop_pod
 
@@ -175,6 +179,64 @@ def test_probes_pass_as_the_kubelet_runs_them(pod):
     # The exec probes themselves, as the kubelet runs them.
     ready = pod.exec("rtserve", "python", "-m", "rtserve.probe", "ready")
     assert ready.returncode == 0 and ready.stdout.startswith(f"ready: {MODEL_NAME} 1.0 answers")
+
+
+def verify_job(pod, image: str) -> tuple[subprocess.CompletedProcess, float]:
+    """deploy/k8s/verify/job.yaml's command, in a container of ``image`` set up as the Job's
+    (its user, read-only root, a /tmp of its own, no capabilities, the gateway Secret's files
+    mounted read-only where the Job mounts them: here the pod's copy of that Secret), against
+    the pod's gateway on the host's loopback in place of the Service http://rtserve:8080.
+    Returns the run and its seconds."""
+    (job,) = [d for d in yaml.safe_load_all((REPO / "deploy" / "k8s" / "verify" / "job.yaml").read_text()) if d]
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    (secret,) = [v for v in job["spec"]["template"]["spec"]["volumes"] if "secret" in v]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == secret["name"]]
+    context = container["securityContext"]
+    args = [pod.url() if a == "http://rtserve:8080" else a for a in container["args"]]
+    assert args != container["args"], "the Job no longer calls the Service at http://rtserve:8080"
+    started = time.monotonic()
+    done = podman("run", "--rm", "--network", "host", "--read-only", "--tmpfs", "/tmp",
+                  "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+                  "--user", f"{context['runAsUser']}:{context['runAsGroup']}",
+                  "-v", f"{pod.pod_dir / 'volumes' / secret['name']}:{mount['mountPath']}:ro",
+                  *[f"--env={e['name']}={e['value']}" for e in container["env"]],
+                  image, *args, timeout=120)
+    return done, time.monotonic() - started
+
+
+def test_the_verification_job_passes_for_the_served_version_and_fails_for_another(pod, images, mar_v1):
+    """The verification Job's command (what `make deploy` runs after `rollout status`) against
+    the pod's gateway with the Secret's token, from a container of the same image: it passes
+    for the version the pod serves, with the figures the Job's log shows.
+
+    The bad case is the 2.0 image's Job against this pod, which serves 1.0: what the Job sees
+    when the Service's pods do not serve the model packed in the image being verified (the
+    rollout served something else), so its golden set comes back different and the report names
+    the rows. It costs one container run; a pod serving a wrong model of its own would need
+    another image build and pod start (minutes, over the pod tier's budget). Wrong models
+    themselves (an altered golden set, shuffled labels, wrong normalization) are verified and
+    refused on a real TorchServe in tests/integration/test_promotion.py."""
+    served = json.loads(podman("inspect", pod.container("rtserve")).stdout)[0]["ImageName"]
+    assert served.endswith(f":{images['1.0']}"), served
+    good, seconds = verify_job(pod, served)
+    assert good.returncode == 0, good.stdout + good.stderr
+    figures = json.loads(good.stdout.split("verified ", 1)[1])
+    config = GateConfig.load()
+    golden = ArchiveMeta.from_mar(mar_v1).golden
+    assert (figures["model"], figures["version"]) == (MODEL_NAME, "1.0")
+    assert figures["golden_rows"] == len(golden["features"]) > 0
+    assert figures["requests"] == config.burst_requests
+    assert 0 < figures["p50_ms"] <= figures["p99_ms"] <= figures["max_p99_ms"] == config.max_p99_ms
+    print(f"verify 1.0 image against the 1.0 pod: {seconds:.1f} s: {good.stdout.strip()}")
+
+    bad, seconds = verify_job(pod, f"{served.rsplit(':', 1)[0]}:{images['2.0']}")
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    report = re.search(rf"^error: {MODEL_NAME} \(default\) answers (\d+) of (\d+) golden rows "
+                       r"differently from its archive \(rows \[[\d, ]+\]( \.\.\.)?; max \|difference\| "
+                       r"\S+, tolerance \S+\): the served model is not the one packaged", bad.stdout, re.M)
+    assert report and 0 < int(report[1]) <= int(report[2]) == len(golden["features"]), bad.stdout
+    print(f"verify 2.0 image against the 1.0 pod: {seconds:.1f} s: {bad.stdout.strip()}")
+    assert predict(pod).json()["model_version"] == "1.0"  # the check changed nothing
 
 
 def worker_pids(pod) -> list[int]:
