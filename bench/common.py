@@ -33,7 +33,7 @@ MODEL = "realtime-classifier"
 
 
 def parser(doc: str, out: str, versions: dict[str, str] | None = None, attach: bool = True,
-           model_store: bool = True) -> argparse.ArgumentParser:
+           model_store: bool = True, run_root: bool = True) -> argparse.ArgumentParser:
     """The options every server-driving script has; the script adds its own.
 
     Args:
@@ -42,6 +42,8 @@ def parser(doc: str, out: str, versions: dict[str, str] | None = None, attach: b
         versions: option name -> default (``{"version": "1.0"}`` unless given).
         attach: offer ``--attach RUN_DIR`` (not for scripts that stop or replace the server).
         model_store: offer ``--model-store`` (not for pods: their images hold the archives).
+        run_root: offer ``--run-root`` (for :func:`serving`; scripts with replicas of their own
+            have a ``--work-dir``).
     """
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=MODEL)
@@ -49,6 +51,9 @@ def parser(doc: str, out: str, versions: dict[str, str] | None = None, attach: b
         p.add_argument(f"--{name}", default=default)
     if model_store:
         p.add_argument("--model-store", type=Path, default=REPO / "model_store")
+    if run_root:
+        p.add_argument("--run-root", type=Path, default=REPO / "build",
+                       help="where a server started for the run keeps its run directory")
     if attach:
         p.add_argument("--attach", type=Path, metavar="RUN_DIR",
                        help="use the TorchServe already running from RUN_DIR (left running) "
@@ -79,11 +84,12 @@ def attached(run_dir: Path) -> TorchServe:
 
 
 @contextmanager
-def serving(args: argparse.Namespace, run_name: str, versions: list[str] | None = None,
+def serving(args: argparse.Namespace, run_name: str, archives: list[str] | None = None,
             overrides: dict[str, str] | None = None) -> Iterator[TorchServe]:
-    """A ready TorchServe for ``args.model`` (archives ``<model>_<version>.mar`` from
-    ``args.model_store``) in ``build/<run_name>``, on free loopback ports, stopped afterwards;
-    or, with ``args.attach``, the server running from there, left running.
+    """A ready TorchServe serving ``archives`` (default ``<model>_<version>.mar``) from
+    ``args.model_store`` as ``args.model``, in ``<args.run_root>/<run_name>``, on free loopback
+    ports, stopped afterwards; or, with ``args.attach``, the server running from there, left
+    running.
 
     Raises:
         ServerError: it did not start, or ``--attach`` names no running server, or both
@@ -94,8 +100,9 @@ def serving(args: argparse.Namespace, run_name: str, versions: list[str] | None 
             raise ServerError(f"--attach uses the server as it runs: cannot apply {overrides}")
         yield attached(args.attach)
         return
-    models = [f"{args.model}={args.model}_{v}.mar" for v in (versions or [args.version])]
-    server = TorchServe(REPO / "build" / run_name, args.model_store, models,
+    archives = archives or [f"{args.model}_{args.version}.mar"]
+    server = TorchServe(args.run_root / run_name, args.model_store,
+                        [f"{args.model}={mar}" for mar in archives],
                         overrides={**port_overrides(free_ports(6)), **(overrides or {})})
     server.start()
     try:

@@ -155,7 +155,7 @@ def run(work_dir: Path, tags: dict[str, str], model: str = "realtime-classifier"
 def main(argv: list[str] | None = None) -> int:
     """Run the pod rollout; print and save the report."""
     parser = common.parser(__doc__, "pod_rollout.json", {"old": "1.0", "new": "2.0"},
-                           attach=False, model_store=False)
+                           attach=False, model_store=False, run_root=False)
     parser.add_argument("--tags", default=None,
                         help="image tag per version, e.g. 1.0=1.0,2.0=2.0 (default: the versions)")
     parser.add_argument("--rate", type=float, default=50.0)

@@ -259,7 +259,7 @@ def render(report: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the rehearsal; print and save the report."""
     parser = common.parser(__doc__, "rolling_rehearsal.json", {"old": "1.0", "new": "2.0"},
-                           attach=False)  # it starts and stops its own replicas
+                           attach=False, run_root=False)  # it starts and stops its own replicas
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--hold", type=float, default=3.0, help="seconds of traffic on each steady state")
     parser.add_argument("--rate", type=float, default=100.0, help="target requests per second")

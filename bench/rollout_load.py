@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=4)
     args = parser.parse_args(argv)
     common.log_to_stdout()
-    with common.serving(args, "bench-rollout", [args.old]) as server:
+    with common.serving(args, "bench-rollout", [f"{args.model}_{args.old}.mar"]) as server:
         report = run(server, args.model, args.new, args.hold, args.rate, args.concurrency)
     return common.finish(report, args.out, render(report),
                          report["failed"] == 0 and report["timeline_ok"])

@@ -7,12 +7,12 @@ import subprocess
 
 import pytest
 
-from bench.rollout_load import run as run_rollout_load
+from bench import rollout_load
 from rtserve.client import AuthError, Client, NotFound, Refused, TorchServeError
 from rtserve.rollout import HISTORY_FILE, History, Rollout, RolloutError
 from rtserve.server import sample_payload
 from tests.conftest import MODEL_NAME, REPO, make_archive
-from tests.helpers import keep_only
+from tests.helpers import bench_main, keep_only
 from tests.integration.conftest import start_server
 
 pytestmark = pytest.mark.integration
@@ -159,9 +159,11 @@ def test_make_targets_drive_a_rollout(server, store, build_root):
     assert served_versions(server.client(), 2) == {"1.0"}
 
 
-def test_rollout_under_load_loses_nothing(server, store):
-    """A short run of bench/rollout_load.py: every request succeeds, versions switch as expected."""
-    report = run_rollout_load(server, MODEL_NAME, "2.0", hold=1.0, rate=60, concurrency=3)
+def test_rollout_under_load_loses_nothing(server, store, tmp_path):
+    """A short run of bench/rollout_load.py's main: every request succeeds, versions switch as expected."""
+    rc, report = bench_main(rollout_load.main, tmp_path / "report.json", "--attach", server.run_dir,
+                            "--new", "2.0", "--hold", 1.0, "--rate", 60, "--concurrency", 3)
+    assert rc == (0 if report["failed"] == 0 and report["timeline_ok"] else 1)
     failures = {p["phase"]: (p["failed"], p["errors"]) for p in report["phases"] if p["failed"]}
     # TorchServe 0.12 can lose a request its worker held when a scale-down interrupts it and
     # neither answers nor says "Worker scaled down." (README, "Scaling down under traffic"):
