@@ -20,23 +20,19 @@ connect time. A request is *lost* if the server accepted its connection and neve
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import sys
 import threading
 import time
 from collections import Counter
-from pathlib import Path
-
 import requests
 
-from bench.loadgen import SteadyLoad, connection_refused
+from bench import common
+from bench.loadgen import connection_refused
 from rtserve.drain import mark_draining
-from rtserve.server import TorchServe, free_ports, port_overrides, sample_payload
+from rtserve.server import TorchServe, sample_payload
 
 logger = logging.getLogger(__name__)
-REPO = Path(__file__).resolve().parent.parent
 
 
 class ReadinessRouter:
@@ -77,12 +73,9 @@ def run(server: TorchServe, model: str, mode: str, hold: float = 2.0, lag: float
         rate: float = 2000.0, concurrency: int = 16, quiet: float = 0.5,
         drain_timeout: float = 30.0) -> dict:
     """Load a ready ``server``, stop it in ``mode`` (``plain`` or ``drain``), return the report."""
-    client = server.client(timeout=10.0)
-    url = f"{server.props['inference_address']}/predictions/{model}"
-    router = ReadinessRouter(server, lag)
-    load = SteadyLoad(url, sample_payload(), lambda: client.keys.get("inference"), rate=rate,
-                      concurrency=concurrency, max_seconds=hold + drain_timeout + 120,
-                      timeout=30.0, keep_alive=False, gate=router)
+    url = common.predictions_url(server, model)
+    load = common.steady_load(server, model, rate, concurrency, hold + drain_timeout + 120,
+                              timeout=30.0, keep_alive=False, gate=ReadinessRouter(server, lag))
     drain_report = None
     load.start("before stop")
     try:
@@ -151,37 +144,22 @@ def render(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the chosen modes, each on its own server; print and save the reports."""
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="realtime-classifier")
-    parser.add_argument("--version", default="1.0")
-    parser.add_argument("--model-store", type=Path, default=REPO / "model_store")
+    parser = common.parser(__doc__, "drain.json", attach=False)  # it stops the server
     parser.add_argument("--mode", choices=["plain", "drain", "both"], default="both")
     parser.add_argument("--hold", type=float, default=3.0, help="seconds of traffic before the stop")
     parser.add_argument("--lag", type=float, default=1.0, help="router lag after readiness goes false")
     parser.add_argument("--quiet", type=float, default=1.0, help="drain: idle seconds required")
     parser.add_argument("--rate", type=float, default=2000.0)
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "drain.json")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    common.log_to_stdout()
     reports = []
     for mode in (["plain", "drain"] if args.mode == "both" else [args.mode]):
-        server = TorchServe(REPO / "build" / f"bench-drain-{mode}", args.model_store,
-                            [f"{args.model}={args.model}_{args.version}.mar"],
-                            overrides=port_overrides(free_ports(6)))
-        server.start()
-        try:
-            server.wait_ready(120, [args.model])
+        with common.serving(args, f"bench-drain-{mode}") as server:
             reports.append(run(server, args.model, mode, args.hold, args.lag, args.rate,
                                args.concurrency, args.quiet))
-        finally:
-            server.stop()
-        sys.stdout.write(render(reports[-1]) + "\n")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(reports, indent=2) + "\n")
-    drained = [r for r in reports if r["mode"] == "drain"]
-    return 0 if all(r["lost"] == 0 and r["answered_other"] == {} for r in drained) else 1
+    ok = all(r["lost"] == 0 and r["answered_other"] == {} for r in reports if r["mode"] == "drain")
+    return common.finish(reports, args.out, "\n".join(map(render, reports)), ok)
 
 
 if __name__ == "__main__":

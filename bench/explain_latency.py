@@ -18,7 +18,6 @@ Prints a table and writes ``bench/results/explain_latency.json``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import statistics
@@ -34,16 +33,16 @@ import requests
 import torch
 import yaml
 
+from bench import common
+from bench.common import REPO
 from bench.loadgen import SteadyLoad, summarize
 from handler.config import HandlerConfig
 from handler.explain import Explainer
 from handler.model import ModelMetadata, load_program
 from rtserve.data import make_dataset
-from rtserve.server import TorchServe, free_ports, port_overrides
+from rtserve.server import TorchServe
 
 logger = logging.getLogger(__name__)
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def summary(seconds: list[float]) -> dict:
@@ -118,67 +117,59 @@ def bench_compute(mar: Path, rows: torch.Tensor, n: int, warmup: int) -> dict:
     }
 
 
-def bench_http(mar: Path, rows: list[list[float]], n: int, warmup: int, flood_clients: int,
-               hold: float) -> dict:
-    """Sequential requests to a real TorchServe, then steady predictions before and during an
+def bench_http(server: TorchServe, model: str, rows: list[list[float]], n: int, warmup: int,
+               flood_clients: int, hold: float) -> dict:
+    """Sequential requests to a ready TorchServe, then steady predictions before and during an
     explanation flood (``bench.loadgen.SteadyLoad``)."""
-    run_dir = Path(tempfile.mkdtemp(prefix="bench-explain-"))
-    server = TorchServe(run_dir, mar.parent, [f"realtime-classifier={mar.name}"],
-                        overrides=port_overrides(free_ports(6)))
-    server.start()
+    client = server.client()
+    session = requests.Session()
+
+    def post(route: str, i: int) -> None:
+        resp = session.post(common.predictions_url(server, model, route),
+                            data=json.dumps({"features": rows[i % len(rows)]}),
+                            headers={"Content-Type": "application/json",
+                                     "Authorization": f"Bearer {client.keys.get('inference')}"},
+                            timeout=30)
+        if resp.status_code != 200:
+            raise RuntimeError(f"{route}: {resp.status_code} {resp.text}")
+
+    result = {
+        "explanations": summary(timed(lambda i: post("explanations", i), n, warmup)),
+        "predictions": summary(timed(lambda i: post("predictions", i), n, warmup)),
+    }
+    token = lambda: client.keys.get("inference")  # noqa: E731
+    payload = {"features": rows[0]}
+    steady = SteadyLoad(common.predictions_url(server, model), payload, token,
+                        rate=100, concurrency=2, max_seconds=hold * 2 + 60)
+    flood = SteadyLoad(common.predictions_url(server, model, "explanations"), payload, token,
+                       rate=100_000, concurrency=flood_clients, max_seconds=hold + 60)
+    steady.start("predictions alone")
     try:
-        server.wait_ready(timeout=120, models=["realtime-classifier"])
-        base = server.props["inference_address"]
-        client = server.client()
-        session = requests.Session()
-
-        def post(route: str, i: int) -> None:
-            resp = session.post(f"{base}/{route}/realtime-classifier",
-                                data=json.dumps({"features": rows[i % len(rows)]}),
-                                headers={"Content-Type": "application/json",
-                                         "Authorization": f"Bearer {client.keys.get('inference')}"},
-                                timeout=30)
-            if resp.status_code != 200:
-                raise RuntimeError(f"{route}: {resp.status_code} {resp.text}")
-
-        result = {
-            "explanations": summary(timed(lambda i: post("explanations", i), n, warmup)),
-            "predictions": summary(timed(lambda i: post("predictions", i), n, warmup)),
-        }
-        token = lambda: client.keys.get("inference")  # noqa: E731
-        payload = {"features": rows[0]}
-        steady = SteadyLoad(f"{base}/predictions/realtime-classifier", payload, token,
-                            rate=100, concurrency=2, max_seconds=hold * 2 + 60)
-        flood = SteadyLoad(f"{base}/explanations/realtime-classifier", payload, token,
-                           rate=100_000, concurrency=flood_clients, max_seconds=hold + 60)
-        steady.start("predictions alone")
+        time.sleep(hold)
+        steady.mark("predictions during explanation flood")
+        flood.start("flood")
         try:
             time.sleep(hold)
-            steady.mark("predictions during explanation flood")
-            flood.start("flood")
-            try:
-                time.sleep(hold)
-            finally:
-                flood_records = flood.stop()
         finally:
-            steady_records = steady.stop()
-        for phase in summarize(steady_records):
-            result[phase.phase.replace(" ", "_")] = {
-                "n": phase.sent, "failed": phase.failed, "median_ms": phase.p50_ms,
-                "p99_ms": phase.p99_ms, "errors": phase.errors}
-        statuses = Counter(r.status for r in flood_records)
-        result["flood"] = {"clients": flood_clients, "seconds": hold,
-                           "explanations_answered_200": statuses.pop(200, 0),
-                           "explanations_refused_503": statuses.pop(503, 0),
-                           "other_statuses": dict(statuses)}
-        return result
+            flood_records = flood.stop()
     finally:
-        server.stop()
+        steady_records = steady.stop()
+    for phase in summarize(steady_records):
+        result[phase.phase.replace(" ", "_")] = {
+            "n": phase.sent, "failed": phase.failed, "median_ms": phase.p50_ms,
+            "p99_ms": phase.p99_ms, "errors": phase.errors}
+    statuses = Counter(r.status for r in flood_records)
+    result["flood"] = {"clients": flood_clients, "seconds": hold,
+                       "explanations_answered_200": statuses.pop(200, 0),
+                       "explanations_refused_503": statuses.pop(503, 0),
+                       "other_statuses": dict(statuses)}
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the three measurements and report them."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = common.parser(__doc__.split("\n\n")[0], "explain_latency.json", versions={},
+                           model_store=False)
     parser.add_argument("--mar", type=Path, default=REPO / "model_store" / "realtime-classifier_1.0.mar")
     parser.add_argument("-n", type=int, default=300, help="timed repetitions per measurement")
     parser.add_argument("--warmup", type=int, default=20)
@@ -187,19 +178,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hold", type=float, default=8.0,
                         help="seconds of steady predictions before, and during, the flood")
     parser.add_argument("--skip-http", action="store_true", help="only the in-process part")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "explain_latency.json")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    common.log_to_stdout()
     if not args.mar.is_file():
         parser.error(f"{args.mar} not found: run `make archive` first")
     data = make_dataset().x_test[:256]
     report = {"mar": str(args.mar), "torch": torch.__version__,
               "compute": bench_compute(args.mar, data, args.n, args.warmup)}
     if not args.skip_http:
-        report["http"] = bench_http(args.mar, data.tolist(), args.n, args.warmup,
-                                    args.flood_clients, args.hold)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+        args.model_store = args.mar.parent
+        with common.serving(args, "bench-explain", [args.mar.name]) as server:
+            report["http"] = bench_http(server, args.model, data.tolist(), args.n, args.warmup,
+                                        args.flood_clients, args.hold)
+    common.write_json(report, args.out)
     logger.info("settings: %s", report["compute"]["settings"])
     logger.info("%-44s %8s %10s %10s", "measurement", "n", "median ms", "p99 ms")
     for part in ("compute", "http"):

@@ -11,7 +11,6 @@ request gets 200, every bad one a 4xx, and the backend workers' PIDs are unchang
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import random
@@ -19,14 +18,13 @@ import sys
 import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import requests
 
-from rtserve.server import TorchServe, free_ports, port_overrides
+from bench import common
+from rtserve.server import TorchServe
 
 logger = logging.getLogger(__name__)
-REPO = Path(__file__).resolve().parent.parent
 N = 32
 JSON = "application/json"
 
@@ -110,7 +108,7 @@ def run(server: TorchServe, model: str, n_bad: int, concurrency: int = 16, seed:
     """Send the corpus concurrently; return the report."""
     limit = int(server.props.get("max_request_size", 6553500))
     items = corpus(n_bad, seed, limit)
-    url = f"{server.props['inference_address']}/predictions/{model}"
+    url = common.predictions_url(server, model)
     keys = server.client().keys
     pids_before = worker_pids(server, model)
     local = threading.local()
@@ -145,33 +143,18 @@ def run(server: TorchServe, model: str, n_bad: int, concurrency: int = 16, seed:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Start a server, send the corpus, print and save the report."""
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="realtime-classifier")
-    parser.add_argument("--version", default="1.0")
-    parser.add_argument("--model-store", type=Path, default=REPO / "model_store")
+    """Start a server (or attach to one), send the corpus, print and save the report."""
+    parser = common.parser(__doc__, "hostile_input.json")
     parser.add_argument("--bad", type=int, default=3000, help="number of bad requests")
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "hostile_input.json")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    server = TorchServe(REPO / "build" / "bench-hostile", args.model_store,
-                        [f"{args.model}={args.model}_{args.version}.mar"],
-                        overrides=port_overrides(free_ports(6)))
-    server.start()
-    try:
-        server.wait_ready(120, [args.model])
+    common.log_to_stdout()
+    with common.serving(args, "bench-hostile") as server:
         report = run(server, args.model, args.bad, args.concurrency)
-    finally:
-        server.stop()
-    sys.stdout.write(json.dumps({k: v for k, v in report.items() if k != "by_kind"}, indent=2) + "\n")
-    for key, n in report["by_kind"].items():
-        sys.stdout.write(f"  {key:40} {n}\n")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    text = json.dumps({k: v for k, v in report.items() if k != "by_kind"}, indent=2)
+    text += "".join(f"\n  {key:40} {n}" for key, n in report["by_kind"].items())
     ok = report["valid_failed"] == 0 and report["bad_not_4xx"] == 0 and report["worker_pids_unchanged"]
-    return 0 if ok else 1
+    return common.finish(report, args.out, text, ok)
 
 
 if __name__ == "__main__":

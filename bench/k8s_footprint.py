@@ -59,18 +59,22 @@ def timed(cmd: list[str], env: dict, runs: int) -> list[float]:
     return times
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--version", default="1.0")
-    args = parser.parse_args()
-    mar = REPO / "model_store" / f"{MODEL}_{args.version}.mar"
+    parser.add_argument("--model-store", type=Path, default=REPO / "model_store")
+    parser.add_argument("--probe-runs", type=int, default=7, help="timed runs of each probe")
+    args = parser.parse_args(argv)
+    mar = args.model_store / f"{MODEL}_{args.version}.mar"
     if not mar.exists():
         sys.exit(f"{mar} missing: run `make archive MODEL_VERSION={args.version}` first")
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "config.properties"
         props = read_properties(REPO / "deploy" / "k8s" / "base" / "config.properties")
         props.update(port_overrides(free_ports(6)))
+        # The image's paths (/opt/rtserve/...) are this checkout's outside a container.
+        props = {k: v.replace("/opt/rtserve/", f"{REPO}/") for k, v in props.items()}
         write_properties(config, props)
         run_dir = Path(tmp) / "run"
         env = dict(os.environ, RTSERVE_RUN_DIR=str(run_dir), RTSERVE_CONFIG=str(config),
@@ -111,9 +115,9 @@ def main() -> int:
             print(f"TorchServe process tree RSS: idle {idle / 2**20:.0f} MiB, "
                   f"peak under load {peak / 2**20:.0f} MiB")
             for check in ("ready", "live"):
-                times = timed([sys.executable, "-m", "rtserve.probe", check], env, 7)
+                times = timed([sys.executable, "-m", "rtserve.probe", check], env, args.probe_runs)
                 print(f"python -m rtserve.probe {check}: median {statistics.median(times) * 1000:.0f} ms, "
-                      f"max {max(times) * 1000:.0f} ms (7 runs)")
+                      f"max {max(times) * 1000:.0f} ms ({args.probe_runs} runs)")
         finally:
             runner.send_signal(signal.SIGTERM)
             try:

@@ -14,7 +14,6 @@ Python threads on 2 cores); the server-side figures come from TorchServe's acces
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import re
@@ -22,16 +21,14 @@ import statistics
 import sys
 import threading
 import time
-from pathlib import Path
 
 import requests
 
+from bench import common
 from rtserve.client import QUEUE_FULL
-from rtserve.server import TorchServe, free_ports, port_overrides, sample_payload
+from rtserve.server import TorchServe, sample_payload
 
 logger = logging.getLogger(__name__)
-REPO = Path(__file__).resolve().parent.parent
-
 
 
 def _ms(values: list[float], q: float) -> float:
@@ -80,7 +77,7 @@ def run(server: TorchServe, model: str, n: int, after: int = 100) -> dict:
     """Burst, then ``after`` sequential requests; return the report."""
     client = server.client()
     desc = client.describe(model)[0]
-    url = f"{server.props['inference_address']}/predictions/{model}"
+    url = common.predictions_url(server, model)
     key = client.keys.get("inference")
     results = burst(url, key, n)
     server_ms = access_log_latencies(server, model)[-n:]
@@ -114,35 +111,21 @@ def run(server: TorchServe, model: str, n: int, after: int = 100) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Start a server, run the burst, print and save the report."""
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="realtime-classifier")
-    parser.add_argument("--version", default="1.0")
-    parser.add_argument("--model-store", type=Path, default=REPO / "model_store")
+    """Start a server (or attach to one), run the burst, print and save the report."""
+    parser = common.parser(__doc__, "overload.json")
     parser.add_argument("--burst", type=int, default=800)
+    parser.add_argument("--after", type=int, default=100, help="sequential requests after the burst")
     parser.add_argument("--queue", type=int, help="job_queue_size override (default: config.properties)")
     parser.add_argument("--workers", type=int, help="scale the model to this many workers first")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "overload.json")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    overrides = port_overrides(free_ports(6))
-    if args.queue:
-        overrides["job_queue_size"] = str(args.queue)
-    server = TorchServe(REPO / "build" / "bench-overload", args.model_store,
-                        [f"{args.model}={args.model}_{args.version}.mar"], overrides=overrides)
-    server.start()
-    try:
-        server.wait_ready(120, [args.model])
+    common.log_to_stdout()
+    overrides = {"job_queue_size": str(args.queue)} if args.queue else None
+    with common.serving(args, "bench-overload", overrides=overrides) as server:
         if args.workers:
             server.client(timeout=120).scale(args.model, args.workers)
-        report = run(server, args.model, args.burst)
-    finally:
-        server.stop()
-    sys.stdout.write(json.dumps(report, indent=2) + "\n")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    return 0 if report["other"] == 0 and report["after_ok"] == report["after_sent"] else 1
+        report = run(server, args.model, args.burst, args.after)
+    return common.finish(report, args.out, json.dumps(report, indent=2),
+                         report["other"] == 0 and report["after_ok"] == report["after_sent"])
 
 
 if __name__ == "__main__":

@@ -856,6 +856,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="make bench-quick: the tuned FastAPI and rtserve as shipped, c=1,8,64, "
                              "3 s per point, no soak (about a minute)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the test suite's run: rtserve as shipped (unless --servers), c=1, 1 s, "
+                             "no warm-ups, soak or forward floor; checks the harness, measures "
+                             "nothing worth keeping")
     parser.add_argument("--concurrency", default=",".join(map(str, CONCURRENCIES)))
     parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per point")
     parser.add_argument("--warmup", type=float, default=2.0, help="excluded seconds before each point")
@@ -882,6 +886,10 @@ def main(argv: list[str] | None = None) -> int:
         args.duration, args.warmup, args.server_warmup, args.soak = 3.0, 1.0, 8.0, 0.0
         if args.out == RESULTS / "perf.json":
             args.out, args.plot = RESULTS / "quick.json", RESULTS / "quick.png"
+    if args.smoke:
+        if args.servers == DEFAULT_SERVERS:
+            args.servers = "torchserve"
+        args.concurrency, args.duration, args.warmup, args.server_warmup, args.soak = "1", 1.0, 0.0, 0.0, 0.0
     if args.replot:
         report = json.loads(args.replot.read_text())
         results = [ServerResult(**{**r, "points": [Point(**{"mean_ms": 0.0, **p}) for p in r["points"]]})
@@ -896,7 +904,7 @@ def main(argv: list[str] | None = None) -> int:
     import yaml
 
     n_features = len(json.loads((model_dir / "meta.json").read_text())["feature_names"])
-    floor = None if args.quick else forward_floor(variants(model_dir, None), n_features)
+    floor = None if args.quick or args.smoke else forward_floor(variants(model_dir, None), n_features)
     handler = handler_time(model_dir, yaml.safe_load((REPO / "model" / "model-config.yaml").read_text()),
                            json.loads(REQUEST.read_text()))
     run_root = Path(tempfile.mkdtemp(prefix="bench-perf-", dir=REPO / "build"))

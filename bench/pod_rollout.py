@@ -23,14 +23,12 @@ import json
 import logging
 import re
 import sys
-import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
-
+from bench import common
 from bench.balancer import Backend
 from bench.rolling_rehearsal import REPO, Rehearsal, finish
 from bench.rolling_rehearsal import run as run_rehearsal
@@ -74,7 +72,6 @@ class PodRehearsal(Rehearsal):
         self.token_file = self.work_dir / "gateway-token"
         ensure_token(self.token_file)
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="pod")
-        self._lock = threading.Lock()  # the balancer's config, the rotation, the phase marks
         self._terminating: list[Future] = []
 
     def _new_replica(self, version: str) -> PodReplica:
@@ -93,28 +90,8 @@ class PodRehearsal(Rehearsal):
     def replace(self, old: PodReplica, version: str) -> None:
         """Surge one new pod; once it is in the balancer and ``old`` out, ``old`` drains and
         stops in the background while the caller goes on (the next pod starts)."""
-        t = time.monotonic()
-        with self._lock:
-            self._phase(f"r{len(self.started) + 1} ({version}) starting")
-        new = self._new_replica(version)
-        self._wait_ready(new)
-        self._step("start", new.name, time.monotonic() - t, version=version)
-        with self._lock:
-            self.live.append(new)
-            self.rotation.append(new.name)
-            self._phase(f"{new.name} in")
-            self._step("add", new.name, self._apply())
-            self.rotation.remove(old.name)
-            self._phase(f"{old.name} out, draining")
-            self._step("remove", old.name, self._apply())
-        self._terminating.append(self._pool.submit(self._terminate, old))
-
-    def _terminate(self, old: PodReplica) -> None:
-        self._drain_and_stop(old)
-        with self._lock:
-            self.live.remove(old)
-            self._apply()  # drop the stopped pod's hop
-            self._phase(f"{old.name} stopped")
+        self._surge(old, version)
+        self._terminating.append(self._pool.submit(self._retire, old))
 
     def roll(self, version: str) -> None:
         """Replace every pod in rotation (terminations overlapping the next start), wait until
@@ -176,23 +153,25 @@ def run(work_dir: Path, tags: dict[str, str], model: str = "realtime-classifier"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--old", default="1.0")
-    parser.add_argument("--new", default="2.0")
+    """Run the pod rollout; print and save the report."""
+    parser = common.parser(__doc__, "pod_rollout.json", {"old": "1.0", "new": "2.0"},
+                           attach=False, model_store=False, run_root=False)
     parser.add_argument("--tags", default=None,
                         help="image tag per version, e.g. 1.0=1.0,2.0=2.0 (default: the versions)")
     parser.add_argument("--rate", type=float, default=50.0)
     parser.add_argument("--concurrency", type=int, default=3)
     parser.add_argument("--hold", type=float, default=3.0)
+    parser.add_argument("--roll-back", action=argparse.BooleanOptionalAction, default=True,
+                        help="roll back to --old after the roll to --new")
+    parser.add_argument("--pod-prefix", default="rtserve-rollout", help="pods are <prefix>-r1, ...")
     parser.add_argument("--work-dir", type=Path, default=REPO / ".run" / "pod-rollout")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "pod_rollout.json")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    common.log_to_stdout()
     tags = dict(t.split("=", 1) for t in args.tags.split(",")) if args.tags \
         else {args.old: args.old, args.new: args.new}
-    report = run(args.work_dir, tags, old=args.old, new=args.new, hold=args.hold, rate=args.rate,
-                 concurrency=args.concurrency)
+    report = run(args.work_dir, tags, model=args.model, old=args.old, new=args.new, hold=args.hold,
+                 rate=args.rate, concurrency=args.concurrency, roll_back=args.roll_back,
+                 pod_prefix=args.pod_prefix)
     return finish(report, args.out)
 
 

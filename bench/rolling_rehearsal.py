@@ -19,9 +19,9 @@ requests sent, failed (must be 0), and the versions seen in each phase, and writ
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
+import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -29,12 +29,13 @@ from pathlib import Path
 
 import requests
 
+from bench import common
 from bench.balancer import Backend, Nginx
+from bench.common import REPO
 from bench.loadgen import SteadyLoad, summarize
 from rtserve.server import TorchServe, free_ports, port_overrides, sample_payload
 
 logger = logging.getLogger(__name__)
-REPO = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -72,6 +73,7 @@ class Rehearsal:
         self.steps: list[dict] = []
         self.auth: dict[str, int] = {}
         self._t0 = time.monotonic()
+        self._lock = threading.RLock()  # the balancer's config, the rotation, the phase marks
 
     def _new_replica(self, version: str) -> Replica:
         name = f"r{len(self.started) + 1}"
@@ -139,22 +141,33 @@ class Rehearsal:
 
         Each phase is marked when its step begins, labelled with the rotation it leads to.
         """
+        self._surge(old, version)
+        self._retire(old)
+
+    def _surge(self, old: Replica, version: str) -> None:
+        """Start a replica of ``version``, put it in rotation once ready, then take ``old`` out."""
         t = time.monotonic()
-        self._phase(f"r{len(self.started) + 1} ({version}) starting")
+        with self._lock:
+            self._phase(f"r{len(self.started) + 1} ({version}) starting")
         new = self._new_replica(version)
         self._wait_ready(new)
         self._step("start", new.name, time.monotonic() - t, version=version)
-        self.live.append(new)
-        self.rotation.append(new.name)
-        self._phase(f"{new.name} in")
-        self._step("add", new.name, self._apply())
-        self.rotation.remove(old.name)
-        self._phase(f"{old.name} out, draining")
-        self._step("remove", old.name, self._apply())
+        with self._lock:
+            self.live.append(new)
+            self.rotation.append(new.name)
+            self._phase(f"{new.name} in")
+            self._step("add", new.name, self._apply())
+            self.rotation.remove(old.name)
+            self._phase(f"{old.name} out, draining")
+            self._step("remove", old.name, self._apply())
+
+    def _retire(self, old: Replica) -> None:
+        """Drain and stop ``old`` (out of rotation), then drop its hop."""
         self._drain_and_stop(old)
-        self.live.remove(old)
-        self._apply()  # drop the stopped replica's hop
-        self._phase(f"{old.name} stopped")
+        with self._lock:
+            self.live.remove(old)
+            self._apply()  # drop the stopped replica's hop
+            self._phase(f"{old.name} stopped")
 
     def _wait_ready(self, replica: Replica) -> None:
         replica.server.wait_ready(180, [self.model])
@@ -232,13 +245,7 @@ def render(report: dict) -> str:
     lines = [f"{report['requests']} requests through nginx in {report['seconds']} s "
              f"({report['rate_target']}/s target, {report['concurrency']} concurrent, "
              f"{report['replicas']} replicas); failed: {report['failed']}",
-             f"{'phase [replicas in rotation]':44} {'sent':>5} {'failed':>6} {'p50 ms':>7} "
-             f"{'p99 ms':>7}  versions seen"]
-    for p in report["phases"]:
-        versions = ", ".join(f"{v}: {n}" for v, n in sorted(p["versions"].items()))
-        lines.append(f"{p['phase']:44} {p['sent']:>5} {p['failed']:>6} {p['p50_ms']:>7} "
-                     f"{p['p99_ms']:>7}  {versions}")
-        lines += [f"    error: {e}" for e in p["errors"]]
+             *common.phase_lines(report["phases"], 44, title="phase [replicas in rotation]")]
     by_action: dict[str, list[float]] = {}
     for s in report["steps"]:
         by_action.setdefault(s["action"], []).append(s["seconds"])
@@ -251,34 +258,28 @@ def render(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the rehearsal; print and save the report."""
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="realtime-classifier")
-    parser.add_argument("--old", default="1.0")
-    parser.add_argument("--new", default="2.0")
-    parser.add_argument("--model-store", type=Path, default=REPO / "model_store")
+    parser = common.parser(__doc__, "rolling_rehearsal.json", {"old": "1.0", "new": "2.0"},
+                           attach=False, run_root=False)  # it starts and stops its own replicas
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--hold", type=float, default=3.0, help="seconds of traffic on each steady state")
     parser.add_argument("--rate", type=float, default=100.0, help="target requests per second")
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--quiet", type=float, default=0.5, help="drain: idle seconds required")
+    parser.add_argument("--roll-back", action=argparse.BooleanOptionalAction, default=True,
+                        help="roll back to --old after the roll to --new")
     parser.add_argument("--work-dir", type=Path, default=REPO / "build" / "rehearsal")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "rolling_rehearsal.json")
     args = parser.parse_args(argv)
     if args.replicas < 2:
         parser.error("--replicas must be at least 2")
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    common.log_to_stdout()
     report = run(args.work_dir, args.model_store, args.model, args.old, args.new, args.replicas,
-                 args.hold, args.rate, args.concurrency, args.quiet)
+                 args.hold, args.rate, args.concurrency, args.quiet, args.roll_back)
     return finish(report, args.out)
 
 
 def finish(report: dict, out: Path) -> int:
     """Print a rehearsal's report, write its JSON to ``out``; exit status 0 when it lost nothing."""
-    sys.stdout.write(render(report) + "\n")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    return 0 if report["failed"] == 0 and report["steady_ok"] else 1
+    return common.finish(report, out, render(report), report["failed"] == 0 and report["steady_ok"])
 
 
 if __name__ == "__main__":

@@ -13,21 +13,20 @@ config/gate.yaml's thresholds), under the same load; the gate's decision is in t
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
+from bench import common
+from bench.common import phase_lines
 from bench.loadgen import SteadyLoad, summarize
 from rtserve.gate import GateConfig
 from rtserve.rollout import HISTORY_FILE, History, Rollout, Verification, timed
-from rtserve.server import TorchServe, free_ports, port_overrides, sample_payload
+from rtserve.server import TorchServe, sample_payload
 
 logger = logging.getLogger(__name__)
-REPO = Path(__file__).resolve().parent.parent
 
 #: The version each "after <step>" phase must see, given the old and new versions.
 EXPECTED_AFTER = {
@@ -99,12 +98,7 @@ def render(report: dict) -> str:
              f"({report['achieved_rate']}/s, target {report['rate_target']}/s, "
              f"{report['concurrency']} concurrent); failed: {report['failed']} "
              f"(worker lost mid-request and resent once, as rtserve's client does: {report['retried']})",
-             f"{'phase':26} {'sent':>6} {'failed':>6} {'p50 ms':>7} {'p99 ms':>7}  versions seen"]
-    for p in report["phases"]:
-        versions = ", ".join(f"{v}: {n}" for v, n in sorted(p["versions"].items()))
-        lines.append(f"{p['phase']:26} {p['sent']:>6} {p['failed']:>6} {p['p50_ms']:>7} "
-                     f"{p['p99_ms']:>7}  {versions}")
-        lines += [f"    error: {e}" for e in p["errors"]]
+             *phase_lines(report["phases"], 26)]
     lines.append("management calls (s): " + ", ".join(
         f"{k} {v}" for k, v in report["call_seconds"].items()))
     lines.append(f"version timeline as expected: {report['timeline_ok']}")
@@ -120,32 +114,17 @@ def render(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Start a server, run the rollout under load, print and save the report."""
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="realtime-classifier")
-    parser.add_argument("--old", default="1.0")
-    parser.add_argument("--new", default="2.0")
-    parser.add_argument("--model-store", type=Path, default=REPO / "model_store")
+    """Start a server (or attach to one), run the rollout under load, print and save the report."""
+    parser = common.parser(__doc__, "rollout_load.json", {"old": "1.0", "new": "2.0"})
     parser.add_argument("--hold", type=float, default=5.0, help="seconds of traffic after each step")
     parser.add_argument("--rate", type=float, default=150.0, help="target requests per second")
     parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "rollout_load.json")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    server = TorchServe(REPO / "build" / "bench-rollout", args.model_store,
-                        [f"{args.model}={args.model}_{args.old}.mar"],
-                        overrides=port_overrides(free_ports(6)))
-    server.start()
-    try:
-        server.wait_ready(120, [args.model])
+    common.log_to_stdout()
+    with common.serving(args, "bench-rollout", [f"{args.model}_{args.old}.mar"]) as server:
         report = run(server, args.model, args.new, args.hold, args.rate, args.concurrency)
-    finally:
-        server.stop()
-    sys.stdout.write(render(report) + "\n")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    return 0 if report["failed"] == 0 and report["timeline_ok"] else 1
+    return common.finish(report, args.out, render(report),
+                         report["failed"] == 0 and report["timeline_ok"])
 
 
 if __name__ == "__main__":

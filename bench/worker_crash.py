@@ -18,8 +18,6 @@ status 137 (SIGKILL, also what the kernel's OOM killer sends) as out of memory.
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import os
 import signal
@@ -27,14 +25,13 @@ import statistics
 import sys
 import time
 from dataclasses import asdict
-from pathlib import Path
 
-from bench.loadgen import Record, SteadyLoad, summarize
+from bench import common
+from bench.loadgen import Record, summarize
 from rtserve.client import Client
-from rtserve.server import TorchServe, free_ports, port_overrides, sample_payload
+from rtserve.server import TorchServe
 
 logger = logging.getLogger(__name__)
-REPO = Path(__file__).resolve().parent.parent
 
 #: Latency counts as back to baseline when a window's median is within this of the baseline's.
 LATENCY_FACTOR = 1.5
@@ -90,10 +87,8 @@ def run(server: TorchServe, model: str, baseline: float, after: float, rate: flo
         raise RuntimeError(f"{model} needs at least 2 workers for this test, has {len(before)}")
     victim, others = before[0], before[1:]
     bound = min(int(desc.get("batchSize", 1)), concurrency)
-    url = f"{server.props['inference_address']}/predictions/{model}"
-    load = SteadyLoad(url, sample_payload(), lambda: client.keys.get("inference"), rate=rate,
-                      concurrency=concurrency, max_seconds=baseline + after + recovery_timeout + 60,
-                      timeout=10.0)
+    load = common.steady_load(server, model, rate, concurrency,
+                              baseline + after + recovery_timeout + 60)
     load.start("baseline")
     try:
         time.sleep(baseline)
@@ -152,44 +147,30 @@ def render(report: dict) -> str:
         f"({report['ok_while_down']} OK while the worker was down)",
         f"after recovery: {report['after_recovery']['sent']} sent, "
         f"{report['after_recovery']['failed']} failed",
-        f"{'phase':14} {'sent':>6} {'failed':>6} {'p50 ms':>7} {'p99 ms':>7}",
+        *common.phase_lines(report["phases"], 14, versions=False),
     ]
-    for p in report["phases"]:
-        lines.append(f"{p['phase']:14} {p['sent']:>6} {p['failed']:>6} {p['p50_ms']:>7} {p['p99_ms']:>7}")
     for f in report["failures"]:
         lines.append(f"  failed at {f['at_s']:+.3f} s from the kill: {f['error']!r}")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Start a server, kill a worker under load, print and save the report."""
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="realtime-classifier")
-    parser.add_argument("--version", default="1.0")
-    parser.add_argument("--model-store", type=Path, default=REPO / "model_store")
+    """Start a server (or attach to one), kill a worker under load, print and save the report."""
+    parser = common.parser(__doc__, "worker_crash.json")
     parser.add_argument("--baseline", type=float, default=5.0, help="seconds of traffic before the kill")
     parser.add_argument("--after", type=float, default=10.0, help="seconds of traffic after recovery")
     parser.add_argument("--rate", type=float, default=150.0, help="target requests per second")
     parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "worker_crash.json")
+    parser.add_argument("--recovery-timeout", type=float, default=60.0,
+                        help="seconds TorchServe gets to restart the worker")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    server = TorchServe(REPO / "build" / "bench-crash", args.model_store,
-                        [f"{args.model}={args.model}_{args.version}.mar"],
-                        overrides=port_overrides(free_ports(6)))
-    server.start()
-    try:
-        server.wait_ready(120, [args.model])
-        report = run(server, args.model, args.baseline, args.after, args.rate, args.concurrency)
-    finally:
-        server.stop()
-    sys.stdout.write(render(report) + "\n")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    common.log_to_stdout()
+    with common.serving(args, "bench-crash") as server:
+        report = run(server, args.model, args.baseline, args.after, args.rate, args.concurrency,
+                     args.recovery_timeout)
     ok = (report["failed"] <= report["in_flight_bound"] and report["worker_restarted_s"] is not None
           and report["after_recovery"]["failed"] == 0 and report["others_kept_serving"])
-    return 0 if ok else 1
+    return common.finish(report, args.out, render(report), ok)
 
 
 if __name__ == "__main__":

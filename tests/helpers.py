@@ -166,3 +166,10 @@ def keep_only(rollout, version: str = "1.0") -> None:
             if rollout.default_version() == other:
                 rollout.client.set_default(rollout.model, version)
             rollout.client.unregister(rollout.model, other)
+
+
+def bench_main(main, out: Path, *args: object) -> tuple[int, dict | list]:
+    """Run a bench script's ``main()`` in-process with ``args`` and ``--out out``: its exit
+    status and the report it wrote (each script's command-line path, not only its ``run()``)."""
+    rc = main([*map(str, args), "--out", str(out)])
+    return rc, json.loads(out.read_text())

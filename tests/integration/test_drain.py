@@ -1,4 +1,4 @@
-"""Drain: readiness false, then SIGTERM, loses no accepted request (bench/drain.py, short)."""
+"""Drain: readiness false, then SIGTERM, loses no accepted request (bench/drain.py's main, short)."""
 
 from __future__ import annotations
 
@@ -8,23 +8,22 @@ import sys
 import pytest
 import requests
 
-from bench.drain import run as run_drain
+from bench import drain
 from bench.loadgen import SteadyLoad
 from rtserve.server import sample_payload
 from tests.conftest import MODEL_NAME, REPO
-from tests.integration.conftest import start_server
+from tests.helpers import bench_main
 
 pytestmark = pytest.mark.integration
 
 
-def test_drain_then_stop_loses_no_accepted_request(mar_v1, tmp_path):
-    server = start_server(tmp_path / "run", mar_v1)
-    try:
-        server.wait_ready(120, [MODEL_NAME])
-        report = run_drain(server, MODEL_NAME, "drain", hold=1.5, lag=0.5, quiet=0.5,
-                           rate=1000, concurrency=12)
-    finally:
-        server.stop()
+def test_drain_then_stop_loses_no_accepted_request(mar_v1, tmp_path, capsys):
+    rc, reports = bench_main(drain.main, tmp_path / "report.json", "--model-store", mar_v1.parent,
+                             "--run-root", tmp_path, "--mode", "drain", "--hold", 1.5, "--lag", 0.5,
+                             "--quiet", 0.5, "--rate", 1000, "--concurrency", 12)
+    assert rc == 0 and [r["mode"] for r in reports] == ["drain"], reports
+    (report,) = reports
+    assert f"[drain] {report['requests']} requests" in capsys.readouterr().out
     # Traffic really reached the server while it drained (the path under test ran) ...
     assert report["drain"]["drained"] and report["drain"]["arrivals"] > 0, report
     assert report["during_stop"] > 0

@@ -12,9 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
+from bench import explain_latency
 from rtserve.data import make_dataset
 from tests.conftest import MODEL_NAME
-from tests.helpers import Reference, audit_batches, demo_eager
+from tests.helpers import Reference, audit_batches, bench_main, demo_eager
 
 pytestmark = pytest.mark.integration
 
@@ -115,3 +116,20 @@ def test_concurrent_burst_mixing_predictions_and_explanations(server, ref, sampl
     assert sum(size for size, _, _ in batches) >= len(jobs)
     mixed = [b for b in batches if 0 < b[2] < b[0]]
     assert mixed, f"no batch held both predictions and explanations: {batches}"
+
+
+def test_explain_latency_main_on_this_server(server, mar_v1, tmp_path):
+    """bench/explain_latency.py's main, tiny: in-process timings, then HTTP on this module's server."""
+    rc, report = bench_main(explain_latency.main, tmp_path / "report.json", "--mar", mar_v1,
+                            "--attach", server.run_dir, "-n", 5, "--warmup", 1, "--hold", 0.5,
+                            "--flood-clients", 2)
+    assert rc == 0
+    assert report["compute"]["one_explanation"]["n"] == 5
+    assert report["compute"]["one_explanation"]["median_ms"] > 0
+    http = report["http"]
+    assert http["explanations"]["n"] == http["predictions"]["n"] == 5
+    for phase in ("predictions_alone", "predictions_during_explanation_flood"):
+        assert http[phase]["n"] > 0 and http[phase]["failed"] == 0, http[phase]
+    flood = http["flood"]
+    assert flood["explanations_answered_200"] + flood["explanations_refused_503"] > 0
+    assert flood["other_statuses"] == {}, flood

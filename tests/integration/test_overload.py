@@ -3,22 +3,20 @@
 import pytest
 import requests
 
-from bench.overload import run
+from bench import overload
 from rtserve.client import Overloaded, _error
 from tests.conftest import MODEL_NAME
-from tests.integration.conftest import start_server
+from tests.helpers import bench_main
 
 pytestmark = pytest.mark.integration
 
 
 def test_burst_is_refused_fast_then_served(mar_v1, tmp_path):
-    ts = start_server(tmp_path / "run", mar_v1, overrides_extra={"job_queue_size": "4"})
-    try:
-        ts.wait_ready(120, [MODEL_NAME])
-        ts.client(timeout=60).scale(MODEL_NAME, 1)
-        report = run(ts, MODEL_NAME, n=150, after=50)
-    finally:
-        ts.stop()
+    """bench/overload.py's main on a server of its own: queue of 4, 1 worker."""
+    rc, report = bench_main(overload.main, tmp_path / "report.json", "--model-store", mar_v1.parent,
+                            "--run-root", tmp_path, "--queue", 4, "--workers", 1, "--burst", 150,
+                            "--after", 50)
+    assert rc == 0 and report["queue_size"] == 4 and report["workers"] == 1, report
     assert report["ok"] + report["refused_503"] == 150 and report["other"] == 0, report
     assert report["refused_503"] > 0, "the burst never filled a queue of 4"
     assert report["refusals_say_queue_full"], report["refusal_message"]

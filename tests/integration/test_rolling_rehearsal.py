@@ -9,8 +9,9 @@ import pytest
 import requests
 
 from bench.balancer import find_nginx
-from bench.rolling_rehearsal import run as run_rehearsal
-from tests.conftest import MODEL_NAME, make_archive
+from bench import rolling_rehearsal
+from tests.conftest import make_archive
+from tests.helpers import bench_main
 
 pytestmark = [
     pytest.mark.integration,
@@ -26,8 +27,10 @@ def store(build_root, mar_v1):
 
 
 def test_rolling_replacement_through_nginx_loses_nothing(store, tmp_path):
-    report = run_rehearsal(tmp_path / "rehearsal", store, MODEL_NAME, "1.0", "2.0", replicas=2,
-                           hold=0.5, rate=60, concurrency=3, quiet=0.3, roll_back=False)
+    rc, report = bench_main(rolling_rehearsal.main, tmp_path / "report.json", "--model-store", store,
+                            "--work-dir", tmp_path / "rehearsal", "--replicas", 2, "--hold", 0.5,
+                            "--rate", 60, "--concurrency", 3, "--quiet", 0.3, "--no-roll-back")
+    assert rc == 0
     assert report["failed"] == 0, [p["errors"] for p in report["phases"] if p["errors"]]
     assert report["requests"] > 300
     phases = report["phases"]

@@ -7,14 +7,13 @@ import subprocess
 
 import pytest
 
-from bench.rollout_load import render as render_rollout_load
-from bench.rollout_load import run as run_rollout_load
+from bench import rollout_load
 from rtserve.client import AuthError, Client, NotFound, Refused, TorchServeError
 from rtserve.gate import GateConfig
 from rtserve.rollout import HISTORY_FILE, History, Rollout, RolloutError
 from rtserve.server import sample_payload
 from tests.conftest import MODEL_NAME, REPO, make_archive
-from tests.helpers import keep_only
+from tests.helpers import bench_main, keep_only
 from tests.integration.conftest import start_server
 
 pytestmark = pytest.mark.integration
@@ -161,10 +160,12 @@ def test_make_targets_drive_a_rollout(server, store, build_root):
     assert served_versions(server.client(), 2) == {"1.0"}
 
 
-def test_rollout_under_load_loses_nothing(server, store):
-    """A short run of bench/rollout_load.py: register checks 2.0's golden set and promote runs the
-    gate (config/gate.yaml) under the load; every request succeeds, versions switch as expected."""
-    report = run_rollout_load(server, MODEL_NAME, "2.0", hold=1.0, rate=60, concurrency=3)
+def test_rollout_under_load_loses_nothing(server, store, tmp_path):
+    """A short run of bench/rollout_load.py's main: register checks 2.0's golden set and promote runs
+    the gate (config/gate.yaml) under the load; every request succeeds, versions switch as expected."""
+    rc, report = bench_main(rollout_load.main, tmp_path / "report.json", "--attach", server.run_dir,
+                            "--new", "2.0", "--hold", 1.0, "--rate", 60, "--concurrency", 3)
+    assert rc == (0 if report["failed"] == 0 and report["timeline_ok"] else 1)
     gate = report["gate"]
     assert gate is not None, "promote did not run the gate"
     assert (gate["default"], gate["candidate"], gate["outcome"]) == ("1.0", "2.0", "promoted"), gate
@@ -180,4 +181,4 @@ def test_rollout_under_load_loses_nothing(server, store):
     assert report["failed"] == sum(n for n, _ in failures.values())
     assert report["timeline_ok"], report
     assert report["requests"] > 200
-    assert "gate 2.0 over 1.0: promoted" in render_rollout_load(report)
+    assert "gate 2.0 over 1.0: promoted" in rollout_load.render(report)

@@ -1,11 +1,11 @@
-"""A backend worker SIGKILLed under steady load (a short run of bench/worker_crash.py)."""
+"""A backend worker SIGKILLed under steady load (a short run of bench/worker_crash.py's main)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.worker_crash import run as run_worker_crash
-from tests.conftest import MODEL_NAME
+from bench import worker_crash
+from tests.helpers import bench_main
 
 pytestmark = pytest.mark.integration
 
@@ -14,9 +14,12 @@ pytestmark = pytest.mark.integration
 RESTART_LIMIT_S = 20.0
 
 
-def test_killed_worker_fails_only_its_batch_and_is_replaced(server):
-    report = run_worker_crash(server, MODEL_NAME, baseline=1.5, after=1.5, rate=100, concurrency=4,
-                              recovery_timeout=RESTART_LIMIT_S)
+def test_killed_worker_fails_only_its_batch_and_is_replaced(server, tmp_path, capsys):
+    rc, report = bench_main(worker_crash.main, tmp_path / "report.json", "--attach", server.run_dir,
+                            "--baseline", 1.5, "--after", 1.5, "--rate", 100, "--concurrency", 4,
+                            "--recovery-timeout", RESTART_LIMIT_S)
+    assert rc == 0, report
+    assert f"killed worker {report['killed']['id']}" in capsys.readouterr().out
     # Only the killed worker's batch may fail: at most min(batch size 32, 4 concurrent) = 4.
     assert report["in_flight_bound"] == 4
     assert report["failed"] <= report["in_flight_bound"], report["failures"]

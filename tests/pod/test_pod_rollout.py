@@ -10,7 +10,8 @@ import os
 
 import pytest
 
-from bench.pod_rollout import run as run_rollout
+from bench import pod_rollout
+from tests.helpers import bench_main
 from tests.pod.conftest import podman
 
 pytestmark = pytest.mark.pod
@@ -18,8 +19,11 @@ pytestmark = pytest.mark.pod
 
 def test_pods_are_replaced_one_at_a_time_without_a_failed_request(images, tmp_path):
     prefix = f"rtserve-pytest-roll-{os.getpid()}"
-    report = run_rollout(tmp_path / "rollout", images, hold=1.0, rate=40, concurrency=3,
-                         pod_prefix=prefix)
+    tags = ",".join(f"{version}={tag}" for version, tag in images.items())
+    rc, report = bench_main(pod_rollout.main, tmp_path / "report.json", "--tags", tags,
+                            "--work-dir", tmp_path / "rollout", "--hold", 1.0, "--rate", 40,
+                            "--concurrency", 3, "--pod-prefix", prefix)
+    assert rc == 0
     assert report["failed"] == 0, [p["errors"] for p in report["phases"] if p["errors"]]
     assert report["requests"] > 500
     phases = report["phases"]

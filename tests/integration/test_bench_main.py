@@ -1,0 +1,82 @@
+"""The bench scripts' command-line paths (``main()``), run in-process with tiny, bounded settings.
+
+Scripts whose ``main()`` another test already runs: drain, overload (own servers), worker_crash,
+hostile_input, rollout_load, explain_latency (``--attach`` to their module's server), the rolling
+rehearsal (nginx) and the pod rollout (pod tier). Here: the others. ``bench/perf.py --smoke``
+starts its own server, as it measures the cold start; so does ``k8s_footprint.py``, which runs
+TorchServe the way the pod does.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+
+import pytest
+
+from bench import handler_micro, k8s_footprint, perf, request_histogram, tune
+from tests.helpers import bench_main
+
+pytestmark = pytest.mark.integration
+
+HAS_FASTAPI = all(importlib.util.find_spec(m) for m in ("fastapi", "uvicorn"))
+
+
+def test_request_histogram_main(capsys):
+    assert request_histogram.main(["--lines", "500", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    per_request = float(re.search(r"exporter CPU per request .*: ([\d.]+) us", out).group(1))
+    assert per_request > 0, out
+
+
+def test_handler_micro_main(trained_dir, tmp_path):
+    rc, report = bench_main(handler_micro.main, tmp_path / "report.json", "--model-dir", trained_dir,
+                            "--batch", 4)
+    assert rc == 0
+    assert set(report["handler"]) >= {"exported", "exported_with_hook"}
+    for timings in report["handler"].values():
+        assert timings["batch"] == 4 and timings["handle_us_per_request"] > 0, timings
+    assert all(v > 0 for v in report["forward"].values()) and report["forward"]
+
+
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed (make bench-deps)")
+@pytest.mark.parametrize("servers", [
+    "torchserve",
+    pytest.param("fastapi-1w-async", marks=pytest.mark.skipif(
+        not HAS_FASTAPI, reason="fastapi/uvicorn are not installed (make bench-deps)")),
+])
+def test_perf_main_smoke(servers, mar_v1, build_root, tmp_path, capsys):
+    """One closed-loop point (c=1, 1 s); bench/fastapi_seed.py where `make bench-deps` installed it."""
+    rc, report = bench_main(perf.main, tmp_path / "perf.json", "--smoke", "--servers", servers,
+                            "--model-store", mar_v1.parent, "--model-dir", build_root / "artifacts" / "1.0",
+                            "--plot", tmp_path / "perf.png")
+    assert rc == 0
+    (server,) = report["servers"]
+    assert server["name"] == servers
+    (point,) = server["points"]
+    assert point["concurrency"] == 1 and point["requests"] > 0 and point["errors"] == 0, point
+    assert server["cold_start_s"] > 0 and server["first_request_ms"] > 0
+    assert report["handler"]["handle_us_per_request"] > 0
+    assert (tmp_path / "perf.png").stat().st_size > 0
+    assert servers in capsys.readouterr().out
+
+
+def test_tune_main_lists_its_variants(capsys):
+    """tune measures with perf's bench_server (run above); its command line lists the variants."""
+    assert tune.main(["--list"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert listed == list(tune.VARIANTS)
+    with pytest.raises(SystemExit, match="unknown variant"):
+        tune.main(["no-such-variant"])
+
+
+def test_k8s_footprint_main(mar_v1, capsys):
+    assert k8s_footprint.main(["--model-store", str(mar_v1.parent), "--requests", "20",
+                               "--probe-runs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "20 predictions from 16 threads" in out
+    peak = int(re.search(r"peak under load (\d+) MiB", out).group(1))
+    assert peak > 0, out
+    for check in ("ready", "live"):
+        assert f"python -m rtserve.probe {check}: median" in out
