@@ -127,9 +127,20 @@ $(WHEELHOUSE_STAMP): requirements.txt | $(STAMP)
 clean: ## Remove build outputs (archives, artifacts, run directory); keeps .venv
 	rm -rf build $(DEMO_ARTIFACTS) $(RUN_DIR) $(MODEL_STORE)/*.mar
 
+# The archive `make register`, `make serve` and `make image` use. With ARTIFACTS, or for the demo
+# (MODEL_NAME realtime-classifier with its artifacts in DEMO_ARTIFACTS, or no archive yet): $(MAR),
+# built or rebuilt from them first. Otherwise the archive `make archive ... ARTIFACTS=<dir>` built
+# earlier, as it is (ARTIFACTS need not be restated; without ARTIFACTS the demo's rules would train
+# the demo model into it).
+ARCHIVE_BUILDS := $(or $(USER_ARTIFACTS),$(and $(filter realtime-classifier,$(MODEL_NAME)),$(or \
+  $(wildcard $(DEMO_ARTIFACTS)/$(MODEL_VERSION)/meta.json),$(if $(wildcard $(MAR)),,no archive yet))))
+ARCHIVE         = $(if $(ARCHIVE_BUILDS),$(MAR),$(STAMP))
+require_archive = test -f $(MAR) || { echo "error: $(MAR) is missing: build it with make archive MODEL_NAME=$(MODEL_NAME) MODEL_VERSION=$(MODEL_VERSION) ARTIFACTS=<dir> (docs/bring-your-own-model.md)"; exit 1; }
+
 ##@ Run
 .PHONY: serve
-serve: $(MAR) $(AGENT_JAR) ## Build the archive (the demo, or ARTIFACTS), start TorchServe on localhost, wait until it answers
+serve: $(ARCHIVE) $(AGENT_JAR) ## Build the archive (the demo, or ARTIFACTS), start TorchServe on localhost, wait until it answers
+	@$(require_archive)
 	$(PY) -m rtserve.server start --run-dir $(RUN_DIR) --model-store $(MODEL_STORE) \
 	  --models $(MODEL_NAME)=$(notdir $(MAR))
 	@echo ">> try it:"
@@ -165,17 +176,10 @@ REASON      ?=
 RTSERVE := $(PY) -m rtserve --inference $(INFERENCE_URL) --management $(MANAGEMENT_URL) \
   --run-dir $(RUN_DIR) --model-store $(MODEL_STORE) --gate-config $(GATE_CONFIG)
 
-# The archive `make register` registers. With ARTIFACTS, or for the demo (MODEL_NAME
-# realtime-classifier with its artifacts in DEMO_ARTIFACTS, or no archive yet): $(MAR), built or
-# rebuilt from them first. Otherwise the archive `make archive ... ARTIFACTS=<dir>` built earlier,
-# as it is (ARTIFACTS need not be restated; without ARTIFACTS the demo's rules would train the
-# demo model into it).
-REGISTER_BUILDS := $(or $(USER_ARTIFACTS),$(and $(filter realtime-classifier,$(MODEL_NAME)),$(or \
-  $(wildcard $(DEMO_ARTIFACTS)/$(MODEL_VERSION)/meta.json),$(if $(wildcard $(MAR)),,no archive yet))))
 
 .PHONY: register
-register: $(if $(REGISTER_BUILDS),$(MAR),$(STAMP)) ## Register MODEL_VERSION beside the running ones (not default); waits for its workers, checks its golden set
-	@test -f $(MAR) || { echo "error: $(MAR) is missing: build it with make archive MODEL_NAME=$(MODEL_NAME) MODEL_VERSION=$(MODEL_VERSION) ARTIFACTS=<dir> (docs/bring-your-own-model.md)"; exit 1; }
+register: $(ARCHIVE) ## Register MODEL_VERSION beside the running ones (not default); waits for its workers, checks its golden set
+	@$(require_archive)
 	$(RTSERVE) register $(MODEL_NAME) $(MODEL_VERSION) $(if $(WORKERS),--workers $(WORKERS))
 
 .PHONY: promote
@@ -268,7 +272,8 @@ image-base: ## Build LOCAL_BASE (Debian bookworm, Python 3.11) with debootstrap,
 	else DOCKER=$(DOCKER) deploy/podman/build-base.sh $(LOCAL_BASE) build/image-base; fi
 
 .PHONY: image
-image: $(MAR) $(WHEELHOUSE_STAMP) ## Build IMG:IMAGE_TAG (default MODEL_VERSION) with that version's archive (DOCKER=podman|docker; reused while its inputs are unchanged)
+image: $(ARCHIVE) $(WHEELHOUSE_STAMP) ## Build IMG:IMAGE_TAG (default MODEL_VERSION) with that version's archive (DOCKER=podman|docker; reused while its inputs are unchanged)
+	@$(require_archive)
 	@echo ">> staging the build context in $(IMAGE_CONTEXT)"
 	rm -rf $(IMAGE_CONTEXT) && mkdir -p $(IMAGE_CONTEXT)/handler $(IMAGE_CONTEXT)/rtserve \
 	  $(IMAGE_CONTEXT)/model_store $(IMAGE_CONTEXT)/deploy/k8s/base $(IMAGE_CONTEXT)/config \

@@ -421,21 +421,28 @@ def registers(lines: list[str], name: str, version: str) -> bool:
                for l in lines)
 
 
+def serves(lines: list[str], name: str, version: str) -> bool:
+    return any(re.search(rf"-m rtserve.server start .* --models {re.escape(name)}="
+                         rf"{re.escape(name)}_{re.escape(version)}\.mar\b", l) for l in lines)
+
+
 def builds(lines: list[str]) -> set[str]:
     """Which archive-building steps the plan runs: training the demo, packing an archive."""
     return {step for step, marker in (("train", "-m rtserve.train"), ("pack", "torch-model-archiver"))
             if any(marker in l for l in lines)}
 
 
+@pytest.mark.parametrize("target,uses", [("register", registers), ("serve", serves)])
 @pytest.mark.parametrize("name,version,demo_artifacts,expected", [
     ("churn", "1.0", False, set()),                   # your model, packed earlier: registered as is
     (MODEL_NAME, "3.1", False, set()),                # your model under the demo's name, packed earlier
     (MODEL_NAME, "1.0", True, set()),                 # the demo, archive up to date
     (MODEL_NAME, "2.0", False, {"train", "pack"}),    # the demo, nothing built yet
 ])
-def test_make_register_uses_the_archive_make_archive_built(tmp_path, name, version,
-                                                           demo_artifacts, expected):
-    """`make register MODEL_NAME=x MODEL_VERSION=y` registers model_store/x_y.mar built earlier by
+def test_make_register_and_serve_use_the_archive_make_archive_built(tmp_path, name, version,
+                                                                    demo_artifacts, expected,
+                                                                    target, uses):
+    """`make register|serve MODEL_NAME=x MODEL_VERSION=y` use model_store/x_y.mar built earlier by
     `make archive ... ARTIFACTS=dir` without ARTIFACTS restated (before, the demo's rules would
     train the demo into it); the demo's archive is still built when missing."""
     store, artifacts = tmp_path / "store", tmp_path / "artifacts"
@@ -448,10 +455,10 @@ def test_make_register_uses_the_archive_make_archive_built(tmp_path, name, versi
         (store / f"{name}_{version}.mar").write_bytes(b"PK")
         later = time.time() + 60
         os.utime(store / f"{name}_{version}.mar", (later, later))
-    lines = plan("register", f"MODEL_NAME={name}", f"MODEL_VERSION={version}",
+    lines = plan(target, f"MODEL_NAME={name}", f"MODEL_VERSION={version}",
                  f"MODEL_STORE={store}", f"DEMO_ARTIFACTS={artifacts}")
     assert builds(lines) == expected, lines
-    assert registers(lines, name, version), lines
+    assert uses(lines, name, version), lines
 
 
 def test_make_register_rebuilds_from_artifacts_when_given(tmp_path):
