@@ -50,14 +50,13 @@ RUN python3 -m venv /opt/venv \
       --disable-pip-version-check -r /wheelhouse/requirements.txt \
  && /opt/venv/bin/pip uninstall --yes --disable-pip-version-check pip
 # Only what runs: no C++ headers, CMake files or static libraries (for building extensions), no
-# test suites, and bytecode only for the modules rtserve imports (prune_venv.py says what and why).
-COPY handler/ /build/handler/
-COPY rtserve/ /build/rtserve/
-COPY prune_venv.py /build/
+# test suites, and bytecode only for the modules rtserve imports (prune_venv.py says what and why;
+# `make image` lists them, so a change to rtserve alone reuses this layer).
+COPY prune_venv.py runtime-modules.txt /build/
 RUN rm -rf /opt/venv/lib/python3.11/site-packages/torch/include \
       /opt/venv/lib/python3.11/site-packages/torch/share/cmake \
  && find /opt/venv -name '*.a' -delete \
- && cd /build && PYTHONDONTWRITEBYTECODE=1 /opt/venv/bin/python prune_venv.py /opt/venv
+ && cd /build && PYTHONDONTWRITEBYTECODE=1 /opt/venv/bin/python prune_venv.py /opt/venv runtime-modules.txt
 
 FROM java AS runtime
 # A fixed non-root UID (above 10000) that the Deployment's runAsUser names too.

@@ -281,6 +281,7 @@ image: $(ARCHIVE) $(WHEELHOUSE_STAMP) ## Build IMG:IMAGE_TAG (default MODEL_VERS
 	cp agent/MANIFEST.MF $(IMAGE_CONTEXT)/agent/
 	cp agent/src/rtserve/agent/*.java $(IMAGE_CONTEXT)/agent/src/rtserve/agent/
 	cp Dockerfile deploy/podman/prune_venv.py $(IMAGE_CONTEXT)/
+	$(PY) -m deploy.podman.prune_venv --list > $(IMAGE_CONTEXT)/runtime-modules.txt
 	cp -rl $(abspath $(WHEELHOUSE)) $(IMAGE_CONTEXT)/wheelhouse 2>/dev/null || cp -r $(WHEELHOUSE) $(IMAGE_CONTEXT)/wheelhouse
 	rm -f $(IMAGE_CONTEXT)/wheelhouse/.built
 	cp config/* $(IMAGE_CONTEXT)/config/

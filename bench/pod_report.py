@@ -18,6 +18,7 @@ ports, sends steady load through its gateway, and prints (and writes JSON):
   10k and 100k requests/s.
 
     .venv/bin/python -m bench.pod_report --tag 1.0
+    .venv/bin/python -m bench.pod_report --attach .run/pod   # the pod `make pod` runs, left running
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import common
 from bench.loadgen import SteadyLoad, summarize
 from bench.perf import run_wrk
-from deploy.podman.pod import PodConfig, down, pod_spec, podman, render, up
+from deploy.podman.pod import PodConfig, PodError, down, pod_spec, podman, read_status, render, up
 from rtserve.server import free_ports, sample_payload
 
 logger = logging.getLogger(__name__)
@@ -157,31 +159,48 @@ def render_sizing(s: dict) -> str:
     return "\n".join(["| | |", "|---|---|"] + [f"| {a} | {b} |" for a, b in rows])
 
 
+#: (flag, type, default, help) of the numeric options.
+NUMERIC_OPTIONS = (
+    ("--rate", float, 200.0, "steady load: target requests per second"),
+    ("--concurrency", int, 8, "steady load: client threads"),
+    ("--seconds", float, 20.0, "steady load: seconds (memory is read at its end)"),
+    ("--sweep-seconds", float, 8.0, "seconds of each sweep point"),
+    ("--p99-ms", float, 15.0, "a sweep point counts toward capacity only under this p99"),
+    ("--headroom", float, 0.7, "share of the capacity a pod carries at the HPA's target"),
+    ("--settle", float, 5.0, "seconds between ready and the idle memory reading"),
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tag", default="1.0", help="the rtserve image tag (model version)")
     parser.add_argument("--image", default="registry.example.com/ml/rtserve")
-    parser.add_argument("--rate", type=float, default=200.0)
-    parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--seconds", type=float, default=20.0)
+    for flag, kind, default, text in NUMERIC_OPTIONS:
+        parser.add_argument(flag, type=kind, default=default, help=text)
     parser.add_argument("--concurrency-sweep", default="1,2,4,8,16,32",
                         help="wrk concurrencies of the sizing sweep ('' skips it)")
-    parser.add_argument("--sweep-seconds", type=float, default=8.0)
-    parser.add_argument("--p99-ms", type=float, default=15.0)
-    parser.add_argument("--headroom", type=float, default=0.7,
-                        help="share of the capacity a pod carries at the HPA's target")
     parser.add_argument("--work-dir", type=Path, default=REPO / ".run" / "pod-report")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "pod_report.json")
+    parser.add_argument("--attach", type=Path, metavar="POD_DIR",
+                        help="measure the pod already running from POD_DIR (`make pod`: .run/pod) "
+                             "and leave it running; its time to ready is not measured")
+    parser.add_argument("--out", type=Path, default=common.RESULTS / "pod_report.json")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    common.log_to_stdout()
+    if args.attach:
+        config = PodConfig.from_json((args.attach / "config.json").read_text())
+        if not read_status(config.pod_dir).get("ready"):
+            raise PodError(f"the pod in {args.attach} is not ready (make pod-status)")
+        args.tag = config.image_tag or args.tag
+    else:
+        ports = dict(zip(("inference", "management", "metrics"), free_ports(3)))
+        config = PodConfig("rtserve-report", args.work_dir, None, ports, args.tag)
+    ports = config.ports
     report = {"image": image_breakdown(f"{args.image}:{args.tag}")}
     build_log = REPO / "build" / "image" / f"{args.tag}.log"
-    ports = dict(zip(("inference", "management", "metrics"), free_ports(3)))
-    config = PodConfig("rtserve-report", args.work_dir, None, ports, args.tag)
     try:
-        report["seconds_to_ready"] = round(up(config), 1)
-        time.sleep(5)
+        report["seconds_to_ready"] = None if args.attach else round(up(config), 1)
+        time.sleep(args.settle)
         report["memory_idle"] = memory(config.name)
         token = config.token_file.read_text().strip()
         load = SteadyLoad(f"http://127.0.0.1:{ports['inference']}/predictions/realtime-classifier",
@@ -208,14 +227,12 @@ def main(argv: list[str] | None = None) -> int:
             report["sweep"] = points
             report["sizing"] = sizing(points, args.p99_ms, pod_cpus, idle, args.headroom)
     finally:
-        down(config.pod_dir)
+        if not args.attach:
+            down(config.pod_dir)
     report["build_log"] = str(build_log) if build_log.exists() else None
-    print(json.dumps(report, indent=1))
-    if "sizing" in report:
-        print(render_sizing(report["sizing"]))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    return 0
+    text = json.dumps(report, indent=1) + ("\n" + render_sizing(report["sizing"])
+                                          if "sizing" in report else "")
+    return common.finish(report, args.out, text, report["load"]["failed"] == 0)
 
 
 if __name__ == "__main__":

@@ -129,7 +129,7 @@ def export(
     model = model.eval()
     sample = x[:SAMPLE_ROWS]
     with torch.inference_mode():
-        logits = _logits(model, sample, len(labels))
+        _logits(model, sample, len(labels))  # a clear error for a wrong output, before export
     holdout_x, holdout_y = _holdout(holdout, x.shape[1], len(labels))
 
     program = _export(model, x[:8].clone())  # the sample inputs saved with it: keep them small

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -50,6 +52,42 @@ def make_archive(build_root: Path, version: str, store: Path | None = None, **va
 def mar_v1(build_root) -> Path:
     """The default archive, built by `make archive`."""
     return make_archive(build_root, "1.0")
+
+
+@pytest.fixture(scope="session")
+def image_vars(build_root, mar_v1) -> list[str]:
+    """Make variables that point the image and pod targets at this session's archives."""
+    assert shutil.which("podman"), "podman is missing: `make test` installs it (make pod-deps)"
+    make_archive(build_root, "2.0")
+    return [f"MODEL_STORE={mar_v1.parent}", f"DEMO_ARTIFACTS={build_root / 'artifacts'}",
+            f"VENV={REPO / '.venv'}", "DOCKER=podman"]
+
+
+@pytest.fixture(scope="session")
+def pod_image_build(image_vars, build_root) -> Future:
+    """The pod tier's images (tests/pod/conftest.py: build_images), built in a background thread
+    while the other tiers run: cold, they take minutes that the pod tier would otherwise wait
+    for after them. The wheelhouse is made first, in the foreground, so that no other test's
+    `make image` builds it at the same time."""
+    from tests.pod.conftest import build_images, make
+
+    make("wheelhouse", f"VENV={REPO / '.venv'}")
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pod-images")
+    future = pool.submit(build_images, image_vars, build_root)
+    pool.shutdown(wait=False)
+    yield future
+    future.cancel()
+    try:  # never leave a build running past the session
+        future.exception(timeout=1800)
+    except Exception:  # noqa: BLE001 - cancelled; a failure was reported by the tests
+        pass
+
+
+@pytest.fixture(scope="session", autouse=True)
+def pod_images_in_background(request):
+    """Start :func:`pod_image_build` at the session's start when it runs pod tests."""
+    if any(item.get_closest_marker("pod") for item in request.session.items):
+        request.getfixturevalue("pod_image_build")
 
 
 def monitoring_binary(*names: str) -> str:

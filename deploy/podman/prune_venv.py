@@ -1,17 +1,25 @@
 """Trim a built virtualenv to what runs (used by the Dockerfile's builder stage).
 
-    python prune_venv.py VENV
+    python -m deploy.podman.prune_venv --list > runtime-modules.txt   # `make image`, on the host
+    python prune_venv.py VENV runtime-modules.txt                     # in the builder stage
 
 Removes test suites (``tests`` packages, torch's ``test`` data and C++ test binaries) and keeps
 compiled bytecode only for the modules rtserve actually imports (the server, the probes, the
 worker and the handler with its explanations): the image's root filesystem is read-only, so
 those must be precompiled; any other module still has its source and is compiled in memory if it
 is ever imported. Prints what it removed.
+
+Which modules rtserve imports is listed on the host (``--list``: the third-party modules that
+importing ``RUNTIME_MODULES`` loads, from the same pinned wheels), so the builder stage needs
+only that list, not rtserve's code: the pruned virtualenv's layer is rebuilt when the list
+changes, not on every change to rtserve.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 import shutil
 import sys
 from pathlib import Path
@@ -30,7 +38,16 @@ def size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
 
 
-def main(venv: str) -> int:
+def runtime_modules() -> list[str]:
+    """Third-party modules (in a site-packages folder) loaded by importing ``RUNTIME_MODULES``."""
+    with contextlib.redirect_stdout(io.StringIO()):  # what some imports print is not a module
+        for name in RUNTIME_MODULES:
+            importlib.import_module(name)
+    return sorted(name for name, m in list(sys.modules.items())
+                  if "site-packages" in str(getattr(m, "__file__", None) or ""))
+
+
+def main(venv: str, modules_file: str) -> int:
     site = next(Path(venv).glob("lib/python3*/site-packages"))
     removed = {"tests": 0, "torch test data and binaries": 0, "bytecode of modules never imported": 0}
     for tests in [p for p in site.glob("**/tests") if p.is_dir()]:
@@ -42,8 +59,14 @@ def main(venv: str) -> int:
         if path.exists():
             removed["torch test data and binaries"] += size(path)
             shutil.rmtree(path) if path.is_dir() else path.unlink()
-    for name in RUNTIME_MODULES:
-        importlib.import_module(name)
+    failed = []
+    for name in Path(modules_file).read_text().split():
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - its bytecode is simply not kept; said below
+            failed.append(name)
+    if failed:
+        print(f"not importable here, bytecode not kept: {', '.join(failed)}")
     keep = {Path(cached) for m in list(sys.modules.values())
             if isinstance(cached := getattr(m, "__cached__", None), str)}
     for pyc in site.rglob("*.pyc"):
@@ -56,4 +79,7 @@ def main(venv: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    if sys.argv[1:] == ["--list"]:
+        print("\n".join(runtime_modules()))
+        sys.exit(0)
+    sys.exit(main(*sys.argv[1:3]))

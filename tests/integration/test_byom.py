@@ -18,7 +18,6 @@ import json
 import subprocess
 import time
 import zipfile
-from pathlib import Path
 
 import pytest
 import requests
@@ -27,7 +26,6 @@ import yaml
 
 from examples.breast_cancer import packaging
 from handler.drift import DriftMonitor
-from handler.model import ModelMetadata
 from rtserve.client import TorchServeError
 from rtserve.package import export
 from rtserve.rollout import HISTORY_FILE, History, Rollout

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import time
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ import yaml
 
 from deploy.podman.pod import CONTAINERS_CONF, read_status, render
 from rtserve.server import free_ports
-from tests.conftest import REPO, make_archive
+from tests.conftest import REPO
 
 VERSIONS = ("1.0", "2.0")
 
@@ -41,18 +40,9 @@ def podman(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
-@pytest.fixture(scope="session")
-def image_vars(build_root, mar_v1) -> list[str]:
-    """Make variables that point the image and pod targets at this session's archives."""
-    assert shutil.which("podman"), "podman is missing: `make test` installs it (make pod-deps)"
-    make_archive(build_root, "2.0")
-    return [f"MODEL_STORE={mar_v1.parent}", f"DEMO_ARTIFACTS={build_root / 'artifacts'}",
-            f"VENV={REPO / '.venv'}", "DOCKER=podman"]
-
-
-@pytest.fixture(scope="session")
-def images(image_vars, build_root) -> dict[str, str]:
-    """Images 1.0 and 2.0 (`make image`) and the gateway stand-in; version -> image tag."""
+def build_images(image_vars: list[str], build_root: Path) -> dict[str, str]:
+    """`make image` of 1.0 and 2.0 (tagged ``pytest-<version>``) and the gateway stand-in;
+    version -> image tag."""
     tags = {}
     for version in VERSIONS:
         tag = f"pytest-{version}"
@@ -61,6 +51,13 @@ def images(image_vars, build_root) -> dict[str, str]:
         tags[version] = tag
     make("image-gateway", "DOCKER=podman")
     return tags
+
+
+@pytest.fixture(scope="session")
+def images(pod_image_build) -> dict[str, str]:
+    """Images 1.0 and 2.0 and the gateway stand-in (version -> image tag): the build that
+    tests/conftest.py started in the background when the session began."""
+    return pod_image_build.result(timeout=1800)
 
 
 @dataclass

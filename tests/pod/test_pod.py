@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import time
@@ -20,10 +21,11 @@ import requests
 import tritonclient.http as triton
 import yaml
 
+from bench import pod_report
 from deploy.podman.pod import pod_spec, render
 from rtserve.gate import ArchiveMeta, GateConfig
 from tests.conftest import MODEL_NAME, REPO
-from tests.helpers import features
+from tests.helpers import bench_main, features
 from tests.pod.conftest import fast_probe_manifest, podman, start_pod, stop_pod
 
 pytestmark = pytest.mark.pod
@@ -243,6 +245,26 @@ def worker_pids(pod) -> list[int]:
     resp = requests.get(f"{pod.url('management')}/models/{MODEL_NAME}",
                         headers={"Authorization": f"Bearer {pod.keys()['management']}"}, timeout=10)
     return [w["pid"] for w in resp.json()[0]["workers"] if w["status"] == "READY"]
+
+
+def test_pod_report_main_measures_the_running_pod(pod, tmp_path):
+    """bench/pod_report.py's main (`make pod-report`) attached to this module's pod with tiny
+    settings: the image breakdown, memory idle and under load, a load with no failure, and a
+    one-point sizing sweep where wrk is installed."""
+    sweep = "1" if shutil.which("wrk") else ""
+    rc, report = bench_main(pod_report.main, tmp_path / "report.json", "--attach", pod.pod_dir,
+                            "--settle", 0.5, "--seconds", 2, "--rate", 30, "--concurrency", 2,
+                            "--concurrency-sweep", sweep, "--sweep-seconds", 1)
+    assert rc == 0
+    assert report["seconds_to_ready"] is None  # attached: not measured
+    assert report["image"]["size_mb"] > 0 and report["image"]["layers"], report["image"]
+    assert set(report["memory_idle"]) == set(report["memory_load"]) >= {"rtserve"}
+    assert report["load"]["failed"] == 0 and report["load"]["sent"] > 20, report["load"]
+    if sweep:
+        (point,) = report["sweep"]
+        assert point["per_second"] > 0 and point["errors"] == 0 and point["pod_cores"] > 0, point
+        assert "capacity_per_second" in report["sizing"], report["sizing"]
+    assert predict(pod).status_code == 200  # left running
 
 
 def test_a_killed_worker_comes_back(pod):
