@@ -469,11 +469,26 @@ k8s-lint: k8s-render $(STAMP) $(CHECKOV_STAMP) ## Validate every overlay offline
 
 ##@ Test
 .PHONY: test
+# The pod tier mostly waits (image builds, pods starting, preStop drains), so by default it runs
+# in a second pytest process beside the other tiers, its output printed after theirs; with
+# PYTEST_ARGS (or TEST_SPLIT=0) one pytest runs with exactly those arguments.
+TEST_SPLIT ?= 1
 test: $(STAMP) $(AGENT_JAR) ## Run the whole test suite (builds what it needs, starts and stops its own servers)
 	@$(MAKE) --no-print-directory nginx-deps >/dev/null || \
 	  echo ">> nginx could not be installed: the rolling-rehearsal test will be skipped"
 	@$(MAKE) --no-print-directory pod-deps  # the pod tests (-m pod) need it: they fail without
-	$(PY) -m pytest $(PYTEST_ARGS)
+	@if [ "$(TEST_SPLIT)" != 1 ] || [ -n "$(strip $(PYTEST_ARGS))" ]; then \
+	  echo "$(PY) -m pytest $(PYTEST_ARGS)"; exec $(PY) -m pytest $(PYTEST_ARGS); fi; \
+	$(MAKE) --no-print-directory $(WHEELHOUSE_STAMP) >/dev/null; \
+	mkdir -p build && start=$$(date +%s); \
+	echo ">> the pod tier (pytest -m pod) runs beside the other tiers; its output follows theirs"; \
+	$(PY) -m pytest -m pod > build/test-pod.log 2>&1 & pod=$$!; \
+	trap 'kill $$pod 2>/dev/null' INT TERM; \
+	rest=0; $(PY) -m pytest -m "not pod" || rest=$$?; \
+	podrc=0; wait $$pod || podrc=$$?; \
+	echo ">> the pod tier (pytest -m pod, build/test-pod.log):"; cat build/test-pod.log; \
+	echo ">> make test: $$(( $$(date +%s) - start )) s; exit status: other tiers $$rest, pod tier $$podrc"; \
+	[ $$rest -eq 0 ] && [ $$podrc -eq 0 ]
 
 .PHONY: test-rules
 test-rules: monitor-deps ## Check the alerting rules and run their unit tests (promtool)
@@ -516,7 +531,7 @@ bench-handler: $(MODEL_DIR)/model.pt2 $(COMPILED) ## Handler time per request in
 	$(PY) -m bench.handler_micro --model-dir $(MODEL_DIR) --compiled $(COMPILED) --out bench/results/handler_micro.json
 
 .PHONY: bench-rollout
-bench-rollout: $(MODEL_STORE)/$(MODEL_NAME)_1.0.mar $(MODEL_STORE)/$(MODEL_NAME)_2.0.mar ## Rollout 1.0 -> 2.0 and back under steady load (about 40 s)
+bench-rollout: $(MODEL_STORE)/$(MODEL_NAME)_1.0.mar $(MODEL_STORE)/$(MODEL_NAME)_2.0.mar ## Rollout 1.0 -> 2.0 (golden set, gate) and back under steady load (about 70 s)
 	$(PY) -m bench.rollout_load --model-store $(MODEL_STORE)
 
 .PHONY: bench-hostile
