@@ -470,25 +470,30 @@ k8s-lint: k8s-render $(STAMP) $(CHECKOV_STAMP) ## Validate every overlay offline
 ##@ Test
 .PHONY: test
 # The pod tier mostly waits (image builds, pods starting, preStop drains), so by default it runs
-# in a second pytest process beside the other tiers, its output printed after theirs; with
-# PYTEST_ARGS (or TEST_SPLIT=0) one pytest runs with exactly those arguments.
-TEST_SPLIT ?= 1
-test: $(STAMP) $(AGENT_JAR) ## Run the whole test suite (builds what it needs, starts and stops its own servers)
+# in a second pytest process beside the other tiers, with the benchmark scripts' smoke runs
+# (TEST_BESIDE), its output printed after theirs; with PYTEST_ARGS (or TEST_SPLIT=0) one pytest
+# runs with exactly those arguments.
+TEST_SPLIT  ?= 1
+TEST_BESIDE ?= tests/pod tests/integration/test_bench_main.py
+TEST_SPLIT_ON = $(and $(filter 1,$(TEST_SPLIT)),$(if $(strip $(PYTEST_ARGS)),,split))
+# (split: the wheelhouse first, so that the two processes' `make image` runs never both make it)
+test: $(STAMP) $(AGENT_JAR) $(if $(TEST_SPLIT_ON),$(WHEELHOUSE_STAMP)) ## Run the whole test suite (builds what it needs, starts and stops its own servers)
 	@$(MAKE) --no-print-directory nginx-deps >/dev/null || \
 	  echo ">> nginx could not be installed: the rolling-rehearsal test will be skipped"
 	@$(MAKE) --no-print-directory pod-deps  # the pod tests (-m pod) need it: they fail without
-	@if [ "$(TEST_SPLIT)" != 1 ] || [ -n "$(strip $(PYTEST_ARGS))" ]; then \
+	@$(MAKE) --no-print-directory bench-deps >/dev/null || \
+	  echo ">> wrk or FastAPI could not be installed: the benchmark smoke tests that need them will be skipped"
+	@if [ -z "$(TEST_SPLIT_ON)" ]; then \
 	  echo "$(PY) -m pytest $(PYTEST_ARGS)"; exec $(PY) -m pytest $(PYTEST_ARGS); fi; \
-	$(MAKE) --no-print-directory $(WHEELHOUSE_STAMP) >/dev/null; \
 	mkdir -p build && start=$$(date +%s); \
-	echo ">> the pod tier (pytest -m pod) runs beside the other tiers; its output follows theirs"; \
-	$(PY) -m pytest -m pod > build/test-pod.log 2>&1 & pod=$$!; \
-	trap 'kill $$pod 2>/dev/null' INT TERM; \
-	rest=0; $(PY) -m pytest -m "not pod" || rest=$$?; \
-	podrc=0; wait $$pod || podrc=$$?; \
-	echo ">> the pod tier (pytest -m pod, build/test-pod.log):"; cat build/test-pod.log; \
-	echo ">> make test: $$(( $$(date +%s) - start )) s; exit status: other tiers $$rest, pod tier $$podrc"; \
-	[ $$rest -eq 0 ] && [ $$podrc -eq 0 ]
+	echo ">> $(TEST_BESIDE) run in a second pytest beside the rest; its output follows theirs"; \
+	$(PY) -m pytest $(TEST_BESIDE) > build/test-beside.log 2>&1 & beside=$$!; \
+	trap 'kill $$beside 2>/dev/null' INT TERM; \
+	rest=0; $(PY) -m pytest $(addprefix --ignore=,$(TEST_BESIDE)) || rest=$$?; \
+	other=0; wait $$beside || other=$$?; \
+	echo ">> $(TEST_BESIDE) (build/test-beside.log):"; cat build/test-beside.log; \
+	echo ">> make test: $$(( $$(date +%s) - start )) s; exit status: $$rest, and $$other beside"; \
+	[ $$rest -eq 0 ] && [ $$other -eq 0 ]
 
 .PHONY: test-rules
 test-rules: monitor-deps ## Check the alerting rules and run their unit tests (promtool)

@@ -95,12 +95,13 @@ def variant_log_config(levels: dict, out: Path) -> Path:
     return out
 
 
-def build_archive(name: str, model_config: Path, version: str) -> Path:
+def build_archive(name: str, model_config: Path, version: str, work_dir: Path,
+                  demo_artifacts: Path) -> Path:
     """``make archive`` with the variant's model config into its own model store."""
-    store = REPO / "build" / "tune" / name / "model_store"
+    store = work_dir / name / "model_store"
     subprocess.run(["make", "-s", "archive", f"MODEL_VERSION={version}", f"MODEL_STORE={store}",
-                    f"MODEL_CONFIG={model_config}"], cwd=REPO, check=True,
-                   stdout=subprocess.DEVNULL)
+                    f"MODEL_CONFIG={model_config}", f"DEMO_ARTIFACTS={demo_artifacts}"], cwd=REPO,
+                   check=True, stdout=subprocess.DEVNULL)
     return store
 
 
@@ -121,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wait-quiet", type=float, default=0.0,
                         help="before each server, wait up to this many seconds for a quiet machine")
     parser.add_argument("--version", default="1.0")
+    parser.add_argument("--work-dir", type=Path, default=REPO / "build" / "tune",
+                        help="each variant's model config, log config, archive and run directory")
+    parser.add_argument("--demo-artifacts", type=Path, default=REPO / "artifacts",
+                        help="where `make archive` finds (or trains) the demo's artifacts")
     parser.add_argument("--out", type=Path, default=RESULTS / "tune.json")
     args = parser.parse_args(argv)
     if args.list or not args.variants:
@@ -133,18 +138,19 @@ def main(argv: list[str] | None = None) -> int:
     _log_to_stdout()
     wrk_path()
     concurrencies = tuple(int(c) for c in args.concurrency.split(","))
-    root = Path(tempfile.mkdtemp(prefix="tune-", dir=REPO / "build"))
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix="r", dir=args.work_dir))  # short: socket paths are in it
     stores = {}
     for name in args.variants:
         what, model_changes, props, logs = VARIANTS[name]
-        config = variant_model_config(model_changes, REPO / "build" / "tune" / name / "model-config.yaml")
-        stores[name] = build_archive(name, config, args.version)
+        config = variant_model_config(model_changes, args.work_dir / name / "model-config.yaml")
+        stores[name] = build_archive(name, config, args.version, args.work_dir, args.demo_artifacts)
     runs = []
     for rep in range(args.repeat):
         for name in args.variants:
             what, model_changes, props, logs = VARIANTS[name]
             if isinstance(logs, dict):
-                logs = variant_log_config(logs, REPO / "build" / "tune" / name / "log4j2.xml")
+                logs = variant_log_config(logs, args.work_dir / name / "log4j2.xml")
             server = RtServe(stores[name], root / f"{name}-{rep}", f"{MODEL}_{args.version}.mar",
                              name=name, overrides=props, log_config=logs)
             result = bench_server(server, concurrencies, args.duration, args.warmup, args.soak,

@@ -42,6 +42,9 @@ DEFAULT_CONFIG = REPO / "config.properties"
 #: TorchServe's per-request DEBUG/INFO chatter (see the file's header).
 DEFAULT_LOG_CONFIG = REPO / "config" / "log4j2.xml"
 PID_FILE = ".model_server.pid"
+#: The longest Unix socket path (sun_path is 108 bytes with its NUL): each worker listens on
+#: ``$TMPDIR/.ts.sock.<port>``, and TorchServe's workers die at start when it is longer.
+MAX_SOCKET_PATH = 107
 #: rtserve's Java agent for the frontend (agent/, built by ``make agent``): greedy batching.
 AGENT_JAR = Path(os.environ.get("RTSERVE_AGENT_JAR", REPO / "build" / "agent" / "rtserve-agent.jar"))
 #: The config.properties key that switches the agent off (``false``); on by default.
@@ -252,6 +255,12 @@ class TorchServe:
         """
         if self.pid() is not None:
             raise ServerError(f"TorchServe is already running from {self.run_dir} (pid {self.pid()})")
+        socket_path = f"{(self.run_dir / 'tmp').resolve()}/.ts.sock.65535"
+        if len(socket_path.encode()) > MAX_SOCKET_PATH:
+            raise ServerError(
+                f"the run directory {self.run_dir} is too deep for TorchServe's worker sockets: "
+                f"{socket_path} has {len(socket_path.encode())} bytes, a Unix socket path at most "
+                f"{MAX_SOCKET_PATH}; choose a shorter run directory")
         shutil.rmtree(self.log_dir, ignore_errors=True)  # fresh logs: readiness reads them
         shutil.rmtree(self.metrics_dir, ignore_errors=True)  # and fresh counters
         self.stop_exporter()

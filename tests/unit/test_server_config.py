@@ -41,6 +41,17 @@ def test_bad_greedy_value_and_missing_agent_are_refused(tmp_path, monkeypatch):
         instance(tmp_path).effective_props(41234)
 
 
+def test_a_run_directory_too_deep_for_worker_sockets_is_refused_before_anything_starts(tmp_path):
+    """TorchServe's workers listen on $TMPDIR/.ts.sock.<port> (TMPDIR is RUN_DIR/tmp); a longer
+    path than a Unix socket allows used to show only as workers dying at start."""
+    deep = tmp_path / ("d" * (srv.MAX_SOCKET_PATH - len(str(tmp_path.resolve())) - 10))
+    server = TorchServe(deep, tmp_path / "store")
+    with pytest.raises(ServerError, match=r"too deep for TorchServe's worker sockets: .*/tmp/"
+                                          r"\.ts\.sock\.65535 has 1\d\d bytes, a Unix socket path at most 107"):
+        server.start()
+    assert not (deep / "config.properties").exists() and not (deep / "logs").exists()
+
+
 def test_the_probes_do_not_import_torch():
     """The kubelet runs `python -m rtserve.probe` every few seconds in the container: without
     torch it starts in a fraction of the time and memory (with it, about 200 MB each, and
