@@ -61,6 +61,15 @@ WORKER_LOST = ("Worker scaled down.", "Worker died.")
 def worker_lost(status: int, body: str) -> bool:
     """Whether an answer says the request's worker went away before answering it."""
     return status in (500, 507) and any(m in body for m in WORKER_LOST)
+
+
+def retryable(status: int, body: str) -> bool:
+    """Whether an idempotent call's error answer is worth sending again: a gateway or overload
+    status, or TorchServe 0.12's ``500 ConcurrentModificationException``, which a management
+    call such as a scale-down can meet when a worker's batch changes under it (its
+    ``WorkerThread.shutdown`` iterates the batch while the worker thread edits it)."""
+    return status in RETRY_STATUSES or (status == 500 and '"ConcurrentModificationException"' in body)
+
 #: The handler's 503 for an explanation past ``handler.explain_max_per_batch`` in its batch.
 EXPLAIN_CEILING = "handler.explain_max_per_batch"
 
@@ -124,7 +133,8 @@ class Client:
         key_file: TorchServe's ``key_file.json``; None when token authorization is off.
         metrics_url: e.g. ``http://127.0.0.1:8082`` (no token needed).
         timeout: seconds for connect and for read, on every call.
-        retries: extra attempts for idempotent calls on connection errors and 502/503/504.
+        retries: extra attempts for idempotent calls on connection errors, 502/503/504 and
+                TorchServe's 500 ConcurrentModificationException (:func:`retryable`).
         token: a fixed inference token instead of ``key_file`` (a gateway's shared token).
     """
 
@@ -287,7 +297,7 @@ class Client:
                 renewed = True
                 attempt -= 1
                 continue
-            if resp.status_code in RETRY_STATUSES and attempt < attempts:
+            if retryable(resp.status_code, resp.text) and attempt < attempts:
                 time.sleep(0.2 * 2 ** (attempt - 1))
                 continue
             raise error

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rtserve.client import worker_lost
+from rtserve.client import retryable, worker_lost
 
 pytestmark = pytest.mark.unit
 
@@ -16,3 +16,16 @@ pytestmark = pytest.mark.unit
 ])
 def test_only_a_lost_worker_makes_a_prediction_resendable(status, body, expected):
     assert worker_lost(status, body) is expected
+
+
+@pytest.mark.parametrize("status,body,expected", [
+    (503, '{"code": 503, "message": "Service unavailable"}', True),
+    (500, '{"code": 500, "type": "ConcurrentModificationException"}', True),  # TorchServe's race
+    (500, '{"code": 500, "type": "InternalServerException", "message": "boom"}', False),
+    (400, '{"code": 400, "type": "BadRequestException"}', False),
+    (404, '{"code": 404, "type": "ModelNotFoundException"}', False),
+])
+def test_idempotent_calls_are_resent_only_for_transient_answers(status, body, expected):
+    """What `scale` (idempotent) sends again: TorchServe 0.12 answers a scale-down under traffic
+    `500 {"type": "ConcurrentModificationException"}` now and then (make bench-rollout met it)."""
+    assert retryable(status, body) is expected
