@@ -470,19 +470,17 @@ k8s-lint: k8s-render $(STAMP) $(CHECKOV_STAMP) ## Validate every overlay offline
 ##@ Test
 .PHONY: test
 # The pod tier mostly waits (image builds, pods starting, preStop drains), so by default it runs
-# in a second pytest process beside the other tiers, with the benchmark scripts' smoke runs
-# (TEST_BESIDE), its output printed after theirs; with PYTEST_ARGS (or TEST_SPLIT=0) one pytest
-# runs with exactly those arguments.
+# in a second pytest process beside the other tiers, with the rolling rehearsal (nginx and
+# replicas at 60 req/s: mostly waiting too) (TEST_BESIDE), its output printed after
+# theirs; with PYTEST_ARGS (or TEST_SPLIT=0) one pytest runs with exactly those arguments.
 TEST_SPLIT  ?= 1
-TEST_BESIDE ?= tests/pod tests/integration/test_bench_main.py
+TEST_BESIDE ?= tests/pod tests/integration/test_rolling_rehearsal.py
 TEST_SPLIT_ON = $(and $(filter 1,$(TEST_SPLIT)),$(if $(strip $(PYTEST_ARGS)),,split))
 # (split: the wheelhouse first, so that the two processes' `make image` runs never both make it)
 test: $(STAMP) $(AGENT_JAR) $(if $(TEST_SPLIT_ON),$(WHEELHOUSE_STAMP)) ## Run the whole test suite (builds what it needs, starts and stops its own servers)
 	@$(MAKE) --no-print-directory nginx-deps >/dev/null || \
 	  echo ">> nginx could not be installed: the rolling-rehearsal test will be skipped"
 	@$(MAKE) --no-print-directory pod-deps  # the pod tests (-m pod) need it: they fail without
-	@$(MAKE) --no-print-directory bench-deps >/dev/null || \
-	  echo ">> wrk or FastAPI could not be installed: the benchmark smoke tests that need them will be skipped"
 	@if [ -z "$(TEST_SPLIT_ON)" ]; then \
 	  echo "$(PY) -m pytest $(PYTEST_ARGS)"; exec $(PY) -m pytest $(PYTEST_ARGS); fi; \
 	mkdir -p build && start=$$(date +%s); \

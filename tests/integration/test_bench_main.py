@@ -10,14 +10,12 @@ TorchServe the way the pod does.
 from __future__ import annotations
 
 import importlib.util
-import json
 import re
 import shutil
 
 import pytest
 
 from bench import handler_micro, k8s_footprint, perf, request_histogram, tune
-from tests.conftest import MODEL_NAME
 from tests.helpers import bench_main
 
 pytestmark = pytest.mark.integration
@@ -71,23 +69,6 @@ def test_tune_main_lists_its_variants(capsys):
     assert listed == list(tune.VARIANTS)
     with pytest.raises(SystemExit, match="unknown variant"):
         tune.main(["no-such-variant"])
-
-
-@pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed (make bench-deps)")
-def test_tune_main_measures_a_variant(mar_v1, build_root, tmp_path, capsys):
-    """One variant (batchSize 8) built with its own model config and measured at c=1 for 0.5 s."""
-    assert tune.main(["batch-8", "--concurrency", "1", "--duration", "0.5", "--warmup", "0",
-                      "--server-warmup", "0", "--repeat", "1", "--work-dir", str(tmp_path / "t"),
-                      "--demo-artifacts", str(build_root / "artifacts"),
-                      "--out", str(tmp_path / "tune.json")]) == 0
-    report = json.loads((tmp_path / "tune.json").read_text())
-    (run,) = report["runs"]
-    assert (run["variant"], run["repeat"]) == ("batch-8", 0)
-    (point,) = run["points"]
-    assert point["concurrency"] == 1 and point["requests"] > 0 and point["errors"] == 0, point
-    assert "batchSize: 8" in (tmp_path / "t" / "batch-8" / "model-config.yaml").read_text()
-    assert (tmp_path / "t" / "batch-8" / "model_store" / f"{MODEL_NAME}_1.0.mar").is_file()
-    assert "batch-8" in capsys.readouterr().out
 
 
 def test_k8s_footprint_main(mar_v1, capsys):
