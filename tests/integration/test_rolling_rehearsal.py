@@ -1,7 +1,6 @@
 """Rolling replacement of 2 TorchServe replicas behind a real nginx (bench/rolling_rehearsal.py).
 
-1.0 -> 2.0 and back to 1.0, as `make bench-rehearsal` runs it (the pod tier's rollout runs only
-the forward half, so rolling back is proved here, where a replica costs seconds).
+The suite runs the forward half (1.0 -> 2.0) to stay short; `make bench-rehearsal` also rolls back.
 """
 
 from __future__ import annotations
@@ -30,16 +29,13 @@ def store(build_root, mar_v1):
 def test_rolling_replacement_through_nginx_loses_nothing(store, tmp_path):
     rc, report = bench_main(rolling_rehearsal.main, tmp_path / "report.json", "--model-store", store,
                             "--work-dir", tmp_path / "rehearsal", "--replicas", 2, "--hold", 0.5,
-                            "--rate", 60, "--concurrency", 3, "--quiet", 0.3)
+                            "--rate", 60, "--concurrency", 3, "--quiet", 0.3, "--no-roll-back")
     assert rc == 0
     assert report["failed"] == 0, [p["errors"] for p in report["phases"] if p["errors"]]
     assert report["requests"] > 300
     phases = report["phases"]
     assert phases[0]["phase"] == "all on 1.0 [r1:1.0+r2:1.0]" and phases[0]["versions"].keys() == {"1.0"}
-    steady = [p for p in phases if p["phase"].startswith("all on")]
-    assert [p["phase"] for p in steady] == [  # 1.0 -> 2.0, then rolled back to 1.0
-        "all on 1.0 [r1:1.0+r2:1.0]", "all on 2.0 [r3:2.0+r4:2.0]", "all on 1.0 [r5:1.0+r6:1.0]"]
-    assert [p["versions"].keys() for p in steady] == [{"1.0"}, {"2.0"}, {"1.0"}]
+    assert phases[-1]["phase"] == "all on 2.0 [r3:2.0+r4:2.0]" and phases[-1]["versions"].keys() == {"2.0"}
     assert report["steady_ok"]
     assert any(p["versions"].keys() == {"1.0", "2.0"} for p in phases)  # side by side mid-roll
     # One at a time: each new replica was in rotation before its old one left; each old one was
@@ -47,9 +43,7 @@ def test_rolling_replacement_through_nginx_loses_nothing(store, tmp_path):
     actions = [(s["action"], s["replica"]) for s in report["steps"]]
     assert actions == [("start", "r1+r2"),
                        ("start", "r3"), ("add", "r3"), ("remove", "r1"), ("drain", "r1"), ("stop", "r1"),
-                       ("start", "r4"), ("add", "r4"), ("remove", "r2"), ("drain", "r2"), ("stop", "r2"),
-                       ("start", "r5"), ("add", "r5"), ("remove", "r3"), ("drain", "r3"), ("stop", "r3"),
-                       ("start", "r6"), ("add", "r6"), ("remove", "r4"), ("drain", "r4"), ("stop", "r4")]
+                       ("start", "r4"), ("add", "r4"), ("remove", "r2"), ("drain", "r2"), ("stop", "r2")]
     # Token auth at every hop: only the gateway key gets through the balancer, a hop checks it
     # too, and the replica itself still wants its own key (TorchServe answers 400 without one).
     assert report["auth"] == {

@@ -1,9 +1,8 @@
 """Rolling replacement with real pods behind a real nginx under load (bench/pod_rollout.py).
 
 Two 1.0 pods are replaced one at a time by 2.0 pods (`make pod-rollout` also rolls back to 1.0,
-the same replacement in reverse; docs/image-and-pod.md has its figures). The roll back through
-the same rehearsal runs in tests/integration/test_rolling_rehearsal.py, on processes, which
-keeps this tier's time within the suite's budget.
+the same replacement in reverse; docs/image-and-pod.md has its figures). The suite runs the
+forward half to stay within its time budget.
 """
 
 from __future__ import annotations

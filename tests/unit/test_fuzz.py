@@ -99,7 +99,7 @@ def oracle_features(row: dict):
 
 
 
-@settings(max_examples=1200, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
 @given(batch=st.lists(rows, min_size=1, max_size=8))
 def test_hostile_batches_get_predictions_or_their_own_400(handler_ctx, batch):
     handler, ctx = handler_ctx
