@@ -216,7 +216,11 @@ def test_latency_p99_from_the_histogram_agrees_with_the_load_clients(prom, obs_s
           f"Prometheus histogram_quantile {server_p99 * 1000:.2f} ms, difference "
           f"{(server_p99 - client_p99) * 1000:+.2f} ms, tolerance {tolerance * 1000:.1f} ms; "
           f"client p50 {client[len(client) // 2] * 1000:.2f} ms")
-    assert abs(server_p99 - client_p99) <= tolerance, (server_p99, client_p99, tolerance)
+    # The histogram cannot see more than the client does (up to its buckets' resolution); the
+    # client also counts its own work and the wire, which a busy machine inflates (the suite runs
+    # two pytest processes at once): on that side the test allows one more tolerance.
+    assert server_p99 - client_p99 <= tolerance, (server_p99, client_p99, tolerance)
+    assert client_p99 - server_p99 <= 2 * tolerance, (server_p99, client_p99, tolerance)
 
 
 def test_a_shifted_feature_shows_as_its_drift_in_prometheus(prom, obs_server):
