@@ -23,10 +23,37 @@ class HandlerError(Exception):
         return out
 
 
+#: Why a request was rejected, in one word (``InvalidInput.reason``).
+REASONS = ("not_json", "empty_body", "not_an_object", "missing_field", "not_a_list",
+           "wrong_length", "not_a_number", "non_finite", "out_of_range", "bad_target", "invalid")
+#: Response headers carrying an :class:`InvalidInput`'s reason and expected count, so that a
+#: client need not read them out of the message.
+REASON_HEADER = "X-Rtserve-Reason"
+EXPECTED_HEADER = "X-Rtserve-Expected-Count"
+
+
 class InvalidInput(HandlerError):
-    """HTTP 400: the request body is not a valid prediction request."""
+    """HTTP 400: the request body is not a valid prediction request.
+
+    Args:
+        reason: why, one of :data:`REASONS` (the ``rtserve_schema_violations`` label, the audit
+            line's ``reason`` and the :data:`REASON_HEADER` response header).
+        expected: how many elements a list of the wrong length should have held
+            (:data:`EXPECTED_HEADER`), when there is such a count.
+    """
 
     status = 400
+
+    def __init__(self, message: str, field: str | None = None, reason: str = "invalid",
+                 expected: int | None = None) -> None:
+        super().__init__(message, field)
+        if reason not in REASONS:
+            raise ValueError(f"unknown InvalidInput reason {reason!r}")
+        self.reason = reason
+        self.expected = expected
+        self.headers = {REASON_HEADER: reason}
+        if expected is not None:
+            self.headers[EXPECTED_HEADER] = str(expected)
 
 
 class ExplainCapacityExceeded(HandlerError):

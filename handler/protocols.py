@@ -95,11 +95,13 @@ def parse_v1(body: dict, n_features: int, limit: float, max_instances: int) -> l
         got = f"{len(instances)} instances" if isinstance(instances, list) else json_type(instances)
         raise InvalidInput(
             f"'instances' must be a list of 1 to {max_instances} instances "
-            f"(handler.max_instances), each a list of {n_features} numbers, got {got}")
+            f"(handler.max_instances), each a list of {n_features} numbers, got {got}",
+            reason="not_a_list")
     for i, instance in enumerate(instances):
         if not isinstance(instance, list) or len(instance) != n_features:
             got = f"{len(instance)} numbers" if isinstance(instance, list) else json_type(instance)
-            raise InvalidInput(f"instances[{i}] must be a list of {n_features} numbers, got {got}")
+            raise InvalidInput(f"instances[{i}] must be a list of {n_features} numbers, got {got}",
+                               reason="not_a_list")
         check_numbers(instance, limit, f"instances[{i}]", with_field=False)
     return instances
 
@@ -118,7 +120,8 @@ def parse_v2(body: dict, n_features: int, limit: float, max_instances: int) -> P
     if not isinstance(inputs, list) or len(inputs) != 1:
         got = f"{len(inputs)} tensors" if isinstance(inputs, list) else json_type(inputs)
         raise InvalidInput(
-            f"'inputs' must be a list of one tensor named '{INPUT_NAME}', got {got}")
+            f"'inputs' must be a list of one tensor named '{INPUT_NAME}', got {got}",
+            reason="not_a_list")
     tensor = inputs[0]
     if not isinstance(tensor, dict):
         raise InvalidInput(f"inputs[0] must be a tensor object, got {json_type(tensor)}")
@@ -156,7 +159,8 @@ def _rows(data: Any, n_rows: int, n_features: int) -> list[list[Any]]:
         InvalidInput: the data does not hold ``n_rows * n_features`` elements in either layout.
     """
     if not isinstance(data, list):
-        raise InvalidInput(f"inputs[0].data must be a list of numbers, got {json_type(data)}")
+        raise InvalidInput(f"inputs[0].data must be a list of numbers, got {json_type(data)}",
+                           reason="not_a_list")
     if len(data) == n_rows and all(isinstance(row, list) for row in data):
         if all(len(row) == n_features for row in data):
             return data

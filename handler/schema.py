@@ -37,20 +37,21 @@ def request_body(row: Any) -> Any:
     if body is None:
         raise InvalidInput(
             "request body is empty or not JSON: send a JSON object like {\"features\": [...]} "
-            "with Content-Type: application/json"
+            "with Content-Type: application/json", reason="empty_body"
         )
     if isinstance(body, (bytes, bytearray)):
         try:
             body = body.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise InvalidInput("request body is not valid UTF-8 JSON") from exc
+            raise InvalidInput("request body is not valid UTF-8 JSON", reason="not_json") from exc
     if isinstance(body, str):
         if not body.strip():
-            raise InvalidInput("request body is empty: send a JSON object like {\"features\": [...]}")
+            raise InvalidInput("request body is empty: send a JSON object like {\"features\": [...]}",
+                               reason="empty_body")
         try:
             body = json.loads(body)
         except (ValueError, RecursionError) as exc:
-            raise InvalidInput("request body is not valid JSON") from exc
+            raise InvalidInput("request body is not valid JSON", reason="not_json") from exc
     return body
 
 
@@ -64,20 +65,20 @@ def parse_features(body: Any, n_features: int, limit: float = DEFAULT_FEATURE_LI
     if not isinstance(body, dict):
         raise InvalidInput(
             f"request body must be a JSON object with a 'features' field, got {json_type(body)}",
-            field="features",
+            field="features", reason="not_an_object",
         )
     if "features" not in body:
-        raise InvalidInput("missing required field 'features'", field="features")
+        raise InvalidInput("missing required field 'features'", field="features", reason="missing_field")
     features = body["features"]
     if not isinstance(features, list):
         raise InvalidInput(
             f"'features' must be a list of {n_features} numbers, got {json_type(features)}",
-            field="features",
+            field="features", reason="not_a_list",
         )
     if len(features) != n_features:
         raise InvalidInput(
             f"'features' must have exactly {n_features} numbers, got {len(features)}",
-            field="features",
+            field="features", reason="wrong_length", expected=n_features,
         )
     check_numbers(features, limit, "features")
     return features
@@ -98,12 +99,13 @@ def check_numbers(values: Sequence[Any], limit: float, name: str, with_field: bo
         where = f"{name}[{i}]"
         if kind is not float and kind is not int:  # bool is a subclass of int: excluded here
             raise InvalidInput(f"{where} must be a number, got {json_type(value)}",
-                               field=where if with_field else None)
+                               field=where if with_field else None, reason="not_a_number")
         if not -limit <= value <= limit:  # also false for NaN
             what = "a finite number" if kind is float and not math.isfinite(value) else "in range"
             raise InvalidInput(
                 f"{where} must be {what} within [-{limit:g}, {limit:g}], got {short(value)}",
                 field=where if with_field else None,
+                reason="non_finite" if what == "a finite number" else "out_of_range",
             )
 
 
@@ -120,7 +122,7 @@ def parse_target(body: dict, n_classes: int) -> int | None:
         raise InvalidInput(
             f"'target' must be a class index, an integer in [0, {n_classes - 1}], "
             f"got {short(target) if type(target) is int else json_type(target)}",
-            field="target",
+            field="target", reason="bad_target",
         )
     return target
 

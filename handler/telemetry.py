@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from handler.audit import AUDIT_FILE, AuditFile
 from handler.drift import DriftMonitor
 from handler.errors import ConfigError, HandlerError
 
@@ -35,7 +36,6 @@ from handler.errors import ConfigError, HandlerError
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 #: The server's log directory (rtserve.server sets it for TorchServe, whose workers inherit it).
 LOG_DIR_ENV = "LOG_LOCATION"
-AUDIT_FILE = "audit.log"
 
 #: What TorchServe's worker prints to its stdout for every batch, for the frontend to read back:
 #: its "Backend received inference at" log line (the frontend's log config drops it anyway) and
@@ -55,29 +55,10 @@ STAGE_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 LABELS = ("model_name", "model_version")
 
-#: SchemaViolations reasons, from the first matching phrase of an InvalidInput's message.
-REASONS = (
-    ("not valid JSON", "not_json"),
-    ("not valid UTF-8", "not_json"),
-    ("request body is empty", "empty_body"),
-    ("must be a JSON object", "not_an_object"),
-    ("missing required field", "missing_field"),
-    ("must be a list", "not_a_list"),
-    ("must have exactly", "wrong_length"),
-    ("must be a number", "not_a_number"),
-    ("must be a finite number", "non_finite"),
-    ("must be in range", "out_of_range"),
-)
-
-
 def violation_reason(error: HandlerError) -> str:
-    """A short label for why a request was rejected (the ``reason`` metric label)."""
-    if error.field == "target":
-        return "bad_target"
-    for phrase, reason in REASONS:
-        if phrase in error.message:
-            return reason
-    return "invalid"
+    """A short label for why a request was rejected (the ``reason`` metric label): an
+    :class:`~handler.errors.InvalidInput`'s own ``reason``."""
+    return getattr(error, "reason", "invalid")
 
 
 class HandlerMetrics:
@@ -155,7 +136,8 @@ class DriftBuffer:
 
 
 class AuditLog:
-    """One JSON line per answered or rejected request, appended to ``path`` once per batch.
+    """One JSON line per answered or rejected request, appended to ``path`` once per batch
+    (:class:`handler.audit.AuditFile`; lines preformatted in its line format).
 
     Each line holds ``event`` (prediction, explanation, rejected), ``request_id`` (the
     x-request-id the client got), ``model``, ``model_version``, ``batch`` (``<worker pid>-<n>``:
@@ -164,7 +146,7 @@ class AuditLog:
     """
 
     def __init__(self, path: str, model: str, version: str, labels: Sequence[str]) -> None:
-        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+        self.file = AuditFile(path)
         self.labels = list(labels)
         self.batches = 0
         self._model = f'"model":{_js(model)},"model_version":{_js(version)},"batch":"{os.getpid()}-'
@@ -197,11 +179,10 @@ class AuditLog:
                     tail = (f'"classes":{json.dumps(found, separators=(",", ":"))},"labels":'
                             f'{json.dumps([self.labels[c] for c in found], separators=(",", ":"))}')
                 lines.append(f'{{"event":"{event}","request_id":{rid},{common},{tail}}}\n')
-        if lines:
-            os.write(self.fd, "".join(lines).encode())
+        self.file.append(lines)
 
     def close(self) -> None:
-        os.close(self.fd)
+        self.file.close()
 
 
 def _js(value: str) -> str:

@@ -1,12 +1,11 @@
-"""Command-line client for a running TorchServe: predictions, explanations and model versions.
+"""``python -m rtserve versions``: model versions on a running TorchServe, through its management API.
 
-    python -m rtserve predict realtime-classifier examples/request.json
-    python -m rtserve explain realtime-classifier examples/request.json --target 0
-    python -m rtserve register realtime-classifier 2.0
-    python -m rtserve promote realtime-classifier 2.0            # through the gate
-    python -m rtserve promote realtime-classifier 2.0 --force --reason "..."
-    python -m rtserve rollback realtime-classifier
-    python -m rtserve models realtime-classifier
+    python -m rtserve versions register realtime-classifier 2.0
+    python -m rtserve versions promote realtime-classifier 2.0            # through the gate
+    python -m rtserve versions promote realtime-classifier 2.0 --force --reason "..."
+    python -m rtserve versions rollback realtime-classifier
+    python -m rtserve versions models realtime-classifier
+    python -m rtserve versions --inference http://rtserve:8080 verify realtime-classifier --archive ...
 """
 
 from __future__ import annotations
@@ -14,58 +13,23 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from pathlib import Path
-from typing import Any
 
-from rtserve.client import Client, TorchServeError
-from rtserve.gate import ArchiveMeta, GateConfig, GateError
-from rtserve.measure import verify_served
-from rtserve.rollout import HISTORY_FILE, History, Rollout, Verification, timed
+from rtserve.cli.common import client, client_options, command, emit, group, settings, timed
 
 logger = logging.getLogger(__name__)
 
-REPO = Path(__file__).resolve().parent.parent
 
+def _rollout(args: argparse.Namespace):
+    from rtserve.promotion.gate import GateConfig
+    from rtserve.promotion.history import History
+    from rtserve.promotion.rollout import Rollout, Verification
 
-def _client(args: argparse.Namespace) -> Client:
-    key_file = args.key_file or Path(args.run_dir) / "key_file.json"
-    return Client(args.inference, args.management, key_file=key_file, timeout=args.timeout)
-
-
-def _rollout(args: argparse.Namespace) -> Rollout:
-    verification = Verification(Path(args.model_store), GateConfig.load(args.gate_config),
-                                Path(args.run_dir) / "logs" / "audit.log")
-    return Rollout(_client(args), History(Path(args.run_dir) / HISTORY_FILE), args.model,
-                   verification)
-
-
-def _emit(value: Any) -> None:
-    sys.stdout.write(json.dumps(value, indent=2) + "\n")
-
-
-def cmd_token(args: argparse.Namespace) -> None:
-    """Print a token key from the key file (for curl)."""
-    client = _client(args)
-    key = client.keys.get(args.kind)
-    if not key:
-        raise TorchServeError(f"no {args.kind} key in {client.keys.path} (is the server running?)")
-    sys.stdout.write(key + "\n")
-
-
-def cmd_predict(args: argparse.Namespace) -> None:
-    """Send a JSON file as one prediction request."""
-    payload = json.loads(Path(args.file).read_text())
-    _emit(_client(args).predict(args.model, payload, args.version))
-
-
-def cmd_explain(args: argparse.Namespace) -> None:
-    """Send a JSON file as one explanation request (optionally for --target)."""
-    payload = json.loads(Path(args.file).read_text())
-    if args.target is not None:
-        payload["target"] = args.target
-    _emit(_client(args).explain(args.model, payload, args.version))
+    s = settings(args)
+    verification = Verification(s.model_store, GateConfig.load(args.gate_config or s.gate_config),
+                                s.run.audit_log)
+    return Rollout(client(args), History(s.run.history), args.model, verification)
 
 
 def cmd_models(args: argparse.Namespace) -> None:
@@ -89,15 +53,21 @@ def cmd_register(args: argparse.Namespace) -> None:
 
 def cmd_promote(args: argparse.Namespace) -> None:
     """Make a registered version the default through the gate (recorded for rollback)."""
+    from rtserve.errors import GateError
+
     if args.force and not (args.reason or "").strip():
         raise GateError("--force needs --reason \"why\" (recorded in the rollout history)")
     previous, secs = timed(_rollout(args).promote, args.version,
-                           args.reason if args.force else None, args.requests)
+                            args.reason if args.force else None, args.requests)
     logger.info("%s default: %s -> %s (%.3fs)", args.model, previous, args.version, secs)
 
 
 def cmd_verify(args: argparse.Namespace) -> None:
     """Check the version a URL serves against its archive: golden set and p99 (`make k8s-verify`)."""
+    from rtserve.errors import GateError
+    from rtserve.promotion.gate import ArchiveMeta, GateConfig
+    from rtserve.promotion.measure import verify_served
+
     token = None
     if args.token_file:
         tokens = [line.strip() for line in Path(args.token_file).read_text().splitlines()
@@ -105,8 +75,7 @@ def cmd_verify(args: argparse.Namespace) -> None:
         if not tokens:
             raise GateError(f"no token in {args.token_file}")
         token = tokens[0]
-    client = (Client(args.inference, args.management, timeout=args.timeout, token=token) if token
-              else _client(args))
+    api = client(args, token)
     archive = Path(args.archive)
     if archive.is_dir():  # the image's model store holds the one archive it serves
         found = sorted(archive.glob(f"{args.model}_*.mar"))
@@ -114,7 +83,8 @@ def cmd_verify(args: argparse.Namespace) -> None:
             raise GateError(f"expected one {args.model}_*.mar in {archive}, found {len(found)}")
         archive = found[0]
     meta = ArchiveMeta.from_mar(archive)
-    figures, secs = timed(verify_served, client, args.model, meta, GateConfig.load(args.gate_config))
+    config = GateConfig.load(args.gate_config or settings(args).gate_config)
+    figures, secs = timed(verify_served, api, args.model, meta, config)
     logger.info("verified %s", json.dumps({**figures, "seconds": round(secs, 1)}))
 
 
@@ -139,62 +109,23 @@ def cmd_scale(args: argparse.Namespace) -> None:
 
 def cmd_history(args: argparse.Namespace) -> None:
     """Print the recorded default-version changes."""
-    _emit(_rollout(args).history.events(args.model))
+    emit(_rollout(args).history.events(args.model))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser (one sub-command per operation)."""
-    parser = argparse.ArgumentParser(prog="python -m rtserve", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--inference", default="http://127.0.0.1:8080", help="inference API URL")
-    parser.add_argument("--management", default="http://127.0.0.1:8081", help="management API URL")
-    # $RTSERVE_RUN_DIR is set in the container image: `kubectl exec` finds the pod's keys.
-    parser.add_argument("--run-dir", default=os.environ.get("RTSERVE_RUN_DIR", str(REPO / ".run")),
-                        help="the server's run directory (key_file.json, rollout history; "
-                             "default: $RTSERVE_RUN_DIR or .run)")
-    parser.add_argument("--key-file", help="TorchServe's key_file.json (default: RUN_DIR/key_file.json)")
-    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per HTTP call")
-    parser.add_argument("--model-store", default=os.environ.get("RTSERVE_MODEL_STORE",
-                                                                str(REPO / "model_store")),
-                        help="the server's model store: archives' golden sets are read there")
-    parser.add_argument("--gate-config", help="the gate's thresholds (default: config/gate.yaml)")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    def add(name, func, *arguments):
-        p = sub.add_parser(name, help=func.__doc__, description=func.__doc__)
-        for arg in arguments:
-            p.add_argument(*arg[0], **arg[1])
-        p.set_defaults(func=func)
-
+def add(groups: argparse._SubParsersAction) -> None:
+    commands = group(groups, "versions", __doc__, parents=(client_options(),))
     model = (["model"], {})
     version = (["version"], {})
-    add("token", cmd_token, (["kind"], {"nargs": "?", "default": "inference",
-                                        "choices": ["inference", "management", "API"]}))
-    add("predict", cmd_predict, model, (["file"], {}), (["--version"], {}))
-    add("explain", cmd_explain, model, (["file"], {}), (["--version"], {}),
-        (["--target"], {"type": int, "help": "class index to explain (default: the prediction)"}))
-    add("models", cmd_models, model)
-    add("register", cmd_register, model, version, (["--workers"], {"type": int}))
-    add("promote", cmd_promote, model, version,
-        (["--requests"], {"help": "JSON lines of recent request bodies the gate also compares on"}),
-        (["--force"], {"action": "store_true", "help": "promote even if the gate refuses"}),
-        (["--reason"], {"help": "why a forced promotion is needed (recorded)"}))
-    add("rollback", cmd_rollback, model)
-    add("verify", cmd_verify, model, (["--archive"], {"required": True, "help": "the served .mar, or the model store holding it"}),
-        (["--token-file"], {"help": "a file of shared gateway tokens (the first is used)"}))
-    add("retire", cmd_retire, model, version)
-    add("scale", cmd_scale, model, (["workers"], {"type": int}), (["--version"], {}))
-    add("history", cmd_history, model)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run one sub-command; errors print one clear line and exit 1."""
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    args = build_parser().parse_args(argv)
-    try:
-        args.func(args)
-    except (TorchServeError, GateError) as exc:
-        logger.error("error: %s", exc)
-        return 1
-    return 0
+    command(commands, "models", cmd_models, model)
+    command(commands, "register", cmd_register, model, version, (["--workers"], {"type": int}))
+    command(commands, "promote", cmd_promote, model, version,
+            (["--requests"], {"help": "JSON lines of recent request bodies the gate also compares on"}),
+            (["--force"], {"action": "store_true", "help": "promote even if the gate refuses"}),
+            (["--reason"], {"help": "why a forced promotion is needed (recorded)"}))
+    command(commands, "rollback", cmd_rollback, model)
+    command(commands, "verify", cmd_verify, model,
+            (["--archive"], {"required": True, "help": "the served .mar, or the model store holding it"}),
+            (["--token-file"], {"help": "a file of shared gateway tokens (the first is used)"}))
+    command(commands, "retire", cmd_retire, model, version)
+    command(commands, "scale", cmd_scale, model, (["workers"], {"type": int}), (["--version"], {}))
+    command(commands, "history", cmd_history, model)

@@ -28,9 +28,9 @@ import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 
-REPO = Path(__file__).resolve().parent.parent
-#: Where the stubs are generated unless the caller names another directory (git-ignored).
-CACHE_DIR = REPO / "build" / "grpc"
+from rtserve.errors import StubError
+from rtserve.settings import Settings
+
 #: The jar entries compiled: TorchServe's three APIs and the googleapis file they import.
 PROTOS = ("inference.proto", "management.proto", "open_inference_grpc.proto",
           "google/rpc/status.proto")
@@ -40,8 +40,10 @@ MODULES = ("inference_pb2", "inference_pb2_grpc", "management_pb2", "management_
 _DONE = ".complete"
 
 
-class StubError(RuntimeError):
-    """The jar is missing or lacks a ``.proto`` file, or ``protoc`` failed to compile them."""
+def default_cache_dir() -> Path:
+    """Where the stubs are generated unless the caller names another directory: ``build/grpc``
+    of the checkout (git-ignored)."""
+    return Settings.from_env().build_dir / "grpc"
 
 
 def frontend_jar() -> Path:
@@ -118,7 +120,7 @@ def stub_dir(cache_dir: str | Path | None = None, jar: Path | None = None) -> Pa
         StubError: as :func:`frontend_jar` and :func:`compile_protos`.
     """
     jar = jar or frontend_jar()
-    root = Path(cache_dir or CACHE_DIR).resolve()
+    root = Path(cache_dir or default_cache_dir()).resolve()
     out = root / cache_key(jar)
     if (out / _DONE).is_file():
         return out
@@ -143,7 +145,7 @@ def generate(cache_dir: str | Path | None = None) -> SimpleNamespace:
     """Stubs for the installed server's gRPC APIs, imported (generated first if not cached).
 
     Args:
-        cache_dir: where the generated directories live (default :data:`CACHE_DIR`).
+        cache_dir: where the generated directories live (default :func:`default_cache_dir`).
 
     Returns:
         A namespace with ``inference_pb2``, ``inference_pb2_grpc``, ``management_pb2``,

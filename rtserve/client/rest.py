@@ -2,7 +2,7 @@
 
 It reads the token keys TorchServe writes to ``key_file.json`` (and renews an expired one
 with the API key), sets a timeout on every call, retries only idempotent calls, and turns
-TorchServe's error bodies into :class:`TorchServeError` subclasses with clear messages.
+TorchServe's error bodies into :class:`~rtserve.errors.TorchServeError` subclasses with clear messages.
 """
 
 from __future__ import annotations
@@ -16,40 +16,13 @@ from typing import Any
 
 import requests
 
+from handler.errors import EXPECTED_HEADER, REASON_HEADER
+from rtserve.errors import (AuthError, Conflict, NotFound, Overloaded,  # noqa: F401 - the
+                            Refused, TorchServeError)  # client's errors, importable from here
+
 logger = logging.getLogger(__name__)
 
 RETRY_STATUSES = {502, 503, 504}
-
-
-class TorchServeError(Exception):
-    """An API call failed; ``status`` is the HTTP status (0 when no answer came)."""
-
-    def __init__(self, message: str, status: int = 0, body: Any = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.body = body
-
-
-class AuthError(TorchServeError):
-    """The token was missing, wrong or expired (TorchServe answers 400 InvalidKeyException)."""
-
-
-class NotFound(TorchServeError):
-    """HTTP 404: unknown model or version."""
-
-
-class Conflict(TorchServeError):
-    """HTTP 409: e.g. the version is already registered."""
-
-
-class Refused(TorchServeError):
-    """HTTP 403 or 405: the server refuses the operation (e.g. removing the default version,
-    or the model API is disabled)."""
-
-
-class Overloaded(TorchServeError):
-    """HTTP 503 from a full job queue (TorchServe refused at once), or an explanation past the
-    handler's per-batch ceiling: retry later or elsewhere."""
 
 
 QUEUE_FULL = "has no worker to serve inference request"
@@ -312,7 +285,15 @@ def _decode(resp: requests.Response) -> Any:
 
 def _error(method: str, path: str, resp: requests.Response) -> TorchServeError:
     """Turn an error answer (TorchServe's ``{"code","type","message"}`` or the handler's
-    ``{"error"}``) into an exception with a clear message."""
+    ``{"error"}``, with its reason headers) into an exception with a clear message."""
+    error = _classify(method, path, resp)
+    error.reason = resp.headers.get(REASON_HEADER)
+    expected = resp.headers.get(EXPECTED_HEADER, "")
+    error.expected = int(expected) if expected.isdigit() else None
+    return error
+
+
+def _classify(method: str, path: str, resp: requests.Response) -> TorchServeError:
     body = _decode(resp)
     status = resp.status_code
     detail = body

@@ -20,16 +20,15 @@ which nginx includes by glob, so it starts before they exist and refuses everyon
 
 :class:`KeySync` writes them (mode 0600) whenever the Secret or the pod's key changes, and then
 sends SIGHUP to the nginx master (its PID file is in the shared directory; the pod shares one
-process namespace and both containers run as the same user). ``rtserve.server run`` calls it
-every second when ``$RTSERVE_GATEWAY_DIR`` is set.
+process namespace and both containers run as the same user). The pod's main process
+(:mod:`rtserve.container`) calls it every second when ``$RTSERVE_GATEWAY_DIR`` is set.
 
-    python -m rtserve.gateway conf            # the pod's nginx.conf (deploy/k8s/base/gateway-nginx.conf)
-    python -m rtserve.gateway sync            # write the map files once, reload nginx if needed
+    python -m rtserve gateway conf            # the pod's nginx.conf (deploy/k8s/base/gateway-nginx.conf)
+    python -m rtserve gateway sync            # write the map files once, reload nginx if needed
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -37,9 +36,12 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from rtserve.errors import GatewayError
+from rtserve.runtime.process import PidFile, run
+from rtserve.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -53,15 +55,11 @@ TOKEN = re.compile(r"^[A-Za-z0-9_-]{32,256}$")
 POD_KEY = re.compile(r"^[A-Za-z0-9_+/=-]{4,256}$")
 #: The routes the gateway passes on: TorchServe's inference API, KServe v1
 #: (``/v1/models/{m}:predict|:explain``) and the Open Inference Protocol REST routes (``/v2...``).
-#: rtserve's own answers to the OIP model metadata and readiness routes (:mod:`rtserve.oip`).
+#: rtserve's own answers to the OIP model metadata and readiness routes (:mod:`rtserve.gateway.oip`).
 MODEL_ROUTES_PORT = 8091
 #: Those routes: ``/v2/models/{name}[/versions/{version}][/ready]``, ahead of the ``/v2/`` prefix.
 MODEL_ROUTES = r"~ ^/v2/models/[^/]+(/versions/[^/]+)?(/ready)?$"
 ROUTES = ("= /ping", "/predictions/", "/explanations/", "/v1/models/", "= /v2", "/v2/")
-
-
-class GatewayError(ValueError):
-    """The shared-token file or the pod's key file cannot be used (the message says why)."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +70,7 @@ class GatewaySettings:
         listen: nginx ``listen`` value of the public (Service) listener, e.g. ``8080``.
         health_listen: ``listen`` value of the kubelet's probe listener (``/livez``, ``/readyz``).
         upstream: TorchServe's inference listener, ``host:port`` on loopback.
-        model_routes: rtserve's OIP model metadata/readiness listener (:mod:`rtserve.oip`).
+        model_routes: rtserve's OIP model metadata/readiness listener (:mod:`rtserve.gateway.oip`).
         gateway_dir: the shared directory with the map files and nginx's PID file.
         tmp_dir: nginx's temp paths (an emptyDir in the pod).
         access_log: ``access_log`` target; error_log: ``error_log`` target.
@@ -102,7 +100,7 @@ def render_nginx_conf(s: GatewaySettings) -> str:
     routes = "\n".join(f"""        location {route} {{
             {proxy}
         }}""" for route in ROUTES)
-    return f"""# rtserve gateway: written by `python -m rtserve.gateway conf` (rtserve/gateway.py); no
+    return f"""# rtserve gateway: written by `python -m rtserve gateway conf` (rtserve/gateway/nginx.py); no
 # secrets in here. The shared tokens and this pod's TorchServe key are in the map files that
 # rtserve writes to {d}/ and reloads nginx for.
 worker_processes 1;
@@ -297,10 +295,7 @@ class KeySync:
 
     def nginx_pid(self) -> int | None:
         """The nginx master's PID from its PID file in the shared directory, if any."""
-        try:
-            return int((self.gateway_dir / PID_FILE).read_text().strip())
-        except (OSError, ValueError):
-            return None
+        return PidFile(self.gateway_dir / PID_FILE).read()
 
     def _report(self, error: str | None) -> None:
         if error and error != self._last_error:
@@ -308,14 +303,18 @@ class KeySync:
         self._last_error = error
 
 
-def from_env(run_dir: Path) -> KeySync | None:
-    """The pod's :class:`KeySync` when ``$RTSERVE_GATEWAY_DIR`` is set (tokens from
-    ``$RTSERVE_GATEWAY_TOKENS``), else None (no gateway: local ``make serve``)."""
-    gateway_dir = os.environ.get("RTSERVE_GATEWAY_DIR")
-    if not gateway_dir:
+def key_sync(settings: Settings) -> KeySync | None:
+    """The pod's :class:`KeySync` when the settings name a gateway directory
+    (``$RTSERVE_GATEWAY_DIR``; tokens from ``$RTSERVE_GATEWAY_TOKENS``), else None (no
+    gateway: local ``make serve``)."""
+    if settings.gateway_dir is None:
         return None
-    tokens = os.environ.get("RTSERVE_GATEWAY_TOKENS", "/etc/rtserve-gateway-tokens/tokens")
-    return KeySync(Path(gateway_dir), Path(run_dir) / "key_file.json", Path(tokens))
+    return KeySync(settings.gateway_dir, settings.run.key_file, settings.gateway_tokens)
+
+
+def from_env(run_dir: Path) -> KeySync | None:
+    """:func:`key_sync` of the environment's settings, for the server in ``run_dir``."""
+    return key_sync(Settings.from_env(run_dir=run_dir))
 
 
 def find_nginx() -> str | None:
@@ -331,29 +330,5 @@ def nginx_check(conf: Path, binary: str | None = None) -> subprocess.CompletedPr
     binary = binary or find_nginx()
     if not binary:
         raise FileNotFoundError("nginx is not installed: run `make nginx-deps`")
-    return subprocess.run([binary, "-t", "-c", str(conf), "-e", str(conf.with_suffix(".err"))],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=30)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``conf``: print the pod's nginx.conf; ``sync``: write the map files once."""
-    parser = argparse.ArgumentParser(prog="python -m rtserve.gateway", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("action", choices=["conf", "sync"])
-    parser.add_argument("--run-dir", type=Path,
-                        default=Path(os.environ.get("RTSERVE_RUN_DIR", ".run")))
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    if args.action == "conf":
-        sys.stdout.write(render_nginx_conf(POD))
-        return 0
-    keysync = from_env(args.run_dir)
-    if keysync is None:
-        logger.error("RTSERVE_GATEWAY_DIR is not set: no gateway in this container")
-        return 1
-    keysync.sync()
-    return 0 if (keysync.gateway_dir / UPSTREAM_KEY).exists() else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return run([binary, "-t", "-c", str(conf), "-e", str(conf.with_suffix(".err"))], timeout=30,
+               check=False)

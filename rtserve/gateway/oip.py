@@ -2,38 +2,41 @@
 
 TorchServe 0.12 answers ``/v2``, ``/v2/health/*`` and ``/v2/models/{name}/infer`` but has no
 route for model metadata or model readiness, which a generic OIP client asks before it infers.
-In the pod, ``rtserve.server run`` answers them on a loopback port (:data:`ADDRESS`) and the
-gateway sends them there (:func:`rtserve.gateway.render_nginx_conf`), after its token check:
+In the pod, its main process (:mod:`rtserve.container`) answers them on a loopback port
+(:data:`ADDRESS`) and the gateway sends them there (:func:`rtserve.gateway.nginx.render_nginx_conf`),
+after its token check:
 
 - ``GET /v2/models/{name}[/versions/{version}]``: the model's metadata, from its archive in the
-  model store (``MAR-INF/MANIFEST.json`` and the ``meta.json`` training wrote) and the handler's
-  tensor names (:mod:`handler.protocols`);
+  model store (``MAR-INF/MANIFEST.json`` and the ``meta.json`` training wrote, read by
+  :func:`rtserve.model.archive.read_archive`) and the handler's tensor names (:mod:`handler.protocols`);
 - ``GET /v2/models/{name}[/versions/{version}]/ready``: ``200`` when the model is ready (the
   server is not draining and the model's default version has its workers READY, asked from
   TorchServe's management API), else ``400`` (the protocol's "4xx means false");
 - an unknown model or version: ``404``; any other method: ``405``. Errors are ``{"error": ...}``.
 
-    python -m rtserve.oip --run-dir .run --model-store model_store \
+    python -m rtserve gateway routes --run-dir .run --model-store model_store \
         --models realtime-classifier=realtime-classifier_1.0.mar    # foreground, for a look
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import os
 import re
-import sys
 import threading
-import zipfile
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Callable
 
 from handler.protocols import CLASS_OUTPUT, INPUT_DATATYPE, INPUT_NAME, PROBABILITIES_OUTPUT
-from rtserve.gateway import MODEL_ROUTES_PORT
+from rtserve.client.rest import TorchServeError
+from rtserve.errors import ArchiveError
+from rtserve.gateway.nginx import MODEL_ROUTES_PORT
+from rtserve.model.archive import read_archive as read_mar
+from rtserve.server.drain import is_draining
+from rtserve.server.probe import local_client
+from rtserve.server.readiness import workers_ready
 
 logger = logging.getLogger(__name__)
 
@@ -43,10 +46,6 @@ ADDRESS = ("127.0.0.1", MODEL_ROUTES_PORT)
 ROUTE = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?(?P<ready>/ready)?$")
 #: The OIP ``platform`` of a TorchServe-served eager PyTorch model.
 PLATFORM = "pytorch_torchserve"
-
-
-class ArchiveError(ValueError):
-    """A model archive lacks its manifest or meta.json (the message names the file)."""
 
 
 @dataclass(frozen=True)
@@ -78,14 +77,8 @@ def read_archive(mar: Path) -> ModelInfo:
     Raises:
         ArchiveError: the archive cannot be read or lacks what is needed.
     """
-    try:
-        with zipfile.ZipFile(mar) as zf:
-            manifest = json.loads(zf.read("MAR-INF/MANIFEST.json"))["model"]
-            meta = json.loads(zf.read("meta.json"))
-        return ModelInfo(manifest["modelName"], str(manifest["modelVersion"]),
-                         len(meta["feature_names"]), len(meta["labels"]))
-    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
-        raise ArchiveError(f"{mar}: not a usable rtserve archive ({exc})") from exc
+    archive = read_mar(mar)
+    return ModelInfo(archive.name, archive.version, archive.n_features, len(archive.labels))
 
 
 def read_models(model_store: Path, models: list[str]) -> dict[str, ModelInfo]:
@@ -180,11 +173,6 @@ class ModelRoutes:
 def server_readiness(run_dir: Path) -> Callable[[str], tuple[bool, str]]:
     """``is_ready(name)`` for the server in ``run_dir``: not draining, and the model's default
     version has its minimum of workers READY (TorchServe's management API, with its key)."""
-    from rtserve.client import TorchServeError
-    from rtserve.drain import is_draining
-    from rtserve.probe import local_client
-    from rtserve.server import workers_ready
-
     def is_ready(name: str) -> tuple[bool, str]:
         if is_draining(run_dir):
             return False, "draining"
@@ -207,29 +195,3 @@ def start_for_server(run_dir: Path, model_store: Path, models: list[str],
     except (ArchiveError, OSError) as exc:
         logger.error("OIP model routes not started: %s", exc)
         return None
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Serve the routes in the foreground (the pod starts them inside ``rtserve.server run``)."""
-    parser = argparse.ArgumentParser(prog="python -m rtserve.oip", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run-dir", type=Path,
-                        default=Path(os.environ.get("RTSERVE_RUN_DIR", ".run")))
-    parser.add_argument("--model-store", type=Path,
-                        default=Path(os.environ.get("RTSERVE_MODEL_STORE", "model_store")))
-    parser.add_argument("--models", nargs="*", default=os.environ.get("RTSERVE_MODELS", "").split())
-    parser.add_argument("--port", type=int, default=ADDRESS[1])
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    routes = start_for_server(args.run_dir, args.model_store, args.models, (ADDRESS[0], args.port))
-    if routes is None:
-        return 1
-    try:
-        routes.thread.join()
-    except KeyboardInterrupt:
-        routes.stop()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Package any tabular classifier as an rtserve model artifact (the contract in handler/model.py).
 
-    from rtserve.package import export
+    from rtserve.model.package import export
     export(model, train_features, feature_names=[...], labels=[...], version="1.0",
            out_dir="artifacts/my-model/1.0", holdout=(x_test, y_test))
 
@@ -9,8 +9,8 @@ writes ``model.pt2`` (a ``torch.export`` program with a dynamic batch dimension)
 directory into a TorchServe archive. The command-line form packages a model that a function in
 your own module builds:
 
-    python -m rtserve.package export my_module:packaging --version 1.0 --out artifacts/my-model/1.0
-    python -m rtserve.package check artifacts/my-model/1.0 --version 1.0
+    python -m rtserve model export my_module:packaging --version 1.0 --out artifacts/my-model/1.0
+    python -m rtserve model check artifacts/my-model/1.0 --version 1.0
 
 ``my_module.packaging()`` returns a dict with ``model``, ``train_features``, ``feature_names``,
 ``labels`` and optionally ``holdout``. See docs/bring-your-own-model.md.
@@ -18,7 +18,6 @@ your own module builds:
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import importlib
 import logging
@@ -39,12 +38,14 @@ from handler.drift import fit_reference
 from handler.errors import ConfigError
 from handler.model import (FORMAT, METADATA_FILE, PROGRAM_FILE, ModelMetadata,
                            load_program)
+from rtserve.errors import PackagingError
+from rtserve.settings import PACKAGE_HOME
 
 logger = logging.getLogger(__name__)
 
-REPO = Path(__file__).resolve().parent.parent
-#: The server's model config: its ``batchSize`` is the largest batch of requests TorchServe forms.
-MODEL_CONFIG = REPO / "model" / "model-config.yaml"
+#: The demo's model config (``model/model-config.yaml``), used when :func:`export` is given none:
+#: its ``batchSize`` is the largest batch of requests TorchServe forms.
+MODEL_CONFIG = PACKAGE_HOME / "model" / "model-config.yaml"
 #: Exported and eager logits must agree to this (absolute and relative).
 TOLERANCE = 1e-5
 #: Most rows in the golden set (the first rows of the holdout, or a sample of training rows).
@@ -52,10 +53,6 @@ GOLDEN_ROWS = 256
 #: Rows of the training sample the exported program is compared on.
 SAMPLE_ROWS = 256
 _VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-
-
-class PackagingError(ValueError):
-    """The model or its data cannot be packaged; the message says what to fix."""
 
 
 class Standardize(nn.Module):
@@ -88,6 +85,7 @@ def export(
     version: str,
     out_dir: str | Path,
     holdout: tuple[Any, Any] | None = None,
+    model_config: str | Path | None = None,
 ) -> ModelMetadata:
     """Export ``model`` and write an artifact directory (``model.pt2`` + ``meta.json``).
 
@@ -103,6 +101,9 @@ def export(
         out_dir: the artifact directory (created; ``model.pt2`` and ``meta.json`` replaced).
         holdout: ``(features, labels)`` held out from training: the golden set and its accuracy.
             Without it the golden set is a sample of ``train_features`` and no accuracy is kept.
+        model_config: the model config the archive will carry (``make archive MODEL_CONFIG=``):
+            the exported program is checked on the batch sizes it lets TorchServe form
+            (default :data:`MODEL_CONFIG`, the demo's).
 
     Returns:
         The metadata written to ``meta.json``.
@@ -133,7 +134,7 @@ def export(
     holdout_x, holdout_y = _holdout(holdout, x.shape[1], len(labels))
 
     program = _export(model, x[:8].clone())  # the sample inputs saved with it: keep them small
-    sizes = _check_sizes()
+    sizes = _check_sizes(Path(model_config or MODEL_CONFIG))
     g = torch.Generator().manual_seed(0)
     checks = {"sample": sample}
     for size in sizes:
@@ -174,7 +175,7 @@ def export(
             "python": platform.python_version(),
             "rtserve": rtserve.__version__,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "packed_by": "rtserve.package.export",
+            "packed_by": "rtserve.model.package.export",
             "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
             "train_rows": len(x),
             "checked_batch_sizes": sizes,
@@ -310,10 +311,18 @@ def _export(model: nn.Module, sample: torch.Tensor) -> torch.export.ExportedProg
             "https://pytorch.org/docs/stable/export.html") from exc
 
 
-def _check_sizes() -> list[int]:
+def _check_sizes(model_config: Path) -> list[int]:
     """Batch sizes the exported program is checked on: 1, the server's batchSize, and the most
-    rows one batch can hold (batchSize requests of ``handler.max_instances`` instances)."""
-    model_yaml = yaml.safe_load(MODEL_CONFIG.read_text())
+    rows one batch can hold (batchSize requests of ``handler.max_instances`` instances), from
+    ``model_config``.
+
+    Raises:
+        PackagingError: the model config cannot be read.
+    """
+    try:
+        model_yaml = yaml.safe_load(model_config.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise PackagingError(f"cannot read the model config {model_config}: {exc}") from exc
     batch = int(model_yaml.get("batchSize", 1))
     rows = batch * HandlerConfig.from_model_yaml(model_yaml).max_instances
     return sorted({1, batch, rows})
@@ -337,7 +346,7 @@ def _kebab(name: str) -> str:
 # --------------------------------------------------------------------------- command line
 
 
-def _load_entry(spec: str) -> Any:
+def load_entry(spec: str) -> Any:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise PackagingError(f"expected MODULE:FUNCTION, got {spec!r}")
@@ -346,41 +355,3 @@ def _load_entry(spec: str) -> Any:
         return getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise PackagingError(f"cannot import {spec}: {exc}") from exc
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``export`` a model your module builds, or ``check`` an artifact directory."""
-    parser = argparse.ArgumentParser(prog="python -m rtserve.package", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-    p_export = sub.add_parser("export", help="export the model MODULE:FUNCTION returns")
-    p_export.add_argument("entry", metavar="MODULE:FUNCTION",
-                          help="a function returning {model, train_features, feature_names, "
-                               "labels[, holdout]}")
-    p_export.add_argument("--version", required=True)
-    p_export.add_argument("--out", required=True, type=Path, help="the artifact directory")
-    p_check = sub.add_parser("check", help="validate an artifact directory and replay its golden set")
-    p_check.add_argument("artifacts", type=Path)
-    p_check.add_argument("--version", help="the version meta.json must carry")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    try:
-        if args.command == "export":
-            spec = _load_entry(args.entry)()
-            if not isinstance(spec, dict):
-                raise PackagingError(f"{args.entry}() must return a dict, got {type(spec).__name__}")
-            export(spec.pop("model", None), spec.pop("train_features", None),
-                   version=args.version, out_dir=args.out, **spec)
-        else:
-            meta = check(args.artifacts, args.version)
-            logger.info("%s: %s %s, %d features, %d classes, golden set of %d rows replayed",
-                        args.artifacts, meta.name, meta.version, meta.n_features,
-                        len(meta.labels), len((meta.golden or {}).get("features") or []))
-    except (PackagingError, TypeError) as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,22 +1,20 @@
-"""Deterministic training of the demo classifier, packaged through ``rtserve.package.export``.
+"""Deterministic training of the demo classifier, packaged through ``rtserve.model.package.export``.
 
-``python -m rtserve.train --version 1.0 --out artifacts/1.0`` trains, prints each epoch and the
+``python -m rtserve model train --version 1.0 --out artifacts/1.0`` trains, prints each epoch and the
 held-out accuracy, and writes the artifact directory (``model.pt2`` + ``meta.json``) like any
 user's model: the normalization is the first layer of the exported module.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
-import sys
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from rtserve.data import FEATURE_NAMES, LABELS, make_dataset
-from rtserve.package import Standardize, export
+from rtserve.model.data import FEATURE_NAMES, LABELS, make_dataset
+from rtserve.model.package import Standardize, export
 
 logger = logging.getLogger(__name__)
 
@@ -76,32 +74,22 @@ def train(
     return model.eval()
 
 
-def package(model: RealTimeClassifier, version: str, out: Path, seed: int = 0):
+def package(model: RealTimeClassifier, version: str, out: Path, seed: int = 0,
+            model_config: Path | None = None):
     """Export the trained demo model with its training rows and held-out set."""
     data = make_dataset(seed=seed)
     return export(model, data.x_train, feature_names=FEATURE_NAMES, labels=LABELS,
-                  version=version, out_dir=out, holdout=(data.x_test, data.y_test))
+                  version=version, out_dir=out, holdout=(data.x_test, data.y_test),
+                  model_config=model_config)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command-line entry: train and write the artifact directory."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", required=True, help="model version recorded in meta.json")
-    parser.add_argument("--out", required=True, type=Path, help="output directory")
-    parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--hidden", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    model = train(args.version, args.epochs, args.hidden, args.seed, args.lr)
-    data = make_dataset(seed=args.seed)
+def train_and_package(version: str, out: Path, epochs: int = 1, hidden: int = 64, seed: int = 0,
+                      lr: float = 1e-3, model_config: Path | None = None) -> float:
+    """Train the demo model, write its artifact directory; returns its held-out accuracy."""
+    model = train(version, epochs, hidden, seed, lr)
+    data = make_dataset(seed=seed)
     held_out = accuracy(model, data.x_test, data.y_test)
-    package(model, args.version, args.out, args.seed)
+    package(model, version, out, seed, model_config)
     logger.info("model %s: hidden=%d epochs=%d held-out accuracy %.4f -> %s",
-                args.version, args.hidden, args.epochs, held_out, args.out)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+                version, hidden, epochs, held_out, out)
+    return held_out

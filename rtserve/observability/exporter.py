@@ -1,25 +1,24 @@
 """One Prometheus scrape for the whole server: TorchServe's frontend metrics plus the handler's.
 
 The handler's workers write their metrics into ``prometheus_client``'s multiprocess files
-(in shared memory, see ``rtserve.server.TorchServe.metrics_dir``; passed to them as
+(in shared memory, see ``rtserve.server.torchserve.TorchServe.metrics_dir``; passed to them as
 ``PROMETHEUS_MULTIPROC_DIR``), not through TorchServe's metric log lines (see :mod:`handler.telemetry`). This exporter listens on the configured
 ``metrics_address`` (TorchServe's own listener moves to a private loopback port) and answers
 ``GET /metrics`` with TorchServe's scrape followed by the workers' merged metrics. Counters of
 workers that died or were scaled down keep counting (their files stay); gauges show the most
 recent value any worker set. With ``--access-log`` it also serves the end-to-end request
-latency histogram it reads from TorchServe's access log (:mod:`rtserve.request_latency`), off
-the request path. ``rtserve.server`` starts and stops it with TorchServe.
+latency histogram it reads from TorchServe's access log
+(:mod:`rtserve.observability.request_latency`), off the request path.
+:class:`rtserve.server.torchserve.TorchServe` starts and stops it with TorchServe:
 
-    python -m rtserve.metrics --listen http://127.0.0.1:8082 --upstream http://127.0.0.1:41234 \\
+    python -m rtserve monitor exporter --listen http://127.0.0.1:8082 --upstream http://127.0.0.1:41234 \\
         --dir .run/metrics --access-log .run/logs/access_log.log
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import signal
-import sys
 import threading
 import urllib.error
 import urllib.request
@@ -30,7 +29,7 @@ from urllib.parse import urlsplit
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from rtserve.request_latency import RequestLatency
+from rtserve.observability.request_latency import RequestLatency
 
 logger = logging.getLogger(__name__)
 
@@ -112,17 +111,11 @@ def make_server(listen: str, multiproc_dir: Path, upstream: str | None,
     return server
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Serve until SIGTERM/SIGINT."""
-    parser = argparse.ArgumentParser(description="Serve TorchServe's and the handler's metrics.")
-    parser.add_argument("--listen", required=True, help="http://host:port to serve /metrics on")
-    parser.add_argument("--upstream", help="TorchServe's own metrics listener (http://host:port)")
-    parser.add_argument("--dir", type=Path, required=True, help="the workers' metrics directory")
-    parser.add_argument("--access-log", type=Path, help="TorchServe's access_log.log (request latency)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    latency = LatencySource(args.access_log) if args.access_log else None
-    server = make_server(args.listen, args.dir, args.upstream, latency)
+def serve(listen: str, upstream: str | None, multiproc_dir: Path,
+          access_log: Path | None = None) -> int:
+    """Serve ``/metrics`` on ``listen`` until SIGTERM/SIGINT (the exporter process's life)."""
+    latency = LatencySource(access_log) if access_log else None
+    server = make_server(listen, multiproc_dir, upstream, latency)
     stop = threading.Event()
     if latency is not None:
         threading.Thread(target=latency.follow, args=(stop,), daemon=True).start()
@@ -130,12 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     threading.Thread(target=server.serve_forever, daemon=True).start()
     logger.info("serving metrics on %s (TorchServe's from %s, workers' from %s)",
-                args.listen, args.upstream, args.dir)
+                listen, upstream, multiproc_dir)
     stop.wait()
     server.shutdown()
     server.server_close()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
-"""Prometheus and Alertmanager on loopback for a server started by ``rtserve.server``.
+"""Prometheus and Alertmanager on loopback for a server started by ``rtserve server start``.
 
-``make monitor`` runs ``python -m rtserve.monitor start``: Debian's ``prometheus`` and
+``make monitor`` runs ``python -m rtserve monitor start``: Debian's ``prometheus`` and
 ``prometheus-alertmanager`` on 127.0.0.1 (9090 and 9093), Prometheus scraping the server's
 metrics listener with the shipped rules (``deploy/monitoring/rtserve-alerts.yml``) and sending
 alerts to the Alertmanager. The scrape configuration is generated from the shipped one
@@ -8,17 +8,13 @@ alerts to the Alertmanager. The scrape configuration is generated from the shipp
 discovery replaced by the one local target. Everything (configs, data, logs, PID files) lives in
 ``RUN_DIR/monitor``; ``stop`` ends the two processes by their PID files.
 
-    python -m rtserve.monitor start --run-dir .run
-    python -m rtserve.monitor stop --run-dir .run
+    python -m rtserve monitor start --run-dir .run
+    python -m rtserve monitor stop --run-dir .run
 """
 
 from __future__ import annotations
 
-import argparse
 import shutil
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -26,18 +22,16 @@ from pathlib import Path
 
 import yaml
 
-from rtserve.server import REPO, _alive, read_properties, terminate
+from rtserve.errors import MonitorError
+from rtserve.runtime.process import PidFile, spawn, tail, terminate, wait_until
+from rtserve.server.properties import PUBLIC_METRICS_KEY, read_properties
+from rtserve.settings import RunDir, Settings
 
-MONITORING = REPO / "deploy" / "monitoring"
+#: The shipped Prometheus config and rules (``deploy/monitoring`` of the checkout).
+MONITORING = Settings.from_env().monitoring_dir
 SHIPPED_CONFIG = MONITORING / "prometheus.yml"
-#: The effective config.properties key with the metrics address clients scrape (rtserve.server).
-METRICS_KEY = "rtserve_metrics_address"
 PROMETHEUS = ("prometheus",)
 ALERTMANAGER = ("prometheus-alertmanager", "alertmanager")  # Debian's name, upstream's name
-
-
-class MonitorError(RuntimeError):
-    """Prometheus or Alertmanager cannot be configured, started or stopped."""
 
 
 @dataclass(frozen=True)
@@ -117,14 +111,16 @@ def find_binary(names: tuple[str, ...]) -> str:
     raise MonitorError(f"{names[0]} is not installed: run `make monitor-deps` (Debian's packages)")
 
 
-def metrics_target(run_dir: Path) -> str:
-    """``host:port`` of the metrics listener of the server started from ``run_dir``."""
-    effective = run_dir / "config.properties"
+def metrics_target(run_dir: Path, default_config: Path | None = None) -> str:
+    """``host:port`` of the metrics listener of the server started from ``run_dir`` (of
+    ``default_config``, the checkout's config.properties by default, when none was)."""
+    effective = RunDir(run_dir).config
     if effective.is_file():
         props = read_properties(effective)
-        address = props.get(METRICS_KEY) or props["metrics_address"]
+        address = props.get(PUBLIC_METRICS_KEY) or props["metrics_address"]
     else:
-        address = read_properties(REPO / "config.properties")["metrics_address"]
+        config = default_config or Settings.from_env().torchserve_config
+        address = read_properties(config)["metrics_address"]
     return address.split("://", 1)[-1].rstrip("/")
 
 
@@ -136,15 +132,11 @@ class Monitor:
     def __init__(self, cfg: MonitorConfig) -> None:
         self.cfg = cfg
 
-    def _pid_file(self, name: str) -> Path:
-        return self.cfg.dir / f"{name}.pid"
+    def _pid_file(self, name: str) -> PidFile:
+        return PidFile(self.cfg.dir / f"{name}.pid")
 
     def pid(self, name: str) -> int | None:
-        try:
-            pid = int(self._pid_file(name).read_text().strip())
-        except (OSError, ValueError):
-            return None
-        return pid if _alive(pid) else None
+        return self._pid_file(name).pid()
 
     def write_configs(self) -> tuple[Path, Path]:
         """Write prometheus.yml and alertmanager.yml into the monitor directory."""
@@ -180,10 +172,7 @@ class Monitor:
                                "(make monitor-stop)")
         commands = self.commands(*self.write_configs())
         for name in self.NAMES:
-            with open(self.cfg.dir / f"{name}.log", "ab") as log:
-                proc = subprocess.Popen(commands[name], stdin=subprocess.DEVNULL, stdout=log,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
-            self._pid_file(name).write_text(str(proc.pid))
+            spawn(commands[name], self.cfg.dir / f"{name}.log", self._pid_file(name))
         try:
             for name, url in (("alertmanager", self.cfg.alertmanager_url),
                               ("prometheus", self.cfg.prometheus_url)):
@@ -193,24 +182,20 @@ class Monitor:
             raise
 
     def _wait_ready(self, name: str, url: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def ready() -> bool:
             if self.pid(name) is None:
                 raise MonitorError(f"{name} exited:\n{self.log_tail(name)}")
             try:
                 with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
+                    return resp.status == 200
             except (OSError, urllib.error.URLError):
-                pass
-            time.sleep(0.2)
-        raise MonitorError(f"{name} not ready on {url} after {timeout:.0f} s:\n{self.log_tail(name)}")
+                return False
+
+        if not wait_until(ready, timeout, poll=0.2):
+            raise MonitorError(f"{name} not ready on {url} after {timeout:.0f} s:\n{self.log_tail(name)}")
 
     def log_tail(self, name: str, lines: int = 20) -> str:
-        try:
-            return "\n".join((self.cfg.dir / f"{name}.log").read_text().splitlines()[-lines:])
-        except OSError:
-            return ""
+        return tail(self.cfg.dir / f"{name}.log", lines)
 
     def stop(self, timeout: float = 10.0) -> list[str]:
         """SIGTERM each by its PID file (SIGKILL after ``timeout``); returns those stopped."""
@@ -220,42 +205,5 @@ class Monitor:
             if pid is not None:
                 terminate(pid, timeout)
                 stopped.append(name)
-            self._pid_file(name).unlink(missing_ok=True)
+            self._pid_file(name).remove()
         return stopped
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Prometheus and Alertmanager for rtserve, on loopback.")
-    parser.add_argument("action", choices=["start", "stop"])
-    parser.add_argument("--run-dir", type=Path, default=Path(".run"),
-                        help="the server's run directory (its config.properties names the target)")
-    parser.add_argument("--prometheus-port", type=int, default=9090)
-    parser.add_argument("--alertmanager-port", type=int, default=9093)
-    parser.add_argument("--webhook", help="a URL Alertmanager posts alerts to")
-    args = parser.parse_args(argv)
-    run_dir = args.run_dir.resolve()
-    cfg = MonitorConfig(dir=run_dir / "monitor", target=metrics_target(run_dir),
-                        prometheus_port=args.prometheus_port,
-                        alertmanager_port=args.alertmanager_port, webhook=args.webhook)
-    monitor = Monitor(cfg)
-    try:
-        if args.action == "stop":
-            stopped = monitor.stop()
-            print(f">> stopped: {', '.join(stopped)}" if stopped else ">> nothing was running")
-            return 0
-        monitor.start()
-    except MonitorError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    effective = prometheus_config(yaml.safe_load(SHIPPED_CONFIG.read_text()), cfg)
-    print(f">> Prometheus   {cfg.prometheus_url}  scraping {cfg.target} every "
-          f"{effective['global']['scrape_interval']}, rules: {', '.join(effective['rule_files'])}")
-    print(f">> Alertmanager {cfg.alertmanager_url}")
-    print(f">> targets:  curl -s {cfg.prometheus_url}/api/v1/targets")
-    print(f">> alerts:   curl -s {cfg.prometheus_url}/api/v1/alerts")
-    print(f">> configs, data and logs in {cfg.dir}; stop with: make monitor-stop")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

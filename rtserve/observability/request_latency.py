@@ -15,7 +15,7 @@ bounds therefore sit half-way between whole milliseconds (``0.5 ms``, ``1.5 ms``
 whole-millisecond reading lands inside a bucket, never on its edge, and ``histogram_quantile``'s
 interpolation spreads it over the millisecond around it.
 
-:mod:`rtserve.metrics` (a separate process) tails the file and feeds the histogram, so the
+:mod:`rtserve.observability.exporter` (a separate process) tails the file and feeds the histogram, so the
 request path pays nothing beyond the line TorchServe writes anyway. Only inference routes count
 (``/predictions``, ``/explanations``, KServe ``/v1/models``, ``/v2/models``; not ``/ping``,
 management or metrics calls).
@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
-from rtserve.drain import LogFollower
+from rtserve.runtime.logs import LogFollower
 
 METRIC = "rtserve_request_duration_seconds"
 #: Bucket bounds in seconds: whole milliseconds + 0.5 ms (see the module docstring), from

@@ -1,6 +1,6 @@
 """The promotion gate's decision: pure functions over measured answers, no server and no torch.
 
-:mod:`rtserve.measure` sends the rows to a live server and times a burst; this module turns what
+:mod:`rtserve.promotion.measure` sends the rows to a live server and times a burst; this module turns what
 came back into a :class:`GateReport`: accuracy of each version on the labelled rows, their
 agreement on the unlabelled rows, p50/p99 of each over the burst, and the outcome against the
 thresholds of :class:`GateConfig` (``config/gate.yaml``, the one place they live).
@@ -10,21 +10,18 @@ from __future__ import annotations
 
 import json
 import math
-import zipfile
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-#: The thresholds file used when none is given (``GATE_CONFIG=`` in the Makefile).
-DEFAULT_CONFIG = REPO / "config" / "gate.yaml"
+from rtserve.errors import ArchiveError, GateError
+from rtserve.model.archive import read_archive
+from rtserve.settings import PACKAGE_HOME
 
-
-class GateError(Exception):
-    """The gate could not run: a bad thresholds file, a missing archive, an unreadable requests file."""
-
+#: The thresholds file used when none is given (``GATE_CONFIG=`` in the Makefile): the checkout's.
+DEFAULT_CONFIG = PACKAGE_HOME / "config" / "gate.yaml"
 
 @dataclass(frozen=True)
 class GateConfig:
@@ -90,20 +87,17 @@ class ArchiveMeta:
 
     @classmethod
     def from_mar(cls, mar: str | Path) -> "ArchiveMeta":
-        """Read ``meta.json`` from a model archive (a zip), without loading the model.
+        """What the gate needs of a model archive (:func:`rtserve.model.archive.read_archive`),
+        without loading the model.
 
         Raises:
-            GateError: the file is missing, not an archive, or has no golden set.
+            ArchiveError: the file is missing, not an archive, or has no golden set.
         """
-        try:
-            with zipfile.ZipFile(mar) as zf:
-                raw = json.loads(zf.read("meta.json"))
-        except (OSError, KeyError, zipfile.BadZipFile, ValueError) as exc:
-            raise GateError(f"cannot read meta.json from {mar}: {exc}") from exc
-        golden = raw.get("golden") or {}
-        if not golden.get("features"):
-            raise GateError(f"{mar} has no golden set: package it with rtserve.package.export")
-        return cls(str(raw["version"]), list(raw["labels"]), len(raw["feature_names"]), golden)
+        archive = read_archive(mar)
+        if not archive.golden.get("features"):
+            raise ArchiveError(f"{mar} has no golden set: package it with "
+                               "rtserve.model.package.export")
+        return cls(archive.meta_version, archive.labels, archive.n_features, archive.golden)
 
     def golden_labels(self) -> list[str | None]:
         """The golden rows' true labels by name (None per row when the set is unlabelled)."""
@@ -297,11 +291,3 @@ def decide(config: GateConfig, model: str, rows: Sequence[Row], default: Measure
                     "candidate": {k: round(v, 3) for k, v in lat[candidate.version].items()},
                     "ratio": round(ratio, 3), "requests": len(candidate.latencies_ms)},
         thresholds=config.thresholds(), failures=failures, passed=not failures, rows=sources)
-
-
-def audit_line(path: str | Path, event: dict[str, Any]) -> None:
-    """Append one JSON line to the audit log (created with its directory when missing)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as out:
-        out.write(json.dumps(event, separators=(",", ":"), sort_keys=True) + "\n")

@@ -1,7 +1,7 @@
 """The gate's live measurements: rows answered by a running TorchServe, and a timed burst.
 
 Every request is a plain ``/predictions/{model}/{version}`` call through :class:`Client` (token
-auth as usual); the number of requests is bounded by :class:`rtserve.gate.GateConfig`.
+auth as usual); the number of requests is bounded by :class:`rtserve.promotion.gate.GateConfig`.
 """
 
 from __future__ import annotations
@@ -11,12 +11,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
-from rtserve.client import Client
-from rtserve.gate import ArchiveMeta, GateConfig, GateError, golden_mismatches, percentile
-
-
-class GoldenMismatch(GateError):
-    """A version's live answers differ from its archive's golden set."""
+from rtserve.client.rest import Client
+from rtserve.errors import GateError, GoldenMismatch
+from rtserve.promotion.gate import ArchiveMeta, GateConfig, golden_mismatches, percentile
 
 
 def answer_rows(client: Client, model: str, version: str | None, rows: Sequence[Sequence[float]],

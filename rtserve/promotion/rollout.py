@@ -1,51 +1,36 @@
 """Model versions on a running TorchServe: register, promote, roll back, retire, scale.
 
 TorchServe keeps no record of which version was the default before a ``set-default``, so
-:class:`History` keeps one (a JSON-lines file beside the server's key file: one event per line,
-gate decisions included) and ``rollback`` reads it. Every operation checks its preconditions first and changes nothing when they fail.
+:class:`~rtserve.promotion.history.History` keeps one (a JSON-lines file beside the server's key
+file: one event per line, gate decisions included) and ``rollback`` reads it. Every operation checks its preconditions first and changes nothing when they fail.
 """
 
 from __future__ import annotations
 
 import getpass
-import json
 import logging
 import os
 import re
-import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from rtserve.client import Client, NotFound, TorchServeError
-from rtserve.gate import ArchiveMeta, GateConfig, GateError, GateReport, Measured, audit_line, \
-    decide, gate_rows, p99_ratio, read_requests
-from rtserve.measure import answer_rows, check_golden, latency_burst
+from handler.audit import append_event
+from rtserve.client.rest import Client, NotFound, TorchServeError
+from rtserve.errors import ArchiveError, GateError, GateRefused, RolloutError
+from rtserve.promotion.gate import (ArchiveMeta, GateConfig, GateReport, Measured, decide,
+                                    gate_rows, p99_ratio, read_requests)
+from rtserve.promotion.history import HISTORY_FILE, History  # noqa: F401 - HISTORY_FILE re-exported
+from rtserve.promotion.measure import answer_rows, check_golden, latency_burst
 
 logger = logging.getLogger(__name__)
 
-#: The history file, kept in the server's run directory (cleared when that server starts): one
-#: JSON object per line, appended, never rewritten.
-HISTORY_FILE = "rollout-history.jsonl"
 VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-
-
-class RolloutError(TorchServeError):
-    """A version operation was refused before anything changed (bad version, no history, ...)."""
-
-
-class GateRefused(RolloutError):
-    """The promotion gate refused the candidate; ``report`` holds its figures."""
-
-    def __init__(self, report: GateReport) -> None:
-        super().__init__(f"{report.text()}\n{report.model} {report.candidate} was not promoted; "
-                         "nothing changed (FORCE=1 REASON=\"...\" overrides)")
-        self.report = report
 
 
 @dataclass
 class Verification:
-    """Where the live checks find archives and record decisions (see :mod:`rtserve.gate`).
+    """Where the live checks find archives and record decisions (see :mod:`rtserve.promotion.gate`).
 
     Attributes:
         model_store: the server's model store (the archives' golden sets are read there).
@@ -72,67 +57,6 @@ def archive_name(model: str, version: str) -> str:
         if not VERSION_RE.match(value) or ".." in value:
             raise RolloutError(f"invalid {what} {value!r}: letters, digits, '.', '_' and '-' only")
     return f"{model}_{version}.mar"
-
-
-class History:
-    """Append-only record of default-version changes and gate decisions: one JSON object per line.
-
-    Each :meth:`append` is one ``write`` of one line to a file opened with ``O_APPEND``, so records
-    of concurrent writers (two ``make promote`` runs) never interleave and nothing already
-    recorded is rewritten.
-    """
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-
-    def events(self, model: str | None = None) -> list[dict]:
-        """All recorded events, oldest first (optionally for one model).
-
-        Raises:
-            RolloutError: a line is not a JSON object (the file was edited or truncated).
-        """
-        try:
-            lines = self.path.read_text().splitlines()
-        except FileNotFoundError:
-            return []
-        events = []
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                event = json.loads(line)
-            except ValueError as exc:
-                raise RolloutError(f"{self.path}:{number}: not a JSON line ({exc}); move the file "
-                                   "away to start a new history") from exc
-            if not isinstance(event, dict):
-                raise RolloutError(f"{self.path}:{number}: not a JSON object")
-            events.append(event)
-        return [e for e in events if model is None or e.get("model") == model]
-
-    def append(self, event: dict) -> None:
-        """Record one event as one line (``at``: now, unless the event has its own time)."""
-        line = json.dumps({**event, "at": event.get("at") or datetime.now(timezone.utc).isoformat()},
-                          separators=(",", ":")) + "\n"
-        data = line.encode()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            written = os.write(fd, data)
-        finally:
-            os.close(fd)
-        if written != len(data):
-            raise RolloutError(f"{self.path}: only {written} of {len(data)} bytes of a history "
-                               "line were written (disk full?)")
-
-    def previous_default(self, model: str) -> str | None:
-        """The version ``rollback`` returns to: promotes push their previous default, rollbacks pop."""
-        stack: list[str] = []
-        for event in self.events(model):
-            if event["action"] == "promote":
-                stack.append(event["from"])
-            elif event["action"] == "rollback" and stack:
-                stack.pop()
-        return stack[-1] if stack else None
 
 
 @dataclass
@@ -207,7 +131,7 @@ class Rollout:
             result = self.client.register(url, initial_workers=workers or 1, timeout=timeout)
         except TorchServeError as exc:
             self._discard_failed(version)
-            raise type(exc)(f"{exc}{_register_hint(exc)}", exc.status, exc.body) from exc
+            raise exc.reworded(f"{exc}{_register_hint(exc)}") from exc
         if workers:
             self.client.scale(self.model, workers, version=version, timeout=timeout)
         if not any(s.version == version and s.workers_ready > 0 for s in self.status()):
@@ -217,10 +141,10 @@ class Rollout:
             try:
                 check_golden(self.client, self.model, version,
                              self.verification.meta(self.model, version), self.verification.config)
-            except (GateError, TorchServeError) as exc:
+            except (ArchiveError, GateError, TorchServeError) as exc:
                 self._discard_failed(version)
-                raise type(exc)(f"{exc}; {self.model} {version} was unregistered again, the "
-                                "default is unchanged") from exc
+                raise exc.reworded(f"{exc}; {self.model} {version} was unregistered again, the "
+                                   "default is unchanged") from exc
         return result.get("status", "")
 
     def _discard_failed(self, version: str) -> None:
@@ -295,7 +219,7 @@ class Rollout:
         event = {**report.event(), "at": datetime.now(timezone.utc).isoformat()}
         self.history.append(event)
         if self.verification is not None and self.verification.audit_log is not None:
-            audit_line(self.verification.audit_log, event)
+            append_event(self.verification.audit_log, event)
 
     def rollback(self) -> tuple[str, str]:
         """Return the default to the version before the last promote; returns (from, to).
@@ -362,10 +286,3 @@ def _register_hint(exc: TorchServeError) -> str:
     if exc.status == 404:
         return " (build it with `make archive MODEL_VERSION=...` into the server's model store)"
     return ""
-
-
-def timed(fn, *args, **kwargs) -> tuple[object, float]:
-    """Call ``fn`` and return (result, seconds)."""
-    start = time.perf_counter()
-    result = fn(*args, **kwargs)
-    return result, time.perf_counter() - start

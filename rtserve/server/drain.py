@@ -10,7 +10,7 @@ So rtserve drains first, the way Kubernetes stops a pod:
 1. **Not ready.** Write the marker file ``RUN_DIR/draining`` (:data:`DRAIN_FILE`). A readiness
    check must report not-ready while it exists (before it sends any probe prediction), so the
    balancer or the Service stops sending new requests here. A Kubernetes ``preStop`` hook runs
-   ``python -m rtserve.server drain``; touching the file by hand does the same first step.
+   ``python -m rtserve server drain``; touching the file by hand does the same first step.
 2. **Wait until idle.** Poll until, for ``quiet`` seconds in a row, no inference request has
    arrived, every model version's job queue is empty (describe ``jobQueueStatus.pendingRequests``)
    and no worker holds a batch; never before ``min_wait`` (the time the routing layer needs to
@@ -40,12 +40,12 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from rtserve.client import Client, TorchServeError
+from rtserve.client.rest import Client, TorchServeError
+from rtserve.runtime.logs import LogFollower
+from rtserve.settings import DRAIN_FILE
 
 logger = logging.getLogger(__name__)
 
-#: The marker file in the run directory: present while the instance drains (readiness false).
-DRAIN_FILE = "draining"
 #: ts_log.log lines written by a worker thread when it sends a batch / after it answered it.
 BATCH_START = "Looping backend response at:"
 BATCH_DONE = "Backend response time:"
@@ -84,46 +84,6 @@ class DrainReport:
     def as_dict(self) -> dict:
         """The report as plain JSON-able values."""
         return asdict(self)
-
-
-class LogFollower:
-    """Reads the lines appended to a log file since the last call (survives rotation)."""
-
-    def __init__(self, path: Path, from_end: bool = True, tail_bytes: int = 0) -> None:
-        self.path = path
-        self.offset = 0
-        self._partial = b""
-        self._skip_partial = False
-        if not from_end:
-            return
-        try:
-            self.offset = max(0, path.stat().st_size - tail_bytes)
-            if self.offset:  # starting inside a line: drop its rest
-                with open(path, "rb") as f:
-                    f.seek(self.offset - 1)
-                    self._skip_partial = f.read(1) != b"\n"
-        except OSError:
-            self.offset = 0
-
-    def lines(self) -> list[str]:
-        """Complete lines written since the previous call."""
-        try:
-            size = self.path.stat().st_size
-        except OSError:
-            return []
-        if size < self.offset:  # rotated or truncated: start over on the new file
-            self.offset, self._partial, self._skip_partial = 0, b"", False
-        if size == self.offset:
-            return []
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            data = f.read(size - self.offset)
-        self.offset += len(data)
-        data = self._partial + data
-        *complete, self._partial = data.split(b"\n")
-        if self._skip_partial and complete:
-            complete, self._skip_partial = complete[1:], False
-        return [line.decode("utf-8", "replace") for line in complete]
 
 
 class Activity:

@@ -1,15 +1,15 @@
-"""Kubernetes probes and the pre-stop drain for a TorchServe started by ``rtserve.server run``.
+"""Kubernetes probes and the pre-stop drain for a TorchServe started by ``rtserve server run``.
 
 Token authorization stays on, so Kubernetes' own ``httpGet`` probes cannot call ``/ping``: the
 inference key is random per start and lives in ``key_file.json`` in the server's run directory,
 inside the pod. These exec probes read that key (renewing it with the API key when it expires)
 and the effective ``config.properties`` the server wrote there, and call the server on loopback.
 
-    python -m rtserve.probe ready   # /ping is healthy AND the model answers a real prediction
-    python -m rtserve.probe live    # the frontend answers HTTP at all (any status)
-    python -m rtserve.probe drain --propagation 10 --timeout 15   # preStop hook
+    python -m rtserve probe ready   # /ping is healthy AND the model answers a real prediction
+    python -m rtserve probe live    # the frontend answers HTTP at all (any status)
+    python -m rtserve probe drain --propagation 10 --timeout 15   # preStop hook
 
-``drain`` is :func:`rtserve.drain.drain`: it writes the ``draining`` marker in the run directory,
+``drain`` is :func:`rtserve.server.drain.drain`: it writes the ``draining`` marker in the run directory,
 which makes ``ready`` fail from then on, waits at least ``propagation`` seconds for endpoints and
 proxies to stop sending new requests, then until TorchServe is idle (nothing arrived, queued or
 running for ``quiet`` seconds) or ``timeout`` more seconds pass. Only then does the kubelet send
@@ -22,20 +22,17 @@ success, 1 on failure. The run directory and model come from ``--run-dir`` / ``-
 
 from __future__ import annotations
 
-import argparse
-import logging
-import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from rtserve.client import Client, TorchServeError
-from rtserve.drain import drain as drain_instance
-from rtserve.drain import is_draining
-from rtserve.server import probe_prediction, read_properties
+from rtserve.client.rest import Client, TorchServeError
+from rtserve.server.drain import drain as drain_instance
+from rtserve.server.drain import is_draining
+from rtserve.server.properties import read_properties
+from rtserve.server.readiness import probe_prediction
+from rtserve.settings import RunDir
 
-logger = logging.getLogger(__name__)
 
 @dataclass
 class Result:
@@ -61,16 +58,17 @@ def local_client(run_dir: Path, timeout: float) -> Client:
     Raises:
         FileNotFoundError: the server has not written its config yet.
     """
-    props = read_properties(run_dir / "config.properties")
+    files = RunDir(run_dir)
+    props = read_properties(files.config)
     return Client(loopback(props["inference_address"]), loopback(props["management_address"]),
-                  key_file=run_dir / "key_file.json", timeout=timeout, retries=0)
+                  key_file=files.key_file, timeout=timeout, retries=0)
 
 
 def ready(run_dir: Path, model: str, timeout: float = 3.0) -> Result:
     """Ready when not draining, ``/ping`` is healthy and ``model`` answers a prediction."""
     if is_draining(run_dir):
         return Result(False, "draining: not accepting new requests")
-    if not (run_dir / "key_file.json").exists():
+    if not RunDir(run_dir).key_file.exists():
         return Result(False, "TorchServe has not written key_file.json yet")
     try:
         client = local_client(run_dir, timeout)
@@ -98,7 +96,8 @@ def live(run_dir: Path, timeout: float = 3.0) -> Result:
     return Result(True, f"live: /ping {'200' if healthy else '500'}")
 
 
-def drain(run_dir: Path, propagation: float, timeout: float, quiet: float = 2.0) -> Result:
+def drain(run_dir: Path, propagation: float, timeout: float, quiet: float = 2.0,
+          log_dir: Path | None = None) -> Result:
     """Readiness false, then wait for traffic to move away and in-flight work to finish.
 
     Args:
@@ -106,51 +105,12 @@ def drain(run_dir: Path, propagation: float, timeout: float, quiet: float = 2.0)
         propagation: the least seconds to wait after readiness turns false (endpoint updates).
         timeout: the most seconds to wait for idleness after ``propagation``.
         quiet: idle means nothing arrived, queued or running for this long.
+        log_dir: TorchServe's log directory (``LOG_LOCATION``; default ``RUN_DIR/logs``).
     """
     client = local_client(run_dir, timeout=3.0)
-    log_dir = Path(os.environ.get("LOG_LOCATION", run_dir / "logs"))
+    log_dir = Path(log_dir or RunDir(run_dir).logs)
     report = drain_instance(client, run_dir, log_dir, None, timeout=propagation + timeout,
                             quiet=quiet, min_wait=propagation)
     verdict = "drained" if report.drained else "drain timed out; stopping anyway"
     return Result(report.drained, f"{verdict} after {report.seconds:.1f}s "
                                   f"({report.arrivals} requests seen while draining)")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """Arguments of ``python -m rtserve.probe``."""
-    parser = argparse.ArgumentParser(prog="python -m rtserve.probe", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("check", choices=["ready", "live", "drain"])
-    parser.add_argument("--run-dir", type=Path,
-                        default=Path(os.environ.get("RTSERVE_RUN_DIR", ".run")),
-                        help="the server's run directory (default: $RTSERVE_RUN_DIR)")
-    parser.add_argument("--model", default=os.environ.get("RTSERVE_MODEL", "realtime-classifier"),
-                        help="model that must answer (default: $RTSERVE_MODEL)")
-    parser.add_argument("--timeout", type=float, default=None,
-                        help="ready/live: seconds per HTTP call (3); drain: most seconds to wait "
-                             "for idleness after --propagation (15)")
-    parser.add_argument("--propagation", type=float, default=10.0,
-                        help="drain: seconds between readiness turning false and the idle wait")
-    parser.add_argument("--quiet", type=float, default=2.0,
-                        help="drain: idle means nothing arrived, queued or running for this long")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run one check; print its one-line verdict; exit 0 when it passed."""
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    if args.check == "ready":
-        result = ready(args.run_dir, args.model, args.timeout or 3.0)
-    elif args.check == "live":
-        result = live(args.run_dir, args.timeout or 3.0)
-    else:
-        timeout = 15.0 if args.timeout is None else args.timeout
-        # A failed preStop hook only adds a FailedPreStopHook event; SIGTERM follows anyway.
-        result = drain(args.run_dir, args.propagation, timeout, args.quiet)
-    sys.stdout.write(result.message + "\n")
-    return 0 if result.ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -5,21 +5,18 @@ same start-up path users run. Each instance gets its own run directory holding i
 ``config.properties``, ``key_file.json``, ``logs/`` and a private temp directory (TorchServe
 keeps its PID file and worker sockets there), so several instances can run side by side.
 
-    python -m rtserve.server start --run-dir .run --models realtime-classifier=realtime-classifier_1.0.mar
-    python -m rtserve.server stop --run-dir .run [--drain]
-    python -m rtserve.server drain --run-dir .run      # not ready, wait until idle (preStop)
+    python -m rtserve server start --run-dir .run --models realtime-classifier=realtime-classifier_1.0.mar
+    python -m rtserve server stop --run-dir .run [--drain]
+    python -m rtserve server drain --run-dir .run      # not ready, wait until idle (preStop)
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import logging
 import os
-import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,30 +25,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from rtserve import drain as draining
-from rtserve import gateway
-from rtserve.client import Client, TorchServeError
-from rtserve.drain import DRAIN_FILE, DrainReport  # noqa: F401 - DRAIN_FILE re-exported
-from rtserve.rollout import HISTORY_FILE
+from rtserve.client.rest import Client, TorchServeError
+from rtserve.errors import ServerError
+from rtserve.runtime.ports import free_ports
+from rtserve.runtime.process import PidFile, spawn, tail, terminate, wait_until
+from rtserve.server import drain as draining
+from rtserve.server.drain import DrainReport
+from rtserve.server.properties import (GREEDY_KEY, PUBLIC_METRICS_KEY,  # noqa: F401 - re-exported
+                                       configured, effective_props, greedy, read_properties,
+                                       write_properties)
+from rtserve.server.readiness import probe_prediction, workers_ready
+from rtserve.settings import PACKAGE_HOME, RunDir, Settings, log_config
 
 logger = logging.getLogger(__name__)
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_CONFIG = REPO / "config.properties"
+#: The config.properties a server starts from unless told otherwise (the checkout's).
+DEFAULT_CONFIG = PACKAGE_HOME / "config.properties"
 #: rtserve's log4j2 configuration for the frontend: access, model, metrics and error logs without
-#: TorchServe's per-request DEBUG/INFO chatter (see the file's header).
-DEFAULT_LOG_CONFIG = REPO / "config" / "log4j2.xml"
+#: TorchServe's per-request DEBUG/INFO chatter (see the file's header; a package resource).
+DEFAULT_LOG_CONFIG = log_config()
 PID_FILE = ".model_server.pid"
 #: The longest Unix socket path (sun_path is 108 bytes with its NUL): each worker listens on
 #: ``$TMPDIR/.ts.sock.<port>``, and TorchServe's workers die at start when it is longer.
 MAX_SOCKET_PATH = 107
-#: rtserve's Java agent for the frontend (agent/, built by ``make agent``): greedy batching.
-AGENT_JAR = Path(os.environ.get("RTSERVE_AGENT_JAR", REPO / "build" / "agent" / "rtserve-agent.jar"))
-#: The config.properties key that switches the agent off (``false``); on by default.
-GREEDY_KEY = "rtserve_greedy_batching"
-#: In an effective config: the metrics address clients scrape (rtserve.metrics listens there;
-#: ``metrics_address`` is then TorchServe's own, private listener).
-PUBLIC_METRICS_KEY = "rtserve_metrics_address"
 #: The workers' metrics files (PROMETHEUS_MULTIPROC_DIR) live in shared memory when the machine
 #: (or container) has it: every metric update is a write into a memory-mapped file, and on a disk
 #: file system a page written back to disk faults on its next write (prometheus_client's docs
@@ -59,57 +55,8 @@ PUBLIC_METRICS_KEY = "rtserve_metrics_address"
 SHARED_MEMORY = Path("/dev/shm")
 METRICS_DIR = "metrics"
 EXPORTER_PID_FILE = "metrics-exporter.pid"
-#: Created in the run directory by ``python -m rtserve.probe drain``: readiness is false from then.
 #: A model whose workers died this often during start-up is not going to load: fail fast.
 WORKER_DEATHS_FATAL = 4
-
-
-class ServerError(RuntimeError):
-    """TorchServe did not start, died, or did not become ready in time."""
-
-
-def free_ports(count: int) -> list[int]:
-    """Reserve ``count`` distinct free loopback TCP ports (released just before use)."""
-    socks, ports = [], []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            ports.append(s.getsockname()[1])
-    finally:
-        for s in socks:
-            s.close()
-    return ports
-
-
-def read_properties(path: str | Path) -> dict[str, str]:
-    """Read a Java-style properties file (``key=value`` lines, ``#`` comments)."""
-    props: dict[str, str] = {}
-    for line in Path(path).read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#") and "=" in line:
-            key, value = line.split("=", 1)
-            props[key.strip()] = value.strip()
-    return props
-
-
-def write_properties(path: str | Path, props: dict[str, str]) -> None:
-    """Write ``props`` as a properties file."""
-    Path(path).write_text("".join(f"{k}={v}\n" for k, v in props.items()))
-
-
-def port_overrides(ports: list[int]) -> dict[str, str]:
-    """Config overrides that move all six listeners (three HTTP, two gRPC, workers) to ``ports``."""
-    inference, management, metrics, grpc_inf, grpc_mgmt, worker = ports
-    return {
-        "inference_address": f"http://127.0.0.1:{inference}",
-        "management_address": f"http://127.0.0.1:{management}",
-        "metrics_address": f"http://127.0.0.1:{metrics}",
-        "grpc_inference_port": str(grpc_inf),
-        "grpc_management_port": str(grpc_mgmt),
-        "initial_worker_port": str(worker),
-    }
 
 
 @dataclass
@@ -119,27 +66,27 @@ class TorchServe:
     run_dir: Path
     model_store: Path
     models: list[str] = field(default_factory=list)
-    config: Path = DEFAULT_CONFIG
+    #: The config.properties to start from (default: the checkout's, :data:`DEFAULT_CONFIG`).
+    config: Path | None = None
     overrides: dict[str, str] = field(default_factory=dict)
     #: Passed as ``torchserve --log-config``; None keeps TorchServe's built-in configuration.
     log_config: Path | None = DEFAULT_LOG_CONFIG
+    #: Where the agent and the workers' metrics files are (``RTSERVE_AGENT_JAR``,
+    #: ``RTSERVE_METRICS_DIR``).
+    settings: Settings = field(default_factory=Settings.from_env)
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir).resolve()
         self.model_store = Path(self.model_store).resolve()
+        self.config = Path(self.config) if self.config else self.settings.home / "config.properties"
+        self.files = RunDir(self.run_dir)
+        self._pid_file = PidFile(self.run_dir / "tmp" / PID_FILE)
+        self._exporter_pid_file = PidFile(self.run_dir / EXPORTER_PID_FILE)
 
     @property
     def props(self) -> dict[str, str]:
         """The effective configuration: the base file, then the model store, then overrides."""
-        props = read_properties(self.config)
-        props["model_store"] = str(self.model_store)
-        metrics_config = props.get("metrics_config")
-        if metrics_config and not Path(metrics_config).is_absolute():
-            props["metrics_config"] = str((Path(self.config).resolve().parent / metrics_config))
-        props.update(self.overrides)
-        if PUBLIC_METRICS_KEY in props:  # read back from an effective config
-            props["metrics_address"] = props.pop(PUBLIC_METRICS_KEY)
-        return props
+        return configured(self.config, self.model_store, self.overrides)
 
     @property
     def greedy(self) -> bool:
@@ -148,39 +95,26 @@ class TorchServe:
         Raises:
             ServerError: the setting is neither ``true`` nor ``false``.
         """
-        value = self.props.get(GREEDY_KEY, "true").strip().lower()
-        if value not in ("true", "false"):
-            raise ServerError(f"{GREEDY_KEY} must be true or false, not {value!r}")
-        return value == "true"
+        return greedy(self.props)
 
     def effective_props(self, private_metrics_port: int) -> dict[str, str]:
-        """What the frontend is started with: :attr:`props`, with TorchServe's metrics listener
-        moved to ``private_metrics_port`` on loopback (:mod:`rtserve.metrics` serves the
-        configured address), plus the agent in ``vmargs`` when greedy batching is on (it then
-        waits for no further request of a batch).
+        """What the frontend is started with (:func:`rtserve.server.properties.effective_props`
+        of :attr:`props`, with the agent of :attr:`settings`).
 
         Raises:
             ServerError: greedy batching is on but the agent was not built.
         """
-        props = self.props
-        props[PUBLIC_METRICS_KEY] = props["metrics_address"]
-        props["metrics_address"] = f"http://127.0.0.1:{private_metrics_port}"
-        if self.greedy and "-javaagent:" not in props.get("vmargs", ""):
-            if not AGENT_JAR.is_file():
-                raise ServerError(f"greedy batching is on but {AGENT_JAR} is missing: build it "
-                                  f"with `make agent`, or set {GREEDY_KEY}=false")
-            props["vmargs"] = f"{props.get('vmargs', '')} -javaagent:{AGENT_JAR}".strip()
-        return props
+        return effective_props(self.props, private_metrics_port, self.settings.agent_jar)
 
     @property
     def key_file(self) -> Path:
         """Where TorchServe writes its token keys (its working directory)."""
-        return self.run_dir / "key_file.json"
+        return self.files.key_file
 
     @property
     def log_dir(self) -> Path:
         """TorchServe's logs (ts_log.log, model_log.log, access_log.log, ...)."""
-        return self.run_dir / "logs"
+        return self.files.logs
 
     def client(self, **kwargs) -> Client:
         """A client for this instance's APIs, reading its key file."""
@@ -194,8 +128,8 @@ class TorchServe:
     def metrics_dir(self) -> Path:
         """The workers' metrics files (``PROMETHEUS_MULTIPROC_DIR``): ``$RTSERVE_METRICS_DIR``,
         else a directory of this run directory's own in shared memory, else ``RUN_DIR/metrics``."""
-        if os.environ.get("RTSERVE_METRICS_DIR"):
-            return Path(os.environ["RTSERVE_METRICS_DIR"])
+        if self.settings.metrics_dir is not None:
+            return self.settings.metrics_dir
         if SHARED_MEMORY.is_dir() and os.access(SHARED_MEMORY, os.W_OK):
             digest = hashlib.sha256(str(self.run_dir).encode()).hexdigest()[:16]
             return SHARED_MEMORY / f"rtserve-metrics-{os.getuid()}-{digest}"
@@ -210,38 +144,28 @@ class TorchServe:
 
     def exporter_pid(self) -> int | None:
         """The metrics exporter's PID, if it is running."""
-        try:
-            pid = int((self.run_dir / EXPORTER_PID_FILE).read_text().strip())
-        except (OSError, ValueError):
-            return None
-        return pid if _alive(pid) else None
+        return self._exporter_pid_file.pid()
 
     def start_exporter(self) -> None:
-        """Start :mod:`rtserve.metrics` on the configured metrics address, in its own session."""
-        effective = read_properties(self.run_dir / "config.properties")
-        with open(self.log_dir / "metrics_exporter.log", "ab") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "rtserve.metrics", "--listen", effective[PUBLIC_METRICS_KEY],
-                 "--upstream", effective["metrics_address"], "--dir", str(self.metrics_dir),
-                 "--access-log", str(self.log_dir / "access_log.log")],
-                cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True)
-        (self.run_dir / EXPORTER_PID_FILE).write_text(str(proc.pid))
+        """Start the metrics exporter (``python -m rtserve monitor exporter``,
+        :mod:`rtserve.observability.exporter`) on the configured metrics address, in its own
+        session."""
+        effective = read_properties(self.files.config)
+        spawn([sys.executable, "-m", "rtserve", "monitor", "exporter",
+               "--listen", effective[PUBLIC_METRICS_KEY], "--upstream", effective["metrics_address"],
+               "--dir", str(self.metrics_dir), "--access-log", str(self.log_dir / "access_log.log")],
+              self.log_dir / "metrics_exporter.log", self._exporter_pid_file, cwd=PACKAGE_HOME)
 
     def stop_exporter(self, timeout: float = 5.0) -> None:
         """SIGTERM the exporter (SIGKILL after ``timeout``)."""
         pid = self.exporter_pid()
         if pid is not None:
             terminate(pid, timeout)
-        (self.run_dir / EXPORTER_PID_FILE).unlink(missing_ok=True)
+        self._exporter_pid_file.remove()
 
     def pid(self) -> int | None:
         """The frontend's PID from this instance's private PID file, if it is running."""
-        try:
-            pid = int((self.run_dir / "tmp" / PID_FILE).read_text().strip())
-        except (OSError, ValueError):
-            return None
-        return pid if _alive(pid) else None
+        return self._pid_file.pid()
 
     def start(self, console: bool = False) -> None:
         """Write the effective config and launch TorchServe in the background.
@@ -269,9 +193,9 @@ class TorchServe:
         self.metrics_dir.mkdir(parents=True, exist_ok=True)
         self.key_file.unlink(missing_ok=True)
         # A fresh server starts from its --models again: the old rollout history no longer applies.
-        (self.run_dir / HISTORY_FILE).unlink(missing_ok=True)
+        self.files.history.unlink(missing_ok=True)
         draining.clear(self.run_dir)  # nor is it draining
-        config = self.run_dir / "config.properties"
+        config = self.files.config
         write_properties(config, self.effective_props(free_ports(1)[0]))
         self.start_exporter()
         cmd = [torchserve_binary(), "--start", "--ncs",
@@ -302,11 +226,11 @@ class TorchServe:
             ServerError: the process died or the timeout passed (the log tail is in the message).
         """
         started = time.monotonic()
-        deadline = started + timeout
         client = self.client(timeout=5.0, retries=0)
         pending = list(models or [])
-        last = "no answer yet"
-        while time.monotonic() < deadline:
+        last = ["no answer yet"]
+
+        def ready() -> bool:
             if self.pid() is None and time.monotonic() - started > 5:
                 raise ServerError(f"TorchServe exited during start-up:\n{self.log_tail()}")
             if self.worker_deaths() >= WORKER_DEATHS_FATAL:
@@ -318,22 +242,25 @@ class TorchServe:
                             raise TorchServeError(f"{pending[0]}: workers still starting")
                         probe_prediction(client, pending[0])
                         pending.pop(0)
-                    return time.monotonic() - started
+                    return True
             except (TorchServeError, OSError) as exc:
-                last = str(exc)
-            time.sleep(0.25)
-        raise ServerError(f"TorchServe not ready after {timeout:.0f}s ({last}):\n{self.log_tail()}")
+                last[0] = str(exc)
+            return False
+
+        if wait_until(ready, timeout, poll=0.25):
+            return time.monotonic() - started
+        raise ServerError(f"TorchServe not ready after {timeout:.0f}s ({last[0]}):\n{self.log_tail()}")
 
     @property
     def draining(self) -> bool:
         """Whether this instance is draining: the marker ``RUN_DIR/draining`` exists, and a
-        readiness check must then say not ready (see :mod:`rtserve.drain`)."""
+        readiness check must then say not ready (see :mod:`rtserve.server.drain`)."""
         return draining.is_draining(self.run_dir)
 
     def drain(self, timeout: float = 30.0, quiet: float = 1.0, min_wait: float = 0.0) -> DrainReport:
         """Mark this instance not ready, then wait until no request arrives, is queued or runs.
 
-        See :func:`rtserve.drain.wait_idle` for the arguments. The process keeps running.
+        See :func:`rtserve.server.drain.wait_idle` for the arguments. The process keeps running.
 
         Raises:
             ServerError: the instance is not running.
@@ -355,14 +282,9 @@ class TorchServe:
             self.stop_exporter()
             return None
         report = self.drain() if drain else None
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if _alive(pid):
-            logger.warning("TorchServe pid %d ignored SIGTERM for %.0fs; killing it", pid, timeout)
-            _kill_tree(pid)
-        (self.run_dir / "tmp" / PID_FILE).unlink(missing_ok=True)
+        if terminate(pid, timeout, tree=True, poll=0.1):
+            logger.warning("TorchServe pid %d ignored SIGTERM for %.0fs; killed it", pid, timeout)
+        self._pid_file.remove()
         self.key_file.unlink(missing_ok=True)
         self.stop_exporter()
         if self.metrics_dir.parent == SHARED_MEMORY:
@@ -383,8 +305,7 @@ class TorchServe:
         for path in (self.run_dir / "launcher.log", self.log_dir / "ts_log.log",
                      self.log_dir / "model_log.log"):
             if path.exists():
-                text = path.read_text(errors="replace").splitlines()[-lines:]
-                parts.append(f"--- {path.relative_to(self.run_dir)} ---\n" + "\n".join(text))
+                parts.append(f"--- {path.relative_to(self.run_dir)} ---\n" + tail(path, lines))
         return "\n".join(parts) or "(no logs)"
 
 
@@ -405,38 +326,6 @@ def torchserve_binary() -> str:
     return found
 
 
-def workers_ready(client: Client, model: str, version: str | None = None) -> bool:
-    """Whether the model's (default) version has at least ``minWorkers`` workers READY."""
-    desc = client.describe(model, version)[0]
-    ready = sum(1 for w in desc.get("workers", []) if w.get("status") == "READY")
-    return ready >= max(1, int(desc.get("minWorkers", 1)))
-
-
-def sample_payload(n_features: int = 32) -> dict:
-    """A valid request body (the demo's payload shape) used for readiness checks."""
-    return {"features": [0.0] * n_features}
-
-
-#: How the handler names a model's feature count when a request has the wrong one.
-_EXPECTED_COUNT = re.compile(r"'features' must have exactly (\d+) numbers")
-
-
-def probe_prediction(client: Client, model: str) -> dict:
-    """One prediction of all-zero features from ``model``, whatever its feature count: the
-    demo's 32 first; a model with another count answers 400 naming it, and gets that many.
-
-    Raises:
-        TorchServeError: the model did not answer a prediction.
-    """
-    try:
-        return client.predict(model, sample_payload())
-    except TorchServeError as exc:
-        found = _EXPECTED_COUNT.search(str(exc)) if exc.status == 400 else None
-        if found is None:
-            raise
-        return client.predict(model, sample_payload(int(found.group(1))))
-
-
 def run_foreground(server: TorchServe, stop_timeout: float = 15.0, poll: float = 1.0,
                    on_poll: Callable[[], object] | None = None) -> int:
     """Run TorchServe until SIGTERM/SIGINT, then stop it gracefully (a container's main process).
@@ -446,7 +335,7 @@ def run_foreground(server: TorchServe, stop_timeout: float = 15.0, poll: float =
     the first SIGTERM/SIGINT as :meth:`TorchServe.stop` (SIGTERM to the frontend, SIGKILL after
     ``stop_timeout``) and returns 0; it returns 1 if TorchServe exits on its own, so the
     container restarts. ``on_poll`` runs after the start and then every ``poll`` seconds (the
-    pod's gateway key sync, :meth:`rtserve.gateway.KeySync.sync`); its errors are logged.
+    pod's gateway key sync, :meth:`rtserve.gateway.nginx.KeySync.sync`); its errors are logged.
 
     Returns:
         The process exit status.
@@ -485,111 +374,3 @@ def run_foreground(server: TorchServe, stop_timeout: float = 15.0, poll: float =
     server.stop(stop_timeout)
     logger.info("TorchServe stopped")
     return 0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        import psutil
-
-        proc = psutil.Process(pid)
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except Exception:  # noqa: BLE001 - gone, or not ours to inspect: not running for us
-        return False
-
-
-def terminate(pid: int, timeout: float) -> None:
-    """SIGTERM ``pid``; SIGKILL it if it is still alive after ``timeout`` seconds."""
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if _alive(pid):
-        os.kill(pid, signal.SIGKILL)
-
-
-def _kill_tree(pid: int) -> None:
-    import psutil
-
-    try:
-        parent = psutil.Process(pid)
-        for child in parent.children(recursive=True):
-            child.kill()
-        parent.kill()
-    except psutil.Error:
-        pass
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Command-line entry used by the Makefile, the container (``run``) and preStop (``drain``)."""
-    parser = argparse.ArgumentParser(description="Start, run, drain or stop a TorchServe instance.")
-    parser.add_argument("action", choices=["start", "stop", "status", "drain", "run"],
-                        help="run: stay in the foreground until SIGTERM (container entry point)")
-    parser.add_argument("--run-dir", type=Path,
-                        default=Path(os.environ.get("RTSERVE_RUN_DIR", REPO / ".run")))
-    parser.add_argument("--model-store", type=Path,
-                        default=Path(os.environ.get("RTSERVE_MODEL_STORE", REPO / "model_store")))
-    parser.add_argument("--config", type=Path, default=os.environ.get("RTSERVE_CONFIG"),
-                        help="default: config.properties (start, run); the run dir's copy (others)")
-    parser.add_argument("--models", nargs="*", default=os.environ.get("RTSERVE_MODELS", "").split(),
-                        help="NAME=FILE.mar to load at start (default: $RTSERVE_MODELS)")
-    parser.add_argument("--timeout", type=float, default=120.0)
-    parser.add_argument("--stop-timeout", type=float, default=15.0,
-                        help="run: seconds TorchServe gets to stop after SIGTERM before SIGKILL")
-    parser.add_argument("--drain", action="store_true",
-                        help="stop: drain first (not ready, wait until idle), then SIGTERM")
-    parser.add_argument("--drain-timeout", type=float, default=30.0,
-                        help="drain: give up waiting after this many seconds")
-    parser.add_argument("--quiet", type=float, default=1.0,
-                        help="drain: seconds with no arrival, queued or running request")
-    parser.add_argument("--min-wait", type=float, default=0.0,
-                        help="drain: wait at least this long (readiness propagation)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    config = args.config
-    if config is None:
-        # A running instance is reached through the effective config it was started with.
-        effective = args.run_dir / "config.properties"
-        starting = args.action in ("start", "run")
-        config = effective if not starting and effective.exists() else DEFAULT_CONFIG
-    server = TorchServe(args.run_dir, args.model_store, args.models, Path(config))
-    if args.action == "run":
-        keysync = gateway.from_env(args.run_dir)  # the pod's nginx gateway, if it has one
-        if keysync is not None:  # and the OIP model routes it sends to rtserve (rtserve.oip)
-            from rtserve import oip  # here: it imports torch, which the probes must not
-
-            oip.start_for_server(args.run_dir, args.model_store, args.models)
-        return run_foreground(server, args.stop_timeout, on_poll=keysync.sync if keysync else None)
-    if args.action in ("stop", "drain"):
-        pid = server.pid()
-        if pid is None:
-            logger.info("TorchServe is not running.")
-            return 0
-        report = server.drain(args.drain_timeout, args.quiet, args.min_wait) \
-            if args.action == "drain" or args.drain else None
-        if args.action == "stop":
-            server.stop()
-            logger.info("TorchServe stopped (pid %s).", pid)
-        return 0 if report is None or report.drained else 1
-    if args.action == "status":
-        pid = server.pid()
-        logger.info("running (pid %d)%s" % (pid, ", draining" if server.draining else "")
-                    if pid else "not running")
-        return 0 if pid else 1
-    try:
-        server.start()
-        waited = server.wait_ready(args.timeout, [m.split("=", 1)[0] for m in args.models])
-    except ServerError as exc:
-        logger.error("%s", exc)
-        server.stop()
-        return 1
-    props = server.props
-    logger.info("TorchServe ready in %.1fs (pid %d), logs in %s", waited, server.pid(), server.log_dir)
-    logger.info("  inference:  %s", props["inference_address"])
-    logger.info("  management: %s", props["management_address"])
-    logger.info("  metrics:    %s", props["metrics_address"])
-    logger.info("  keys:       %s", server.key_file)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

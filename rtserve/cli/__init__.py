@@ -1,0 +1,49 @@
+"""The command line: ``python -m rtserve <group> <command>``.
+
+    python -m rtserve client predict realtime-classifier examples/request.json
+    python -m rtserve versions promote realtime-classifier 2.0
+    python -m rtserve server start --run-dir .run --models realtime-classifier=realtime-classifier_1.0.mar
+    python -m rtserve probe ready
+    python -m rtserve <group> --help
+
+Each group is a module of this package that parses its options and hands off to the domain
+packages, imported only when its command runs (the probes never import torch). An rtserve
+error (:class:`rtserve.errors.RtserveError`) ends any command the same way: ``error: <message>``
+on stdout, exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from rtserve.cli import client, gateway, k8s, model, monitor, probe, server, versions
+from rtserve.errors import RtserveError
+
+logger = logging.getLogger(__name__)
+
+#: The groups, in the order ``--help`` lists them.
+GROUPS = (client, versions, server, probe, gateway, monitor, model, k8s)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser: one sub-parser per group, one per command below it."""
+    parser = argparse.ArgumentParser(prog="python -m rtserve", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    groups = parser.add_subparsers(dest="group", required=True, metavar="GROUP")
+    for module in GROUPS:
+        module.add(groups)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; its exit status (an rtserve error: one ``error:`` line, then 1)."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format=getattr(args, "log_format", "%(message)s"),
+                        stream=sys.stderr if getattr(args, "log_stream", "") == "stderr" else sys.stdout)
+    try:
+        return args.func(args) or 0
+    except RtserveError as exc:
+        logger.error("error: %s", exc)
+        return 1

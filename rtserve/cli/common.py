@@ -1,0 +1,79 @@
+"""What the command groups share: adding a command, the client options, settings from options."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, Callable
+
+from rtserve.settings import Settings
+
+#: Options that name a setting (``--run-dir`` is ``Settings.run_dir``, ...).
+SETTING_OPTIONS = ("run_dir", "model_store", "config", "models", "model")
+
+
+def group(groups: argparse._SubParsersAction, name: str, doc: str,
+          parents: tuple[argparse.ArgumentParser, ...] = ()) -> argparse._SubParsersAction:
+    """Add the group ``name`` (its ``--help`` is ``doc``); returns where its commands go."""
+    summary = doc.strip().split("\n\n", 1)[0].replace("\n", " ")
+    parser = groups.add_parser(name, help=summary.split("``: ", 1)[-1], description=doc,
+                               parents=list(parents),
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    return parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+
+def command(commands: argparse._SubParsersAction, name: str, func: Callable[[argparse.Namespace], Any],
+            *arguments: tuple[list[str], dict], parents: tuple[argparse.ArgumentParser, ...] = (),
+            **defaults: Any) -> argparse.ArgumentParser:
+    """Add the command ``name``, run by ``func(args)`` (its docstring is the help)."""
+    parser = commands.add_parser(name, help=func.__doc__, description=func.__doc__,
+                                 parents=list(parents))
+    for names, options in arguments:
+        parser.add_argument(*names, **options)
+    parser.set_defaults(func=func, **defaults)
+    return parser
+
+
+def settings(args: argparse.Namespace) -> Settings:
+    """The settings of this command: the environment's, then the options that name a setting."""
+    return Settings.from_env(**{name: getattr(args, name, None) for name in SETTING_OPTIONS})
+
+
+def client_options() -> argparse.ArgumentParser:
+    """The options of the commands that call a running server's APIs (``client``, ``versions``)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--inference", default="http://127.0.0.1:8080", help="inference API URL")
+    p.add_argument("--management", default="http://127.0.0.1:8081", help="management API URL")
+    # $RTSERVE_RUN_DIR is set in the container image: `kubectl exec` finds the pod's keys.
+    p.add_argument("--run-dir", help="the server's run directory (key_file.json, rollout history; "
+                                     "default: $RTSERVE_RUN_DIR or .run)")
+    p.add_argument("--key-file", help="TorchServe's key_file.json (default: RUN_DIR/key_file.json)")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds per HTTP call")
+    p.add_argument("--model-store", help="the server's model store: archives' golden sets are read "
+                                         "there (default: $RTSERVE_MODEL_STORE or model_store)")
+    p.add_argument("--gate-config", help="the gate's thresholds (default: config/gate.yaml)")
+    return p
+
+
+def client(args: argparse.Namespace, token: str | None = None):
+    """A client for the server the options name (its key file, or a fixed ``token``)."""
+    from rtserve.client.rest import Client
+
+    if token:
+        return Client(args.inference, args.management, timeout=args.timeout, token=token)
+    key_file = args.key_file or settings(args).run.key_file
+    return Client(args.inference, args.management, key_file=key_file, timeout=args.timeout)
+
+
+def emit(value: Any) -> None:
+    """Print ``value`` as indented JSON."""
+    sys.stdout.write(json.dumps(value, indent=2) + "\n")
+
+
+def timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
+    """Call ``fn`` and return (result, seconds)."""
+    start = time.perf_counter()
+    result = fn(*args, **kwargs)
+    return result, time.perf_counter() - start

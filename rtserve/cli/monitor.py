@@ -1,0 +1,80 @@
+"""``python -m rtserve monitor``: Prometheus and Alertmanager on loopback for a local server, and
+the metrics exporter every server runs beside TorchServe.
+
+    python -m rtserve monitor start --run-dir .run
+    python -m rtserve monitor stop --run-dir .run
+    python -m rtserve monitor exporter --listen http://127.0.0.1:8082 --upstream http://127.0.0.1:41234 \\
+        --dir .run/metrics --access-log .run/logs/access_log.log    # started by `server start`
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from rtserve.cli.common import command, group, settings
+
+logger = logging.getLogger(__name__)
+
+
+def _monitor(args: argparse.Namespace):
+    from rtserve.observability.monitor import Monitor, MonitorConfig, metrics_target
+
+    s = settings(args)
+    run_dir = s.run_dir.resolve()
+    cfg = MonitorConfig(dir=run_dir / "monitor", target=metrics_target(run_dir, s.torchserve_config),
+                        prometheus_port=args.prometheus_port,
+                        alertmanager_port=args.alertmanager_port, webhook=args.webhook)
+    return Monitor(cfg)
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    """Start Prometheus and Alertmanager scraping the server of --run-dir."""
+    import yaml
+
+    from rtserve.observability.monitor import SHIPPED_CONFIG, prometheus_config
+
+    monitor = _monitor(args)
+    monitor.start()
+    cfg = monitor.cfg
+    effective = prometheus_config(yaml.safe_load(SHIPPED_CONFIG.read_text()), cfg)
+    print(f">> Prometheus   {cfg.prometheus_url}  scraping {cfg.target} every "
+          f"{effective['global']['scrape_interval']}, rules: {', '.join(effective['rule_files'])}")
+    print(f">> Alertmanager {cfg.alertmanager_url}")
+    print(f">> targets:  curl -s {cfg.prometheus_url}/api/v1/targets")
+    print(f">> alerts:   curl -s {cfg.prometheus_url}/api/v1/alerts")
+    print(f">> configs, data and logs in {cfg.dir}; stop with: make monitor-stop")
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    """Stop the Prometheus and Alertmanager `monitor start` started (by their PID files)."""
+    stopped = _monitor(args).stop()
+    print(f">> stopped: {', '.join(stopped)}" if stopped else ">> nothing was running")
+    return 0
+
+
+def cmd_exporter(args: argparse.Namespace) -> int:
+    """Serve TorchServe's and the handler's metrics on --listen until SIGTERM."""
+    from rtserve.observability.exporter import serve
+
+    return serve(args.listen, args.upstream, args.dir, args.access_log)
+
+
+def add(groups: argparse._SubParsersAction) -> None:
+    commands = group(groups, "monitor", __doc__)
+    local = argparse.ArgumentParser(add_help=False)
+    local.add_argument("--run-dir", type=Path,
+                       help="the server's run directory (its config.properties names the target)")
+    local.add_argument("--prometheus-port", type=int, default=9090)
+    local.add_argument("--alertmanager-port", type=int, default=9093)
+    local.add_argument("--webhook", help="a URL Alertmanager posts alerts to")
+    command(commands, "start", cmd_start, parents=(local,))
+    command(commands, "stop", cmd_stop, parents=(local,))
+    command(commands, "exporter", cmd_exporter,
+            (["--listen"], {"required": True, "help": "http://host:port to serve /metrics on"}),
+            (["--upstream"], {"help": "TorchServe's own metrics listener (http://host:port)"}),
+            (["--dir"], {"type": Path, "required": True, "help": "the workers' metrics directory"}),
+            (["--access-log"], {"type": Path, "help": "TorchServe's access_log.log (request latency)"}),
+            log_format="%(asctime)s %(message)s", log_stream="stderr")

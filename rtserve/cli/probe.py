@@ -1,0 +1,68 @@
+"""``python -m rtserve probe``: the pod's exec probes and pre-stop drain (rtserve.server.probe).
+
+    python -m rtserve probe ready   # /ping is healthy AND the model answers a real prediction
+    python -m rtserve probe live    # the frontend answers HTTP at all (any status)
+    python -m rtserve probe drain --propagation 10 --timeout 15   # preStop hook
+
+Every command prints one line (the kubelet keeps it in the pod's events) and exits 0 on
+success, 1 on failure. The run directory and model come from ``--run-dir`` / ``--model`` or
+``$RTSERVE_RUN_DIR`` / ``$RTSERVE_MODEL``, the variables the container sets for the server too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rtserve.cli.common import command, group, settings
+
+
+def options() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--run-dir", type=Path, help="the server's run directory (default: $RTSERVE_RUN_DIR)")
+    p.add_argument("--model", help="model that must answer (default: $RTSERVE_MODEL)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="ready/live: seconds per HTTP call (3); drain: most seconds to wait "
+                        "for idleness after --propagation (15)")
+    p.add_argument("--propagation", type=float, default=10.0,
+                   help="drain: seconds between readiness turning false and the idle wait")
+    p.add_argument("--quiet", type=float, default=2.0,
+                   help="drain: idle means nothing arrived, queued or running for this long")
+    return p
+
+
+def _verdict(result) -> int:
+    sys.stdout.write(result.message + "\n")
+    return 0 if result.ok else 1
+
+
+def cmd_ready(args: argparse.Namespace) -> int:
+    """Ready: not draining, /ping healthy, and the model answers a prediction."""
+    from rtserve.server.probe import ready
+
+    s = settings(args)
+    return _verdict(ready(s.run_dir, s.model, args.timeout or 3.0))
+
+
+def cmd_live(args: argparse.Namespace) -> int:
+    """Live: the frontend answers /ping with any HTTP status (models may be loading)."""
+    from rtserve.server.probe import live
+
+    return _verdict(live(settings(args).run_dir, args.timeout or 3.0))
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    """Readiness false, then wait for traffic to move away and in-flight work to finish."""
+    from rtserve.server.probe import drain
+
+    s = settings(args)
+    timeout = 15.0 if args.timeout is None else args.timeout
+    # A failed preStop hook only adds a FailedPreStopHook event; SIGTERM follows anyway.
+    return _verdict(drain(s.run_dir, args.propagation, timeout, args.quiet, s.log_location))
+
+
+def add(groups: argparse._SubParsersAction) -> None:
+    commands = group(groups, "probe", __doc__)
+    for name, func in (("ready", cmd_ready), ("live", cmd_live), ("drain", cmd_drain)):
+        command(commands, name, func, parents=(options(),))

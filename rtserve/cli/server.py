@@ -1,0 +1,125 @@
+"""``python -m rtserve server``: start, run, drain or stop a TorchServe instance in its run directory.
+
+    python -m rtserve server start --run-dir .run --models realtime-classifier=realtime-classifier_1.0.mar
+    python -m rtserve server stop --run-dir .run [--drain]
+    python -m rtserve server drain --run-dir .run      # not ready, wait until idle (preStop)
+    python -m rtserve server status --run-dir .run
+    python -m rtserve server run                       # the container's main process
+
+The run directory, model store, config and models default to ``$RTSERVE_RUN_DIR``,
+``$RTSERVE_MODEL_STORE``, ``$RTSERVE_CONFIG`` and ``$RTSERVE_MODELS`` (see rtserve.settings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from rtserve.cli.common import command, group, settings
+
+logger = logging.getLogger(__name__)
+
+
+def options() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--run-dir", type=Path, help="default: $RTSERVE_RUN_DIR or .run")
+    p.add_argument("--model-store", type=Path, help="default: $RTSERVE_MODEL_STORE or model_store")
+    p.add_argument("--config", type=Path,
+                   help="default: $RTSERVE_CONFIG, else config.properties (start, run); the run "
+                        "dir's copy (others)")
+    p.add_argument("--models", nargs="*",
+                   help="NAME=FILE.mar to load at start (default: $RTSERVE_MODELS)")
+    p.add_argument("--timeout", type=float, default=120.0)
+    p.add_argument("--stop-timeout", type=float, default=15.0,
+                   help="run: seconds TorchServe gets to stop after SIGTERM before SIGKILL")
+    p.add_argument("--drain", action="store_true",
+                   help="stop: drain first (not ready, wait until idle), then SIGTERM")
+    p.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="drain: give up waiting after this many seconds")
+    p.add_argument("--quiet", type=float, default=1.0,
+                   help="drain: seconds with no arrival, queued or running request")
+    p.add_argument("--min-wait", type=float, default=0.0,
+                   help="drain: wait at least this long (readiness propagation)")
+    return p
+
+
+def _server(args: argparse.Namespace):
+    """The instance of ``--run-dir``: a running one is reached through the effective config it
+    was started with (unless ``--config`` or ``$RTSERVE_CONFIG`` names one)."""
+    from rtserve.server.torchserve import TorchServe
+
+    s = settings(args)
+    config = s.config
+    if config is None and args.command not in ("start", "run") and s.run.config.exists():
+        config = s.run.config
+    return TorchServe(s.run_dir, s.model_store, list(s.models), config or s.torchserve_config,
+                      settings=s)
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    """Start TorchServe in the background and wait until every model answers."""
+    from rtserve.errors import ServerError
+
+    server = _server(args)
+    try:
+        server.start()
+        waited = server.wait_ready(args.timeout, [m.split("=", 1)[0] for m in server.models])
+    except ServerError as exc:
+        logger.error("%s", exc)
+        server.stop()
+        return 1
+    props = server.props
+    logger.info("TorchServe ready in %.1fs (pid %d), logs in %s", waited, server.pid(), server.log_dir)
+    logger.info("  inference:  %s", props["inference_address"])
+    logger.info("  management: %s", props["management_address"])
+    logger.info("  metrics:    %s", props["metrics_address"])
+    logger.info("  keys:       %s", server.key_file)
+    return 0
+
+
+def _stop_or_drain(args: argparse.Namespace) -> int:
+    server = _server(args)
+    pid = server.pid()
+    if pid is None:
+        logger.info("TorchServe is not running.")
+        return 0
+    report = server.drain(args.drain_timeout, args.quiet, args.min_wait) \
+        if args.command == "drain" or args.drain else None
+    if args.command == "stop":
+        server.stop()
+        logger.info("TorchServe stopped (pid %s).", pid)
+    return 0 if report is None or report.drained else 1
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    """Stop the running instance (with --drain: drain it first)."""
+    return _stop_or_drain(args)
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    """Mark the instance not ready, then wait until no request arrives, waits or runs (preStop)."""
+    return _stop_or_drain(args)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Say whether an instance runs from the run directory (exit 1 when none does)."""
+    server = _server(args)
+    pid = server.pid()
+    logger.info("running (pid %d)%s" % (pid, ", draining" if server.draining else "")
+                if pid else "not running")
+    return 0 if pid else 1
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Stay in the foreground until SIGTERM (the container's entry point)."""
+    from rtserve import container
+
+    return container.run(settings(args), args.stop_timeout)
+
+
+def add(groups: argparse._SubParsersAction) -> None:
+    commands = group(groups, "server", __doc__)
+    for name, func in (("start", cmd_start), ("stop", cmd_stop), ("status", cmd_status),
+                       ("drain", cmd_drain), ("run", cmd_run)):
+        command(commands, name, func, parents=(options(),))

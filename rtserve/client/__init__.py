@@ -1,0 +1,1 @@
+"""Clients of TorchServe's APIs: REST (inference, management, metrics) and gRPC stubs."""

@@ -1,0 +1,157 @@
+"""rtserve's errors: one root, :class:`RtserveError`, that every rtserve exception derives from.
+
+The command line (``python -m rtserve``) catches the root once: it prints ``error: <message>``
+and exits 1. Each class names the HTTP status it stands for in ``status`` (as the handler's own
+errors do, ``handler/errors.py``); a :class:`TorchServeError` carries the status of the answer
+that raised it instead (0 when no answer came).
+
+The handler (``handler/``) is packed into each model archive and runs in TorchServe's workers
+without rtserve, so its errors (``handler.errors.HandlerError``) have a root of their own.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from rtserve.promotion.gate import GateReport
+
+E = TypeVar("E", bound="RtserveError")
+
+
+class RtserveError(Exception):
+    """The root of rtserve's errors (HTTP 500 unless a subclass says otherwise)."""
+
+    status: int = 500
+
+    def reworded(self: E, message: str) -> E:
+        """This error with another message, everything else it carries kept (``status``,
+        ``body``, a gate's ``report``): for adding context before raising it again."""
+        new = self.__class__.__new__(self.__class__)
+        new.__dict__.update(self.__dict__)
+        new.args = (message,)
+        return new
+
+
+class SettingsError(RtserveError):
+    """HTTP 400: an ``RTSERVE_*`` variable or a path setting cannot be used (the message names it)."""
+
+    status = 400
+
+
+class ProcessError(RtserveError):
+    """HTTP 500: a command failed, or a process did not start or stop; the message holds the
+    command and the tail of its output."""
+
+
+# -- TorchServe's APIs (rtserve.client) ------------------------------------------------------------
+class TorchServeError(RtserveError):
+    """An API call failed; ``status`` is the HTTP status of the answer (0 when no answer came).
+
+    A request the handler refused (400) also carries the handler's ``reason`` and, for a list of
+    the wrong length, the ``expected`` count (its ``X-Rtserve-Reason`` and
+    ``X-Rtserve-Expected-Count`` headers); None otherwise.
+    """
+
+    def __init__(self, message: str, status: int = 0, body: Any = None, reason: str | None = None,
+                 expected: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body
+        self.reason = reason
+        self.expected = expected
+
+
+class AuthError(TorchServeError):
+    """The token was missing, wrong or expired (TorchServe answers 400 InvalidKeyException)."""
+
+
+class NotFound(TorchServeError):
+    """HTTP 404: unknown model or version."""
+
+
+class Conflict(TorchServeError):
+    """HTTP 409: e.g. the version is already registered."""
+
+
+class Refused(TorchServeError):
+    """HTTP 403 or 405: the server refuses the operation (e.g. removing the default version,
+    or the model API is disabled)."""
+
+
+class Overloaded(TorchServeError):
+    """HTTP 503 from a full job queue (TorchServe refused at once), or an explanation past the
+    handler's per-batch ceiling: retry later or elsewhere."""
+
+
+class StubError(RtserveError):
+    """HTTP 500: the TorchServe jar is missing or lacks a ``.proto`` file, or ``protoc`` failed
+    to compile them."""
+
+
+# -- one TorchServe instance (rtserve.server) -----------------------------------------------------
+class ServerError(RtserveError):
+    """HTTP 503: TorchServe did not start, died, or did not become ready in time."""
+
+    status = 503
+
+
+# -- models and archives (rtserve.model) ----------------------------------------------------------
+class PackagingError(RtserveError):
+    """HTTP 400: the model or its data cannot be packaged; the message says what to fix."""
+
+    status = 400
+
+
+class ArchiveError(RtserveError):
+    """HTTP 422: a model archive cannot be read, or lacks its manifest, ``meta.json`` or what
+    the caller needs from it (the message names the file)."""
+
+    status = 422
+
+
+# -- versions (rtserve.promotion) -----------------------------------------------------------------
+class GateError(RtserveError):
+    """HTTP 422: the gate could not run or its check failed: a bad thresholds file, an
+    unreadable requests file, a p99 over its limit."""
+
+    status = 422
+
+
+class GoldenMismatch(GateError):
+    """HTTP 422: a version's live answers differ from its archive's golden set."""
+
+
+class RolloutError(RtserveError):
+    """HTTP 409: a version operation was refused before anything changed (bad version, no
+    history, already the default, ...)."""
+
+    status = 409
+
+
+class GateRefused(RolloutError):
+    """HTTP 409: the promotion gate refused the candidate; ``report`` holds its figures."""
+
+    def __init__(self, report: GateReport) -> None:
+        super().__init__(f"{report.text()}\n{report.model} {report.candidate} was not promoted; "
+                         "nothing changed (FORCE=1 REASON=\"...\" overrides)")
+        self.report = report
+
+
+# -- the pod's gateway, monitoring, the cluster ---------------------------------------------------
+class GatewayError(RtserveError):
+    """HTTP 400: the shared-token file or the pod's key file cannot be used (the message says why)."""
+
+    status = 400
+
+
+class MonitorError(RtserveError):
+    """HTTP 503: Prometheus or Alertmanager cannot be configured, started or stopped."""
+
+    status = 503
+
+
+class DeployError(RtserveError):
+    """HTTP 502: a cluster deployment or its verification failed (the message says which step)."""
+
+    status = 502

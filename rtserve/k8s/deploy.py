@@ -1,0 +1,229 @@
+"""``make k8s-deploy`` and ``make k8s-verify``: apply an overlay with one rollout's image, wait for
+the rollout, run the verification Job, and undo the rollout when the Job fails.
+
+The kustomizations each step renders are pure functions (:func:`deploy_kustomization`,
+:func:`verify_kustomization`); :class:`Kubectl` runs the commands (each one printed as it runs,
+kubectl's own output passed through); :func:`deploy` and :func:`verify` are the ordered steps.
+
+    python -m rtserve k8s deploy --overlay staging --image registry.example.com/ml/rtserve --version 2.0
+    python -m rtserve k8s verify --overlay staging --image registry.example.com/ml/rtserve --version 2.0
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from rtserve.errors import DeployError
+
+#: The Job's conditions that end the wait (``status: "True"``).
+JOB_CONDITIONS = 'jsonpath={.status.conditions[?(@.status=="True")].type}'
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where and what to deploy (the Makefile's cluster variables).
+
+    Attributes:
+        k8s_dir: the kustomize tree (``deploy/k8s``): ``overlays/<name>`` and ``verify``.
+        overlay: the overlay to apply; namespace: its namespace; app: the Deployment's name.
+        image: the image name the overlay uses; version: the tag (the model version) to deploy.
+        model: the model's name (in the change cause).
+        build_dir: where the deploy kustomization and its rendered manifests are written.
+        verify_build_dir: the same for the verification Job.
+        rollout_timeout: ``kubectl rollout status --timeout`` (e.g. ``15m``).
+        verify_timeout: seconds to wait for the Job's result.
+    """
+
+    k8s_dir: Path
+    overlay: str
+    namespace: str
+    app: str
+    image: str
+    version: str
+    model: str
+    build_dir: Path
+    verify_build_dir: Path
+    rollout_timeout: str = "15m"
+    verify_timeout: int = 300
+
+    @property
+    def overlay_dir(self) -> Path:
+        return self.k8s_dir / "overlays" / self.overlay
+
+    @property
+    def verify_dir(self) -> Path:
+        return self.k8s_dir / "verify"
+
+    @property
+    def tagged(self) -> str:
+        return f"{self.image}:{self.version}"
+
+
+def relative(path: Path, start: Path) -> str:
+    """``path`` relative to ``start`` (as ``realpath -m --relative-to`` writes it)."""
+    return os.path.relpath(os.path.realpath(path), os.path.realpath(start))
+
+
+def deploy_kustomization(t: Target) -> str:
+    """The kustomization that applies the overlay with this rollout's image and change cause."""
+    return "\n".join([
+        "# Written by make k8s-deploy: the overlay with this rollout's image and change cause.",
+        "apiVersion: kustomize.config.k8s.io/v1beta1",
+        "kind: Kustomization",
+        "resources:",
+        f"  - {relative(t.overlay_dir, t.build_dir)}",
+        "images:",
+        f"  - name: {t.image}",
+        f'    newTag: "{t.version}"',
+        "patches:",
+        "  - patch: |-",
+        "      apiVersion: apps/v1",
+        "      kind: Deployment",
+        "      metadata:",
+        f"        name: {t.app}",
+        "        annotations:",
+        f'          kubernetes.io/change-cause: "{t.model} {t.version} ({t.tagged}) by make k8s-deploy"',
+    ]) + "\n"
+
+
+def verify_kustomization(t: Target) -> str:
+    """The kustomization of the verification Job for this rollout (its namespace and image)."""
+    return "\n".join([
+        "# Written by make k8s-verify: the verification Job for this rollout.",
+        "apiVersion: kustomize.config.k8s.io/v1beta1",
+        "kind: Kustomization",
+        f"namespace: {t.namespace}",
+        "resources:",
+        f"  - {relative(t.verify_dir, t.verify_build_dir)}",
+        "images:",
+        f"  - name: {t.image}",
+        f'    newTag: "{t.version}"',
+    ]) + "\n"
+
+
+def uses_image(manifests: str, tagged: str) -> bool:
+    """Whether the rendered manifests run ``tagged`` (an ``image:`` line naming exactly it)."""
+    return re.search(rf"(?m)^ *image: {re.escape(tagged)}$", manifests) is not None
+
+
+def job_result(conditions: str) -> str | None:
+    """``Complete`` or ``Failed`` once the Job's true conditions say so, else None."""
+    for result in ("Complete", "Failed"):
+        if result in conditions:
+            return result
+    return None
+
+
+class Kubectl:
+    """Runs ``kubectl`` (or a stand-in): each command printed first, its output passed through
+    unless captured."""
+
+    def __init__(self, binary: str = "kubectl", out: Callable[[str], None] | None = None) -> None:
+        self.binary = binary
+        self.out = out or say
+
+    def __call__(self, *args: str, capture: bool = False, into: Path | None = None) -> str:
+        """Run ``kubectl args``; returns its stdout when ``capture`` (written to ``into`` when
+        given).
+
+        Raises:
+            DeployError: it exited non-zero (its stderr was shown), or cannot be run.
+        """
+        cmd = [self.binary, *args]
+        self.out(shlex.join(cmd) + (f" > {into}" if into else ""))
+        try:
+            done = subprocess.run(cmd, stdout=subprocess.PIPE if capture or into else None,
+                                  text=True)
+        except OSError as exc:
+            raise DeployError(f"cannot run {self.binary}: {exc}") from exc
+        if done.returncode != 0:
+            raise DeployError(f"{shlex.join(cmd)} exited {done.returncode}")
+        if into is not None:
+            into.write_text(done.stdout)
+        return done.stdout or ""
+
+
+def say(line: str) -> None:
+    """Print a line now (before the output of the next command)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def render(kubectl: Kubectl, build_dir: Path, kustomization: str) -> Path:
+    """Write ``kustomization`` into a fresh ``build_dir`` and render it; the manifests' path."""
+    shutil.rmtree(build_dir, ignore_errors=True)
+    build_dir.mkdir(parents=True)
+    (build_dir / "kustomization.yaml").write_text(kustomization)
+    manifests = build_dir / "manifests.yaml"
+    kubectl("kustomize", str(build_dir), into=manifests)
+    return manifests
+
+
+def verify(t: Target, kubectl: Kubectl, sleep: Callable[[float], None] = time.sleep) -> None:
+    """Run the verification Job against the overlay's Service and wait for its result.
+
+    Raises:
+        DeployError: the Job failed or gave no result within ``verify_timeout`` (its log shown).
+    """
+    manifests = render(kubectl, t.verify_build_dir, verify_kustomization(t))
+    job = f"job/{t.app}-verify"
+    kubectl("-n", t.namespace, "delete", job, "--ignore-not-found", "--wait=true")
+    kubectl("apply", "-f", str(manifests))
+    result = None
+    for _ in range(t.verify_timeout // 2):
+        result = job_result(kubectl("-n", t.namespace, "get", job, "-o", JOB_CONDITIONS,
+                                    capture=True))
+        if result:
+            break
+        sleep(2)
+    try:
+        kubectl("-n", t.namespace, "logs", job)
+    except DeployError:
+        pass  # no log to show: the result says why
+    if result != "Complete":
+        why = result or f"no result in {t.verify_timeout} s"
+        raise DeployError(f"verification of {t.tagged} on {t.overlay} failed ({why})")
+    say(f">> {t.tagged} verified on {t.overlay}")
+
+
+def deploy(t: Target, kubectl: Kubectl, sleep: Callable[[float], None] = time.sleep) -> None:
+    """Apply the overlay with this rollout's image, wait for the rollout, verify it; undo the
+    rollout (and wait for that) when the verification fails.
+
+    Raises:
+        DeployError: no such overlay, the overlay does not use the image, the rollout did not
+            finish, or the verification failed (then after the undo).
+    """
+    if not t.overlay_dir.is_dir():
+        have = " ".join(sorted(p.name for p in (t.k8s_dir / "overlays").glob("*")))
+        raise DeployError(f"no overlay {t.overlay_dir} (have: {have})")
+    manifests = render(kubectl, t.build_dir, deploy_kustomization(t))
+    if not uses_image(manifests.read_text(), t.tagged):
+        raise DeployError(f"the {t.overlay} overlay's image is not {t.image} "
+                          "(set IMG to the overlay's image name)")
+    kubectl("apply", "-f", str(manifests))
+    deployment = f"deployment/{t.app}"
+    status = ("-n", t.namespace, "rollout", "status", deployment, f"--timeout={t.rollout_timeout}")
+    try:
+        kubectl(*status)
+    except DeployError as exc:
+        raise DeployError(f"rollout of {t.tagged} to {t.overlay} failed; to go back: "
+                          f"make k8s-rollback OVERLAY={t.overlay}") from exc
+    try:
+        verify(t, kubectl, sleep)
+    except DeployError as exc:
+        say(f">> {exc}")
+        say(f">> {t.tagged} failed its verification on {t.overlay}: rolling back")
+        kubectl("-n", t.namespace, "rollout", "undo", deployment)
+        kubectl(*status)
+        raise DeployError(f"{t.tagged} failed its verification on {t.overlay} and was rolled "
+                          "back") from exc

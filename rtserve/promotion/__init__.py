@@ -1,0 +1,1 @@
+"""Model versions on a running server: the promotion gate, its measurements, rollout and history."""

@@ -1,0 +1,94 @@
+"""TorchServe's ``config.properties``: reading and writing it, and the effective config a server
+starts with (listeners on given ports, the metrics listener made private, the batching agent).
+
+Pure functions over dicts and files: no process is started here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rtserve.errors import ServerError
+
+#: The config.properties key that switches the agent off (``false``); on by default.
+GREEDY_KEY = "rtserve_greedy_batching"
+#: In an effective config: the metrics address clients scrape (the metrics exporter,
+#: :mod:`rtserve.observability.exporter`, listens there; ``metrics_address`` is then
+#: TorchServe's own, private listener).
+PUBLIC_METRICS_KEY = "rtserve_metrics_address"
+
+
+def read_properties(path: str | Path) -> dict[str, str]:
+    """Read a Java-style properties file (``key=value`` lines, ``#`` comments)."""
+    props: dict[str, str] = {}
+    for line in Path(path).read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, value = line.split("=", 1)
+            props[key.strip()] = value.strip()
+    return props
+
+
+def write_properties(path: str | Path, props: dict[str, str]) -> None:
+    """Write ``props`` as a properties file."""
+    Path(path).write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+
+
+def port_overrides(ports: list[int]) -> dict[str, str]:
+    """Config overrides that move all six listeners (three HTTP, two gRPC, workers) to ``ports``."""
+    inference, management, metrics, grpc_inf, grpc_mgmt, worker = ports
+    return {
+        "inference_address": f"http://127.0.0.1:{inference}",
+        "management_address": f"http://127.0.0.1:{management}",
+        "metrics_address": f"http://127.0.0.1:{metrics}",
+        "grpc_inference_port": str(grpc_inf),
+        "grpc_management_port": str(grpc_mgmt),
+        "initial_worker_port": str(worker),
+    }
+
+
+def configured(config: Path, model_store: Path, overrides: dict[str, str]) -> dict[str, str]:
+    """The configuration a server runs with: the base file, then the model store, then
+    ``overrides``; read back from an effective config, ``metrics_address`` is the public one."""
+    props = read_properties(config)
+    props["model_store"] = str(model_store)
+    metrics_config = props.get("metrics_config")
+    if metrics_config and not Path(metrics_config).is_absolute():
+        props["metrics_config"] = str((Path(config).resolve().parent / metrics_config))
+    props.update(overrides)
+    if PUBLIC_METRICS_KEY in props:  # read back from an effective config
+        props["metrics_address"] = props.pop(PUBLIC_METRICS_KEY)
+    return props
+
+
+def greedy(props: dict[str, str]) -> bool:
+    """Whether the frontend runs with rtserve's greedy-batching agent (:data:`GREEDY_KEY`).
+
+    Raises:
+        ServerError: the setting is neither ``true`` nor ``false``.
+    """
+    value = props.get(GREEDY_KEY, "true").strip().lower()
+    if value not in ("true", "false"):
+        raise ServerError(f"{GREEDY_KEY} must be true or false, not {value!r}")
+    return value == "true"
+
+
+def effective_props(props: dict[str, str], private_metrics_port: int,
+                    agent_jar: Path) -> dict[str, str]:
+    """What the frontend is started with: ``props``, with TorchServe's metrics listener moved to
+    ``private_metrics_port`` on loopback (the metrics exporter serves the configured address),
+    plus the agent in ``vmargs`` when greedy batching is on (it then waits for no further
+    request of a batch).
+
+    Raises:
+        ServerError: greedy batching is on but the agent was not built.
+    """
+    props = dict(props)
+    props[PUBLIC_METRICS_KEY] = props["metrics_address"]
+    props["metrics_address"] = f"http://127.0.0.1:{private_metrics_port}"
+    if greedy(props) and "-javaagent:" not in props.get("vmargs", ""):
+        if not Path(agent_jar).is_file():
+            raise ServerError(f"greedy batching is on but {agent_jar} is missing: build it "
+                              f"with `make agent`, or set {GREEDY_KEY}=false")
+        props["vmargs"] = f"{props.get('vmargs', '')} -javaagent:{agent_jar}".strip()
+    return props

@@ -1,0 +1,211 @@
+"""Where rtserve finds its files and keeps its state: resolved once, from the environment and the
+command line, into one typed :class:`Settings`.
+
+Every ``RTSERVE_*`` variable is read here and nowhere else:
+
+========================  =========================================================  ================================
+variable                  meaning                                                    default
+========================  =========================================================  ================================
+``RTSERVE_HOME``          the checkout: ``config.properties``, ``config/``, ``deploy/``  the directory above this package
+``RTSERVE_RUN_DIR``       a server's run directory (keys, effective config, logs)    ``HOME/.run``
+``RTSERVE_MODEL_STORE``   the model store (``<name>_<version>.mar``)                 ``HOME/model_store``
+``RTSERVE_CONFIG``        the ``config.properties`` a server starts from             ``HOME/config.properties``
+``RTSERVE_MODELS``        ``NAME=FILE.mar ...`` loaded at start                      none
+``RTSERVE_MODEL``         the model the probes ask                                   ``realtime-classifier``
+``RTSERVE_AGENT_JAR``     the frontend's greedy-batching agent                       ``HOME/build/agent/rtserve-agent.jar``
+``RTSERVE_METRICS_DIR``   the workers' metrics files                                 shared memory, else ``RUN_DIR/metrics``
+``RTSERVE_GATEWAY_DIR``   the pod's gateway directory (set: the pod has a gateway)   none
+``RTSERVE_GATEWAY_TOKENS``  the gateway's shared-token file                          ``/etc/rtserve-gateway-tokens/tokens``
+========================  =========================================================  ================================
+
+(and TorchServe's own ``LOG_LOCATION``, which a server started by rtserve sets for its workers).
+An empty variable counts as unset. Files shipped inside the package (the frontend's log
+configuration) are read as package resources (:func:`resource`), not through ``HOME``.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import os
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from rtserve.errors import SettingsError
+
+#: The checkout holding this package (``RTSERVE_HOME`` names another).
+PACKAGE_HOME = Path(__file__).resolve().parent.parent
+#: The model the probes ask when none is named.
+DEFAULT_MODEL = "realtime-classifier"
+#: Where the pod's gateway tokens are mounted (the Secret rtserve-gateway-tokens).
+DEFAULT_GATEWAY_TOKENS = Path("/etc/rtserve-gateway-tokens/tokens")
+
+#: The files a server keeps in its run directory (see :class:`RunDir`).
+EFFECTIVE_CONFIG = "config.properties"
+KEY_FILE = "key_file.json"
+#: Created by a drain: readiness is false while it exists (:mod:`rtserve.server.drain`).
+DRAIN_FILE = "draining"
+#: The rollout history (:mod:`rtserve.promotion.history`): cleared when a server starts there.
+HISTORY_FILE = "rollout-history.jsonl"
+
+
+def resource(package: str, name: str) -> Path:
+    """A file shipped inside an rtserve package, as a path (the package is a directory on disk).
+
+    Raises:
+        SettingsError: the package has no such file.
+    """
+    path = Path(str(importlib.resources.files(package) / name))
+    if not path.is_file():
+        raise SettingsError(f"{package} ships no {name} ({path} is missing)")
+    return path
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """What lives in a server's run directory, by name (one place for every file name)."""
+
+    path: Path
+
+    @property
+    def config(self) -> Path:
+        """The effective ``config.properties`` the server was started with."""
+        return self.path / EFFECTIVE_CONFIG
+
+    @property
+    def key_file(self) -> Path:
+        """TorchServe's token keys."""
+        return self.path / KEY_FILE
+
+    @property
+    def logs(self) -> Path:
+        """TorchServe's logs (and the metrics exporter's)."""
+        return self.path / "logs"
+
+    @property
+    def audit_log(self) -> Path:
+        """The audit trail: the handler's per-request lines and the gate's decisions."""
+        return self.logs / "audit.log"
+
+    @property
+    def drain_marker(self) -> Path:
+        """Present while the server drains."""
+        return self.path / DRAIN_FILE
+
+    @property
+    def history(self) -> Path:
+        """The rollout history (default-version changes and gate decisions)."""
+        return self.path / HISTORY_FILE
+
+
+def _path(environ: Mapping[str, str], name: str) -> Path | None:
+    value = environ.get(name, "").strip()
+    return Path(value) if value else None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """rtserve's settings for one process: see the module's table for each variable.
+
+    Build it once where a command starts (:meth:`from_env`, with the command line's values as
+    overrides) and hand it down; nothing else reads the environment.
+    """
+
+    home: Path = PACKAGE_HOME
+    run_dir: Path = PACKAGE_HOME / ".run"
+    model_store: Path = PACKAGE_HOME / "model_store"
+    #: ``RTSERVE_CONFIG`` or ``--config``; None: not given (see :attr:`torchserve_config`).
+    config: Path | None = None
+    models: tuple[str, ...] = ()
+    model: str = DEFAULT_MODEL
+    agent_jar: Path = PACKAGE_HOME / "build" / "agent" / "rtserve-agent.jar"
+    metrics_dir: Path | None = None
+    gateway_dir: Path | None = None
+    gateway_tokens: Path = DEFAULT_GATEWAY_TOKENS
+    log_location: Path | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
+        """The settings from ``environ`` (default ``os.environ``), then ``overrides`` (a None
+        override is ignored: an option the command line did not get).
+
+        Raises:
+            SettingsError: an override names no setting, or ``models`` holds an entry that is
+                not ``NAME=FILE.mar``.
+        """
+        env = os.environ if environ is None else environ
+        home = Path(overrides.pop("home", None) or _path(env, "RTSERVE_HOME") or PACKAGE_HOME).resolve()
+        values: dict[str, Any] = {
+            "run_dir": _path(env, "RTSERVE_RUN_DIR") or home / ".run",
+            "model_store": _path(env, "RTSERVE_MODEL_STORE") or home / "model_store",
+            "config": _path(env, "RTSERVE_CONFIG"),
+            "models": tuple(env.get("RTSERVE_MODELS", "").split()),
+            "model": env.get("RTSERVE_MODEL", "").strip() or DEFAULT_MODEL,
+            "agent_jar": _path(env, "RTSERVE_AGENT_JAR") or home / "build" / "agent" / "rtserve-agent.jar",
+            "metrics_dir": _path(env, "RTSERVE_METRICS_DIR"),
+            "gateway_dir": _path(env, "RTSERVE_GATEWAY_DIR"),
+            "gateway_tokens": _path(env, "RTSERVE_GATEWAY_TOKENS") or DEFAULT_GATEWAY_TOKENS,
+            "log_location": _path(env, "LOG_LOCATION"),
+        }
+        return cls(home=home, **values).but(**overrides)
+
+    def but(self, **changes: Any) -> "Settings":
+        """These settings with some values replaced (a None change is ignored).
+
+        Raises:
+            SettingsError: a change names no setting, or ``models`` holds an entry that is not
+                ``NAME=FILE.mar``.
+        """
+        unknown = set(changes) - {f.name for f in fields(self)}
+        if unknown:
+            raise SettingsError(f"no such setting: {', '.join(sorted(unknown))}")
+        changes = {k: v for k, v in changes.items() if v is not None}
+        for name in ("home", "run_dir", "model_store", "config", "agent_jar", "metrics_dir",
+                     "gateway_dir", "gateway_tokens", "log_location"):
+            if name in changes:
+                changes[name] = Path(changes[name])
+        if "models" in changes:
+            changes["models"] = tuple(changes["models"])
+        settings = replace(self, **changes)
+        bad = [m for m in settings.models if "=" in m and m.startswith("=")]
+        if bad:
+            raise SettingsError(f"RTSERVE_MODELS / --models: {bad[0]!r} is not NAME=FILE.mar")
+        return settings
+
+    @property
+    def torchserve_config(self) -> Path:
+        """The ``config.properties`` a server starts from: :attr:`config`, else the checkout's."""
+        return self.config or self.home / "config.properties"
+
+    # -- files of the checkout (under HOME) -----------------------------------------------------
+    @property
+    def gate_config(self) -> Path:
+        """The promotion gate's thresholds (``config/gate.yaml``)."""
+        return self.home / "config" / "gate.yaml"
+
+    @property
+    def model_config(self) -> Path:
+        """The demo's model config (``model/model-config.yaml``), packed into its archives."""
+        return self.home / "model" / "model-config.yaml"
+
+    @property
+    def monitoring_dir(self) -> Path:
+        """The shipped Prometheus config and alerting rules (``deploy/monitoring``)."""
+        return self.home / "deploy" / "monitoring"
+
+    @property
+    def build_dir(self) -> Path:
+        """Build outputs (``build/``: the agent, generated gRPC stubs, bench run directories)."""
+        return self.home / "build"
+
+    @property
+    def run(self) -> RunDir:
+        """The run directory's files."""
+        return RunDir(self.run_dir)
+
+
+#: The frontend's log configuration rtserve ships (access, model, metrics and error logs without
+#: TorchServe's per-request chatter; see the file's header): a resource of rtserve.server.
+def log_config() -> Path:
+    """rtserve's log4j2 configuration for TorchServe's frontend (a package resource)."""
+    return resource("rtserve.server", "log4j2.xml")
