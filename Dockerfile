@@ -72,14 +72,16 @@ COPY handler/ ./handler/
 COPY rtserve/ ./rtserve/
 COPY config/ ./config/
 COPY deploy/k8s/base/config.properties /etc/rtserve/config.properties
-# Where rtserve.server looks for it (REPO/build/agent/rtserve-agent.jar, REPO being /opt/rtserve).
+# Where rtserve looks for it (HOME/build/agent/rtserve-agent.jar, rtserve.settings; HOME is the
+# directory above the package, /opt/rtserve). rtserve/ is the package tree (its subpackages and
+# the frontend's log4j2.xml, a package resource).
 COPY --from=agent /build/build/agent/rtserve-agent.jar ./build/agent/rtserve-agent.jar
 RUN /opt/venv/bin/python -m compileall -q handler rtserve
 
 # The root filesystem is read-only in the cluster: everything TorchServe writes (key_file.json,
 # its effective config, logs, the unpacked archive, its PID file) goes to the run directory,
-# an emptyDir there. RTSERVE_* are read by rtserve.server and rtserve.probe. `python` is the
-# virtualenv's (rtserve.server finds `torchserve` beside it).
+# an emptyDir there. RTSERVE_* are read once by rtserve.settings (the server, the probes, the
+# gateway's key sync). `python` is the virtualenv's (rtserve finds `torchserve` beside it).
 ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     PYTHONPATH=/opt/rtserve \
     PYTHONDONTWRITEBYTECODE=1 \
@@ -104,4 +106,4 @@ WORKDIR /home/model-server/run
 # the pod's gateway sidecar on 8080 (deploy/k8s/base/deployment.yaml).
 EXPOSE 8081 8082
 ENTRYPOINT ["/usr/bin/tini", "--"]
-CMD ["python", "-m", "rtserve.server", "run"]
+CMD ["python", "-m", "rtserve", "server", "run"]

@@ -9,8 +9,8 @@ PYTHON        ?= python3
 VENV          ?= .venv
 MODEL_STORE   ?= model_store
 # ARTIFACTS: the model artifact directory to pack (model.pt2 + meta.json, written by
-# rtserve.package.export; see docs/bring-your-own-model.md). Not given: the demo model, trained
-# into DEMO_ARTIFACTS/MODEL_VERSION by rtserve.train through the same API.
+# rtserve.model.package.export; see docs/bring-your-own-model.md). Not given: the demo model, trained
+# into DEMO_ARTIFACTS/MODEL_VERSION by rtserve.model.train through the same API.
 USER_ARTIFACTS := $(filter-out undefined,$(origin ARTIFACTS))
 DEMO_ARTIFACTS ?= artifacts
 ARTIFACTS     ?= $(DEMO_ARTIFACTS)/$(MODEL_VERSION)
@@ -61,20 +61,22 @@ train: $(MODEL_DIR)/model.pt2 ## Train the demo MODEL_VERSION and export it (det
 EXAMPLE_NAME    ?= breast-cancer
 EXAMPLE_VERSION ?= 1.0
 EXAMPLE_DIR     ?= $(DEMO_ARTIFACTS)/$(EXAMPLE_NAME)/$(EXAMPLE_VERSION)
-PACKAGE_SRC     := rtserve/package.py handler/model.py handler/drift.py
+PACKAGE_SRC     := rtserve/model/package.py handler/model.py handler/drift.py
 
 ifeq ($(USER_ARTIFACTS),)
-$(MODEL_DIR)/model.pt2 $(MODEL_DIR)/meta.json &: $(STAMP) rtserve/train.py rtserve/data.py $(PACKAGE_SRC)
+$(MODEL_DIR)/model.pt2 $(MODEL_DIR)/meta.json &: $(STAMP) rtserve/model/train.py rtserve/model/data.py $(PACKAGE_SRC)
 	@echo ">> training $(MODEL_NAME) $(MODEL_VERSION) ($(TRAIN_ARGS))"
-	$(PY) -m rtserve.train --version $(MODEL_VERSION) --out $(MODEL_DIR) $(TRAIN_ARGS)
+	$(PY) -m rtserve model train --version $(MODEL_VERSION) --out $(MODEL_DIR) $(TRAIN_ARGS) \
+	  --model-config $(MODEL_CONFIG)
 else ifneq ($(abspath $(ARTIFACTS)),$(abspath $(EXAMPLE_DIR)))
 $(MODEL_DIR)/model.pt2 $(MODEL_DIR)/meta.json:
-	@echo "error: $@ is missing: export your model into $(ARTIFACTS) with rtserve.package.export first (docs/bring-your-own-model.md)"; exit 1
+	@echo "error: $@ is missing: export your model into $(ARTIFACTS) with rtserve.model.package.export first (docs/bring-your-own-model.md)"; exit 1
 endif
 
 $(EXAMPLE_DIR)/model.pt2 $(EXAMPLE_DIR)/meta.json &: $(STAMP) examples/breast_cancer.py $(PACKAGE_SRC)
 	@echo ">> training and packaging the example model into $(EXAMPLE_DIR)"
-	$(PY) -m rtserve.package export examples.breast_cancer:packaging --version $(EXAMPLE_VERSION) --out $(EXAMPLE_DIR)
+	$(PY) -m rtserve model export examples.breast_cancer:packaging --version $(EXAMPLE_VERSION) \
+	  --out $(EXAMPLE_DIR) --model-config $(MODEL_CONFIG)
 
 .PHONY: example
 example: $(EXAMPLE_DIR)/model.pt2 ## Train, package and archive the example model (model_store/breast-cancer_1.0.mar)
@@ -85,7 +87,7 @@ archive: $(MAR) ## Pack ARTIFACTS (default: the demo) into model_store/$(MODEL_N
 
 $(MAR): $(MODEL_DIR)/model.pt2 $(MODEL_DIR)/meta.json $(HANDLER_SRC) $(MODEL_CONFIG) | $(STAMP)
 	@echo ">> checking $(MODEL_DIR) (the handler's safe loader, then its golden set)"
-	$(PY) -m rtserve.package check $(MODEL_DIR) --version $(MODEL_VERSION)
+	$(PY) -m rtserve model check $(MODEL_DIR) --version $(MODEL_VERSION)
 	@echo ">> archiving $@"
 	rm -rf $(STAGE) && mkdir -p $(STAGE)/files/handler $(STAGE)/out $(STAGE)/tmp $(MODEL_STORE)
 	cp $(HANDLER_SRC) $(STAGE)/files/handler/
@@ -141,29 +143,29 @@ require_archive = test -f $(MAR) || { echo "error: $(MAR) is missing: build it w
 .PHONY: serve
 serve: $(ARCHIVE) $(AGENT_JAR) ## Build the archive (the demo, or ARTIFACTS), start TorchServe on localhost, wait until it answers
 	@$(require_archive)
-	$(PY) -m rtserve.server start --run-dir $(RUN_DIR) --model-store $(MODEL_STORE) \
+	$(PY) -m rtserve server start --run-dir $(RUN_DIR) --model-store $(MODEL_STORE) \
 	  --models $(MODEL_NAME)=$(notdir $(MAR))
 	@echo ">> try it:"
-	@echo "   TOKEN=\$$($(PY) -m rtserve token)"
+	@echo "   TOKEN=\$$($(PY) -m rtserve client token)"
 	@echo "   curl -s http://127.0.0.1:8080/predictions/$(MODEL_NAME) -H \"Authorization: Bearer \$$TOKEN\" \\"
 	@echo "        -H 'Content-Type: application/json' -d @examples/request.json"
 	@echo "   or: make predict"
 
 .PHONY: predict
 predict: $(STAMP) ## Send examples/request.json to the running server
-	$(PY) -m rtserve predict $(MODEL_NAME) examples/request.json
+	$(PY) -m rtserve client predict $(MODEL_NAME) examples/request.json
 
 .PHONY: explain
 explain: $(STAMP) ## Explain examples/request.json on the running server (per-feature attributions)
-	$(PY) -m rtserve explain $(MODEL_NAME) examples/request.json
+	$(PY) -m rtserve client explain $(MODEL_NAME) examples/request.json
 
 .PHONY: stop
 stop: ## Stop the TorchServe started by `make serve` (DRAIN=1: drain first, see `make drain`)
-	$(PY) -m rtserve.server stop --run-dir $(RUN_DIR) $(if $(DRAIN),--drain)
+	$(PY) -m rtserve server stop --run-dir $(RUN_DIR) $(if $(DRAIN),--drain)
 
 .PHONY: drain
 drain: $(STAMP) ## Mark the running server not ready, wait until no request arrives, waits or runs
-	$(PY) -m rtserve.server drain --run-dir $(RUN_DIR)
+	$(PY) -m rtserve server drain --run-dir $(RUN_DIR)
 
 ##@ Versions (local server)
 # On the running server, through the management API.
@@ -173,7 +175,7 @@ GATE_CONFIG ?= config/gate.yaml
 REQUESTS    ?=
 FORCE       ?=
 REASON      ?=
-RTSERVE := $(PY) -m rtserve --inference $(INFERENCE_URL) --management $(MANAGEMENT_URL) \
+RTSERVE := $(PY) -m rtserve versions --inference $(INFERENCE_URL) --management $(MANAGEMENT_URL) \
   --run-dir $(RUN_DIR) --model-store $(MODEL_STORE) --gate-config $(GATE_CONFIG)
 
 
@@ -228,12 +230,12 @@ monitor-deps: ## Install Prometheus, Alertmanager and promtool from Debian's pac
 
 .PHONY: monitor
 monitor: monitor-deps $(STAMP) ## Start Prometheus (127.0.0.1:PROMETHEUS_PORT) and Alertmanager scraping the server `make serve` runs
-	$(PY) -m rtserve.monitor start --run-dir $(RUN_DIR) --prometheus-port $(PROMETHEUS_PORT) \
+	$(PY) -m rtserve monitor start --run-dir $(RUN_DIR) --prometheus-port $(PROMETHEUS_PORT) \
 	  --alertmanager-port $(ALERTMANAGER_PORT) $(if $(ALERT_WEBHOOK),--webhook $(ALERT_WEBHOOK))
 
 .PHONY: monitor-stop
 monitor-stop: ## Stop the Prometheus and Alertmanager `make monitor` started (by their PID files)
-	$(PY) -m rtserve.monitor stop --run-dir $(RUN_DIR)
+	$(PY) -m rtserve monitor stop --run-dir $(RUN_DIR)
 
 ##@ Image and pod
 # The image of one model version, and the cluster's pod run locally (docs/image-and-pod.md).
@@ -275,7 +277,7 @@ image-base: ## Build LOCAL_BASE (Debian bookworm, Python 3.11) with debootstrap,
 image: $(ARCHIVE) $(WHEELHOUSE_STAMP) ## Build IMG:IMAGE_TAG (default MODEL_VERSION) with that version's archive (DOCKER=podman|docker; reused while its inputs are unchanged)
 	@$(require_archive)
 	@echo ">> staging the build context in $(IMAGE_CONTEXT)"
-	rm -rf $(IMAGE_CONTEXT) && mkdir -p $(IMAGE_CONTEXT)/handler $(IMAGE_CONTEXT)/rtserve \
+	rm -rf $(IMAGE_CONTEXT) && mkdir -p $(IMAGE_CONTEXT)/handler \
 	  $(IMAGE_CONTEXT)/model_store $(IMAGE_CONTEXT)/deploy/k8s/base $(IMAGE_CONTEXT)/config \
 	  $(IMAGE_CONTEXT)/agent/src/rtserve/agent
 	cp agent/MANIFEST.MF $(IMAGE_CONTEXT)/agent/
@@ -286,7 +288,7 @@ image: $(ARCHIVE) $(WHEELHOUSE_STAMP) ## Build IMG:IMAGE_TAG (default MODEL_VERS
 	rm -f $(IMAGE_CONTEXT)/wheelhouse/.built
 	cp config/* $(IMAGE_CONTEXT)/config/
 	cp handler/*.py $(IMAGE_CONTEXT)/handler/
-	cp rtserve/*.py $(IMAGE_CONTEXT)/rtserve/
+	tar -cf - --exclude=__pycache__ --exclude='*.pyc' rtserve | tar -xf - -C $(IMAGE_CONTEXT)
 	cp $(K8S_DIR)/base/config.properties $(IMAGE_CONTEXT)/deploy/k8s/base/
 	cp $(MAR) $(IMAGE_CONTEXT)/model_store/
 	@base=$$(DOCKER=$(DOCKER) deploy/podman/base-image.sh $(BASE_IMAGE) $(LOCAL_BASE)); \
@@ -363,67 +365,22 @@ DEPLOY_VERSION  = $(if $(filter file,$(origin MODEL_VERSION)),$(PINNED_VERSION),
 # The version `make pod` runs: MODEL_VERSION when given, else the one POD_OVERLAY pins.
 POD_VERSION     = $(if $(filter file,$(origin MODEL_VERSION)),$(call pinned_version,$(POD_OVERLAY)),$(MODEL_VERSION))
 
-.PHONY: k8s-deploy
-k8s-deploy: ## Apply OVERLAY with image IMG:MODEL_VERSION (default: the overlay's pin), wait, verify (k8s-verify); undo and fail if the verification fails
-	@test -d $(K8S_DIR)/overlays/$(OVERLAY) || { echo "error: no overlay $(K8S_DIR)/overlays/$(OVERLAY) (have: $(K8S_OVERLAYS))"; exit 1; }
-	@rm -rf $(K8S_BUILD) && mkdir -p $(K8S_BUILD)
-	@printf '%s\n' \
-	  '# Written by make k8s-deploy: the overlay with this rollout'"'"'s image and change cause.' \
-	  'apiVersion: kustomize.config.k8s.io/v1beta1' \
-	  'kind: Kustomization' \
-	  'resources:' \
-	  '  - $(shell realpath -m --relative-to=$(K8S_BUILD) $(K8S_DIR)/overlays/$(OVERLAY))' \
-	  'images:' \
-	  '  - name: $(IMG)' \
-	  '    newTag: "$(DEPLOY_VERSION)"' \
-	  'patches:' \
-	  '  - patch: |-' \
-	  '      apiVersion: apps/v1' \
-	  '      kind: Deployment' \
-	  '      metadata:' \
-	  '        name: $(K8S_APP)' \
-	  '        annotations:' \
-	  '          kubernetes.io/change-cause: "$(MODEL_NAME) $(DEPLOY_VERSION) ($(IMG):$(DEPLOY_VERSION)) by make k8s-deploy"' \
-	  > $(K8S_BUILD)/kustomization.yaml
-	$(KUBECTL) kustomize $(K8S_BUILD) > $(K8S_BUILD)/manifests.yaml
-	@grep -q '^ *image: $(IMG):$(DEPLOY_VERSION)$$' $(K8S_BUILD)/manifests.yaml || { \
-	  echo "error: the $(OVERLAY) overlay's image is not $(IMG) (set IMG to the overlay's image name)"; exit 1; }
-	$(KUBECTL) apply -f $(K8S_BUILD)/manifests.yaml
-	$(KUBECTL) -n $(NAMESPACE) rollout status deployment/$(K8S_APP) --timeout=$(ROLLOUT_TIMEOUT) || { \
-	  echo ">> rollout of $(IMG):$(DEPLOY_VERSION) to $(OVERLAY) failed; to go back: make k8s-rollback OVERLAY=$(OVERLAY)"; exit 1; }
-	$(MAKE) --no-print-directory k8s-verify || { \
-	  echo ">> $(IMG):$(DEPLOY_VERSION) failed its verification on $(OVERLAY): rolling back"; \
-	  $(KUBECTL) -n $(NAMESPACE) rollout undo deployment/$(K8S_APP); \
-	  $(KUBECTL) -n $(NAMESPACE) rollout status deployment/$(K8S_APP) --timeout=$(ROLLOUT_TIMEOUT); exit 1; }
-
 VERIFY_DIR     ?= $(K8S_DIR)/verify
 VERIFY_BUILD   ?= $(K8S_BUILD)-verify
 VERIFY_TIMEOUT ?= 300
+# The rollout's steps are rtserve.k8s.deploy (python -m rtserve k8s deploy|verify).
+K8S_ARGS = --overlay $(OVERLAY) --image $(IMG) --version "$(DEPLOY_VERSION)" --namespace $(NAMESPACE) \
+  --app $(K8S_APP) --model $(MODEL_NAME) --k8s-dir $(K8S_DIR) --build-dir $(K8S_BUILD) \
+  --verify-dir $(VERIFY_DIR) --verify-build-dir $(VERIFY_BUILD) --kubectl $(KUBECTL) --rollout-timeout $(ROLLOUT_TIMEOUT) \
+  --verify-timeout $(VERIFY_TIMEOUT)
+
+.PHONY: k8s-deploy
+k8s-deploy: $(STAMP) ## Apply OVERLAY with image IMG:MODEL_VERSION (default: the overlay's pin), wait, verify (k8s-verify); undo and fail if the verification fails
+	$(PY) -m rtserve k8s deploy $(K8S_ARGS)
 
 .PHONY: k8s-verify
-k8s-verify: ## Run the verification Job (image IMG:MODEL_VERSION) against OVERLAY's Service: golden set + p99; fail with its report
-	@rm -rf $(VERIFY_BUILD) && mkdir -p $(VERIFY_BUILD)
-	@printf '%s\n' \
-	  '# Written by make k8s-verify: the verification Job for this rollout.' \
-	  'apiVersion: kustomize.config.k8s.io/v1beta1' \
-	  'kind: Kustomization' \
-	  'namespace: $(NAMESPACE)' \
-	  'resources:' \
-	  '  - $(shell realpath -m --relative-to=$(VERIFY_BUILD) $(VERIFY_DIR))' \
-	  'images:' \
-	  '  - name: $(IMG)' \
-	  '    newTag: "$(DEPLOY_VERSION)"' \
-	  > $(VERIFY_BUILD)/kustomization.yaml
-	$(KUBECTL) kustomize $(VERIFY_BUILD) > $(VERIFY_BUILD)/manifests.yaml
-	$(KUBECTL) -n $(NAMESPACE) delete job/$(K8S_APP)-verify --ignore-not-found --wait=true
-	$(KUBECTL) apply -f $(VERIFY_BUILD)/manifests.yaml
-	@result=; for i in $$(seq 1 $$(( $(VERIFY_TIMEOUT) / 2 ))); do \
-	  result="$$($(KUBECTL) -n $(NAMESPACE) get job/$(K8S_APP)-verify \
-	    -o 'jsonpath={.status.conditions[?(@.status=="True")].type}')"; \
-	  case "$$result" in *Complete*|*Failed*) break;; esac; sleep 2; done; \
-	$(KUBECTL) -n $(NAMESPACE) logs job/$(K8S_APP)-verify || true; \
-	case "$$result" in *Complete*) echo ">> $(IMG):$(DEPLOY_VERSION) verified on $(OVERLAY)";; \
-	  *) echo ">> verification of $(IMG):$(DEPLOY_VERSION) on $(OVERLAY) failed ($${result:-no result in $(VERIFY_TIMEOUT) s})"; exit 1;; esac
+k8s-verify: $(STAMP) ## Run the verification Job (image IMG:MODEL_VERSION) against OVERLAY's Service: golden set + p99; fail with its report
+	$(PY) -m rtserve k8s verify $(K8S_ARGS)
 
 .PHONY: k8s-status
 k8s-status: ## Wait until OVERLAY's rollout finishes (fails after ROLLOUT_TIMEOUT or the progress deadline)

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import requests
 
-from rtserve.gateway import find_nginx  # noqa: F401 - re-exported for the tests
+from rtserve.gateway.nginx import find_nginx  # noqa: F401 - re-exported for the tests
 
 logger = logging.getLogger(__name__)
 

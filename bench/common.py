@@ -5,7 +5,7 @@ harness of its own) and how it renders it; this module gives it the rest:
 
 - :func:`parser`: ``--model``, the version options, ``--model-store``, ``--attach RUN_DIR`` and
   ``--out`` (default ``bench/results/<script>.json``);
-- :func:`serving`: a TorchServe (:class:`rtserve.server.TorchServe`) on free loopback ports for
+- :func:`serving`: a TorchServe (:class:`rtserve.server.torchserve.TorchServe`) on free loopback ports for
   the run, ready, stopped afterwards; with ``--attach``, the one already running from RUN_DIR
   instead, left running (how the test suite runs each script's ``main()`` against one server);
 - :func:`steady_load`: :class:`bench.loadgen.SteadyLoad` on a server's prediction route;
@@ -24,8 +24,11 @@ from pathlib import Path
 from typing import Iterator
 
 from bench.loadgen import SteadyLoad
-from rtserve.server import (TorchServe, ServerError, free_ports, port_overrides, read_properties,
-                            sample_payload)
+from rtserve.errors import ServerError
+from rtserve.runtime.ports import free_ports
+from rtserve.server.properties import port_overrides, read_properties
+from rtserve.server.readiness import sample_payload
+from rtserve.server.torchserve import TorchServe
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -69,7 +72,7 @@ def log_to_stdout() -> None:
 
 def attached(run_dir: Path) -> TorchServe:
     """The TorchServe running from ``run_dir``, reached through the effective config it was
-    started with (as ``python -m rtserve.server status --run-dir`` does).
+    started with (as ``python -m rtserve server status --run-dir`` does).
 
     Raises:
         ServerError: nothing runs from ``run_dir``.

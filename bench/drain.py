@@ -29,8 +29,9 @@ import requests
 
 from bench import common
 from bench.loadgen import connection_refused
-from rtserve.drain import mark_draining
-from rtserve.server import TorchServe, sample_payload
+from rtserve.server.drain import mark_draining
+from rtserve.server.readiness import sample_payload
+from rtserve.server.torchserve import TorchServe
 
 logger = logging.getLogger(__name__)
 

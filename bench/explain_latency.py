@@ -39,8 +39,8 @@ from bench.loadgen import SteadyLoad, summarize
 from handler.config import HandlerConfig
 from handler.explain import Explainer
 from handler.model import ModelMetadata, load_program
-from rtserve.data import make_dataset
-from rtserve.server import TorchServe
+from rtserve.model.data import make_dataset
+from rtserve.server.torchserve import TorchServe
 
 logger = logging.getLogger(__name__)
 

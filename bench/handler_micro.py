@@ -52,7 +52,7 @@ def variants(model_dir: Path, compiled: Path | None) -> dict[str, Callable]:
     ``forward``), the exported module called with its input-constraint hook, and, when given,
     the AOTInductor-compiled package of the same program."""
     from handler.model import ModelMetadata, load_program
-    from rtserve.train import train
+    from rtserve.model.train import train
 
     meta = ModelMetadata.load(model_dir / "meta.json")
     training = meta.provenance.get("model_class", "")

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import requests
 
 from bench import common
-from rtserve.server import TorchServe
+from rtserve.server.torchserve import TorchServe
 
 logger = logging.getLogger(__name__)
 N = 32

@@ -1,9 +1,9 @@
 """Measure what the Kubernetes manifests assume: the pod's memory and the exec probes' cost.
 
-Starts TorchServe the way the pod does (``python -m rtserve.server run`` with the cluster's
+Starts TorchServe the way the pod does (``python -m rtserve server run`` with the cluster's
 config.properties, listeners moved to free loopback ports), sends a bounded burst of
 predictions, and prints the peak resident memory of TorchServe's process tree and how long
-``python -m rtserve.probe ready`` and ``live`` take. Run it after ``make archive``:
+``python -m rtserve probe ready`` and ``live`` take. Run it after ``make archive``:
 
     .venv/bin/python bench/k8s_footprint.py [--requests 2000]
 """
@@ -27,8 +27,10 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from rtserve.probe import local_client  # noqa: E402
-from rtserve.server import TorchServe, free_ports, port_overrides, read_properties, write_properties  # noqa: E402
+from rtserve.server.probe import local_client  # noqa: E402
+from rtserve.runtime.ports import free_ports  # noqa: E402
+from rtserve.server.properties import port_overrides, read_properties, write_properties
+from rtserve.server.torchserve import TorchServe
 
 MODEL = "realtime-classifier"
 
@@ -80,12 +82,12 @@ def main(argv: list[str] | None = None) -> int:
         env = dict(os.environ, RTSERVE_RUN_DIR=str(run_dir), RTSERVE_CONFIG=str(config),
                    RTSERVE_MODEL_STORE=str(mar.parent), RTSERVE_MODEL=MODEL,
                    RTSERVE_MODELS=f"{MODEL}={mar.name}")
-        runner = subprocess.Popen([sys.executable, "-m", "rtserve.server", "run"], cwd=REPO, env=env,
+        runner = subprocess.Popen([sys.executable, "-m", "rtserve", "server", "run"], cwd=REPO, env=env,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         server = TorchServe(run_dir, mar.parent, config=config)
         try:
             started = time.monotonic()
-            while subprocess.run([sys.executable, "-m", "rtserve.probe", "ready"], env=env, cwd=REPO,
+            while subprocess.run([sys.executable, "-m", "rtserve", "probe", "ready"], env=env, cwd=REPO,
                                  capture_output=True).returncode != 0:
                 if time.monotonic() - started > 120 or runner.poll() is not None:
                     sys.exit("TorchServe did not become ready:\n" + server.log_tail())
@@ -115,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"TorchServe process tree RSS: idle {idle / 2**20:.0f} MiB, "
                   f"peak under load {peak / 2**20:.0f} MiB")
             for check in ("ready", "live"):
-                times = timed([sys.executable, "-m", "rtserve.probe", check], env, args.probe_runs)
-                print(f"python -m rtserve.probe {check}: median {statistics.median(times) * 1000:.0f} ms, "
+                times = timed([sys.executable, "-m", "rtserve", "probe", check], env, args.probe_runs)
+                print(f"python -m rtserve probe {check}: median {statistics.median(times) * 1000:.0f} ms, "
                       f"max {max(times) * 1000:.0f} ms ({args.probe_runs} runs)")
         finally:
             runner.send_signal(signal.SIGTERM)

@@ -23,7 +23,7 @@ from typing import Callable
 import requests
 from urllib3.exceptions import NewConnectionError
 
-from rtserve.client import worker_lost
+from rtserve.client.rest import worker_lost
 
 
 @dataclass

@@ -25,8 +25,9 @@ import time
 import requests
 
 from bench import common
-from rtserve.client import QUEUE_FULL
-from rtserve.server import TorchServe, sample_payload
+from rtserve.client.rest import QUEUE_FULL
+from rtserve.server.readiness import sample_payload
+from rtserve.server.torchserve import TorchServe
 
 logger = logging.getLogger(__name__)
 

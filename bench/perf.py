@@ -38,8 +38,10 @@ from typing import Callable
 import psutil
 import requests
 
-from rtserve.client import TorchServeError
-from rtserve.server import DEFAULT_CONFIG, TorchServe, free_ports, port_overrides, read_properties
+from rtserve.client.rest import TorchServeError
+from rtserve.runtime.ports import free_ports
+from rtserve.server.properties import port_overrides, read_properties
+from rtserve.server.torchserve import DEFAULT_CONFIG, TorchServe
 
 logger = logging.getLogger("bench.perf")
 

@@ -36,7 +36,8 @@ from bench import common
 from bench.loadgen import SteadyLoad, summarize
 from bench.perf import run_wrk
 from deploy.podman.pod import PodConfig, PodError, down, pod_spec, podman, read_status, render, up
-from rtserve.server import free_ports, sample_payload
+from rtserve.runtime.ports import free_ports
+from rtserve.server.readiness import sample_payload
 
 logger = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parent.parent

@@ -33,7 +33,7 @@ from bench.balancer import Backend
 from bench.rolling_rehearsal import REPO, Rehearsal, finish
 from bench.rolling_rehearsal import run as run_rehearsal
 from deploy.podman.pod import PodConfig, down, ensure_token, up
-from rtserve.server import free_ports
+from rtserve.runtime.ports import free_ports
 
 logger = logging.getLogger(__name__)
 DRAINED = re.compile(r"drained after ([\d.]+)s \((\d+) requests seen")
@@ -105,7 +105,7 @@ class PodRehearsal(Rehearsal):
         time.sleep(self.hold)
 
     def _drain_and_stop(self, old: PodReplica) -> None:
-        """The pod's preStop hook (rtserve.probe drain), then SIGTERM within the grace period."""
+        """The pod's preStop hook (python -m rtserve probe drain), then SIGTERM within the grace period."""
         t = time.monotonic()
         hooks = down(old.config.pod_dir)
         match = next((m for m in map(DRAINED.search, hooks) if m), None)

@@ -2,7 +2,7 @@
 
 The request path pays nothing new: the access-log line the histogram reads is the one TorchServe
 writes anyway (an asynchronous log4j2 appender, as shipped). The cost is the exporter's CPU for
-reading, parsing and observing each line (:class:`rtserve.request_latency.RequestLatency`), on
+reading, parsing and observing each line (:class:`rtserve.observability.request_latency.RequestLatency`), on
 the same cores as the server; this measures it per line over a realistic access log.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from rtserve.request_latency import RequestLatency
+from rtserve.observability.request_latency import RequestLatency
 
 LINE = '2026-11-30T04:54:27,{ms:03d} - /127.0.0.1:{port} "POST /predictions/realtime-classifier HTTP/1.1" {status} {took}\n'
 

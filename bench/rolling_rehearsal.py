@@ -7,7 +7,7 @@ through nginx. Then it replaces the replicas one at a time by replicas of the ne
 Deployment with ``maxSurge: 1, maxUnavailable: 0`` does:
 
     start new -> wait ready (ping + a prediction) -> add it to nginx (reload)
-    -> take the old one out (reload) -> drain the old one (rtserve.drain) -> stop it (SIGTERM)
+    -> take the old one out (reload) -> drain the old one (rtserve.server.drain) -> stop it (SIGTERM)
 
 and rolls back to the old version the same way. Every phase boundary is logged; it prints
 requests sent, failed (must be 0), and the versions seen in each phase, and writes JSON.
@@ -33,7 +33,10 @@ from bench import common
 from bench.balancer import Backend, Nginx
 from bench.common import REPO
 from bench.loadgen import SteadyLoad, summarize
-from rtserve.server import TorchServe, free_ports, port_overrides, sample_payload
+from rtserve.runtime.ports import free_ports
+from rtserve.server.properties import port_overrides
+from rtserve.server.readiness import sample_payload
+from rtserve.server.torchserve import TorchServe
 
 logger = logging.getLogger(__name__)
 
@@ -173,7 +176,7 @@ class Rehearsal:
         replica.server.wait_ready(180, [self.model])
 
     def _drain_and_stop(self, old: Replica) -> None:
-        """Drain ``old`` (rtserve.drain), then stop it; both are steps."""
+        """Drain ``old`` (rtserve.server.drain), then stop it; both are steps."""
         report = old.server.drain(timeout=30.0, quiet=self.quiet)
         if not report.drained:
             raise RuntimeError(f"{old.name} did not drain: {report}")

@@ -22,9 +22,11 @@ from pathlib import Path
 from bench import common
 from bench.common import phase_lines
 from bench.loadgen import SteadyLoad, summarize
-from rtserve.gate import GateConfig
-from rtserve.rollout import HISTORY_FILE, History, Rollout, Verification, timed
-from rtserve.server import TorchServe, sample_payload
+from rtserve.promotion.gate import GateConfig
+from rtserve.promotion.history import HISTORY_FILE, History
+from rtserve.promotion.rollout import Rollout, Verification
+from rtserve.server.readiness import sample_payload
+from rtserve.server.torchserve import TorchServe
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +46,7 @@ def run(server: TorchServe, model: str, new: str, hold: float, rate: float,
     """
     client = server.client(timeout=180.0)
     history = History(server.run_dir / HISTORY_FILE)
-    # Through the golden-set check and the gate, as the CLI builds them (rtserve.cli._rollout).
+    # Through the golden-set check and the gate, as the CLI builds them (rtserve.cli.versions._rollout).
     verification = Verification(server.model_store, GateConfig.load(gate_config),
                                 server.log_dir / "audit.log")
     rollout = Rollout(client, history, model, verification)
@@ -69,7 +71,9 @@ def run(server: TorchServe, model: str, new: str, hold: float, rate: float,
         time.sleep(hold)
         for name, step in steps:
             load.mark(f"during {name}")
-            _, calls[name] = timed(step)
+            begun = time.perf_counter()
+            step()
+            calls[name] = time.perf_counter() - begun
             load.mark(f"after {name}")
             time.sleep(hold)
     finally:

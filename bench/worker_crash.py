@@ -28,8 +28,8 @@ from dataclasses import asdict
 
 from bench import common
 from bench.loadgen import Record, summarize
-from rtserve.client import Client
-from rtserve.server import TorchServe
+from rtserve.client.rest import Client
+from rtserve.server.torchserve import TorchServe
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ ships inside scikit-learn's wheel: ``load_breast_cancer`` reads it from the inst
 nothing is downloaded. The network is shaped unlike the demo's: standardization, two hidden
 layers with batch norm and dropout.
 
-    python -m rtserve.package export examples.breast_cancer:packaging --version 1.0 \\
+    python -m rtserve model export examples.breast_cancer:packaging --version 1.0 \\
         --out artifacts/breast-cancer/1.0          # what `make example` runs
     python examples/breast_cancer.py --out artifacts/breast-cancer/1.0   # the same, as a script
 """
@@ -23,7 +23,7 @@ from torch import nn
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rtserve.package import Standardize, export  # noqa: E402
+from rtserve.model.package import Standardize, export  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def train(x: torch.Tensor, y: torch.Tensor, epochs: int = 60, seed: int = 0) -> 
 
 
 def packaging(seed: int = 0) -> dict:
-    """What ``python -m rtserve.package export examples.breast_cancer:packaging`` packages."""
+    """What ``python -m rtserve model export examples.breast_cancer:packaging`` packages."""
     x_train, y_train, x_test, y_test, feature_names, labels = load_data(seed)
     return {"model": train(x_train, y_train, seed=seed), "train_features": x_train,
             "feature_names": feature_names, "labels": labels, "holdout": (x_test, y_test)}

@@ -21,7 +21,7 @@ import grpc
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from rtserve.grpc_stubs import generate  # noqa: E402
+from rtserve.client.grpc_stubs import generate  # noqa: E402
 
 
 def main() -> int:

@@ -8,7 +8,7 @@ An artifact directory holds:
   reference and explanation baseline), the golden set (held-out rows with the model's own
   outputs at packaging time), accuracy on it, and provenance. See :class:`ModelMetadata`.
 
-``rtserve.package.export`` writes such a directory; the handler reads it through
+``rtserve.model.package.export`` writes such a directory; the handler reads it through
 :func:`load_program`, which never executes code carried by the file (see its docstring). No model
 class is imported anywhere in the handler.
 """

@@ -6,7 +6,7 @@ the frontend at low load, and about 16 us per request in a full batch). Instead:
 
 - **Metrics** are ``prometheus_client`` metrics in its multiprocess mode: each worker adds to
   memory-mapped files in ``PROMETHEUS_MULTIPROC_DIR`` (``rtserve.server`` sets it to the run
-  directory's ``metrics/``), and :mod:`rtserve.metrics` serves them together with TorchServe's
+  directory's ``metrics/``), and :mod:`rtserve.observability.exporter` serves them together with TorchServe's
   own on the metrics port. An update is a few hundred nanoseconds of memory writes.
 - **Drift** rows are buffered and scored in bulk every ``drift_flush_rows`` rows (one set of
   tensor ops per flush instead of per batch); every row counts, so the scores are exact, only

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rtserve.train import package
+from rtserve.model.train import package
 from tests.helpers import demo_eager
 
 REPO = Path(__file__).resolve().parent.parent

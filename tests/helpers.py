@@ -99,7 +99,7 @@ def features(n: int = 32, value: float = 0.5) -> list[float]:
 def demo_eager(version: str = "1.0") -> torch.nn.Module:
     """The demo model trained in this process (eager, eval mode), once per session. Training is
     deterministic, so it has the weights of the archive `make archive` builds for ``version``."""
-    from rtserve.train import train
+    from rtserve.model.train import train
 
     epochs, hidden = DEMO_TRAIN_ARGS[version]
     return train(version, epochs=epochs, hidden=hidden)

@@ -24,9 +24,10 @@ import shutil
 import sys
 from pathlib import Path
 
-#: What the server container runs: the handler, the probes, the frontend's worker, rtserve.
-RUNTIME_MODULES = ("handler.rtserve_handler", "handler.explain", "rtserve.server", "rtserve.probe",
-                   "rtserve.oip", "rtserve.gateway", "ts.model_service_worker", "ts.service",
+#: What the server container runs: the handler, the probes, the frontend's worker, rtserve (the
+#: command line, the pod's main process with the server, gateway and OIP routes, the probes).
+RUNTIME_MODULES = ("handler.rtserve_handler", "handler.explain", "rtserve.cli", "rtserve.container",
+                   "rtserve.server.probe", "ts.model_service_worker", "ts.service",
                    "ts.torch_handler.base_handler", "ts.model_loader", "captum.attr", "psutil",
                    "requests", "yaml", "numpy")
 #: torch/bin: C++ test programs and protoc, none used by torch at run time, but the shared-memory

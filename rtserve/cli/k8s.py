@@ -25,6 +25,7 @@ def options() -> argparse.ArgumentParser:
     p.add_argument("--k8s-dir", type=Path, default=Path("deploy/k8s"))
     p.add_argument("--build-dir", type=Path, help="default: build/k8s/<OVERLAY>")
     p.add_argument("--verify-build-dir", type=Path, help="default: BUILD_DIR-verify")
+    p.add_argument("--verify-dir", type=Path, help="the Job's kustomization (default: K8S_DIR/verify)")
     p.add_argument("--kubectl", default="kubectl")
     p.add_argument("--rollout-timeout", default="15m")
     p.add_argument("--verify-timeout", type=int, default=300, help="seconds")
@@ -38,7 +39,7 @@ def _target(args: argparse.Namespace):
     return Target(args.k8s_dir, args.overlay, args.namespace or f"rtserve-{args.overlay}", args.app,
                   args.image, args.version, args.model, build,
                   args.verify_build_dir or Path(f"{build}-verify"), args.rollout_timeout,
-                  args.verify_timeout)
+                  args.verify_timeout, args.verify_dir)
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:

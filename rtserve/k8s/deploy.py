@@ -39,6 +39,7 @@ class Target:
         model: the model's name (in the change cause).
         build_dir: where the deploy kustomization and its rendered manifests are written.
         verify_build_dir: the same for the verification Job.
+        verify_source: the verification Job's kustomization (default ``k8s_dir/verify``).
         rollout_timeout: ``kubectl rollout status --timeout`` (e.g. ``15m``).
         verify_timeout: seconds to wait for the Job's result.
     """
@@ -54,6 +55,7 @@ class Target:
     verify_build_dir: Path
     rollout_timeout: str = "15m"
     verify_timeout: int = 300
+    verify_source: Path | None = None
 
     @property
     def overlay_dir(self) -> Path:
@@ -61,7 +63,7 @@ class Target:
 
     @property
     def verify_dir(self) -> Path:
-        return self.k8s_dir / "verify"
+        return self.verify_source or self.k8s_dir / "verify"
 
     @property
     def tagged(self) -> str:

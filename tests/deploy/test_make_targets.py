@@ -397,8 +397,8 @@ def test_make_image_stages_every_file_the_dockerfile_copies(make, mar_v1, build_
     assert uid > 10000 and gid > 10000
     assert ":latest" not in (context / "Dockerfile").read_text()
     (cmd,) = [json.loads(a) for op, a in instructions if op == "CMD"]
-    assert cmd == ["python", "-m", "rtserve.server", "run"]
-    help_text = subprocess.run([sys.executable, "-m", "rtserve.server", "--help"], cwd=REPO,
+    assert cmd == ["python", "-m", "rtserve", "server", "run"]
+    help_text = subprocess.run([sys.executable, "-m", "rtserve", "server", "--help"], cwd=REPO,
                                capture_output=True, text=True, check=True).stdout
     assert "run" in help_text
     env = " ".join(a for op, a in instructions if op == "ENV")
@@ -422,13 +422,13 @@ def registers(lines: list[str], name: str, version: str) -> bool:
 
 
 def serves(lines: list[str], name: str, version: str) -> bool:
-    return any(re.search(rf"-m rtserve.server start .* --models {re.escape(name)}="
+    return any(re.search(rf"-m rtserve server start .* --models {re.escape(name)}="
                          rf"{re.escape(name)}_{re.escape(version)}\.mar\b", l) for l in lines)
 
 
 def builds(lines: list[str]) -> set[str]:
     """Which archive-building steps the plan runs: training the demo, packing an archive."""
-    return {step for step, marker in (("train", "-m rtserve.train"), ("pack", "torch-model-archiver"))
+    return {step for step, marker in (("train", "-m rtserve model train"), ("pack", "torch-model-archiver"))
             if any(marker in l for l in lines)}
 
 
@@ -472,7 +472,7 @@ def test_make_register_rebuilds_from_artifacts_when_given(tmp_path):
     lines = plan("register", "MODEL_NAME=churn", "MODEL_VERSION=1.0", f"MODEL_STORE={store}",
                  f"ARTIFACTS={mine}")
     assert builds(lines) == {"pack"} and registers(lines, "churn", "1.0"), lines
-    assert any(f"rtserve.package check {mine}" in l for l in lines), lines
+    assert any(f"rtserve model check {mine}" in l for l in lines), lines
 
 
 def test_make_register_of_a_missing_archive_says_how_to_build_it(tmp_path):

@@ -10,8 +10,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from rtserve import gateway, probe
-from rtserve.server import TorchServe
+from rtserve.cli import build_parser
+from rtserve.gateway import nginx as gateway
+from rtserve.server import probe
+from rtserve.server.torchserve import TorchServe
 from tests.conftest import REPO
 from tests.deploy.conftest import K8S_DIR, K8S_VERSION, OVERLAYS, VERIFY_DIR, load, one, pinned_tag, render
 
@@ -139,19 +141,19 @@ def test_image_is_the_overlays_pinned_model_version(rendered, overlay):
 def test_probes_run_real_probe_commands_against_the_configured_ports(rendered, overlay):
     objects = rendered[overlay]
     c = container(objects)
-    parser = probe.build_parser()
+    parser = build_parser()
     checks = {}
     for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
         command = c[kind]["exec"]["command"]
-        assert command[:3] == ["python", "-m", "rtserve.probe"], command
-        checks[kind] = parser.parse_args(command[3:]).check  # exits (fails) on a bad argument
+        assert command[:4] == ["python", "-m", "rtserve", "probe"], command
+        checks[kind] = parser.parse_args(command[3:]).command  # exits (fails) on a bad argument
         assert c[kind]["timeoutSeconds"] >= 3 and c[kind]["periodSeconds"] >= 5
     assert checks == {"startupProbe": "ready", "readinessProbe": "ready", "livenessProbe": "live"}
     # the startup probe gives the model load at least two minutes
     assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] >= 120
 
     # The probes find the server through RTSERVE_RUN_DIR, where the entry point runs it.
-    assert c["args"][:4] == ["python", "-m", "rtserve.server", "run"]
+    assert c["args"][:5] == ["python", "-m", "rtserve", "server", "run"]
     assert env(objects)["RTSERVE_RUN_DIR"] == c["workingDir"]
     assert env(objects)["RTSERVE_MODEL"] == "realtime-classifier"
 
@@ -233,8 +235,8 @@ def test_token_auth_stays_on_and_grpc_stays_on_loopback(rendered, overlay):
 def test_drain_fits_in_the_grace_period(rendered, overlay):
     c = container(rendered[overlay])
     command = c["lifecycle"]["preStop"]["exec"]["command"]
-    assert command[:4] == ["python", "-m", "rtserve.probe", "drain"]
-    args = probe.build_parser().parse_args(command[3:])
+    assert command[:5] == ["python", "-m", "rtserve", "probe", "drain"]
+    args = build_parser().parse_args(command[3:])
     assert args.propagation >= 5, "endpoints and proxies need seconds to stop sending traffic"
     model_config = yaml.safe_load((REPO / "model" / "model-config.yaml").read_text())
     assert args.timeout > model_config["responseTimeout"], \

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from rtserve.server import TorchServe, free_ports, port_overrides
+from rtserve.runtime.ports import free_ports
+from rtserve.server.properties import port_overrides
+from rtserve.server.torchserve import TorchServe
 from tests.conftest import MODEL_NAME
 
 

@@ -79,4 +79,4 @@ def test_k8s_footprint_main(mar_v1, capsys):
     peak = int(re.search(r"peak under load (\d+) MiB", out).group(1))
     assert peak > 0, out
     for check in ("ready", "live"):
-        assert f"python -m rtserve.probe {check}: median" in out
+        assert f"python -m rtserve probe {check}: median" in out

@@ -1,4 +1,4 @@
-"""Bring your own model: three models packaged with rtserve.package.export, archived by
+"""Bring your own model: three models packaged with rtserve.model.package.export, archived by
 `make archive ... ARTIFACTS=<dir>`, served side by side by one real TorchServe.
 
 - the demo (1.0, the shared session archive),
@@ -26,9 +26,10 @@ import yaml
 
 from examples.breast_cancer import packaging
 from handler.drift import DriftMonitor
-from rtserve.client import TorchServeError
-from rtserve.package import export
-from rtserve.rollout import HISTORY_FILE, History, Rollout
+from rtserve.client.rest import TorchServeError
+from rtserve.model.package import export
+from rtserve.promotion.history import HISTORY_FILE, History
+from rtserve.promotion.rollout import Rollout
 from tests.conftest import MODEL_NAME, REPO, make_archive
 from tests.helpers import Reference, demo_eager
 from tests.integration.conftest import start_server

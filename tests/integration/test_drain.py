@@ -10,7 +10,7 @@ import requests
 
 from bench import drain
 from bench.loadgen import SteadyLoad
-from rtserve.server import sample_payload
+from rtserve.server.readiness import sample_payload
 from tests.conftest import MODEL_NAME, REPO
 from tests.helpers import bench_main
 
@@ -38,12 +38,12 @@ def test_drain_then_stop_loses_no_accepted_request(mar_v1, tmp_path, capsys):
 
 
 def _server_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rtserve.server", *args], cwd=REPO, text=True,
+    return subprocess.run([sys.executable, "-m", "rtserve", "server", *args], cwd=REPO, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
 
 
 def test_drain_cli_waits_for_traffic_to_stop_then_stops(server):
-    """`python -m rtserve.server drain` (what a preStop hook runs) on a server started with
+    """`python -m rtserve server drain` (what a preStop hook runs) on a server started with
     other ports: the CLI finds them in the run dir's effective config."""
     run_dir = str(server.run_dir)
     url = f"{server.props['inference_address']}/predictions/{MODEL_NAME}"

@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from bench import explain_latency
-from rtserve.data import make_dataset
+from rtserve.model.data import make_dataset
 from tests.conftest import MODEL_NAME
 from tests.helpers import Reference, audit_batches, bench_main, demo_eager
 

@@ -1,9 +1,9 @@
 """The pod's authenticating gateway: a real nginx in front of a real TorchServe started like the pod.
 
-TorchServe runs as the container runs it (``python -m rtserve.server run`` with the cluster's
+TorchServe runs as the container runs it (``python -m rtserve server run`` with the cluster's
 ``config.properties``: inference on loopback only), with ``$RTSERVE_GATEWAY_DIR`` set so it
 keeps the gateway's map files in sync. nginx runs the config the ConfigMap ships
-(:func:`rtserve.gateway.render_nginx_conf`), with loopback ports and this test's directories,
+(:func:`rtserve.gateway.nginx.render_nginx_conf`), with loopback ports and this test's directories,
 started and stopped by its PID. What the cluster adds (a Secret mounted as a file, one process
 namespace for both containers) is a file and a shared PID here.
 """
@@ -23,8 +23,9 @@ import psutil
 import pytest
 import requests
 
-from rtserve import gateway
-from rtserve.server import free_ports, port_overrides, write_properties
+from rtserve.gateway import nginx as gateway
+from rtserve.runtime.ports import free_ports
+from rtserve.server.properties import port_overrides, write_properties
 from tests.conftest import MODEL_NAME, REPO
 from tests.integration.test_probe import Pod, pod_properties
 
@@ -247,7 +248,7 @@ def test_rotating_the_management_key_leaves_the_gateway_alone(pod_gateway):
     pod.wait_ready()
     token = gateway.parse_tokens(tokens_file.read_text())[0]
     before = json.loads((pod.run_dir / "key_file.json").read_text())
-    code = ("from pathlib import Path; from rtserve.probe import local_client; "
+    code = ("from pathlib import Path; from rtserve.server.probe import local_client; "
             f"local_client(Path({str(pod.run_dir)!r}), 5).refresh_key('management')")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=pod.env,
                           capture_output=True, text=True, timeout=30)

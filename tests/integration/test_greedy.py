@@ -17,7 +17,9 @@ import pytest
 import requests
 import yaml
 
-from rtserve.server import AGENT_JAR, DEFAULT_CONFIG, GREEDY_KEY, read_properties
+from rtserve.server.properties import GREEDY_KEY, read_properties
+from rtserve.server.torchserve import DEFAULT_CONFIG
+from rtserve.settings import Settings
 from tests.conftest import MODEL_NAME, REPO, make_archive
 from tests.helpers import audit_batches, features
 from tests.integration.conftest import start_server
@@ -112,7 +114,7 @@ def test_without_the_agent_torchserve_waits_the_batch_delay(how, slow_batching_m
     if how == "switched off":
         server = serve(tmp_path_factory, slow_batching_mar, **{GREEDY_KEY: "false"})
     else:
-        vmargs = f"{server_vmargs()} -javaagent:{AGENT_JAR}=sha256={'0' * 64}"
+        vmargs = f"{server_vmargs()} -javaagent:{Settings.from_env().agent_jar}=sha256={'0' * 64}"
         server = serve(tmp_path_factory, slow_batching_mar, vmargs=vmargs)
     try:
         lines = agent_lines(server)

@@ -16,7 +16,7 @@ import requests
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from rtserve.grpc_stubs import generate
+from rtserve.client.grpc_stubs import generate
 from tests.conftest import MODEL_NAME
 from tests.helpers import features
 

@@ -13,7 +13,7 @@ import requests
 import torch
 import yaml
 
-from rtserve.data import make_dataset
+from rtserve.model.data import make_dataset
 from tests.conftest import MODEL_NAME, REPO, make_archive
 from tests.integration.conftest import start_server
 from tests.promql import metric_names, scrape_names

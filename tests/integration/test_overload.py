@@ -4,7 +4,7 @@ import pytest
 import requests
 
 from bench import overload
-from rtserve.client import Overloaded, _error
+from rtserve.client.rest import Overloaded, _error
 from tests.conftest import MODEL_NAME
 from tests.helpers import bench_main
 

@@ -1,6 +1,6 @@
 """The container's entry point and its exec probes, against a real TorchServe on free ports.
 
-The pod runs ``python -m rtserve.server run`` and probes it with ``python -m rtserve.probe``;
+The pod runs ``python -m rtserve server run`` and probes it with ``python -m rtserve probe``;
 these tests run exactly those commands, with the cluster's ``config.properties``
 (deploy/k8s/base) but loopback listeners on free ports, and keys that expire after 1.8 s so the
 probes must renew them as they would after an hour in the cluster.
@@ -28,8 +28,11 @@ import psutil
 import pytest
 import yaml
 
-from rtserve.probe import loopback
-from rtserve.server import DRAIN_FILE, TorchServe, free_ports, port_overrides, read_properties, write_properties
+from rtserve.server.probe import loopback
+from rtserve.runtime.ports import free_ports
+from rtserve.server.properties import port_overrides, read_properties, write_properties
+from rtserve.server.torchserve import TorchServe
+from rtserve.settings import DRAIN_FILE
 from tests.conftest import MODEL_NAME, REPO
 
 pytestmark = pytest.mark.integration
@@ -63,7 +66,7 @@ def can_sandbox() -> bool:
 
 
 class Pod:
-    """``python -m rtserve.server run`` as the container runs it, plus its probe commands."""
+    """``python -m rtserve server run`` as the container runs it, plus its probe commands."""
 
     def __init__(self, root: Path, config: Path, mar: Path, sandbox: bool) -> None:
         self.root = root
@@ -87,7 +90,7 @@ class Pod:
         self.out = root / "runner.out"
 
     def start(self) -> None:
-        cmd = [sys.executable, "-m", "rtserve.server", "run"]
+        cmd = [sys.executable, "-m", "rtserve", "server", "run"]
         if self.sandbox:
             # Only the run directory and /tmp stay writable; then drop to the pod's user. It
             # keeps CAP_DAC_READ_SEARCH (read anything, write nothing extra) only because this
@@ -106,7 +109,7 @@ class Pod:
                                          stderr=subprocess.STDOUT)
 
     def probe(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "rtserve.probe", *args], cwd=REPO,
+        return subprocess.run([sys.executable, "-m", "rtserve", "probe", *args], cwd=REPO,
                               env=self.env, capture_output=True, text=True, timeout=60)
 
     def wait_ready(self, timeout: float = 120.0) -> subprocess.CompletedProcess:
@@ -161,7 +164,7 @@ def test_probes_before_the_server_wrote_anything(tmp_path):
     env = dict(os.environ, RTSERVE_RUN_DIR=str(tmp_path), RTSERVE_MODEL=MODEL_NAME)
     out = {}
     for check in ("ready", "live"):
-        result = subprocess.run([sys.executable, "-m", "rtserve.probe", check], cwd=REPO, env=env,
+        result = subprocess.run([sys.executable, "-m", "rtserve", "probe", check], cwd=REPO, env=env,
                                 capture_output=True, text=True, timeout=30)
         assert result.returncode == 1, result.stdout
         out[check] = result.stdout.strip()
@@ -209,9 +212,9 @@ def test_ready_fails_for_a_model_that_is_not_served(pod):
 
 
 def test_cli_in_the_pod_reads_the_pods_keys(pod):
-    """`kubectl exec ... python -m rtserve token` finds key_file.json through RTSERVE_RUN_DIR."""
+    """`kubectl exec ... python -m rtserve client token` finds key_file.json through RTSERVE_RUN_DIR."""
     pod.wait_ready()
-    result = subprocess.run([sys.executable, "-m", "rtserve", "token", "management"], cwd=REPO,
+    result = subprocess.run([sys.executable, "-m", "rtserve", "client", "token", "management"], cwd=REPO,
                             env=pod.env, capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
     keys = json.loads((pod.run_dir / "key_file.json").read_text())
@@ -233,7 +236,7 @@ def test_drain_waits_for_in_flight_requests_then_sigterm_stops_cleanly(pod):
     sender = threading.Thread(target=traffic)
     sender.start()
     started = time.monotonic()
-    drain = subprocess.Popen([sys.executable, "-m", "rtserve.probe", "drain", "--propagation", "0.5",
+    drain = subprocess.Popen([sys.executable, "-m", "rtserve", "probe", "drain", "--propagation", "0.5",
                               "--timeout", "20", "--quiet", "0.5"], cwd=REPO, env=pod.env,
                              stdout=subprocess.PIPE, text=True)
     time.sleep(1.0)

@@ -1,5 +1,5 @@
 """A real Prometheus and Alertmanager (Debian's packages) with the shipped rules, scraping a real
-TorchServe under traffic, every second, on free loopback ports (rtserve.monitor, as `make
+TorchServe under traffic, every second, on free loopback ports (rtserve.observability.monitor, as `make
 monitor` runs them)."""
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import requests
 import torch
 import yaml
 
-from rtserve.data import make_dataset
-from rtserve.monitor import Monitor, MonitorConfig
-from rtserve.request_latency import BUCKETS
-from rtserve.server import free_ports
+from rtserve.model.data import make_dataset
+from rtserve.observability.monitor import Monitor, MonitorConfig
+from rtserve.observability.request_latency import BUCKETS
+from rtserve.runtime.ports import free_ports
 from tests.conftest import MODEL_NAME, monitoring_binary
 from tests.integration.test_observability import WINDOW, obs_server, rows, send  # noqa: F401
 from tests.unit.test_monitoring import RULES, dashboard_expressions, rule_expressions

@@ -1,7 +1,7 @@
 """Safe promotion on a real TorchServe: the golden set at register, the gate at promote.
 
 The candidates are real archives built by `make archive ... ARTIFACTS=<dir>` from modules defined
-here and packaged with rtserve.package.export (the demo's held-out set as their golden set):
+here and packaged with rtserve.model.package.export (the demo's held-out set as their golden set):
 
 - 2.0: the demo's larger model (a good candidate: promoted);
 - 3.1: the demo 1.0 network with its output columns shuffled (its labels are wrong);
@@ -24,11 +24,12 @@ import pytest
 import torch
 from torch import nn
 
-from rtserve.data import FEATURE_NAMES, LABELS, make_dataset
-from rtserve.gate import ArchiveMeta, GateConfig
-from rtserve.measure import GoldenMismatch
-from rtserve.package import export
-from rtserve.rollout import HISTORY_FILE, GateRefused, History, Rollout, Verification
+from rtserve.model.data import FEATURE_NAMES, LABELS, make_dataset
+from rtserve.promotion.gate import ArchiveMeta, GateConfig
+from rtserve.promotion.measure import GoldenMismatch
+from rtserve.model.package import export
+from rtserve.promotion.history import HISTORY_FILE, History
+from rtserve.promotion.rollout import GateRefused, Rollout, Verification
 from tests.conftest import MODEL_NAME, REPO, make_archive
 from tests.helpers import demo_eager, keep_only
 from tests.unit.test_package import rewrite
@@ -244,12 +245,12 @@ def test_make_promote_refuses_then_force_records_its_reason(rollout, server, sto
 
 @pytest.mark.parametrize("version,ok", [("1.0", True), ("6.1", False)])
 def test_verify_command_checks_what_a_url_serves(server, store, tmp_path, version, ok):
-    """`python -m rtserve verify` (what the Kubernetes Job runs) against the served default, with a
+    """`python -m rtserve versions verify` (what the Kubernetes Job runs) against the served default, with a
     token file like the gateway Secret's: its own archive passes, an archive it does not match fails."""
     tokens = tmp_path / "tokens"
     tokens.write_text(f"# shared tokens\n{server.client().keys.get('inference')}\n")
     done = subprocess.run(
-        [str(REPO / ".venv" / "bin" / "python"), "-m", "rtserve", "--inference",
+        [str(REPO / ".venv" / "bin" / "python"), "-m", "rtserve", "versions", "--inference",
          server.props["inference_address"], "--run-dir", str(tmp_path), "verify", MODEL_NAME,
          "--archive", str(store[0] / f"{MODEL_NAME}_{version}.mar"), "--token-file", str(tokens)],
         cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)

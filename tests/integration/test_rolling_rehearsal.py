@@ -39,7 +39,7 @@ def test_rolling_replacement_through_nginx_loses_nothing(store, tmp_path):
     assert report["steady_ok"]
     assert any(p["versions"].keys() == {"1.0", "2.0"} for p in phases)  # side by side mid-roll
     # One at a time: each new replica was in rotation before its old one left; each old one was
-    # drained (rtserve.drain) before it was stopped.
+    # drained (rtserve.server.drain) before it was stopped.
     actions = [(s["action"], s["replica"]) for s in report["steps"]]
     assert actions == [("start", "r1+r2"),
                        ("start", "r3"), ("add", "r3"), ("remove", "r1"), ("drain", "r1"), ("stop", "r1"),

@@ -8,7 +8,9 @@ import psutil
 import pytest
 import requests
 
-from rtserve.server import DEFAULT_CONFIG, read_properties, sample_payload
+from rtserve.server.properties import read_properties
+from rtserve.server.readiness import sample_payload
+from rtserve.server.torchserve import DEFAULT_CONFIG
 from tests.conftest import MODEL_NAME
 
 pytestmark = pytest.mark.integration

@@ -8,10 +8,11 @@ import subprocess
 import pytest
 
 from bench import rollout_load
-from rtserve.client import AuthError, Client, NotFound, Refused, TorchServeError
-from rtserve.gate import GateConfig
-from rtserve.rollout import HISTORY_FILE, History, Rollout, RolloutError
-from rtserve.server import sample_payload
+from rtserve.client.rest import AuthError, Client, NotFound, Refused, TorchServeError
+from rtserve.promotion.gate import GateConfig
+from rtserve.promotion.history import HISTORY_FILE, History
+from rtserve.promotion.rollout import Rollout, RolloutError
+from rtserve.server.readiness import sample_payload
 from tests.conftest import MODEL_NAME, REPO, make_archive
 from tests.helpers import bench_main, keep_only
 from tests.integration.conftest import start_server

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from deploy.podman.pod import CONTAINERS_CONF, read_status, render
-from rtserve.server import free_ports
+from rtserve.runtime.ports import free_ports
 from tests.conftest import REPO
 
 VERSIONS = ("1.0", "2.0")

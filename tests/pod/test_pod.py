@@ -23,7 +23,7 @@ import yaml
 
 from bench import pod_report
 from deploy.podman.pod import pod_spec, render
-from rtserve.gate import ArchiveMeta, GateConfig
+from rtserve.promotion.gate import ArchiveMeta, GateConfig
 from tests.conftest import MODEL_NAME, REPO
 from tests.helpers import bench_main, features
 from tests.pod.conftest import fast_probe_manifest, podman, start_pod, stop_pod
@@ -179,7 +179,7 @@ def test_probes_pass_as_the_kubelet_runs_them(pod):
     assert rtserve["started"] and rtserve["ready"] and rtserve["restarts"] == 0
     assert gateway["started"] and gateway["ready"] and gateway["restarts"] == 0
     # The exec probes themselves, as the kubelet runs them.
-    ready = pod.exec("rtserve", "python", "-m", "rtserve.probe", "ready")
+    ready = pod.exec("rtserve", "python", "-m", "rtserve", "probe", "ready")
     assert ready.returncode == 0 and ready.stdout.startswith(f"ready: {MODEL_NAME} 1.0 answers")
 
 

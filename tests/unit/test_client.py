@@ -2,7 +2,7 @@
 
 import pytest
 
-from rtserve.client import retryable, worker_lost
+from rtserve.client.rest import retryable, worker_lost
 
 pytestmark = pytest.mark.unit
 

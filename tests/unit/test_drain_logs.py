@@ -1,10 +1,11 @@
-"""rtserve.drain's log reading, on lines in the exact format TorchServe 0.12.0 writes them."""
+"""rtserve.server.drain's log reading, on lines in the exact format TorchServe 0.12.0 writes them."""
 
 from __future__ import annotations
 
 import pytest
 
-from rtserve.drain import Activity, LogFollower
+from rtserve.runtime.logs import LogFollower
+from rtserve.server.drain import Activity
 
 pytestmark = pytest.mark.unit
 

@@ -23,8 +23,8 @@ from requests import Response
 
 from handler.errors import ConfigError
 from handler.rtserve_handler import RealTimeHandler
-from rtserve.client import Overloaded, _error
-from rtserve.data import make_dataset
+from rtserve.client.rest import Overloaded, _error
+from rtserve.model.data import make_dataset
 from tests.conftest import REPO
 from tests.helpers import Reference, json_row, make_context, route_headers, start_batch
 from tests.unit.test_fuzz import json_values, numbers, oracle_features, rows

@@ -1,4 +1,4 @@
-"""The promotion gate's decision (rtserve.gate): pure functions, no server."""
+"""The promotion gate's decision (rtserve.promotion.gate): pure functions, no server."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from rtserve.gate import (DEFAULT_CONFIG, ArchiveMeta, GateConfig, GateError, Measured, Row,
-                          decide, gate_rows, golden_mismatches, percentile, read_requests)
+from rtserve.errors import GateError
+from rtserve.promotion.gate import (DEFAULT_CONFIG, ArchiveMeta, GateConfig, Measured, Row, decide,
+                                    gate_rows, golden_mismatches, percentile, read_requests)
 
 pytestmark = pytest.mark.unit
 

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import pytest
 
-from rtserve import gateway
+from rtserve.gateway import nginx as gateway
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.unit
@@ -32,7 +32,7 @@ def local(tmp_path) -> gateway.GatewaySettings:
 def test_the_configmap_file_is_the_rendered_pod_config():
     shipped = (REPO / "deploy" / "k8s" / "base" / "gateway-nginx.conf").read_text()
     assert shipped == gateway.render_nginx_conf(gateway.POD), \
-        "regenerate: .venv/bin/python -m rtserve.gateway conf > deploy/k8s/base/gateway-nginx.conf"
+        "regenerate: .venv/bin/python -m rtserve gateway conf > deploy/k8s/base/gateway-nginx.conf"
 
 
 def test_config_routes_and_upstream():
@@ -43,7 +43,7 @@ def test_config_routes_and_upstream():
             and "@" not in line] == ["location = /ping {", "location /predictions/ {",
                                      "location /explanations/ {", "location /v1/models/ {",
                                      "location = /v2 {", "location /v2/ {",
-                                     # OIP model metadata and readiness: rtserve.oip answers them
+                                     # OIP model metadata and readiness: rtserve.gateway.oip answers them
                                      "location ~ ^/v2/models/[^/]+(/versions/[^/]+)?(/ready)?$ {",
                                      "location / {"]
     assert "proxy_pass http://rtserve_model_routes;" in public

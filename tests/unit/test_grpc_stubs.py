@@ -1,4 +1,4 @@
-"""gRPC stubs generated from the installed TorchServe frontend jar (rtserve.grpc_stubs): the
+"""gRPC stubs generated from the installed TorchServe frontend jar (rtserve.client.grpc_stubs): the
 jar's protos are the ones compiled, the stubs are cached by the jar, and the generated services
 are the ones the installed server's compiled Java classes serve."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rtserve import grpc_stubs
-from rtserve.grpc_stubs import PROTOS, StubError, frontend_jar, generate, jar_protos, stub_dir
+from rtserve.client import grpc_stubs as grpc_stubs
+from rtserve.client.grpc_stubs import PROTOS, StubError, frontend_jar, generate, jar_protos, stub_dir
 
 pytestmark = pytest.mark.unit
 

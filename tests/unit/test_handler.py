@@ -147,7 +147,7 @@ def test_training_statistics_and_normalization_inside_the_program(handler_ctx, t
     whose first layer standardizes them with those statistics."""
     handler, _ = handler_ctx
     meta = ModelMetadata.load(trained_dir / "meta.json")
-    from rtserve.data import make_dataset
+    from rtserve.model.data import make_dataset
 
     x = make_dataset().x_train
     assert meta.stats["mean"] == pytest.approx(x.double().mean(dim=0).tolist(), rel=1e-6)

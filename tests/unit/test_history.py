@@ -1,4 +1,4 @@
-"""The rollout history file (rtserve.rollout.History): JSON lines, appended, never rewritten."""
+"""The rollout history file (rtserve.promotion.history.History): JSON lines, appended, never rewritten."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import multiprocessing
 
 import pytest
 
-from rtserve.rollout import History, RolloutError
+from rtserve.promotion.history import History
+from rtserve.promotion.rollout import RolloutError
 
 pytestmark = pytest.mark.unit
 

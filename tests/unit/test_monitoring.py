@@ -8,7 +8,7 @@ import subprocess
 import pytest
 import yaml
 
-from rtserve.monitor import MonitorConfig, alertmanager_config, prometheus_config
+from rtserve.observability.monitor import MonitorConfig, alertmanager_config, prometheus_config
 from tests.conftest import REPO
 from tests.promql import metric_names
 

@@ -1,4 +1,4 @@
-"""rtserve.package.export: bad input refused with its message; the safe loader refuses payloads.
+"""rtserve.model.package.export: bad input refused with its message; the safe loader refuses payloads.
 
 The safety tests build artifacts whose program file carries a pickle payload that writes a file
 when unpickled, and show that the handler's loader refuses each one and the file is never
@@ -22,7 +22,7 @@ from torch import nn
 from handler.errors import ConfigError
 from handler.model import check_program_file, load_program
 from handler.rtserve_handler import RealTimeHandler
-from rtserve.package import PackagingError, Standardize, check, export
+from rtserve.model.package import PackagingError, Standardize, check, export
 from tests.conftest import REPO
 from tests.helpers import MODEL_YAML, make_context
 

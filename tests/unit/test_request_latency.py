@@ -1,11 +1,11 @@
-"""rtserve_request_duration_seconds from TorchServe's access log (rtserve.request_latency)."""
+"""rtserve_request_duration_seconds from TorchServe's access log (rtserve.observability.request_latency)."""
 
 from __future__ import annotations
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from rtserve.request_latency import BUCKETS, MAX_MODELS, METRIC, RequestLatency, parse_line
+from rtserve.observability.request_latency import BUCKETS, MAX_MODELS, METRIC, RequestLatency, parse_line
 
 pytestmark = pytest.mark.unit
 

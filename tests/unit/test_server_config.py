@@ -1,11 +1,14 @@
-"""rtserve.server's effective config: the greedy-batching agent and the metrics exporter's port."""
+"""rtserve.server.torchserve's effective config: the greedy-batching agent and the metrics exporter's port."""
 
 from __future__ import annotations
 
 import pytest
 
-from rtserve import server as srv
-from rtserve.server import GREEDY_KEY, PUBLIC_METRICS_KEY, ServerError, TorchServe
+from rtserve.errors import ServerError
+from rtserve.server import torchserve as srv
+from rtserve.server.properties import GREEDY_KEY, PUBLIC_METRICS_KEY
+from rtserve.server.torchserve import TorchServe
+from rtserve.settings import Settings
 
 pytestmark = pytest.mark.unit
 
@@ -16,7 +19,7 @@ def instance(tmp_path, **overrides) -> TorchServe:
 
 def test_agent_is_added_to_vmargs_once_and_metrics_move_to_a_private_port(tmp_path):
     props = instance(tmp_path).effective_props(41234)
-    assert props["vmargs"].endswith(f" -javaagent:{srv.AGENT_JAR}")
+    assert props["vmargs"].endswith(f" -javaagent:{Settings.from_env().agent_jar}")
     assert props["vmargs"].count("-javaagent") == 1
     assert props["metrics_address"] == "http://127.0.0.1:41234"
     assert props[PUBLIC_METRICS_KEY] == "http://127.0.0.1:8082"
@@ -36,7 +39,7 @@ def test_greedy_off_leaves_vmargs_alone(tmp_path):
 def test_bad_greedy_value_and_missing_agent_are_refused(tmp_path, monkeypatch):
     with pytest.raises(ServerError, match=f"{GREEDY_KEY} must be true or false, not 'yes'"):
         instance(tmp_path, **{GREEDY_KEY: "yes"}).effective_props(41234)
-    monkeypatch.setattr(srv, "AGENT_JAR", tmp_path / "missing.jar")
+    monkeypatch.setenv("RTSERVE_AGENT_JAR", str(tmp_path / "missing.jar"))
     with pytest.raises(ServerError, match="make agent"):
         instance(tmp_path).effective_props(41234)
 
@@ -53,14 +56,15 @@ def test_a_run_directory_too_deep_for_worker_sockets_is_refused_before_anything_
 
 
 def test_the_probes_do_not_import_torch():
-    """The kubelet runs `python -m rtserve.probe` every few seconds in the container: without
+    """The kubelet runs `python -m rtserve probe` every few seconds in the container: without
     torch it starts in a fraction of the time and memory (with it, about 200 MB each, and
     probes left running under load once ran a pod out of memory)."""
     import subprocess
     import sys
     from pathlib import Path
 
-    code = "import sys, rtserve.probe, rtserve.server; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
+    code = ("import sys, rtserve.cli, rtserve.server.probe, rtserve.server.torchserve; "
+            "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2]).stdout
     assert out.strip() == "[]", out

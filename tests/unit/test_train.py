@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-from rtserve.data import make_dataset
-from rtserve.train import accuracy, train
+from rtserve.model.data import make_dataset
+from rtserve.model.train import accuracy, train
 from tests.helpers import demo_eager
 
 pytestmark = pytest.mark.unit
