@@ -26,6 +26,13 @@ TRAIN_ARGS_1.0 = --epochs 1 --hidden 64
 TRAIN_ARGS_2.0 = --epochs 6 --hidden 128
 TRAIN_ARGS    ?= $(or $(TRAIN_ARGS_$(MODEL_VERSION)),$(TRAIN_ARGS_1.0))
 
+# Downloads and builds that outlive a clone (wheels, later cluster binaries and jars), keyed by version.
+key = $(shell printf '%s' '$(1)' | sha256sum | cut -c1-12)
+CACHE_DIR       ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/rtserve
+PIP_EXTRA_INDEX ?=
+WHEELS_DIR      ?= $(CACHE_DIR)/wheels/$(if $(PIP_EXTRA_INDEX),index-$(call key,$(PIP_EXTRA_INDEX)),pypi)
+WHEELS_STAMP    := $(WHEELS_DIR)/.complete-$(shell cat requirements.txt requirements-dev.txt | sha256sum | cut -c1-16)
+
 BIN       := $(VENV)/bin
 PY        := $(BIN)/python
 STAMP     := $(VENV)/.installed
@@ -48,10 +55,24 @@ help: ## Show this help
 .PHONY: venv
 venv: $(STAMP) ## Create .venv and install the pinned dependencies
 
-$(STAMP): requirements.txt requirements-dev.txt
-	@echo ">> creating $(VENV) and installing pinned dependencies (about a minute)"
+$(STAMP): requirements.txt requirements-dev.txt | $(WHEELS_STAMP)
+	@echo ">> creating $(VENV) from the wheels in $(WHEELS_DIR)"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-index --find-links $(WHEELS_DIR) \
+	  -r requirements-dev.txt
+	@touch $@
+
+# Wheels of every pinned requirement, downloaded (or built) once per machine into the user's cache
+# and reused by every clone: a wheel's file name carries its version, and the stamp is keyed by
+# the requirements files' content (not their dates, which a fresh clone renews). PIP_EXTRA_INDEX
+# names an extra package index (PyTorch's CPU-only wheels: PIP_EXTRA_INDEX=https://download.pytorch.org/whl/cpu)
+# and gets wheels of its own.
+$(WHEELS_STAMP):
+	@echo ">> downloading the pinned wheels into $(WHEELS_DIR) (once per machine: torch from PyPI is the CUDA build, about 3 GB)"
+	@mkdir -p $(WHEELS_DIR)
+	@test -x $(BIN)/pip || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip wheel --quiet --disable-pip-version-check -r requirements-dev.txt -w $(WHEELS_DIR) --find-links $(WHEELS_DIR) \
+	  $(if $(PIP_EXTRA_INDEX),--extra-index-url $(PIP_EXTRA_INDEX))
 	@touch $@
 
 .PHONY: train
@@ -112,18 +133,21 @@ $(AGENT_JAR): $(AGENT_SRC)
 	jar --create --file $@ --manifest agent/MANIFEST.MF -C build/agent/classes .
 	@echo ">> built $@"
 
-WHEELHOUSE    ?= build/wheelhouse
+# The wheels the image installs (requirements.txt's, with their dependencies), linked from WHEELS_DIR.
+WHEELHOUSE    ?= $(CACHE_DIR)/wheelhouse/$(notdir $(WHEELS_DIR))-$(shell sha256sum requirements.txt | cut -c1-16)
 WHEELHOUSE_STAMP := $(WHEELHOUSE)/.built
 
 .PHONY: wheelhouse
-wheelhouse: $(WHEELHOUSE_STAMP) ## Wheels of the pinned requirements.txt, made on this host (the image installs only these)
+wheelhouse: $(WHEELHOUSE_STAMP) ## The wheels of requirements.txt the image installs (in CACHE_DIR, keyed by its content)
 
-$(WHEELHOUSE_STAMP): requirements.txt | $(STAMP)
+$(WHEELHOUSE_STAMP): | $(STAMP)
 	@echo ">> wheels for requirements.txt into $(WHEELHOUSE)"
-	rm -rf $(WHEELHOUSE) && mkdir -p $(WHEELHOUSE)
-	$(BIN)/pip wheel --quiet --disable-pip-version-check -r requirements.txt -w $(WHEELHOUSE)
-	cp requirements.txt $(WHEELHOUSE)/
-	@touch $@
+	rm -rf $(WHEELHOUSE).tmp && mkdir -p $(WHEELHOUSE).tmp
+	$(BIN)/pip download --quiet --disable-pip-version-check --no-index --find-links $(WHEELS_DIR) \
+	  -r requirements.txt -d $(WHEELHOUSE).tmp
+	cp requirements.txt $(WHEELHOUSE).tmp/
+	touch $(WHEELHOUSE).tmp/.built
+	rm -rf $(WHEELHOUSE) && mv $(WHEELHOUSE).tmp $(WHEELHOUSE)
 
 .PHONY: clean
 clean: ## Remove build outputs (archives, artifacts, run directory); keeps .venv
@@ -259,13 +283,15 @@ GATEWAY_BASE  ?= docker.io/library/debian:bookworm-slim
 GATEWAY_STANDIN ?= localhost/rtserve-gateway-standin:nginx-bookworm
 
 .PHONY: pod-deps
-pod-deps: ## Install podman, buildah, debootstrap and runc from Debian's packages if podman is missing
-	@if command -v podman >/dev/null 2>&1 && command -v runc >/dev/null 2>&1 && command -v debootstrap >/dev/null 2>&1; then \
+# catatonit is the pause process of `podman pod create` (a recommended package, so named here).
+pod-deps: ## Install podman, buildah, debootstrap, runc and catatonit from Debian's packages if one is missing
+	@if command -v podman >/dev/null 2>&1 && command -v runc >/dev/null 2>&1 && command -v debootstrap >/dev/null 2>&1 \
+	    && command -v catatonit >/dev/null 2>&1; then \
 	  echo ">> $$(podman --version)"; \
 	else \
 	  echo ">> installing podman from Debian's packages (apt-get)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-	    podman buildah debootstrap uidmap slirp4netns fuse-overlayfs runc iptables nginx >/dev/null; \
+	    podman buildah debootstrap uidmap slirp4netns fuse-overlayfs runc iptables nginx catatonit >/dev/null; \
 	fi
 
 .PHONY: image-base
