@@ -5,8 +5,8 @@ harness of its own) and how it renders it; this module gives it the rest:
 
 - :func:`parser`: ``--model``, the version options, ``--model-store``, ``--attach RUN_DIR`` and
   ``--out`` (default ``bench/results/<script>.json``);
-- :func:`serving`: a TorchServe (:class:`rtserve.server.torchserve.TorchServe`) on free loopback ports for
-  the run, ready, stopped afterwards; with ``--attach``, the one already running from RUN_DIR
+- :func:`serving`: a TorchServe on free loopback ports for the run, ready, stopped afterwards
+  (:func:`rtserve.server.local.serving`, what the tests' server fixture uses too); with ``--attach``, the one already running from RUN_DIR
   instead, left running (how the test suite runs each script's ``main()`` against one server);
 - :func:`steady_load`: :class:`bench.loadgen.SteadyLoad` on a server's prediction route;
 - :func:`phase_lines` and :func:`finish`: the per-phase table, then the summary printed, the
@@ -25,8 +25,8 @@ from typing import Iterator
 
 from bench.loadgen import SteadyLoad
 from rtserve.errors import ServerError
-from rtserve.runtime.ports import free_ports
-from rtserve.server.properties import port_overrides, read_properties
+from rtserve.server import local
+from rtserve.server.properties import read_properties
 from rtserve.server.readiness import sample_payload
 from rtserve.server.torchserve import TorchServe
 
@@ -36,7 +36,8 @@ MODEL = "realtime-classifier"
 
 
 def parser(doc: str, out: str, versions: dict[str, str] | None = None, attach: bool = True,
-           model_store: bool = True, run_root: bool = True) -> argparse.ArgumentParser:
+           model_store: bool = True, run_root: bool = True,
+           model: bool = True) -> argparse.ArgumentParser:
     """The options every server-driving script has; the script adds its own.
 
     Args:
@@ -47,9 +48,11 @@ def parser(doc: str, out: str, versions: dict[str, str] | None = None, attach: b
         model_store: offer ``--model-store`` (not for pods: their images hold the archives).
         run_root: offer ``--run-root`` (for :func:`serving`; scripts with replicas of their own
             have a ``--work-dir``).
+        model: offer ``--model`` (not for scripts that measure only the demo model).
     """
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=MODEL)
+    if model:
+        p.add_argument("--model", default=MODEL)
     for name, default in (versions or {"version": "1.0"}).items():
         p.add_argument(f"--{name}", default=default)
     if model_store:
@@ -104,15 +107,10 @@ def serving(args: argparse.Namespace, run_name: str, archives: list[str] | None 
         yield attached(args.attach)
         return
     archives = archives or [f"{args.model}_{args.version}.mar"]
-    server = TorchServe(args.run_root / run_name, args.model_store,
-                        [f"{args.model}={mar}" for mar in archives],
-                        overrides={**port_overrides(free_ports(6)), **(overrides or {})})
-    server.start()
-    try:
-        server.wait_ready(120, [args.model])
+    with local.serving(args.run_root / run_name, args.model_store,
+                       [f"{args.model}={mar}" for mar in archives], overrides,
+                       ready=[args.model]) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def predictions_url(server: TorchServe, model: str, route: str = "predictions") -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -27,10 +26,11 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from rtserve.runtime.process import terminate, wait_until  # noqa: E402
+from rtserve.server.local import free_port_overrides  # noqa: E402
 from rtserve.server.probe import local_client  # noqa: E402
-from rtserve.runtime.ports import free_ports  # noqa: E402
-from rtserve.server.properties import port_overrides, read_properties, write_properties
-from rtserve.server.torchserve import TorchServe
+from rtserve.server.properties import read_properties, write_properties  # noqa: E402
+from rtserve.server.torchserve import TorchServe  # noqa: E402
 
 MODEL = "realtime-classifier"
 
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "config.properties"
         props = read_properties(REPO / "deploy" / "k8s" / "base" / "config.properties")
-        props.update(port_overrides(free_ports(6)))
+        props.update(free_port_overrides())
         # The image's paths (/opt/rtserve/...) are this checkout's outside a container.
         props = {k: v.replace("/opt/rtserve/", f"{REPO}/") for k, v in props.items()}
         write_properties(config, props)
@@ -87,11 +87,14 @@ def main(argv: list[str] | None = None) -> int:
         server = TorchServe(run_dir, mar.parent, config=config)
         try:
             started = time.monotonic()
-            while subprocess.run([sys.executable, "-m", "rtserve", "probe", "ready"], env=env, cwd=REPO,
-                                 capture_output=True).returncode != 0:
-                if time.monotonic() - started > 120 or runner.poll() is not None:
-                    sys.exit("TorchServe did not become ready:\n" + server.log_tail())
-                time.sleep(0.5)
+
+            def ready() -> bool:  # the startup probe passes (or the pod's main process died)
+                return runner.poll() is not None or subprocess.run(
+                    [sys.executable, "-m", "rtserve", "probe", "ready"], env=env, cwd=REPO,
+                    capture_output=True).returncode == 0
+
+            if not wait_until(ready, 120, poll=0.5) or runner.poll() is not None:
+                sys.exit("TorchServe did not become ready:\n" + server.log_tail())
             print(f"ready (startup probe passes) after {time.monotonic() - started:.1f}s")
             pid = server.pid()
             idle = tree_rss(pid)
@@ -121,11 +124,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"python -m rtserve probe {check}: median {statistics.median(times) * 1000:.0f} ms, "
                       f"max {max(times) * 1000:.0f} ms ({args.probe_runs} runs)")
         finally:
-            runner.send_signal(signal.SIGTERM)
-            try:
-                runner.wait(60)
-            except subprocess.TimeoutExpired:
-                runner.kill()
+            terminate(runner.pid, 60)
+            runner.wait()
             server.stop()
     return 0
 

@@ -19,7 +19,6 @@ server's block the load average and other processes' CPU share just before it st
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -38,18 +37,18 @@ from typing import Callable
 import psutil
 import requests
 
+from bench import common
+from bench.common import MODEL, REPO, RESULTS
 from rtserve.client.rest import TorchServeError
 from rtserve.runtime.ports import free_ports
-from rtserve.server.properties import port_overrides, read_properties
+from rtserve.server.local import on_free_ports
+from rtserve.server.properties import read_properties
 from rtserve.server.torchserve import DEFAULT_CONFIG, TorchServe
 
 logger = logging.getLogger("bench.perf")
 
-REPO = Path(__file__).resolve().parent.parent
-MODEL = "realtime-classifier"
 WRK_SCRIPT = Path(__file__).with_name("wrk_post.lua")
 REQUEST = REPO / "examples" / "request.json"
-RESULTS = REPO / "bench" / "results"
 CONCURRENCIES = (1, 8, 32, 64)
 #: The JVM option that keeps TorchServe from starting a thread per batch (config.properties).
 COMMON_POOL = " -Djava.util.concurrent.ForkJoinPool.common.parallelism=2"
@@ -489,9 +488,8 @@ class RtServe(Server):
                  overrides: dict | None = None, log_config: Path | None | str = "shipped") -> None:
         self.name = name
         self.description = VARIANTS.get(name, (name,))[0]
-        props = {**port_overrides(free_ports(6)), **(overrides or {})}
         kwargs = {} if log_config == "shipped" else {"log_config": log_config}
-        self.ts = TorchServe(run_dir, model_store, [f"{MODEL}={mar}"], overrides=props, **kwargs)
+        self.ts = on_free_ports(run_dir, model_store, [f"{MODEL}={mar}"], overrides, **kwargs)
         self.url = f"{self.ts.props['inference_address']}/predictions/{MODEL}"
         self.client = self.ts.client(timeout=5.0, retries=0)
 
@@ -850,8 +848,7 @@ def _log_to_stdout() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the comparison and write the table, JSON and plot."""
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(__doc__, "perf.json", attach=False, run_root=False, model=False)
     parser.add_argument("--servers", default=DEFAULT_SERVERS,
                         help=f"comma-separated, from: fastapi-1w, fastapi-2w, fastapi-2w-async, "
                              f"{', '.join(VARIANTS)}")
@@ -869,15 +866,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="excluded seconds at the highest concurrency after each server start")
     parser.add_argument("--soak", type=float, default=60.0,
                         help="seconds at the highest concurrency before TorchServe's memory is read (0: skip)")
-    parser.add_argument("--model-store", type=Path, default=REPO / "model_store")
-    parser.add_argument("--version", default="1.0")
     parser.add_argument("--model-dir", type=Path, help="model.pt2 + meta.json for FastAPI and the handler timings (default artifacts/VERSION)")
     parser.add_argument("--wait-quiet", type=float, default=0.0,
                         help="before each server, wait up to this many seconds for a quiet machine")
     parser.add_argument("--retry-busy", type=int, default=0,
                         help="measure a point again (this many times at most) when other processes "
                              "used over 10%% of the CPU during it")
-    parser.add_argument("--out", type=Path, default=RESULTS / "perf.json")
     parser.add_argument("--plot", type=Path, default=RESULTS / "perf.png")
     parser.add_argument("--replot", type=Path, metavar="JSON",
                         help="only draw --plot again from an earlier run's JSON")
@@ -942,8 +936,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     text = table(results, floor, handler)
     sys.stdout.write("\n" + text + "\n")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    common.write_json(report, args.out)
     plot(results, args.plot, _title(list(concurrencies), psutil.cpu_count()))
     shutil.rmtree(run_root, ignore_errors=True)
     logger.info("JSON: %s  plot: %s", args.out, args.plot)

@@ -26,11 +26,12 @@ import yaml
 
 from bench.perf import (MODEL, REPO, RESULTS, RtServe, _log_to_stdout, bench_server, logger,
                         wrk_path)
+from rtserve.server.torchserve import DEFAULT_LOG_CONFIG
 
-SHIPPED_LOG_CONFIG = REPO / "config" / "log4j2.xml"
+SHIPPED_LOG_CONFIG = DEFAULT_LOG_CONFIG
 
 #: name -> (what it changes, model-config changes, config.properties overrides, log config)
-#: A log config of "shipped" is config/log4j2.xml, None is TorchServe's built-in one, and a dict
+#: A log config of "shipped" is rtserve/server/log4j2.xml, None is TorchServe's built-in one, and a dict
 #: {logger: level} is the shipped file with those loggers' levels replaced.
 VARIANTS: dict[str, tuple[str, dict, dict, object]] = {
     "shipped": ("the shipped defaults", {}, {}, "shipped"),

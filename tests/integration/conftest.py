@@ -1,30 +1,36 @@
-"""A real TorchServe on free loopback ports, serving the Makefile-built archive."""
+"""A real TorchServe on free loopback ports, serving the Makefile-built archive
+(:mod:`rtserve.server.local`, the helper the benchmarks use too)."""
 
 from __future__ import annotations
 
 import pytest
 
-from rtserve.runtime.ports import free_ports
-from rtserve.server.properties import port_overrides
+from rtserve.server.local import on_free_ports, serving
 from rtserve.server.torchserve import TorchServe
 from tests.conftest import MODEL_NAME
 
 
+def models_of(mar, models=None) -> list[str]:
+    """``models``, or the archive ``mar`` as the demo model."""
+    return models if models is not None else [f"{MODEL_NAME}={mar.name}"]
+
+
 def start_server(run_dir, mar, models=None, overrides_extra=None, **kwargs) -> TorchServe:
     """Start TorchServe from the project's config with every listener on a free port."""
-    overrides = {**port_overrides(free_ports(6)), **(overrides_extra or {})}
-    server = TorchServe(run_dir, mar.parent, models if models is not None else [f"{MODEL_NAME}={mar.name}"],
-                        overrides=overrides, **kwargs)
+    server = on_free_ports(run_dir, mar.parent, models_of(mar, models), overrides_extra, **kwargs)
     server.start()
     return server
+
+
+def serve(run_dir, mar, models=None, overrides_extra=None, ready=(MODEL_NAME,), timeout=120.0,
+          **kwargs):
+    """:func:`start_server`, polled ready with a timeout, stopped when the block ends."""
+    return serving(run_dir, mar.parent, models_of(mar, models), overrides_extra, ready, timeout,
+                   **kwargs)
 
 
 @pytest.fixture(scope="module")
 def server(mar_v1, tmp_path_factory):
     """One server per test module, polled ready with a timeout, stopped in ``finally``."""
-    ts = start_server(tmp_path_factory.mktemp("run"), mar_v1)
-    try:
-        ts.wait_ready(timeout=120, models=[MODEL_NAME])
+    with serve(tmp_path_factory.mktemp("run"), mar_v1) as ts:
         yield ts
-    finally:
-        ts.stop()

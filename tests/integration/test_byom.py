@@ -32,7 +32,7 @@ from rtserve.promotion.history import HISTORY_FILE, History
 from rtserve.promotion.rollout import Rollout
 from tests.conftest import MODEL_NAME, REPO, make_archive
 from tests.helpers import Reference, demo_eager
-from tests.integration.conftest import start_server
+from tests.integration.conftest import serve
 from tests.unit.test_package import malicious_artifact, random_model, random_rows, rewrite
 
 pytestmark = pytest.mark.integration
@@ -63,12 +63,9 @@ def byom(build_root, mar_v1, tmp_path_factory):
     refs = {MODEL_NAME: Reference.from_mar(mar_v1, demo_eager("1.0")),
             EXAMPLE: Reference.from_mar(mars[EXAMPLE], example_model),
             RANDOM: Reference.from_mar(mars[RANDOM], rnd)}
-    ts = start_server(tmp_path_factory.mktemp("run"), mar_v1, models=models)
-    try:
-        ts.wait_ready(timeout=180, models=[MODEL_NAME, EXAMPLE, RANDOM])
+    with serve(tmp_path_factory.mktemp("run"), mar_v1, models=models,
+               ready=[MODEL_NAME, EXAMPLE, RANDOM], timeout=180) as ts:
         yield ts, refs, root
-    finally:
-        ts.stop()
 
 
 def post(server, route: str, model: str, body) -> requests.Response:

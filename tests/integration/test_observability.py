@@ -15,7 +15,7 @@ import yaml
 
 from rtserve.model.data import make_dataset
 from tests.conftest import MODEL_NAME, REPO, make_archive
-from tests.integration.conftest import start_server
+from tests.integration.conftest import serve
 from tests.promql import metric_names, scrape_names
 from tests.unit.test_monitoring import dashboard_expressions, rule_expressions
 
@@ -35,12 +35,8 @@ def obs_server(tmp_path_factory):
     config["handler"].update(drift_window=WINDOW, drift_export_seconds=0.2)
     (root / "model-config.yaml").write_text(yaml.safe_dump(config))
     mar = make_archive(root, "1.0", MODEL_CONFIG=str(root / "model-config.yaml"))
-    ts = start_server(tmp_path_factory.mktemp("run"), mar)
-    try:
-        ts.wait_ready(timeout=120, models=[MODEL_NAME])
+    with serve(tmp_path_factory.mktemp("run"), mar) as ts:
         yield ts
-    finally:
-        ts.stop()
 
 
 def scrape(server) -> str:

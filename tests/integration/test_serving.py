@@ -112,7 +112,7 @@ def test_inference_needs_the_token(server):
 
 
 def test_logs_keep_access_and_model_lines_without_per_request_chatter(server):
-    """config/log4j2.xml: one access line per request, and in ts_log.log only the worker
+    """rtserve/server/log4j2.xml: one access line per request, and in ts_log.log only the worker
     threads' two lines per batch, written once; nothing per batch in model_log.log (the worker
     writes no line per batch to its stdout: the audit trail has its own file)."""
     logs = server.log_dir

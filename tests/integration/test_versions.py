@@ -15,7 +15,7 @@ from rtserve.promotion.rollout import Rollout, RolloutError
 from rtserve.server.readiness import sample_payload
 from tests.conftest import MODEL_NAME, REPO, make_archive
 from tests.helpers import bench_main, keep_only
-from tests.integration.conftest import start_server
+from tests.integration.conftest import serve
 
 pytestmark = pytest.mark.integration
 
@@ -119,16 +119,12 @@ def test_wrong_token_is_refused_and_changes_nothing(rollout, server, tmp_path):
 
 
 def test_model_api_disabled_gives_clear_error(store, tmp_path):
-    ts = start_server(tmp_path / "run", store / f"{MODEL_NAME}_1.0.mar",
-                      overrides_extra={"enable_model_api": "false"})
-    try:
-        ts.wait_ready(120, [MODEL_NAME])
+    with serve(tmp_path / "run", store / f"{MODEL_NAME}_1.0.mar",
+               overrides_extra={"enable_model_api": "false"}) as ts:
         ro = Rollout(ts.client(timeout=60), History(tmp_path / "h.json"), MODEL_NAME)
         with pytest.raises(Refused, match="the model API is disabled on this server"):
             ro.register("2.0")
         assert ro.versions() == ["1.0"]
-    finally:
-        ts.stop()
 
 
 def test_make_targets_drive_a_rollout(server, store, build_root):
