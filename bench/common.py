@@ -6,7 +6,8 @@ harness of its own) and how it renders it; this module gives it the rest:
 - :func:`parser`: ``--model``, the version options, ``--model-store``, ``--attach RUN_DIR`` and
   ``--out`` (default ``bench/results/<script>.json``);
 - :func:`serving`: a TorchServe on free loopback ports for the run, ready, stopped afterwards
-  (:func:`rtserve.server.local.serving`, what the tests' server fixture uses too); with ``--attach``, the one already running from RUN_DIR
+  (:func:`rtserve.testing.server.serving`, what the tests' server fixture uses too); with
+  ``--attach``, the one already running from RUN_DIR
   instead, left running (how the test suite runs each script's ``main()`` against one server);
 - :func:`steady_load`: :class:`bench.loadgen.SteadyLoad` on a server's prediction route;
 - :func:`phase_lines` and :func:`finish`: the per-phase table, then the summary printed, the
@@ -25,7 +26,7 @@ from typing import Iterator
 
 from bench.loadgen import SteadyLoad
 from rtserve.errors import ServerError
-from rtserve.server import local
+from rtserve.testing import server as local
 from rtserve.server.properties import read_properties
 from rtserve.server.readiness import sample_payload
 from rtserve.server.torchserve import TorchServe

@@ -112,7 +112,7 @@ def worker_env():
 
 def telemetry_time(handler: Any, rows: list, context: Any) -> float:
     """Microseconds per call of the handler's telemetry (metrics, drift, audit) for ``rows``."""
-    from tests.helpers import start_batch
+    from rtserve.testing.worker import start_batch
 
     start_batch(context, len(rows))
     batch = handler.preprocess(rows)
@@ -133,7 +133,7 @@ def handler_time(model_dir: Path, model_yaml: dict, body: dict, batch: int = 32,
 def _handler_time(model_dir: Path, model_yaml: dict, body: dict, batch: int,
                   model: Callable | None) -> dict:
     from handler.rtserve_handler import RealTimeHandler
-    from tests.helpers import make_context, start_batch
+    from rtserve.testing.worker import make_context, start_batch
 
     context = make_context(model_dir, model_yaml)
     handler = RealTimeHandler()

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from rtserve.runtime.process import terminate, wait_until  # noqa: E402
-from rtserve.server.local import free_port_overrides  # noqa: E402
+from rtserve.testing.server import free_port_overrides  # noqa: E402
 from rtserve.server.probe import local_client  # noqa: E402
 from rtserve.server.properties import read_properties, write_properties  # noqa: E402
 from rtserve.server.torchserve import TorchServe  # noqa: E402

@@ -41,7 +41,7 @@ from bench import common
 from bench.common import MODEL, REPO, RESULTS
 from rtserve.client.rest import TorchServeError
 from rtserve.runtime.ports import free_ports
-from rtserve.server.local import on_free_ports
+from rtserve.testing.server import on_free_ports
 from rtserve.server.properties import read_properties
 from rtserve.server.torchserve import DEFAULT_CONFIG, TorchServe
 

@@ -11,10 +11,7 @@ without rtserve, so its errors (``handler.errors.HandlerError``) have a root of 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypeVar
-
-if TYPE_CHECKING:
-    from rtserve.promotion.gate import GateReport
+from typing import Any, TypeVar
 
 E = TypeVar("E", bound="RtserveError")
 
@@ -130,9 +127,10 @@ class RolloutError(RtserveError):
 
 
 class GateRefused(RolloutError):
-    """HTTP 409: the promotion gate refused the candidate; ``report`` holds its figures."""
+    """HTTP 409: the promotion gate refused the candidate; ``report`` (a
+    :class:`rtserve.promotion.gate.GateReport`) holds its figures."""
 
-    def __init__(self, report: GateReport) -> None:
+    def __init__(self, report: Any) -> None:
         super().__init__(f"{report.text()}\n{report.model} {report.candidate} was not promoted; "
                          "nothing changed (FORCE=1 REASON=\"...\" overrides)")
         self.report = report

@@ -6,43 +6,14 @@ import functools
 import json
 import zipfile
 from pathlib import Path
-from typing import Sequence
 
 import torch
 import yaml
-from ts.context import Context, RequestProcessor
-from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
-
 from handler.model import ModelMetadata
+from rtserve.testing.worker import METRICS_YAML, make_context, start_batch  # noqa: F401 - shared
 
 #: The shipped model config (model/model-config.yaml), as the archive carries it.
 MODEL_YAML = yaml.safe_load((Path(__file__).resolve().parent.parent / "model" / "model-config.yaml").read_text())
-#: The metrics config the server is started with (config.properties ``metrics_config``); the
-#: worker's metrics cache is built from it, so undeclared metrics fail here as they would there.
-METRICS_YAML = Path(__file__).resolve().parent.parent / "config" / "metrics.yaml"
-
-
-def make_context(model_dir: Path, model_yaml: dict, version: str = "1.0") -> Context:
-    """A real ``ts.context.Context`` as the worker builds it (metrics cache included)."""
-    metrics = MetricsCacheYamlImpl(config_file_path=str(METRICS_YAML))
-    metrics.initialize_cache()
-    manifest = {"model": {"modelName": "realtime-classifier", "modelVersion": version,
-                          "serializedFile": "model.pt2", "handler": "rtserve_handler.py"}}
-    return Context("realtime-classifier", str(model_dir), manifest, 32, None, "0.12.0",
-                   metrics=metrics, model_yaml_config=model_yaml)
-
-
-def start_batch(context: Context, size: int, headers: Sequence[dict] | None = None) -> None:
-    """Set up per-request state the way ``ts.service.Service.predict`` does for a batch.
-
-    ``headers[i]`` are request ``i``'s headers as ``Service.retrieve_data_for_inference`` hands
-    them to ``RequestProcessor`` (see :func:`route_headers`); none by default.
-    """
-    headers = list(headers) if headers is not None else [{} for _ in range(size)]
-    assert len(headers) == size
-    context.request_ids = {i: f"req-{i}" for i in range(size)}
-    context.request_processor = [RequestProcessor(dict(h)) for h in headers]
-    context.metrics.request_ids = context.request_ids
 
 
 def route_headers(explain: bool) -> dict:

@@ -1,11 +1,11 @@
 """A real TorchServe on free loopback ports, serving the Makefile-built archive
-(:mod:`rtserve.server.local`, the helper the benchmarks use too)."""
+(:mod:`rtserve.testing.server`, the helper the benchmarks use too)."""
 
 from __future__ import annotations
 
 import pytest
 
-from rtserve.server.local import on_free_ports, serving
+from rtserve.testing.server import on_free_ports, serving
 from rtserve.server.torchserve import TorchServe
 from tests.conftest import MODEL_NAME
 
