@@ -33,10 +33,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import yaml
+
+from rtserve.runtime.process import PidFile, spawn, wait_until
 
 logger = logging.getLogger(__name__)
 
@@ -301,7 +303,7 @@ def with_images(spec: PodSpec, image_tag: str | None) -> tuple[PodSpec, list[str
             image = GATEWAY_STANDIN
         if not image_exists(image):
             raise PodError(f"{c.name}: image {image} is not built (make image / make pod builds it)")
-        containers.append(Container(**{**c.__dict__, "image": image}))
+        containers.append(replace(c, image=image))
     return PodSpec(containers, spec.volumes, spec.share_pid, spec.grace, spec.fs_group), notes
 
 
@@ -371,11 +373,7 @@ class Pod:
         if c.command:
             args += ["--entrypoint", json.dumps(c.command)]
         args.append(c.image)
-        if c.command and not c.args:
-            pass
-        elif c.args:
-            args += c.args
-        return args
+        return args + (c.args or [])
 
     def create(self) -> None:
         """Create the pod (shared network, IPC, UTS and, as the manifest asks, PID namespace)
@@ -553,12 +551,8 @@ def read_status(pod_dir: Path) -> dict:
 
 
 def kubelet_pid(pod_dir: Path) -> int | None:
-    try:
-        pid = int((Path(pod_dir) / "kubelet.pid").read_text())
-        os.kill(pid, 0)
-        return pid
-    except (OSError, ValueError):
-        return None
+    """The kubelet loop's PID (from its PID file) while it runs."""
+    return PidFile(Path(pod_dir) / "kubelet.pid").pid()
 
 
 def up(config: PodConfig, timeout: float = 240) -> float:
@@ -579,17 +573,16 @@ def up(config: PodConfig, timeout: float = 240) -> float:
     (pod.dir / "status.json").unlink(missing_ok=True)
     (pod.dir / "config.json").write_text(config.to_json())
     started = time.monotonic()
-    log = open(pod.dir / "kubelet.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "deploy.podman.pod", "kubelet", "--pod-dir",
-                             str(pod.dir)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
-    (pod.dir / "kubelet.pid").write_text(str(proc.pid))
-    while time.monotonic() - started < timeout:
+    proc = spawn([sys.executable, "-m", "deploy.podman.pod", "kubelet", "--pod-dir", str(pod.dir)],
+                 pod.dir / "kubelet.log", PidFile(pod.dir / "kubelet.pid"), cwd=REPO)
+
+    def settled() -> str | None:
         if read_status(pod.dir).get("ready"):
-            return time.monotonic() - started
-        if proc.poll() is not None:
-            break
-        time.sleep(0.25)
+            return "ready"
+        return "exited" if proc.poll() is not None else None
+
+    if wait_until(settled, timeout, poll=0.25) == "ready":
+        return time.monotonic() - started
     tail = (pod.dir / "kubelet.log").read_text(errors="replace")[-2000:]
     raise PodError(f"pod {config.name} not ready after {time.monotonic() - started:.0f}s; "
                    f"status {read_status(pod.dir)}; kubelet log:\n{tail}")
@@ -605,10 +598,7 @@ def down(pod_dir: Path) -> list[str]:
     pid = kubelet_pid(config.pod_dir)
     if pid:
         os.kill(pid, signal.SIGTERM)
-        for _ in range(100):
-            if kubelet_pid(config.pod_dir) is None:
-                break
-            time.sleep(0.1)
+        wait_until(lambda: kubelet_pid(config.pod_dir) is None, 10.0)
     outputs = []
     if podman("pod", "exists", config.name, check=False).returncode == 0:
         pod, _ = load_pod(config)
