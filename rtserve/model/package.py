@@ -314,7 +314,8 @@ def _export(model: nn.Module, sample: torch.Tensor) -> torch.export.ExportedProg
 def _check_sizes(model_config: Path) -> list[int]:
     """Batch sizes the exported program is checked on: 1, the server's batchSize, and the most
     rows one batch can hold (batchSize requests of ``handler.max_instances`` instances), from
-    ``model_config``.
+    ``model_config``. A config the handler refuses is the archive's problem, not the export's
+    (the worker refuses it at load, naming the setting): the demo's sizes are checked instead.
 
     Raises:
         PackagingError: the model config cannot be read.
@@ -323,8 +324,15 @@ def _check_sizes(model_config: Path) -> list[int]:
         model_yaml = yaml.safe_load(model_config.read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise PackagingError(f"cannot read the model config {model_config}: {exc}") from exc
-    batch = int(model_yaml.get("batchSize", 1))
-    rows = batch * HandlerConfig.from_model_yaml(model_yaml).max_instances
+    try:
+        batch = int(model_yaml.get("batchSize", 1))
+        rows = batch * HandlerConfig.from_model_yaml(model_yaml).max_instances
+    except (ConfigError, AttributeError, TypeError, ValueError) as exc:
+        if Path(model_config).resolve() == MODEL_CONFIG.resolve():
+            raise
+        logger.warning("%s: %s: checking the demo's batch sizes instead (the handler will refuse "
+                       "this model config when the archive loads)", model_config, exc)
+        return _check_sizes(MODEL_CONFIG)
     return sorted({1, batch, rows})
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from torch import nn
 
 from handler.errors import ConfigError
@@ -74,6 +75,16 @@ def test_round_trip_of_a_model_the_project_never_defined(artifact):
             assert torch.allclose(forward(rows), random_model()(rows), atol=1e-5)
     assert meta.provenance["checked_batch_sizes"] == [1, 32, 2048]
     assert len(meta.golden["features"]) == 256 and meta.golden["labels"] is None
+
+
+def test_the_program_is_checked_on_the_batch_sizes_of_the_model_config_it_will_ship_with(tmp_path):
+    """`make archive MODEL_CONFIG=...` exports with that config: its batchSize and
+    handler.max_instances, not the demo's, decide the batch sizes checked."""
+    config = {**MODEL_YAML, "batchSize": 4, "handler": {**MODEL_YAML["handler"], "max_instances": 3}}
+    path = tmp_path / "model-config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    meta = check(exported(tmp_path, model_config=path), "0.1")
+    assert meta.provenance["checked_batch_sizes"] == [1, 4, 12]
 
 
 def test_holdout_gives_golden_labels_and_accuracy(tmp_path):
