@@ -362,3 +362,26 @@ def test_grpc_example_script_runs(server, plain, tmp_path):
         MODEL_NAME, json.loads((REPO / "examples" / "request.json").read_text()))
     assert_same([plain_answer], [expected])
     assert_same(v1_answer["predictions"], [expected])
+
+
+def test_oip_example_script_runs(server):
+    """examples/oip_client.py, as docs/interoperability.md shows it, against this server."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    out = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "oip_client.py"), "--url",
+         server.props["inference_address"].removeprefix("http://"), "--key-file", str(server.key_file)],
+        capture_output=True, text=True, timeout=60, check=True).stdout.splitlines()
+    lines = dict(line.split(": ", 1) for line in out)
+    assert lines["model ready"] == "True"
+    assert json.loads(lines["metadata"])["inputs"] == [
+        {"name": "features", "datatype": "FP32", "shape": [-1, 32]}]
+    assert json.loads(lines["answer"])["outputs"][0]["parameters"] == {"binary_data_size": 8}
+    expected = server.client().predict(
+        MODEL_NAME, json.loads((REPO / "examples" / "request.json").read_text()))
+    assert json.loads(lines["class"]) == [expected["prediction"]]
+    np.testing.assert_allclose(json.loads(lines["probabilities"]), [expected["probabilities"]],
+                               rtol=0, atol=1e-6)
