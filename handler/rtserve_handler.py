@@ -51,6 +51,8 @@ EXPLAIN_HEADER = "explain"
 EXPLAIN_VALUE = "True"
 #: The header TorchServe's frontend sets (possibly empty) on ``/predictions`` and ``/explanations``.
 PLAIN_ROUTE_HEADER = "url_path"
+#: The types of a request body TorchServe did not decode (its ``body`` parameter).
+_RAW_BODIES = frozenset((bytes, bytearray, str))
 
 
 class RealTimeHandler(BaseHandler):
@@ -174,19 +176,16 @@ class RealTimeHandler(BaseHandler):
 
     def _binary_bodies(self, data: list, plain_only: set[int]) -> list:
         """``data``, with the body of each request that carries ``Inference-Header-Content-Length``
-        (in any spelling) and is not JSON TorchServe could decode wrapped in a
+        (in any spelling) and that TorchServe handed over undecoded (bytes, or text) wrapped in a
         :class:`BinaryBody` for :func:`parse_request`. Plain routes keep their bodies."""
+        raw = [i for i, row in enumerate(data)
+               if type(row) is dict and type(row.get("body")) in _RAW_BODIES and i not in plain_only]
         wrapped = None
-        for i, row in enumerate(data):
-            body = row.get("data") if isinstance(row, dict) else None
-            if body is None and isinstance(row, dict):
-                body = row.get("body")
-            if not isinstance(body, (bytes, bytearray, str)) or i in plain_only:
-                continue
+        for i in raw:
             length = _request_header(self.context.request_processor[i], BINARY_HEADER)
             if length is not None:
                 wrapped = wrapped or list(data)
-                wrapped[i] = {"body": BinaryBody(body, length)}
+                wrapped[i] = {"body": BinaryBody(data[i]["body"], length)}
         return data if wrapped is None else wrapped
 
     def preprocess(self, data: list) -> ParsedBatch:
@@ -239,8 +238,9 @@ class RealTimeHandler(BaseHandler):
             }
 
     def postprocess(self, data: tuple) -> list[str]:
-        """One JSON document per request, in order: a prediction, an explanation, or the
-        request's own error (400 for bad input, 503 past the explanation ceiling)."""
+        """One answer per request, in order: a prediction, an explanation, a protocol's answer
+        (bytes when it carries binary tensor data), or the request's own error (400 for bad
+        input, 503 past the explanation ceiling)."""
         batch, probabilities = data
         out: list[str | bytes] = [""] * batch.size
         binary: set[int] = set()
