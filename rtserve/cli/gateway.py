@@ -2,8 +2,6 @@
 
     python -m rtserve gateway conf            # the pod's nginx.conf (deploy/k8s/base/gateway-nginx.conf)
     python -m rtserve gateway sync            # write the map files once, reload nginx if needed
-    python -m rtserve gateway routes --run-dir .run --model-store model_store \\
-        --models realtime-classifier=realtime-classifier_1.0.mar   # the OIP model routes, foreground
 """
 
 from __future__ import annotations
@@ -38,28 +36,8 @@ def cmd_sync(args: argparse.Namespace) -> int:
     return 0 if (keysync.gateway_dir / UPSTREAM_KEY).exists() else 1
 
 
-def cmd_routes(args: argparse.Namespace) -> int:
-    """Serve the OIP model metadata and readiness routes in the foreground (the pod starts them
-    inside `server run`)."""
-    from rtserve.gateway.oip import ADDRESS, start_for_server
-
-    s = settings(args)
-    routes = start_for_server(s.run_dir, s.model_store, list(s.models), (ADDRESS[0], args.port))
-    if routes is None:
-        return 1
-    try:
-        routes.thread.join()
-    except KeyboardInterrupt:
-        routes.stop()
-    return 0
-
-
 def add(groups: argparse._SubParsersAction) -> None:
     commands = group(groups, "gateway", __doc__)
     run_dir = (["--run-dir"], {"type": Path, "help": "default: $RTSERVE_RUN_DIR or .run"})
     command(commands, "conf", cmd_conf)
     command(commands, "sync", cmd_sync, run_dir)
-    command(commands, "routes", cmd_routes, run_dir,
-            (["--model-store"], {"type": Path, "help": "default: $RTSERVE_MODEL_STORE"}),
-            (["--models"], {"nargs": "*", "help": "NAME=FILE.mar (default: $RTSERVE_MODELS)"}),
-            (["--port"], {"type": int, "default": 8091}))

@@ -1,10 +1,7 @@
-"""``python -m rtserve monitor``: Prometheus and Alertmanager on loopback for a local server, and
-the metrics exporter every server runs beside TorchServe.
+"""``python -m rtserve monitor``: Prometheus and Alertmanager on loopback for a local server.
 
     python -m rtserve monitor start --run-dir .run
     python -m rtserve monitor stop --run-dir .run
-    python -m rtserve monitor exporter --listen http://127.0.0.1:8082 --upstream http://127.0.0.1:41234 \\
-        --dir .run/metrics --access-log .run/logs/access_log.log    # started by `server start`
 """
 
 from __future__ import annotations
@@ -55,13 +52,6 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_exporter(args: argparse.Namespace) -> int:
-    """Serve TorchServe's and the handler's metrics on --listen until SIGTERM."""
-    from rtserve.observability.exporter import serve
-
-    return serve(args.listen, args.upstream, args.dir, args.access_log)
-
-
 def add(groups: argparse._SubParsersAction) -> None:
     commands = group(groups, "monitor", __doc__)
     local = argparse.ArgumentParser(add_help=False)
@@ -72,9 +62,3 @@ def add(groups: argparse._SubParsersAction) -> None:
     local.add_argument("--webhook", help="a URL Alertmanager posts alerts to")
     command(commands, "start", cmd_start, parents=(local,))
     command(commands, "stop", cmd_stop, parents=(local,))
-    command(commands, "exporter", cmd_exporter,
-            (["--listen"], {"required": True, "help": "http://host:port to serve /metrics on"}),
-            (["--upstream"], {"help": "TorchServe's own metrics listener (http://host:port)"}),
-            (["--dir"], {"type": Path, "required": True, "help": "the workers' metrics directory"}),
-            (["--access-log"], {"type": Path, "help": "TorchServe's access_log.log (request latency)"}),
-            log_format="%(asctime)s %(message)s", log_stream="stderr")

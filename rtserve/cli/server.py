@@ -6,6 +6,13 @@
     python -m rtserve server status --run-dir .run
     python -m rtserve server run                       # the container's main process
 
+and the two processes a server runs beside TorchServe (it starts them; for a look by hand):
+
+    python -m rtserve server exporter --listen http://127.0.0.1:8082 \\
+        --upstream http://127.0.0.1:41234 --dir .run/metrics --access-log .run/logs/access_log.log
+    python -m rtserve server oip --listen http://127.0.0.1:8093 --run-dir .run \\
+        --model-store model_store --models realtime-classifier=realtime-classifier_1.0.mar
+
 The run directory, model store, config and models default to ``$RTSERVE_RUN_DIR``,
 ``$RTSERVE_MODEL_STORE``, ``$RTSERVE_CONFIG`` and ``$RTSERVE_MODELS`` (see rtserve.settings).
 """
@@ -118,8 +125,34 @@ def cmd_run(args: argparse.Namespace) -> int:
     return container.run(settings(args), args.stop_timeout)
 
 
+def cmd_exporter(args: argparse.Namespace) -> int:
+    """Serve TorchServe's and the handler's metrics on --listen until SIGTERM (a server's sidecar)."""
+    from rtserve.observability.exporter import serve
+
+    return serve(args.listen, args.upstream, args.dir, args.access_log)
+
+
+def cmd_oip(args: argparse.Namespace) -> int:
+    """Serve the OIP model metadata and readiness routes on --listen until SIGTERM (a server's
+    sidecar; the frontend's agent sends those routes there)."""
+    from rtserve.gateway.oip import serve
+
+    s = settings(args)
+    return serve(args.listen, s.run_dir, s.model_store, list(s.models))
+
+
 def add(groups: argparse._SubParsersAction) -> None:
     commands = group(groups, "server", __doc__)
     for name, func in (("start", cmd_start), ("stop", cmd_stop), ("status", cmd_status),
                        ("drain", cmd_drain), ("run", cmd_run)):
         command(commands, name, func, parents=(options(),))
+    listen = (["--listen"], {"required": True, "help": "http://127.0.0.1:PORT to serve on"})
+    command(commands, "exporter", cmd_exporter, listen,
+            (["--upstream"], {"help": "TorchServe's own metrics listener (http://host:port)"}),
+            (["--dir"], {"type": Path, "required": True, "help": "the workers' metrics directory"}),
+            (["--access-log"], {"type": Path, "help": "TorchServe's access_log.log (request latency)"}),
+            log_format="%(asctime)s %(message)s", log_stream="stderr")
+    command(commands, "oip", cmd_oip, listen,
+            (["--run-dir"], {"type": Path, "help": "default: $RTSERVE_RUN_DIR or .run"}),
+            (["--model-store"], {"type": Path, "help": "default: $RTSERVE_MODEL_STORE"}),
+            (["--models"], {"nargs": "*", "help": "NAME=FILE.mar (default: $RTSERVE_MODELS)"}))

@@ -2,9 +2,10 @@
 
 TorchServe 0.12 answers ``/v2``, ``/v2/health/*`` and ``/v2/models/{name}/infer`` but has no
 route for model metadata or model readiness, which a generic OIP client asks before it infers.
-In the pod, its main process (:mod:`rtserve.container`) answers them on a loopback port
-(:data:`ADDRESS`) and the gateway sends them there (:func:`rtserve.gateway.nginx.render_nginx_conf`),
-after its token check:
+:class:`rtserve.server.torchserve.TorchServe` runs these routes beside the frontend (wherever it
+starts one: ``make serve``, the tests, the pod) on a free loopback port, and rtserve's Java agent
+(agent/) makes the frontend send those routes here, after its own token check, on the inference
+port:
 
 - ``GET /v2/models/{name}[/versions/{version}]``: the model's metadata, from its archive in the
   model store (``MAR-INF/MANIFEST.json`` and the ``meta.json`` training wrote, read by
@@ -14,8 +15,8 @@ after its token check:
   TorchServe's management API), else ``400`` (the protocol's "4xx means false");
 - an unknown model or version: ``404``; any other method: ``405``. Errors are ``{"error": ...}``.
 
-    python -m rtserve gateway routes --run-dir .run --model-store model_store \
-        --models realtime-classifier=realtime-classifier_1.0.mar    # foreground, for a look
+    python -m rtserve server oip --listen http://127.0.0.1:8093 --run-dir .run \
+        --model-store model_store --models realtime-classifier=realtime-classifier_1.0.mar
 """
 
 from __future__ import annotations
@@ -23,16 +24,16 @@ from __future__ import annotations
 import json
 import logging
 import re
-import threading
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Callable
+from urllib.parse import unquote, urlsplit
 
-from handler.protocols import CLASS_OUTPUT, INPUT_DATATYPE, INPUT_NAME, PROBABILITIES_OUTPUT
+from handler.signature import (CLASS_DATATYPE, CLASS_OUTPUT, INPUT_DATATYPE, INPUT_NAME,
+                               PROBABILITIES_DATATYPE, PROBABILITIES_OUTPUT)
 from rtserve.client.rest import TorchServeError
 from rtserve.errors import ArchiveError
-from rtserve.gateway.nginx import MODEL_ROUTES_PORT
 from rtserve.model.archive import read_archive as read_mar
 from rtserve.server.drain import is_draining
 from rtserve.server.probe import local_client
@@ -40,8 +41,6 @@ from rtserve.server.readiness import workers_ready
 
 logger = logging.getLogger(__name__)
 
-#: Where the routes listen in the pod (the gateway's ``model_routes`` upstream).
-ADDRESS = ("127.0.0.1", MODEL_ROUTES_PORT)
 #: ``/v2/models/{name}``, ``/v2/models/{name}/versions/{version}``, either with ``/ready``.
 ROUTE = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?(?P<ready>/ready)?$")
 #: The OIP ``platform`` of a TorchServe-served eager PyTorch model.
@@ -65,8 +64,8 @@ class ModelInfo:
             "platform": PLATFORM,
             "inputs": [{"name": INPUT_NAME, "datatype": INPUT_DATATYPE,
                         "shape": [-1, self.n_features]}],
-            "outputs": [{"name": CLASS_OUTPUT, "datatype": "INT64", "shape": [-1]},
-                        {"name": PROBABILITIES_OUTPUT, "datatype": "FP32",
+            "outputs": [{"name": CLASS_OUTPUT, "datatype": CLASS_DATATYPE, "shape": [-1]},
+                        {"name": PROBABILITIES_OUTPUT, "datatype": PROBABILITIES_DATATYPE,
                          "shape": [-1, self.n_classes]}],
         }
 
@@ -82,17 +81,20 @@ def read_archive(mar: Path) -> ModelInfo:
 
 
 def read_models(model_store: Path, models: list[str]) -> dict[str, ModelInfo]:
-    """name -> :class:`ModelInfo` for each ``NAME=FILE.mar`` the server loads."""
+    """name -> :class:`ModelInfo` for each ``NAME=FILE.mar`` the server loads; an archive that
+    cannot be read is left out (logged): its model's routes answer 404."""
     found = {}
     for spec in models:
         name, _, file = spec.partition("=")
-        info = read_archive(Path(model_store) / file)
-        found[name] = info
+        try:
+            found[name] = read_archive(Path(model_store) / file)
+        except ArchiveError as exc:
+            logger.error("OIP model routes: %s is left out: %s", name, exc)
     return found
 
 
 class ModelRoutes:
-    """The routes, served by a :class:`ThreadingHTTPServer` in a daemon thread.
+    """The routes, served by a :class:`ThreadingHTTPServer`.
 
     Args:
         models: what the archives say, by model name.
@@ -101,7 +103,7 @@ class ModelRoutes:
     """
 
     def __init__(self, models: dict[str, ModelInfo], is_ready: Callable[[str], tuple[bool, str]],
-                 address: tuple[str, int] = ADDRESS) -> None:
+                 address: tuple[str, int]) -> None:
         self.models = models
         self.is_ready = is_ready
         routes = self
@@ -111,7 +113,7 @@ class ModelRoutes:
             sys_version = ""
 
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                self._answer(*routes.answer(self.path.split("?", 1)[0]))
+                self._answer(*routes.answer(unquote(self.path.split("?", 1)[0])))
 
             def _not_allowed(self) -> None:
                 self._answer(405, {"error": f"{self.command} not allowed: GET only"})
@@ -132,8 +134,6 @@ class ModelRoutes:
 
         self.httpd = ThreadingHTTPServer(address, Handler)
         self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, name="oip-routes",
-                                       daemon=True)
 
     @property
     def url(self) -> str:
@@ -160,15 +160,6 @@ class ModelRoutes:
             body["reason"] = reason
         return (200 if ready else 400), body
 
-    def start(self) -> "ModelRoutes":
-        self.thread.start()
-        logger.info("OIP model metadata and readiness on %s", self.url)
-        return self
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
 
 def server_readiness(run_dir: Path) -> Callable[[str], tuple[bool, str]]:
     """``is_ready(name)`` for the server in ``run_dir``: not draining, and the model's default
@@ -186,12 +177,13 @@ def server_readiness(run_dir: Path) -> Callable[[str], tuple[bool, str]]:
     return is_ready
 
 
-def start_for_server(run_dir: Path, model_store: Path, models: list[str],
-                     address: tuple[str, int] = ADDRESS) -> ModelRoutes | None:
-    """The routes for the server in ``run_dir``, started; None (logged) when they cannot be."""
-    try:
-        return ModelRoutes(read_models(model_store, models), server_readiness(run_dir),
-                           address).start()
-    except (ArchiveError, OSError) as exc:
-        logger.error("OIP model routes not started: %s", exc)
-        return None
+def serve(listen: str, run_dir: Path, model_store: Path, models: list[str]) -> int:
+    """Serve the routes on ``listen`` (``http://127.0.0.1:PORT``) in the foreground until
+    SIGTERM (the server starts this as its sidecar, ``python -m rtserve server oip``)."""
+    address = urlsplit(listen)
+    routes = ModelRoutes(read_models(model_store, models), server_readiness(run_dir),
+                         (address.hostname, address.port))
+    logger.info("OIP model metadata and readiness for %s on %s",
+                ", ".join(sorted(routes.models)) or "no model", routes.url)
+    routes.httpd.serve_forever()
+    return 0

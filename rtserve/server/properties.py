@@ -1,5 +1,5 @@
 """TorchServe's ``config.properties``: reading and writing it, and the effective config a server
-starts with (listeners on given ports, the metrics listener made private, the batching agent).
+starts with (listeners on given ports, the metrics listener made private, rtserve's agent).
 
 Pure functions over dicts and files: no process is started here.
 """
@@ -10,12 +10,16 @@ from pathlib import Path
 
 from rtserve.errors import ServerError
 
-#: The config.properties key that switches the agent off (``false``); on by default.
+#: The config.properties key that switches greedy batching off (``false``); on by default.
 GREEDY_KEY = "rtserve_greedy_batching"
 #: In an effective config: the metrics address clients scrape (the metrics exporter,
 #: :mod:`rtserve.observability.exporter`, listens there; ``metrics_address`` is then
 #: TorchServe's own, private listener).
 PUBLIC_METRICS_KEY = "rtserve_metrics_address"
+#: In an effective config: where the OIP model metadata and readiness routes answer
+#: (:mod:`rtserve.server.oip`, a free loopback port; the agent sends those routes there from the
+#: inference port).
+OIP_KEY = "rtserve_oip_address"
 
 
 def read_properties(path: str | Path) -> dict[str, str]:
@@ -73,22 +77,27 @@ def greedy(props: dict[str, str]) -> bool:
     return value == "true"
 
 
-def effective_props(props: dict[str, str], private_metrics_port: int,
+def effective_props(props: dict[str, str], private_metrics_port: int, oip_port: int,
                     agent_jar: Path) -> dict[str, str]:
     """What the frontend is started with: ``props``, with TorchServe's metrics listener moved to
     ``private_metrics_port`` on loopback (the metrics exporter serves the configured address),
-    plus the agent in ``vmargs`` when greedy batching is on (it then waits for no further
-    request of a batch).
+    the OIP model routes on ``oip_port``, and rtserve's agent in ``vmargs``: it sends the OIP
+    model routes there and, unless ``rtserve_greedy_batching=false``, makes batching greedy (no
+    wait for further requests of a batch). ``vmargs`` that load an agent already are left as
+    they are.
 
     Raises:
-        ServerError: greedy batching is on but the agent was not built.
+        ServerError: the agent was not built.
     """
     props = dict(props)
+    is_greedy = greedy(props)
     props[PUBLIC_METRICS_KEY] = props["metrics_address"]
     props["metrics_address"] = f"http://127.0.0.1:{private_metrics_port}"
-    if greedy(props) and "-javaagent:" not in props.get("vmargs", ""):
+    props[OIP_KEY] = f"http://127.0.0.1:{oip_port}"
+    if "-javaagent:" not in props.get("vmargs", ""):
         if not Path(agent_jar).is_file():
-            raise ServerError(f"greedy batching is on but {agent_jar} is missing: build it "
-                              f"with `make agent`, or set {GREEDY_KEY}=false")
-        props["vmargs"] = f"{props.get('vmargs', '')} -javaagent:{agent_jar}".strip()
+            raise ServerError(f"{agent_jar} is missing (greedy batching, the OIP model routes): "
+                              "build it with `make agent`")
+        options = ",".join([f"oip={props[OIP_KEY]}"] + ([] if is_greedy else ["greedy=off"]))
+        props["vmargs"] = f"{props.get('vmargs', '')} -javaagent:{agent_jar}={options}".strip()
     return props

@@ -31,9 +31,9 @@ from rtserve.runtime.ports import free_ports
 from rtserve.runtime.process import PidFile, spawn, tail, terminate, wait_until
 from rtserve.server import drain as draining
 from rtserve.server.drain import DrainReport
-from rtserve.server.properties import (GREEDY_KEY, PUBLIC_METRICS_KEY,  # noqa: F401 - re-exported
-                                       configured, effective_props, greedy, read_properties,
-                                       write_properties)
+from rtserve.server.properties import (GREEDY_KEY, OIP_KEY,  # noqa: F401 - GREEDY_KEY re-exported
+                                       PUBLIC_METRICS_KEY, configured, effective_props, greedy,
+                                       read_properties, write_properties)
 from rtserve.server.readiness import probe_prediction, workers_ready
 from rtserve.settings import PACKAGE_HOME, RunDir, Settings, log_config
 
@@ -54,9 +54,42 @@ MAX_SOCKET_PATH = 107
 #: advise a tmpfs too). Otherwise, and with RTSERVE_METRICS_DIR unset, RUN_DIR/metrics.
 SHARED_MEMORY = Path("/dev/shm")
 METRICS_DIR = "metrics"
-EXPORTER_PID_FILE = "metrics-exporter.pid"
 #: A model whose workers died this often during start-up is not going to load: fail fast.
 WORKER_DEATHS_FATAL = 4
+
+
+@dataclass(frozen=True)
+class Sidecar:
+    """A Python process rtserve runs beside the frontend, started after the effective config is
+    written (in its own session, output in ``logs/<log>``, PID in ``RUN_DIR/<pid_file>``) and
+    stopped with it; ``python -m rtserve server run`` starts it again if it exits.
+
+    Attributes:
+        name: for log lines.
+        command: run as ``python -m rtserve <command>``.
+        args: its arguments, from the server and its effective config.
+    """
+
+    name: str
+    command: tuple[str, ...]
+    pid_file: str
+    log: str
+    args: Callable[["TorchServe", dict[str, str]], list[str]]
+
+
+#: The metrics exporter (rtserve.observability.exporter) on the public metrics address:
+#: TorchServe's metrics and the workers' own.
+EXPORTER = Sidecar(
+    "the metrics exporter", ("server", "exporter"), "metrics-exporter.pid", "metrics_exporter.log",
+    lambda ts, effective: ["--listen", effective[PUBLIC_METRICS_KEY],
+                           "--upstream", effective["metrics_address"], "--dir", str(ts.metrics_dir),
+                           "--access-log", str(ts.log_dir / "access_log.log")])
+#: The OIP model metadata and readiness routes (rtserve.server.oip) the agent sends to it.
+OIP_ROUTES = Sidecar(
+    "the OIP model routes", ("server", "oip"), "oip-routes.pid", "oip_routes.log",
+    lambda ts, effective: ["--listen", effective[OIP_KEY], "--run-dir", str(ts.run_dir),
+                           "--model-store", str(ts.model_store), "--models", *ts.models])
+SIDECARS = (EXPORTER, OIP_ROUTES)
 
 
 @dataclass
@@ -81,7 +114,6 @@ class TorchServe:
         self.config = Path(self.config) if self.config else self.settings.home / "config.properties"
         self.files = RunDir(self.run_dir)
         self._pid_file = PidFile(self.run_dir / "tmp" / PID_FILE)
-        self._exporter_pid_file = PidFile(self.run_dir / EXPORTER_PID_FILE)
 
     @property
     def props(self) -> dict[str, str]:
@@ -97,14 +129,14 @@ class TorchServe:
         """
         return greedy(self.props)
 
-    def effective_props(self, private_metrics_port: int) -> dict[str, str]:
+    def effective_props(self, private_metrics_port: int, oip_port: int) -> dict[str, str]:
         """What the frontend is started with (:func:`rtserve.server.properties.effective_props`
         of :attr:`props`, with the agent of :attr:`settings`).
 
         Raises:
-            ServerError: greedy batching is on but the agent was not built.
+            ServerError: the agent was not built.
         """
-        return effective_props(self.props, private_metrics_port, self.settings.agent_jar)
+        return effective_props(self.props, private_metrics_port, oip_port, self.settings.agent_jar)
 
     @property
     def key_file(self) -> Path:
@@ -142,26 +174,32 @@ class TorchServe:
                    METRICS_LOCATION=str(self.log_dir), PROMETHEUS_MULTIPROC_DIR=str(self.metrics_dir))
         return env
 
+    def sidecar_pid(self, sidecar: Sidecar) -> int | None:
+        """A sidecar's PID, if it is running."""
+        return PidFile(self.run_dir / sidecar.pid_file).pid()
+
     def exporter_pid(self) -> int | None:
         """The metrics exporter's PID, if it is running."""
-        return self._exporter_pid_file.pid()
+        return self.sidecar_pid(EXPORTER)
 
-    def start_exporter(self) -> None:
-        """Start the metrics exporter (``python -m rtserve monitor exporter``,
-        :mod:`rtserve.observability.exporter`) on the configured metrics address, in its own
-        session."""
+    def start_sidecar(self, sidecar: Sidecar) -> None:
+        """Start ``sidecar`` with this instance's effective config, in its own session."""
         effective = read_properties(self.files.config)
-        spawn([sys.executable, "-m", "rtserve", "monitor", "exporter",
-               "--listen", effective[PUBLIC_METRICS_KEY], "--upstream", effective["metrics_address"],
-               "--dir", str(self.metrics_dir), "--access-log", str(self.log_dir / "access_log.log")],
-              self.log_dir / "metrics_exporter.log", self._exporter_pid_file, cwd=PACKAGE_HOME)
+        spawn([sys.executable, "-m", "rtserve", *sidecar.command, *sidecar.args(self, effective)],
+              self.log_dir / sidecar.log, PidFile(self.run_dir / sidecar.pid_file), cwd=PACKAGE_HOME)
 
-    def stop_exporter(self, timeout: float = 5.0) -> None:
-        """SIGTERM the exporter (SIGKILL after ``timeout``)."""
-        pid = self.exporter_pid()
-        if pid is not None:
-            terminate(pid, timeout)
-        self._exporter_pid_file.remove()
+    def start_sidecars(self) -> None:
+        """Start every sidecar (:data:`SIDECARS`)."""
+        for sidecar in SIDECARS:
+            self.start_sidecar(sidecar)
+
+    def stop_sidecars(self, timeout: float = 5.0) -> None:
+        """SIGTERM every sidecar (SIGKILL after ``timeout``)."""
+        for sidecar in SIDECARS:
+            pid = self.sidecar_pid(sidecar)
+            if pid is not None:
+                terminate(pid, timeout)
+            PidFile(self.run_dir / sidecar.pid_file).remove()
 
     def pid(self) -> int | None:
         """The frontend's PID from this instance's private PID file, if it is running."""
@@ -187,7 +225,7 @@ class TorchServe:
                 f"{MAX_SOCKET_PATH}; choose a shorter run directory")
         shutil.rmtree(self.log_dir, ignore_errors=True)  # fresh logs: readiness reads them
         shutil.rmtree(self.metrics_dir, ignore_errors=True)  # and fresh counters
-        self.stop_exporter()
+        self.stop_sidecars()
         (self.run_dir / "tmp").mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_dir.mkdir(parents=True, exist_ok=True)
@@ -196,8 +234,8 @@ class TorchServe:
         self.files.history.unlink(missing_ok=True)
         draining.clear(self.run_dir)  # nor is it draining
         config = self.files.config
-        write_properties(config, self.effective_props(free_ports(1)[0]))
-        self.start_exporter()
+        write_properties(config, self.effective_props(*free_ports(2)))
+        self.start_sidecars()
         cmd = [torchserve_binary(), "--start", "--ncs",
                "--ts-config", str(config), "--model-store", str(self.model_store)]
         if self.log_config is not None:
@@ -213,7 +251,7 @@ class TorchServe:
                                      stdin=subprocess.DEVNULL, stdout=out,
                                      stderr=subprocess.STDOUT, timeout=60)
         if rc != 0:
-            self.stop_exporter()
+            self.stop_sidecars()
             raise ServerError(f"torchserve --start exited {rc}:\n{self.log_tail()}")
 
     def wait_ready(self, timeout: float = 120.0, models: list[str] | None = None) -> float:
@@ -279,14 +317,14 @@ class TorchServe:
         """
         pid = self.pid()
         if pid is None:
-            self.stop_exporter()
+            self.stop_sidecars()
             return None
         report = self.drain() if drain else None
         if terminate(pid, timeout, tree=True, poll=0.1):
             logger.warning("TorchServe pid %d ignored SIGTERM for %.0fs; killed it", pid, timeout)
         self._pid_file.remove()
         self.key_file.unlink(missing_ok=True)
-        self.stop_exporter()
+        self.stop_sidecars()
         if self.metrics_dir.parent == SHARED_MEMORY:
             shutil.rmtree(self.metrics_dir, ignore_errors=True)  # memory, not a record
         return report
@@ -366,11 +404,12 @@ def run_foreground(server: TorchServe, stop_timeout: float = 15.0, poll: float =
             break
         if server.pid() is None:
             logger.error("TorchServe exited on its own:\n%s", server.log_tail())
-            server.stop_exporter()
+            server.stop_sidecars()
             return 1
-        if server.exporter_pid() is None:
-            logger.error("the metrics exporter exited: starting it again")
-            server.start_exporter()
+        for sidecar in SIDECARS:
+            if server.sidecar_pid(sidecar) is None:
+                logger.error("%s exited: starting it again", sidecar.name)
+                server.start_sidecar(sidecar)
     server.stop(stop_timeout)
     logger.info("TorchServe stopped")
     return 0

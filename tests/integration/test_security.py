@@ -8,9 +8,9 @@ import psutil
 import pytest
 import requests
 
-from rtserve.server.properties import read_properties
+from rtserve.server.properties import OIP_KEY, read_properties
 from rtserve.server.readiness import sample_payload
-from rtserve.server.torchserve import DEFAULT_CONFIG
+from rtserve.server.torchserve import DEFAULT_CONFIG, OIP_ROUTES
 from tests.conftest import MODEL_NAME
 
 pytestmark = pytest.mark.integration
@@ -82,8 +82,9 @@ def test_registration_from_urls_is_refused(server, url):
 
 
 def test_every_listener_is_on_loopback(server):
-    """The frontend's five listeners (its metrics one private, on a port of its own) and the
-    metrics exporter's, which serves the configured metrics address."""
+    """The frontend's five listeners (its metrics one private, on a port of its own), the
+    metrics exporter's, which serves the configured metrics address, and rtserve.gateway.oip's (the
+    OIP model routes the frontend sends there, on a private port)."""
     port = lambda address: int(address.rsplit(":", 1)[1])  # noqa: E731
     effective = read_properties(server.run_dir / "config.properties")
     frontend = [c.laddr for c in psutil.Process(server.pid()).net_connections() if c.status == "LISTEN"]
@@ -95,7 +96,10 @@ def test_every_listener_is_on_loopback(server):
     exporter = [c.laddr for c in psutil.Process(server.exporter_pid()).net_connections()
                 if c.status == "LISTEN"]
     assert [a.port for a in exporter] == [port(server.props["metrics_address"])]
-    for addr in frontend + exporter:
+    oip = [c.laddr for c in psutil.Process(server.sidecar_pid(OIP_ROUTES)).net_connections()
+           if c.status == "LISTEN"]
+    assert [a.port for a in oip] == [port(effective[OIP_KEY])]
+    for addr in frontend + exporter + oip:
         ip = ipaddress.ip_address(addr.ip)
         if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:  # Java's ::ffff:127.0.0.1
             ip = ip.ipv4_mapped
