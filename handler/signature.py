@@ -1,7 +1,7 @@
 """The model's Open Inference Protocol signature: its tensors' names and datatypes.
 
 Shared by the handler's answers (:mod:`handler.protocols`) and the model metadata answer
-(:mod:`rtserve.gateway.oip`), which runs in a small process of its own: nothing is imported here.
+(:mod:`rtserve.server.oip`), which runs in a small process of its own: nothing is imported here.
 """
 
 INPUT_NAME = "features"

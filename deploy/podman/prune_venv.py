@@ -25,9 +25,10 @@ import sys
 from pathlib import Path
 
 #: What the server container runs: the handler, the probes, the frontend's worker, rtserve (the
-#: command line, the pod's main process with the server, gateway and OIP routes, the probes).
+#: command line, the pod's main process with the server and the gateway's key sync, the probes,
+#: the OIP model routes).
 RUNTIME_MODULES = ("handler.rtserve_handler", "handler.explain", "rtserve.cli", "rtserve.container",
-                   "rtserve.server.probe", "ts.model_service_worker", "ts.service",
+                   "rtserve.server.probe", "rtserve.server.oip", "ts.model_service_worker", "ts.service",
                    "ts.torch_handler.base_handler", "ts.model_loader", "captum.attr", "psutil",
                    "requests", "yaml", "numpy")
 #: Packages rtserve never imports that torch's wheel pulls in: Triton is the GPU kernel compiler of

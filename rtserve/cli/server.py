@@ -135,7 +135,7 @@ def cmd_exporter(args: argparse.Namespace) -> int:
 def cmd_oip(args: argparse.Namespace) -> int:
     """Serve the OIP model metadata and readiness routes on --listen until SIGTERM (a server's
     sidecar; the frontend's agent sends those routes there)."""
-    from rtserve.gateway.oip import serve
+    from rtserve.server.oip import serve
 
     s = settings(args)
     return serve(args.listen, s.run_dir, s.model_store, list(s.models))

@@ -1,1 +1,1 @@
-"""The pod's gateway: nginx's config, the key sync that feeds it, the OIP model routes behind it."""
+"""The pod's authenticating gateway: nginx's config and the key sync that feeds it."""

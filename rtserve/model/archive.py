@@ -3,7 +3,7 @@
 rtserve's one reader of an archive's ``MAR-INF/MANIFEST.json`` and the ``meta.json`` that
 :func:`rtserve.model.package.export` wrote: the promotion gate takes the golden set and labels
 from it (:class:`rtserve.promotion.gate.ArchiveMeta`), the OIP model routes the tensor shapes
-(:mod:`rtserve.gateway.oip`). The handler reads ``meta.json`` itself, inside the worker, through
+(:mod:`rtserve.server.oip`). The handler reads ``meta.json`` itself, inside the worker, through
 ``handler.model.ModelMetadata`` (the archive carries the handler, not rtserve).
 """
 

@@ -1,1 +1,1 @@
-"""One TorchServe instance: its config, start and stop, readiness, drain and the pod's probes."""
+"""One TorchServe: its config, start and stop, readiness, drain, the pod's probes, the OIP model routes."""

@@ -181,7 +181,7 @@ def test_only_inference_routes_pass_and_bodies_are_bounded(pod_gateway):
 def test_tritonclient_with_its_defaults_through_the_gateway(pod_gateway):
     """The Open Inference Protocol flow of a generic client with no option changed, through the
     gateway with the shared token: model readiness and metadata (rtserve's agent in TorchServe,
-    rtserve.gateway.oip), then binary tensor data in and out, equal to /predictions' answers."""
+    rtserve.server.oip), then binary tensor data in and out, equal to /predictions' answers."""
     pod, nginx, _, tokens_file = pod_gateway
     pod.wait_ready()
     auth = {"Authorization": f"Bearer {gateway.parse_tokens(tokens_file.read_text())[0]}"}

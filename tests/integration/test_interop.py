@@ -138,7 +138,7 @@ NO_TOKEN = {"code": 400, "type": "InvalidKeyException",
 def test_tritonclient_with_its_defaults_from_readiness_to_binary_inference(triton_client, keys,
                                                                            plain):
     """A generic OIP client's whole flow on the local server, with no option changed: model
-    readiness and metadata (rtserve's agent and rtserve.gateway.oip), then inference with the input and
+    readiness and metadata (rtserve's agent and rtserve.server.oip), then inference with the input and
     every output as binary tensor data."""
     auth = bearer(keys["inference"])
     assert triton_client.is_server_live(headers=auth) and triton_client.is_server_ready(headers=auth)
@@ -239,14 +239,14 @@ def test_v2_model_readiness_follows_draining_and_says_when_its_routes_are_down(s
         assert server.sidecar_pid(OIP_ROUTES) is None and pid is not None
         resp = requests.get(url, headers=auth, timeout=10)
         assert (resp.status_code, resp.json()) == (503, {
-            "error": "the model metadata and readiness routes (rtserve.gateway.oip) are not answering"})
+            "error": "the model metadata and readiness routes (rtserve.server.oip) are not answering"})
         assert requests.post(f"{server.props['inference_address']}/predictions/{MODEL_NAME}",
                              json={"features": ROWS[0]}, headers=auth, timeout=10).status_code == 200
     finally:
         server.start_sidecars()
     deadline = time.monotonic() + 30
     while requests.get(url, headers=auth, timeout=10).status_code != 200:
-        assert time.monotonic() < deadline, "rtserve.gateway.oip did not come back"
+        assert time.monotonic() < deadline, "rtserve.server.oip did not come back"
         time.sleep(0.2)
 
 

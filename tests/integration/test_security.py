@@ -83,7 +83,7 @@ def test_registration_from_urls_is_refused(server, url):
 
 def test_every_listener_is_on_loopback(server):
     """The frontend's five listeners (its metrics one private, on a port of its own), the
-    metrics exporter's, which serves the configured metrics address, and rtserve.gateway.oip's (the
+    metrics exporter's, which serves the configured metrics address, and rtserve.server.oip's (the
     OIP model routes the frontend sends there, on a private port)."""
     port = lambda address: int(address.rsplit(":", 1)[1])  # noqa: E731
     effective = read_properties(server.run_dir / "config.properties")

@@ -68,7 +68,7 @@ def test_the_probes_and_the_oip_routes_do_not_import_torch():
     from pathlib import Path
 
     code = ("import sys, rtserve.cli, rtserve.server.probe, rtserve.server.torchserve, "
-            "rtserve.gateway.oip; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))")
+            "rtserve.server.oip; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2]).stdout
     assert out.strip() == "[]", out

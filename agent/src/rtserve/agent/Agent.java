@@ -20,11 +20,11 @@ import java.util.List;
  *   <li>OIP model routes ({@code InferenceRequestHandler.handleRequest}): the call that passes a
  *       request the handler does not route on down the handler chain becomes
  *       {@link ModelRoutes#next}, which sends {@code GET /v2/models/...} to rtserve's answers
- *       (rtserve/oip.py) on loopback. Token authorization has run by then.
+ *       (rtserve/server/oip.py) on loopback. Token authorization has run by then.
  * </ul>
  *
  * <p>Options, comma-separated: {@code greedy=off} (no greedy batching), {@code oip=<url>} (where
- * rtserve.gateway.oip listens; without it the model routes stay TorchServe's 404), {@code sha256=<hex>}
+ * rtserve.server.oip listens; without it the model routes stay TorchServe's 404), {@code sha256=<hex>}
  * (replaces Model's pinned checksum: tests).
  */
 public final class Agent {
@@ -97,7 +97,7 @@ public final class Agent {
                         new PinnedPatch.Swap(409, PinnedPatch.INVOKEVIRTUAL, CHAIN, "handleRequest",
                                 HANDLE_REQUEST_DESC, "next", "(Ljava/lang/Object;Ljava/lang/Object;"
                                         + "Ljava/lang/Object;Ljava/lang/Object;[Ljava/lang/String;)V")),
-                "GET /v2/models/{name}[/versions/{version}][/ready] answered by rtserve.gateway.oip on " + oip,
+                "GET /v2/models/{name}[/versions/{version}][/ready] answered by rtserve.server.oip on " + oip,
                 "those routes answer TorchServe's 404");
     }
 

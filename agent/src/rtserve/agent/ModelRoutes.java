@@ -17,7 +17,7 @@ import java.time.Duration;
  * <p>TorchServe 0.12's REST frontend has no route for the Open Inference Protocol's model metadata
  * ({@code GET /v2/models/{name}[/versions/{version}]}) and model readiness ({@code .../ready}). A
  * {@code GET} of a path under {@code /v2/models/} that reaches this point (inference and explain
- * requests never do) is sent to rtserve's own answers (rtserve/oip.py, on loopback), whose status
+ * requests never do) is sent to rtserve's own answers (rtserve/server/oip.py, on loopback), whose status
  * and JSON body go back to the client as TorchServe sends its own answers (access log, metrics,
  * headers); every other request goes down the chain as before. The frontend checked the token
  * first: its {@code TokenAuthorizationHandler} precedes the inference handler.
@@ -28,7 +28,7 @@ import java.time.Duration;
 public final class ModelRoutes {
     static final Duration TIMEOUT = Duration.ofSeconds(10);
     static final byte[] UNAVAILABLE = ("{\"error\": \"the model metadata and readiness routes "
-            + "(rtserve.gateway.oip) are not answering\"}\n").getBytes(StandardCharsets.UTF_8);
+            + "(rtserve.server.oip) are not answering\"}\n").getBytes(StandardCharsets.UTF_8);
 
     private static volatile URI upstream;
     private static volatile Frontend frontend;
@@ -36,7 +36,7 @@ public final class ModelRoutes {
     private ModelRoutes() {
     }
 
-    /** Where rtserve.gateway.oip listens ({@code http://127.0.0.1:PORT}). */
+    /** Where rtserve.server.oip listens ({@code http://127.0.0.1:PORT}). */
     static void answeredBy(URI url) {
         if (!"http".equals(url.getScheme()) || url.getHost() == null || url.getPort() < 0) {
             throw new IllegalArgumentException("want http://HOST:PORT");
