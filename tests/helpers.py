@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import functools
 import json
-import zipfile
 from pathlib import Path
 
 import torch
 import yaml
+
 from handler.model import ModelMetadata
+from rtserve.model.archive import read_archive
 from rtserve.testing.worker import METRICS_YAML, make_context, start_batch  # noqa: F401 - shared
 
 #: The shipped model config (model/model-config.yaml), as the archive carries it.
@@ -97,8 +98,7 @@ class Reference:
     def from_mar(cls, mar: Path, model) -> "Reference":
         """``model`` (eager, in-process) with the metadata packed inside a ``.mar`` archive; the
         archive's golden set must be ``model``'s own answers (so it packs the same weights)."""
-        with zipfile.ZipFile(mar) as zf:
-            raw = json.loads(zf.read("meta.json"))
+        raw = read_archive(mar).meta
         meta = ModelMetadata(**{k: raw[k] for k in ModelMetadata.__dataclass_fields__ if k in raw})
         ref = cls(model, meta)
         golden = ref.probabilities(meta.golden["features"])
