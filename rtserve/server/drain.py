@@ -7,7 +7,7 @@ without an answer (the client sees ``Connection reset by peer``); ``bench/drain.
 
 So rtserve drains first, the way Kubernetes stops a pod:
 
-1. **Not ready.** Write the marker file ``RUN_DIR/draining`` (:data:`DRAIN_FILE`). A readiness
+1. **Not ready.** Write the marker file ``RUN_DIR/draining`` (:data:`rtserve.settings.DRAIN_FILE`). A readiness
    check must report not-ready while it exists (before it sends any probe prediction), so the
    balancer or the Service stops sending new requests here. A Kubernetes ``preStop`` hook runs
    ``python -m rtserve server drain``; touching the file by hand does the same first step.
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -42,7 +41,7 @@ from pathlib import Path
 
 from rtserve.client.rest import Client, TorchServeError
 from rtserve.runtime.logs import LogFollower
-from rtserve.settings import DRAIN_FILE
+from rtserve.settings import RunDir
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +136,7 @@ def queue_state(client: Client) -> tuple[int, set[str]]:
 
 def mark_draining(run_dir: Path, pid: int | None) -> Path:
     """Write the drain marker (readiness goes false); returns its path."""
-    path = Path(run_dir) / DRAIN_FILE
+    path = RunDir(Path(run_dir)).drain_marker
     path.write_text(json.dumps({"since": datetime.now(timezone.utc).isoformat(), "pid": pid}) + "\n")
     return path
 
@@ -201,12 +200,9 @@ def drain(client: Client, run_dir: Path, log_dir: Path, pid: int | None, timeout
 
 def is_draining(run_dir: Path) -> bool:
     """Whether the instance in ``run_dir`` is draining (readiness must be false)."""
-    return (Path(run_dir) / DRAIN_FILE).exists()
+    return RunDir(Path(run_dir)).drain_marker.exists()
 
 
 def clear(run_dir: Path) -> None:
     """Remove the drain marker (a fresh start is not draining)."""
-    try:
-        os.unlink(Path(run_dir) / DRAIN_FILE)
-    except FileNotFoundError:
-        pass
+    RunDir(Path(run_dir)).drain_marker.unlink(missing_ok=True)
