@@ -3,22 +3,19 @@ command line, into one typed :class:`Settings`.
 
 Every ``RTSERVE_*`` variable is read here and nowhere else:
 
-========================  =========================================================  ================================
-variable                  meaning                                                    default
-========================  =========================================================  ================================
-``RTSERVE_HOME``          the checkout: ``config.properties``, ``config/``, ``deploy/``  the directory above this package
-``RTSERVE_RUN_DIR``       a server's run directory (keys, effective config, logs)    ``HOME/.run``
-``RTSERVE_MODEL_STORE``   the model store (``<name>_<version>.mar``)                 ``HOME/model_store``
-``RTSERVE_CONFIG``        the ``config.properties`` a server starts from             ``HOME/config.properties``
-``RTSERVE_MODELS``        ``NAME=FILE.mar ...`` loaded at start                      none
-``RTSERVE_MODEL``         the model the probes ask                                   ``realtime-classifier``
-``RTSERVE_AGENT_JAR``     the frontend's greedy-batching agent                       ``HOME/build/agent/rtserve-agent.jar``
-``RTSERVE_METRICS_DIR``   the workers' metrics files                                 shared memory, else ``RUN_DIR/metrics``
-``RTSERVE_GATEWAY_DIR``   the pod's gateway directory (set: the pod has a gateway)   none
-``RTSERVE_GATEWAY_TOKENS``  the gateway's shared-token file                          ``/etc/rtserve-gateway-tokens/tokens``
-========================  =========================================================  ================================
+- ``RTSERVE_RUN_DIR``: a server's run directory (keys, effective config, logs); ``HOME/.run``;
+- ``RTSERVE_MODEL_STORE``: the model store (``<name>_<version>.mar``); ``HOME/model_store``;
+- ``RTSERVE_CONFIG``: the ``config.properties`` a server starts from; ``HOME/config.properties``;
+- ``RTSERVE_MODELS``: ``NAME=FILE.mar ...`` loaded at start; none;
+- ``RTSERVE_MODEL``: the model the probes ask; ``realtime-classifier``;
+- ``RTSERVE_AGENT_JAR``: the frontend's agent; ``HOME/build/agent/rtserve-agent.jar``;
+- ``RTSERVE_METRICS_DIR``: the workers' metrics files; shared memory, else ``RUN_DIR/metrics``;
+- ``RTSERVE_GATEWAY_DIR``: the pod's gateway directory (set: the pod has a gateway); none;
+- ``RTSERVE_GATEWAY_TOKENS``: the gateway's shared tokens; ``/etc/rtserve-gateway-tokens/tokens``
 
 (and TorchServe's own ``LOG_LOCATION``, which a server started by rtserve sets for its workers).
+``HOME`` is the checkout holding this package (``config.properties``, ``config/``, ``deploy/``,
+``build/``), found once from this file; in the image it is ``/opt/rtserve``.
 An empty variable counts as unset. Files shipped inside the package (the frontend's log
 configuration) are read as package resources (:func:`resource`), not through ``HOME``.
 """
@@ -33,7 +30,7 @@ from typing import Any, Mapping
 
 from rtserve.errors import SettingsError
 
-#: The checkout holding this package (``RTSERVE_HOME`` names another).
+#: The checkout holding this package: HOME.
 PACKAGE_HOME = Path(__file__).resolve().parent.parent
 #: The model the probes ask when none is named.
 DEFAULT_MODEL = "realtime-classifier"
@@ -134,7 +131,7 @@ class Settings:
                 not ``NAME=FILE.mar``.
         """
         env = os.environ if environ is None else environ
-        home = Path(overrides.pop("home", None) or _path(env, "RTSERVE_HOME") or PACKAGE_HOME).resolve()
+        home = Path(overrides.pop("home", None) or PACKAGE_HOME).resolve()
         values: dict[str, Any] = {
             "run_dir": _path(env, "RTSERVE_RUN_DIR") or home / ".run",
             "model_store": _path(env, "RTSERVE_MODEL_STORE") or home / "model_store",
@@ -167,7 +164,7 @@ class Settings:
         if "models" in changes:
             changes["models"] = tuple(changes["models"])
         settings = replace(self, **changes)
-        bad = [m for m in settings.models if "=" in m and m.startswith("=")]
+        bad = [m for m in settings.models if m.startswith("=")]
         if bad:
             raise SettingsError(f"RTSERVE_MODELS / --models: {bad[0]!r} is not NAME=FILE.mar")
         return settings
