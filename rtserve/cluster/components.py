@@ -81,7 +81,7 @@ def etcd(layout: Layout) -> Component:
         str(layout.binary("etcd")), "--name=rtserve-local", f"--data-dir={layout.run_dir / 'etcd'}",
         f"--listen-client-urls={url}", f"--advertise-client-urls={url}",
         f"--listen-peer-urls=http://{HOST}:{peer}", f"--initial-advertise-peer-urls=http://{HOST}:{peer}",
-        f"--initial-cluster=rtserve-local=http://{HOST}:{peer}", "--listen-metrics-urls=",
+        f"--initial-cluster=rtserve-local=http://{HOST}:{peer}",
         f"--cert-file={pki / 'etcd.crt'}", f"--key-file={pki / 'etcd.key'}",
         "--client-cert-auth=true", f"--trusted-ca-file={pki / 'ca.crt'}", "--log-level=warn",
     ), f"{url}/health")
@@ -105,7 +105,7 @@ def kube_apiserver(layout: Layout) -> Component:
         # with the Node authorizer. Privileged pods are allowed by the server, so that what
         # refuses one is the namespace's PodSecurity level, as in a real cluster.
         "--enable-admission-plugins=NodeRestriction", "--allow-privileged=true",
-        "--profiling=false", "--endpoint-reconciler-type=lease",
+        "--profiling=false",
     ), f"{layout.api_url}/readyz")
 
 
