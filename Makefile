@@ -514,7 +514,7 @@ K8S_LDFLAGS         = $(foreach p,k8s.io/component-base/version k8s.io/client-go
   -X $(p).gitVersion=$(CLUSTER_KUBERNETES) -X $(p).gitMajor=1 -X $(p).gitMinor=$(k8s_minor) -X $(p).gitTreeState=clean)
 
 .PHONY: cluster-modules
-cluster-modules: $(STAMP) ## Regenerate deploy/cluster's go.mod and go.sum files for CLUSTER_KUBERNETES and CLUSTER_ETCD (then commit them)
+cluster-modules: | $(STAMP) ## Regenerate deploy/cluster's go.mod and go.sum files for CLUSTER_KUBERNETES and CLUSTER_ETCD (then commit them)
 	$(PY) -m rtserve.cluster modules --dir $(CLUSTER_MODULE) --kubernetes $(CLUSTER_KUBERNETES) \
 	  --etcd $(CLUSTER_ETCD) --go $(GO)
 
@@ -539,7 +539,7 @@ CLUSTER_KUBECONFIG ?= build/cluster/admin.kubeconfig
 CLUSTER_PORTS      ?=
 
 .PHONY: cluster
-cluster: $(CLUSTER_STAMP) $(STAMP) ## Start etcd, the API server, controller manager and scheduler on 127.0.0.1 (kubeconfig: CLUSTER_KUBECONFIG)
+cluster: $(CLUSTER_STAMP) | $(STAMP) ## Start etcd, the API server, controller manager and scheduler on 127.0.0.1 (kubeconfig: CLUSTER_KUBECONFIG)
 	$(PY) -m rtserve.cluster start --bin-dir $(CLUSTER_BIN) --run-dir $(CLUSTER_RUN_DIR) \
 	  --kubeconfig $(CLUSTER_KUBECONFIG) $(addprefix --port ,$(CLUSTER_PORTS))
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import yaml
 
+from rtserve.cluster.pki import FRONT_PROXY_CLIENT
+
 HOST = "127.0.0.1"
 SERVICE_CIDR = "10.0.0.0/24"
 SERVICE_IP = "10.0.0.1"
@@ -105,7 +107,14 @@ def kube_apiserver(layout: Layout) -> Component:
         # with the Node authorizer. Privileged pods are allowed by the server, so that what
         # refuses one is the namespace's PodSecurity level, as in a real cluster.
         "--enable-admission-plugins=NodeRestriction", "--allow-privileged=true",
-        "--profiling=false",
+        f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
+        f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}", "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group", "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+        f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+        # The API server listens on loopback only, an address the `kubernetes` Service's
+        # endpoints may not hold: it gets none (in-cluster clients need a node address).
+        "--endpoint-reconciler-type=none", "--profiling=false",
     ), f"{layout.api_url}/readyz")
 
 

@@ -1,9 +1,11 @@
 """The cluster's certificates and keys, made with the ``openssl`` command.
 
-One certificate authority signs every certificate: the API server's serving certificate, the
+The cluster's certificate authority (``ca``) signs the API server's serving certificate, the
 clients' (admin, controller manager, scheduler, the API server towards etcd and kubelets) and
-the serving certificates of etcd, the controller manager and the scheduler. The service-account
-tokens are signed with their own key pair. Keys are ECDSA P-256 (fast to make, accepted by every
+the serving certificates of etcd, the controller manager and the scheduler. A second one
+(``front-proxy-ca``), as in kubeadm's clusters, signs only the API server's client certificate
+towards aggregated API servers (the request-header authentication they and the controllers
+trust). The service-account tokens are signed with their own key pair. Keys are ECDSA P-256 (fast to make, accepted by every
 component). :func:`commands` is pure; :func:`make` runs them.
 """
 
@@ -16,6 +18,9 @@ from rtserve.cluster.runner import run
 
 DAYS = 365
 LOCAL_SANS = ("IP:127.0.0.1", "DNS:localhost")
+CAS = ("ca", "front-proxy-ca")
+#: The common name the API server's request-header authentication accepts.
+FRONT_PROXY_CLIENT = "front-proxy-client"
 
 
 @dataclass(frozen=True)
@@ -26,6 +31,7 @@ class Cert:
     common_name: str
     organisation: str = ""
     sans: tuple[str, ...] = ()
+    ca: str = "ca"
 
     @property
     def subject(self) -> str:
@@ -49,6 +55,7 @@ def certificates(service_ip: str) -> tuple[Cert, ...]:
         Cert("admin", "kubernetes-admin", "system:masters"),
         Cert("controller-manager", "system:kube-controller-manager", sans=LOCAL_SANS),
         Cert("scheduler", "system:kube-scheduler", sans=LOCAL_SANS),
+        Cert("front-proxy-client", FRONT_PROXY_CLIENT, ca="front-proxy-ca"),
     )
 
 
@@ -57,16 +64,16 @@ def _new_key(out: Path) -> list[str]:
 
 
 def commands(pki: Path, certs: tuple[Cert, ...]) -> list[list[str]]:
-    """The openssl commands that make the CA, the service-account key pair and ``certs`` in ``pki``."""
-    ca_crt, ca_key = pki / "ca.crt", pki / "ca.key"
-    argv = [["openssl", "req", "-x509", *_new_key(ca_key), "-out", str(ca_crt), "-days", str(DAYS),
-             "-subj", "/CN=rtserve-local-cluster-ca", "-addext", "basicConstraints=critical,CA:TRUE",
-             "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature"],
-            ["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-             "-out", str(pki / "sa.key")],
-            ["openssl", "pkey", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub")]]
+    """The openssl commands that make the CAs, the service-account key pair and ``certs`` in ``pki``."""
+    argv = [["openssl", "req", "-x509", *_new_key(pki / f"{ca}.key"), "-out", str(pki / f"{ca}.crt"),
+             "-days", str(DAYS), "-subj", f"/CN=rtserve-local-cluster-{ca}",
+             "-addext", "basicConstraints=critical,CA:TRUE",
+             "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature"] for ca in CAS]
+    argv += [["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+              "-out", str(pki / "sa.key")],
+             ["openssl", "pkey", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub")]]
     for cert in certs:
-        one = ["openssl", "req", "-x509", "-CA", str(ca_crt), "-CAkey", str(ca_key),
+        one = ["openssl", "req", "-x509", "-CA", str(pki / f"{cert.ca}.crt"), "-CAkey", str(pki / f"{cert.ca}.key"),
                *_new_key(pki / f"{cert.name}.key"), "-out", str(pki / f"{cert.name}.crt"),
                "-days", str(DAYS), "-subj", cert.subject,
                "-addext", "basicConstraints=critical,CA:FALSE",

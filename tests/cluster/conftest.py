@@ -40,6 +40,17 @@ class Cluster:
         return subprocess.run([str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
                               input=stdin, capture_output=True, text=True, timeout=timeout)
 
+    def namespace(self, name: str, **labels: str) -> None:
+        """Create namespace ``name`` with ``labels`` and wait for its ``default`` service account
+        (the controller manager makes it; until then the API server refuses every pod there)."""
+        self.ok("create", "namespace", name)
+        if labels:
+            self.ok("label", "namespace", name, *(f"{k}={v}" for k, v in labels.items()))
+        deadline = time.monotonic() + 30
+        while self.kubectl("get", "serviceaccount", "default", "-n", name).returncode:
+            assert time.monotonic() < deadline, f"no default service account in {name} after 30 s"
+            time.sleep(0.2)
+
     def ok(self, *args: str, stdin: str | None = None) -> str:
         done = self.kubectl(*args, stdin=stdin)
         assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"

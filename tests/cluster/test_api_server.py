@@ -87,8 +87,7 @@ spec:
 
 
 def test_a_restricted_namespace_refuses_a_privileged_pod(cluster):
-    cluster.ok("create", "namespace", "restricted-check")
-    cluster.ok("label", "namespace", "restricted-check", "pod-security.kubernetes.io/enforce=restricted")
+    cluster.namespace("restricted-check", **{"pod-security.kubernetes.io/enforce": "restricted"})
     refused = cluster.kubectl("apply", "-f", "-", stdin=PRIVILEGED_POD)
     assert refused.returncode == 1
     assert ('Error from server (Forbidden): error when creating "STDIN": pods "privileged" is forbidden: '

@@ -81,7 +81,7 @@ def test_certificates_are_signed_by_the_ca_with_their_names(tmp_path):
     certs = pki.certificates(components.SERVICE_IP)
     pki.make(tmp_path, certs)
     for cert in certs:
-        verified = subprocess.run(["openssl", "verify", "-CAfile", tmp_path / "ca.crt", tmp_path / f"{cert.name}.crt"],
+        verified = subprocess.run(["openssl", "verify", "-CAfile", tmp_path / f"{cert.ca}.crt", tmp_path / f"{cert.name}.crt"],
                                   capture_output=True, text=True)
         assert verified.returncode == 0, verified.stderr
     text = subprocess.run(["openssl", "x509", "-in", tmp_path / "apiserver.crt", "-noout", "-text"],
@@ -91,6 +91,9 @@ def test_certificates_are_signed_by_the_ca_with_their_names(tmp_path):
     admin = subprocess.run(["openssl", "x509", "-in", tmp_path / "admin.crt", "-noout", "-subject"],
                            capture_output=True, text=True, check=True).stdout
     assert admin.strip() == "subject=CN = kubernetes-admin, O = system:masters"
+    wrong_ca = subprocess.run(["openssl", "verify", "-CAfile", tmp_path / "ca.crt", tmp_path / "front-proxy-client.crt"],
+                              capture_output=True, text=True)
+    assert wrong_ca.returncode == 2, "the front proxy's client certificate is signed by its own CA only"
     assert (tmp_path / "sa.pub").read_text().startswith("-----BEGIN PUBLIC KEY-----")
 
 
