@@ -28,9 +28,10 @@ RUN mkdir -p /usr/share/man/man1 \
       /usr/share/doc/* /usr/share/man/* \
  && rm -f /usr/lib/jvm/java-17-openjdk-*/lib/ct.sym
 
-# The frontend's greedy-batching Java agent, built from agent/ with javac and jar exactly as the
-# Makefile's build/agent/rtserve-agent.jar rule does (Debian's JDK 17, in this stage only). The
-# JRE is reinstalled for the ct.sym the stage above removed: `javac --release` reads it.
+# The frontend's Java agent (greedy batching, the OIP model routes), built from agent/ with javac
+# and jar exactly as the Makefile's build/agent/rtserve-agent.jar rule does (Debian's JDK 17, in
+# this stage only). The JRE is reinstalled for the ct.sym the stage above removed: `javac
+# --release` reads it.
 FROM java AS agent
 RUN mkdir -p /usr/share/man/man1 \
  && apt-get update \

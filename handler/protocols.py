@@ -8,7 +8,10 @@ handler therefore reads it from each request's body, so one batch can mix protoc
   prediction per instance;
 - ``{"inputs": [{"name": "features", "datatype": "FP32", "shape": [N, n], "data": [...]}]}``:
   Open Inference Protocol, answered with ``class`` (INT64, ``[N]``) and ``probabilities``
-  (FP32, ``[N, classes]``) output tensors;
+  (FP32, ``[N, classes]``) output tensors; with the binary tensor data extension (what Triton's
+  clients send by default) the body is a JSON header of ``Inference-Header-Content-Length``
+  bytes followed by the raw little-endian tensor bytes (:func:`split_binary`), and outputs asked
+  for as binary are answered the same way (:func:`encode_binary`);
 - anything else: rtserve's own ``{"features": [...]}`` (see :mod:`handler.schema`).
 
 On ``/predictions`` and ``/explanations`` only rtserve's own body is accepted (the handler does
@@ -18,22 +21,30 @@ their body is the protocols' ``{"error": "..."}``; the message names the field.
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
+
+import numpy as np
 
 from handler.errors import InvalidInput
 from handler.schema import check_numbers, json_type, prediction_document, short
+from handler.signature import (CLASS_DATATYPE, CLASS_OUTPUT, INPUT_DATATYPE, INPUT_NAME,
+                               OUTPUT_NAMES, PROBABILITIES_DATATYPE, PROBABILITIES_OUTPUT)
 
 KSERVE_V1 = "v1"
 OIP_V2 = "v2"
-#: The Open Inference Protocol tensor names and datatypes of this model.
-INPUT_NAME = "features"
-INPUT_DATATYPE = "FP32"
-CLASS_OUTPUT = "class"
-PROBABILITIES_OUTPUT = "probabilities"
-OUTPUT_NAMES = (CLASS_OUTPUT, PROBABILITIES_OUTPUT)
 #: The output tensor of an error answer to a gRPC ``ModelInfer`` (see :func:`grpc_error`).
 ERROR_OUTPUT = "error"
+#: The binary tensor data extension's HTTP header: the length in bytes of the JSON header at the
+#: start of the body (request and response); the raw tensor bytes follow it.
+BINARY_HEADER = "Inference-Header-Content-Length"
+#: The content type of an answer that carries binary tensor data.
+BINARY_CONTENT_TYPE = "application/octet-stream"
+#: Raw tensor bytes per datatype, as the extension sends them: little-endian, row-major.
+BINARY_DTYPES = {"FP32": np.dtype("<f4"), "INT64": np.dtype("<i8")}
+_DECIMAL = re.compile(r"[0-9]{1,12}")
 
 
 @dataclass
@@ -45,12 +56,14 @@ class ProtocolRequest:
         vectors: one feature vector per instance.
         id: the v2 request's ``id`` (echoed in the answer), None when absent.
         outputs: the v2 output tensors to return, in the order the request asked for them.
+        binary: those of ``outputs`` to answer as binary tensor data (:func:`encode_binary`).
     """
 
     protocol: str
     vectors: list[list[float]]
     id: str | None = None
     outputs: tuple[str, ...] = OUTPUT_NAMES
+    binary: frozenset[str] = frozenset()
 
 
 def detect(body: Any) -> str | None:
@@ -66,22 +79,78 @@ def detect(body: Any) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class BinaryBody:
+    """A request body sent with the binary tensor data extension, as the handler finds it: the
+    raw body and its ``Inference-Header-Content-Length`` header (:func:`parse_request` splits it).
+
+    Attributes:
+        raw: the body as TorchServe hands it over: bytes, or text for a ``text/*`` content type.
+        header_length: the request's ``Inference-Header-Content-Length`` value, unchecked.
+    """
+
+    raw: Any
+    header_length: str
+
+
 def parse_request(
     body: Any, n_features: int, limit: float, max_instances: int,
 ) -> ProtocolRequest | None:
-    """Parse a KServe v1 or v2 body; None when the body is rtserve's own form.
+    """Parse a KServe v1 or v2 body, or a :class:`BinaryBody`; None when the body is rtserve's
+    own form.
 
     Raises:
         InvalidInput: the body is a v1 or v2 request but not a valid one for this model (more
             than ``max_instances`` instances, a wrong shape, datatype or name, a value that is
-            not a finite number within ``[-limit, limit]``).
+            not a finite number within ``[-limit, limit]``), or a binary body that is not a
+            valid v2 request (:func:`split_binary`).
     """
+    binary = None
+    if isinstance(body, BinaryBody):
+        body, binary = split_binary(body.raw, body.header_length)
+        if detect(body) != OIP_V2:
+            raise InvalidInput(f"{BINARY_HEADER} (binary tensor data) is for Open Inference "
+                               "Protocol requests only: the JSON header has no 'inputs'")
     protocol = detect(body)
     if protocol == KSERVE_V1:
         return ProtocolRequest(KSERVE_V1, parse_v1(body, n_features, limit, max_instances))
     if protocol == OIP_V2:
-        return parse_v2(body, n_features, limit, max_instances)
+        return parse_v2(body, n_features, limit, max_instances, binary)
     return None
+
+
+def split_binary(raw: Any, header_length: str) -> tuple[dict, bytes]:
+    """A binary tensor data body split into its JSON header (decoded) and the raw bytes after it.
+
+    Args:
+        raw: the request body as TorchServe hands it over: bytes, or text when the client sent
+            a ``text/*`` content type (encoded back to the same bytes).
+        header_length: the request's ``Inference-Header-Content-Length`` value.
+
+    Raises:
+        InvalidInput: naming the header: not a decimal length within the body, or a JSON header
+            that is not a UTF-8 JSON object.
+    """
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8")
+    if not isinstance(raw, (bytes, bytearray)):
+        raise InvalidInput(f"{BINARY_HEADER} is set but the body is not raw bytes: send the JSON "
+                           "header followed by the tensor bytes")
+    value = header_length.strip()
+    if not _DECIMAL.fullmatch(value) or not 0 < int(value) <= len(raw):
+        raise InvalidInput(f"{BINARY_HEADER} must be the length in bytes of the JSON header at "
+                           f"the start of the body, an integer in [1, {len(raw)}], "
+                           f"got {short(header_length)}")
+    length = int(value)
+    try:
+        header = json.loads(bytes(raw[:length]).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise InvalidInput(f"the first {length} bytes of the body ({BINARY_HEADER}) are not a "
+                           "valid UTF-8 JSON inference header") from exc
+    if not isinstance(header, dict):
+        raise InvalidInput(f"the first {length} bytes of the body ({BINARY_HEADER}) must be a "
+                           f"JSON object, got {json_type(header)}")
+    return header, bytes(raw[length:])
 
 
 def parse_v1(body: dict, n_features: int, limit: float, max_instances: int) -> list[list[float]]:
@@ -104,9 +173,11 @@ def parse_v1(body: dict, n_features: int, limit: float, max_instances: int) -> l
     return instances
 
 
-def parse_v2(body: dict, n_features: int, limit: float, max_instances: int) -> ProtocolRequest:
+def parse_v2(body: dict, n_features: int, limit: float, max_instances: int,
+             binary: bytes | None = None) -> ProtocolRequest:
     """An Open Inference Protocol inference request holding one ``features`` FP32 tensor of shape
-    ``[N, n_features]``; ``data`` flat (row-major, as the protocol sends it) or nested by rows.
+    ``[N, n_features]``; ``data`` flat (row-major, as the protocol sends it) or nested by rows,
+    or, with ``parameters.binary_data_size``, the ``binary`` bytes after the JSON header.
 
     Raises:
         InvalidInput: naming the field.
@@ -128,10 +199,9 @@ def parse_v2(body: dict, n_features: int, limit: float, max_instances: int) -> P
     datatype = tensor.get("datatype")
     if datatype != INPUT_DATATYPE:
         raise InvalidInput(f"inputs[0].datatype must be '{INPUT_DATATYPE}', got {_show(datatype)}")
-    parameters = tensor.get("parameters")
-    if isinstance(parameters, dict) and "binary_data_size" in parameters:
-        raise InvalidInput("inputs[0]: the binary tensor data extension is not supported: "
-                           "send the tensor as JSON 'data'")
+    parameters = tensor.get("parameters", {})
+    if not isinstance(parameters, dict):
+        raise InvalidInput(f"inputs[0].parameters must be an object, got {json_type(parameters)}")
     shape = tensor.get("shape")
     if (not isinstance(shape, list) or len(shape) != 2
             or any(type(d) is not int for d in shape)
@@ -139,14 +209,70 @@ def parse_v2(body: dict, n_features: int, limit: float, max_instances: int) -> P
         raise InvalidInput(
             f"inputs[0].shape must be [N, {n_features}] with N in [1, {max_instances}] "
             f"(handler.max_instances), got {short(shape)}")
-    data = tensor.get("data")
-    rows = _rows(data, shape[0], n_features)
-    if rows is data:  # nested: name the row
-        for i, row in enumerate(rows):
-            check_numbers(row, limit, f"inputs[0].data[{i}]", with_field=False)
+    if "binary_data_size" in parameters:
+        rows = _binary_rows(tensor, parameters["binary_data_size"], binary, shape, limit)
     else:
-        check_numbers(data, limit, "inputs[0].data", with_field=False)
-    return ProtocolRequest(OIP_V2, rows, request_id, _requested_outputs(body.get("outputs")))
+        if binary:
+            raise InvalidInput(f"{len(binary)} bytes follow the JSON header ({BINARY_HEADER}) "
+                               "but inputs[0] has no parameters.binary_data_size")
+        data = tensor.get("data")
+        rows = _rows(data, shape[0], n_features)
+        if rows is data:  # nested: name the row
+            for i, row in enumerate(rows):
+                check_numbers(row, limit, f"inputs[0].data[{i}]", with_field=False)
+        else:
+            check_numbers(data, limit, "inputs[0].data", with_field=False)
+    outputs, binary_outputs = _requested_outputs(body.get("outputs"),
+                                                 _binary_data_output(body.get("parameters")))
+    return ProtocolRequest(OIP_V2, rows, request_id, outputs, binary_outputs)
+
+
+def _binary_rows(tensor: dict, size: Any, binary: bytes | None, shape: list[int],
+                 limit: float) -> list[list[float]]:
+    """The rows of an FP32 input sent as binary tensor data (``size`` bytes of ``binary``).
+
+    Raises:
+        InvalidInput: no binary data came with the request, the size is not the tensor's
+            (``shape`` of FP32, 4 bytes each) or not what follows the JSON header, the tensor
+            also has ``data``, or a value is not a finite number within ``[-limit, limit]``.
+    """
+    if binary is None:
+        raise InvalidInput(f"inputs[0].parameters.binary_data_size needs the binary tensor data "
+                           f"extension: send the JSON header's length in the {BINARY_HEADER} "
+                           "header, or send the tensor as JSON 'data' (Triton's clients: "
+                           "binary_data=False)")
+    dtype = BINARY_DTYPES[INPUT_DATATYPE]
+    expected = shape[0] * shape[1] * dtype.itemsize
+    if type(size) is not int or size != expected:
+        raise InvalidInput(f"inputs[0].parameters.binary_data_size must be {expected} (shape "
+                           f"{shape} of {INPUT_DATATYPE}, {dtype.itemsize} bytes each), got "
+                           f"{short(size) if type(size) is int else json_type(size)}")
+    if "data" in tensor:
+        raise InvalidInput("inputs[0] has both 'data' and parameters.binary_data_size: send one")
+    if len(binary) != size:
+        raise InvalidInput(f"inputs[0].parameters.binary_data_size is {size} but {len(binary)} "
+                           f"bytes follow the JSON header ({BINARY_HEADER})")
+    values = np.frombuffer(binary, dtype=dtype)
+    if not (np.abs(values) <= limit).all():  # NaN compares False too
+        check_numbers(values.tolist(), limit, "inputs[0] binary data", with_field=False)
+    return values.reshape(shape).tolist()
+
+
+def _binary_data_output(parameters: Any) -> bool:
+    """The request's ``parameters.binary_data_output`` (all outputs binary), false when absent.
+
+    Raises:
+        InvalidInput: ``parameters`` is not an object, or the flag is not a boolean.
+    """
+    if parameters is None:
+        return False
+    if not isinstance(parameters, dict):
+        raise InvalidInput(f"'parameters' must be an object, got {json_type(parameters)}")
+    flag = parameters.get("binary_data_output", False)
+    if type(flag) is not bool:
+        raise InvalidInput(f"parameters.binary_data_output must be true or false, "
+                           f"got {json_type(flag)}")
+    return flag
 
 
 def _rows(data: Any, n_rows: int, n_features: int) -> list[list[Any]]:
@@ -167,25 +293,45 @@ def _rows(data: Any, n_rows: int, n_features: int) -> list[list[Any]]:
         f"[{n_rows}, {n_features}], flat or as {n_rows} rows of {n_features}")
 
 
-def _requested_outputs(outputs: Any) -> tuple[str, ...]:
-    """The output names a v2 request asks for (all of them when it names none).
+#: Output parameters of the protocol's extensions this model does not offer.
+_UNSUPPORTED_OUTPUT_PARAMETERS = ("classification", "shared_memory_region")
+
+
+def _requested_outputs(outputs: Any, binary_default: bool) -> tuple[tuple[str, ...], frozenset[str]]:
+    """The output names a v2 request asks for (all of them when it names none), and those of
+    them to answer as binary tensor data: each output's ``parameters.binary_data``, else
+    ``binary_default`` (the request's ``binary_data_output``).
 
     Raises:
-        InvalidInput: ``outputs`` is not a list of ``{"name": ...}`` objects naming known outputs.
+        InvalidInput: ``outputs`` is not a list of ``{"name": ...}`` objects naming known outputs,
+            or an output's parameters are not an object with a boolean ``binary_data``.
     """
     if outputs is None:
-        return OUTPUT_NAMES
+        return OUTPUT_NAMES, frozenset(OUTPUT_NAMES) if binary_default else frozenset()
     if not isinstance(outputs, list) or not outputs:
         raise InvalidInput(f"'outputs' must be a non-empty list of {{\"name\": ...}} objects, "
                            f"got {json_type(outputs)}")
-    names = []
+    names, binary = [], set()
     for i, out in enumerate(outputs):
         name = out.get("name") if isinstance(out, dict) else None
         if name not in OUTPUT_NAMES:
             raise InvalidInput(f"outputs[{i}].name must be one of "
                                f"{', '.join(repr(n) for n in OUTPUT_NAMES)}, got {_show(name)}")
+        parameters = out.get("parameters", {})
+        if not isinstance(parameters, dict):
+            raise InvalidInput(f"outputs[{i}].parameters must be an object, "
+                               f"got {json_type(parameters)}")
+        for key in _UNSUPPORTED_OUTPUT_PARAMETERS:
+            if key in parameters:
+                raise InvalidInput(f"outputs[{i}].parameters.{key} is not supported here")
+        flag = parameters.get("binary_data", binary_default)
+        if type(flag) is not bool:
+            raise InvalidInput(f"outputs[{i}].parameters.binary_data must be true or false, "
+                               f"got {json_type(flag)}")
         names.append(name)
-    return tuple(names)
+        if flag:
+            binary.add(name)
+    return tuple(names), frozenset(binary)
 
 
 def answer(
@@ -198,9 +344,9 @@ def answer(
                                 for c, p in zip(classes, probabilities)]}
     n = len(classes)
     tensors = {
-        CLASS_OUTPUT: {"name": CLASS_OUTPUT, "datatype": "INT64", "shape": [n],
+        CLASS_OUTPUT: {"name": CLASS_OUTPUT, "datatype": CLASS_DATATYPE, "shape": [n],
                        "data": list(classes)},
-        PROBABILITIES_OUTPUT: {"name": PROBABILITIES_OUTPUT, "datatype": "FP32",
+        PROBABILITIES_OUTPUT: {"name": PROBABILITIES_OUTPUT, "datatype": PROBABILITIES_DATATYPE,
                                "shape": [n, len(labels)],
                                "data": [v for row in probabilities for v in row]},
     }
@@ -209,6 +355,27 @@ def answer(
         out["id"] = request.id
     out["outputs"] = [tensors[name] for name in request.outputs]
     return out
+
+
+def encode_binary(document: dict, binary: Collection[str]) -> tuple[bytes, int]:
+    """An Open Inference Protocol answer with the outputs named in ``binary`` as binary tensor
+    data: each such output's ``data`` becomes ``parameters.binary_data_size`` and its raw
+    little-endian bytes follow the JSON header, in the order of ``outputs``.
+
+    Returns:
+        The body, and the length of its JSON header (the answer's ``Inference-Header-Content-Length``).
+    """
+    tail: list[bytes] = []
+    outputs = []
+    for tensor in document["outputs"]:
+        if tensor["name"] in binary:
+            raw = np.asarray(tensor["data"], dtype=BINARY_DTYPES[tensor["datatype"]]).tobytes()
+            tensor = {k: v for k, v in tensor.items() if k != "data"}
+            tensor["parameters"] = {"binary_data_size": len(raw)}
+            tail.append(raw)
+        outputs.append(tensor)
+    header = json.dumps({**document, "outputs": outputs}).encode()
+    return header + b"".join(tail), len(header)
 
 
 def grpc_error(message: str, request_id: str, model_name: str, model_version: str) -> dict:

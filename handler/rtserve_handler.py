@@ -13,7 +13,11 @@ The same handler answers KServe v1 (``/v1/models/{model}:predict``) and Open Inf
 (``/v2/models/{model}/infer``, gRPC ``ModelInfer``) requests, told apart per request by their
 body (see :mod:`handler.protocols`). ``/predictions`` and ``/explanations`` requests carry the
 ``url_path`` header, which TorchServe's frontend sets on those routes only: they keep accepting
-``{"features": [...]}`` alone.
+``{"features": [...]}`` alone. Open Inference Protocol requests may use the binary tensor data
+extension (Triton's clients do by default): TorchServe hands such a body over as raw bytes with
+the request's headers, and the handler passes it on with its ``Inference-Header-Content-Length``
+(:class:`handler.protocols.BinaryBody`); outputs asked for as binary are answered as bytes with
+that header.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from handler.config import HandlerConfig
 from handler.errors import ConfigError, ExplainCapacityExceeded, InvalidInput
 from handler.explain import Explainer
 from handler.model import METADATA_FILE, PROGRAM_FILE, ModelMetadata, load_program
-from handler.protocols import OIP_V2, answer, detect, grpc_error, parse_request
+from handler.protocols import (BINARY_CONTENT_TYPE, BINARY_HEADER, OIP_V2, BinaryBody, answer,
+                               detect, encode_binary, grpc_error, parse_request)
 from handler import worker_io
 from handler.schema import ParsedBatch, parse_batch, prediction_document, request_body
 from handler.telemetry import (Telemetry, audit_path, quiet_torchserve_batch_lines,
@@ -46,6 +51,8 @@ EXPLAIN_HEADER = "explain"
 EXPLAIN_VALUE = "True"
 #: The header TorchServe's frontend sets (possibly empty) on ``/predictions`` and ``/explanations``.
 PLAIN_ROUTE_HEADER = "url_path"
+#: The types of a request body TorchServe did not decode (its ``body`` parameter).
+_RAW_BODIES = frozenset((bytes, bytearray, str))
 
 
 class RealTimeHandler(BaseHandler):
@@ -167,15 +174,30 @@ class RealTimeHandler(BaseHandler):
                 found[i] = request_id if isinstance(request_id, str) else ""
         return found
 
+    def _binary_bodies(self, data: list, plain_only: set[int]) -> list:
+        """``data``, with the body of each request that carries ``Inference-Header-Content-Length``
+        (in any spelling) and that TorchServe handed over undecoded (bytes, or text) wrapped in a
+        :class:`BinaryBody` for :func:`parse_request`. Plain routes keep their bodies."""
+        raw = [i for i, row in enumerate(data)
+               if type(row) is dict and type(row.get("body")) in _RAW_BODIES and i not in plain_only]
+        wrapped = None
+        for i in raw:
+            length = _request_header(self.context.request_processor[i], BINARY_HEADER)
+            if length is not None:
+                wrapped = wrapped or list(data)
+                wrapped[i] = {"body": BinaryBody(data[i]["body"], length)}
+        return data if wrapped is None else wrapped
+
     def preprocess(self, data: list) -> ParsedBatch:
         """Parse and validate every request of the batch (rtserve's own body, KServe v1 or v2);
         the valid rows stay raw features: the exported program does its own preprocessing."""
         explain = self._explain_requests()
+        plain_only = self._plain_route_requests()
         other = partial(parse_request, n_features=self.meta.n_features,
                         limit=self.config.feature_limit, max_instances=self.config.max_instances)
-        batch = parse_batch(data, self.meta.n_features, self.config.feature_limit,
-                            explain, len(self.meta.labels), other=other,
-                            plain_only=self._plain_route_requests())
+        batch = parse_batch(self._binary_bodies(data, plain_only), self.meta.n_features,
+                            self.config.feature_limit, explain, len(self.meta.labels),
+                            other=other, plain_only=plain_only)
         batch.oip_grpc = self._oip_grpc_requests(data)
         if self.config.log_batches:
             logger.info("batch size=%d valid=%d explain=%d kserve=%d rows=%d",
@@ -216,10 +238,12 @@ class RealTimeHandler(BaseHandler):
             }
 
     def postprocess(self, data: tuple) -> list[str]:
-        """One JSON document per request, in order: a prediction, an explanation, or the
-        request's own error (400 for bad input, 503 past the explanation ceiling)."""
+        """One answer per request, in order: a prediction, an explanation, a protocol's answer
+        (bytes when it carries binary tensor data), or the request's own error (400 for bad
+        input, 503 past the explanation ceiling)."""
         batch, probabilities = data
-        out: list[str] = [""] * batch.size
+        out: list[str | bytes] = [""] * batch.size
+        binary: set[int] = set()
         if probabilities is not None:
             probs = probabilities.tolist()
             classes = probabilities.argmax(dim=1).tolist()
@@ -243,8 +267,14 @@ class RealTimeHandler(BaseHandler):
                         classes[row], probs[row], labels, self.model_version))
             for idx, request in batch.protocols.items():
                 start, stop = first_row[idx], first_row[idx] + len(request.vectors)
-                out[idx] = json.dumps(answer(request, classes[start:stop], probs[start:stop],
-                                             labels, self.context.model_name, self.model_version))
+                document = answer(request, classes[start:stop], probs[start:stop], labels,
+                                  self.context.model_name, self.model_version)
+                if request.binary:
+                    out[idx], length = encode_binary(document, request.binary)
+                    self.context.set_response_header(idx, BINARY_HEADER, str(length))
+                    binary.add(idx)
+                else:
+                    out[idx] = json.dumps(document)
         for idx, error in batch.errors.items():
             if idx in batch.oip_grpc:
                 out[idx] = json.dumps(grpc_error(error.message, batch.oip_grpc[idx],
@@ -255,8 +285,21 @@ class RealTimeHandler(BaseHandler):
             for key, value in error.headers.items():
                 self.context.set_response_header(idx, key, value)
         for idx in range(batch.size):
-            self.context.set_response_content_type(idx, JSON)
+            self.context.set_response_content_type(idx, BINARY_CONTENT_TYPE if idx in binary else JSON)
         return out
+
+
+def _request_header(processor: Any, name: str) -> str | None:
+    """A request header's value, its name matched in any case (TorchServe keeps the client's
+    spelling, and a proxy may lower it); None when the request has no such header."""
+    value = processor.get_request_property(name)
+    if value is not None:
+        return value
+    lower = name.lower()
+    for key, value in processor.get_request_properties().items():
+        if isinstance(key, str) and key.lower() == lower:
+            return value
+    return None
 
 
 def _json_parts(labels: list[str], version: str) -> tuple[list[str], str]:

@@ -52,11 +52,8 @@ TOKEN = re.compile(r"^[A-Za-z0-9_-]{32,256}$")
 #: TorchServe's keys are base64 of 6 random bytes (``TokenAuthorization.generateKey``).
 POD_KEY = re.compile(r"^[A-Za-z0-9_+/=-]{4,256}$")
 #: The routes the gateway passes on: TorchServe's inference API, KServe v1
-#: (``/v1/models/{m}:predict|:explain``) and the Open Inference Protocol REST routes (``/v2...``).
-#: rtserve's own answers to the OIP model metadata and readiness routes (:mod:`rtserve.oip`).
-MODEL_ROUTES_PORT = 8091
-#: Those routes: ``/v2/models/{name}[/versions/{version}][/ready]``, ahead of the ``/v2/`` prefix.
-MODEL_ROUTES = r"~ ^/v2/models/[^/]+(/versions/[^/]+)?(/ready)?$"
+#: (``/v1/models/{m}:predict|:explain``) and the Open Inference Protocol REST routes (``/v2...``,
+#: the model metadata and readiness routes included: rtserve's agent answers them in TorchServe).
 ROUTES = ("= /ping", "/predictions/", "/explanations/", "/v1/models/", "= /v2", "/v2/")
 
 
@@ -72,7 +69,6 @@ class GatewaySettings:
         listen: nginx ``listen`` value of the public (Service) listener, e.g. ``8080``.
         health_listen: ``listen`` value of the kubelet's probe listener (``/livez``, ``/readyz``).
         upstream: TorchServe's inference listener, ``host:port`` on loopback.
-        model_routes: rtserve's OIP model metadata/readiness listener (:mod:`rtserve.oip`).
         gateway_dir: the shared directory with the map files and nginx's PID file.
         tmp_dir: nginx's temp paths (an emptyDir in the pod).
         access_log: ``access_log`` target; error_log: ``error_log`` target.
@@ -82,7 +78,6 @@ class GatewaySettings:
     listen: str = "8080"
     health_listen: str = "8086"
     upstream: str = "127.0.0.1:8090"
-    model_routes: str = f"127.0.0.1:{MODEL_ROUTES_PORT}"
     gateway_dir: str = "/var/run/rtserve-gateway"
     tmp_dir: str = "/tmp"
     access_log: str = "/dev/stdout"
@@ -143,10 +138,6 @@ http {{
         server {s.upstream};
         keepalive 8;
     }}
-    # OIP model metadata and readiness, which TorchServe 0.12 lacks: rtserve answers them.
-    upstream rtserve_model_routes {{
-        server {s.model_routes};
-    }}
 
     server {{  # the Service's inference port
         listen {s.listen};
@@ -154,9 +145,6 @@ http {{
         error_page 413 /@too-large;
         error_page 502 504 /@unavailable;
 {routes}
-        location {MODEL_ROUTES} {{
-            proxy_pass http://rtserve_model_routes;
-        }}
         location / {{
             return 404 '{{"error": "not found: the gateway passes /ping, /predictions/, /explanations/, /v1/models/ and /v2 only"}}\\n';
         }}

@@ -2,8 +2,9 @@
 
 TorchServe 0.12 answers ``/v2``, ``/v2/health/*`` and ``/v2/models/{name}/infer`` but has no
 route for model metadata or model readiness, which a generic OIP client asks before it infers.
-In the pod, ``rtserve.server run`` answers them on a loopback port (:data:`ADDRESS`) and the
-gateway sends them there (:func:`rtserve.gateway.render_nginx_conf`), after its token check:
+``rtserve.server`` runs this module beside the frontend (wherever it starts one: ``make serve``,
+the tests, the pod) on a free loopback port, and rtserve's Java agent (agent/) makes the
+frontend send those routes here, after its own token check, on the inference port:
 
 - ``GET /v2/models/{name}[/versions/{version}]``: the model's metadata, from its archive in the
   model store (``MAR-INF/MANIFEST.json`` and the ``meta.json`` training wrote) and the handler's
@@ -13,8 +14,8 @@ gateway sends them there (:func:`rtserve.gateway.render_nginx_conf`), after its 
   TorchServe's management API), else ``400`` (the protocol's "4xx means false");
 - an unknown model or version: ``404``; any other method: ``405``. Errors are ``{"error": ...}``.
 
-    python -m rtserve.oip --run-dir .run --model-store model_store \
-        --models realtime-classifier=realtime-classifier_1.0.mar    # foreground, for a look
+    python -m rtserve.oip --listen http://127.0.0.1:8093 --run-dir .run \
+        --model-store model_store --models realtime-classifier=realtime-classifier_1.0.mar
 """
 
 from __future__ import annotations
@@ -25,20 +26,18 @@ import logging
 import os
 import re
 import sys
-import threading
 import zipfile
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Callable
+from urllib.parse import unquote, urlsplit
 
-from handler.protocols import CLASS_OUTPUT, INPUT_DATATYPE, INPUT_NAME, PROBABILITIES_OUTPUT
-from rtserve.gateway import MODEL_ROUTES_PORT
+from handler.signature import (CLASS_DATATYPE, CLASS_OUTPUT, INPUT_DATATYPE, INPUT_NAME,
+                               PROBABILITIES_DATATYPE, PROBABILITIES_OUTPUT)
 
 logger = logging.getLogger(__name__)
 
-#: Where the routes listen in the pod (the gateway's ``model_routes`` upstream).
-ADDRESS = ("127.0.0.1", MODEL_ROUTES_PORT)
 #: ``/v2/models/{name}``, ``/v2/models/{name}/versions/{version}``, either with ``/ready``.
 ROUTE = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?(?P<ready>/ready)?$")
 #: The OIP ``platform`` of a TorchServe-served eager PyTorch model.
@@ -66,8 +65,8 @@ class ModelInfo:
             "platform": PLATFORM,
             "inputs": [{"name": INPUT_NAME, "datatype": INPUT_DATATYPE,
                         "shape": [-1, self.n_features]}],
-            "outputs": [{"name": CLASS_OUTPUT, "datatype": "INT64", "shape": [-1]},
-                        {"name": PROBABILITIES_OUTPUT, "datatype": "FP32",
+            "outputs": [{"name": CLASS_OUTPUT, "datatype": CLASS_DATATYPE, "shape": [-1]},
+                        {"name": PROBABILITIES_OUTPUT, "datatype": PROBABILITIES_DATATYPE,
                          "shape": [-1, self.n_classes]}],
         }
 
@@ -89,17 +88,20 @@ def read_archive(mar: Path) -> ModelInfo:
 
 
 def read_models(model_store: Path, models: list[str]) -> dict[str, ModelInfo]:
-    """name -> :class:`ModelInfo` for each ``NAME=FILE.mar`` the server loads."""
+    """name -> :class:`ModelInfo` for each ``NAME=FILE.mar`` the server loads; an archive that
+    cannot be read is left out (logged): its model's routes answer 404."""
     found = {}
     for spec in models:
         name, _, file = spec.partition("=")
-        info = read_archive(Path(model_store) / file)
-        found[name] = info
+        try:
+            found[name] = read_archive(Path(model_store) / file)
+        except ArchiveError as exc:
+            logger.error("OIP model routes: %s is left out: %s", name, exc)
     return found
 
 
 class ModelRoutes:
-    """The routes, served by a :class:`ThreadingHTTPServer` in a daemon thread.
+    """The routes, served by a :class:`ThreadingHTTPServer`.
 
     Args:
         models: what the archives say, by model name.
@@ -108,7 +110,7 @@ class ModelRoutes:
     """
 
     def __init__(self, models: dict[str, ModelInfo], is_ready: Callable[[str], tuple[bool, str]],
-                 address: tuple[str, int] = ADDRESS) -> None:
+                 address: tuple[str, int]) -> None:
         self.models = models
         self.is_ready = is_ready
         routes = self
@@ -118,7 +120,7 @@ class ModelRoutes:
             sys_version = ""
 
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                self._answer(*routes.answer(self.path.split("?", 1)[0]))
+                self._answer(*routes.answer(unquote(self.path.split("?", 1)[0])))
 
             def _not_allowed(self) -> None:
                 self._answer(405, {"error": f"{self.command} not allowed: GET only"})
@@ -139,8 +141,6 @@ class ModelRoutes:
 
         self.httpd = ThreadingHTTPServer(address, Handler)
         self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, name="oip-routes",
-                                       daemon=True)
 
     @property
     def url(self) -> str:
@@ -167,15 +167,6 @@ class ModelRoutes:
             body["reason"] = reason
         return (200 if ready else 400), body
 
-    def start(self) -> "ModelRoutes":
-        self.thread.start()
-        logger.info("OIP model metadata and readiness on %s", self.url)
-        return self
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
 
 def server_readiness(run_dir: Path) -> Callable[[str], tuple[bool, str]]:
     """``is_ready(name)`` for the server in ``run_dir``: not draining, and the model's default
@@ -198,36 +189,24 @@ def server_readiness(run_dir: Path) -> Callable[[str], tuple[bool, str]]:
     return is_ready
 
 
-def start_for_server(run_dir: Path, model_store: Path, models: list[str],
-                     address: tuple[str, int] = ADDRESS) -> ModelRoutes | None:
-    """The routes for the server in ``run_dir``, started; None (logged) when they cannot be."""
-    try:
-        return ModelRoutes(read_models(model_store, models), server_readiness(run_dir),
-                           address).start()
-    except (ArchiveError, OSError) as exc:
-        logger.error("OIP model routes not started: %s", exc)
-        return None
-
-
 def main(argv: list[str] | None = None) -> int:
-    """Serve the routes in the foreground (the pod starts them inside ``rtserve.server run``)."""
+    """Serve the routes in the foreground until SIGTERM (``rtserve.server`` starts this)."""
     parser = argparse.ArgumentParser(prog="python -m rtserve.oip", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--listen", required=True, help="http://127.0.0.1:PORT")
     parser.add_argument("--run-dir", type=Path,
                         default=Path(os.environ.get("RTSERVE_RUN_DIR", ".run")))
     parser.add_argument("--model-store", type=Path,
                         default=Path(os.environ.get("RTSERVE_MODEL_STORE", "model_store")))
     parser.add_argument("--models", nargs="*", default=os.environ.get("RTSERVE_MODELS", "").split())
-    parser.add_argument("--port", type=int, default=ADDRESS[1])
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    routes = start_for_server(args.run_dir, args.model_store, args.models, (ADDRESS[0], args.port))
-    if routes is None:
-        return 1
-    try:
-        routes.thread.join()
-    except KeyboardInterrupt:
-        routes.stop()
+    listen = urlsplit(args.listen)
+    routes = ModelRoutes(read_models(args.model_store, args.models),
+                         server_readiness(args.run_dir), (listen.hostname, listen.port))
+    logger.info("OIP model metadata and readiness for %s on %s",
+                ", ".join(sorted(routes.models)) or "no model", routes.url)
+    routes.httpd.serve_forever()
     return 0
 
 

@@ -45,20 +45,23 @@ PID_FILE = ".model_server.pid"
 #: The longest Unix socket path (sun_path is 108 bytes with its NUL): each worker listens on
 #: ``$TMPDIR/.ts.sock.<port>``, and TorchServe's workers die at start when it is longer.
 MAX_SOCKET_PATH = 107
-#: rtserve's Java agent for the frontend (agent/, built by ``make agent``): greedy batching.
+#: rtserve's Java agent for the frontend (agent/, built by ``make agent``): greedy batching and
+#: the Open Inference Protocol's model metadata and readiness routes.
 AGENT_JAR = Path(os.environ.get("RTSERVE_AGENT_JAR", REPO / "build" / "agent" / "rtserve-agent.jar"))
-#: The config.properties key that switches the agent off (``false``); on by default.
+#: The config.properties key that switches greedy batching off (``false``); on by default.
 GREEDY_KEY = "rtserve_greedy_batching"
 #: In an effective config: the metrics address clients scrape (rtserve.metrics listens there;
 #: ``metrics_address`` is then TorchServe's own, private listener).
 PUBLIC_METRICS_KEY = "rtserve_metrics_address"
+#: In an effective config: where rtserve.oip answers the OIP model metadata and readiness routes
+#: (a free loopback port; the agent sends those routes there from the inference port).
+OIP_KEY = "rtserve_oip_address"
 #: The workers' metrics files (PROMETHEUS_MULTIPROC_DIR) live in shared memory when the machine
 #: (or container) has it: every metric update is a write into a memory-mapped file, and on a disk
 #: file system a page written back to disk faults on its next write (prometheus_client's docs
 #: advise a tmpfs too). Otherwise, and with RTSERVE_METRICS_DIR unset, RUN_DIR/metrics.
 SHARED_MEMORY = Path("/dev/shm")
 METRICS_DIR = "metrics"
-EXPORTER_PID_FILE = "metrics-exporter.pid"
 #: Created in the run directory by ``python -m rtserve.probe drain``: readiness is false from then.
 #: A model whose workers died this often during start-up is not going to load: fail fast.
 WORKER_DEATHS_FATAL = 4
@@ -66,6 +69,39 @@ WORKER_DEATHS_FATAL = 4
 
 class ServerError(RuntimeError):
     """TorchServe did not start, died, or did not become ready in time."""
+
+
+@dataclass(frozen=True)
+class Sidecar:
+    """A Python process rtserve runs beside the frontend, started after the effective config is
+    written (in its own session, output in ``logs/<log>``, PID in ``RUN_DIR/<pid_file>``) and
+    stopped with it; ``rtserve.server run`` starts it again if it exits.
+
+    Attributes:
+        name: for log lines.
+        module: run as ``python -m <module>``.
+        args: its arguments, from the server and its effective config.
+    """
+
+    name: str
+    module: str
+    pid_file: str
+    log: str
+    args: Callable[["TorchServe", dict[str, str]], list[str]]
+
+
+#: rtserve.metrics: the public metrics address (TorchServe's metrics and the workers' own).
+EXPORTER = Sidecar(
+    "the metrics exporter", "rtserve.metrics", "metrics-exporter.pid", "metrics_exporter.log",
+    lambda ts, effective: ["--listen", effective[PUBLIC_METRICS_KEY],
+                           "--upstream", effective["metrics_address"], "--dir", str(ts.metrics_dir),
+                           "--access-log", str(ts.log_dir / "access_log.log")])
+#: rtserve.oip: the OIP model metadata and readiness routes the agent sends to it.
+OIP_ROUTES = Sidecar(
+    "the OIP model routes", "rtserve.oip", "oip-routes.pid", "oip_routes.log",
+    lambda ts, effective: ["--listen", effective[OIP_KEY], "--run-dir", str(ts.run_dir),
+                           "--model-store", str(ts.model_store), "--models", *ts.models])
+SIDECARS = (EXPORTER, OIP_ROUTES)
 
 
 def free_ports(count: int) -> list[int]:
@@ -153,23 +189,28 @@ class TorchServe:
             raise ServerError(f"{GREEDY_KEY} must be true or false, not {value!r}")
         return value == "true"
 
-    def effective_props(self, private_metrics_port: int) -> dict[str, str]:
+    def effective_props(self, private_metrics_port: int, oip_port: int) -> dict[str, str]:
         """What the frontend is started with: :attr:`props`, with TorchServe's metrics listener
         moved to ``private_metrics_port`` on loopback (:mod:`rtserve.metrics` serves the
-        configured address), plus the agent in ``vmargs`` when greedy batching is on (it then
-        waits for no further request of a batch).
+        configured address), :mod:`rtserve.oip` on ``oip_port``, and the agent in ``vmargs``:
+        it sends the OIP model routes there and, unless ``rtserve_greedy_batching=false``, makes
+        batching greedy (no wait for further requests of a batch). ``vmargs`` that load an agent
+        already are left as they are.
 
         Raises:
-            ServerError: greedy batching is on but the agent was not built.
+            ServerError: the agent was not built.
         """
         props = self.props
+        greedy = self.greedy
         props[PUBLIC_METRICS_KEY] = props["metrics_address"]
         props["metrics_address"] = f"http://127.0.0.1:{private_metrics_port}"
-        if self.greedy and "-javaagent:" not in props.get("vmargs", ""):
+        props[OIP_KEY] = f"http://127.0.0.1:{oip_port}"
+        if "-javaagent:" not in props.get("vmargs", ""):
             if not AGENT_JAR.is_file():
-                raise ServerError(f"greedy batching is on but {AGENT_JAR} is missing: build it "
-                                  f"with `make agent`, or set {GREEDY_KEY}=false")
-            props["vmargs"] = f"{props.get('vmargs', '')} -javaagent:{AGENT_JAR}".strip()
+                raise ServerError(f"{AGENT_JAR} is missing (greedy batching, the OIP model "
+                                  "routes): build it with `make agent`")
+            options = ",".join([f"oip={props[OIP_KEY]}"] + ([] if greedy else ["greedy=off"]))
+            props["vmargs"] = f"{props.get('vmargs', '')} -javaagent:{AGENT_JAR}={options}".strip()
         return props
 
     @property
@@ -208,32 +249,40 @@ class TorchServe:
                    METRICS_LOCATION=str(self.log_dir), PROMETHEUS_MULTIPROC_DIR=str(self.metrics_dir))
         return env
 
-    def exporter_pid(self) -> int | None:
-        """The metrics exporter's PID, if it is running."""
+    def sidecar_pid(self, sidecar: Sidecar) -> int | None:
+        """A sidecar's PID, if it is running."""
         try:
-            pid = int((self.run_dir / EXPORTER_PID_FILE).read_text().strip())
+            pid = int((self.run_dir / sidecar.pid_file).read_text().strip())
         except (OSError, ValueError):
             return None
         return pid if _alive(pid) else None
 
-    def start_exporter(self) -> None:
-        """Start :mod:`rtserve.metrics` on the configured metrics address, in its own session."""
+    def exporter_pid(self) -> int | None:
+        """The metrics exporter's PID, if it is running."""
+        return self.sidecar_pid(EXPORTER)
+
+    def start_sidecar(self, sidecar: Sidecar) -> None:
+        """Start ``sidecar`` with this instance's effective config, in its own session."""
         effective = read_properties(self.run_dir / "config.properties")
-        with open(self.log_dir / "metrics_exporter.log", "ab") as log:
+        with open(self.log_dir / sidecar.log, "ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "rtserve.metrics", "--listen", effective[PUBLIC_METRICS_KEY],
-                 "--upstream", effective["metrics_address"], "--dir", str(self.metrics_dir),
-                 "--access-log", str(self.log_dir / "access_log.log")],
+                [sys.executable, "-m", sidecar.module, *sidecar.args(self, effective)],
                 cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True)
-        (self.run_dir / EXPORTER_PID_FILE).write_text(str(proc.pid))
+        (self.run_dir / sidecar.pid_file).write_text(str(proc.pid))
 
-    def stop_exporter(self, timeout: float = 5.0) -> None:
-        """SIGTERM the exporter (SIGKILL after ``timeout``)."""
-        pid = self.exporter_pid()
-        if pid is not None:
-            terminate(pid, timeout)
-        (self.run_dir / EXPORTER_PID_FILE).unlink(missing_ok=True)
+    def start_sidecars(self) -> None:
+        """Start every sidecar (:data:`SIDECARS`)."""
+        for sidecar in SIDECARS:
+            self.start_sidecar(sidecar)
+
+    def stop_sidecars(self, timeout: float = 5.0) -> None:
+        """SIGTERM every sidecar (SIGKILL after ``timeout``)."""
+        for sidecar in SIDECARS:
+            pid = self.sidecar_pid(sidecar)
+            if pid is not None:
+                terminate(pid, timeout)
+            (self.run_dir / sidecar.pid_file).unlink(missing_ok=True)
 
     def pid(self) -> int | None:
         """The frontend's PID from this instance's private PID file, if it is running."""
@@ -263,7 +312,7 @@ class TorchServe:
                 f"{MAX_SOCKET_PATH}; choose a shorter run directory")
         shutil.rmtree(self.log_dir, ignore_errors=True)  # fresh logs: readiness reads them
         shutil.rmtree(self.metrics_dir, ignore_errors=True)  # and fresh counters
-        self.stop_exporter()
+        self.stop_sidecars()
         (self.run_dir / "tmp").mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_dir.mkdir(parents=True, exist_ok=True)
@@ -272,8 +321,8 @@ class TorchServe:
         (self.run_dir / HISTORY_FILE).unlink(missing_ok=True)
         draining.clear(self.run_dir)  # nor is it draining
         config = self.run_dir / "config.properties"
-        write_properties(config, self.effective_props(free_ports(1)[0]))
-        self.start_exporter()
+        write_properties(config, self.effective_props(*free_ports(2)))
+        self.start_sidecars()
         cmd = [torchserve_binary(), "--start", "--ncs",
                "--ts-config", str(config), "--model-store", str(self.model_store)]
         if self.log_config is not None:
@@ -289,7 +338,7 @@ class TorchServe:
                                      stdin=subprocess.DEVNULL, stdout=out,
                                      stderr=subprocess.STDOUT, timeout=60)
         if rc != 0:
-            self.stop_exporter()
+            self.stop_sidecars()
             raise ServerError(f"torchserve --start exited {rc}:\n{self.log_tail()}")
 
     def wait_ready(self, timeout: float = 120.0, models: list[str] | None = None) -> float:
@@ -352,7 +401,7 @@ class TorchServe:
         """
         pid = self.pid()
         if pid is None:
-            self.stop_exporter()
+            self.stop_sidecars()
             return None
         report = self.drain() if drain else None
         os.kill(pid, signal.SIGTERM)
@@ -364,7 +413,7 @@ class TorchServe:
             _kill_tree(pid)
         (self.run_dir / "tmp" / PID_FILE).unlink(missing_ok=True)
         self.key_file.unlink(missing_ok=True)
-        self.stop_exporter()
+        self.stop_sidecars()
         if self.metrics_dir.parent == SHARED_MEMORY:
             shutil.rmtree(self.metrics_dir, ignore_errors=True)  # memory, not a record
         return report
@@ -477,11 +526,12 @@ def run_foreground(server: TorchServe, stop_timeout: float = 15.0, poll: float =
             break
         if server.pid() is None:
             logger.error("TorchServe exited on its own:\n%s", server.log_tail())
-            server.stop_exporter()
+            server.stop_sidecars()
             return 1
-        if server.exporter_pid() is None:
-            logger.error("the metrics exporter exited: starting it again")
-            server.start_exporter()
+        for sidecar in SIDECARS:
+            if server.sidecar_pid(sidecar) is None:
+                logger.error("%s exited: starting it again", sidecar.name)
+                server.start_sidecar(sidecar)
     server.stop(stop_timeout)
     logger.info("TorchServe stopped")
     return 0
@@ -554,10 +604,6 @@ def main(argv: list[str] | None = None) -> int:
     server = TorchServe(args.run_dir, args.model_store, args.models, Path(config))
     if args.action == "run":
         keysync = gateway.from_env(args.run_dir)  # the pod's nginx gateway, if it has one
-        if keysync is not None:  # and the OIP model routes it sends to rtserve (rtserve.oip)
-            from rtserve import oip  # here: it imports torch, which the probes must not
-
-            oip.start_for_server(args.run_dir, args.model_store, args.models)
         return run_foreground(server, args.stop_timeout, on_poll=keysync.sync if keysync else None)
     if args.action in ("stop", "drain"):
         pid = server.pid()

@@ -29,6 +29,12 @@ RUNTIME_MODULES = ("handler.rtserve_handler", "handler.explain", "rtserve.server
                    "rtserve.oip", "rtserve.gateway", "ts.model_service_worker", "ts.service",
                    "ts.torch_handler.base_handler", "ts.model_loader", "captum.attr", "psutil",
                    "requests", "yaml", "numpy")
+#: Packages rtserve never imports that torch's wheel pulls in: Triton is the GPU kernel compiler of
+#: ``torch.compile`` / Inductor (about 0.7 GB); the handler runs exported programs as they are,
+#: so neither the CPU nor the CUDA path loads it (``--list`` would name it if it did: main()
+#: refuses to remove a package that is on the list). The CUDA libraries torch links against
+#: (``nvidia/*``) are all kept: ``import torch`` loads them.
+NEVER_IMPORTED = ("triton",)
 #: torch/bin: C++ test programs and protoc, none used by torch at run time, but the shared-memory
 #: manager that torch.multiprocessing starts.
 TORCH_BIN_KEEP = {"torch_shm_manager"}
@@ -49,7 +55,17 @@ def runtime_modules() -> list[str]:
 
 def main(venv: str, modules_file: str) -> int:
     site = next(Path(venv).glob("lib/python3*/site-packages"))
-    removed = {"tests": 0, "torch test data and binaries": 0, "bytecode of modules never imported": 0}
+    never = f"packages never imported ({', '.join(NEVER_IMPORTED)})"
+    removed = {"tests": 0, "torch test data and binaries": 0, "bytecode of modules never imported": 0,
+               never: 0}
+    listed = {name.split(".")[0] for name in Path(modules_file).read_text().split()}
+    for name in NEVER_IMPORTED:
+        if name in listed:
+            raise SystemExit(f"{name} is imported by rtserve's runtime modules: it cannot be pruned")
+        for path in [site / name, *site.glob(f"{name}-*.dist-info")]:
+            if path.exists():
+                removed[never] += size(path)
+                shutil.rmtree(path)
     for tests in [p for p in site.glob("**/tests") if p.is_dir()]:
         if tests.exists():
             removed["tests"] += size(tests)

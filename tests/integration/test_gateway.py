@@ -19,9 +19,11 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 import requests
+import tritonclient.http as triton
 
 from rtserve import gateway
 from rtserve.server import free_ports, port_overrides, write_properties
@@ -173,6 +175,40 @@ def test_only_inference_routes_pass_and_bodies_are_bounded(pod_gateway):
     access = (pod.run_dir / "logs" / "access_log.log").read_text()
     for path in (f"/v1/models/{MODEL_NAME}:predict", "/v2 ", f"/v2/models/{MODEL_NAME}/infer"):
         assert f'"POST {path}' in access, path
+
+
+def test_tritonclient_with_its_defaults_through_the_gateway(pod_gateway):
+    """The Open Inference Protocol flow of a generic client with no option changed, through the
+    gateway with the shared token: model readiness and metadata (rtserve's agent in TorchServe,
+    rtserve.oip), then binary tensor data in and out, equal to /predictions' answers."""
+    pod, nginx, _, tokens_file = pod_gateway
+    pod.wait_ready()
+    auth = {"Authorization": f"Bearer {gateway.parse_tokens(tokens_file.read_text())[0]}"}
+    rows = [[v + i for i in range(32)] for v in (-50.0, 0.0, 3.5)]
+    plain = [nginx.post(auth["Authorization"].removeprefix("Bearer "), json={"features": row}).json()
+             for row in rows]
+    client = triton.InferenceServerClient(nginx.settings.listen, connection_timeout=10,
+                                          network_timeout=10)
+    try:
+        assert client.is_server_ready(headers=auth) and client.is_model_ready(MODEL_NAME, headers=auth)
+        meta = client.get_model_metadata(MODEL_NAME, headers=auth)
+        assert meta["versions"] == ["1.0"] and meta["inputs"][0]["shape"] == [-1, 32]
+        tensor = triton.InferInput("features", [len(rows), 32], "FP32")
+        tensor.set_data_from_numpy(np.array(rows, dtype=np.float32))
+        result = client.infer(MODEL_NAME, [tensor], headers=auth)
+        assert "binary_data_size" in result.get_response()["outputs"][1]["parameters"]
+        assert result.as_numpy("class").tolist() == [p["prediction"] for p in plain]
+        np.testing.assert_allclose(result.as_numpy("probabilities"),
+                                   [p["probabilities"] for p in plain], rtol=0, atol=1e-6)
+        as_json = client.infer(MODEL_NAME, [tensor], headers=auth, outputs=[
+            triton.InferRequestedOutput("class", binary_data=False)])
+        assert as_json.get_response()["outputs"][0]["data"] == [p["prediction"] for p in plain]
+        assert client.is_model_ready(MODEL_NAME) is False  # no token
+    finally:
+        client.close()
+    resp = requests.get(f"{nginx.url}/v2/models/{MODEL_NAME}/ready", timeout=5)
+    assert (resp.status_code, resp.json()) == (
+        401, {"error": "missing or wrong token: send Authorization: Bearer <gateway token>"})
 
 
 def test_torchserve_inference_listens_on_loopback_only(pod_gateway):

@@ -89,9 +89,12 @@ def test_greedy_answers_lone_requests_without_the_batch_delay_and_still_batches(
     server = serve(tmp_path_factory, slow_batching_mar)
     try:
         assert server.client().describe(MODEL_NAME)[0]["maxBatchDelay"] == DELAY_MS
-        assert agent_lines(server) == ["[rtserve-agent] greedy batching ON: patched "
-                                       "org/pytorch/serve/wlm/Model.pollBatch (no wait for "
-                                       "further jobs of a batch)"]
+        assert sorted(line.split(" (")[0] for line in agent_lines(server)) == [
+            "[rtserve-agent] OIP model routes ON: patched "
+            "org/pytorch/serve/http/api/rest/InferenceRequestHandler.handleRequest",
+            "[rtserve-agent] greedy batching ON: patched org/pytorch/serve/wlm/Model.pollBatch"]
+        assert "[rtserve-agent] greedy batching ON: patched org/pytorch/serve/wlm/Model.pollBatch " \
+               "(no wait for further jobs of a batch)" in agent_lines(server)
         timings = one_at_a_time(server, 8)
         assert max(timings) < DELAY_MS / 2, timings
         before = len(audit_batches(server.log_dir))
@@ -107,8 +110,8 @@ def test_greedy_answers_lone_requests_without_the_batch_delay_and_still_batches(
 
 @pytest.mark.parametrize("how", ["switched off", "wrong checksum"])
 def test_without_the_agent_torchserve_waits_the_batch_delay(how, slow_batching_mar, tmp_path_factory):
-    """The off switch, and an agent that finds another frontend than the pinned one: stock
-    TorchServe, whose lone requests wait maxBatchDelay; the agent says why it did not patch."""
+    """The off switch, and an agent that finds another frontend than the pinned one: TorchServe's
+    own batching, whose lone requests wait maxBatchDelay; the agent says why it did not patch."""
     if how == "switched off":
         server = serve(tmp_path_factory, slow_batching_mar, **{GREEDY_KEY: "false"})
     else:
@@ -116,9 +119,9 @@ def test_without_the_agent_torchserve_waits_the_batch_delay(how, slow_batching_m
         server = serve(tmp_path_factory, slow_batching_mar, vmargs=vmargs)
     try:
         lines = agent_lines(server)
-        if how == "switched off":
-            assert lines == []
-            assert "-javaagent" not in (server.run_dir / "config.properties").read_text()
+        if how == "switched off":  # the agent still serves the OIP model routes
+            assert [line.split(":")[0] for line in lines] == ["[rtserve-agent] OIP model routes ON"]
+            assert ",greedy=off" in (server.run_dir / "config.properties").read_text()
         else:
             assert len(lines) == 1 and "greedy batching OFF" in lines[0]
             assert f"not the pinned {'0' * 64}" in lines[0] and "TorchServe runs stock" in lines[0]

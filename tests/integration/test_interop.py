@@ -1,6 +1,7 @@
 """KServe v1, Open Inference Protocol (v2) over REST, and TorchServe's gRPC APIs, on a real
-TorchServe, spoken by clients this project did not write: Triton's ``tritonclient[http]`` (an
-Open Inference Protocol client) and gRPC stubs generated from the proto files inside the installed
+TorchServe started as ``make serve`` starts it (rtserve.server), spoken by clients this project
+did not write: Triton's ``tritonclient[http]`` (an Open Inference Protocol client, used with its
+defaults: binary tensor data) and gRPC stubs generated from the proto files inside the installed
 TorchServe frontend jar. KServe v1 has no light published client; its requests are plain HTTP
 (``requests``). Every answer is compared with the plain ``/predictions`` answer for the same
 features."""
@@ -8,6 +9,7 @@ features."""
 from __future__ import annotations
 
 import json
+import time
 
 import grpc
 import numpy as np
@@ -16,7 +18,9 @@ import requests
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
+from rtserve.drain import DRAIN_FILE
 from rtserve.grpc_stubs import generate
+from rtserve.server import OIP_ROUTES
 from tests.conftest import MODEL_NAME
 from tests.helpers import features
 
@@ -125,17 +129,125 @@ def test_v2_bad_request_gets_a_400_in_the_v2_form(triton_client, keys, name, sha
     assert err.value.message() == message
 
 
-def test_v2_model_metadata_and_readiness_are_not_served(server, keys):
-    """TorchServe 0.12's REST frontend has no route for them (README: Interoperability)."""
-    base = f"{server.props['inference_address']}/v2/models/{MODEL_NAME}"
-    for path in ("", "/ready"):
-        resp = requests.get(base + path, headers=bearer(keys["inference"]), timeout=10)
-        assert resp.status_code == 404
-        assert resp.json()["type"] == "ResourceNotFoundException"
-    resp = requests.post(f"{base}/versions/1.0/infer", json={}, headers=bearer(keys["inference"]),
-                         timeout=10)
-    assert resp.status_code == 501
-    assert resp.json() == {"error": "Model versioning is not yet supported."}
+#: TorchServe's answer to a request without its token (0.12.0 has no 401).
+NO_TOKEN = {"code": 400, "type": "InvalidKeyException",
+            "message": "Token Authorization failed. Token either incorrect, expired, or not "
+                       "provided correctly"}
+
+
+def test_tritonclient_with_its_defaults_from_readiness_to_binary_inference(triton_client, keys,
+                                                                           plain):
+    """A generic OIP client's whole flow on the local server, with no option changed: model
+    readiness and metadata (rtserve's agent and rtserve.oip), then inference with the input and
+    every output as binary tensor data."""
+    auth = bearer(keys["inference"])
+    assert triton_client.is_server_live(headers=auth) and triton_client.is_server_ready(headers=auth)
+    assert triton_client.is_model_ready(MODEL_NAME, headers=auth) is True
+    assert triton_client.is_model_ready(MODEL_NAME, "1.0", headers=auth) is True
+    meta = triton_client.get_model_metadata(MODEL_NAME, headers=auth)
+    assert meta == {"name": MODEL_NAME, "versions": ["1.0"], "platform": "pytorch_torchserve",
+                    "inputs": [{"name": "features", "datatype": "FP32", "shape": [-1, 32]}],
+                    "outputs": [{"name": "class", "datatype": "INT64", "shape": [-1]},
+                                {"name": "probabilities", "datatype": "FP32", "shape": [-1, 3]}]}
+    assert triton_client.get_model_metadata(MODEL_NAME, "1.0", headers=auth) == meta
+    (spec,) = meta["inputs"]
+    tensor = triton.InferInput(spec["name"], [len(ROWS), 32], spec["datatype"])
+    tensor.set_data_from_numpy(np.array(ROWS, dtype=np.float32))  # binary_data=True
+    result = triton_client.infer(MODEL_NAME, [tensor], headers=auth)
+    response = result.get_response()
+    assert [o["parameters"] for o in response["outputs"]] == [
+        {"binary_data_size": 8 * len(ROWS)}, {"binary_data_size": 4 * 3 * len(ROWS)}]
+    assert result.as_numpy("class").tolist() == [p["prediction"] for p in plain]
+    np.testing.assert_allclose(result.as_numpy("probabilities"),
+                               [p["probabilities"] for p in plain], rtol=0, atol=1e-6)
+
+
+def test_v2_binary_input_answers_json_outputs_when_asked(server, triton_client, keys, plain):
+    tensor = triton.InferInput("features", [len(ROWS), 32], "FP32")
+    tensor.set_data_from_numpy(np.array(ROWS, dtype=np.float32))
+    outputs = [triton.InferRequestedOutput("probabilities", binary_data=False),
+               triton.InferRequestedOutput("class", binary_data=False)]
+    result = triton_client.infer(MODEL_NAME, [tensor], outputs=outputs, request_id="j-1",
+                                 headers=bearer(keys["inference"]))
+    response = result.get_response()
+    assert response["id"] == "j-1" and [o["name"] for o in response["outputs"]] == [
+        "probabilities", "class"]
+    assert all("parameters" not in o and "data" in o for o in response["outputs"])
+    assert result.as_numpy("class").tolist() == [p["prediction"] for p in plain]
+    np.testing.assert_allclose(result.as_numpy("probabilities"),
+                               [p["probabilities"] for p in plain], rtol=0, atol=1e-6)
+    # Over plain HTTP: a JSON answer carries no Inference-Header-Content-Length.
+    body, length = triton.InferenceServerClient.generate_request_body([tensor], outputs=outputs)
+    resp = requests.post(f"{server.props['inference_address']}/v2/models/{MODEL_NAME}/infer",
+                         data=body, timeout=10, headers={**bearer(keys["inference"]),
+                                                         "Inference-Header-Content-Length": str(length)})
+    assert resp.status_code == 200 and "Inference-Header-Content-Length" not in resp.headers
+    assert resp.headers["Content-Type"] == "application/json"
+
+
+def test_v2_bad_binary_request_gets_a_400_naming_the_field(server, keys):
+    tensor = triton.InferInput("features", [2, 32], "FP32")
+    tensor.set_data_from_numpy(np.zeros((2, 32), dtype=np.float32))
+    body, length = triton.InferenceServerClient.generate_request_body([tensor])
+    resp = requests.post(f"{server.props['inference_address']}/v2/models/{MODEL_NAME}/infer",
+                         data=body[:-4], timeout=10,
+                         headers={**bearer(keys["inference"]), "Inference-Header-Content-Length": str(length)})
+    assert resp.status_code == 400
+    assert resp.json() == {"error": "inputs[0].parameters.binary_data_size is 256 but 252 bytes "
+                                    "follow the JSON header (Inference-Header-Content-Length)"}
+
+
+def test_v2_model_routes_need_the_token_and_name_what_is_missing(server, keys, triton_client):
+    base = f"{server.props['inference_address']}/v2/models"
+    for headers in ({}, bearer("wrong"), bearer(keys["management"])):
+        for path in (f"/{MODEL_NAME}", f"/{MODEL_NAME}/ready", f"/{MODEL_NAME}/versions/1.0/ready"):
+            resp = requests.get(base + path, headers=headers, timeout=10)
+            assert (resp.status_code, resp.json()) == (400, NO_TOKEN), (path, headers)
+    assert triton_client.is_model_ready(MODEL_NAME) is False  # no token: not ready
+    auth = bearer(keys["inference"])
+    for path, error in (
+            ("/nope/ready", "model 'nope' is not served here (have: ['realtime-classifier'])"),
+            (f"/{MODEL_NAME}/versions/9.9", f"model '{MODEL_NAME}' has no version '9.9' here "
+                                           "(have: 1.0)"),
+            (f"/{MODEL_NAME}/labels", f"not found: /v2/models/{MODEL_NAME}/labels")):
+        resp = requests.get(base + path, headers=auth, timeout=10)
+        assert (resp.status_code, resp.json()) == (404, {"error": error}), path
+    assert triton_client.is_model_ready("nope", headers=auth) is False
+    # What TorchServe answers itself is unchanged: versioned inference is not implemented.
+    resp = requests.post(f"{base}/{MODEL_NAME}/versions/1.0/infer", json={}, headers=auth, timeout=10)
+    assert (resp.status_code, resp.json()) == (501, {"error": "Model versioning is not yet supported."})
+    access = (server.log_dir / "access_log.log").read_text()
+    assert f'"GET /v2/models/{MODEL_NAME}/ready HTTP/1.1" 200' in access
+
+
+def test_v2_model_readiness_follows_draining_and_says_when_its_routes_are_down(server, keys,
+                                                                               triton_client):
+    auth = bearer(keys["inference"])
+    url = f"{server.props['inference_address']}/v2/models/{MODEL_NAME}/ready"
+    marker = server.run_dir / DRAIN_FILE
+    marker.touch()
+    try:
+        resp = requests.get(url, headers=auth, timeout=10)
+        assert (resp.status_code, resp.json()) == (
+            400, {"name": MODEL_NAME, "ready": False, "reason": "draining"})
+    finally:
+        marker.unlink()
+    assert triton_client.is_model_ready(MODEL_NAME, headers=auth) is True
+    pid = server.sidecar_pid(OIP_ROUTES)
+    server.stop_sidecars()  # the routes' process gone (the metrics exporter with it)
+    try:
+        assert server.sidecar_pid(OIP_ROUTES) is None and pid is not None
+        resp = requests.get(url, headers=auth, timeout=10)
+        assert (resp.status_code, resp.json()) == (503, {
+            "error": "the model metadata and readiness routes (rtserve.oip) are not answering"})
+        assert requests.post(f"{server.props['inference_address']}/predictions/{MODEL_NAME}",
+                             json={"features": ROWS[0]}, headers=auth, timeout=10).status_code == 200
+    finally:
+        server.start_sidecars()
+    deadline = time.monotonic() + 30
+    while requests.get(url, headers=auth, timeout=10).status_code != 200:
+        assert time.monotonic() < deadline, "rtserve.oip did not come back"
+        time.sleep(0.2)
 
 
 # -- gRPC, with stubs generated from the installed frontend jar's proto files ------------------
@@ -250,3 +362,26 @@ def test_grpc_example_script_runs(server, plain, tmp_path):
         MODEL_NAME, json.loads((REPO / "examples" / "request.json").read_text()))
     assert_same([plain_answer], [expected])
     assert_same(v1_answer["predictions"], [expected])
+
+
+def test_oip_example_script_runs(server):
+    """examples/oip_client.py, as docs/interoperability.md shows it, against this server."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    out = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "oip_client.py"), "--url",
+         server.props["inference_address"].removeprefix("http://"), "--key-file", str(server.key_file)],
+        capture_output=True, text=True, timeout=60, check=True).stdout.splitlines()
+    lines = dict(line.split(": ", 1) for line in out)
+    assert lines["model ready"] == "True"
+    assert json.loads(lines["metadata"])["inputs"] == [
+        {"name": "features", "datatype": "FP32", "shape": [-1, 32]}]
+    assert json.loads(lines["answer"])["outputs"][0]["parameters"] == {"binary_data_size": 8}
+    expected = server.client().predict(
+        MODEL_NAME, json.loads((REPO / "examples" / "request.json").read_text()))
+    assert json.loads(lines["class"]) == [expected["prediction"]]
+    np.testing.assert_allclose(json.loads(lines["probabilities"]), [expected["probabilities"]],
+                               rtol=0, atol=1e-6)

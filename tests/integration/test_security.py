@@ -8,7 +8,7 @@ import psutil
 import pytest
 import requests
 
-from rtserve.server import DEFAULT_CONFIG, read_properties, sample_payload
+from rtserve.server import DEFAULT_CONFIG, OIP_KEY, OIP_ROUTES, read_properties, sample_payload
 from tests.conftest import MODEL_NAME
 
 pytestmark = pytest.mark.integration
@@ -80,8 +80,9 @@ def test_registration_from_urls_is_refused(server, url):
 
 
 def test_every_listener_is_on_loopback(server):
-    """The frontend's five listeners (its metrics one private, on a port of its own) and the
-    metrics exporter's, which serves the configured metrics address."""
+    """The frontend's five listeners (its metrics one private, on a port of its own), the
+    metrics exporter's, which serves the configured metrics address, and rtserve.oip's (the
+    OIP model routes the frontend sends there, on a private port)."""
     port = lambda address: int(address.rsplit(":", 1)[1])  # noqa: E731
     effective = read_properties(server.run_dir / "config.properties")
     frontend = [c.laddr for c in psutil.Process(server.pid()).net_connections() if c.status == "LISTEN"]
@@ -93,7 +94,10 @@ def test_every_listener_is_on_loopback(server):
     exporter = [c.laddr for c in psutil.Process(server.exporter_pid()).net_connections()
                 if c.status == "LISTEN"]
     assert [a.port for a in exporter] == [port(server.props["metrics_address"])]
-    for addr in frontend + exporter:
+    oip = [c.laddr for c in psutil.Process(server.sidecar_pid(OIP_ROUTES)).net_connections()
+           if c.status == "LISTEN"]
+    assert [a.port for a in oip] == [port(effective[OIP_KEY])]
+    for addr in frontend + exporter + oip:
         ip = ipaddress.ip_address(addr.ip)
         if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:  # Java's ::ffff:127.0.0.1
             ip = ip.ipv4_mapped

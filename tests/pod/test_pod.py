@@ -99,13 +99,14 @@ def test_open_inference_protocol_flow_with_tritonclient(pod):
         (inp,) = meta["inputs"]
         assert (inp["name"], inp["datatype"], inp["shape"]) == ("features", "FP32", [-1, len(ROW)])
         assert {o["name"] for o in meta["outputs"]} == {"class", "probabilities"}
+        # The client's defaults: the binary tensor data extension, both ways.
         tensor = triton.InferInput(inp["name"], [2, len(ROW)], inp["datatype"])
-        tensor.set_data_from_numpy(np.array([ROW, ROW], dtype=np.float32), binary_data=False)
-        result = client.infer(MODEL_NAME, [tensor], headers=pod.auth,
-                              outputs=[triton.InferRequestedOutput(o["name"], binary_data=False)
-                                       for o in meta["outputs"]])
+        tensor.set_data_from_numpy(np.array([ROW, ROW], dtype=np.float32))
+        result = client.infer(MODEL_NAME, [tensor], headers=pod.auth)
         plain = predict(pod).json()
         assert result.as_numpy("class").tolist() == [plain["prediction"]] * 2
+        np.testing.assert_allclose(result.as_numpy("probabilities"),
+                                   np.array([plain["probabilities"]] * 2, dtype=np.float32), atol=1e-6)
         assert not client.is_model_ready("no-such-model", headers=pod.auth)
         # The model routes sit behind the token check like every other route.
         assert not client.is_model_ready(MODEL_NAME)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import route_headers, start_batch
@@ -117,3 +118,49 @@ def test_hostile_batches_get_predictions_or_their_own_400(handler_ctx, batch):
         else:
             assert status == 400, (row, body)
             assert body["error"] and phrase and phrase.isascii() and "\n" not in phrase
+
+
+@st.composite
+def binary_requests(draw):
+    """The raw body and Inference-Header-Content-Length of a binary tensor data request, each
+    part drawn valid or broken, and whether it is valid: (body, header value, valid)."""
+    n = draw(st.sampled_from([0, 1, 2, 65]))
+    count = min(n, 2) * N
+    drawn = draw(st.lists(st.floats(-1e3, 1e3, width=32), min_size=count, max_size=count)
+                 | st.lists(st.floats(width=32), min_size=count, max_size=count))
+    values = drawn + [0.0] * (n * N - len(drawn))  # (65 rows: too many, whatever they hold)
+    tail = np.array(values, dtype="<f4").tobytes()
+    size = draw(st.sampled_from([len(tail)] * 3 + [True, "128"]) | st.integers(-10, 10**13))
+    cut = draw(st.sampled_from([0, 0, 0, -4, -1, 1, 8]))
+    tail = tail[:len(tail) + cut] if cut < 0 else tail + bytes(cut)
+    head = json.dumps({"inputs": [{"name": "features", "datatype": "FP32", "shape": [n, N],
+                                   "parameters": {"binary_data_size": size}}],
+                       "parameters": {"binary_data_output": True}}).encode()  # as tritonclient
+    header = draw(st.sampled_from([str(len(head))] * 3 + [f" {len(head)} "])
+                  | st.integers(-5, len(head) + len(tail) + 5).map(str) | st.text(max_size=14))
+    valid = (header.strip() == str(len(head)) and 1 <= n <= 64 and type(size) is int
+             and size == n * N * 4 and cut == 0
+             and all(math.isfinite(v) and abs(v) <= LIMIT for v in values))
+    return head + tail, header, valid
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(batch=st.lists(binary_requests(), min_size=1, max_size=6))
+def test_hostile_binary_requests_get_answers_or_their_own_400(handler_ctx, batch):
+    """The binary tensor data extension (Open Inference Protocol, Triton's clients' default):
+    a valid request gets its binary answer, any other its own 400; nothing raises."""
+    handler, ctx = handler_ctx
+    headers = {k: v for k, v in route_headers(False).items() if k != "url_path"}  # /v2/.../infer
+    start_batch(ctx, len(batch), [{**headers, "Inference-Header-Content-Length": h} for _, h, _ in batch])
+    out = handler.handle([{"body": body} for body, _, _ in batch], ctx)
+    assert len(out) == len(batch)
+    for idx, (_, _, valid) in enumerate(batch):
+        status, phrase = ctx.get_response_status(idx)
+        event("valid" if valid else "invalid")
+        if valid:
+            assert status == 200, out[idx]
+            length = int(ctx.get_response_headers(idx)["Inference-Header-Content-Length"])
+            assert json.loads(out[idx][:length])["outputs"][0]["parameters"]["binary_data_size"] > 0
+        else:
+            assert status == 400, (batch[idx], out[idx])
+            assert json.loads(out[idx])["error"] and phrase and phrase.isascii()

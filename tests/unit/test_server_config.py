@@ -1,11 +1,12 @@
-"""rtserve.server's effective config: the greedy-batching agent and the metrics exporter's port."""
+"""rtserve.server's effective config: the agent (greedy batching, OIP model routes) and the
+private ports of the metrics exporter and the OIP model routes."""
 
 from __future__ import annotations
 
 import pytest
 
 from rtserve import server as srv
-from rtserve.server import GREEDY_KEY, PUBLIC_METRICS_KEY, ServerError, TorchServe
+from rtserve.server import GREEDY_KEY, OIP_KEY, PUBLIC_METRICS_KEY, ServerError, TorchServe
 
 pytestmark = pytest.mark.unit
 
@@ -14,31 +15,33 @@ def instance(tmp_path, **overrides) -> TorchServe:
     return TorchServe(tmp_path / "run", tmp_path / "store", overrides=overrides)
 
 
-def test_agent_is_added_to_vmargs_once_and_metrics_move_to_a_private_port(tmp_path):
-    props = instance(tmp_path).effective_props(41234)
-    assert props["vmargs"].endswith(f" -javaagent:{srv.AGENT_JAR}")
+def test_agent_is_added_to_vmargs_once_and_metrics_and_oip_get_private_ports(tmp_path):
+    props = instance(tmp_path).effective_props(41234, 41236)
+    assert props["vmargs"].endswith(f" -javaagent:{srv.AGENT_JAR}=oip=http://127.0.0.1:41236")
     assert props["vmargs"].count("-javaagent") == 1
     assert props["metrics_address"] == "http://127.0.0.1:41234"
     assert props[PUBLIC_METRICS_KEY] == "http://127.0.0.1:8082"
+    assert props[OIP_KEY] == "http://127.0.0.1:41236"
     # read back from the effective file (as stop/drain do), clients see the public address
     path = tmp_path / "effective.properties"
     srv.write_properties(path, props)
     again = TorchServe(tmp_path / "run", tmp_path / "store", config=path)
     assert again.props["metrics_address"] == "http://127.0.0.1:8082"
-    assert again.effective_props(41235)["vmargs"].count("-javaagent") == 1
+    assert again.effective_props(41235, 41237)["vmargs"].count("-javaagent") == 1
 
 
-def test_greedy_off_leaves_vmargs_alone(tmp_path):
-    props = instance(tmp_path, **{GREEDY_KEY: "false"}).effective_props(41234)
-    assert "-javaagent" not in props["vmargs"]
+def test_greedy_off_still_loads_the_agent_for_the_oip_routes(tmp_path):
+    props = instance(tmp_path, **{GREEDY_KEY: "false"}).effective_props(41234, 41236)
+    assert props["vmargs"].endswith(
+        f" -javaagent:{srv.AGENT_JAR}=oip=http://127.0.0.1:41236,greedy=off")
 
 
 def test_bad_greedy_value_and_missing_agent_are_refused(tmp_path, monkeypatch):
     with pytest.raises(ServerError, match=f"{GREEDY_KEY} must be true or false, not 'yes'"):
-        instance(tmp_path, **{GREEDY_KEY: "yes"}).effective_props(41234)
+        instance(tmp_path, **{GREEDY_KEY: "yes"}).effective_props(41234, 41236)
     monkeypatch.setattr(srv, "AGENT_JAR", tmp_path / "missing.jar")
     with pytest.raises(ServerError, match="make agent"):
-        instance(tmp_path).effective_props(41234)
+        instance(tmp_path).effective_props(41234, 41236)
 
 
 def test_a_run_directory_too_deep_for_worker_sockets_is_refused_before_anything_starts(tmp_path):
@@ -52,15 +55,16 @@ def test_a_run_directory_too_deep_for_worker_sockets_is_refused_before_anything_
     assert not (deep / "config.properties").exists() and not (deep / "logs").exists()
 
 
-def test_the_probes_do_not_import_torch():
+def test_the_probes_and_the_oip_routes_do_not_import_torch():
     """The kubelet runs `python -m rtserve.probe` every few seconds in the container: without
     torch it starts in a fraction of the time and memory (with it, about 200 MB each, and
-    probes left running under load once ran a pod out of memory)."""
+    probes left running under load once ran a pod out of memory). rtserve.oip runs beside every
+    server: without torch it holds about 30 MB, with it 500 MB."""
     import subprocess
     import sys
     from pathlib import Path
 
-    code = "import sys, rtserve.probe, rtserve.server; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
+    code = "import sys, rtserve.probe, rtserve.server, rtserve.oip; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2]).stdout
     assert out.strip() == "[]", out

@@ -4,7 +4,7 @@ import java.util.concurrent.LinkedBlockingDeque;
 import java.util.concurrent.TimeUnit;
 
 /**
- * What the patched batch aggregator calls instead of its timed waits (see {@link GreedyBatching}).
+ * What the patched batch aggregator calls instead of its timed waits (see {@link Agent}).
  *
  * <p>TorchServe 0.12's {@code Model.pollBatch} blocks for the first job of a batch, then waits up to
  * {@code maxBatchDelay} for each further one. Patched, it still blocks for the first job, but

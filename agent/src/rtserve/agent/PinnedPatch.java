@@ -2,99 +2,87 @@ package rtserve.agent;
 
 import java.io.ByteArrayOutputStream;
 import java.lang.instrument.ClassFileTransformer;
-import java.lang.instrument.Instrumentation;
 import java.nio.charset.StandardCharsets;
 import java.security.MessageDigest;
 import java.security.NoSuchAlgorithmException;
 import java.security.ProtectionDomain;
+import java.util.List;
 
 /**
- * rtserve's Java agent for TorchServe 0.12.0's frontend: greedy batching.
+ * One patch of one class of TorchServe 0.12.0's frontend: instructions of one method replaced by
+ * calls to static methods of a helper class of this agent (see {@link Agent} for the patches).
  *
- * <p>Loaded with {@code -javaagent:rtserve-agent.jar} (rtserve.server adds it to the frontend's
- * {@code vmargs} unless {@code rtserve_greedy_batching=false}). It changes two instructions of
- * one method, {@code org.pytorch.serve.wlm.Model.pollBatch(String, long, Map)}, and nothing else:
- *
- * <ul>
- *   <li>the timed {@code poll(maxDelay, MILLISECONDS)} for the second and later jobs of a batch
- *       becomes {@link Greedy#poll}, which takes a job only if one is already queued;
- *   <li>the read of {@code maxBatchDelay} that seeds the loop's time budget becomes
- *       {@link Greedy#batchDelay}, so the budget never runs out before {@code batchSize}.
- * </ul>
- *
- * <p>Both replacements are the same length as the instructions they replace and leave the
- * operand stack as it was, so no offset, branch or stack map changes. Before patching, the
- * agent checks that the class is exactly the one it was written against (its SHA-256) and that
- * the two instructions are where that class has them; otherwise it leaves TorchServe stock and
- * says why on the frontend's stderr. The JDK's own {@code java.lang.instrument} API is all it
- * uses.
+ * <p>Each replacement is the same length as the instruction it replaces ({@code getfield} or
+ * {@code invokevirtual} becomes {@code invokestatic}, 3 bytes each) and leaves the operand stack as
+ * it was, so no offset, branch or stack map changes. Before patching, the transformer checks that
+ * the class is exactly the one the patch was written against (its SHA-256) and that each replaced
+ * instruction is where that class has it; otherwise it leaves the class stock and says why on the
+ * frontend's stderr. The JDK's own {@code java.lang.instrument} API is all it uses.
  */
-public final class GreedyBatching implements ClassFileTransformer {
-    static final String TARGET = "org/pytorch/serve/wlm/Model";
-    static final String METHOD = "pollBatch";
-    static final String METHOD_DESC = "(Ljava/lang/String;JLjava/util/Map;)V";
-    /** SHA-256 of Model.class in TorchServe 0.12.0's model-server.jar. */
-    static final String PINNED_SHA256 =
-            "7c5523f1fe77fe79aa32665469e17725e70518692abcf4987989ef72f10d4cff";
-    /** Offsets in pollBatch's code (javap -c of the pinned class). */
-    static final int GETFIELD_MAX_BATCH_DELAY = 131;
-    static final int INVOKE_TIMED_POLL = 261;
+final class PinnedPatch implements ClassFileTransformer {
+    /**
+     * The instruction at {@code offset} of the method's code, {@code opcode} on
+     * {@code owner.name:desc}, becomes {@code invokestatic helper.helperMethod:helperDesc}.
+     */
+    record Swap(int offset, int opcode, String owner, String name, String desc,
+                String helperMethod, String helperDesc) {
+    }
 
-    static final String HELPER = "rtserve/agent/Greedy";
-    static final String POLL_DESC =
-            "(Ljava/util/concurrent/LinkedBlockingDeque;JLjava/util/concurrent/TimeUnit;)Ljava/lang/Object;";
-    static final String DELAY_DESC = "(Ljava/lang/Object;)I";
+    static final int GETFIELD = 0xb4;
+    static final int INVOKEVIRTUAL = 0xb6;
+    static final int INVOKESTATIC = 0xb8;
 
-    private static final int GETFIELD = 0xb4;
-    private static final int INVOKEVIRTUAL = 0xb6;
-    private static final int INVOKESTATIC = 0xb8;
+    final String feature;
+    final String target;
+    final String expected;
+    final String method;
+    final String methodDesc;
+    final String helper;
+    final List<Swap> swaps;
+    final String effect;
+    final String stock;
 
-    private final String expected;
-
-    GreedyBatching(String expected) {
+    /**
+     * @param feature what the patch gives, for the log ("greedy batching")
+     * @param target the class to patch (internal name)
+     * @param expected SHA-256 of the class file the patch was written against
+     * @param method the patched method's name and descriptor
+     * @param helper the class holding the replacements' static methods (internal name)
+     * @param effect what the patched method now does, for the log
+     * @param stock what runs instead when the class is not the pinned one, for the log
+     */
+    PinnedPatch(String feature, String target, String expected, String method, String methodDesc,
+                String helper, List<Swap> swaps, String effect, String stock) {
+        this.feature = feature;
+        this.target = target;
         this.expected = expected;
-    }
-
-    /** Agent entry point. {@code args}: {@code sha256=<hex>} replaces the pinned checksum (tests). */
-    public static void premain(String args, Instrumentation inst) {
-        String expected = PINNED_SHA256;
-        if (args != null) {
-            for (String part : args.split(",")) {
-                if (part.startsWith("sha256=")) {
-                    expected = part.substring("sha256=".length()).trim().toLowerCase();
-                } else if (!part.isBlank()) {
-                    log("ignoring unknown agent option '" + part + "'");
-                }
-            }
-        }
-        inst.addTransformer(new GreedyBatching(expected));
-    }
-
-    static void log(String message) {
-        System.err.println("[rtserve-agent] " + message);
-        System.err.flush();
+        this.method = method;
+        this.methodDesc = methodDesc;
+        this.helper = helper;
+        this.swaps = swaps;
+        this.effect = effect;
+        this.stock = stock;
     }
 
     @Override
     public byte[] transform(ClassLoader loader, String className, Class<?> redefined,
                             ProtectionDomain domain, byte[] classfile) {
-        if (!TARGET.equals(className)) {
+        if (!target.equals(className)) {
             return null;
         }
         try {
             String actual = sha256(classfile);
             if (!actual.equals(expected)) {
-                log("greedy batching OFF: " + TARGET + ".class has SHA-256 " + actual
-                        + ", not the pinned " + expected + " (not TorchServe 0.12.0's frontend);"
-                        + " TorchServe runs stock");
+                Agent.log(feature + " OFF: " + target + ".class has SHA-256 " + actual
+                        + ", not the pinned " + expected + " (not TorchServe 0.12.0's frontend); "
+                        + stock);
                 return null;
             }
             byte[] patched = patch(classfile);
-            log("greedy batching ON: patched " + TARGET + "." + METHOD
-                    + " (no wait for further jobs of a batch)");
+            Agent.log(feature + " ON: patched " + target + "." + method + " (" + effect + ")");
             return patched;
         } catch (RuntimeException | NoSuchAlgorithmException e) {
-            log("greedy batching OFF: " + e.getMessage() + "; TorchServe runs stock");
+            Agent.log(feature + " OFF: " + e.getMessage() + "; " + stock);
             return null;
         }
     }
@@ -107,21 +95,20 @@ public final class GreedyBatching implements ClassFileTransformer {
         return hex.toString();
     }
 
-    /** The class with the two instructions replaced (see the class comment). */
-    static byte[] patch(byte[] in) {
+    /** The class with every swap applied (see the class comment). */
+    byte[] patch(byte[] in) {
         ClassReader cls = new ClassReader(in);
-        int code = cls.codeOf(METHOD, METHOD_DESC);
-        int delayAt = code + GETFIELD_MAX_BATCH_DELAY;
-        int pollAt = code + INVOKE_TIMED_POLL;
-        cls.expect(delayAt, GETFIELD, "org/pytorch/serve/wlm/Model", "maxBatchDelay", "I");
-        cls.expect(pollAt, INVOKEVIRTUAL, "java/util/concurrent/LinkedBlockingDeque", "poll",
-                "(JLjava/util/concurrent/TimeUnit;)Ljava/lang/Object;");
-
+        int code = cls.codeOf(method, methodDesc);
+        for (Swap swap : swaps) {
+            cls.expect(code + swap.offset(), swap.opcode(), swap.owner(), swap.name(), swap.desc());
+        }
         // New constant pool entries go after the existing ones: no existing index moves.
         ConstantPoolWriter pool = new ConstantPoolWriter(cls.count);
-        int helper = pool.classRef(HELPER);
-        int poll = pool.methodRef(helper, "poll", POLL_DESC);
-        int delay = pool.methodRef(helper, "batchDelay", DELAY_DESC);
+        int helperClass = pool.classRef(helper);
+        int[] refs = new int[swaps.size()];
+        for (int i = 0; i < refs.length; i++) {
+            refs[i] = pool.methodRef(helperClass, swaps.get(i).helperMethod(), swaps.get(i).helperDesc());
+        }
 
         byte[] extra = pool.bytes();
         byte[] out = new byte[in.length + extra.length];
@@ -130,10 +117,11 @@ public final class GreedyBatching implements ClassFileTransformer {
         System.arraycopy(in, cls.poolEnd, out, cls.poolEnd + extra.length, in.length - cls.poolEnd);
         putU2(out, 8, pool.next);
         int shift = extra.length;
-        out[delayAt + shift] = (byte) INVOKESTATIC;
-        putU2(out, delayAt + shift + 1, delay);
-        out[pollAt + shift] = (byte) INVOKESTATIC;
-        putU2(out, pollAt + shift + 1, poll);
+        for (int i = 0; i < refs.length; i++) {
+            int at = code + swaps.get(i).offset() + shift;
+            out[at] = (byte) INVOKESTATIC;
+            putU2(out, at + 1, refs[i]);
+        }
         return out;
     }
 
