@@ -34,7 +34,8 @@ UV_HOME          = $(CACHE_DIR)/uv-$(UV_VERSION)
 UV               = $(UV_HOME)/bin/uv
 PIP_EXTRA_INDEX ?=
 WHEELS_DIR      ?= $(CACHE_DIR)/wheels/$(if $(PIP_EXTRA_INDEX),index-$(call key,$(PIP_EXTRA_INDEX)),pypi)
-WHEELS_STAMP    := $(WHEELS_DIR)/.complete-$(shell cat requirements.txt requirements-dev.txt | sha256sum | cut -c1-16)
+# (keyed by the requirement lines, not the comments)
+WHEELS_STAMP    := $(WHEELS_DIR)/.complete-$(shell sed 's/\#.*//' requirements.txt requirements-dev.txt | grep . | sha256sum | cut -c1-16)
 
 BIN       := $(VENV)/bin
 PY        := $(BIN)/python
