@@ -142,7 +142,7 @@ $(AGENT_JAR): $(AGENT_SRC)
 	@echo ">> built $@"
 
 # The wheels the image installs (requirements.txt's, with their dependencies), linked from WHEELS_DIR.
-WHEELHOUSE    ?= $(CACHE_DIR)/wheelhouse/$(notdir $(WHEELS_DIR))-$(shell sha256sum requirements.txt | cut -c1-16)
+WHEELHOUSE    ?= $(CACHE_DIR)/wheelhouse/$(notdir $(WHEELS_DIR))-$(shell sed 's/\#.*//' requirements.txt | grep . | sha256sum | cut -c1-16)
 WHEELHOUSE_STAMP := $(WHEELHOUSE)/.built
 
 .PHONY: wheelhouse
