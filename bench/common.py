@@ -143,7 +143,7 @@ def phase_lines(phases: list[dict], width: int, versions: bool = True,
         if p["failed_first"]:
             lines.append("    failed on the first try: " + ", ".join(
                 f"{status}: {n}" for status, n in p["failed_first_by_status"].items()))
-        lines += [f"    error: {e}" for e in p["errors"]]
+        lines += [f"    error: {' '.join(e.split())}" for e in p["errors"]]
     return lines
 
 

@@ -214,8 +214,11 @@ def test_latency_histogram_is_exactly_the_access_log_and_its_p99_within_the_clie
     bodies = rows(data.x_test[: CONCURRENCY * PER_CONNECTION])
     client = sorted(load(obs_server, bodies))
     # The frontend's asynchronous appender writes each answer's line: wait for all of them.
-    new = wait_for(lambda: (a := logged_answers(obs_server)[logged:]) if len(a) >= len(bodies) else None,
-                   timeout=15)
+    def all_logged():
+        found = logged_answers(obs_server)[logged:]
+        return found if len(found) >= len(bodies) else None
+
+    new = wait_for(all_logged, timeout=15)
     assert new and len(new) == len(bodies), "every request is in the access log once"
     after = scraped(prom, obs_server)
     t1 = time.time()
