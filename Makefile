@@ -567,13 +567,21 @@ cluster-status: ## Show whether each component of the cluster in CLUSTER_RUN_DIR
 # in a second pytest process beside the other tiers, with the rolling rehearsal (nginx and
 # replicas at 60 req/s: mostly waiting too) (TEST_BESIDE), its output printed after
 # theirs; with PYTEST_ARGS (or TEST_SPLIT=0) one pytest runs with exactly those arguments.
+# Every tool a test needs is installed first, or make test stops there saying which: no test is
+# skipped for a tool the project can install (nginx: the rehearsal and the gateway; wrk and
+# FastAPI: the perf smoke runs and the pod sizing sweep; podman: the pod tier).
 TEST_SPLIT  ?= 1
 TEST_BESIDE ?= tests/pod tests/integration/test_rolling_rehearsal.py
 TEST_SPLIT_ON = $(and $(filter 1,$(TEST_SPLIT)),$(if $(strip $(PYTEST_ARGS)),,split))
+# When this make started (for `make test`'s own timing: setup, i.e. what it builds and installs
+# first, included).
+TEST_T0 := $(if $(filter test,$(MAKECMDGOALS)),$(shell date +%s))
 # (split: the wheelhouse first, so that the two processes' `make image` runs never both make it)
 test: $(STAMP) $(AGENT_JAR) $(if $(TEST_SPLIT_ON),$(WHEELHOUSE_STAMP)) ## Run the whole test suite (builds what it needs, starts and stops its own servers)
 	@$(MAKE) --no-print-directory nginx-deps >/dev/null || \
-	  echo ">> nginx could not be installed: the rolling-rehearsal test will be skipped"
+	  { echo "error: nginx could not be installed (make nginx-deps): the rehearsal and gateway tests need it"; exit 1; }
+	@$(MAKE) --no-print-directory bench-deps >/dev/null || \
+	  { echo "error: wrk or FastAPI could not be installed (make bench-deps): the perf smoke runs and the pod sizing sweep need them"; exit 1; }
 	@$(MAKE) --no-print-directory pod-deps  # the pod tests (-m pod) need it: they fail without
 	@if [ -z "$(TEST_SPLIT_ON)" ]; then \
 	  echo "$(PY) -m pytest $(PYTEST_ARGS)"; exec $(PY) -m pytest $(PYTEST_ARGS); fi; \
@@ -584,7 +592,8 @@ test: $(STAMP) $(AGENT_JAR) $(if $(TEST_SPLIT_ON),$(WHEELHOUSE_STAMP)) ## Run th
 	rest=0; $(PY) -m pytest $(addprefix --ignore=,$(TEST_BESIDE)) || rest=$$?; \
 	other=0; wait $$beside || other=$$?; \
 	echo ">> $(TEST_BESIDE) (build/test-beside.log):"; cat build/test-beside.log; \
-	echo ">> make test: $$(( $$(date +%s) - start )) s; exit status: $$rest, and $$other beside"; \
+	end=$$(date +%s); \
+	echo ">> make test: $$(( end - $(or $(TEST_T0),$$start) )) s (setup $$(( start - $(or $(TEST_T0),$$start) )) s, tests $$(( end - start )) s); exit status: $$rest, and $$other beside"; \
 	[ $$rest -eq 0 ] && [ $$other -eq 0 ]
 
 .PHONY: test-rules

@@ -30,10 +30,7 @@ from rtserve.server import free_ports, port_overrides, write_properties
 from tests.conftest import MODEL_NAME, REPO
 from tests.integration.test_probe import Pod, pod_properties
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(gateway.find_nginx() is None, reason="nginx is not installed (`make nginx-deps`)"),
-]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("nginx_installed")]
 
 PAYLOAD = {"features": [1.0] * 32}
 
