@@ -131,15 +131,21 @@ def steady_load(server: TorchServe, model: str, rate: float, concurrency: int,
 
 def phase_lines(phases: list[dict], width: int, versions: bool = True,
                 title: str = "phase") -> list[str]:
-    """A per-phase table (``bench.loadgen.PhaseReport`` as dicts): sent, failed, p50, p99, the
-    versions seen, and each phase's errors below it."""
-    lines = [f"{title:{width}} {'sent':>6} {'failed':>6} {'p50 ms':>7} {'p99 ms':>7}"
-             + ("  versions seen" if versions else "")]
+    """A per-phase table (``bench.loadgen.PhaseReport`` as dicts): sent, failed on the first
+    try, resent, failed after resending, p50, p99, the versions seen, and each phase's first-try
+    failures by status and its errors below it."""
+    lines = [f"{title:{width}} {'sent':>6} {'failed':>7} {'resent':>6} {'failed':>6} {'p50 ms':>7} "
+             f"{'p99 ms':>7}" + ("  versions seen" if versions else ""),
+             f"{'':{width}} {'':>6} {'1st try':>7} {'':>6} {'at end':>6}"]
     for p in phases:
         seen = ", ".join(f"{v}: {n}" for v, n in sorted(p["versions"].items()))
-        lines.append(f"{p['phase']:{width}} {p['sent']:>6} {p['failed']:>6} {p['p50_ms']:>7} "
-                     f"{p['p99_ms']:>7}" + (f"  {seen}" if versions else ""))
-        lines += [f"    error: {e}" for e in p["errors"]]
+        lines.append(f"{p['phase']:{width}} {p['sent']:>6} {p['failed_first']:>7} {p['resent']:>6} "
+                     f"{p['failed_after_resend']:>6} {p['p50_ms']:>7} {p['p99_ms']:>7}"
+                     + (f"  {seen}" if versions else ""))
+        if p["failed_first"]:
+            lines.append("    failed on the first try: " + ", ".join(
+                f"{status}: {n}" for status, n in p["failed_first_by_status"].items()))
+        lines += [f"    error: {' '.join(e.split())}" for e in p["errors"]]
     return lines
 
 

@@ -13,6 +13,9 @@ marker ``RUN_DIR/draining``) and the router, here the load generator's ``gate``,
 
 Afterwards a few requests are sent straight to the stopped server: each must be refused at
 connect time. A request is *lost* if the server accepted its connection and never answered.
+Every count is of first tries (what a client sees before any resend of its own); the load
+resends a "Worker died." once, as rtserve's client does, and the report counts those resends and
+what still failed after them.
 
     make bench-drain                          # both modes, about 40 s
     .venv/bin/python -m bench.drain --mode drain --concurrency 16
@@ -28,7 +31,7 @@ from collections import Counter
 import requests
 
 from bench import common
-from bench.loadgen import connection_refused
+from bench.loadgen import Counts, connection_refused, status_key
 from rtserve.server.drain import mark_draining
 from rtserve.server.readiness import sample_payload
 from rtserve.server.torchserve import TorchServe
@@ -95,17 +98,20 @@ def run(server: TorchServe, model: str, mode: str, hold: float = 2.0, lag: float
     finally:
         records = load.stop()
     after = probe_stopped(url)
-    answered = [r for r in records if r.status != 0]
-    lost = [r for r in records if r.status == 0 and not r.refused]
+    # First tries: a try that got no answer was never resent, so its `refused` is the first's.
+    answered = [r for r in records if r.first_status != 0]
+    lost = [r for r in records if r.first_status == 0 and not r.refused]
     return {
         "mode": mode, "concurrency": concurrency, "lag_s": lag, "quiet_s": quiet,
         "requests": len(records),
         "answered": len(answered),
-        "answered_200": sum(1 for r in answered if r.status == 200),
-        "answered_other": dict(Counter(r.status for r in answered if r.status != 200)),
-        "refused": sum(1 for r in records if r.refused),
+        "answered_200": sum(1 for r in answered if r.first_status == 200),
+        "answered_other": dict(Counter(status_key(r.first_status) for r in answered
+                                       if r.first_status != 200)),
+        "refused": sum(1 for r in records if r.first_status == 0 and r.refused),
         "lost": len(lost),
-        "lost_errors": dict(Counter(_short(r.error) for r in lost)),
+        "lost_errors": dict(Counter(_short(r.first_error) for r in lost)),
+        **vars(Counts.of(records)),
         "during_stop": sum(1 for r in records if r.phase == "stopping"),
         "sigterm_after_s": round(sigterm_at, 2),
         "stopped_after_s": round(stopped_at, 2),
@@ -139,6 +145,7 @@ def render(report: dict) -> str:
                      f"while draining, peak {d['peak_pending']} queued, peak {d['peak_busy']} "
                      f"workers busy)")
     lines += [f"  lost: {n} x {e}" for e, n in report["lost_errors"].items()]
+    lines.append(f"  {Counts.read(report).text()}")
     lines.append(f"  requests sent after the stop: {', '.join(report['after_stop'])}")
     return "\n".join(lines)
 

@@ -8,6 +8,17 @@ opens a new phase; each request belongs to the phase in which it *started*.
 A refused connection is recorded with ``refused=True``: the server never saw that request (its
 listener was closed), unlike a reset or a timeout on a connection it had accepted. ``gate``
 models a router that honours readiness: while it returns False, no request is sent.
+
+Like rtserve's client, a request whose worker went away before answering (TorchServe's
+``Worker died.`` / ``Worker scaled down.``, :func:`rtserve.client.worker_lost`) is sent once
+more (``resend_worker_lost``). What a user's own client sees first is what counts, so every
+record keeps its first answer apart from the one it ended with, and every report counts:
+
+* ``sent``: requests started;
+* ``failed_first``: requests whose first try was not a 200, by status
+  (``failed_first_by_status``; ``no answer`` for a reset, timeout or refused connect);
+* ``resent``: requests sent once more (their first try said the worker was lost);
+* ``failed_after_resend``: requests that still had no 200 at the end.
 """
 
 from __future__ import annotations
@@ -17,7 +28,7 @@ import statistics
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Callable
 
 import requests
@@ -26,9 +37,14 @@ from urllib3.exceptions import NewConnectionError
 from rtserve.client.rest import worker_lost
 
 
+#: ``failed_first_by_status`` key of a first try that got no HTTP answer at all.
+NO_ANSWER = "no answer"
+
+
 @dataclass
 class Record:
-    """One request's outcome."""
+    """One request's outcome: its first answer, and the one it ended with (the same unless it
+    was resent). ``latency`` covers both tries; ``status`` 0 means no HTTP answer."""
 
     start: float
     latency: float
@@ -37,21 +53,61 @@ class Record:
     phase: str
     error: str = ""
     refused: bool = False
-    retried: bool = False
+    first_status: int = 0
+    first_error: str = ""
+    resent: bool = False
+
+    @property
+    def failed_first(self) -> bool:
+        """The first try was not answered 200."""
+        return self.first_status != 200
+
+
+def status_key(status: int) -> str:
+    """How :class:`Counts` names a status: the number, or :data:`NO_ANSWER`."""
+    return str(status) if status else NO_ANSWER
 
 
 @dataclass
-class PhaseReport:
-    """Summary of the requests that started in one phase."""
+class Counts:
+    """First-try counts of some records (see the module docstring)."""
 
-    phase: str
-    sent: int
-    failed: int
-    versions: dict[str, int]
-    p50_ms: float
-    p99_ms: float
+    sent: int = 0
+    failed_first: int = 0
+    failed_first_by_status: dict[str, int] = field(default_factory=dict)
+    resent: int = 0
+    failed_after_resend: int = 0
+
+    @classmethod
+    def of(cls, records: list[Record]) -> "Counts":
+        by_status = Counter(status_key(r.first_status) for r in records if r.failed_first)
+        return cls(sent=len(records), failed_first=sum(by_status.values()),
+                   failed_first_by_status=dict(sorted(by_status.items())),
+                   resent=sum(1 for r in records if r.resent),
+                   failed_after_resend=sum(1 for r in records if r.status != 200))
+
+    @classmethod
+    def read(cls, report: dict) -> "Counts":
+        """The counts a JSON report holds among its other keys."""
+        return cls(**{f.name: report[f.name] for f in fields(cls)})
+
+    def text(self) -> str:
+        """``failed on the first try: 3 (507: 3), resent: 3, failed after resending: 0``."""
+        by = ", ".join(f"{k}: {n}" for k, n in self.failed_first_by_status.items())
+        return (f"failed on the first try: {self.failed_first}{f' ({by})' if by else ''}, "
+                f"resent: {self.resent}, failed after resending: {self.failed_after_resend}")
+
+
+@dataclass
+class PhaseReport(Counts):
+    """Summary of the requests that started in one phase: :class:`Counts`, versions answered,
+    latency, and up to five distinct errors (first tries and final answers)."""
+
+    phase: str = ""
+    versions: dict[str, int] = field(default_factory=dict)
+    p50_ms: float = 0.0
+    p99_ms: float = 0.0
     errors: list[str] = field(default_factory=list)
-    retried: int = 0
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -68,7 +124,7 @@ class SteadyLoad:
         self, url: str, payload: dict, token: Callable[[], str | None], rate: float = 100.0,
         concurrency: int = 4, max_seconds: float = 600.0, max_requests: int = 200_000,
         timeout: float = 30.0, keep_alive: bool = True, gate: Callable[[], bool] | None = None,
-        retry_worker_lost: bool = True,
+        resend_worker_lost: bool = True,
     ) -> None:
         self.url = url
         self.body = json.dumps(payload).encode()
@@ -80,7 +136,7 @@ class SteadyLoad:
         self.timeout = timeout
         self.keep_alive = keep_alive
         self.gate = gate
-        self.retry_worker_lost = retry_worker_lost
+        self.resend_worker_lost = resend_worker_lost
         self.records: list[Record] = []
         self.phase = "start"
         self._lock = threading.Lock()
@@ -133,24 +189,27 @@ class SteadyLoad:
             if self.gate is not None and not self.gate():
                 continue
             phase, start = self.phase, time.monotonic()
-            status, version, error, refused, retried = 0, None, "", False, False
-            try:
-                resp = self._post(session)
-                if self.retry_worker_lost and worker_lost(resp.status_code, resp.text):
-                    retried = True  # rtserve's client policy: resend once
-                    resp = self._post(session)
-                status = resp.status_code
-                if status == 200:
-                    version = resp.json().get("model_version")
-                else:
-                    error = f"{status}: {resp.text[:200]}"
-            except requests.RequestException as exc:
-                refused = connection_refused(exc)
-                error = f"{type(exc).__name__}: {exc}"[:200]
+            first = self._attempt(session)
+            status, version, error, refused, lost = first
+            resent = self.resend_worker_lost and lost
+            if resent:  # rtserve's client policy: resend once
+                status, version, error, refused, _ = self._attempt(session)
             record = Record(start - self._t0, time.monotonic() - start, status, version, phase,
-                            error, refused, retried)
+                            error, refused, first_status=first[0], first_error=first[2],
+                            resent=resent)
             with self._lock:
                 self.records.append(record)
+
+    def _attempt(self, session: requests.Session) -> tuple[int, str | None, str, bool, bool]:
+        """One try: (status, version answered, error text, refused at connect, worker lost)."""
+        try:
+            resp = self._post(session)
+        except requests.RequestException as exc:
+            return 0, None, f"{type(exc).__name__}: {exc}"[:200], connection_refused(exc), False
+        if resp.status_code == 200:
+            return 200, resp.json().get("model_version"), "", False, False
+        return (resp.status_code, None, f"{resp.status_code}: {resp.text[:200]}", False,
+                worker_lost(resp.status_code, resp.text))
 
 
 def connection_refused(exc: BaseException) -> bool:
@@ -184,13 +243,12 @@ def summarize(records: list[Record]) -> list[PhaseReport]:
     for phase in order:
         rs = by_phase[phase]
         lat = [r.latency * 1000 for r in rs]
-        failed = [r for r in rs if r.status != 200]
+        errors = {r.first_error for r in rs if r.failed_first} | {r.error for r in rs if r.status != 200}
         out.append(PhaseReport(
-            phase=phase, sent=len(rs), failed=len(failed),
+            **vars(Counts.of(rs)), phase=phase,
             versions=dict(Counter(r.version for r in rs if r.version)),
             p50_ms=round(statistics.median(lat), 2) if lat else 0.0,
             p99_ms=round(_percentile(lat, 0.99), 2),
-            errors=sorted({r.error for r in failed})[:5],
-            retried=sum(1 for r in rs if r.retried),
+            errors=sorted(errors)[:5],
         ))
     return out

@@ -211,7 +211,10 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(args.seconds)
         report["memory_load"] = memory(config.name)
         (phase,) = summarize(load.stop())
-        report["load"] = {"rate_target": args.rate, "sent": phase.sent, "failed": phase.failed,
+        report["load"] = {"rate_target": args.rate, "sent": phase.sent,
+                          "failed_first": phase.failed_first,
+                          "failed_first_by_status": phase.failed_first_by_status,
+                          "resent": phase.resent, "failed_after_resend": phase.failed_after_resend,
                           "per_second": round(phase.sent / args.seconds, 1),
                           "p50_ms": phase.p50_ms, "p99_ms": phase.p99_ms}
         if args.concurrency_sweep:
@@ -233,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     report["build_log"] = str(build_log) if build_log.exists() else None
     text = json.dumps(report, indent=1) + ("\n" + render_sizing(report["sizing"])
                                           if "sizing" in report else "")
-    return common.finish(report, args.out, text, report["load"]["failed"] == 0)
+    return common.finish(report, args.out, text, report["load"]["failed_first"] == 0)
 
 
 if __name__ == "__main__":

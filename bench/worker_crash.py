@@ -2,15 +2,20 @@
 
 Starts its own TorchServe (free loopback ports, the archive from --model-store), keeps steady
 prediction traffic, finds the workers' PIDs in the management API's describe output
-(``workers[].pid``) and SIGKILLs one of them (that PID only). It reports requests sent and failed
-(with each failure's status and body), the time until TorchServe had restarted the worker (same
-worker id, new PID, every worker READY) and until latency was back to the baseline, and whether
-the other workers kept serving meanwhile (their PIDs unchanged, 200s during the outage).
+(``workers[].pid``) and SIGKILLs one of them (that PID only). It reports requests sent, failed on
+the first try (each with its status and body), resent and failed after resending (the load
+resends a "Worker died." once, as rtserve's client does), the time until TorchServe had
+restarted the worker (same worker id, new PID, every worker READY) and until latency was back to
+the baseline, and whether the other workers kept serving meanwhile (their PIDs unchanged, 200s
+during the outage).
 
-Only requests in flight on the killed worker may fail: it holds at most one batch, and the
-closed-loop load never has more than ``concurrency`` requests outstanding, so the bound is
-``min(batchSize, concurrency)``. TorchServe answers them ``507 Worker died.``: it reads the exit
-status 137 (SIGKILL, also what the kernel's OOM killer sends) as out of memory.
+Only requests in flight on the killed worker may fail on their first try: it holds at most one
+batch, and the closed-loop load never has more than ``concurrency`` requests outstanding, so the
+bound is ``min(batchSize, concurrency)``. TorchServe answers them ``507 Worker died.``: it reads
+the exit status 137 (SIGKILL, also what the kernel's OOM killer sends) as out of memory (``500
+Worker died.`` when it has not read the exit status yet). The run fails when more first tries
+fail than the bound, when a failure is anything but such an answer, when a request still fails
+after its resend or after recovery, or when the worker is not replaced.
 
     make bench-crash                          # about 25 s
     .venv/bin/python -m bench.worker_crash --baseline 5 --after 10 --rate 150
@@ -27,7 +32,7 @@ import time
 from dataclasses import asdict
 
 from bench import common
-from bench.loadgen import Record, summarize
+from bench.loadgen import Counts, Record, summarize
 from rtserve.client.rest import Client
 from rtserve.server.torchserve import TorchServe
 
@@ -38,6 +43,13 @@ LATENCY_FACTOR = 1.5
 LATENCY_SLACK_MS = 2.0
 #: Width of the windows (by request start time) used for the latency timeline.
 WINDOW_S = 0.5
+#: TorchServe's answer for a request whose worker died (status 507 or 500, this message).
+WORKER_DIED = '"message": "Worker died."'
+
+
+def worker_died(status: int, error: str) -> bool:
+    """Whether a failed try is TorchServe's explicit answer for the killed worker's batch."""
+    return status in (500, 507) and WORKER_DIED in error
 
 
 def workers(client: Client, model: str) -> list[dict]:
@@ -104,15 +116,18 @@ def run(server: TorchServe, model: str, baseline: float, after: float, rate: flo
     baseline_ms = statistics.median(base) if base else 0.0
     latency_at = (latency_recovered_at(records, killed_at + replaced_s, baseline_ms)
                   if replaced_s is not None else None)
-    failures = [{"status": r.status, "error": r.error, "at_s": round(r.start - killed_at, 3)}
-                for r in records if r.status != 200]
+    failures = [{"status": r.first_status, "error": r.first_error,
+                 "at_s": round(r.start - killed_at, 3), "resent": r.resent,
+                 "status_after_resend": r.status}
+                for r in records if r.failed_first]
     down = [r for r in records if r.phase == "worker down"]
     others_now = {w.get("id"): w.get("pid") for w in now}
     return {
         "model": model, "rate_target": rate, "concurrency": concurrency,
         "batch_size": int(desc.get("batchSize", 1)), "workers": len(before),
-        "requests": len(records), "failed": len(failures), "in_flight_bound": bound,
+        "requests": len(records), **vars(Counts.of(records)), "in_flight_bound": bound,
         "failures": failures,
+        "failures_explicit": all(worker_died(f["status"], f["error"]) for f in failures),
         "killed": {"id": victim["id"], "pid": victim["pid"]},
         "replacement": next(({"id": w.get("id"), "pid": w.get("pid"), "status": w.get("status")}
                              for w in now if w.get("id") == victim["id"]), None),
@@ -124,9 +139,7 @@ def run(server: TorchServe, model: str, baseline: float, after: float, rate: flo
         "others_kept_serving": (all(others_now.get(w["id"]) == w["pid"] for w in others)
                                 and sum(1 for r in down if r.status == 200) > 0),
         "ok_while_down": sum(1 for r in down if r.status == 200),
-        "after_recovery": {"sent": sum(1 for r in records if r.phase == "recovered"),
-                           "failed": sum(1 for r in records
-                                         if r.phase == "recovered" and r.status != 200)},
+        "after_recovery": vars(Counts.of([r for r in records if r.phase == "recovered"])),
         "phases": [asdict(p) for p in summarize(records)],
     }
 
@@ -136,8 +149,10 @@ def render(report: dict) -> str:
     lines = [
         f"{report['requests']} requests ({report['rate_target']}/s target, "
         f"{report['concurrency']} concurrent, {report['workers']} workers, batch size "
-        f"{report['batch_size']}); failed: {report['failed']} "
-        f"(bound: {report['in_flight_bound']} = min(batch size, concurrency))",
+        f"{report['batch_size']})",
+        f"{Counts.read(report).text()} "
+        f"(first-try bound: {report['in_flight_bound']} = min(batch size, concurrency); "
+        f"each a 500/507 \"Worker died.\": {report['failures_explicit']})",
         f"killed worker {report['killed']['id']} (pid {report['killed']['pid']}) with SIGKILL; "
         f"replacement: {report['replacement']}",
         f"worker restarted and all workers READY after: {report['worker_restarted_s']} s",
@@ -146,11 +161,12 @@ def render(report: dict) -> str:
         f"other workers kept serving: {report['others_kept_serving']} "
         f"({report['ok_while_down']} OK while the worker was down)",
         f"after recovery: {report['after_recovery']['sent']} sent, "
-        f"{report['after_recovery']['failed']} failed",
+        f"{report['after_recovery']['failed_first']} failed on the first try",
         *common.phase_lines(report["phases"], 14, versions=False),
     ]
     for f in report["failures"]:
-        lines.append(f"  failed at {f['at_s']:+.3f} s from the kill: {f['error']!r}")
+        lines.append(f"  failed at {f['at_s']:+.3f} s from the kill: {f['error']!r}"
+                     + (f"; resent: {f['status_after_resend']}" if f["resent"] else ""))
     return "\n".join(lines)
 
 
@@ -168,8 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     with common.serving(args, "bench-crash") as server:
         report = run(server, args.model, args.baseline, args.after, args.rate, args.concurrency,
                      args.recovery_timeout)
-    ok = (report["failed"] <= report["in_flight_bound"] and report["worker_restarted_s"] is not None
-          and report["after_recovery"]["failed"] == 0 and report["others_kept_serving"])
+    ok = (report["failed_first"] <= report["in_flight_bound"] and report["failures_explicit"]
+          and report["failed_after_resend"] == 0 and report["worker_restarted_s"] is not None
+          and report["after_recovery"]["failed_first"] == 0 and report["others_kept_serving"])
     return common.finish(report, args.out, render(report), ok)
 
 

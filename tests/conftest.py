@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -10,11 +11,35 @@ from pathlib import Path
 
 import pytest
 
+from rtserve.gateway.nginx import find_nginx
 from rtserve.model.train import package
 from tests.helpers import demo_eager
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL_NAME = "realtime-classifier"
+
+
+#: The tools some tests need: the make target that installs each (`make test` runs them all
+#: first), and how to tell it is there.
+TOOLS = {
+    "nginx": ("make nginx-deps", lambda: find_nginx() is not None),
+    "wrk": ("make bench-deps", lambda: shutil.which("wrk") is not None),
+    "fastapi": ("make bench-deps",
+                lambda: all(importlib.util.find_spec(m) for m in ("fastapi", "uvicorn"))),
+}
+
+
+def require(tool: str) -> None:
+    """Fail, never skip, a test whose ``tool`` is missing, naming the target that installs it."""
+    target, present = TOOLS[tool]
+    if not present():
+        pytest.fail(f"{tool} is missing: `{target}` installs it (`make test` runs it first)")
+
+
+@pytest.fixture()
+def nginx_installed() -> None:
+    """nginx (`make nginx-deps`); the test fails without it."""
+    require("nginx")
 
 
 @pytest.fixture(scope="session")

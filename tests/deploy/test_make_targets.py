@@ -245,7 +245,7 @@ RENAMED = {"deploy": "k8s-deploy", "rollout-status": "k8s-status", "history-vers
            "rehearsal": "bench-rehearsal"}
 
 #: `make help`'s groups, in order, and the rule every target in each follows. Cluster operations
-#: are k8s-*, pod and image targets image*/pod*, tool installs <group>-deps; nothing else may
+#: are k8s-*, the local cluster cluster*, pod and image targets image*/pod*, tool installs <group>-deps; nothing else may
 #: take those prefixes.
 GROUPS = {
     "General": lambda t: t == "help",
@@ -255,6 +255,7 @@ GROUPS = {
     "Monitoring": lambda t: t.startswith("monitor"),
     "Image and pod": lambda t: t.startswith(("image", "pod")),
     "Kubernetes (cluster)": lambda t: t.startswith("k8s-"),
+    "Local cluster": lambda t: t.startswith("cluster"),
     "Test": lambda t: t.startswith("test"),
     "Benchmarks": lambda t: t.startswith("bench"),
     "Reliability": lambda t: t.startswith("bench-") or t == "nginx-deps",
@@ -262,7 +263,7 @@ GROUPS = {
 
 
 def prefixed(target: str) -> bool:
-    return target.startswith(("k8s-", "image", "pod", "bench", "monitor", "test")) \
+    return target.startswith(("k8s-", "cluster", "image", "pod", "bench", "monitor", "test")) \
         or target.endswith("-deps")
 
 

@@ -9,19 +9,15 @@ TorchServe the way the pod does.
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import shutil
 
 import pytest
 
 from bench import handler_micro, k8s_footprint, perf, request_histogram, tune
+from tests.conftest import require
 from tests.helpers import bench_main
 
 pytestmark = pytest.mark.integration
-
-HAS_FASTAPI = all(importlib.util.find_spec(m) for m in ("fastapi", "uvicorn"))
-
 
 def test_request_histogram_main(capsys):
     assert request_histogram.main(["--lines", "500", "--repeats", "1"]) == 0
@@ -40,14 +36,13 @@ def test_handler_micro_main(trained_dir, tmp_path):
     assert all(v > 0 for v in report["forward"].values()) and report["forward"]
 
 
-@pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed (make bench-deps)")
-@pytest.mark.parametrize("servers", [
-    "torchserve",
-    pytest.param("fastapi-1w-async", marks=pytest.mark.skipif(
-        not HAS_FASTAPI, reason="fastapi/uvicorn are not installed (make bench-deps)")),
-])
+@pytest.mark.parametrize("servers", ["torchserve", "fastapi-1w-async"])
 def test_perf_main_smoke(servers, mar_v1, build_root, tmp_path, capsys):
-    """One closed-loop point (c=1, 1 s); bench/fastapi_seed.py where `make bench-deps` installed it."""
+    """One closed-loop point (c=1, 1 s) with wrk, against rtserve and bench/fastapi_seed.py
+    (`make bench-deps` installs wrk and FastAPI; the test fails without them)."""
+    require("wrk")
+    if servers.startswith("fastapi"):
+        require("fastapi")
     rc, report = bench_main(perf.main, tmp_path / "perf.json", "--smoke", "--servers", servers,
                             "--model-store", mar_v1.parent, "--model-dir", build_root / "artifacts" / "1.0",
                             "--plot", tmp_path / "perf.png")

@@ -129,7 +129,7 @@ def test_explain_latency_main_on_this_server(server, mar_v1, tmp_path):
     http = report["http"]
     assert http["explanations"]["n"] == http["predictions"]["n"] == 5
     for phase in ("predictions_alone", "predictions_during_explanation_flood"):
-        assert http[phase]["n"] > 0 and http[phase]["failed"] == 0, http[phase]
+        assert http[phase]["n"] > 0 and http[phase]["failed_first"] == 0, http[phase]
     flood = http["flood"]
     assert flood["explanations_answered_200"] + flood["explanations_refused_503"] > 0
     assert flood["other_statuses"] == {}, flood

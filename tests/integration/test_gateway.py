@@ -25,16 +25,13 @@ import pytest
 import requests
 import tritonclient.http as triton
 
-from rtserve.gateway import nginx as gateway
+from rtserve.gateway.nginx import nginx as gateway
 from rtserve.runtime.ports import free_ports
 from rtserve.server.properties import port_overrides, write_properties
 from tests.conftest import MODEL_NAME, REPO
 from tests.integration.test_probe import Pod, pod_properties
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(gateway.find_nginx() is None, reason="nginx is not installed (`make nginx-deps`)"),
-]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("nginx_installed")]
 
 PAYLOAD = {"features": [1.0] * 32}
 

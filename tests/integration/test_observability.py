@@ -77,11 +77,20 @@ def test_counts_histograms_and_version_labels_match_exactly(obs_server):
            + [json.dumps({"features": ["x"] * 32}).encode()] * 2)
     answers = send(obs_server, valid + bad)
     assert [a.status_code for a in answers] == [200] * 60 + [400] * 9
-    time.sleep(0.5)  # the frontend writes its access log asynchronously
-    after = scrape(obs_server)
 
     def delta(name: str, labels: str = DIMS) -> float:
         return value(after, name, labels) - value(before, name, labels)
+
+    # The end-to-end histogram comes from the access log, which the frontend writes
+    # asynchronously: scrape until it has counted all 69 answers (or 10 s have passed).
+    deadline = time.monotonic() + 10
+    while True:
+        after = scrape(obs_server)
+        counted = sum(delta("rtserve_request_duration_seconds_count", f'{ROUTE},status_class="{c}"')
+                      for c in ("2xx", "4xx"))
+        if counted >= 69 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
 
     assert delta("rtserve_handler_requests_total") == 69
     for reason, n in {"not_json": 3, "wrong_length": 4, "not_a_number": 2}.items():

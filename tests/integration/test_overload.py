@@ -20,8 +20,12 @@ def test_burst_is_refused_fast_then_served(mar_v1, tmp_path):
     assert report["ok"] + report["refused_503"] == 150 and report["other"] == 0, report
     assert report["refused_503"] > 0, "the burst never filled a queue of 4"
     assert report["refusals_say_queue_full"], report["refusal_message"]
-    # refused at once by the frontend, far below responseTimeout (10 s) and the client's 60 s
-    assert report["server_refused_max_ms"] < 1000, report
+    # refused at once by the frontend, far below responseTimeout (10 s) and the client's 60 s,
+    # as TorchServe's access log times them: it holds every request of the burst, and exactly
+    # the 503s the client saw (so the maximum below is over parsed 503 lines, never a default)
+    assert report["server_logged"] == 150, report
+    assert report["server_refused_503"] == report["refused_503"], report
+    assert report["server_refused_max_ms"] is not None and report["server_refused_max_ms"] < 1000, report
     assert report["after_ok"] == report["after_sent"] == 50
 
     # rtserve's client turns TorchServe's misleading "no worker" 503 into a clear Overloaded

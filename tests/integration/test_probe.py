@@ -239,7 +239,11 @@ def test_drain_waits_for_in_flight_requests_then_sigterm_stops_cleanly(pod):
     drain = subprocess.Popen([sys.executable, "-m", "rtserve", "probe", "drain", "--propagation", "0.5",
                               "--timeout", "20", "--quiet", "0.5"], cwd=REPO, env=pod.env,
                              stdout=subprocess.PIPE, text=True)
-    time.sleep(1.0)
+    deadline = time.monotonic() + 20  # the drain writes its marker first thing
+    while not (pod.run_dir / DRAIN_FILE).exists():
+        assert drain.poll() is None, "the drain exited before it marked the pod draining"
+        assert time.monotonic() < deadline, "no drain marker within 20 s"
+        time.sleep(0.05)
     during = pod.probe("ready")
     assert during.returncode == 1 and during.stdout.strip() == "draining: not accepting new requests"
     assert pod.probe("live").returncode == 0

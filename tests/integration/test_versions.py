@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections import Counter
 
 import pytest
 
@@ -157,25 +158,37 @@ def test_make_targets_drive_a_rollout(server, store, build_root):
     assert served_versions(server.client(), 2) == {"1.0"}
 
 
-def test_rollout_under_load_loses_nothing(server, store, tmp_path):
+def test_rollout_under_load_fails_no_first_try_outside_the_scale_down_race(server, store, tmp_path):
     """A short run of bench/rollout_load.py's main: register checks 2.0's golden set and promote runs
-    the gate (config/gate.yaml) under the load; every request succeeds, versions switch as expected."""
+    the gate (config/gate.yaml) under the load; versions switch as expected, and no request fails
+    on its first try (before any resend), except as TorchServe's scale-down race allows."""
     rc, report = bench_main(rollout_load.main, tmp_path / "report.json", "--attach", server.run_dir,
                             "--new", "2.0", "--hold", 1.0, "--rate", 60, "--concurrency", 3)
-    assert rc == (0 if report["failed"] == 0 and report["timeline_ok"] else 1)
     gate = report["gate"]
     assert gate is not None, "promote did not run the gate"
     assert (gate["default"], gate["candidate"], gate["outcome"]) == ("1.0", "2.0", "promoted"), gate
     assert gate["failures"] == [] and gate["thresholds"] == GateConfig.load().thresholds()
     assert gate["accuracy"]["rows"] > 0 and gate["latency_ms"]["requests"] == GateConfig.load().burst_requests
-    failures = {p["phase"]: (p["failed"], p["errors"]) for p in report["phases"] if p["failed"]}
-    # No request fails through register, the gate, promote, rollback and retire. TorchServe 0.12
-    # can lose a request its worker held when a scale-down interrupts it and neither answers nor
-    # says "Worker scaled down." (README, "Scaling down under traffic"): allowed only while a
-    # scale-down call runs, and at most the requests in flight.
-    assert set(failures) <= {"during scale to 1", "during scale to 1 again"}, failures
-    assert sum(n for n, _ in failures.values()) <= 3, failures
-    assert report["failed"] == sum(n for n, _ in failures.values())
     assert report["timeline_ok"], report
     assert report["requests"] > 200
     assert "gate 2.0 over 1.0: promoted" in rollout_load.render(report)
+    # Register, the gate, promote, rollback and retire fail no request, counted on the first try.
+    # TorchServe 0.12 can interrupt a worker's batch when a scale-down call removes the worker:
+    # its requests are answered "Worker scaled down." / "Worker died." (which rtserve's client
+    # resends) or, rarely, not at all (docs/versions-and-promotion.md, "Scaling down under
+    # traffic"). Allowed only for a request in flight while a scale-down call ran, and at most
+    # the 3 requests in flight per call.
+    calls = report["scale_down_calls"]
+    assert set(calls) == {"scale to 1", "scale to 1 again"}
+    raced = Counter()
+    for failure in report["failures"]:
+        call = next((name for name, (begun, ended) in calls.items()
+                     if failure["start_s"] <= ended and failure["end_s"] >= begun), None)
+        assert call is not None, f"a first try failed outside a scale-down call: {failure}"
+        lost = failure["status"] in (500, 507) and any(
+            m in failure["error"] for m in ('"Worker scaled down."', '"Worker died."'))
+        assert lost or (failure["status"] == 0 and "timed out" in failure["error"]), failure
+        assert failure["resent"] == lost, failure
+        raced[call] += 1
+    assert all(n <= 3 for n in raced.values()), raced
+    assert rc == 0, report

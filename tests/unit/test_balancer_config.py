@@ -33,7 +33,7 @@ def test_bad_rotation_is_refused(tmp_path, rotation):
         render_config(tmp_path, 19000, "gw", BACKENDS, rotation, generation=1)
 
 
-@pytest.mark.skipif(find_nginx() is None, reason="nginx is not installed (`make nginx-deps`)")
+@pytest.mark.usefixtures("nginx_installed")
 def test_real_nginx_accepts_the_config(tmp_path):
     (tmp_path / "tmp").mkdir()
     conf = tmp_path / "nginx.conf"

@@ -71,14 +71,34 @@ def test_each_threshold_refuses_with_its_reason():
 
 
 def test_limits_themselves_pass():
+    """Accuracy exactly max_accuracy_drop lower and p99 exactly max_latency_ratio times the
+    default's pass, with the shipped thresholds (agreement here is 0.99, above its limit)."""
     n = 100
     truth = ["a"] * n
     allowed = round(n * CONFIG.max_accuracy_drop)
     at_limit = ["b"] * allowed + ["a"] * (n - allowed)
-    lax = dataclasses.replace(CONFIG, min_agreement=0.0)
-    report = decide(lax, "m", rows(truth), measured("1", truth, 2.0),
+    report = decide(CONFIG, "m", rows(truth), measured("1", truth, 2.0),
                     measured("2", at_limit, 2.0 * CONFIG.max_latency_ratio))
     assert report.passed, report.failures
+    assert report.accuracy["drop"] == pytest.approx(CONFIG.max_accuracy_drop)
+    assert report.latency_ms["ratio"] == pytest.approx(CONFIG.max_latency_ratio)
+
+
+@pytest.mark.parametrize("differ,passed", [(10, True), (11, False)],
+                         ids=["exactly min_agreement", "one row below"])
+def test_agreement_at_and_just_below_its_limit(differ, passed):
+    """On 100 unlabelled rows the candidate gives another class than the default on ``differ``:
+    10 is agreement 0.90, exactly the shipped min_agreement (passes); 11 is 0.89 (refused)."""
+    assert CONFIG.min_agreement == 0.9, "the row counts below are for min_agreement 0.9"
+    n = 100
+    default = ["a"] * n
+    candidate = ["b"] * differ + ["a"] * (n - differ)
+    report = decide(CONFIG, "m", rows([None] * n), measured("1", default, 2.0),
+                    measured("2", candidate, 2.0))
+    assert report.agreement["value"] == pytest.approx((n - differ) / n)
+    assert report.agreement["on"] == "unlabelled rows"
+    assert report.passed is passed
+    assert [f.split(":")[0] for f in report.failures] == ([] if passed else ["agreement"])
 
 
 def test_event_is_one_json_line_with_figures_and_thresholds():

@@ -15,13 +15,10 @@ from dataclasses import replace
 
 import pytest
 
-from rtserve.gateway import nginx as gateway
+from rtserve.gateway.nginx import nginx as gateway
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.unit
-
-needs_nginx = pytest.mark.skipif(gateway.find_nginx() is None, reason="nginx is not installed (`make nginx-deps`)")
-
 
 def local(tmp_path) -> gateway.GatewaySettings:
     return replace(gateway.POD, listen="127.0.0.1:18080", health_listen="127.0.0.1:18086",
@@ -50,7 +47,7 @@ def test_config_routes_and_upstream():
     assert re.findall(r"Bearer [A-Za-z0-9_+/=-]{4,}", text) == ["Bearer realm="], "no key belongs in the static config"
 
 
-@needs_nginx
+@pytest.mark.usefixtures("nginx_installed")
 def test_real_nginx_accepts_the_config_with_and_without_the_map_files(tmp_path):
     conf = tmp_path / "nginx.conf"
     conf.write_text(gateway.render_nginx_conf(local(tmp_path)))

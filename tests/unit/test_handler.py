@@ -127,10 +127,23 @@ def test_answers_are_json_dumps_of_the_fields(handler_ctx):
                               "probabilities": body["probabilities"], "model_version": "1.0"})
 
 
-def test_all_bad_batch_skips_inference(handler_ctx):
+def test_all_bad_batch_skips_inference(handler_ctx, monkeypatch):
+    """A batch with no valid request never calls the model (counted by a wrapper around the
+    loaded program); a valid batch through the same wrapper calls it once."""
     handler, ctx = handler_ctx
+    calls = []
+    program = handler.model
+
+    def counted(x):
+        calls.append(tuple(x.shape))
+        return program(x)
+
+    monkeypatch.setattr(handler, "model", counted)
     statuses, bodies = run(handler, ctx, [raw_row(b"x")] * 3)
     assert statuses == [400] * 3 and all("error" in b for b in bodies)
+    assert calls == []
+    statuses, _ = run(handler, ctx, [json_row({"features": features()})] * 2)
+    assert statuses == [200, 200] and calls == [(2, 32)]
 
 
 @pytest.mark.parametrize("size", [1, 2, 7, 32])

@@ -1,0 +1,154 @@
+"""The control plane's components as pure builders: each turns a :class:`Layout` into its argv,
+the files it reads and the URL that says it is ready. Nothing here starts a process
+(rtserve/cluster/runtime.py does).
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from rtserve.cluster.pki import FRONT_PROXY_CLIENT
+
+HOST = "127.0.0.1"
+SERVICE_CIDR = "10.0.0.0/24"
+SERVICE_IP = "10.0.0.1"
+#: The components, in start order (stop runs in reverse).
+NAMES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+PORT_NAMES = ("etcd", "etcd-peer", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where everything of one cluster lives, and its ports."""
+
+    run_dir: Path
+    bin_dir: Path
+    kubeconfig: Path
+    ports: dict[str, int]
+
+    @property
+    def pki(self) -> Path:
+        return self.run_dir / "pki"
+
+    @property
+    def api_url(self) -> str:
+        return f"https://{HOST}:{self.ports['kube-apiserver']}"
+
+    def binary(self, name: str) -> Path:
+        return self.bin_dir / name
+
+    def config(self, name: str) -> Path:
+        return self.run_dir / "config" / name
+
+
+@dataclass(frozen=True)
+class Component:
+    """One process of the cluster: how to run it and how to tell it is ready."""
+
+    name: str
+    argv: tuple[str, ...]
+    ready_url: str
+    files: dict[Path, str] = field(default_factory=dict)
+
+
+def kubeconfig(layout: Layout, user: str, embed: bool = False) -> str:
+    """A kubeconfig for the API server as ``user`` (a certificate in the PKI: ``<user>.crt``);
+    ``embed``: the certificates inside it (one self-contained file), else their paths."""
+    pki = layout.pki
+
+    def ref(key: str, path: Path) -> dict[str, str]:
+        if embed:
+            return {f"{key}-data": base64.b64encode(path.read_bytes()).decode()}
+        return {key: str(path)}
+
+    doc = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "rtserve-local", "preferences": {},
+        "clusters": [{"name": "rtserve-local", "cluster": {
+            "server": layout.api_url, **ref("certificate-authority", pki / "ca.crt")}}],
+        "users": [{"name": user, "user": {**ref("client-certificate", pki / f"{user}.crt"),
+                                          **ref("client-key", pki / f"{user}.key")}}],
+        "contexts": [{"name": "rtserve-local", "context": {"cluster": "rtserve-local", "user": user}}],
+    }
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def etcd(layout: Layout) -> Component:
+    pki, client, peer = layout.pki, layout.ports["etcd"], layout.ports["etcd-peer"]
+    url = f"https://{HOST}:{client}"
+    return Component("etcd", (
+        str(layout.binary("etcd")), "--name=rtserve-local", f"--data-dir={layout.run_dir / 'etcd'}",
+        f"--listen-client-urls={url}", f"--advertise-client-urls={url}",
+        f"--listen-peer-urls=http://{HOST}:{peer}", f"--initial-advertise-peer-urls=http://{HOST}:{peer}",
+        f"--initial-cluster=rtserve-local=http://{HOST}:{peer}",
+        f"--cert-file={pki / 'etcd.crt'}", f"--key-file={pki / 'etcd.key'}",
+        "--client-cert-auth=true", f"--trusted-ca-file={pki / 'ca.crt'}", "--log-level=warn",
+    ), f"{url}/health")
+
+
+def kube_apiserver(layout: Layout) -> Component:
+    pki, port = layout.pki, layout.ports["kube-apiserver"]
+    return Component("kube-apiserver", (
+        str(layout.binary("kube-apiserver")), f"--bind-address={HOST}", f"--advertise-address={HOST}",
+        f"--secure-port={port}", f"--etcd-servers=https://{HOST}:{layout.ports['etcd']}",
+        f"--etcd-cafile={pki / 'ca.crt'}", f"--etcd-certfile={pki / 'apiserver-etcd-client.crt'}",
+        f"--etcd-keyfile={pki / 'apiserver-etcd-client.key'}",
+        f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
+        f"--client-ca-file={pki / 'ca.crt'}",
+        f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+        f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={pki / 'sa.pub'}", f"--service-account-signing-key-file={pki / 'sa.key'}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}", "--authorization-mode=Node,RBAC",
+        # The default admission plugins (PodSecurity among them) stay on; NodeRestriction goes
+        # with the Node authorizer. Privileged pods are allowed by the server, so that what
+        # refuses one is the namespace's PodSecurity level, as in a real cluster.
+        "--enable-admission-plugins=NodeRestriction", "--allow-privileged=true",
+        f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
+        f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}", "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group", "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+        f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+        # The API server listens on loopback only, an address the `kubernetes` Service's
+        # endpoints may not hold: it gets none (in-cluster clients need a node address).
+        "--endpoint-reconciler-type=none", "--profiling=false",
+    ), f"{layout.api_url}/readyz")
+
+
+def _controller_args(layout: Layout, name: str, user: str) -> tuple[str, ...]:
+    """The flags the controller manager and the scheduler share: their kubeconfig and a TLS
+    listener on loopback with a certificate of the cluster's CA."""
+    kubecfg = layout.config(f"{name}.kubeconfig")
+    pki = layout.pki
+    return (f"--kubeconfig={kubecfg}", f"--authentication-kubeconfig={kubecfg}",
+            f"--authorization-kubeconfig={kubecfg}", f"--bind-address={HOST}",
+            f"--secure-port={layout.ports[name]}", f"--tls-cert-file={pki / f'{user}.crt'}",
+            f"--tls-private-key-file={pki / f'{user}.key'}", f"--client-ca-file={pki / 'ca.crt'}",
+            "--leader-elect=false")
+
+
+def kube_controller_manager(layout: Layout) -> Component:
+    pki, name = layout.pki, "kube-controller-manager"
+    return Component(name, (
+        str(layout.binary(name)), *_controller_args(layout, name, "controller-manager"),
+        f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
+        f"--cluster-signing-cert-file={pki / 'ca.crt'}", f"--cluster-signing-key-file={pki / 'ca.key'}",
+        "--use-service-account-credentials=true", f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--controllers=*,bootstrapsigner,tokencleaner",
+    ), f"https://{HOST}:{layout.ports[name]}/healthz",
+        {layout.config(f"{name}.kubeconfig"): kubeconfig(layout, "controller-manager")})
+
+
+def kube_scheduler(layout: Layout) -> Component:
+    name = "kube-scheduler"
+    return Component(name, (str(layout.binary(name)), *_controller_args(layout, name, "scheduler")),
+                     f"https://{HOST}:{layout.ports[name]}/healthz",
+                     {layout.config(f"{name}.kubeconfig"): kubeconfig(layout, "scheduler")})
+
+
+def control_plane(layout: Layout) -> list[Component]:
+    """The components in start order."""
+    return [etcd(layout), kube_apiserver(layout), kube_controller_manager(layout), kube_scheduler(layout)]

@@ -1,0 +1,99 @@
+"""The cluster tier: a real control plane (``make cluster``) from binaries ``make cluster-deps``
+builds, in a run directory and kubeconfig of the test session's own, on free loopback ports."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from rtserve.cluster import runtime
+from tests.conftest import REPO
+
+#: A cold `make cluster-deps` compiles Kubernetes and etcd (tens of minutes on 2 cores).
+BUILD_TIMEOUT = 3 * 3600
+
+
+def make(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """``make -s ARGS`` in the repository; output (both streams) in ``stdout``."""
+    return subprocess.run(["make", "--no-print-directory", *args, f"VENV={REPO / '.venv'}"], cwd=REPO,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A running cluster: its run directory, kubeconfig, binaries and what ``start`` printed."""
+
+    run_dir: Path
+    kubeconfig: Path
+    bin_dir: Path
+    api_url: str
+    start_output: str
+
+    def kubectl(self, *args: str, stdin: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+        """The built kubectl against this cluster (stdout and stderr apart)."""
+        return subprocess.run([str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
+                              input=stdin, capture_output=True, text=True, timeout=timeout)
+
+    def namespace(self, name: str, **labels: str) -> None:
+        """Create namespace ``name`` with ``labels`` and wait for its ``default`` service account
+        (the controller manager makes it; until then the API server refuses every pod there)."""
+        self.ok("create", "namespace", name)
+        if labels:
+            self.ok("label", "namespace", name, *(f"{k}={v}" for k, v in labels.items()))
+        deadline = time.monotonic() + 30
+        while self.kubectl("get", "serviceaccount", "default", "-n", name).returncode:
+            assert time.monotonic() < deadline, f"no default service account in {name} after 30 s"
+            time.sleep(0.2)
+
+    def ok(self, *args: str, stdin: str | None = None) -> str:
+        done = self.kubectl(*args, stdin=stdin)
+        assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+        return done.stdout
+
+
+@pytest.fixture(scope="session")
+def cluster_bin() -> Path:
+    """The binaries, built by `make cluster-deps` (once per machine, into the user's cache)."""
+    start = time.monotonic()
+    done = make("cluster-deps", timeout=BUILD_TIMEOUT)
+    assert done.returncode == 0, f"make cluster-deps failed:\n{done.stdout[-4000:]}"
+    found = re.search(r"^>> cluster binaries \(.*\) in (\S+)$", done.stdout, re.M)
+    assert found, done.stdout
+    print(f"make cluster-deps: {time.monotonic() - start:.0f} s")
+    return Path(found[1])
+
+
+@pytest.fixture(scope="session")
+def cluster(cluster_bin, tmp_path_factory) -> Cluster:
+    """`make cluster` on free ports, stopped by `make cluster-stop` (and from its PID files if that
+    fails) however the session ends."""
+    root = tmp_path_factory.mktemp("cluster")
+    run_dir, kubeconfig = root / "run", root / "admin.kubeconfig"
+    where = [f"CLUSTER_RUN_DIR={run_dir}", f"CLUSTER_KUBECONFIG={kubeconfig}"]
+    try:
+        done = make("cluster", *where)
+        assert done.returncode == 0, f"make cluster failed:\n{done.stdout[-6000:]}"
+        state = json.loads((run_dir / runtime.STATE_FILE).read_text())
+        yield Cluster(run_dir, kubeconfig, cluster_bin, state["api_url"], done.stdout)
+    finally:
+        stopped = make("cluster-stop", *where)
+        left = [r for r in runtime.recorded(run_dir) if r.alive()]
+        runtime.stop(run_dir)
+        assert stopped.returncode == 0 and not left, f"make cluster-stop left {left}:\n{stopped.stdout}"
+
+
+@pytest.fixture(scope="session")
+def rendered(cluster) -> dict[str, Path]:
+    """`make k8s-render` with the built kubectl: each overlay's file by overlay name."""
+    done = make("k8s-render", f"KUBECTL={cluster.bin_dir / 'kubectl'}")
+    assert done.returncode == 0, done.stdout
+    files = {p.stem: p for p in (REPO / "build" / "k8s" / "render").glob("*.yaml")}
+    assert {"production", "staging", "verify"} <= set(files), files
+    return files
+

@@ -1,0 +1,155 @@
+"""The local cluster's pure parts: the generated Go modules, the certificates, the components'
+argv and the PID-file teardown (rtserve/cluster/)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rtserve.cluster import components, gomod, pki, runtime
+from rtserve.cluster.cli import main
+from rtserve.cluster.errors import ClusterError
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.unit
+
+#: What ``go mod edit -json`` prints for the parts of Kubernetes' and etcd's go.mod files we read.
+KUBERNETES_GOMOD = {
+    "Go": "1.26.0", "GoDebug": [{"Key": "default", "Value": "go1.26"}],
+    "Require": [{"Path": "k8s.io/api", "Version": "v0.0.0"}, {"Path": "k8s.io/kubectl", "Version": "v0.0.0"},
+                {"Path": "k8s.io/klog/v2", "Version": "v2.140.0"}],
+    "Replace": [{"Old": {"Path": "k8s.io/kubectl"}, "New": {"Path": "./staging/src/k8s.io/kubectl"}},
+                {"Old": {"Path": "k8s.io/api"}, "New": {"Path": "./staging/src/k8s.io/api"}}],
+}
+ETCD_GOMOD = {
+    "Go": "1.26.0",
+    "Require": [{"Path": "go.etcd.io/etcd/api/v3", "Version": "v3.6.16"}],
+    "Replace": [{"Old": {"Path": "go.etcd.io/etcd/api/v3"}, "New": {"Path": "../api"}},
+                {"Old": {"Path": "go.etcd.io/etcd"}, "New": {"Path": "./FORBIDDEN_DEPENDENCY"}},
+                {"Old": {"Path": "example.com/x"}, "New": {"Path": "example.com/y", "Version": "v1.0.0"}}],
+}
+
+
+def test_staging_modules_map_to_their_published_version():
+    assert gomod.published_versions(KUBERNETES_GOMOD, "v1.36.3") == (
+        ("k8s.io/api", "v0.36.3"), ("k8s.io/kubectl", "v0.36.3"))
+
+
+def test_etcd_modules_keep_the_version_required_and_guards_are_left_out():
+    assert gomod.published_versions(ETCD_GOMOD, "v3.6.16") == (("go.etcd.io/etcd/api/v3", "v3.6.16"),)
+
+
+def test_a_prerelease_maps_to_the_staging_prerelease():
+    assert dict(gomod.published_versions(KUBERNETES_GOMOD, "v1.38.0-beta.0"))["k8s.io/api"] == "v0.38.0-beta.0"
+
+
+def test_a_version_that_names_no_staging_release_is_refused():
+    with pytest.raises(ClusterError, match="k8s.io/kubectl is required at v0.0.0 and 1.36.3 is not a v1.x.y version"):
+        gomod.published_versions(KUBERNETES_GOMOD, "1.36.3")
+
+
+def test_rendered_module_requires_maps_and_builds():
+    text = gomod.kubernetes_module(KUBERNETES_GOMOD, "v1.36.3").render()
+    assert "module rtserve/deploy/cluster\n" in text and "go 1.26.0\n" in text
+    assert "godebug (\n\tdefault=go1.26\n)" in text
+    assert "\tk8s.io/kubernetes v1.36.3\n" in text
+    assert "\tk8s.io/kubectl => k8s.io/kubectl v0.36.3\n" in text
+    for tool in gomod.KUBERNETES_TOOLS:
+        assert f"\t{tool}\n" in text
+
+
+@pytest.mark.parametrize("sub, module", [("", gomod.KUBERNETES), ("etcd", gomod.ETCD_SERVER)])
+def test_committed_modules_pin_one_version_and_map_every_replacement(sub, module):
+    """The committed go.mod files are the generator's: one pinned version, a replacement for
+    each module they map, each to the same published version line (never a local path)."""
+    text = (REPO / "deploy" / "cluster" / sub / "go.mod").read_text()
+    assert text.startswith(gomod.HEADER)
+    version = gomod.pinned(REPO / "deploy" / "cluster" / sub / "go.mod", module)
+    assert version.startswith("v1.36." if module == gomod.KUBERNETES else "v3.6.")
+    replaced = [line.split() for line in text.splitlines() if "=>" in line]
+    assert replaced, "no replace lines"
+    for old, _, new, new_version in replaced:
+        assert old == new and new_version.startswith("v"), (old, new, new_version)
+    assert (REPO / "deploy" / "cluster" / sub / "go.sum").is_file()
+
+
+def test_certificates_are_signed_by_the_ca_with_their_names(tmp_path):
+    certs = pki.certificates(components.SERVICE_IP)
+    pki.make(tmp_path, certs)
+    for cert in certs:
+        verified = subprocess.run(["openssl", "verify", "-CAfile", tmp_path / f"{cert.ca}.crt", tmp_path / f"{cert.name}.crt"],
+                                  capture_output=True, text=True)
+        assert verified.returncode == 0, verified.stderr
+    text = subprocess.run(["openssl", "x509", "-in", tmp_path / "apiserver.crt", "-noout", "-text"],
+                          capture_output=True, text=True, check=True).stdout
+    assert "IP Address:127.0.0.1" in text and "IP Address:10.0.0.1" in text
+    assert "DNS:kubernetes.default.svc.cluster.local" in text
+    admin = subprocess.run(["openssl", "x509", "-in", tmp_path / "admin.crt", "-noout", "-subject"],
+                           capture_output=True, text=True, check=True).stdout
+    assert admin.strip() == "subject=CN = kubernetes-admin, O = system:masters"
+    wrong_ca = subprocess.run(["openssl", "verify", "-CAfile", tmp_path / "ca.crt", tmp_path / "front-proxy-client.crt"],
+                              capture_output=True, text=True)
+    assert wrong_ca.returncode == 2, "the front proxy's client certificate is signed by its own CA only"
+    assert (tmp_path / "sa.pub").read_text().startswith("-----BEGIN PUBLIC KEY-----")
+
+
+def _layout(tmp_path: Path) -> components.Layout:
+    ports = dict(zip(components.PORT_NAMES, range(20001, 20006)))
+    return components.Layout(tmp_path / "run", tmp_path / "bin", tmp_path / "admin.kubeconfig", ports)
+
+
+def test_api_server_runs_as_a_real_one(tmp_path):
+    layout = _layout(tmp_path)
+    argv = components.kube_apiserver(layout).argv
+    assert argv[0] == str(tmp_path / "bin" / "kube-apiserver")
+    assert "--authorization-mode=Node,RBAC" in argv and "--secure-port=20003" in argv
+    assert "--etcd-servers=https://127.0.0.1:20001" in argv
+    assert f"--service-account-signing-key-file={layout.pki / 'sa.key'}" in argv
+    assert not any(a.startswith("--disable-admission-plugins") for a in argv)
+    assert [c.name for c in components.control_plane(layout)] == list(components.NAMES)
+
+
+def test_kubeconfig_embeds_the_certificates_or_names_them(tmp_path):
+    layout = _layout(tmp_path)
+    layout.pki.mkdir(parents=True)
+    for name in ("ca.crt", "admin.crt", "admin.key"):
+        (layout.pki / name).write_text(f"pem of {name}")
+    embedded = yaml.safe_load(components.kubeconfig(layout, "admin", embed=True))
+    assert embedded["clusters"][0]["cluster"]["server"] == "https://127.0.0.1:20003"
+    assert embedded["users"][0]["user"]["client-key-data"] == "cGVtIG9mIGFkbWluLmtleQ=="
+    named = yaml.safe_load(components.kubeconfig(layout, "admin"))
+    assert named["clusters"][0]["cluster"]["certificate-authority"] == str(layout.pki / "ca.crt")
+
+
+def test_stop_ends_the_recorded_process_and_spares_a_reused_pid(tmp_path):
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "etcd.pid").write_text(f"{sleeper.pid}\n{sys.executable}\n")
+        # A PID file whose process now runs another binary (a reused PID): left alone.
+        (tmp_path / "kube-apiserver.pid").write_text(f"{other.pid}\n/nonexistent/kube-apiserver\n")
+        assert runtime.status(tmp_path) == {"etcd": f"running (pid {sleeper.pid})",
+                                            "kube-apiserver": f"dead (pid {other.pid})"}
+        assert runtime.stop(tmp_path) == ["etcd"]
+        assert not Path(f"/proc/{sleeper.pid}").exists()  # ended and reaped by stop
+        assert other.poll() is None
+        assert not list(tmp_path.glob("*.pid"))
+    finally:
+        for proc in (sleeper, other):
+            proc.kill()
+            proc.wait()
+
+
+def test_start_names_the_missing_binaries(tmp_path, capsys):
+    assert main(["start", "--bin-dir", str(tmp_path), "--run-dir", str(tmp_path / "run")]) == 1
+    assert f"missing in {tmp_path}: etcd, kube-apiserver" in capsys.readouterr().err
+
+
+def test_a_bad_port_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        main(["start", "--bin-dir", "x", "--port", "apiserver=6443"])
+    assert "expected NAME=PORT with NAME one of etcd" in capsys.readouterr().err
