@@ -482,7 +482,7 @@ K8S_LDFLAGS         = $(foreach p,k8s.io/component-base/version k8s.io/client-go
 
 .PHONY: cluster-modules
 cluster-modules: | $(STAMP) ## Regenerate deploy/cluster's go.mod and go.sum files for CLUSTER_KUBERNETES and CLUSTER_ETCD (then commit them)
-	$(PY) -m rtserve.cluster modules --dir $(CLUSTER_MODULE) --kubernetes $(CLUSTER_KUBERNETES) \
+	$(PY) -m rtserve cluster modules --dir $(CLUSTER_MODULE) --kubernetes $(CLUSTER_KUBERNETES) \
 	  --etcd $(CLUSTER_ETCD) --go $(GO)
 
 .PHONY: cluster-deps
@@ -507,16 +507,16 @@ CLUSTER_PORTS      ?=
 
 .PHONY: cluster
 cluster: $(CLUSTER_STAMP) | $(STAMP) ## Start etcd, the API server, controller manager and scheduler on 127.0.0.1 (kubeconfig: CLUSTER_KUBECONFIG)
-	$(PY) -m rtserve.cluster start --bin-dir $(CLUSTER_BIN) --run-dir $(CLUSTER_RUN_DIR) \
+	$(PY) -m rtserve cluster start --bin-dir $(CLUSTER_BIN) --run-dir $(CLUSTER_RUN_DIR) \
 	  --kubeconfig $(CLUSTER_KUBECONFIG) $(addprefix --port ,$(CLUSTER_PORTS))
 
 .PHONY: cluster-stop
 cluster-stop: ## Stop the cluster `make cluster` started (by its PID files in CLUSTER_RUN_DIR)
-	$(PY) -m rtserve.cluster stop --run-dir $(CLUSTER_RUN_DIR)
+	$(PY) -m rtserve cluster stop --run-dir $(CLUSTER_RUN_DIR)
 
 .PHONY: cluster-status
 cluster-status: ## Show whether each component of the cluster in CLUSTER_RUN_DIR runs, its API server and kubeconfig
-	$(PY) -m rtserve.cluster status --run-dir $(CLUSTER_RUN_DIR)
+	$(PY) -m rtserve cluster status --run-dir $(CLUSTER_RUN_DIR)
 
 ##@ Test
 .PHONY: test

@@ -37,8 +37,17 @@ class SettingsError(RtserveError):
 
 
 class ProcessError(RtserveError):
-    """HTTP 500: a command failed, or a process did not start or stop; the message holds the
-    command and the tail of its output."""
+    """HTTP 500: a process could not be started, or ran past its time (the message holds the
+    command)."""
+
+
+class CommandError(ProcessError):
+    """HTTP 500: a command failed; it keeps the command, its exit status and its output (the
+    message ends with the output's last 4000 characters)."""
+
+    def __init__(self, argv: list[str], returncode: int, output: str) -> None:
+        self.argv, self.returncode, self.output = argv, returncode, output
+        super().__init__(f"{' '.join(argv)} exited with {returncode}:\n{output[-4000:]}")
 
 
 # -- TorchServe's APIs (rtserve.client) ------------------------------------------------------------
@@ -145,6 +154,12 @@ class GatewayError(RtserveError):
 
 class MonitorError(RtserveError):
     """HTTP 503: Prometheus or Alertmanager cannot be configured, started or stopped."""
+
+    status = 503
+
+
+class ClusterError(RtserveError):
+    """HTTP 503: the local cluster cannot be built, configured, started or stopped."""
 
     status = 503
 

@@ -9,7 +9,7 @@
 Each group is a module of this package that parses its options and hands off to the domain
 packages, imported only when its command runs (the probes never import torch). An rtserve
 error (:class:`rtserve.errors.RtserveError`) ends any command the same way: ``error: <message>``
-on stdout, exit status 1.
+on stdout (stderr for the cluster group), exit status 1.
 """
 
 from __future__ import annotations
@@ -18,13 +18,11 @@ import argparse
 import logging
 import sys
 
-from rtserve.cli import client, gateway, k8s, model, monitor, probe, server, versions
+from rtserve.cli import client, cluster, gateway, k8s, model, monitor, probe, server, versions
 from rtserve.errors import RtserveError
 
-logger = logging.getLogger(__name__)
-
 #: The groups, in the order ``--help`` lists them.
-GROUPS = (client, versions, server, probe, gateway, monitor, model, k8s)
+GROUPS = (client, versions, server, probe, gateway, monitor, model, k8s, cluster)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,5 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args) or 0
     except RtserveError as exc:
-        logger.error("error: %s", exc)
+        stream = sys.stderr if getattr(args, "error_stream", "") == "stderr" else sys.stdout
+        stream.write(f"error: {exc}\n")
+        stream.flush()
         return 1

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from rtserve.cluster.runner import run
+from rtserve.runtime.process import run
 
 DAYS = 365
 LOCAL_SANS = ("IP:127.0.0.1", "DNS:localhost")
@@ -90,4 +90,4 @@ def make(pki: Path, certs: tuple[Cert, ...]) -> None:
     pki.mkdir(parents=True, exist_ok=True)
     pki.chmod(0o700)
     for argv in commands(pki, certs):
-        run(argv)
+        run(argv, timeout=1800, apart=True)

@@ -4,7 +4,8 @@
 waits until it answers ready and records its PID file; if one fails, every component already
 started is stopped before the error is raised. ``stop`` works only from the PID files (a process
 is signalled only while its command line is still the recorded binary's), never from a
-re-derived plan or a process name.
+re-derived plan or a process name. Processes are started, found and stopped through
+:mod:`rtserve.runtime.process`.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -24,7 +23,9 @@ from pathlib import Path
 
 from rtserve.cluster import components, pki
 from rtserve.cluster.components import Component, Layout
-from rtserve.cluster.errors import ClusterError
+from rtserve.errors import ClusterError
+from rtserve.runtime.ports import free_ports
+from rtserve.runtime.process import PidFile, alive, spawn, tail, terminate, wait_until
 
 STATE_FILE = "state.json"
 READY_TIMEOUT = 180.0
@@ -41,37 +42,28 @@ class Running:
 
     def alive(self) -> bool:
         """The PID is alive and still runs the recorded binary (not a reused PID)."""
-        try:
-            cmdline = Path(f"/proc/{self.pid}/cmdline").read_bytes().split(b"\0")
-            stat = Path(f"/proc/{self.pid}/stat").read_text()
-        except OSError:
-            return False
-        return cmdline[0].decode(errors="replace") == self.binary and stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((components.HOST, 0))
-        return sock.getsockname()[1]
+        return alive(self.pid, self.binary)
 
 
 def resolve_ports(wanted: dict[str, int]) -> dict[str, int]:
     """Each component's port: the one given, or a free one for 0 or a missing name."""
-    return {name: wanted.get(name) or free_port() for name in components.PORT_NAMES}
+    free = iter(free_ports(len(components.PORT_NAMES)))
+    return {name: wanted.get(name) or next(free) for name in components.PORT_NAMES}
 
 
-def _pid_file(run_dir: Path, name: str) -> Path:
-    return run_dir / f"{name}.pid"
+def _pid_file(run_dir: Path, name: str) -> PidFile:
+    """A component's PID file: its PID and its binary."""
+    return PidFile(run_dir / f"{name}.pid", check_program=True)
 
 
 def recorded(run_dir: Path) -> list[Running]:
     """The components the PID files in ``run_dir`` name, in start order."""
     found = []
     for name in components.NAMES:
-        path = _pid_file(run_dir, name)
-        if path.is_file():
-            pid, binary = path.read_text().split("\n", 1)
-            found.append(Running(name, int(pid), binary.strip()))
+        pid_file = _pid_file(run_dir, name)
+        pid = pid_file.read()
+        if pid is not None:
+            found.append(Running(name, pid, pid_file.program() or ""))
     return found
 
 
@@ -88,27 +80,27 @@ def wait_ready(component: Component, proc: subprocess.Popen, layout: Layout, log
     Raises:
         ClusterError: the process exits, or it is not ready within ``timeout`` (with its log's tail).
     """
-    ctx, start, last = _tls(layout), time.monotonic(), ""
-    while time.monotonic() - start < timeout:
+    ctx, start, last = _tls(layout), time.monotonic(), [""]
+
+    def ready() -> bool:
         if proc.poll() is not None:
             raise ClusterError(f"{component.name} exited with {proc.returncode} at start; "
                                f"the end of {log}:\n{_tail(log)}")
         try:
             with urllib.request.urlopen(component.ready_url, context=ctx, timeout=5) as answer:
-                if answer.status == 200:
-                    return time.monotonic() - start
+                return answer.status == 200
         except (urllib.error.URLError, OSError) as err:
-            last = str(err)
-        time.sleep(0.5)
+            last[0] = str(err)
+        return False
+
+    if wait_until(ready, timeout, poll=0.5):
+        return time.monotonic() - start
     raise ClusterError(f"{component.name} not ready at {component.ready_url} within {timeout:.0f} s "
-                       f"({last}); the end of {log}:\n{_tail(log)}")
+                       f"({last[0]}); the end of {log}:\n{_tail(log)}")
 
 
 def _tail(log: Path, lines: int = 25) -> str:
-    try:
-        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
+    return tail(log, lines) or "(no log)"
 
 
 def start(layout: Layout) -> dict[str, float]:
@@ -147,10 +139,7 @@ def _start_one(component: Component, layout: Layout) -> float:
     for path, text in component.files.items():
         path.write_text(text)
     log = layout.run_dir / "logs" / f"{component.name}.log"
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(component.argv, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, cwd=layout.run_dir)
-    _pid_file(layout.run_dir, component.name).write_text(f"{proc.pid}\n{component.argv[0]}\n")
+    proc = spawn(component.argv, log, _pid_file(layout.run_dir, component.name), cwd=layout.run_dir)
     return wait_ready(component, proc, layout, log)
 
 
@@ -164,33 +153,12 @@ def stop(run_dir: Path, timeout: float = STOP_TIMEOUT) -> list[str]:
     stopped = []
     for running in reversed(recorded(run_dir)):
         if running.alive():
-            _terminate(running, timeout)
+            terminate(running.pid, timeout, poll=0.2, program=running.binary)
+            if running.alive():
+                raise ClusterError(f"{running.name} (pid {running.pid}) is still alive after SIGKILL")
             stopped.append(running.name)
-        _pid_file(run_dir, running.name).unlink(missing_ok=True)
+        _pid_file(run_dir, running.name).remove()
     return stopped
-
-
-def _terminate(running: Running, timeout: float) -> None:
-    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
-        try:
-            os.kill(running.pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            _reap(running.pid)
-            if not running.alive():
-                return
-            time.sleep(0.2)
-    raise ClusterError(f"{running.name} (pid {running.pid}) is still alive after SIGKILL")
-
-
-def _reap(pid: int) -> None:
-    """Collect ``pid``'s exit status when it is our own child (the tests start it in-process)."""
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def status(run_dir: Path) -> dict[str, str]:

@@ -2,10 +2,12 @@
 waiting until a condition holds, stopping a process (or its whole tree), and running a command
 whose output is kept in the error when it fails.
 
-TorchServe and its metrics exporter (:mod:`rtserve.server`), local Prometheus and Alertmanager
-(:mod:`rtserve.observability.monitor`), the gateway's nginx (:mod:`rtserve.gateway.nginx`) and
-the local pod's kubelet loop (``deploy/podman/pod.py``) all start, find and stop their processes
-through this module. A process is found again from its PID file (recorded state), never by name.
+TorchServe and its sidecars (:mod:`rtserve.server`), local Prometheus and Alertmanager
+(:mod:`rtserve.observability.monitor`), the gateway's nginx (:mod:`rtserve.gateway.nginx`), the
+local cluster's control plane (:mod:`rtserve.cluster`) and the local pod's kubelet loop
+(``deploy/podman/pod.py``) all start, find and stop their processes through this module. A
+process is found again from its PID file (recorded state), never by name; a PID file may record
+the program too, so that a reused PID is never taken for the process.
 """
 
 from __future__ import annotations
@@ -20,40 +22,65 @@ from typing import Callable, Mapping, Sequence, TypeVar
 
 import psutil
 
-from rtserve.errors import ProcessError
+from rtserve.errors import CommandError, ProcessError
 
 T = TypeVar("T")
 
 
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, or a process not ours to inspect, does not count)."""
+def alive(pid: int, program: str | None = None) -> bool:
+    """Whether ``pid`` runs (a zombie, or a process not ours to inspect, does not count) and, with
+    ``program``, still runs that program (a reused PID does not count)."""
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return program is None or proc.cmdline()[:1] == [program]
     except Exception:  # noqa: BLE001 - gone, or not ours to inspect: not running for us
         return False
 
 
 @dataclass(frozen=True)
 class PidFile:
-    """A file holding one process's PID (written by rtserve, or by the process itself)."""
+    """A file holding one process's PID (written by rtserve, or by the process itself).
+
+    Attributes:
+        path: the file: the PID on its first line.
+        check_program: the program is recorded on the second line, and the process counts as
+            running only while its PID still runs that program.
+    """
 
     path: Path
+    check_program: bool = False
+
+    def _lines(self) -> list[str]:
+        try:
+            return Path(self.path).read_text().splitlines()
+        except OSError:
+            return []
 
     def read(self) -> int | None:
         """The PID the file holds, alive or not; None when there is no readable PID."""
+        lines = self._lines()
         try:
-            return int(Path(self.path).read_text().strip())
-        except (OSError, ValueError):
+            return int(lines[0].strip()) if lines else None
+        except ValueError:
             return None
 
-    def pid(self) -> int | None:
-        """The PID the file holds if that process is alive, else None."""
-        pid = self.read()
-        return pid if pid is not None and alive(pid) else None
+    def program(self) -> str | None:
+        """The program recorded beside the PID, if any."""
+        lines = self._lines()
+        return lines[1].strip() if len(lines) > 1 and lines[1].strip() else None
 
-    def write(self, pid: int) -> None:
-        """Record ``pid``."""
-        Path(self.path).write_text(str(pid))
+    def pid(self) -> int | None:
+        """The PID the file holds if that process is alive (and runs the recorded program)."""
+        pid = self.read()
+        program = self.program() if self.check_program else None
+        return pid if pid is not None and alive(pid, program) else None
+
+    def write(self, pid: int, program: str | None = None) -> None:
+        """Record ``pid`` (and ``program``, when the file checks it)."""
+        Path(self.path).write_text(f"{pid}\n{program}\n" if self.check_program and program
+                                   else str(pid))
 
     def remove(self) -> None:
         """Forget the process (no error when the file is gone already)."""
@@ -85,18 +112,28 @@ def kill_tree(pid: int) -> None:
         pass
 
 
-def terminate(pid: int, timeout: float, tree: bool = False, poll: float = 0.05) -> bool:
+def _ended(pid: int, program: str | None) -> bool:
+    try:  # our own child: collect its exit status, or it stays a zombie
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    return not alive(pid, program)
+
+
+def terminate(pid: int, timeout: float, tree: bool = False, poll: float = 0.05,
+              program: str | None = None, kill_wait: float = 10.0) -> bool:
     """SIGTERM ``pid``; SIGKILL it (with ``tree``: it and all its children) if it is still alive
-    after ``timeout`` seconds.
+    after ``timeout`` seconds, then wait up to ``kill_wait`` seconds for it to go. With
+    ``program``, a PID that runs another program counts as gone already.
 
     Returns:
-        Whether it had to be killed.
+        Whether it had to be killed (:func:`alive` says whether even that failed).
     """
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
         return False
-    if wait_until(lambda: not alive(pid), timeout, poll):
+    if wait_until(lambda: _ended(pid, program), timeout, poll):
         return False
     if tree:
         kill_tree(pid)
@@ -105,13 +142,14 @@ def terminate(pid: int, timeout: float, tree: bool = False, poll: float = 0.05) 
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             return False
+    wait_until(lambda: _ended(pid, program), kill_wait, poll)
     return True
 
 
 def spawn(cmd: Sequence[str], log: Path, pid_file: PidFile | None = None, cwd: Path | None = None,
           env: Mapping[str, str] | None = None) -> subprocess.Popen:
     """Start ``cmd`` detached (its own session, no stdin), its output appended to ``log``; its
-    PID recorded in ``pid_file``. The log stays open only in the child.
+    PID (and program) recorded in ``pid_file``. The log stays open only in the child.
 
     Raises:
         ProcessError: the program cannot be started (not found, not executable).
@@ -124,31 +162,34 @@ def spawn(cmd: Sequence[str], log: Path, pid_file: PidFile | None = None, cwd: P
     except OSError as exc:
         raise ProcessError(f"cannot start {' '.join(map(str, cmd))}: {exc}") from exc
     if pid_file is not None:
-        pid_file.write(proc.pid)
+        pid_file.write(proc.pid, str(cmd[0]))
     return proc
 
 
 def run(cmd: Sequence[str], timeout: float, cwd: Path | None = None,
-        env: Mapping[str, str] | None = None, check: bool = True,
-        output_lines: int = 40) -> subprocess.CompletedProcess:
-    """Run ``cmd`` to its end with stdout and stderr captured together (``.stdout``, text).
+        env: Mapping[str, str] | None = None, check: bool = True, stdin: str | None = None,
+        apart: bool = False) -> subprocess.CompletedProcess:
+    """Run ``cmd`` to its end, its output captured as text: stdout and stderr together in
+    ``.stdout``, or with ``apart`` each in its own attribute; ``stdin`` is its input.
 
     Raises:
-        ProcessError: ``check`` and it exited non-zero, or it ran past ``timeout``, or it cannot
-            be started; the message holds the command and the last ``output_lines`` of output.
+        CommandError: ``check`` and it exited non-zero (with its command and output).
+        ProcessError: it ran past ``timeout``, or it cannot be started.
     """
-    shown = " ".join(map(str, cmd))
+    argv = [str(a) for a in cmd]
+    shown = " ".join(argv)
     try:
-        done = subprocess.run(list(cmd), cwd=cwd, env=None if env is None else dict(env),
-                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        done = subprocess.run(argv, cwd=cwd, env=None if env is None else dict(env), text=True,
+                              input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL,
+                              stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE if apart else subprocess.STDOUT, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
-        raise ProcessError(f"{shown}: no end after {timeout:.0f}s:\n{last_lines(out, output_lines)}") from exc
+        raise ProcessError(f"{shown}: no end after {timeout:.0f}s:\n{last_lines(out, 40)}") from exc
     except OSError as exc:
         raise ProcessError(f"cannot run {shown}: {exc}") from exc
     if check and done.returncode != 0:
-        raise ProcessError(f"{shown} exited {done.returncode}:\n{last_lines(done.stdout, output_lines)}")
+        raise CommandError(argv, done.returncode, done.stdout + (done.stderr or ""))
     return done
 
 

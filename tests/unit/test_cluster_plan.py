@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from rtserve.cluster import components, gomod, pki, runtime
-from rtserve.cluster.cli import main
-from rtserve.cluster.errors import ClusterError
+from rtserve.cli import main
+from rtserve.errors import ClusterError
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.unit
@@ -145,11 +145,11 @@ def test_stop_ends_the_recorded_process_and_spares_a_reused_pid(tmp_path):
 
 
 def test_start_names_the_missing_binaries(tmp_path, capsys):
-    assert main(["start", "--bin-dir", str(tmp_path), "--run-dir", str(tmp_path / "run")]) == 1
+    assert main(["cluster", "start", "--bin-dir", str(tmp_path), "--run-dir", str(tmp_path / "run")]) == 1
     assert f"missing in {tmp_path}: etcd, kube-apiserver" in capsys.readouterr().err
 
 
 def test_a_bad_port_is_refused(capsys):
     with pytest.raises(SystemExit):
-        main(["start", "--bin-dir", "x", "--port", "apiserver=6443"])
+        main(["cluster", "start", "--bin-dir", "x", "--port", "apiserver=6443"])
     assert "expected NAME=PORT with NAME one of etcd" in capsys.readouterr().err

@@ -7,7 +7,6 @@ from __future__ import annotations
 import ast
 import importlib
 import json
-import logging
 
 import pytest
 from requests import Response
@@ -89,11 +88,10 @@ def test_a_refused_request_carries_its_reason_and_expected_count(handler):
     assert ctx.get_response_headers(1)[REASON_HEADER] == "not_a_list"
 
 
-def test_the_command_line_catches_the_root_once(tmp_path, caplog):
+def test_the_command_line_catches_the_root_once(tmp_path, capsys):
     (tmp_path / "rollout-history.jsonl").write_text("not json\n")
-    with caplog.at_level(logging.ERROR):
-        status = cli.main(["versions", "--run-dir", str(tmp_path), "history", "realtime-classifier"])
+    status = cli.main(["versions", "--run-dir", str(tmp_path), "history", "realtime-classifier"])
     assert status == 1
-    assert caplog.messages == [f"error: {tmp_path / 'rollout-history.jsonl'}:1: not a JSON line "
-                               "(Expecting value: line 1 column 1 (char 0)); move the file away "
-                               "to start a new history"]
+    assert capsys.readouterr().out == (
+        f"error: {tmp_path / 'rollout-history.jsonl'}:1: not a JSON line (Expecting value: line 1 "
+        "column 1 (char 0)); move the file away to start a new history\n")

@@ -1,0 +1,102 @@
+"""``python -m rtserve cluster``: a single-machine Kubernetes cluster on 127.0.0.1 (rtserve.cluster).
+
+    python -m rtserve cluster modules --kubernetes v1.36.3 --etcd v3.6.16
+    python -m rtserve cluster start --bin-dir DIR [--run-dir .run/cluster] [--kubeconfig build/cluster/admin.kubeconfig] [--port kube-apiserver=6443]
+    python -m rtserve cluster status [--run-dir .run/cluster]
+    python -m rtserve cluster stop [--run-dir .run/cluster]
+
+``make cluster-modules``, ``make cluster``, ``make cluster-status`` and ``make cluster-stop`` call
+these. An error is one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from rtserve.cli.common import command, group
+from rtserve.settings import PACKAGE_HOME
+
+RUN_DIR = PACKAGE_HOME / ".run" / "cluster"
+KUBECONFIG = PACKAGE_HOME / "build" / "cluster" / "admin.kubeconfig"
+
+
+def _port(text: str) -> tuple[str, int]:
+    from rtserve.cluster.components import PORT_NAMES
+
+    name, _, port = text.partition("=")
+    if name not in PORT_NAMES or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=PORT with NAME one of {', '.join(PORT_NAMES)} (0: a free port), got {text!r}")
+    return name, int(port)
+
+
+def cmd_modules(args: argparse.Namespace) -> int:
+    """Regenerate deploy/cluster's go.mod and go.sum files."""
+    from rtserve.cluster import gomod
+
+    for written in gomod.write_modules(args.dir, args.kubernetes, args.etcd, args.go):
+        print(f">> wrote {written} and its go.sum")
+    return 0
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    """Start etcd, the API server, the controller manager and the scheduler."""
+    from rtserve.cluster import runtime
+    from rtserve.cluster.components import Layout
+
+    layout = Layout(args.run_dir.resolve(), args.bin_dir.resolve(), args.kubeconfig.resolve(),
+                    runtime.resolve_ports(dict(args.port)))
+    begin = time.monotonic()
+    took = runtime.start(layout)
+    steps = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in took.items())
+    print(f">> cluster ready in {time.monotonic() - begin:.1f} s ({steps}); state in {args.run_dir}")
+    print(f"  API server: {layout.api_url}")
+    print(f"  kubeconfig: {args.kubeconfig}")
+    print(f">> try it: KUBECONFIG={args.kubeconfig} {layout.binary('kubectl')} get namespaces")
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    """Stop the cluster of --run-dir (by its PID files)."""
+    from rtserve.cluster import runtime
+
+    stopped = runtime.stop(args.run_dir)
+    print(f">> stopped {', '.join(stopped)}" if stopped else f">> no cluster runs from {args.run_dir}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Say whether each component of the cluster of --run-dir runs (exit 3 when one does not)."""
+    from rtserve.cluster import runtime
+
+    states = runtime.status(args.run_dir)
+    if not states:
+        print(f">> no cluster was started from {args.run_dir} (make cluster)")
+        return 3
+    state = runtime.load_state(args.run_dir)
+    for name, line in states.items():
+        print(f"  {name:<24} {line}")
+    print(f"  API server: {state['api_url']}\n  kubeconfig: {state['kubeconfig']}")
+    return 0 if all(line.startswith("running") for line in states.values()) else 3
+
+
+def add(groups: argparse._SubParsersAction) -> None:
+    commands = group(groups, "cluster", __doc__)
+    run_dir = (["--run-dir"], {"type": Path, "default": RUN_DIR})
+    errors = {"error_stream": "stderr"}
+    command(commands, "modules", cmd_modules,
+            (["--dir"], {"type": Path, "default": Path("deploy/cluster")}),
+            (["--kubernetes"], {"required": True, "help": "k8s.io/kubernetes version, e.g. v1.36.3"}),
+            (["--etcd"], {"required": True, "help": "go.etcd.io/etcd/server/v3 version, e.g. v3.6.16"}),
+            (["--go"], {"default": "go", "help": "the go command"}), **errors)
+    command(commands, "start", cmd_start,
+            (["--bin-dir"], {"type": Path, "required": True,
+                             "help": "where make cluster-deps built the binaries"}),
+            (["--kubeconfig"], {"type": Path, "default": KUBECONFIG}),
+            (["--port"], {"type": _port, "action": "append", "default": [], "metavar": "NAME=PORT",
+                          "help": "a fixed port (default: free ones)"}),
+            run_dir, **errors)
+    command(commands, "stop", cmd_stop, run_dir, **errors)
+    command(commands, "status", cmd_status, run_dir, **errors)
