@@ -25,7 +25,7 @@ import pytest
 import requests
 import tritonclient.http as triton
 
-from rtserve.gateway.nginx import nginx as gateway
+from rtserve.gateway import nginx as gateway
 from rtserve.runtime.ports import free_ports
 from rtserve.server.properties import port_overrides, write_properties
 from tests.conftest import MODEL_NAME, REPO

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import pytest
 
-from rtserve.gateway.nginx import nginx as gateway
+from rtserve.gateway import nginx as gateway
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.unit
