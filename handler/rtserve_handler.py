@@ -29,6 +29,7 @@ import torch
 from ts.torch_handler.base_handler import BaseHandler
 
 from handler.config import HandlerConfig
+from handler.device import choose_device, on_device
 from handler.errors import ConfigError, ExplainCapacityExceeded, InvalidInput
 from handler.explain import Explainer
 from handler.model import METADATA_FILE, PROGRAM_FILE, ModelMetadata, load_program
@@ -69,23 +70,24 @@ class RealTimeHandler(BaseHandler):
         self.meta = ModelMetadata.load(os.path.join(model_dir, METADATA_FILE))
         self.model_version = str(manifest_model.get("modelVersion") or self.meta.version)
         torch.set_num_threads(self.config.num_threads)
-        self.model = load_program(os.path.join(model_dir, PROGRAM_FILE))
+        self.device = choose_device(self.config.device, context.system_properties.get("gpu_id"))
+        program = load_program(os.path.join(model_dir, PROGRAM_FILE), self.device)
+        self.model = on_device(program, self.device)  # CPU tensors in and out
         self._json_parts = _json_parts(self.meta.labels, self.model_version)
-        self.device = torch.device("cpu")
         self.explainer = Explainer(
-            self.model, self.meta.mean, self.meta.feature_names, self.meta.labels,
+            program, self.meta.mean, self.meta.feature_names, self.meta.labels,
             baseline=self.config.explain_baseline, n_steps=self.config.explain_steps,
-            internal_batch_size=self.config.explain_internal_batch_size,
+            internal_batch_size=self.config.explain_internal_batch_size, device=self.device,
         )
         self.telemetry = self._telemetry(context) if self.config.metrics else None
         quiet_torchserve_batch_lines()
         self.buffered_reads = self.config.buffered_reads and worker_io.install()
         self._warm_up()
         self.initialized = True
-        logger.info("loaded %s version %s (%s %s: %d features, %d classes, exported program, "
-                    "buffered reads=%s)", context.model_name, self.model_version, self.meta.name,
-                    self.meta.version, self.meta.n_features, len(self.meta.labels),
-                    self.buffered_reads)
+        logger.info("loaded %s version %s on %s (%s %s: %d features, %d classes, exported "
+                    "program, buffered reads=%s)", context.model_name, self.model_version,
+                    self.device, self.meta.name, self.meta.version, self.meta.n_features,
+                    len(self.meta.labels), self.buffered_reads)
 
     def _telemetry(self, context: Any) -> Telemetry:
         """Metrics, drift and audit for this worker (see :mod:`handler.telemetry`).
