@@ -38,6 +38,7 @@ from handler import worker_io
 from handler.schema import ParsedBatch, parse_batch, prediction_document, request_body
 from handler.telemetry import (Telemetry, audit_path, quiet_torchserve_batch_lines,
                                require_multiprocess_dir)
+from handler.warmup import is_warmup_batch, warmup_key
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ class RealTimeHandler(BaseHandler):
             internal_batch_size=self.config.explain_internal_batch_size, device=self.device,
         )
         self.telemetry = self._telemetry(context) if self.config.metrics else None
+        self.warmup_key = warmup_key()  # rtserve.server's warm-up requests are not recorded
         quiet_torchserve_batch_lines()
         self.buffered_reads = self.config.buffered_reads and worker_io.install()
         self._warm_up()
@@ -104,7 +106,8 @@ class RealTimeHandler(BaseHandler):
         )
 
     def handle(self, data: list, context: Any) -> list[str]:
-        """preprocess -> inference -> postprocess, timed per stage for the metrics and audit."""
+        """preprocess -> inference -> postprocess, timed per stage for the metrics and audit
+        (a batch of warm-up requests only, see :mod:`handler.warmup`, is answered, not recorded)."""
         self.context = context
         t0 = time.perf_counter()
         batch = self.preprocess(data)
@@ -113,7 +116,8 @@ class RealTimeHandler(BaseHandler):
         t2 = time.perf_counter()
         out = self.postprocess(result)
         t3 = time.perf_counter()
-        if self.telemetry is not None:
+        if self.telemetry is not None and not is_warmup_batch(context.request_processor,
+                                                              self.warmup_key):
             ids = context.request_ids or {}
             self.telemetry.record(batch, result[1], (t1 - t0, t2 - t1, t3 - t2),
                                   [ids.get(i, "") for i in range(batch.size)])
