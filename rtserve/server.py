@@ -279,8 +279,10 @@ class TorchServe:
                 container runtime collects) instead of ``launcher.log`` in the run directory.
 
         Raises:
-            ServerError: this run directory already has a running server, or the launcher failed.
+            ServerError: this run directory already has a running server, a warm-up setting is
+                invalid, or the launcher failed.
         """
+        warmup = self.warmup  # checked before anything starts
         if self.pid() is not None:
             raise ServerError(f"TorchServe is already running from {self.run_dir} (pid {self.pid()})")
         socket_path = f"{(self.run_dir / 'tmp').resolve()}/.ts.sock.65535"
@@ -306,7 +308,7 @@ class TorchServe:
             out.write(warmup_key)
         config = self.run_dir / "config.properties"
         write_properties(config, self.effective_props(free_ports(1)[0]))
-        self.start_exporter(self.warmup.requests * len(self.models))
+        self.start_exporter(warmup.requests * len(self.models))
         cmd = [torchserve_binary(), "--start", "--ncs",
                "--ts-config", str(config), "--model-store", str(self.model_store)]
         if self.log_config is not None:

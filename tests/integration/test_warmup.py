@@ -16,7 +16,6 @@ from bench.perf import timed_post
 from handler.warmup import HEADER
 from rtserve.warmup import WARM_FILE, WarmupConfig
 from tests.conftest import MODEL_NAME, REPO
-from tests.integration.conftest import start_server
 
 pytestmark = pytest.mark.integration
 
@@ -26,14 +25,10 @@ STEADY = 100
 
 
 @pytest.fixture(scope="module")
-def fresh(mar_v1, tmp_path_factory):
-    """A server just started and reported ready, before any test's traffic."""
-    ts = start_server(tmp_path_factory.mktemp("run"), mar_v1)
-    try:
-        ts.wait_ready(timeout=120, models=[MODEL_NAME])
-        yield ts
-    finally:
-        ts.stop()
+def fresh(server):
+    """This module's server (tests/integration/conftest.py), just started and reported ready:
+    the first test runs before any client traffic."""
+    return server
 
 
 def access_lines(server, at_least: int) -> list[re.Match]:
