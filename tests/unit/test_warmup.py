@@ -123,3 +123,25 @@ def test_the_probe_is_not_ready_before_the_warm_up_is_done(tmp_path):
     assert result.message == "warming up: the server has not finished its start-up warm-up"
     (tmp_path / WARM_FILE).write_text("1\n")
     assert ready(tmp_path, "realtime-classifier").message.startswith("not ready:")  # no server here
+
+
+def test_a_wrong_answer_stops_the_warm_up():
+    """Each warm-up answer must be a 200 with the golden row's class and probabilities."""
+    from rtserve.client import Client
+    from rtserve.warmup import _Sender
+
+    rows = Rows([[0.0, 1.0]], [[0.2, 0.8]])
+    sender = _Sender(Client("http://127.0.0.1:9", "http://127.0.0.1:9"), "m", KEY, rows, deadline=0)
+    sender._check(0, 200, b'{"prediction": 1, "probabilities": [0.2, 0.8000001]}')
+    for body in (b'{"prediction": 1, "probabilities": [0.3, 0.7]}',
+                 b'{"prediction": 0, "probabilities": [0.2, 0.8]}'):
+        with pytest.raises(WarmupError, match=r"m answered golden row 0 of its archive with .* "
+                                              r"the served model is not the one packaged"):
+            sender._check(0, 200, body)
+    with pytest.raises(WarmupError, match="warm-up request to m answered 503"):
+        sender._check(0, 503, b'{"code": 503}')
+    unchecked = _Sender(Client("http://127.0.0.1:9", "http://127.0.0.1:9"), "m", KEY,
+                        Rows([[0.0, 1.0]], None), deadline=0)
+    unchecked._check(0, 200, b'{"prediction": 4}')  # no golden set: only the answer's form
+    with pytest.raises(WarmupError, match="answered 200"):
+        unchecked._check(0, 200, b'{"error": "x"}')
