@@ -45,9 +45,9 @@ class LatencySource:
     """The request latency histogram in its own registry, read under a lock (the poller thread
     and scrapes both catch up on the access log)."""
 
-    def __init__(self, access_log: Path) -> None:
+    def __init__(self, access_log: Path, warmup_requests: int = 0) -> None:
         self.registry = CollectorRegistry()
-        self.latency = RequestLatency(access_log, self.registry)
+        self.latency = RequestLatency(access_log, self.registry, warmup_requests=warmup_requests)
         self._lock = threading.Lock()
 
     def render(self) -> bytes:
@@ -119,9 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--upstream", help="TorchServe's own metrics listener (http://host:port)")
     parser.add_argument("--dir", type=Path, required=True, help="the workers' metrics directory")
     parser.add_argument("--access-log", type=Path, help="TorchServe's access_log.log (request latency)")
+    parser.add_argument("--warmup-requests", type=int, default=0,
+                        help="leave this many warm-up requests out of the latency histogram")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    latency = LatencySource(args.access_log) if args.access_log else None
+    latency = LatencySource(args.access_log, args.warmup_requests) if args.access_log else None
     server = make_server(args.listen, args.dir, args.upstream, latency)
     stop = threading.Event()
     if latency is not None:
