@@ -61,7 +61,7 @@ venv: $(STAMP) ## Create .venv and install the pinned dependencies
 
 $(STAMP): requirements.txt requirements-dev.txt | $(WHEELS_STAMP) $(UV)
 	@echo ">> creating $(VENV) from the wheels in $(WHEELS_DIR) (uv: unpacked once, then linked)"
-	$(UV) venv --quiet --clear --seed --python $(PYTHON) $(VENV)
+	$(UV) venv --quiet --allow-existing --seed --python $(PYTHON) $(VENV)
 	VIRTUAL_ENV=$(abspath $(VENV)) UV_CACHE_DIR=$(CACHE_DIR)/uv-cache $(UV) pip install --quiet \
 	  --no-index --find-links $(WHEELS_DIR) --compile-bytecode -r requirements-dev.txt
 	@touch $@

@@ -61,6 +61,8 @@ VARIANTS: dict[str, tuple[str, dict, dict]] = {
     "torchserve-notelemetry": ("rtserve, handler metrics and audit off",
                                {}, {"handler": {"metrics": False, "audit_log": False}}),
     "torchserve-bs1": ("rtserve, batchSize 1 (no batching at all)", {}, {"batchSize": 1}),
+    "torchserve-nowarmup": ("rtserve, no start-up warm-up (rtserve_warmup_requests=0)",
+                            {"rtserve_warmup_requests": "0"}, {}),
     "torchserve-nometrics": ("rtserve, handler metrics and drift off (audit on)", {},
                              {"handler": {"metrics": False}}),
     "torchserve-noaudit": ("rtserve, audit trail off (metrics and drift on)", {},
@@ -73,7 +75,8 @@ VARIANTS: dict[str, tuple[str, dict, dict]] = {
 }
 DEFAULT_SERVERS = "fastapi-1w,fastapi-2w,fastapi-2w-async," + ",".join(
     name for name in VARIANTS if name not in ("torchserve-threadperbatch", "torchserve-unbuffered",
-                                              "torchserve-nometrics", "torchserve-noaudit"))
+                                              "torchserve-nometrics", "torchserve-noaudit",
+                                              "torchserve-nowarmup"))
 #: Cumulative counters read around the c=1 point: the frontend's time per request from the
 #: request's arrival to its answer, the part of it spent queued, and the handler's stages.
 BREAKDOWN_COUNTERS = ("ts_inference_requests_total", "ts_inference_latency_microseconds",
@@ -515,21 +518,23 @@ class RtServe(Server):
         return self.client.keys.get("inference")
 
     def first_request_detail(self) -> dict:
-        """The first prediction's time in TorchServe (access log) and in the handler (its metric)."""
+        """The timed first request's time in TorchServe (its access-log line) and in the handler
+        (its audit line), read after the second request: of the client predictions (the
+        readiness prediction, the first, the second; warm-up requests carry their query
+        parameter and are not in the audit log), the one before the last."""
         out = {}
         deadline = time.monotonic() + 3
         while time.monotonic() < deadline and len(out) < 2:
             try:
                 access = (self.ts.log_dir / "access_log.log").read_text()
-                metrics = (self.ts.log_dir / "model_metrics.log").read_text()
+                audit = (self.ts.log_dir / "audit.log").read_text().splitlines()
             except OSError:
-                access = metrics = ""
-            m = re.search(r'"POST /predictions/\S+ HTTP/1.1" 200 (\d+)', access)
-            if m:
-                out["first_request_frontend_ms"] = int(m.group(1))
-            m = re.search(r"HandlerTime\.ms:([\d.]+)", metrics)
-            if m:
-                out["first_request_handler_ms"] = float(m.group(1))
+                access, audit = "", []
+            frontend = re.findall(r'"POST /predictions/[^\s?]+ HTTP/1.1" 200 (\d+)', access)
+            if len(frontend) >= 3:
+                out["first_request_frontend_ms"] = int(frontend[-2])
+            if len(audit) >= 3:
+                out["first_request_handler_ms"] = json.loads(audit[-2])["handler_ms"]
             time.sleep(0.1)
         return out
 
@@ -599,6 +604,8 @@ def bench_server(server: Server, concurrencies: tuple[int, ...], seconds: float,
         result.settings.update(server.first_request_detail())
         logger.info("   cold start %.2fs, first request %.1f ms, second %.1f ms, idle RSS %.0f MiB %s",
                     cold, first, second, result.rss_idle_mb, server.first_request_detail())
+        if isinstance(server, RtServe):
+            result.settings["warmup"] = asdict(server.ts.warmup)
         if server_warmup > 0:
             run_wrk(server.url, max(concurrencies), server_warmup, server.token())
         for c in concurrencies:

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
+from handler.device import DEVICE_SETTINGS
 from handler.errors import ConfigError
 from handler.schema import DEFAULT_FEATURE_LIMIT
 
@@ -55,6 +56,8 @@ class HandlerConfig:
             per batch instead of one per field; see :mod:`handler.worker_io`).
         max_instances: most instances in one KServe v1 ``instances`` list or Open Inference
             Protocol tensor (its first dimension); more get a 400.
+        device: ``auto`` runs the model on the GPU TorchServe assigns the worker when CUDA is
+            available, else on the CPU; ``cpu`` always on the CPU (see :mod:`handler.device`).
     """
 
     num_threads: int = 1
@@ -72,6 +75,7 @@ class HandlerConfig:
     drift_flush_rows: int = 256
     max_instances: int = 64
     buffered_reads: bool = True
+    device: str = "auto"
 
     @classmethod
     def from_model_yaml(cls, model_yaml: Mapping[str, Any] | None) -> "HandlerConfig":
@@ -138,6 +142,9 @@ class HandlerConfig:
             raise ConfigError(
                 "model config: handler.explain_internal_batch_size must be in "
                 f"[explain_max_per_batch, {MAX_EXPLAIN_ROWS}]")
+        if self.device not in DEVICE_SETTINGS:
+            raise ConfigError("model config: handler.device must be one of: "
+                              + ", ".join(DEVICE_SETTINGS))
         if not 1 <= self.max_instances <= MAX_INSTANCES:
             raise ConfigError(
                 f"model config: handler.max_instances must be in [1, {MAX_INSTANCES}]")

@@ -48,12 +48,14 @@ class Explainer:
             (all raw features 0).
         n_steps: integration steps per explanation.
         internal_batch_size: most interpolated rows per forward/backward pass.
+        device: where ``model`` runs; inputs are copied there, results come back as Python
+            numbers.
     """
 
     def __init__(
         self, model: Callable[[torch.Tensor], torch.Tensor], mean: Sequence[float],
         feature_names: Sequence[str], labels: Sequence[str], baseline: str = "mean",
-        n_steps: int = 50, internal_batch_size: int = 512,
+        n_steps: int = 50, internal_batch_size: int = 512, device: torch.device | str = "cpu",
     ) -> None:
         # Imported here, at worker initialize: captum.attr takes ~0.4 s and pulls in matplotlib.
         from captum.attr import IntegratedGradients
@@ -66,11 +68,12 @@ class Explainer:
         self.baseline_kind = baseline
         self.n_steps = n_steps
         self.internal_batch_size = internal_batch_size
+        self.device = torch.device(device)
         mean_t = torch.tensor(mean, dtype=torch.float32)
         raw = mean_t if baseline == "mean" else torch.zeros_like(mean_t)
         self.baseline_raw: list[float] = raw.tolist()
-        #: The baseline, shape ``[1, n_features]`` (raw units).
-        self.baseline = raw.unsqueeze(0)
+        #: The baseline, shape ``[1, n_features]`` (raw units), on the model's device.
+        self.baseline = raw.unsqueeze(0).to(self.device)
         with torch.inference_mode():
             self._baseline_probabilities = self.probabilities(self.baseline)[0].tolist()
         self._ig = IntegratedGradients(self.probabilities)
@@ -85,7 +88,8 @@ class Explainer:
         All rows go through one Captum call: ``k * n_steps`` interpolated rows, in chunks of
         at most ``internal_batch_size``.
         """
-        inputs = inputs.detach().clone()  # never an inference-mode tensor: IG needs autograd
+        # never an inference-mode tensor (IG needs autograd), and on the model's device
+        inputs = inputs.detach().to(self.device, copy=True)
         with torch.enable_grad():
             attributions, delta = self._ig.attribute(
                 inputs, baselines=self.baseline, target=list(targets), n_steps=self.n_steps,
@@ -93,7 +97,8 @@ class Explainer:
                 return_convergence_delta=True,
             )
         with torch.inference_mode():
-            probs = self.probabilities(inputs)
+            probs = self.probabilities(inputs).cpu()
+        attributions, delta = attributions.cpu(), delta.cpu()
         out = []
         for row, target in enumerate(targets):
             out.append(Explanation(

@@ -223,7 +223,8 @@ def _read(zf: zipfile.ZipFile, name: str) -> bytes:
         return b""
 
 
-def load_program(path: str | Path) -> Callable[[torch.Tensor], torch.Tensor]:
+def load_program(path: str | Path, device: torch.device | str = "cpu",
+                 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """Load ``model.pt2`` after :func:`check_program_file`; return its forward function.
 
     The returned callable is the exported module's ``forward``, called directly: the module's
@@ -231,12 +232,22 @@ def load_program(path: str | Path) -> Callable[[torch.Tensor], torch.Tensor]:
     network) is skipped because the handler has already checked every row's width and type.
     The module is in inference form: batch norm uses its running statistics, dropout is off.
 
+    ``torch.export.load`` gives a program on the device it was saved from (the CPU); for another
+    ``device`` the program goes through ``torch.export.passes.move_to_device_pass``, which moves
+    its weights, buffers and constants and rewrites the devices its graph names (a module's
+    ``.to()`` would leave the latter behind). The forward function then takes and returns
+    tensors on ``device``.
+
     Raises:
         ConfigError: the file is refused or cannot be deserialized.
     """
     check_program_file(path)
     try:
         program = torch.export.load(str(path))
+        if torch.device(device).type != "cpu":
+            from torch.export.passes import move_to_device_pass  # a submodule, not imported
+
+            program = move_to_device_pass(program, torch.device(device))
         module = program.module()
     except Exception as exc:  # a corrupt or incompatible archive: a bad model, not a crash
         raise ConfigError(f"model program cannot be loaded from {path}: {exc}") from exc

@@ -33,6 +33,7 @@ import torch
 from ts.torch_handler.base_handler import BaseHandler
 
 from handler.config import HandlerConfig
+from handler.device import choose_device, on_device
 from handler.errors import ConfigError, ExplainCapacityExceeded, InvalidInput
 from handler.explain import Explainer
 from handler.model import METADATA_FILE, PROGRAM_FILE, ModelMetadata, load_program
@@ -42,6 +43,7 @@ from handler import worker_io
 from handler.schema import ParsedBatch, parse_batch, prediction_document, request_body
 from handler.telemetry import (Telemetry, audit_path, quiet_torchserve_batch_lines,
                                require_multiprocess_dir)
+from handler.warmup import is_warmup_batch, warmup_key
 
 logger = logging.getLogger(__name__)
 
@@ -76,23 +78,25 @@ class RealTimeHandler(BaseHandler):
         self.meta = ModelMetadata.load(os.path.join(model_dir, METADATA_FILE))
         self.model_version = str(manifest_model.get("modelVersion") or self.meta.version)
         torch.set_num_threads(self.config.num_threads)
-        self.model = load_program(os.path.join(model_dir, PROGRAM_FILE))
+        self.device = choose_device(self.config.device, context.system_properties.get("gpu_id"))
+        program = load_program(os.path.join(model_dir, PROGRAM_FILE), self.device)
+        self.model = on_device(program, self.device)  # CPU tensors in and out
         self._json_parts = _json_parts(self.meta.labels, self.model_version)
-        self.device = torch.device("cpu")
         self.explainer = Explainer(
-            self.model, self.meta.mean, self.meta.feature_names, self.meta.labels,
+            program, self.meta.mean, self.meta.feature_names, self.meta.labels,
             baseline=self.config.explain_baseline, n_steps=self.config.explain_steps,
-            internal_batch_size=self.config.explain_internal_batch_size,
+            internal_batch_size=self.config.explain_internal_batch_size, device=self.device,
         )
         self.telemetry = self._telemetry(context) if self.config.metrics else None
+        self.warmup_key = warmup_key()  # rtserve.server's warm-up requests are not recorded
         quiet_torchserve_batch_lines()
         self.buffered_reads = self.config.buffered_reads and worker_io.install()
         self._warm_up()
         self.initialized = True
-        logger.info("loaded %s version %s (%s %s: %d features, %d classes, exported program, "
-                    "buffered reads=%s)", context.model_name, self.model_version, self.meta.name,
-                    self.meta.version, self.meta.n_features, len(self.meta.labels),
-                    self.buffered_reads)
+        logger.info("loaded %s version %s on %s (%s %s: %d features, %d classes, exported "
+                    "program, buffered reads=%s)", context.model_name, self.model_version,
+                    self.device, self.meta.name, self.meta.version, self.meta.n_features,
+                    len(self.meta.labels), self.buffered_reads)
 
     def _telemetry(self, context: Any) -> Telemetry:
         """Metrics, drift and audit for this worker (see :mod:`handler.telemetry`).
@@ -109,7 +113,8 @@ class RealTimeHandler(BaseHandler):
         )
 
     def handle(self, data: list, context: Any) -> list[str]:
-        """preprocess -> inference -> postprocess, timed per stage for the metrics and audit."""
+        """preprocess -> inference -> postprocess, timed per stage for the metrics and audit
+        (a batch of warm-up requests only, see :mod:`handler.warmup`, is answered, not recorded)."""
         self.context = context
         t0 = time.perf_counter()
         batch = self.preprocess(data)
@@ -118,7 +123,8 @@ class RealTimeHandler(BaseHandler):
         t2 = time.perf_counter()
         out = self.postprocess(result)
         t3 = time.perf_counter()
-        if self.telemetry is not None:
+        if self.telemetry is not None and not is_warmup_batch(context.request_processor,
+                                                              self.warmup_key):
             ids = context.request_ids or {}
             self.telemetry.record(batch, result[1], (t1 - t0, t2 - t1, t3 - t2),
                                   [ids.get(i, "") for i in range(batch.size)])

@@ -10,7 +10,11 @@ the frontend at low load, and about 16 us per request in a full batch). Instead:
   own on the metrics port. An update is a few hundred nanoseconds of memory writes.
 - **Drift** rows are buffered and scored in bulk every ``drift_flush_rows`` rows (one set of
   tensor ops per flush instead of per batch); every row counts, so the scores are exact, only
-  up to ``drift_flush_rows`` rows late (:class:`DriftBuffer`).
+  up to ``drift_flush_rows`` rows late (:class:`DriftBuffer`). The gauges are set by a daemon
+  thread of the worker every ``drift_export_seconds`` when rows arrived since its last export
+  (:class:`DriftExporter`): it scores what is still buffered first, so a scrape after a burst
+  and then silence shows every row of the burst, and the request path never waits for an
+  export (it only takes an uncontended lock once per batch to hand its rows over).
 - **Audit** lines go straight from the worker to ``audit.log`` in the server's log directory,
   one ``write`` of whole lines per batch on a file opened for appending (whole writes of a few
   KiB from several workers do not interleave), formatted from preassembled parts.
@@ -21,7 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
+import threading
 from collections import Counter as Tally
 from typing import Any, Callable, Sequence
 
@@ -31,6 +35,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from handler.audit import AUDIT_FILE, AuditFile
 from handler.drift import DriftMonitor
 from handler.errors import ConfigError, HandlerError
+
+logger = logging.getLogger(__name__)
 
 #: The environment variable prometheus_client's multiprocess mode reads (set by rtserve.server).
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -106,6 +112,35 @@ class HandlerMetrics:
         for name, value in zip(self.feature_names, features):
             self.feature_drift.labels(*self.ids, name).set(round(value, 6))
         self.prediction_drift.labels(*self.ids).set(round(prediction, 6))
+
+
+class DriftExporter:
+    """A daemon thread that calls ``export`` every ``every`` seconds until :meth:`stop`.
+
+    The worker's request loop is a single thread; this is the only other thread touching the
+    drift state, and :class:`Telemetry` guards that state with a lock. An exception in
+    ``export`` is logged and the thread keeps going (a gauge left stale is better than a
+    worker without metrics).
+    """
+
+    def __init__(self, export: Callable[[], object], every: float) -> None:
+        self._export = export
+        self.every = every
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="rtserve-drift-export", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                self._export()
+            except Exception:  # noqa: BLE001 - keep exporting; the log says why once per failure
+                logger.exception("drift export failed")
+
+    def stop(self) -> None:
+        """Stop the thread (waits for an export in progress)."""
+        self._stop.set()
+        self.thread.join()
 
 
 class DriftBuffer:
@@ -239,7 +274,9 @@ class Telemetry:
         model: model name; version: model version (metric labels and audit fields).
         labels: class labels; feature_names: input feature names (drift label).
         drift_reference: ``meta.json``'s training reference; empty disables drift.
-        drift_window: rows in the drift window; drift_every: seconds between drift exports.
+        drift_window: rows in the drift window; drift_every: seconds between drift exports
+            (a :class:`DriftExporter` thread; None: no thread, :meth:`export_drift` is called
+            by the owner).
         drift_flush_rows: rows buffered before the drift window is updated.
         audit_path: append the audit trail here (None: no audit trail).
         registry: the metrics' registry (tests read values from it).
@@ -247,17 +284,19 @@ class Telemetry:
 
     def __init__(
         self, model: str, version: str, labels: Sequence[str], feature_names: Sequence[str],
-        drift_reference: dict, drift_window: int = 2000, drift_every: float = 5.0,
+        drift_reference: dict, drift_window: int = 2000, drift_every: float | None = 5.0,
         drift_flush_rows: int = 256, audit_path: str | None = None,
-        registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.monotonic,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self.metrics = HandlerMetrics(model, version, labels, feature_names, registry)
         self.drift = DriftMonitor(drift_reference, drift_window) if drift_reference else None
         self.buffer = DriftBuffer(self.drift, min(drift_flush_rows, drift_window)) if self.drift else None
-        self.drift_every = drift_every
         self.audit = AuditLog(audit_path, model, version, labels) if audit_path else None
-        self.clock = clock
-        self._last_export = clock()
+        #: Guards the drift buffer and window between the request loop and the exporter.
+        self._drift_lock = threading.Lock()
+        self._drift_rows = 0  # rows handed over since the last export
+        self.exporter = (DriftExporter(self.export_drift, drift_every)
+                         if self.drift is not None and drift_every is not None else None)
 
     def record(self, batch: Any, probabilities: torch.Tensor | None, stage_seconds: Sequence[float],
                request_ids: Sequence[str]) -> None:
@@ -286,17 +325,31 @@ class Telemetry:
                 for cls, n in Tally(answered).items():
                     m.predictions[cls].inc(n)
             if self.buffer is not None:
-                self.buffer.add(batch.inputs, predicted)
-        if self.drift is not None and self.clock() - self._last_export >= self.drift_every:
-            self.export_drift()
+                with self._drift_lock:
+                    self.buffer.add(batch.inputs, predicted)
+                    self._drift_rows += len(classes)
         if self.audit is not None:
             self.audit.write(batch, classes, rejected, sum(stage_seconds), request_ids)
 
-    def export_drift(self) -> None:
-        """Score the buffered rows, then set the drift gauges from the window."""
-        self._last_export = self.clock()
-        self.buffer.flush()
-        scores = self.drift.scores()
+    def export_drift(self) -> bool:
+        """Score the buffered rows, then set the drift gauges from the window, if rows arrived
+        since the last export (the :class:`DriftExporter` thread calls this).
+
+        Returns:
+            Whether the gauges were set (the window holds enough rows to score).
+        """
+        with self._drift_lock:
+            if not self._drift_rows:
+                return False
+            self._drift_rows = 0
+            self.buffer.flush()
+            scores = self.drift.scores()
         if scores.rows < min(DRIFT_MIN_ROWS, self.drift.window):
-            return
+            return False
         self.metrics.set_drift(scores.features, scores.prediction)
+        return True
+
+    def close(self) -> None:
+        """Stop the drift exporter (a worker's process exit ends it too)."""
+        if self.exporter is not None:
+            self.exporter.stop()

@@ -71,7 +71,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     server = _server(args)
     try:
         server.start()
-        waited = server.wait_ready(args.timeout, [m.split("=", 1)[0] for m in server.models])
+        waited = server.wait_ready(args.timeout, server.model_names)
     except ServerError as exc:
         logger.error("%s", exc)
         server.stop()
@@ -129,7 +129,7 @@ def cmd_exporter(args: argparse.Namespace) -> int:
     """Serve TorchServe's and the handler's metrics on --listen until SIGTERM (a server's sidecar)."""
     from rtserve.observability.exporter import serve
 
-    return serve(args.listen, args.upstream, args.dir, args.access_log)
+    return serve(args.listen, args.upstream, args.dir, args.access_log, args.warmup_requests)
 
 
 def cmd_oip(args: argparse.Namespace) -> int:
@@ -151,6 +151,8 @@ def add(groups: argparse._SubParsersAction) -> None:
             (["--upstream"], {"help": "TorchServe's own metrics listener (http://host:port)"}),
             (["--dir"], {"type": Path, "required": True, "help": "the workers' metrics directory"}),
             (["--access-log"], {"type": Path, "help": "TorchServe's access_log.log (request latency)"}),
+            (["--warmup-requests"], {"type": int, "default": 0,
+                                     "help": "leave this many warm-up requests out of the latency histogram"}),
             log_format="%(asctime)s %(message)s", log_stream="stderr")
     command(commands, "oip", cmd_oip, listen,
             (["--run-dir"], {"type": Path, "help": "default: $RTSERVE_RUN_DIR or .run"}),

@@ -44,9 +44,9 @@ class LatencySource:
     """The request latency histogram in its own registry, read under a lock (the poller thread
     and scrapes both catch up on the access log)."""
 
-    def __init__(self, access_log: Path) -> None:
+    def __init__(self, access_log: Path, warmup_requests: int = 0) -> None:
         self.registry = CollectorRegistry()
-        self.latency = RequestLatency(access_log, self.registry)
+        self.latency = RequestLatency(access_log, self.registry, warmup_requests=warmup_requests)
         self._lock = threading.Lock()
 
     def render(self) -> bytes:
@@ -112,9 +112,10 @@ def make_server(listen: str, multiproc_dir: Path, upstream: str | None,
 
 
 def serve(listen: str, upstream: str | None, multiproc_dir: Path,
-          access_log: Path | None = None) -> int:
-    """Serve ``/metrics`` on ``listen`` until SIGTERM/SIGINT (the exporter process's life)."""
-    latency = LatencySource(access_log) if access_log else None
+          access_log: Path | None = None, warmup_requests: int = 0) -> int:
+    """Serve ``/metrics`` on ``listen`` until SIGTERM/SIGINT (the exporter process's life);
+    the first ``warmup_requests`` warm-up lines of the access log stay out of the histogram."""
+    latency = LatencySource(access_log, warmup_requests) if access_log else None
     server = make_server(listen, multiproc_dir, upstream, latency)
     stop = threading.Event()
     if latency is not None:

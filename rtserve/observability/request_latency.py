@@ -18,7 +18,10 @@ interpolation spreads it over the millisecond around it.
 :mod:`rtserve.observability.exporter` (a separate process) tails the file and feeds the histogram, so the
 request path pays nothing beyond the line TorchServe writes anyway. Only inference routes count
 (``/predictions``, ``/explanations``, KServe ``/v1/models``, ``/v2/models``; not ``/ping``,
-management or metrics calls).
+management or metrics calls), and not the warm-up requests ``rtserve.server`` sends before it
+reports ready: their URL carries the query parameter ``rtserve_warmup``, and the start's first
+``warmup_requests`` lines so marked are left out (:mod:`rtserve.server.warmup`; a client that marks
+its own requests so is counted once the start's budget is spent).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
+from handler.warmup import QUERY_PARAMETER
 from rtserve.runtime.logs import LogFollower
 
 METRIC = "rtserve_request_duration_seconds"
@@ -69,6 +73,8 @@ class Answer:
     version: str
     status: int
     seconds: float
+    #: The URL carries the warm-up query parameter (see :mod:`rtserve.warmup`).
+    warmup: bool = False
 
     @property
     def status_class(self) -> str:
@@ -85,7 +91,13 @@ def parse_line(line: str) -> Answer | None:
         return None
     status = int(m.group("status"))
     model, version = ("", "") if status in UNTRUSTED_STATUS else route
-    return Answer(model, version, status, int(m.group("ms")) / 1000.0)
+    return Answer(model, version, status, int(m.group("ms")) / 1000.0, _warmup(m.group("uri")))
+
+
+def _warmup(uri: str) -> bool:
+    """Whether a URL's query names the warm-up parameter."""
+    _, mark, query = uri.partition("?")
+    return bool(mark) and QUERY_PARAMETER in (p.split("=", 1)[0] for p in query.split("&"))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -111,13 +123,16 @@ class RequestLatency:
         registry: where the histogram is registered.
         from_end: skip what the file already holds (an exporter restarted under a running
             server must not count old requests again).
+        warmup_requests: leave out this many lines of warm-up requests (the start's warm-up).
     """
 
     HELP = ("Inference requests from arrival at the frontend to the answer (TorchServe's "
             "access log, whole ms)")
 
-    def __init__(self, access_log: Path, registry: CollectorRegistry, from_end: bool = True) -> None:
+    def __init__(self, access_log: Path, registry: CollectorRegistry, from_end: bool = True,
+                 warmup_requests: int = 0) -> None:
         self.follower = LogFollower(access_log, from_end=from_end)
+        self.warmup_left = warmup_requests
         self._counts: dict[tuple[str, str, str], dict[int, int]] = {}
         self._models: set[tuple[str, str]] = set()
         registry.register(self)
@@ -127,7 +142,9 @@ class RequestLatency:
         n = 0
         for line in self.follower.lines():
             answer = parse_line(line)
-            if answer is not None:
+            if answer is not None and answer.warmup and self.warmup_left > 0:
+                self.warmup_left -= 1
+            elif answer is not None:
                 counts = self._series(answer)
                 ms = round(answer.seconds * 1000)
                 counts[ms] = counts.get(ms, 0) + 1

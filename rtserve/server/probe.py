@@ -5,7 +5,7 @@ inference key is random per start and lives in ``key_file.json`` in the server's
 inside the pod. These exec probes read that key (renewing it with the API key when it expires)
 and the effective ``config.properties`` the server wrote there, and call the server on loopback.
 
-    python -m rtserve probe ready   # /ping is healthy AND the model answers a real prediction
+    python -m rtserve probe ready   # warmed up, /ping is healthy AND the model answers a real prediction
     python -m rtserve probe live    # the frontend answers HTTP at all (any status)
     python -m rtserve probe drain --propagation 10 --timeout 15   # preStop hook
 
@@ -32,6 +32,7 @@ from rtserve.server.drain import is_draining
 from rtserve.server.properties import read_properties
 from rtserve.server.readiness import probe_prediction
 from rtserve.settings import RunDir
+from rtserve.warmup import WARM_FILE
 
 
 @dataclass
@@ -65,11 +66,15 @@ def local_client(run_dir: Path, timeout: float) -> Client:
 
 
 def ready(run_dir: Path, model: str, timeout: float = 3.0) -> Result:
-    """Ready when not draining, ``/ping`` is healthy and ``model`` answers a prediction."""
+    """Ready when not draining, warmed up (``rtserve.server run`` writes ``RUN_DIR/warm`` after
+    its warm-up, see :mod:`rtserve.warmup`), ``/ping`` is healthy and ``model`` answers a
+    prediction."""
     if is_draining(run_dir):
         return Result(False, "draining: not accepting new requests")
     if not RunDir(run_dir).key_file.exists():
         return Result(False, "TorchServe has not written key_file.json yet")
+    if not (run_dir / WARM_FILE).exists():
+        return Result(False, "warming up: the server has not finished its start-up warm-up")
     try:
         client = local_client(run_dir, timeout)
         if not client.ping():

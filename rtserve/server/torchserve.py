@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from handler.warmup import KEY_ENV
 from rtserve.client.rest import Client, TorchServeError
 from rtserve.errors import ServerError
 from rtserve.runtime.ports import free_ports
@@ -36,6 +37,8 @@ from rtserve.server.properties import (GREEDY_KEY, OIP_KEY,  # noqa: F401 - GREE
                                        read_properties, write_properties)
 from rtserve.server.readiness import probe_prediction, workers_ready
 from rtserve.settings import PACKAGE_HOME, RunDir, Settings, log_config
+from rtserve.warmup import (KEY_FILE, WARM_FILE, Rows, WarmupConfig, WarmupError, new_key,
+                            warm_up)
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +86,8 @@ EXPORTER = Sidecar(
     "the metrics exporter", ("server", "exporter"), "metrics-exporter.pid", "metrics_exporter.log",
     lambda ts, effective: ["--listen", effective[PUBLIC_METRICS_KEY],
                            "--upstream", effective["metrics_address"], "--dir", str(ts.metrics_dir),
-                           "--access-log", str(ts.log_dir / "access_log.log")])
+                           "--access-log", str(ts.log_dir / "access_log.log"),
+                           "--warmup-requests", str(ts.warmup_skip)])
 #: The OIP model metadata and readiness routes (rtserve.server.oip) the agent sends to it.
 OIP_ROUTES = Sidecar(
     "the OIP model routes", ("server", "oip"), "oip-routes.pid", "oip_routes.log",
@@ -107,6 +111,9 @@ class TorchServe:
     #: Where the agent and the workers' metrics files are (``RTSERVE_AGENT_JAR``,
     #: ``RTSERVE_METRICS_DIR``).
     settings: Settings = field(default_factory=Settings.from_env)
+    #: How many warm-up lines of the access log the exporter leaves out of the request-duration
+    #: histogram: the start's (:meth:`start`); 0 for an exporter started again later.
+    warmup_skip: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir).resolve()
@@ -139,6 +146,23 @@ class TorchServe:
         return effective_props(self.props, private_metrics_port, oip_port, self.settings.agent_jar)
 
     @property
+    def model_names(self) -> list[str]:
+        """The names of the models loaded at start (``NAME=FILE.mar`` -> ``NAME``)."""
+        return [m.split("=", 1)[0] for m in self.models]
+
+    @property
+    def warmup(self) -> WarmupConfig:
+        """The warm-up :meth:`wait_ready` gives each model (``rtserve_warmup_*`` settings).
+
+        Raises:
+            ServerError: a setting is invalid.
+        """
+        try:
+            return WarmupConfig.from_props(self.props)
+        except WarmupError as exc:
+            raise ServerError(str(exc)) from exc
+
+    @property
     def key_file(self) -> Path:
         """Where TorchServe writes its token keys (its working directory)."""
         return self.files.key_file
@@ -167,11 +191,12 @@ class TorchServe:
             return SHARED_MEMORY / f"rtserve-metrics-{os.getuid()}-{digest}"
         return self.run_dir / METRICS_DIR
 
-    def _env(self) -> dict[str, str]:
+    def _env(self, warmup_key: str) -> dict[str, str]:
         tmp = self.run_dir / "tmp"
         env = dict(os.environ)
         env.update(TMPDIR=str(tmp), TEMP=str(tmp), LOG_LOCATION=str(self.log_dir),
                    METRICS_LOCATION=str(self.log_dir), PROMETHEUS_MULTIPROC_DIR=str(self.metrics_dir))
+        env[KEY_ENV] = warmup_key
         return env
 
     def sidecar_pid(self, sidecar: Sidecar) -> int | None:
@@ -213,8 +238,10 @@ class TorchServe:
                 container runtime collects) instead of ``launcher.log`` in the run directory.
 
         Raises:
-            ServerError: this run directory already has a running server, or the launcher failed.
+            ServerError: this run directory already has a running server, a warm-up setting is
+                invalid, or the launcher failed.
         """
+        warmup = self.warmup  # checked before anything starts
         if self.pid() is not None:
             raise ServerError(f"TorchServe is already running from {self.run_dir} (pid {self.pid()})")
         socket_path = f"{(self.run_dir / 'tmp').resolve()}/.ts.sock.65535"
@@ -233,8 +260,15 @@ class TorchServe:
         # A fresh server starts from its --models again: the old rollout history no longer applies.
         self.files.history.unlink(missing_ok=True)
         draining.clear(self.run_dir)  # nor is it draining
+        (self.run_dir / WARM_FILE).unlink(missing_ok=True)  # nor warmed up
+        warmup_key = new_key()
+        fd = os.open(self.run_dir / KEY_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(warmup_key)
         config = self.files.config
         write_properties(config, self.effective_props(*free_ports(2)))
+        # the exporter leaves the start's warm-up lines out of the request-duration histogram
+        self.warmup_skip = warmup.requests * len(self.models)
         self.start_sidecars()
         cmd = [torchserve_binary(), "--start", "--ncs",
                "--ts-config", str(config), "--model-store", str(self.model_store)]
@@ -243,11 +277,11 @@ class TorchServe:
         if self.models:
             cmd += ["--models", *self.models]
         if console:
-            rc = subprocess.call(cmd, cwd=self.run_dir, env=self._env(), stdin=subprocess.DEVNULL,
-                                 timeout=60)
+            rc = subprocess.call(cmd, cwd=self.run_dir, env=self._env(warmup_key),
+                                 stdin=subprocess.DEVNULL, timeout=60)
         else:
             with open(self.run_dir / "launcher.log", "wb") as out:
-                rc = subprocess.call(cmd, cwd=self.run_dir, env=self._env(),
+                rc = subprocess.call(cmd, cwd=self.run_dir, env=self._env(warmup_key),
                                      stdin=subprocess.DEVNULL, stdout=out,
                                      stderr=subprocess.STDOUT, timeout=60)
         if rc != 0:
@@ -255,13 +289,16 @@ class TorchServe:
             raise ServerError(f"torchserve --start exited {rc}:\n{self.log_tail()}")
 
     def wait_ready(self, timeout: float = 120.0, models: list[str] | None = None) -> float:
-        """Poll until ``/ping`` is healthy and every model in ``models`` answers a prediction.
+        """Poll until ``/ping`` is healthy and every model in ``models`` answers a prediction,
+        then, once per start, warm each one up (:mod:`rtserve.warmup`) and mark the server
+        warm (``RUN_DIR/warm``, which the pod's readiness probe waits for).
 
         Returns:
             Seconds waited.
 
         Raises:
-            ServerError: the process died or the timeout passed (the log tail is in the message).
+            ServerError: the process died, the timeout passed (the log tail is in the message)
+                or a warm-up answer was wrong.
         """
         started = time.monotonic()
         client = self.client(timeout=5.0, retries=0)
@@ -280,6 +317,7 @@ class TorchServe:
                             raise TorchServeError(f"{pending[0]}: workers still starting")
                         probe_prediction(client, pending[0])
                         pending.pop(0)
+                    self._warm_up(client, models or [])
                     return True
             except (TorchServeError, OSError) as exc:
                 last[0] = str(exc)
@@ -288,6 +326,34 @@ class TorchServe:
         if wait_until(ready, timeout, poll=0.25):
             return time.monotonic() - started
         raise ServerError(f"TorchServe not ready after {timeout:.0f}s ({last[0]}):\n{self.log_tail()}")
+
+    def _warm_up(self, client: Client, models: list[str]) -> None:
+        """Warm up ``models`` unless this start already was; then write ``RUN_DIR/warm``.
+
+        Raises:
+            ServerError: a warm-up answer was wrong, or a setting is invalid.
+        """
+        warm = self.run_dir / WARM_FILE
+        if warm.exists():
+            return
+        config = self.warmup
+        try:
+            key = (self.run_dir / KEY_FILE).read_text().strip()
+        except OSError:  # a server this code did not start: its workers have no key either
+            key = ""
+        archives = dict(m.split("=", 1) for m in self.models if "=" in m)
+        for model in models if key and config.requests else []:
+            if model not in archives:
+                logger.info("%s: no archive given at start, so no golden rows: not warmed up", model)
+                continue
+            try:
+                report = warm_up(client, model, key, Rows.from_mar(self.model_store / archives[model]),
+                                 config)
+            except (WarmupError, TorchServeError, OSError) as exc:
+                raise ServerError(f"warm-up of {model} failed: {exc}\n{self.log_tail()}") from exc
+            logger.info("warmed up %s: %d requests (%d connections) in %.2fs", model,
+                        report.requests, report.connections, report.seconds)
+        warm.write_text(f"{time.time():.3f}\n")
 
     @property
     def draining(self) -> bool:
@@ -374,6 +440,8 @@ def run_foreground(server: TorchServe, stop_timeout: float = 15.0, poll: float =
     ``stop_timeout``) and returns 0; it returns 1 if TorchServe exits on its own, so the
     container restarts. ``on_poll`` runs after the start and then every ``poll`` seconds (the
     pod's gateway key sync, :meth:`rtserve.gateway.nginx.KeySync.sync`); its errors are logged.
+    Beside it, a thread waits for the models to answer and warms them up
+    (:meth:`TorchServe.wait_ready`): the pod's readiness probe passes only after that.
 
     Returns:
         The process exit status.
@@ -394,6 +462,8 @@ def run_foreground(server: TorchServe, stop_timeout: float = 15.0, poll: float =
         logger.error("%s", exc)
         return 1
     logger.info("TorchServe started (pid %s) from %s", server.pid(), server.run_dir)
+    threading.Thread(target=_ready_in_background, args=(server, stopping), daemon=True,
+                     name="rtserve-warm-up").start()
     while True:
         if on_poll is not None:
             try:
@@ -409,7 +479,22 @@ def run_foreground(server: TorchServe, stop_timeout: float = 15.0, poll: float =
         for sidecar in SIDECARS:
             if server.sidecar_pid(sidecar) is None:
                 logger.error("%s exited: starting it again", sidecar.name)
+                server.warmup_skip = 0  # an exporter started again reads the log from its end
                 server.start_sidecar(sidecar)
     server.stop(stop_timeout)
     logger.info("TorchServe stopped")
     return 0
+
+
+def _ready_in_background(server: TorchServe, stopping: threading.Event, pause: float = 5.0) -> None:
+    """:meth:`TorchServe.wait_ready` (with the warm-up) for a server run in the foreground,
+    tried again after each failure until it succeeds or the server is stopping."""
+    while not stopping.is_set():
+        try:
+            waited = server.wait_ready(models=server.model_names)
+        except ServerError as exc:
+            logger.error("not ready yet (trying again in %.0fs): %s", pause, exc)
+            stopping.wait(pause)
+            continue
+        logger.info("TorchServe ready and warmed up (waited %.1fs)", waited)
+        return

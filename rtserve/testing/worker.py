@@ -17,13 +17,15 @@ from rtserve.settings import PACKAGE_HOME
 METRICS_YAML = PACKAGE_HOME / "config" / "metrics.yaml"
 
 
-def make_context(model_dir: Path, model_yaml: dict, version: str = "1.0") -> Context:
-    """A real ``ts.context.Context`` as the worker builds it (metrics cache included)."""
+def make_context(model_dir: Path, model_yaml: dict, version: str = "1.0",
+                 gpu: int | None = None) -> Context:
+    """A real ``ts.context.Context`` as the worker builds it (metrics cache included); ``gpu``
+    is the worker's ``gpu_id`` (TorchServe passes None where it found no GPU)."""
     metrics = MetricsCacheYamlImpl(config_file_path=str(METRICS_YAML))
     metrics.initialize_cache()
     manifest = {"model": {"modelName": "realtime-classifier", "modelVersion": version,
                           "serializedFile": "model.pt2", "handler": "rtserve_handler.py"}}
-    return Context("realtime-classifier", str(model_dir), manifest, 32, None, "0.12.0",
+    return Context("realtime-classifier", str(model_dir), manifest, 32, gpu, "0.12.0",
                    metrics=metrics, model_yaml_config=model_yaml)
 
 

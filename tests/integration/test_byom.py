@@ -150,10 +150,10 @@ def test_drift_against_its_own_reference_and_metrics_labelled_with_its_own_name(
     monitor.update(window, ref.probabilities(window.tolist()).argmax(dim=1))
     expected = dict(zip(ref.meta.feature_names, monitor.scores().features))
     deadline = time.monotonic() + 10
-    while True:
+    while True:  # the worker's exporter thread sets the gauges within drift_export_seconds
         text = scrape(server)
         scraped = series(text, "rtserve_feature_drift_psi", EXAMPLE)
-        if scraped or time.monotonic() > deadline:
+        if scraped == pytest.approx(expected, abs=1e-4) or time.monotonic() > deadline:
             break
         time.sleep(0.2)
     assert set(scraped) == set(ref.meta.feature_names)
@@ -165,6 +165,30 @@ def test_drift_against_its_own_reference_and_metrics_labelled_with_its_own_name(
                  if line.startswith("rtserve_predictions_total{") and f'model_name="{EXAMPLE}"' in line
                  and not line.endswith(" 0.0")}
     assert predicted and predicted <= {"malignant", "benign"}
+
+
+def test_drift_after_a_burst_and_then_silence_covers_every_row(byom):
+    """A burst, then no request at all: the worker's exporter thread scores the rows still
+    buffered (all of them here: fewer than drift_flush_rows) and sets the gauges, with no later
+    batch to trigger it. The burst ends with shifted rows, which the gauges must show."""
+    server, refs, _ = byom
+    ref = refs[RANDOM]
+    x = torch.tensor(ref.meta.golden["features"])
+    burst = torch.cat([x[:DRIFT_WINDOW], x[:30] * 3.0])  # the window's last 30 rows shifted
+    for row in burst.tolist():
+        assert post(server, "predictions", RANDOM, {"features": row}).status_code == 200
+    window = burst[-DRIFT_WINDOW:]
+    monitor = DriftMonitor(ref.meta.drift_reference, DRIFT_WINDOW)
+    monitor.update(window, ref.probabilities(window.tolist()).argmax(dim=1))
+    expected = dict(zip(ref.meta.feature_names, monitor.scores().features))
+    silent_since = time.monotonic()
+    while True:  # a scrape within 10 s of the last request
+        scraped = series(scrape(server), "rtserve_feature_drift_psi", RANDOM)
+        if scraped == pytest.approx(expected, abs=1e-4) or time.monotonic() - silent_since > 10:
+            break
+        time.sleep(0.2)
+    assert scraped == pytest.approx(expected, abs=1e-4)
+    assert max(expected.values()) > 0.2
 
 
 def test_a_program_carrying_a_pickle_payload_never_runs(byom, build_root, tmp_path):

@@ -175,6 +175,9 @@ def test_probes_before_the_server_wrote_anything(tmp_path):
 def test_ready_means_the_model_answers_even_after_keys_expire(pod):
     first = pod.wait_ready()
     assert first.stdout.strip() == f"ready: {MODEL_NAME} 1.0 answers"
+    # ready only after the start-up warm-up (keys last 1.8 s here: it renews them as it goes)
+    warmed = re.search(rf"warmed up {MODEL_NAME}: (\d+) requests", pod.out.read_text())
+    assert warmed and int(warmed.group(1)) > 0, pod.out.read_text()[-3000:]
     keys = (pod.run_dir / "key_file.json").read_text()
     time.sleep(2.0)  # every key has expired: the probes must renew them with the API key
     live = pod.probe("live")

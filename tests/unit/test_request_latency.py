@@ -88,3 +88,20 @@ def test_models_beyond_the_cap_share_one_series(tmp_path):
                   status_class="2xx") == 5
     names = {s.labels["model_name"] for m in registry.collect() for s in m.samples}
     assert len(names) == MAX_MODELS + 1
+
+
+def test_the_starts_warm_up_lines_are_left_out_and_no_more(tmp_path):
+    """The first ``warmup_requests`` lines with the warm-up parameter are rtserve.server's own
+    warm-up (left out); a client's request with the parameter after that is counted."""
+    log = tmp_path / "access_log.log"
+    registry = CollectorRegistry()
+    latency = RequestLatency(log, registry, from_end=False, warmup_requests=3)
+    warm = STAMP + '"POST /predictions/m?rtserve_warmup=1 HTTP/1.1" 200 {}\n'
+    log.write_text(warm.format(9) * 2 + STAMP + '"POST /predictions/m HTTP/1.1" 200 1\n'
+                   + warm.format(8) + warm.format(2) + STAMP
+                   + '"POST /predictions/m?x=rtserve_warmup HTTP/1.1" 200 1\n')
+    assert latency.poll() == 3
+    labels = {"model_name": "m", "model_version": "default", "status_class": "2xx"}
+    assert sample(registry, f"{METRIC}_count", **labels) == 3
+    assert sample(registry, f"{METRIC}_sum", **labels) == pytest.approx(0.004)  # 1 + 2 + 1 ms
+    assert parse_line(warm.format(9)).warmup and not parse_line(STAMP + '"POST /predictions/m HTTP/1.1" 200 1').warmup

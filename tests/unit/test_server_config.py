@@ -72,3 +72,10 @@ def test_the_probes_and_the_oip_routes_do_not_import_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2]).stdout
     assert out.strip() == "[]", out
+
+
+def test_a_bad_warm_up_setting_fails_the_start_before_anything_runs(tmp_path):
+    server = TorchServe(tmp_path / "run", tmp_path, overrides={"rtserve_warmup_seconds": "soon"})
+    with pytest.raises(ServerError, match="rtserve_warmup_seconds a number"):
+        server.start()
+    assert not (tmp_path / "run").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -19,14 +20,22 @@ pytestmark = pytest.mark.unit
 IDS = {"model_name": "realtime-classifier", "model_version": "1.0"}
 
 
-@pytest.fixture()
-def handler_ctx(trained_dir, server_env):
+def drift_handler(trained_dir, **settings) -> tuple[RealTimeHandler, object]:
+    """The handler with a small drift window (and ``settings``), initialized."""
     cfg = {**MODEL_YAML, "handler": {**MODEL_YAML["handler"], "drift_window": 100,
-                                     "drift_export_seconds": 0.1, "drift_flush_rows": 16}}
+                                     "drift_flush_rows": 16, **settings}}
     ctx = make_context(trained_dir, cfg)
     handler = RealTimeHandler()
     handler.initialize(ctx)
     return handler, ctx
+
+
+@pytest.fixture()
+def handler_ctx(trained_dir, server_env):
+    """Drift exported by hand (its thread waits an hour): the test decides when."""
+    handler, ctx = drift_handler(trained_dir, drift_export_seconds=3600.0)
+    yield handler, ctx
+    handler.telemetry.close()
 
 
 def value(handler, name: str, **labels) -> float:
@@ -79,19 +88,49 @@ def test_audit_ids_with_quotes_stay_valid_json(handler_ctx, server_env):
     assert audit(server_env)[-1]["request_id"] == 'odd "id" \\ é'
 
 
+def drift_gauge(handler) -> float | None:
+    return handler.telemetry.metrics.registry.get_sample_value(
+        "rtserve_feature_drift_psi", {**IDS, "feature": "f00"})
+
+
 def test_drift_gauges_are_exported_once_the_window_has_enough_rows(handler_ctx):
     handler, ctx = handler_ctx
-    handler.telemetry.clock = iter(range(1000)).__next__  # each record is 1 s after the last
-    handler.telemetry._last_export = -1
     exported = []
     for _ in range(4):
         batch = [json_row({"features": features(value=v)}) for v in range(30)]
         start_batch(ctx, len(batch))
         handler.handle(batch, ctx)
-        exported.append(handler.telemetry.metrics.registry.get_sample_value(
-            "rtserve_feature_drift_psi", {**IDS, "feature": "f00"}))
+        handler.telemetry.export_drift()  # what the exporter thread does every interval
+        exported.append(drift_gauge(handler))
     # exported once 120 rows >= the 100-row window, not before
     assert exported[:3] == [None, None, None] and exported[3] > 0.2
+    # nothing new arrived: the next export leaves the gauges as they are
+    assert handler.telemetry.export_drift() is False
+
+
+def test_drift_is_exported_on_a_timer_after_the_traffic_stops(trained_dir, server_env):
+    """A burst, then silence: the exporter thread scores every row of the burst (those still
+    buffered below drift_flush_rows too) without waiting for a later batch."""
+    handler, ctx = drift_handler(trained_dir, drift_export_seconds=0.1, drift_flush_rows=64)
+    try:
+        telemetry = handler.telemetry
+        assert telemetry.exporter.thread.is_alive()
+        batch = [json_row({"features": features(value=v)}) for v in range(30)]
+        for _ in range(4):  # 120 rows: 64 flushed by the request path, 56 still buffered
+            start_batch(ctx, len(batch))
+            handler.handle(batch, ctx)
+        deadline = time.monotonic() + 5
+        while drift_gauge(handler) is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert drift_gauge(handler) > 0.2
+        assert telemetry.buffer._rows == 0 and telemetry.drift.rows == 100  # all 120 scored
+        expected = DriftMonitor(handler.meta.drift_reference, 100)
+        x = torch.tensor([features(value=v) for v in range(30)] * 4)
+        expected.update(x, handler.model(x).argmax(dim=1))
+        assert drift_gauge(handler) == pytest.approx(round(expected.scores().features[0], 6))
+    finally:
+        handler.telemetry.close()
+    assert not handler.telemetry.exporter.thread.is_alive()
 
 
 def test_drift_buffer_is_exact():
