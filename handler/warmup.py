@@ -2,7 +2,7 @@
 
 Before ``rtserve.server`` reports a server ready it sends a few hundred real predictions through
 the inference port, so that the frontend's JIT-compiled code, its connection handling and the
-workers are warm when the first client arrives (:mod:`rtserve.warmup`). Those requests are not
+workers are warm when the first client arrives (:mod:`rtserve.server.warmup`). Those requests are not
 traffic: the handler answers them but records nothing for them.
 
 A warm-up request carries :data:`HEADER` with this start's secret key, which ``rtserve.server``
@@ -11,7 +11,7 @@ client without the key cannot hide its requests from the audit trail. A batch is
 when *every* request in it is a warm-up request (the server sends none once it reports ready;
 a client request that shares a batch with one is recorded, with the warm-up rows beside it).
 
-No TorchServe import (the constants are shared with :mod:`rtserve.warmup`).
+No TorchServe import (the constants are shared with :mod:`rtserve.server.warmup`).
 """
 
 from __future__ import annotations

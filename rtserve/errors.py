@@ -102,6 +102,13 @@ class ServerError(RtserveError):
     status = 503
 
 
+class WarmupError(RtserveError):
+    """HTTP 503: the start-up warm-up's settings are invalid, or the server answered a warm-up
+    request wrongly."""
+
+    status = 503
+
+
 # -- models and archives (rtserve.model) ----------------------------------------------------------
 class PackagingError(RtserveError):
     """HTTP 400: the model or its data cannot be packaged; the message says what to fix."""

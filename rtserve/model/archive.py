@@ -3,7 +3,8 @@
 rtserve's one reader of an archive's ``MAR-INF/MANIFEST.json`` and the ``meta.json`` that
 :func:`rtserve.model.package.export` wrote: the promotion gate takes the golden set and labels
 from it (:class:`rtserve.promotion.gate.ArchiveMeta`), the OIP model routes the tensor shapes
-(:mod:`rtserve.server.oip`). The handler reads ``meta.json`` itself, inside the worker, through
+(:mod:`rtserve.server.oip`), the start-up warm-up the golden rows (:mod:`rtserve.server.warmup`);
+:func:`golden_mismatches` compares answers with a golden set. The handler reads ``meta.json`` itself, inside the worker, through
 ``handler.model.ModelMetadata`` (the archive carries the handler, not rtserve).
 """
 
@@ -13,6 +14,7 @@ import json
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from rtserve.errors import ArchiveError
 
@@ -56,6 +58,22 @@ class Archive:
         return self.meta.get("golden") or {}
 
 
+def read_meta(mar: str | Path) -> dict:
+    """The ``meta.json`` of ``mar``, with the fields every rtserve archive has (version, labels,
+    feature names).
+
+    Raises:
+        ArchiveError: the file cannot be read, is not an archive, or lacks its metadata.
+    """
+    try:
+        with zipfile.ZipFile(mar) as zf:
+            meta = json.loads(zf.read(METADATA))
+        str(meta["version"]), list(meta["labels"]), len(meta["feature_names"])
+    except (OSError, KeyError, TypeError, ValueError, zipfile.BadZipFile) as exc:
+        raise ArchiveError(f"cannot read meta.json from {mar}: {type(exc).__name__}: {exc}") from exc
+    return meta
+
+
 def read_archive(mar: str | Path) -> Archive:
     """The manifest and ``meta.json`` of ``mar``.
 
@@ -63,13 +81,22 @@ def read_archive(mar: str | Path) -> Archive:
         ArchiveError: the file cannot be read, is not an archive, or lacks the manifest, the
             metadata or a field every rtserve archive has (version, labels, feature names).
     """
-    mar = Path(mar)
+    meta = read_meta(mar)
     try:
         with zipfile.ZipFile(mar) as zf:
             manifest = json.loads(zf.read(MANIFEST))["model"]
-            meta = json.loads(zf.read(METADATA))
-        archive = Archive(mar, manifest["modelName"], str(manifest["modelVersion"]), meta)
-        archive.meta_version, archive.labels, archive.n_features  # noqa: B018 - present?
+        return Archive(Path(mar), manifest["modelName"], str(manifest["modelVersion"]), meta)
     except (OSError, KeyError, TypeError, ValueError, zipfile.BadZipFile) as exc:
         raise ArchiveError(f"{mar}: not a usable rtserve archive ({type(exc).__name__}: {exc})") from exc
-    return archive
+
+
+def golden_mismatches(expected: Sequence[Sequence[float]], got: Sequence[Sequence[float]],
+                      tolerance: float) -> list[int]:
+    """Indices of rows whose probabilities differ by more than ``tolerance`` (absolute plus
+    relative, like ``torch.isclose``) or have another length."""
+    bad = []
+    for i, (want, have) in enumerate(zip(expected, got)):
+        if len(want) != len(have) or any(abs(a - b) > tolerance + tolerance * abs(a)
+                                          for a, b in zip(want, have)):
+            bad.append(i)
+    return bad + list(range(min(len(expected), len(got)), max(len(expected), len(got))))

@@ -73,7 +73,7 @@ class Answer:
     version: str
     status: int
     seconds: float
-    #: The URL carries the warm-up query parameter (see :mod:`rtserve.warmup`).
+    #: The URL carries the warm-up query parameter (see :mod:`rtserve.server.warmup`).
     warmup: bool = False
 
     @property

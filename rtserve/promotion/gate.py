@@ -17,7 +17,7 @@ from typing import Sequence
 import yaml
 
 from rtserve.errors import ArchiveError, GateError
-from rtserve.model.archive import read_archive
+from rtserve.model.archive import golden_mismatches, read_archive  # noqa: F401 - re-exported
 from rtserve.settings import PACKAGE_HOME
 
 #: The thresholds file used when none is given (``GATE_CONFIG=`` in the Makefile): the checkout's.
@@ -155,18 +155,6 @@ def read_requests(path: str | Path, n_features: int, max_rows: int) -> list[list
             if len(rows) >= max_rows:
                 return rows
     return rows
-
-
-def golden_mismatches(expected: Sequence[Sequence[float]], got: Sequence[Sequence[float]],
-                      tolerance: float) -> list[int]:
-    """Indices of rows whose probabilities differ by more than ``tolerance`` (absolute plus
-    relative, like ``torch.isclose``) or have another length."""
-    bad = []
-    for i, (want, have) in enumerate(zip(expected, got)):
-        if len(want) != len(have) or any(abs(a - b) > tolerance + tolerance * abs(a)
-                                          for a, b in zip(want, have)):
-            bad.append(i)
-    return bad + list(range(min(len(expected), len(got)), max(len(expected), len(got))))
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -13,7 +13,8 @@ from typing import Sequence
 
 from rtserve.client.rest import Client
 from rtserve.errors import GateError, GoldenMismatch
-from rtserve.promotion.gate import ArchiveMeta, GateConfig, golden_mismatches, percentile
+from rtserve.model.archive import golden_mismatches
+from rtserve.promotion.gate import ArchiveMeta, GateConfig, percentile
 
 
 def answer_rows(client: Client, model: str, version: str | None, rows: Sequence[Sequence[float]],

@@ -32,7 +32,7 @@ from rtserve.server.drain import is_draining
 from rtserve.server.properties import read_properties
 from rtserve.server.readiness import probe_prediction
 from rtserve.settings import RunDir
-from rtserve.warmup import WARM_FILE
+from rtserve.server.warmup import WARM_FILE
 
 
 @dataclass
@@ -67,7 +67,7 @@ def local_client(run_dir: Path, timeout: float) -> Client:
 
 def ready(run_dir: Path, model: str, timeout: float = 3.0) -> Result:
     """Ready when not draining, warmed up (``rtserve.server run`` writes ``RUN_DIR/warm`` after
-    its warm-up, see :mod:`rtserve.warmup`), ``/ping`` is healthy and ``model`` answers a
+    its warm-up, see :mod:`rtserve.server.warmup`), ``/ping`` is healthy and ``model`` answers a
     prediction."""
     if is_draining(run_dir):
         return Result(False, "draining: not accepting new requests")

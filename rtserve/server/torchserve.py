@@ -37,7 +37,7 @@ from rtserve.server.properties import (GREEDY_KEY, OIP_KEY,  # noqa: F401 - GREE
                                        read_properties, write_properties)
 from rtserve.server.readiness import probe_prediction, workers_ready
 from rtserve.settings import PACKAGE_HOME, RunDir, Settings, log_config
-from rtserve.warmup import (KEY_FILE, WARM_FILE, Rows, WarmupConfig, WarmupError, new_key,
+from rtserve.server.warmup import (KEY_FILE, WARM_FILE, Rows, WarmupConfig, WarmupError, new_key,
                             warm_up)
 
 logger = logging.getLogger(__name__)
@@ -290,7 +290,7 @@ class TorchServe:
 
     def wait_ready(self, timeout: float = 120.0, models: list[str] | None = None) -> float:
         """Poll until ``/ping`` is healthy and every model in ``models`` answers a prediction,
-        then, once per start, warm each one up (:mod:`rtserve.warmup`) and mark the server
+        then, once per start, warm each one up (:mod:`rtserve.server.warmup`) and mark the server
         warm (``RUN_DIR/warm``, which the pod's readiness probe waits for).
 
         Returns:

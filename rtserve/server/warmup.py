@@ -15,7 +15,8 @@ Bounded: at most ``requests`` requests and ``seconds`` seconds per model
 The requests carry the start's warm-up key (:data:`handler.warmup.HEADER`), so the handler
 leaves them out of its metrics, drift and audit trail, and the query parameter
 :data:`handler.warmup.QUERY_PARAMETER`, so the request-duration histogram leaves their
-access-log lines out (:mod:`rtserve.observability.request_latency`).
+access-log lines out (:mod:`rtserve.observability.request_latency`). The golden rows come
+from the archive (:func:`rtserve.model.archive.read_meta`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import math
 import secrets
 import threading
 import time
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -35,7 +35,8 @@ from urllib.parse import quote, urlsplit
 
 from handler.warmup import HEADER, QUERY_PARAMETER
 from rtserve.client.rest import Client
-from rtserve.promotion.gate import golden_mismatches
+from rtserve.errors import ArchiveError, WarmupError
+from rtserve.model.archive import golden_mismatches, read_meta
 
 logger = logging.getLogger(__name__)
 
@@ -57,10 +58,6 @@ CONCURRENT_SHARE = 1 / 3
 TOLERANCE = 1e-5
 #: Seconds per request before the warm-up gives up on the server.
 REQUEST_TIMEOUT = 10.0
-
-
-class WarmupError(RuntimeError):
-    """The warm-up settings are invalid, or the server answered a warm-up request wrongly."""
 
 
 @dataclass(frozen=True)
@@ -121,12 +118,11 @@ class Rows:
             WarmupError: the archive or its ``meta.json`` cannot be read.
         """
         try:
-            with zipfile.ZipFile(mar) as zf:
-                meta = json.loads(zf.read("meta.json"))
-            golden = meta.get("golden") or {}
-            width = len(meta["feature_names"])
-        except (OSError, KeyError, TypeError, ValueError, zipfile.BadZipFile) as exc:
-            raise WarmupError(f"cannot read meta.json from {mar}: {exc}") from exc
+            meta = read_meta(mar)
+        except ArchiveError as exc:
+            raise WarmupError(str(exc)) from exc
+        golden = meta.get("golden") or {}
+        width = len(meta["feature_names"])
         if golden.get("features") and golden.get("probabilities"):
             return cls([list(map(float, r)) for r in golden["features"]],
                        [list(map(float, p)) for p in golden["probabilities"]])

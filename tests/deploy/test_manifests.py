@@ -321,7 +321,7 @@ def test_torchserve_writes_only_to_emptydirs(rendered, overlay):
     assert on_emptydir(c["workingDir"])
     # What rtserve.server hands TorchServe for this run directory: the manifest says the same.
     server = TorchServe(Path(variables["RTSERVE_RUN_DIR"]), Path("/opt/rtserve/model_store"))
-    expected = server._env()
+    expected = server._env("warm-up key")
     for name in ("TEMP", "TMPDIR", "LOG_LOCATION", "METRICS_LOCATION"):
         assert variables[name] == expected[name], name
         assert on_emptydir(variables[name]), name

@@ -14,7 +14,7 @@ import requests
 
 from bench.perf import timed_post
 from handler.warmup import HEADER
-from rtserve.warmup import WARM_FILE, WarmupConfig
+from rtserve.server.warmup import WARM_FILE, WarmupConfig
 from tests.conftest import MODEL_NAME, REPO
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""Warm-up requests (handler.warmup, rtserve.warmup): the handler answers them and records
+"""Warm-up requests (handler.warmup, rtserve.server.warmup): the handler answers them and records
 nothing for them; the settings, the rows sent and the readiness they gate."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from handler.rtserve_handler import RealTimeHandler
 from handler.warmup import HEADER, KEY_ENV
 from rtserve.server.probe import ready
-from rtserve.warmup import WARM_FILE, Rows, WarmupConfig, WarmupError
+from rtserve.server.warmup import WARM_FILE, Rows, WarmupConfig, WarmupError
 from tests.helpers import MODEL_YAML, audit_batches, features, json_row, make_context, route_headers, start_batch
 
 pytestmark = pytest.mark.unit
@@ -127,8 +127,8 @@ def test_the_probe_is_not_ready_before_the_warm_up_is_done(tmp_path):
 
 def test_a_wrong_answer_stops_the_warm_up():
     """Each warm-up answer must be a 200 with the golden row's class and probabilities."""
-    from rtserve.client import Client
-    from rtserve.warmup import _Sender
+    from rtserve.client.rest import Client
+    from rtserve.server.warmup import _Sender
 
     rows = Rows([[0.0, 1.0]], [[0.2, 0.8]])
     sender = _Sender(Client("http://127.0.0.1:9", "http://127.0.0.1:9"), "m", KEY, rows, deadline=0)
