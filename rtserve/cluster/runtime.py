@@ -180,6 +180,7 @@ def _terminate(running: Running, timeout: float) -> None:
         while time.monotonic() < deadline:
             _reap(running.pid)
             if not running.alive():
+                _reap(running.pid)  # it may have died (a zombie) since the first look
                 return
             time.sleep(0.2)
     raise ClusterError(f"{running.name} (pid {running.pid}) is still alive after SIGKILL")
