@@ -112,12 +112,20 @@ def kill_tree(pid: int) -> None:
         pass
 
 
-def _ended(pid: int, program: str | None) -> bool:
-    try:  # our own child: collect its exit status, or it stays a zombie
+def _reap(pid: int) -> None:
+    """Collect ``pid``'s exit status when it is our own child (or it stays a zombie)."""
+    try:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         pass
-    return not alive(pid, program)
+
+
+def _ended(pid: int, program: str | None) -> bool:
+    _reap(pid)
+    if alive(pid, program):
+        return False
+    _reap(pid)  # it may have died (a zombie) since the first look
+    return True
 
 
 def terminate(pid: int, timeout: float, tree: bool = False, poll: float = 0.05,

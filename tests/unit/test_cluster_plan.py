@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -129,6 +130,11 @@ def test_stop_ends_the_recorded_process_and_spares_a_reused_pid(tmp_path):
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
+        for proc in (sleeper, other):  # until each has exec'd (a fork still shows our command line)
+            deadline = time.monotonic() + 10
+            while b"time.sleep" not in Path(f"/proc/{proc.pid}/cmdline").read_bytes():
+                assert time.monotonic() < deadline, "the sleeper did not start"
+                time.sleep(0.01)
         (tmp_path / "etcd.pid").write_text(f"{sleeper.pid}\n{sys.executable}\n")
         # A PID file whose process now runs another binary (a reused PID): left alone.
         (tmp_path / "kube-apiserver.pid").write_text(f"{other.pid}\n/nonexistent/kube-apiserver\n")
