@@ -1,1 +1,1 @@
-"""One TorchServe: its config, start and stop, readiness, drain, the pod's probes, the OIP model routes."""
+"""One TorchServe: its config, start and stop, readiness and warm-up, drain, the pod's probes, the OIP model routes."""
