@@ -1,1 +1,1 @@
-"""Observability: the metrics exporter, the request-latency histogram, the audit log, local Prometheus."""
+"""Observability: the metrics exporter beside TorchServe, the request-latency histogram, local Prometheus."""
