@@ -1,20 +1,74 @@
-"""Free loopback ports for the processes rtserve starts (tests, benchmarks, local servers)."""
+"""Free loopback ports for the processes rtserve starts (tests, benchmarks, local servers).
+
+A port is chosen below the kernel's ephemeral range (``ip_local_port_range``, where the local
+ends of outgoing connections come from): between the moment a port is found free and the moment
+a process binds it (seconds, for TorchServe's JVM), an outgoing connection of any other process
+(a load generator, a warm-up) could otherwise take it, and the start would fail with
+"Address already in use". Below that range only another listener can take it.
+"""
 
 from __future__ import annotations
 
+import random
 import socket
+from pathlib import Path
+
+#: Where the kernel says its ephemeral range is, and the range assumed when it cannot be read.
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+DEFAULT_EPHEMERAL = (32768, 60999)
+#: The lowest port handed out (well above the well-known and common service ports).
+LOWEST = 10000
+#: At most this many candidates are tried per port asked for.
+TRIES = 200
 
 
-def free_ports(count: int) -> list[int]:
-    """Reserve ``count`` distinct free loopback TCP ports (released just before use)."""
-    socks, ports = [], []
+def ephemeral_range(path: Path = EPHEMERAL_RANGE_FILE) -> tuple[int, int]:
+    """The kernel's ephemeral port range (``DEFAULT_EPHEMERAL`` if it cannot be read)."""
     try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            ports.append(s.getsockname()[1])
+        low, high = (int(part) for part in path.read_text().split())
+    except (OSError, ValueError):
+        return DEFAULT_EPHEMERAL
+    return low, high
+
+
+def listening_range(ephemeral: tuple[int, int] | None = None) -> range:
+    """The ports handed out: from :data:`LOWEST` up to the ephemeral range (or, when that range
+    leaves too little room below it, above it)."""
+    low, high = ephemeral or ephemeral_range()
+    if low - LOWEST >= 1000:
+        return range(LOWEST, low)
+    return range(high + 1, 65536)
+
+
+def free_ports(count: int, ports: range | None = None) -> list[int]:
+    """Reserve ``count`` distinct free loopback TCP ports outside the ephemeral range (each bound
+    once to prove it free, released just before use).
+
+    Raises:
+        OSError: no free port was found in :data:`TRIES` candidates per port.
+    """
+    candidates = ports if ports is not None else listening_range()
+    rng = random.SystemRandom()
+    socks: list[socket.socket] = []
+    found: list[int] = []
+    try:
+        for _ in range(count * TRIES):
+            if len(found) == count:
+                break
+            port = rng.randrange(candidates.start, candidates.stop)
+            if port in found:
+                continue
+            sock = socket.socket()
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                sock.close()
+                continue
+            socks.append(sock)
+            found.append(port)
     finally:
-        for s in socks:
-            s.close()
-    return ports
+        for sock in socks:
+            sock.close()
+    if len(found) < count:
+        raise OSError(f"no {count} free loopback ports in {candidates.start}-{candidates.stop - 1}")
+    return found
