@@ -34,7 +34,11 @@ def alive(pid: int, program: str | None = None) -> bool:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
             return False
-        return program is None or proc.cmdline()[:1] == [program]
+        if program is None:
+            return True
+        command = proc.cmdline()
+        # An exiting process has no command line any more, before it becomes a zombie.
+        return command[:1] == [program] or not command
     except Exception:  # noqa: BLE001 - gone, or not ours to inspect: not running for us
         return False
 
