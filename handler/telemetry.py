@@ -22,6 +22,7 @@ the frontend at low load, and about 16 us per request in a full batch). Instead:
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -129,6 +130,9 @@ class DriftExporter:
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="rtserve-drift-export", daemon=True)
         self.thread.start()
+        # Stopped before the interpreter finalizes: a daemon thread still inside torch then
+        # aborts the process ("terminate called without an active exception").
+        atexit.register(self.stop)
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):
