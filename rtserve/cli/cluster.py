@@ -1,7 +1,8 @@
 """``python -m rtserve cluster``: a single-machine Kubernetes cluster on 127.0.0.1 (rtserve.cluster).
 
     python -m rtserve cluster modules --kubernetes v1.36.3 --etcd v3.6.16
-    python -m rtserve cluster start --bin-dir DIR [--run-dir .run/cluster] [--kubeconfig build/cluster/admin.kubeconfig] [--port kube-apiserver=6443]
+    python -m rtserve cluster start --bin-dir DIR [--run-dir .run/cluster] [--kubeconfig build/cluster/admin.kubeconfig]
+        [--containerd-root ~/.cache/rtserve/cluster/containerd] [--pause FILE] [--port kube-apiserver=6443]
     python -m rtserve cluster status [--run-dir .run/cluster]
     python -m rtserve cluster stop [--run-dir .run/cluster]
 
@@ -20,6 +21,7 @@ from rtserve.settings import PACKAGE_HOME
 
 RUN_DIR = PACKAGE_HOME / ".run" / "cluster"
 KUBECONFIG = PACKAGE_HOME / "build" / "cluster" / "admin.kubeconfig"
+CONTAINERD_ROOT = Path.home() / ".cache" / "rtserve" / "cluster" / "containerd"
 
 
 def _port(text: str) -> tuple[str, int]:
@@ -42,12 +44,14 @@ def cmd_modules(args: argparse.Namespace) -> int:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    """Start etcd, the API server, the controller manager and the scheduler."""
+    """Start etcd, the API server, the controller manager, the scheduler and the node (containerd,
+    kubelet, kube-proxy)."""
     from rtserve.cluster import runtime
     from rtserve.cluster.components import Layout
 
     layout = Layout(args.run_dir.resolve(), args.bin_dir.resolve(), args.kubeconfig.resolve(),
-                    runtime.resolve_ports(dict(args.port)))
+                    runtime.resolve_ports(dict(args.port)), args.containerd_root.resolve(),
+                    args.pause.resolve() if args.pause else None)
     begin = time.monotonic()
     took = runtime.start(layout)
     steps = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in took.items())
@@ -63,7 +67,9 @@ def cmd_stop(args: argparse.Namespace) -> int:
     from rtserve.cluster import runtime
 
     stopped = runtime.stop(args.run_dir)
-    print(f">> stopped {', '.join(stopped)}" if stopped else f">> no cluster runs from {args.run_dir}")
+    print(f">> stopped {args.run_dir}:" if stopped else f">> no cluster runs from {args.run_dir}")
+    for line in stopped:
+        print(f"  {line}")
     return 0
 
 
@@ -95,6 +101,9 @@ def add(groups: argparse._SubParsersAction) -> None:
             (["--bin-dir"], {"type": Path, "required": True,
                              "help": "where make cluster-deps built the binaries"}),
             (["--kubeconfig"], {"type": Path, "default": KUBECONFIG}),
+            (["--containerd-root"], {"type": Path, "default": CONTAINERD_ROOT,
+                                     "help": "containerd's root: the node's images, kept between starts"}),
+            (["--pause"], {"type": Path, "help": "the pause program (default: BIN_DIR/pause)"}),
             (["--port"], {"type": _port, "action": "append", "default": [], "metavar": "NAME=PORT",
                           "help": "a fixed port (default: free ones)"}),
             run_dir, **errors)

@@ -11,14 +11,18 @@ from pathlib import Path
 
 import yaml
 
+from rtserve.cluster import node
 from rtserve.cluster.pki import FRONT_PROXY_CLIENT
 
 HOST = "127.0.0.1"
 SERVICE_CIDR = "10.0.0.0/24"
 SERVICE_IP = "10.0.0.1"
-#: The components, in start order (stop runs in reverse).
-NAMES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
-PORT_NAMES = ("etcd", "etcd-peer", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+#: The components, in start order (stop runs in reverse): the control plane, then the node.
+CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+NODE = ("containerd", "kubelet", "kube-proxy")
+NAMES = CONTROL_PLANE + NODE
+PORT_NAMES = ("etcd", "etcd-peer", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
+              "kubelet", "kubelet-healthz", "kube-proxy-healthz", "kube-proxy-metrics")
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,10 @@ class Layout:
     bin_dir: Path
     kubeconfig: Path
     ports: dict[str, int]
+    #: containerd's root (the node's images), kept between starts.
+    containerd_root: Path = Path("/var/lib/rtserve-cluster/containerd")
+    #: The pause program (`make cluster-deps` builds it beside the others).
+    pause: Path | None = None
 
     @property
     def pki(self) -> Path:
@@ -44,10 +52,21 @@ class Layout:
     def config(self, name: str) -> Path:
         return self.run_dir / "config" / name
 
+    @property
+    def node(self) -> node.NodePaths:
+        return node.NodePaths(self.run_dir, self.containerd_root)
+
+    @property
+    def node_ports(self) -> node.NodePorts:
+        p = self.ports
+        return node.NodePorts(p["kubelet"], p["kubelet-healthz"], p["kube-proxy-healthz"], p["kube-proxy-metrics"])
+
 
 @dataclass(frozen=True)
 class Component:
-    """One process of the cluster: how to run it and how to tell it is ready."""
+    """One process of the cluster: how to run it and how to tell it is ready (``ready_url``: an
+    ``https://`` URL asked with the admin's certificate, an ``http://`` one on loopback, or
+    ``unix://`` + a socket containerd answers on)."""
 
     name: str
     argv: tuple[str, ...]
@@ -100,6 +119,10 @@ def kube_apiserver(layout: Layout) -> Component:
         f"--client-ca-file={pki / 'ca.crt'}",
         f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
         f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+        # The node's kubelet is reached at its address, with a certificate of the cluster's CA.
+        "--kubelet-preferred-address-types=InternalIP", f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+        # Aggregated APIs (metrics-server on the node's address) are reached at their endpoints.
+        "--enable-aggregator-routing=true",
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         f"--service-account-key-file={pki / 'sa.pub'}", f"--service-account-signing-key-file={pki / 'sa.key'}",
         f"--service-cluster-ip-range={SERVICE_CIDR}", "--authorization-mode=Node,RBAC",
@@ -150,5 +173,29 @@ def kube_scheduler(layout: Layout) -> Component:
 
 
 def control_plane(layout: Layout) -> list[Component]:
-    """The components in start order."""
+    """The control plane's components in start order."""
     return [etcd(layout), kube_apiserver(layout), kube_controller_manager(layout), kube_scheduler(layout)]
+
+
+def containerd(layout: Layout, sandbox_image: str) -> Component:
+    paths = layout.node
+    return Component("containerd", (node.CONTAINERD, f"--config={paths.containerd_config}"),
+                     f"unix://{paths.containerd_socket}",
+                     {paths.containerd_config: node.containerd_config(paths, sandbox_image),
+                      paths.cni_conf_dir / "10-rtserve.conflist": node.cni_network(paths)})
+
+
+def kubelet(layout: Layout) -> Component:
+    config, kubecfg = layout.config("kubelet.yaml"), layout.config("kubelet.kubeconfig")
+    return Component("kubelet", node.kubelet_argv(layout.binary("kubelet"), layout.node, config, kubecfg),
+                     f"http://127.0.0.1:{layout.ports['kubelet-healthz']}/healthz",
+                     {config: node.kubelet_config(layout.node, layout.pki, layout.node_ports),
+                      kubecfg: kubeconfig(layout, "node")})
+
+
+def kube_proxy(layout: Layout) -> Component:
+    config, kubecfg = layout.config("kube-proxy.yaml"), layout.config("kube-proxy.kubeconfig")
+    return Component("kube-proxy", node.kube_proxy_argv(layout.binary("kube-proxy"), config),
+                     f"http://127.0.0.1:{layout.ports['kube-proxy-healthz']}/healthz",
+                     {config: node.kube_proxy_config(kubecfg, layout.node_ports),
+                      kubecfg: kubeconfig(layout, "kube-proxy")})

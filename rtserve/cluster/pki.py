@@ -42,8 +42,10 @@ class Cert:
         return "serverAuth,clientAuth" if self.sans else "clientAuth"
 
 
-def certificates(service_ip: str) -> tuple[Cert, ...]:
-    """Every certificate the control plane uses (``service_ip``: the ``kubernetes`` Service's)."""
+def certificates(service_ip: str, node: str, node_ip: str) -> tuple[Cert, ...]:
+    """Every certificate the cluster uses (``service_ip``: the ``kubernetes`` Service's; ``node``
+    and ``node_ip``: the node's name and address)."""
+    node_sans = (f"IP:{node_ip}",) + LOCAL_SANS
     api_sans = LOCAL_SANS + (f"IP:{service_ip}",) + tuple(
         f"DNS:{n}" for n in ("kubernetes", "kubernetes.default", "kubernetes.default.svc",
                              "kubernetes.default.svc.cluster.local"))
@@ -56,6 +58,13 @@ def certificates(service_ip: str) -> tuple[Cert, ...]:
         Cert("controller-manager", "system:kube-controller-manager", sans=LOCAL_SANS),
         Cert("scheduler", "system:kube-scheduler", sans=LOCAL_SANS),
         Cert("front-proxy-client", FRONT_PROXY_CLIENT, ca="front-proxy-ca"),
+        # The node: the kubelet towards the API server (the Node authorizer's name and group),
+        # its serving certificate (the API server checks it), kube-proxy, and the add-ons.
+        Cert("node", f"system:node:{node}", "system:nodes"),
+        Cert("kubelet", node, sans=node_sans),
+        Cert("kube-proxy", "system:kube-proxy"),
+        Cert("coredns", "rtserve:coredns"),
+        Cert("metrics-server", "rtserve:metrics-server", sans=node_sans),
     )
 
 

@@ -21,11 +21,12 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from rtserve.cluster import components, pki
+from rtserve.cluster import components, host, node, pki, sandbox
+from rtserve.cluster.containerd import Ctr
 from rtserve.cluster.components import Component, Layout
 from rtserve.errors import ClusterError
 from rtserve.runtime.ports import free_ports
-from rtserve.runtime.process import PidFile, alive, spawn, tail, terminate, wait_until
+from rtserve.runtime.process import PidFile, alive, pids_with_argument, spawn, tail, terminate, wait_until
 
 STATE_FILE = "state.json"
 READY_TIMEOUT = 180.0
@@ -86,8 +87,12 @@ def wait_ready(component: Component, proc: subprocess.Popen, layout: Layout, log
         if proc.poll() is not None:
             raise ClusterError(f"{component.name} exited with {proc.returncode} at start; "
                                f"the end of {log}:\n{_tail(log)}")
+        url = component.ready_url
+        if url.startswith("unix://"):
+            return Ctr(Path(url.removeprefix("unix://"))).answers()
         try:
-            with urllib.request.urlopen(component.ready_url, context=ctx, timeout=5) as answer:
+            with urllib.request.urlopen(url, context=ctx if url.startswith("https:") else None,
+                                        timeout=5) as answer:
                 return answer.status == 200
         except (urllib.error.URLError, OSError) as err:
             last[0] = str(err)
@@ -112,15 +117,19 @@ def start(layout: Layout) -> dict[str, float]:
     """
     if any(r.alive() for r in recorded(layout.run_dir)):
         raise ClusterError(f"a cluster already runs from {layout.run_dir}: stop it first (make cluster-stop)")
-    missing = [n for n in components.NAMES if not os.access(layout.binary(n), os.X_OK)]
+    binaries = [layout.binary(n) for n in components.NAMES if n != "containerd"]
+    binaries += [Path(node.CONTAINERD), layout.pause or layout.binary("pause")]
+    missing = [str(b) for b in binaries if not os.access(b, os.X_OK)]
     if missing:
-        raise ClusterError(f"missing in {layout.bin_dir}: {', '.join(missing)} (build them: make cluster-deps)")
+        raise ClusterError(f"missing: {', '.join(missing)} (build and install them: make cluster-deps)")
     shutil.rmtree(layout.run_dir, ignore_errors=True)
     (layout.run_dir / "logs").mkdir(parents=True)
     (layout.run_dir / "config").mkdir()
-    pki.make(layout.pki, pki.certificates(components.SERVICE_IP))
+    pki.make(layout.pki, pki.certificates(components.SERVICE_IP, node.NODE_NAME, node.NODE_IP))
     state = {"api_url": layout.api_url, "kubeconfig": str(layout.kubeconfig), "ports": layout.ports,
-             "bin_dir": str(layout.bin_dir)}
+             "bin_dir": str(layout.bin_dir), "node": node.NODE_NAME, "node_ip": node.NODE_IP,
+             "containerd_address": str(layout.node.containerd_socket),
+             "containerd_root": str(layout.containerd_root)}
     (layout.run_dir / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
     layout.kubeconfig.parent.mkdir(parents=True, exist_ok=True)
     layout.kubeconfig.write_text(components.kubeconfig(layout, "admin", embed=True))
@@ -129,14 +138,41 @@ def start(layout: Layout) -> dict[str, float]:
     try:
         for component in components.control_plane(layout):
             took[component.name] = _start_one(component, layout)
+        took.update(start_node(layout))
     except BaseException:
         stop(layout.run_dir)
         raise
     return took
 
 
+def start_node(layout: Layout) -> dict[str, float]:
+    """The node on this machine: its bridge, containerd (with the sandbox image imported), the
+    kubelet and kube-proxy; returns each one's seconds to ready, and the node's to ``Ready``."""
+    took: dict[str, float] = {}
+    host.prepare(layout.run_dir)
+    for path in (layout.node.cni_ipam_dir, layout.node.kubelet_root, layout.containerd_root):
+        path.mkdir(parents=True, exist_ok=True)
+    image, archive = sandbox.image_of(layout.pause or layout.binary("pause"))
+    took["containerd"] = _start_one(components.containerd(layout, image), layout)
+    ctr = Ctr(layout.node.containerd_socket)
+    if image not in ctr.images():
+        ctr.import_archive(archive)
+    for component in (components.kubelet(layout), components.kube_proxy(layout)):
+        took[component.name] = _start_one(component, layout)
+    begin = time.monotonic()
+    kubectl = [str(layout.binary("kubectl")), f"--kubeconfig={layout.kubeconfig}"]
+    wait = subprocess.run([*kubectl, "wait", f"node/{node.NODE_NAME}", "--for=condition=Ready",
+                           f"--timeout={READY_TIMEOUT:.0f}s"], capture_output=True, text=True)
+    if wait.returncode:
+        raise ClusterError(f"node {node.NODE_NAME} not Ready: {wait.stderr.strip()}; the end of "
+                           f"{layout.run_dir / 'logs' / 'kubelet.log'}:\n{_tail(layout.run_dir / 'logs' / 'kubelet.log')}")
+    took["node Ready"] = time.monotonic() - begin
+    return took
+
+
 def _start_one(component: Component, layout: Layout) -> float:
     for path, text in component.files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     log = layout.run_dir / "logs" / f"{component.name}.log"
     proc = spawn(component.argv, log, _pid_file(layout.run_dir, component.name), cwd=layout.run_dir)
@@ -145,19 +181,45 @@ def _start_one(component: Component, layout: Layout) -> float:
 
 def stop(run_dir: Path, timeout: float = STOP_TIMEOUT) -> list[str]:
     """Stop the components the PID files in ``run_dir`` record, in reverse start order
-    (SIGTERM, then SIGKILL after ``timeout``); returns the names stopped.
+    (SIGTERM, then SIGKILL after ``timeout``), removing the node's containers before containerd
+    stops; then undo what the node changed on the host (:func:`host.clean`, also when no PID
+    file is left). Returns the names stopped and what the clean-up removed.
 
     Raises:
-        ClusterError: a process is still alive after SIGKILL.
+        ClusterError: a process is still alive after SIGKILL, or the host could not be cleaned.
     """
-    stopped = []
+    stopped, netns = [], []
+    state = _state_or_empty(run_dir)
     for running in reversed(recorded(run_dir)):
+        if running.name == "containerd" and running.alive():
+            netns = Ctr(Path(state.get("containerd_address", ""))).remove_all()
         if running.alive():
             terminate(running.pid, timeout, poll=0.2, program=running.binary)
             if running.alive():
                 raise ClusterError(f"{running.name} (pid {running.pid}) is still alive after SIGKILL")
             stopped.append(running.name)
         _pid_file(run_dir, running.name).remove()
+    if state.get("containerd_address"):
+        stopped += _stop_shims(state["containerd_address"], timeout)
+    if host.owner() == run_dir.resolve() or (run_dir / host.SYSCTL_RECORD).exists():
+        stopped += host.clean(run_dir.resolve(), netns)
+    return stopped
+
+
+def _state_or_empty(run_dir: Path) -> dict:
+    try:
+        return load_state(run_dir)
+    except ClusterError:
+        return {}
+
+
+def _stop_shims(address: str, timeout: float) -> list[str]:
+    """Stop the containerd shims still serving this node's containerd (found by the socket in
+    their command line: ``-address SOCKET``); none is left after :meth:`Ctr.remove_all`."""
+    stopped = []
+    for pid in pids_with_argument("-address", address):
+        terminate(pid, timeout, poll=0.2)
+        stopped.append(f"containerd shim {pid}")
     return stopped
 
 

@@ -43,6 +43,18 @@ def alive(pid: int, program: str | None = None) -> bool:
         return False
 
 
+def pids_with_argument(flag: str, value: str) -> list[int]:
+    """The processes whose command line holds ``flag value`` side by side (for helpers a
+    process starts detached, such as containerd's shims, found by the socket they serve and
+    never by a program name)."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmd = proc.info.get("cmdline") or []
+        if any(a == flag and b == value for a, b in zip(cmd, cmd[1:])):
+            found.append(proc.info["pid"])
+    return found
+
+
 @dataclass(frozen=True)
 class PidFile:
     """A file holding one process's PID (written by rtserve, or by the process itself).

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rtserve.cluster import components, gomod, pki, runtime
+from rtserve.cluster import components, gomod, node, pki, runtime
 from rtserve.cli import main
 from rtserve.errors import ClusterError
 from tests.conftest import REPO
@@ -79,7 +79,7 @@ def test_committed_modules_pin_one_version_and_map_every_replacement(sub, module
 
 
 def test_certificates_are_signed_by_the_ca_with_their_names(tmp_path):
-    certs = pki.certificates(components.SERVICE_IP)
+    certs = pki.certificates(components.SERVICE_IP, node.NODE_NAME, node.NODE_IP)
     pki.make(tmp_path, certs)
     for cert in certs:
         verified = subprocess.run(["openssl", "verify", "-CAfile", tmp_path / f"{cert.ca}.crt", tmp_path / f"{cert.name}.crt"],
@@ -92,6 +92,12 @@ def test_certificates_are_signed_by_the_ca_with_their_names(tmp_path):
     admin = subprocess.run(["openssl", "x509", "-in", tmp_path / "admin.crt", "-noout", "-subject"],
                            capture_output=True, text=True, check=True).stdout
     assert admin.strip() == "subject=CN = kubernetes-admin, O = system:masters"
+    kubelet = subprocess.run(["openssl", "x509", "-in", tmp_path / "node.crt", "-noout", "-subject"],
+                             capture_output=True, text=True, check=True).stdout
+    assert kubelet.strip() == f"subject=CN = system:node:{node.NODE_NAME}, O = system:nodes"
+    serving = subprocess.run(["openssl", "x509", "-in", tmp_path / "kubelet.crt", "-noout", "-ext", "subjectAltName"],
+                             capture_output=True, text=True, check=True).stdout
+    assert f"IP Address:{node.NODE_IP}" in serving
     wrong_ca = subprocess.run(["openssl", "verify", "-CAfile", tmp_path / "ca.crt", tmp_path / "front-proxy-client.crt"],
                               capture_output=True, text=True)
     assert wrong_ca.returncode == 2, "the front proxy's client certificate is signed by its own CA only"
@@ -99,7 +105,7 @@ def test_certificates_are_signed_by_the_ca_with_their_names(tmp_path):
 
 
 def _layout(tmp_path: Path) -> components.Layout:
-    ports = dict(zip(components.PORT_NAMES, range(20001, 20006)))
+    ports = dict(zip(components.PORT_NAMES, range(20001, 20001 + len(components.PORT_NAMES))))
     return components.Layout(tmp_path / "run", tmp_path / "bin", tmp_path / "admin.kubeconfig", ports)
 
 
@@ -111,7 +117,8 @@ def test_api_server_runs_as_a_real_one(tmp_path):
     assert "--etcd-servers=https://127.0.0.1:20001" in argv
     assert f"--service-account-signing-key-file={layout.pki / 'sa.key'}" in argv
     assert not any(a.startswith("--disable-admission-plugins") for a in argv)
-    assert [c.name for c in components.control_plane(layout)] == list(components.NAMES)
+    assert [c.name for c in components.control_plane(layout)] == list(components.CONTROL_PLANE)
+    assert "--kubelet-preferred-address-types=InternalIP" in argv
 
 
 def test_kubeconfig_embeds_the_certificates_or_names_them(tmp_path):
@@ -152,7 +159,8 @@ def test_stop_ends_the_recorded_process_and_spares_a_reused_pid(tmp_path):
 
 def test_start_names_the_missing_binaries(tmp_path, capsys):
     assert main(["cluster", "start", "--bin-dir", str(tmp_path), "--run-dir", str(tmp_path / "run")]) == 1
-    assert f"missing in {tmp_path}: etcd, kube-apiserver" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"missing: {tmp_path / 'etcd'}, {tmp_path / 'kube-apiserver'}" in err and "make cluster-deps" in err
 
 
 def test_a_bad_port_is_refused(capsys):

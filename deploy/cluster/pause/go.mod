@@ -1,0 +1,3 @@
+module rtserve/deploy/cluster/pause
+
+go 1.26.0
