@@ -1,12 +1,13 @@
 """``python -m rtserve cluster``: a single-machine Kubernetes cluster on 127.0.0.1 (rtserve.cluster).
 
     python -m rtserve cluster modules --kubernetes v1.36.3 --etcd v3.6.16
+    python -m rtserve cluster addon-modules --coredns v1.15.0 --metrics-server v0.8.0
     python -m rtserve cluster start --bin-dir DIR [--run-dir .run/cluster] [--kubeconfig build/cluster/admin.kubeconfig]
         [--containerd-root ~/.cache/rtserve/cluster/containerd] [--pause FILE] [--port kube-apiserver=6443]
     python -m rtserve cluster status [--run-dir .run/cluster]
     python -m rtserve cluster stop [--run-dir .run/cluster]
 
-``make cluster-modules``, ``make cluster``, ``make cluster-status`` and ``make cluster-stop`` call
+``make cluster-modules``, ``make cluster-addon-modules``, ``make cluster``, ``make cluster-status`` and ``make cluster-stop`` call
 these. An error is one line on stderr.
 """
 
@@ -39,6 +40,15 @@ def cmd_modules(args: argparse.Namespace) -> int:
     from rtserve.cluster import gomod
 
     for written in gomod.write_modules(args.dir, args.kubernetes, args.etcd, args.go):
+        print(f">> wrote {written} and its go.sum")
+    return 0
+
+
+def cmd_addon_modules(args: argparse.Namespace) -> int:
+    """Regenerate deploy/cluster/addons' go.mod and go.sum files (CoreDNS, metrics-server)."""
+    from rtserve.cluster import gomod
+
+    for written in gomod.write_addon_modules(args.dir, args.coredns, args.metrics_server, args.go):
         print(f">> wrote {written} and its go.sum")
     return 0
 
@@ -96,6 +106,11 @@ def add(groups: argparse._SubParsersAction) -> None:
             (["--dir"], {"type": Path, "default": Path("deploy/cluster")}),
             (["--kubernetes"], {"required": True, "help": "k8s.io/kubernetes version, e.g. v1.36.3"}),
             (["--etcd"], {"required": True, "help": "go.etcd.io/etcd/server/v3 version, e.g. v3.6.16"}),
+            (["--go"], {"default": "go", "help": "the go command"}), **errors)
+    command(commands, "addon-modules", cmd_addon_modules,
+            (["--dir"], {"type": Path, "default": Path("deploy/cluster/addons")}),
+            (["--coredns"], {"required": True, "help": "github.com/coredns/coredns version, e.g. v1.15.0"}),
+            (["--metrics-server"], {"required": True, "help": "sigs.k8s.io/metrics-server version, e.g. v0.8.0"}),
             (["--go"], {"default": "go", "help": "the go command"}), **errors)
     command(commands, "start", cmd_start,
             (["--bin-dir"], {"type": Path, "required": True,
