@@ -18,11 +18,11 @@ from pathlib import Path
 
 import yaml
 
+from rtserve.cluster.node import CLUSTER_DOMAIN
 from rtserve.cluster.pki import Cert
 from rtserve.errors import ClusterError
 
 LOOPBACK = "127.0.0.1"
-CLUSTER_DOMAIN = "cluster.local"
 DNS_PORT = 53
 NAMESPACE = "kube-system"
 COREDNS_USER = "system:coredns"
