@@ -3,8 +3,8 @@ resource metrics API (``metrics.k8s.io``) the HorizontalPodAutoscaler and ``kube
 
 Both run on the host as processes, not as pods, built by ``make cluster-deps`` from their
 official Go modules (``deploy/cluster/addons/``). Each talks to the API server with a kubeconfig
-of its own, a client certificate of the cluster's CA (:func:`certificates`) whose user the RBAC
-objects here name. metrics-server is reached through the API server's aggregation layer: its
+of its own, a client certificate of the cluster's CA (made by :mod:`rtserve.cluster.pki`) whose
+user the RBAC objects here name. metrics-server is reached through the API server's aggregation layer: its
 APIService points at a Service without a selector whose EndpointSlice holds the node's address
 and port (the API server needs ``--enable-aggregator-routing=true`` to use it rather than the
 Service's virtual IP). Nothing here starts a process or talks to a cluster.
@@ -19,15 +19,17 @@ from pathlib import Path
 import yaml
 
 from rtserve.cluster.node import CLUSTER_DOMAIN
-from rtserve.cluster.pki import Cert
 from rtserve.errors import ClusterError
 
 LOOPBACK = "127.0.0.1"
 DNS_PORT = 53
 NAMESPACE = "kube-system"
-COREDNS_USER = "system:coredns"
-METRICS_SERVER_USER = "system:metrics-server"
+#: The users of the add-ons' client certificates (rtserve.cluster.pki), which the RBAC here binds.
+COREDNS_USER = "rtserve:coredns"
+METRICS_SERVER_USER = "rtserve:metrics-server"
 METRICS_SERVER_SERVICE = "metrics-server"
+#: The name the API server checks metrics-server's serving certificate for (its Service's).
+METRICS_SERVER_DNS = f"{METRICS_SERVER_SERVICE}.{NAMESPACE}.svc"
 METRICS_API_GROUP = "metrics.k8s.io"
 METRICS_API = f"v1beta1.{METRICS_API_GROUP}"
 #: How often metrics-server scrapes the kubelets (the HorizontalPodAutoscaler syncs every 15 s).
@@ -60,19 +62,6 @@ def _port(value: int, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
         raise ClusterError(f"{what} must be a port number 1-65535, got {value!r}")
     return value
-
-
-def certificates(node_ip: str) -> tuple[Cert, ...]:
-    """The add-ons' certificates, for :func:`rtserve.cluster.pki.make` with the control plane's:
-    CoreDNS's client certificate, and metrics-server's, which serves its API (under the name the
-    API server checks, ``metrics-server.kube-system.svc``, and the node's address) and is its
-    client certificate too (towards the API server and the kubelets)."""
-    _ip(node_ip, "node_ip")
-    return (
-        Cert("coredns", COREDNS_USER),
-        Cert("metrics-server", METRICS_SERVER_USER,
-             sans=(f"IP:{node_ip}", f"DNS:{METRICS_SERVER_SERVICE}.{NAMESPACE}.svc")),
-    )
 
 
 # --- CoreDNS -----------------------------------------------------------------------------------

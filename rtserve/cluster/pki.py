@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from rtserve.cluster import addons
 from rtserve.runtime.process import run
 
 DAYS = 365
@@ -63,8 +64,9 @@ def certificates(service_ip: str, node: str, node_ip: str) -> tuple[Cert, ...]:
         Cert("node", f"system:node:{node}", "system:nodes"),
         Cert("kubelet", node, sans=node_sans),
         Cert("kube-proxy", "system:kube-proxy"),
-        Cert("coredns", "rtserve:coredns"),
-        Cert("metrics-server", "rtserve:metrics-server", sans=node_sans),
+        Cert("coredns", addons.COREDNS_USER),
+        # metrics-server serves on the node's address; the API server checks its Service's name.
+        Cert("metrics-server", addons.METRICS_SERVER_USER, sans=node_sans + (f"DNS:{addons.METRICS_SERVER_DNS}",)),
     )
 
 

@@ -87,12 +87,12 @@ def test_coredns_runs_the_corefile_and_is_ready_on_loopback():
 
 def test_coredns_may_list_and_watch_what_it_answers_from_and_nothing_more():
     objects = by_kind_and_name(addons.coredns_manifests())
-    role = objects[("ClusterRole", "system:coredns")]
+    role = objects[("ClusterRole", "rtserve:coredns")]
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["services", "namespaces"], "verbs": ["list", "watch"]},
         {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]}]
-    binding = objects[("ClusterRoleBinding", "system:coredns")]
-    assert binding["roleRef"]["name"] == "system:coredns"
+    binding = objects[("ClusterRoleBinding", "rtserve:coredns")]
+    assert binding["roleRef"]["name"] == "rtserve:coredns"
     assert binding["subjects"] == [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
                                     "name": addons.COREDNS_USER}]
 
@@ -131,8 +131,8 @@ def test_metrics_server_argv_names_its_kubeconfig_certificates_and_the_kubelet_c
 def test_metrics_server_manifests_register_the_api_on_the_hosts_address():
     objects = by_kind_and_name(addons.metrics_server_manifests(NODE_IP, 4443, CA_PEM))
     assert set(objects) == {
-        ("ClusterRole", "system:metrics-server"), ("ClusterRole", "system:aggregated-metrics-reader"),
-        ("ClusterRoleBinding", "system:metrics-server"),
+        ("ClusterRole", "rtserve:metrics-server"), ("ClusterRole", "system:aggregated-metrics-reader"),
+        ("ClusterRoleBinding", "rtserve:metrics-server"),
         ("ClusterRoleBinding", "metrics-server:system:auth-delegator"),
         ("RoleBinding", "metrics-server-auth-reader"), ("Service", "metrics-server"),
         ("EndpointSlice", "metrics-server-host"), ("APIService", "v1beta1.metrics.k8s.io")}
@@ -154,13 +154,13 @@ def test_metrics_server_manifests_register_the_api_on_the_hosts_address():
 
 def test_metrics_server_rbac_reads_nodes_pods_and_kubelet_metrics_as_its_certificate_user():
     objects = by_kind_and_name(addons.metrics_server_manifests(NODE_IP, 4443, CA_PEM))
-    assert objects[("ClusterRole", "system:metrics-server")]["rules"] == [
+    assert objects[("ClusterRole", "rtserve:metrics-server")]["rules"] == [
         {"apiGroups": [""], "resources": ["nodes/metrics"], "verbs": ["get"]},
         {"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": ["get", "list", "watch"]}]
     reader = objects[("ClusterRole", "system:aggregated-metrics-reader")]
     assert {k: v for k, v in reader["metadata"]["labels"].items() if k.startswith("rbac")} == {
         f"rbac.authorization.k8s.io/aggregate-to-{role}": "true" for role in ("view", "edit", "admin")}
-    for kind, name, role in (("ClusterRoleBinding", "system:metrics-server", "system:metrics-server"),
+    for kind, name, role in (("ClusterRoleBinding", "rtserve:metrics-server", "rtserve:metrics-server"),
                              ("ClusterRoleBinding", "metrics-server:system:auth-delegator", "system:auth-delegator"),
                              ("RoleBinding", "metrics-server-auth-reader", "extension-apiserver-authentication-reader")):
         binding = objects[(kind, name)]
@@ -182,13 +182,17 @@ def test_bad_metrics_server_manifest_parameters_are_named(node_ip, port, ca, mes
 
 
 def test_certificates_name_the_users_the_rbac_binds_and_the_name_the_api_server_checks():
-    coredns, metrics = addons.certificates(NODE_IP)
-    assert (coredns.name, coredns.subject, coredns.usage) == ("coredns", "/CN=system:coredns", "clientAuth")
-    assert (metrics.name, metrics.subject) == ("metrics-server", "/CN=system:metrics-server")
-    assert metrics.usage == "serverAuth,clientAuth" and metrics.ca == "ca"
-    assert metrics.sans == (f"IP:{NODE_IP}", "DNS:metrics-server.kube-system.svc")
-    argv = pki.commands(Path("/pki"), addons.certificates(NODE_IP))[-1]
-    assert "subjectAltName=IP:10.244.0.1,DNS:metrics-server.kube-system.svc" in argv
+    certs = {cert.name: cert for cert in pki.certificates("10.0.0.1", "node-1", NODE_IP)}
+    coredns, metrics = certs["coredns"], certs["metrics-server"]
+    assert (coredns.subject, coredns.usage) == ("/CN=rtserve:coredns", "clientAuth")
+    assert metrics.subject == "/CN=rtserve:metrics-server" and metrics.ca == "ca"
+    # It serves (on the node's address, checked by the API server for its Service's name) and
+    # is its own client certificate towards the API server and the kubelets.
+    assert metrics.usage == "serverAuth,clientAuth"
+    assert {f"IP:{NODE_IP}", "DNS:metrics-server.kube-system.svc"} <= set(metrics.sans)
+    users = {s["name"] for text in (addons.coredns_manifests(), addons.metrics_server_manifests(NODE_IP, 4443, CA_PEM))
+             for doc in yaml.safe_load_all(text) for s in doc.get("subjects", ())}
+    assert users == {"rtserve:coredns", "rtserve:metrics-server"}
 
 
 def test_addon_modules_render_their_own_header_and_build_metrics_server_as_a_tool():
