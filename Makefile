@@ -409,11 +409,13 @@ POD_VERSION     = $(if $(filter file,$(origin MODEL_VERSION)),$(call pinned_vers
 VERIFY_DIR     ?= $(or $(patsubst %/kustomization.yaml,%,$(wildcard $(K8S_DIR)/overlays/$(OVERLAY)/verify/kustomization.yaml)),$(K8S_DIR)/verify)
 VERIFY_BUILD   ?= $(K8S_BUILD)-verify
 VERIFY_TIMEOUT ?= 300
+# A stricter p99 bound (ms) for the verification Job than the image's config/gate.yaml (empty: the image's).
+VERIFY_MAX_P99_MS ?=
 # The rollout's steps are rtserve.k8s.deploy (python -m rtserve k8s deploy|verify).
 K8S_ARGS = --overlay $(OVERLAY) --image $(IMG) --version "$(DEPLOY_VERSION)" --namespace $(NAMESPACE) \
   --app $(K8S_APP) --model $(MODEL_NAME) --k8s-dir $(K8S_DIR) --build-dir $(K8S_BUILD) \
   --verify-dir $(VERIFY_DIR) --verify-build-dir $(VERIFY_BUILD) --kubectl "$(KUBECTL)" --rollout-timeout $(ROLLOUT_TIMEOUT) \
-  --verify-timeout $(VERIFY_TIMEOUT)
+  --verify-timeout $(VERIFY_TIMEOUT) $(if $(VERIFY_MAX_P99_MS),--verify-max-p99-ms $(VERIFY_MAX_P99_MS))
 
 # OVERLAY=local first: on `make cluster`'s node, the image IMG:version built when the engine lacks
 # it, the gateway stand-in (its build is skipped when up to date), both loaded into the node (the

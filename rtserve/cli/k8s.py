@@ -31,6 +31,8 @@ def options() -> argparse.ArgumentParser:
                    help="the kubectl command, options included (e.g. 'kubectl --kubeconfig FILE')")
     p.add_argument("--rollout-timeout", default="15m")
     p.add_argument("--verify-timeout", type=int, default=300, help="seconds")
+    p.add_argument("--verify-max-p99-ms", type=float,
+                   help="a stricter p99 bound for the verification than the image's gate.yaml")
     return p
 
 
@@ -41,7 +43,7 @@ def _target(args: argparse.Namespace):
     return Target(args.k8s_dir, args.overlay, args.namespace or f"rtserve-{args.overlay}", args.app,
                   args.image, args.version, args.model, build,
                   args.verify_build_dir or Path(f"{build}-verify"), args.rollout_timeout,
-                  args.verify_timeout, args.verify_dir)
+                  args.verify_timeout, args.verify_dir, args.verify_max_p99_ms)
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:

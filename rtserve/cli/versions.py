@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -84,6 +85,11 @@ def cmd_verify(args: argparse.Namespace) -> None:
         archive = found[0]
     meta = ArchiveMeta.from_mar(archive)
     config = GateConfig.load(args.gate_config or settings(args).gate_config)
+    if args.max_p99_ms is not None:
+        if not 0 < args.max_p99_ms <= config.max_p99_ms:
+            raise GateError(f"--max-p99-ms must be in (0, {config.max_p99_ms}] (the gate config's "
+                            f"max_p99_ms), got {args.max_p99_ms}")
+        config = dataclasses.replace(config, max_p99_ms=args.max_p99_ms)
     figures, secs = timed(verify_served, api, args.model, meta, config)
     logger.info("verified %s", json.dumps({**figures, "seconds": round(secs, 1)}))
 
@@ -125,7 +131,8 @@ def add(groups: argparse._SubParsersAction) -> None:
     command(commands, "rollback", cmd_rollback, model)
     command(commands, "verify", cmd_verify, model,
             (["--archive"], {"required": True, "help": "the served .mar, or the model store holding it"}),
-            (["--token-file"], {"help": "a file of shared gateway tokens (the first is used)"}))
+            (["--token-file"], {"help": "a file of shared gateway tokens (the first is used)"}),
+            (["--max-p99-ms"], {"type": float, "help": "a stricter p99 bound than the gate config's"}))
     command(commands, "retire", cmd_retire, model, version)
     command(commands, "scale", cmd_scale, model, (["workers"], {"type": int}), (["--version"], {}))
     command(commands, "history", cmd_history, model)

@@ -11,6 +11,7 @@ kubectl's own output passed through); :func:`deploy` and :func:`verify` are the 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -26,6 +27,12 @@ from rtserve.errors import DeployError
 
 #: The Job's conditions that end the wait (``status: "True"``).
 JOB_CONDITIONS = 'jsonpath={.status.conditions[?(@.status=="True")].type}'
+#: A pod of the new revision whose container has restarted this often has failed (its start-up
+#: checks, the warm-up's answers among them, made it exit): the rollout is given up at once
+#: rather than after the progress deadline.
+CRASH_RESTARTS = 1
+#: Seconds between two looks at a rollout's progress.
+POLL_SECONDS = 2
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,8 @@ class Target:
     rollout_timeout: str = "15m"
     verify_timeout: int = 300
     verify_source: Path | None = None
+    #: A stricter p99 bound (ms) for this rollout's verification than the image's gate.yaml.
+    verify_max_p99_ms: float | None = None
 
     @property
     def overlay_dir(self) -> Path:
@@ -114,7 +123,40 @@ def verify_kustomization(t: Target) -> str:
         "images:",
         f"  - name: {t.image}",
         f'    newTag: "{t.version}"',
+        *([] if t.verify_max_p99_ms is None else [
+            "patches:",
+            "  - target:",
+            "      kind: Job",
+            "    patch: |-",
+            "      - op: add",
+            "        path: /spec/template/spec/containers/0/args/-",
+            f'        value: "--max-p99-ms={t.verify_max_p99_ms:g}"']),
     ]) + "\n"
+
+
+def seconds(duration: str) -> float:
+    """Seconds in a kubectl duration such as ``15m``, ``90s``, ``1h30m`` or ``120``."""
+    parts = re.findall(r"(\d+(?:\.\d+)?)([hms]?)", duration)
+    if not parts or "".join(n + u for n, u in parts) != duration:
+        raise DeployError(f"not a duration: {duration!r} (e.g. 15m, 90s)")
+    return sum(float(n) * {"h": 3600, "m": 60, "s": 1, "": 1}[u] for n, u in parts)
+
+
+def crashed(pods: dict, template_hash: str) -> str | None:
+    """Why a pod of the revision ``template_hash`` has failed (a container that exited with an
+    error and restarted :data:`CRASH_RESTARTS` times), from ``kubectl get pods -o json``; None
+    while none has."""
+    for pod in pods.get("items", []):
+        if pod["metadata"].get("labels", {}).get("pod-template-hash") != template_hash:
+            continue
+        statuses = pod.get("status", {})
+        for c in statuses.get("containerStatuses", []) + statuses.get("initContainerStatuses", []):
+            last = (c.get("lastState") or {}).get("terminated") or {}
+            if c.get("restartCount", 0) >= CRASH_RESTARTS and last.get("exitCode", 0) != 0:
+                return (f"container {c['name']} of pod {pod['metadata']['name']} exited "
+                        f"{last.get('exitCode')} ({last.get('reason', 'Error')}) and restarted "
+                        f"{c['restartCount']} time(s)")
+    return None
 
 
 def uses_image(manifests: str, tagged: str) -> bool:
@@ -142,15 +184,21 @@ class Kubectl:
         self.binary = self.command[0]
         self.out = out or say
 
-    def __call__(self, *args: str, capture: bool = False, into: Path | None = None) -> str:
+    def shown(self, *args: str) -> str:
+        """``kubectl args`` as a shell would run it (the command's options included)."""
+        return shlex.join([*self.command, *args])
+
+    def __call__(self, *args: str, capture: bool = False, into: Path | None = None,
+                 quiet: bool = False) -> str:
         """Run ``kubectl args``; returns its stdout when ``capture`` (written to ``into`` when
-        given).
+        given); ``quiet``: the command is not printed (the polls of a wait).
 
         Raises:
             DeployError: it exited non-zero (its stderr was shown), or cannot be run.
         """
         cmd = [*self.command, *args]
-        self.out(shlex.join(cmd) + (f" > {into}" if into else ""))
+        if not quiet:
+            self.out(self.shown(*args) + (f" > {into}" if into else ""))
         try:
             done = subprocess.run(cmd, stdout=subprocess.PIPE if capture or into else None,
                                   text=True)
@@ -225,10 +273,13 @@ def deploy(t: Target, kubectl: Kubectl, sleep: Callable[[float], None] = time.sl
     deployment = f"deployment/{t.app}"
     status = ("-n", t.namespace, "rollout", "status", deployment, f"--timeout={t.rollout_timeout}")
     try:
-        kubectl(*status)
+        wait_rollout(t, kubectl, sleep)
     except DeployError as exc:
-        raise DeployError(f"rollout of {t.tagged} to {t.overlay} failed; to go back: "
-                          f"make k8s-rollback OVERLAY={t.overlay}") from exc
+        say(f">> {exc}")
+        say(f">> the rollout of {t.tagged} to {t.overlay} failed: rolling back")
+        kubectl("-n", t.namespace, "rollout", "undo", deployment)
+        kubectl(*status)
+        raise DeployError(f"the rollout of {t.tagged} to {t.overlay} failed and was rolled back") from exc
     try:
         verify(t, kubectl, sleep)
     except DeployError as exc:
@@ -238,3 +289,57 @@ def deploy(t: Target, kubectl: Kubectl, sleep: Callable[[float], None] = time.sl
         kubectl(*status)
         raise DeployError(f"{t.tagged} failed its verification on {t.overlay} and was rolled "
                           "back") from exc
+
+
+def wait_rollout(t: Target, kubectl: Kubectl, sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+    """Wait until the Deployment's rollout completes.
+
+    Raises:
+        DeployError: a pod of the new revision failed (:func:`crashed`, with the end of its
+            log), the progress deadline passed, or ``rollout_timeout`` did.
+    """
+    deployment = f"deployment/{t.app}"
+    deadline, said = clock() + seconds(t.rollout_timeout), ""
+    say(kubectl.shown("-n", t.namespace, "rollout", "status", deployment,
+                      f"--timeout={t.rollout_timeout}") + " (and the new pods' restarts)")
+    while True:
+        done = kubectl("-n", t.namespace, "rollout", "status", deployment, "--watch=false",
+                       capture=True, quiet=True).rstrip()
+        if done != said:
+            say(done)
+            said = done
+        if "successfully rolled out" in done:
+            return
+        revision = json.loads(kubectl("-n", t.namespace, "get", deployment, "-o", "json",
+                                      capture=True, quiet=True))
+        new = _newest_replicaset(kubectl, t, revision)
+        if new:
+            pods = json.loads(kubectl("-n", t.namespace, "get", "pods", "-l", f"pod-template-hash={new}",
+                                      "-o", "json", capture=True, quiet=True))
+            why = crashed(pods, new)
+            if why:
+                pod = why.split(" of pod ")[1].split()[0]
+                container = why.split()[1]
+                try:
+                    kubectl("-n", t.namespace, "logs", pod, "-c", container, "--previous", "--tail=15")
+                except DeployError:
+                    pass  # no earlier log kept: the reason says enough
+                raise DeployError(f"{t.tagged} on {t.overlay}: {why}")
+        if clock() > deadline:
+            raise DeployError(f"the rollout of {t.tagged} to {t.overlay} did not finish within "
+                              f"{t.rollout_timeout}")
+        sleep(POLL_SECONDS)
+
+
+def _newest_replicaset(kubectl: Kubectl, t: Target, deployment: dict) -> str | None:
+    """The ``pod-template-hash`` of the Deployment's current revision (its newest ReplicaSet)."""
+    revision = deployment["metadata"].get("annotations", {}).get("deployment.kubernetes.io/revision")
+    selector = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
+    sets = json.loads(kubectl("-n", t.namespace, "get", "replicasets", "-l", selector, "-o", "json",
+                              capture=True, quiet=True))
+    for rs in sets.get("items", []):
+        meta = rs["metadata"]
+        if meta.get("annotations", {}).get("deployment.kubernetes.io/revision") == revision:
+            return meta.get("labels", {}).get("pod-template-hash")
+    return None

@@ -27,13 +27,19 @@ def make(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 
 @dataclass(frozen=True)
 class Cluster:
-    """A running cluster: its run directory, kubeconfig, binaries and what ``start`` printed."""
+    """A running cluster: its run directory, kubeconfig, binaries, node and what ``start`` printed."""
 
     run_dir: Path
     kubeconfig: Path
     bin_dir: Path
     api_url: str
     start_output: str
+    node: str = "rtserve-node"
+
+    @property
+    def make_vars(self) -> list[str]:
+        """The variables that point `make` targets at this cluster."""
+        return [f"CLUSTER_RUN_DIR={self.run_dir}", f"CLUSTER_KUBECONFIG={self.kubeconfig}"]
 
     def kubectl(self, *args: str, stdin: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
         """The built kubectl against this cluster (stdout and stderr apart)."""
@@ -84,8 +90,22 @@ def cluster(cluster_bin, tmp_path_factory) -> Cluster:
     finally:
         stopped = make("cluster-stop", *where)
         left = [r for r in runtime.recorded(run_dir) if r.alive()]
+        left += leftovers(run_dir)
         runtime.stop(run_dir)
         assert stopped.returncode == 0 and not left, f"make cluster-stop left {left}:\n{stopped.stdout}"
+
+
+def leftovers(run_dir: Path) -> list[str]:
+    """What a node left on this machine: mounts under its run directory, its bridge, KUBE-*
+    iptables chains, processes serving its containerd (shims) and its network namespaces."""
+    from rtserve.cluster import host, node
+    from rtserve.runtime.process import pids_with_argument
+
+    left = [f"mount {m}" for m in host.mounts_under(run_dir)] + host.left_iptables()
+    left += [f"bridge {node.BRIDGE}"] if host.bridge_exists() else []
+    socket = str(node.NodePaths(run_dir, Path("/")).containerd_socket)
+    left += [f"process {pid}" for pid in pids_with_argument("-address", socket)]
+    return left
 
 
 @pytest.fixture(scope="session")

@@ -18,10 +18,12 @@ PINNED = re.search(r"^\s*k8s\.io/kubernetes (v\S+)", (REPO / "deploy/cluster/go.
 
 def test_cluster_comes_up_and_reports_every_component_running(cluster):
     assert re.search(r"^>> cluster ready in [\d.]+ s \(etcd [\d.]+ s, kube-apiserver [\d.]+ s, "
-                     r"kube-controller-manager [\d.]+ s, kube-scheduler [\d.]+ s\)", cluster.start_output, re.M)
+                     r"kube-controller-manager [\d.]+ s, kube-scheduler [\d.]+ s, containerd [\d.]+ s, "
+                     r"kubelet [\d.]+ s, kube-proxy [\d.]+ s, node Ready [\d.]+ s", cluster.start_output, re.M)
     status = make("cluster-status", f"CLUSTER_RUN_DIR={cluster.run_dir}")
     assert status.returncode == 0, status.stdout
-    for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"):
+    for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "containerd",
+                 "kubelet", "kube-proxy"):
         assert re.search(rf"^  {name} +running \(pid \d+\)$", status.stdout, re.M), status.stdout
     assert f"API server: {cluster.api_url}" in status.stdout
 

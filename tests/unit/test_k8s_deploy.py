@@ -1,7 +1,8 @@
-"""rtserve.k8s.deploy: the kustomizations it writes, the order of its kubectl steps, and what a
-failed step does. No cluster exists here, so ``kubectl`` is a recording fake that answers as the
-API server would (the deploy tier, tests/deploy/test_make_targets.py, runs the same steps through
-``make`` with a stand-in script and the real ``kubectl kustomize``)."""
+"""rtserve.k8s.deploy's pure parts: the kustomizations it writes, how it reads a Job's conditions,
+a duration and a crashed pod, and what it refuses before any call to a cluster. The steps
+themselves (apply, wait, verify, undo) run against a real API server and node in the cluster
+tier (tests/cluster/test_deploy.py); the two tests here that need answers no healthy cluster
+gives at will (a Job that never ends) use a recording fake, and say so."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from rtserve.errors import DeployError
-from rtserve.k8s.deploy import (JOB_CONDITIONS, Kubectl, Target, deploy, deploy_kustomization, job_result,
-                                uses_image, verify, verify_kustomization)
+from rtserve.k8s.deploy import (JOB_CONDITIONS, Kubectl, Target, crashed, deploy, deploy_kustomization,
+                                job_result, seconds, uses_image, verify, verify_kustomization)
 
 pytestmark = pytest.mark.unit
 
@@ -22,11 +23,17 @@ class FakeKubectl:
     """Records each call; ``kustomize`` writes manifests naming ``image``; ``get`` of the Job
     answers ``conditions`` in turn; a call whose first words are in ``fail`` raises."""
 
+    binary = "kubectl"
+
+    def shown(self, *args: str) -> str:
+        return " ".join([self.binary, *args])
+
     def __init__(self, image: str, conditions=("Complete",), fail=()) -> None:
         self.image, self.conditions, self.fail = image, list(conditions), fail
         self.calls: list[tuple[str, ...]] = []
 
-    def __call__(self, *args: str, capture: bool = False, into: Path | None = None) -> str:
+    def __call__(self, *args: str, capture: bool = False, into: Path | None = None,
+                 quiet: bool = False) -> str:
         self.calls.append(args)
         words = tuple(a for a in args if not a.startswith("-") and a != "rtserve-staging")
         if any(words[:len(f)] == f for f in self.fail):
@@ -81,40 +88,6 @@ def verify_steps(t: Target, polls: int = 1) -> list[tuple[str, ...]]:
             ("-n", t.namespace, "logs", job)]
 
 
-def test_deploy_applies_waits_and_verifies(tmp_path, capsys):
-    t = target(tmp_path)
-    kubectl = FakeKubectl(f"{IMG}:2.0")
-    deploy(t, kubectl, sleep=lambda s: None)
-    status = ("-n", "rtserve-staging", "rollout", "status", "deployment/rtserve", "--timeout=15m")
-    assert kubectl.calls == [("kustomize", str(t.build_dir)),
-                             ("apply", "-f", str(t.build_dir / "manifests.yaml")), status,
-                             *verify_steps(t)]
-    assert (t.build_dir / "kustomization.yaml").read_text() == deploy_kustomization(t)
-    assert (t.verify_build_dir / "kustomization.yaml").read_text() == verify_kustomization(t)
-    assert f">> {IMG}:2.0 verified on staging" in capsys.readouterr().out
-
-
-def test_a_failed_verification_undoes_the_rollout(tmp_path, capsys):
-    t = target(tmp_path)
-    kubectl = FakeKubectl(f"{IMG}:2.0", conditions=("", "Failed"))
-    with pytest.raises(DeployError, match="failed its verification on staging and was rolled back"):
-        deploy(t, kubectl, sleep=lambda s: None)
-    assert kubectl.calls[3:] == [
-        *verify_steps(t, polls=2),
-        ("-n", "rtserve-staging", "rollout", "undo", "deployment/rtserve"),
-        ("-n", "rtserve-staging", "rollout", "status", "deployment/rtserve", "--timeout=15m")]
-    out = capsys.readouterr().out
-    assert "verification of registry.example.com/ml/rtserve:2.0 on staging failed (Failed)" in out
-    assert f">> {IMG}:2.0 failed its verification on staging: rolling back" in out
-
-
-def test_a_failed_rollout_says_how_to_go_back_and_verifies_nothing(tmp_path):
-    kubectl = FakeKubectl(f"{IMG}:2.0", fail=[("rollout", "status")])
-    with pytest.raises(DeployError, match="make k8s-rollback OVERLAY=staging"):
-        deploy(target(tmp_path), kubectl)
-    assert [c[0] if c[0] != "-n" else c[2] for c in kubectl.calls] == ["kustomize", "apply", "rollout"]
-
-
 def test_an_overlay_with_another_image_or_none_applies_nothing(tmp_path):
     kubectl = FakeKubectl("other.example.com/rtserve:2.0")
     with pytest.raises(DeployError, match=f"the staging overlay's image is not {IMG}"):
@@ -133,6 +106,39 @@ def test_verify_gives_up_after_its_timeout_and_still_shows_the_log(tmp_path):
     with pytest.raises(DeployError, match=r"failed \(no result in 7 s\)"):
         verify(t, kubectl, sleep=slept.append)
     assert kubectl.calls == verify_steps(t, polls=3) and slept == [2, 2, 2]
+
+
+def test_a_stricter_p99_for_the_verification_is_added_to_the_jobs_arguments(tmp_path):
+    import dataclasses
+    import yaml
+
+    t = dataclasses.replace(target(tmp_path), verify_max_p99_ms=12.5)
+    patch = yaml.safe_load(yaml.safe_load(verify_kustomization(t))["patches"][0]["patch"])
+    assert patch == [{"op": "add", "path": "/spec/template/spec/containers/0/args/-",
+                      "value": "--max-p99-ms=12.5"}]
+    assert "patches" not in yaml.safe_load(verify_kustomization(target(tmp_path)))
+
+
+def test_durations_read_as_kubectl_writes_them():
+    assert [seconds(d) for d in ("15m", "90s", "1h30m", "120")] == [900, 90, 5400, 120]
+    with pytest.raises(DeployError, match="not a duration: '15 minutes'"):
+        seconds("15 minutes")
+
+
+def _pod(name: str, template: str, restarts: int, exit_code: int) -> dict:
+    last = {"terminated": {"exitCode": exit_code, "reason": "Error"}} if restarts else {}
+    return {"metadata": {"name": name, "labels": {"pod-template-hash": template}},
+            "status": {"containerStatuses": [{"name": "rtserve", "restartCount": restarts,
+                                              "lastState": last}]}}
+
+
+def test_a_new_pod_that_exited_with_an_error_and_restarted_has_crashed():
+    pods = {"items": [_pod("old", "aaa", 3, 1), _pod("new-1", "bbb", 0, 0)]}
+    assert crashed(pods, "bbb") is None  # the old revision's restarts are not the rollout's
+    pods["items"].append(_pod("new-2", "bbb", 1, 1))
+    assert crashed(pods, "bbb") == ("container rtserve of pod new-2 exited 1 (Error) and restarted "
+                                    "1 time(s)")
+    assert crashed({"items": [_pod("new-3", "bbb", 1, 0)]}, "bbb") is None  # a clean exit
 
 
 def test_an_overlay_with_its_own_verify_dir_gets_that_job(tmp_path):

@@ -1,0 +1,229 @@
+"""`make k8s-deploy OVERLAY=local` on the real cluster: the production pod on a real kubelet,
+reached through its Service (kube-proxy), rolled out and back under steady traffic, verified by
+the real Job, undone by itself when a version fails, drained within its disruption budget.
+
+The tests run in order on one Deployment (each starts from what the one before left: 1.0
+serving with 2 replicas). Traffic goes to the Service's cluster IP from this machine, as a
+client in the cluster would; every request is counted on its first try.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from bench.loadgen import Counts, SteadyLoad, summarize
+from tests.cluster.conftest import make
+from tests.conftest import MODEL_NAME
+
+pytestmark = pytest.mark.cluster
+
+NAMESPACE = "rtserve-local"
+#: Requests per second of the steady traffic during a rollout (4 clients).
+RATE = 40.0
+
+
+def deploy(cluster, image_vars, version: str, *extra: str, timeout: float = 900):
+    """`make k8s-deploy OVERLAY=local MODEL_VERSION=version` against this cluster."""
+    return make("k8s-deploy", "OVERLAY=local", f"MODEL_VERSION={version}", *cluster.make_vars,
+                *image_vars, *extra, timeout=timeout)
+
+
+class Served:
+    """The local overlay's Service as a client sees it."""
+
+    def __init__(self, cluster, token: str, deploy_output: str) -> None:
+        self.cluster, self.token, self.deploy_output = cluster, token, deploy_output
+        ip = cluster.ok("-n", NAMESPACE, "get", "service", "rtserve", "-o", "jsonpath={.spec.clusterIP}")
+        self.url = f"http://{ip}:8080/predictions/{MODEL_NAME}"
+
+    def load(self, max_seconds: float = 600) -> SteadyLoad:
+        payload = {"features": [0.25] * 32}
+        return SteadyLoad(self.url, payload, lambda: self.token, rate=RATE, concurrency=4,
+                          max_seconds=max_seconds, resend_worker_lost=False).start()
+
+    def versions(self) -> set[str]:
+        """The versions the ready pods run (their image tags)."""
+        pods = json.loads(self.cluster.ok("-n", NAMESPACE, "get", "pods", "-l",
+                                          "app.kubernetes.io/name=rtserve", "-o", "json"))
+        return {c["image"].rsplit(":", 1)[1] for p in pods["items"] for c in p["spec"]["containers"]
+                if c["name"] == "rtserve" and not p["metadata"].get("deletionTimestamp")}
+
+
+def no_failures(records, what: str) -> Counts:
+    counts = Counts.of(records)
+    assert counts.sent > 0, f"{what}: no request was sent"
+    assert counts.failed_first == 0, f"{what}: {counts.text()}; {summarize(records)}"
+    return counts
+
+
+@pytest.fixture(scope="module")
+def served(cluster, image_vars) -> Served:
+    """1.0 deployed with `make k8s-deploy OVERLAY=local` (the image built and loaded into the
+    node by the target itself), with the gateway's token Secret made first, as a user would."""
+    cluster.ok("create", "namespace", NAMESPACE)
+    token = secrets.token_hex(16)
+    cluster.ok("-n", NAMESPACE, "create", "secret", "generic", "rtserve-gateway-tokens",
+               f"--from-literal=tokens={token}")
+    begin = time.monotonic()
+    done = deploy(cluster, image_vars, "1.0")
+    assert done.returncode == 0, done.stdout[-6000:]
+    print(f"k8s-deploy OVERLAY=local 1.0 (image build and load included): {time.monotonic() - begin:.0f} s")
+    return Served(cluster, token, done.stdout)
+
+
+def test_deploy_completes_and_answers_through_the_service_with_the_token(served):
+    out = served.deploy_output
+    assert 'deployment "rtserve" successfully rolled out' in out, out[-3000:]
+    assert re.search(r">> registry\.example\.com/ml/rtserve:1\.0 verified on local", out), out[-3000:]
+    import requests
+
+    answer = requests.post(served.url, json={"features": [0.25] * 32}, timeout=10,
+                           headers={"Authorization": f"Bearer {served.token}"})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["model_version"] == "1.0"
+    refused = requests.post(served.url, json={"features": [0.25] * 32}, timeout=10)
+    assert refused.status_code == 401, refused.text
+    bad = requests.post(served.url, json={"features": [0.25] * 3}, timeout=10,
+                        headers={"Authorization": f"Bearer {served.token}"})
+    assert bad.status_code == 400 and bad.json()["field"] == "features", bad.text
+
+
+def test_the_namespace_enforces_restricted_pod_security(served):
+    labels = json.loads(served.cluster.ok("get", "namespace", NAMESPACE, "-o", "jsonpath={.metadata.labels}"))
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted", labels
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "privileged", "namespace": NAMESPACE},
+           "spec": {"containers": [{"name": "app", "image": "registry.example.com/ml/rtserve:1.0",
+                                    "securityContext": {"privileged": True}}]}}
+    refused = served.cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+    assert refused.returncode == 1 and 'violates PodSecurity "restricted:latest"' in refused.stderr, refused.stderr
+
+
+def test_rollout_and_rollbacks_under_traffic_fail_no_request(served, image_vars):
+    cluster, report = served.cluster, {}
+    load = served.load()
+    try:
+        time.sleep(3)
+        load.mark("2.0 rollout")
+        done = deploy(cluster, image_vars, "2.0")
+        assert done.returncode == 0, done.stdout[-6000:]
+        assert served.versions() == {"2.0"}
+        time.sleep(3)
+        load.mark("k8s-rollback")
+        back = make("k8s-rollback", "OVERLAY=local", *cluster.make_vars, timeout=600)
+        assert back.returncode == 0, back.stdout[-4000:]
+        assert served.versions() == {"1.0"}
+        time.sleep(3)
+        load.mark("kubectl rollout undo")
+        cluster.ok("-n", NAMESPACE, "rollout", "undo", "deployment/rtserve")
+        cluster.ok("-n", NAMESPACE, "rollout", "status", "deployment/rtserve", "--timeout=600s", timeout=620)
+        assert served.versions() == {"2.0"}
+        time.sleep(3)
+    finally:
+        records = load.stop()
+    phases = {p.phase: p for p in summarize(records)}
+    for phase in ("2.0 rollout", "k8s-rollback", "kubectl rollout undo"):
+        report[phase] = no_failures([r for r in records if r.phase == phase], phase)
+    print({k: f"{v.sent} requests, {v.failed_first} failed" for k, v in report.items()})
+    assert set(phases["2.0 rollout"].versions) == {"1.0", "2.0"}, phases["2.0 rollout"]
+    assert set(phases["k8s-rollback"].versions) == {"1.0", "2.0"}, phases["k8s-rollback"]
+    history = make("k8s-history", "OVERLAY=local", *cluster.make_vars)
+    assert history.returncode == 0, history.stdout
+    assert re.search(r"realtime-classifier 1\.0 \(registry\.example\.com/ml/rtserve:1\.0\) by make k8s-deploy",
+                     history.stdout), history.stdout
+    assert "realtime-classifier 2.0 (registry.example.com/ml/rtserve:2.0) by make k8s-deploy" in history.stdout
+
+
+def test_a_failed_verification_is_undone_by_k8s_deploy_and_the_job_runs_again(served, image_vars):
+    """2.0 serves (the test before left it); 1.0 is rolled out with a p99 bound no server meets:
+    the real Job fails, and `make k8s-deploy` undoes the rollout to 2.0. Then 1.0 again with
+    the image's own bound: the Job (immutable, so deleted and made again) passes."""
+    load = served.load()
+    try:
+        failed = deploy(served.cluster, image_vars, "1.0", "VERIFY_MAX_P99_MS=0.001")
+        assert failed.returncode != 0, failed.stdout[-4000:]
+        assert "p99" in failed.stdout and "is above max_p99_ms 0.001 ms" in failed.stdout, failed.stdout[-4000:]
+        assert re.search(r"registry\.example\.com/ml/rtserve:1\.0 failed its verification on local and was "
+                         r"rolled back", failed.stdout), failed.stdout[-3000:]
+        assert served.versions() == {"2.0"}
+        load.mark("good")
+        good = deploy(served.cluster, image_vars, "1.0")
+        assert good.returncode == 0, good.stdout[-4000:]
+        assert "registry.example.com/ml/rtserve:1.0 verified on local" in good.stdout
+        assert served.versions() == {"1.0"}
+    finally:
+        records = load.stop()
+    print(f"failed verification and undo, then 1.0: {Counts.of(records).text()} of {len(records)}")
+    no_failures(records, "verification failure, undo and the next rollout")
+
+
+def wrong_archive(store: Path, version: str) -> Path:
+    """The 2.0 archive relabelled ``version`` with two golden rows' probabilities reversed: the
+    model now answers those rows differently from its own golden set (as a bad export would)."""
+    source, target = store / f"{MODEL_NAME}_2.0.mar", store / f"{MODEL_NAME}_{version}.mar"
+    with zipfile.ZipFile(source) as zin, zipfile.ZipFile(target, "w", zipfile.ZIP_STORED) as zout:
+        for item in zin.infolist():
+            raw = zin.read(item.filename)
+            if item.filename == "MAR-INF/MANIFEST.json":
+                manifest = json.loads(raw)
+                manifest["model"]["modelVersion"] = version
+                raw = json.dumps(manifest).encode()
+            elif item.filename == "meta.json":
+                meta = json.loads(raw)
+                meta["version"] = version
+                for row in (3, 7):
+                    meta["golden"]["probabilities"][row] = meta["golden"]["probabilities"][row][::-1]
+                raw = json.dumps(meta).encode()
+            zout.writestr(item, raw)
+    return target
+
+
+def test_a_version_that_answers_wrongly_is_undone_by_k8s_deploy(served, image_vars, mar_v1):
+    """Its pods check their answers against the golden set while starting and exit: the rollout
+    fails at the first restart, `make k8s-deploy` undoes it, and 1.0 never stops serving."""
+    wrong_archive(mar_v1.parent, "2.9")
+    load = served.load()
+    try:
+        failed = deploy(served.cluster, image_vars, "2.9")
+    finally:
+        records = load.stop()
+    assert failed.returncode != 0, failed.stdout[-4000:]
+    assert re.search(r"container rtserve of pod rtserve-\S+ exited \d+ \(Error\) and restarted", failed.stdout), \
+        failed.stdout[-4000:]
+    assert "warm-up" in failed.stdout, failed.stdout[-4000:]  # the pod's log says why
+    assert "the rollout of registry.example.com/ml/rtserve:2.9 to local failed and was rolled back" in failed.stdout
+    assert served.versions() == {"1.0"}
+    print(f"bad version 2.9 undone: {Counts.of(records).text()} of {len(records)}")
+    no_failures(records, "a bad version's rollout and its undo")
+
+
+def test_draining_the_node_honours_the_disruption_budget(served):
+    """Two replicas on the one node, maxUnavailable 1: the drain evicts one pod, and the API
+    server refuses to evict the second while the first has no replacement (the node is
+    cordoned). Traffic keeps being answered by the pod left."""
+    cluster = served.cluster
+    ready = cluster.ok("-n", NAMESPACE, "get", "deployment", "rtserve", "-o", "jsonpath={.status.readyReplicas}")
+    assert ready == "2", f"expected 2 ready replicas before the drain, got {ready}"
+    load = served.load()
+    try:
+        drain = cluster.kubectl("drain", cluster.node, "--ignore-daemonsets", "--delete-emptydir-data",
+                                "--pod-selector=app.kubernetes.io/name=rtserve", "--timeout=45s", timeout=120)
+        pods = json.loads(cluster.ok("-n", NAMESPACE, "get", "pods", "-l", "app.kubernetes.io/name=rtserve",
+                                     "-o", "json"))
+    finally:
+        cluster.ok("uncordon", cluster.node)
+        time.sleep(2)
+        records = load.stop()
+    assert drain.returncode != 0, drain.stdout
+    assert "Cannot evict pod as it would violate the pod's disruption budget" in drain.stderr, drain.stderr
+    running = [p for p in pods["items"] if p["status"].get("phase") == "Running"
+               and not p["metadata"].get("deletionTimestamp")]
+    assert len(running) == 1, [p["metadata"]["name"] for p in running]
+    no_failures(records, "a node drain")
+    cluster.ok("-n", NAMESPACE, "rollout", "status", "deployment/rtserve", "--timeout=300s", timeout=320)
