@@ -1,7 +1,7 @@
 """`make k8s-deploy OVERLAY=local` and `make cluster-load`: what they run on `make cluster`'s
-cluster and elsewhere (kind, minikube), read from `make -n` plans, and one run through the
-recording stand-ins of tests/deploy/test_make_targets.py (no API server and no containerd run in
-this tier; tests/cluster/test_images.py loads into a real node).
+cluster and elsewhere (kind, minikube), read from `make -n` plans, and what it applies, rendered
+by the real kubectl kustomize. No API server and no containerd run in this tier:
+tests/cluster/test_deploy.py deploys and tests/cluster/test_images.py loads into a real node.
 
 A running local cluster is a run directory whose ``kube-apiserver.pid`` names a live process
 (the Makefile's CLUSTER_RUNS): this test's own PID stands in for the API server's.
@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from rtserve.k8s.deploy import Target, deploy_kustomization, verify_kustomization
 from tests.conftest import REPO
-from tests.deploy.test_make_targets import IMG, Make, deployment, plan, verify_calls
+from tests.deploy.conftest import K8S_DIR, load, render
+from tests.deploy.test_make_targets import IMG, deployment, plan
 
 pytestmark = pytest.mark.deploy
 
@@ -109,31 +111,27 @@ def test_another_overlay_never_loads_nor_uses_the_local_clusters_kubectl(tmp_pat
     assert status == [f"{LOCAL_KUBECTL} -n rtserve-local rollout status deployment/rtserve --timeout=15m"]
 
 
-def test_the_local_deploy_applies_its_own_job_with_the_nodes_images(tmp_path):
-    """Through the stand-ins (no cluster runs from the default run directory): the namespace, the
-    Secret looked up (the stand-in has it), then the overlay and its own verification Job, both
-    with IfNotPresent and the locally built gateway."""
-    make = Make(tmp_path)
-    result = make("k8s-deploy", "OVERLAY=local", "MODEL_VERSION=2.0", f"CLUSTER_RUN_DIR={run_dir(tmp_path, None)}",
-                  f"VENV={REPO / '.venv'}")
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert ">> no cluster runs from" in result.stdout
-    build = make.tmp / "k8s-build"
-    assert make.calls == [
-        ["apply", "-f", "deploy/k8s/overlays/local/namespace.yaml"],
-        ["-n", "rtserve-local", "get", "secret", "rtserve-gateway-tokens"],
-        ["kustomize", str(build)],
-        ["apply", "-f", str(build / "manifests.yaml")],
-        ["-n", "rtserve-local", "rollout", "status", "deployment/rtserve", "--timeout=15m"],
-        *verify_calls("rtserve-local", make.tmp / "k8s-build-verify"),
-    ]
-    pod = deployment(make.applied)["spec"]["template"]["spec"]
+def test_what_the_local_deploy_applies_takes_every_image_from_the_node(tmp_path):
+    """The overlay and the verification Job as `make k8s-deploy OVERLAY=local MODEL_VERSION=2.0`
+    renders them (rtserve.k8s.deploy's kustomizations, the real kubectl kustomize): the overlay's
+    own Job in its namespace, and every container with the rollout's or the stand-in's image and
+    IfNotPresent."""
+    t = Target(K8S_DIR, "local", "rtserve-local", "rtserve", IMG, "2.0", "realtime-classifier",
+               tmp_path / "local", tmp_path / "local-verify")
+    assert t.verify_dir == K8S_DIR / "overlays" / "local" / "verify"
+    rendered = {}
+    for build, kustomization in ((t.build_dir, deploy_kustomization(t)), (t.verify_build_dir, verify_kustomization(t))):
+        build.mkdir()
+        (build / "kustomization.yaml").write_text(kustomization)
+        rendered[build.name] = load(render(build))
+    pod = deployment(rendered["local"])["spec"]["template"]["spec"]
     assert [(c["image"], c["imagePullPolicy"]) for c in pod["initContainers"] + pod["containers"]] == \
         [(GATEWAY, "IfNotPresent"), (f"{IMG}:2.0", "IfNotPresent")]
-    (job,) = [o for o in make.verify_applied if o["kind"] == "Job"]
+    (job,) = [o for o in rendered["local-verify"] if o["kind"] == "Job"]
     (verify,) = job["spec"]["template"]["spec"]["containers"]
     assert (job["metadata"]["namespace"], verify["image"], verify["imagePullPolicy"]) == \
         ("rtserve-local", f"{IMG}:2.0", "IfNotPresent")
+    assert verify["resources"]["requests"]["cpu"] == "100m"  # the local Job's own sizing
 
 
 def test_make_cluster_load_needs_images_and_passes_them_on(tmp_path):
