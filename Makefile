@@ -382,8 +382,11 @@ pod-report: pod-deps $(STAMP) ## Image size and breakdown, pod time to ready, me
 	$(PY) -m bench.pod_report --tag $(POD_VERSION)
 
 ##@ Kubernetes (cluster)
-KUBECTL         ?= kubectl
 OVERLAY         ?= staging
+# The kubectl command (options may follow it). Not given, for OVERLAY=local while `make cluster`
+# runs: the cluster's own kubectl and kubeconfig (no kubectl need be installed).
+LOCAL_CLUSTER    = $(and $(filter local,$(OVERLAY)),$(CLUSTER_RUNS))
+KUBECTL         ?= $(if $(LOCAL_CLUSTER),$(CLUSTER_BIN)/kubectl --kubeconfig $(CLUSTER_KUBECONFIG),kubectl)
 NAMESPACE       ?= rtserve-$(OVERLAY)
 K8S_APP         ?= rtserve
 ROLLOUT_TIMEOUT ?= 15m
@@ -401,7 +404,9 @@ DEPLOY_VERSION  = $(if $(filter file,$(origin MODEL_VERSION)),$(PINNED_VERSION),
 # The version `make pod` runs: MODEL_VERSION when given, else the one POD_OVERLAY pins.
 POD_VERSION     = $(if $(filter file,$(origin MODEL_VERSION)),$(call pinned_version,$(POD_OVERLAY)),$(MODEL_VERSION))
 
-VERIFY_DIR     ?= $(K8S_DIR)/verify
+# The verification Job's kustomization: the overlay's own verify/ when it has one (local's takes
+# the images from the node), else the shared one (rtserve.k8s.deploy.Target.verify_dir: the same rule).
+VERIFY_DIR     ?= $(or $(patsubst %/kustomization.yaml,%,$(wildcard $(K8S_DIR)/overlays/$(OVERLAY)/verify/kustomization.yaml)),$(K8S_DIR)/verify)
 VERIFY_BUILD   ?= $(K8S_BUILD)-verify
 VERIFY_TIMEOUT ?= 300
 # A stricter p99 bound (ms) for the verification Job than the image's config/gate.yaml (empty: the image's).
@@ -409,11 +414,33 @@ VERIFY_MAX_P99_MS ?=
 # The rollout's steps are rtserve.k8s.deploy (python -m rtserve k8s deploy|verify).
 K8S_ARGS = --overlay $(OVERLAY) --image $(IMG) --version "$(DEPLOY_VERSION)" --namespace $(NAMESPACE) \
   --app $(K8S_APP) --model $(MODEL_NAME) --k8s-dir $(K8S_DIR) --build-dir $(K8S_BUILD) \
-  --verify-dir $(VERIFY_DIR) --verify-build-dir $(VERIFY_BUILD) --kubectl $(KUBECTL) --rollout-timeout $(ROLLOUT_TIMEOUT) \
+  --verify-dir $(VERIFY_DIR) --verify-build-dir $(VERIFY_BUILD) --kubectl "$(KUBECTL)" --rollout-timeout $(ROLLOUT_TIMEOUT) \
   --verify-timeout $(VERIFY_TIMEOUT) $(if $(VERIFY_MAX_P99_MS),--verify-max-p99-ms $(VERIFY_MAX_P99_MS))
 
+# OVERLAY=local first: on `make cluster`'s node, the image IMG:version built when the engine lacks
+# it, the gateway stand-in (its build is skipped when up to date), both loaded into the node (the
+# verification Job runs the same image); elsewhere (kind, minikube, k3d) a reminder to load them.
+# Then the namespace, and the gateway token's Secret when it has none (a random token).
+LOCAL_IMAGE = $(IMG):$(DEPLOY_VERSION)
+define k8s_local_images
+$(if $(filter podman,$(CLUSTER_ENGINE)),@$(MAKE) --no-print-directory pod-deps)
+$(CLUSTER_ENGINE) image inspect $(LOCAL_IMAGE) >/dev/null 2>&1 || \
+  $(MAKE) --no-print-directory image DOCKER=$(CLUSTER_ENGINE) MODEL_VERSION=$(DEPLOY_VERSION) IMAGE_TAG=$(DEPLOY_VERSION)
+$(MAKE) --no-print-directory image-gateway DOCKER=$(CLUSTER_ENGINE)
+$(PY) -m rtserve cluster load --run-dir $(CLUSTER_RUN_DIR) --engine $(CLUSTER_ENGINE) $(LOCAL_IMAGE) $(GATEWAY_STANDIN)
+endef
+define k8s_local_secret
+$(KUBECTL) apply -f $(K8S_DIR)/overlays/$(OVERLAY)/namespace.yaml
+$(KUBECTL) -n $(NAMESPACE) get secret rtserve-gateway-tokens >/dev/null 2>&1 || \
+  $(KUBECTL) -n $(NAMESPACE) create secret generic rtserve-gateway-tokens \
+  --from-literal=tokens="$$($(PY) -c 'import secrets; print(secrets.token_urlsafe(32))')"
+endef
+k8s_local_reminder = @echo ">> no cluster runs from $(CLUSTER_RUN_DIR) (make cluster): the node must hold $(LOCAL_IMAGE) and $(GATEWAY_STANDIN) (kind load docker-image, minikube image load)"
+
 .PHONY: k8s-deploy
-k8s-deploy: $(STAMP) ## Apply OVERLAY with image IMG:MODEL_VERSION (default: the overlay's pin), wait, verify (k8s-verify); undo and fail if the verification fails
+k8s-deploy: $(STAMP) ## Apply OVERLAY with image IMG:MODEL_VERSION (default: the overlay's pin), wait, verify (k8s-verify); undo and fail if the verification fails. OVERLAY=local: build and load the images first
+	$(if $(filter local,$(OVERLAY)),$(if $(CLUSTER_RUNS),$(k8s_local_images),$(k8s_local_reminder)))
+	$(if $(filter local,$(OVERLAY)),$(k8s_local_secret))
 	$(PY) -m rtserve k8s deploy $(K8S_ARGS)
 
 .PHONY: k8s-verify
@@ -439,11 +466,13 @@ k8s-pin: ## Record MODEL_VERSION as OVERLAY's image tag in its kustomization.yam
 	@grep -n 'newTag' $(K8S_DIR)/overlays/$(OVERLAY)/kustomization.yaml
 
 .PHONY: k8s-render
-k8s-render: ## Render every overlay to build/k8s/render/<overlay>.yaml and the verification Job to verify.yaml
+k8s-render: ## Render every overlay to build/k8s/render/<overlay>.yaml, the verification Job to verify.yaml (an overlay's own to <overlay>-verify.yaml)
 	@rm -rf build/k8s/render && mkdir -p build/k8s/render
 	@for o in $(K8S_OVERLAYS); do \
-	  $(KUBECTL) kustomize $(K8S_DIR)/overlays/$$o > build/k8s/render/$$o.yaml; echo ">> build/k8s/render/$$o.yaml"; done
-	$(KUBECTL) kustomize $(VERIFY_DIR) > build/k8s/render/verify.yaml; echo ">> build/k8s/render/verify.yaml"
+	  $(KUBECTL) kustomize $(K8S_DIR)/overlays/$$o > build/k8s/render/$$o.yaml; echo ">> build/k8s/render/$$o.yaml"; \
+	  if [ -f $(K8S_DIR)/overlays/$$o/verify/kustomization.yaml ]; then \
+	    $(KUBECTL) kustomize $(K8S_DIR)/overlays/$$o/verify > build/k8s/render/$$o-verify.yaml; echo ">> build/k8s/render/$$o-verify.yaml"; fi; done
+	$(KUBECTL) kustomize $(K8S_DIR)/verify > build/k8s/render/verify.yaml; echo ">> build/k8s/render/verify.yaml"
 
 .PHONY: k8s-deps
 k8s-deps: $(CHECKOV_STAMP) ## Install checkov into .venv-checkov (its pins clash with the test tools')
@@ -555,6 +584,12 @@ $(CLUSTER_ADDONS_STAMP):
 	rm -rf $(CLUSTER_ADDONS_BIN) && mv $(CLUSTER_ADDONS_BIN).tmp $(CLUSTER_ADDONS_BIN)
 
 CLUSTER_RUN_DIR    ?= $(RUN_DIR)/cluster
+# Whether the cluster of CLUSTER_RUN_DIR runs: its API server's PID file names a live process.
+CLUSTER_RUNS        = $(shell pid=$$(head -n1 $(CLUSTER_RUN_DIR)/kube-apiserver.pid 2>/dev/null) && \
+  [ -n "$$pid" ] && [ -d /proc/$$pid ] && echo yes)
+# The engine whose images make cluster-load (and k8s-deploy OVERLAY=local) load into the node.
+CLUSTER_ENGINE     ?= podman
+IMAGES             ?=
 CLUSTER_KUBECONFIG ?= build/cluster/admin.kubeconfig
 # Fixed ports, e.g. CLUSTER_PORTS="kube-apiserver=6443" (default: free ones, recorded in the run directory).
 CLUSTER_PORTS      ?=
@@ -568,6 +603,11 @@ cluster: cluster-deps | $(STAMP) ## Start the control plane on 127.0.0.1 and a n
 .PHONY: cluster-stop
 cluster-stop: ## Stop the cluster `make cluster` started (by its PID files in CLUSTER_RUN_DIR)
 	$(PY) -m rtserve cluster stop --run-dir $(CLUSTER_RUN_DIR)
+
+.PHONY: cluster-load
+cluster-load: | $(STAMP) ## Load IMAGES built here (e.g. IMAGES="registry.example.com/ml/rtserve:1.0") into the cluster's node, as kind load does; skips those it holds
+	@test -n "$(IMAGES)" || { echo 'usage: make cluster-load IMAGES="registry.example.com/ml/rtserve:1.0 ..."'; exit 2; }
+	$(PY) -m rtserve cluster load --run-dir $(CLUSTER_RUN_DIR) --engine $(CLUSTER_ENGINE) $(IMAGES)
 
 .PHONY: cluster-status
 cluster-status: ## Show whether each component of the cluster in CLUSTER_RUN_DIR runs, its API server and kubeconfig

@@ -171,6 +171,13 @@ class ClusterError(RtserveError):
     status = 503
 
 
+class ImageNotFound(ClusterError):
+    """HTTP 404: an image to load into the local cluster's node is not in the engine's store
+    (not built yet), or is known there only by another name."""
+
+    status = 404
+
+
 class DeployError(RtserveError):
     """HTTP 502: a cluster deployment or its verification failed (the message says which step)."""
 

@@ -6,9 +6,10 @@
         [--containerd-root ~/.cache/rtserve/cluster/containerd] [--pause FILE] [--port kube-apiserver=6443]
     python -m rtserve cluster status [--run-dir .run/cluster]
     python -m rtserve cluster stop [--run-dir .run/cluster]
+    python -m rtserve cluster load [--run-dir .run/cluster] [--engine podman] IMAGE [IMAGE ...]
 
-``make cluster-modules``, ``make cluster-addon-modules``, ``make cluster``, ``make cluster-status`` and ``make cluster-stop`` call
-these. An error is one line on stderr.
+``make cluster-modules``, ``make cluster-addon-modules``, ``make cluster``, ``make cluster-status``,
+``make cluster-stop`` and ``make cluster-load`` call these. An error is one line on stderr.
 """
 
 from __future__ import annotations
@@ -98,6 +99,18 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0 if all(line.startswith("running") for line in states.values()) else 3
 
 
+def cmd_load(args: argparse.Namespace) -> int:
+    """Load images built here into the cluster's node (podman save | ctr images import), skipping
+    those it holds already."""
+    from rtserve.cluster import images
+
+    begin = time.monotonic()
+    done = images.load(images.node_ctr(args.run_dir, args.ctr), args.image, args.engine)
+    imported = sum(1 for d in done if d.action == "imported")
+    print(f">> {len(done)} image(s) on the node, {imported} imported, in {time.monotonic() - begin:.1f} s")
+    return 0
+
+
 def add(groups: argparse._SubParsersAction) -> None:
     commands = group(groups, "cluster", __doc__)
     run_dir = (["--run-dir"], {"type": Path, "default": RUN_DIR})
@@ -124,3 +137,9 @@ def add(groups: argparse._SubParsersAction) -> None:
             run_dir, **errors)
     command(commands, "stop", cmd_stop, run_dir, **errors)
     command(commands, "status", cmd_status, run_dir, **errors)
+    command(commands, "load", cmd_load,
+            (["image"], {"nargs": "+", "metavar": "IMAGE",
+                         "help": "an image as the engine names it, e.g. registry.example.com/ml/rtserve:1.0"}),
+            (["--engine"], {"default": "podman", "help": "the engine whose images are saved (podman or docker)"}),
+            (["--ctr"], {"default": "ctr", "help": "containerd's client"}),
+            run_dir, **errors)

@@ -25,8 +25,10 @@ def options() -> argparse.ArgumentParser:
     p.add_argument("--k8s-dir", type=Path, default=Path("deploy/k8s"))
     p.add_argument("--build-dir", type=Path, help="default: build/k8s/<OVERLAY>")
     p.add_argument("--verify-build-dir", type=Path, help="default: BUILD_DIR-verify")
-    p.add_argument("--verify-dir", type=Path, help="the Job's kustomization (default: K8S_DIR/verify)")
-    p.add_argument("--kubectl", default="kubectl")
+    p.add_argument("--verify-dir", type=Path, help="the Job's kustomization (default: the overlay's "
+                                                   "verify/ if it has one, else K8S_DIR/verify)")
+    p.add_argument("--kubectl", default="kubectl",
+                   help="the kubectl command, options included (e.g. 'kubectl --kubeconfig FILE')")
     p.add_argument("--rollout-timeout", default="15m")
     p.add_argument("--verify-timeout", type=int, default=300, help="seconds")
     p.add_argument("--verify-max-p99-ms", type=float,

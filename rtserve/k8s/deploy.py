@@ -46,7 +46,7 @@ class Target:
         model: the model's name (in the change cause).
         build_dir: where the deploy kustomization and its rendered manifests are written.
         verify_build_dir: the same for the verification Job.
-        verify_source: the verification Job's kustomization (default ``k8s_dir/verify``).
+        verify_source: the verification Job's kustomization (default: :attr:`verify_dir`).
         rollout_timeout: ``kubectl rollout status --timeout`` (e.g. ``15m``).
         verify_timeout: seconds to wait for the Job's result.
     """
@@ -72,7 +72,12 @@ class Target:
 
     @property
     def verify_dir(self) -> Path:
-        return self.verify_source or self.k8s_dir / "verify"
+        """``verify_source``, else the overlay's own ``verify/`` when it has one (the local
+        overlay's: its images taken from the node), else ``k8s_dir/verify``."""
+        if self.verify_source is not None:
+            return self.verify_source
+        own = self.overlay_dir / "verify"
+        return own if (own / "kustomization.yaml").is_file() else self.k8s_dir / "verify"
 
     @property
     def tagged(self) -> str:
@@ -169,11 +174,19 @@ def job_result(conditions: str) -> str | None:
 
 class Kubectl:
     """Runs ``kubectl`` (or a stand-in): each command printed first, its output passed through
-    unless captured."""
+    unless captured. ``command`` is a command line, options included (the local cluster's is
+    ``.../kubectl --kubeconfig build/cluster/admin.kubeconfig``)."""
 
-    def __init__(self, binary: str = "kubectl", out: Callable[[str], None] | None = None) -> None:
-        self.binary = binary
+    def __init__(self, command: str = "kubectl", out: Callable[[str], None] | None = None) -> None:
+        self.command = shlex.split(command)
+        if not self.command:
+            raise DeployError("no kubectl command given (KUBECTL is empty)")
+        self.binary = self.command[0]
         self.out = out or say
+
+    def shown(self, *args: str) -> str:
+        """``kubectl args`` as a shell would run it (the command's options included)."""
+        return shlex.join([*self.command, *args])
 
     def __call__(self, *args: str, capture: bool = False, into: Path | None = None,
                  quiet: bool = False) -> str:
@@ -183,9 +196,9 @@ class Kubectl:
         Raises:
             DeployError: it exited non-zero (its stderr was shown), or cannot be run.
         """
-        cmd = [self.binary, *args]
+        cmd = [*self.command, *args]
         if not quiet:
-            self.out(shlex.join(cmd) + (f" > {into}" if into else ""))
+            self.out(self.shown(*args) + (f" > {into}" if into else ""))
         try:
             done = subprocess.run(cmd, stdout=subprocess.PIPE if capture or into else None,
                                   text=True)
@@ -288,8 +301,8 @@ def wait_rollout(t: Target, kubectl: Kubectl, sleep: Callable[[float], None] = t
     """
     deployment = f"deployment/{t.app}"
     deadline, said = clock() + seconds(t.rollout_timeout), ""
-    say(shlex.join([kubectl.binary, "-n", t.namespace, "rollout", "status", deployment,
-                    f"--timeout={t.rollout_timeout}"]) + " (and the new pods' restarts)")
+    say(kubectl.shown("-n", t.namespace, "rollout", "status", deployment,
+                      f"--timeout={t.rollout_timeout}") + " (and the new pods' restarts)")
     while True:
         done = kubectl("-n", t.namespace, "rollout", "status", deployment, "--watch=false",
                        capture=True, quiet=True).rstrip()

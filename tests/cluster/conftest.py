@@ -114,6 +114,6 @@ def rendered(cluster) -> dict[str, Path]:
     done = make("k8s-render", f"KUBECTL={cluster.bin_dir / 'kubectl'}")
     assert done.returncode == 0, done.stdout
     files = {p.stem: p for p in (REPO / "build" / "k8s" / "render").glob("*.yaml")}
-    assert {"production", "staging", "verify"} <= set(files), files
+    assert {"production", "staging", "local", "verify", "local-verify"} <= set(files), files
     return files
 

@@ -41,7 +41,7 @@ def test_server_runs_node_and_rbac_authorization(cluster):
     assert denied.returncode == 1 and denied.stdout.strip() == "no", denied
 
 
-@pytest.mark.parametrize("overlay", ["production", "staging"])
+@pytest.mark.parametrize("overlay", ["production", "staging", "local"])
 def test_every_rendered_overlay_is_accepted_by_the_api_server(cluster, rendered, overlay):
     """Server-side dry run of the whole rendering (its namespace created for real first: a dry
     run creates nothing for the namespaced objects to land in), with no PodSecurity warning."""
@@ -56,10 +56,12 @@ def test_every_rendered_overlay_is_accepted_by_the_api_server(cluster, rendered,
     assert "PodSecurity" not in done.stderr, done.stderr
 
 
-def test_the_verification_job_is_accepted_by_the_api_server(cluster, rendered):
-    staging = [o for o in yaml.safe_load_all(rendered["staging"].read_text()) if o and o["kind"] == "Namespace"]
-    cluster.ok("apply", "-f", "-", stdin=yaml.safe_dump_all(staging))
-    done = cluster.kubectl("apply", "--dry-run=server", "-f", str(rendered["verify"]))
+@pytest.mark.parametrize("overlay,job", [("staging", "verify"), ("local", "local-verify")])
+def test_the_verification_job_is_accepted_by_the_api_server(cluster, rendered, overlay, job):
+    """The shared Job (rendered in staging's namespace) and the local overlay's own."""
+    namespaces = [o for o in yaml.safe_load_all(rendered[overlay].read_text()) if o and o["kind"] == "Namespace"]
+    cluster.ok("apply", "-f", "-", stdin=yaml.safe_dump_all(namespaces))
+    done = cluster.kubectl("apply", "--dry-run=server", "-f", str(rendered[job]))
     assert done.returncode == 0, done.stderr
     assert "job.batch/rtserve-verify created (server dry run)" in done.stdout, done.stdout
     assert "PodSecurity" not in done.stderr, done.stderr

@@ -9,9 +9,9 @@ client in the cluster would; every request is counted on its first try.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
-import secrets
 import time
 import zipfile
 from pathlib import Path
@@ -65,17 +65,15 @@ def no_failures(records, what: str) -> Counts:
 
 @pytest.fixture(scope="module")
 def served(cluster, image_vars) -> Served:
-    """1.0 deployed with `make k8s-deploy OVERLAY=local` (the image built and loaded into the
-    node by the target itself), with the gateway's token Secret made first, as a user would."""
-    cluster.ok("create", "namespace", NAMESPACE)
-    token = secrets.token_hex(16)
-    cluster.ok("-n", NAMESPACE, "create", "secret", "generic", "rtserve-gateway-tokens",
-               f"--from-literal=tokens={token}")
+    """1.0 deployed with `make k8s-deploy OVERLAY=local` alone: the image built and loaded into
+    the node, the namespace and the gateway token's Secret (a random token) made by the target."""
     begin = time.monotonic()
     done = deploy(cluster, image_vars, "1.0")
     assert done.returncode == 0, done.stdout[-6000:]
     print(f"k8s-deploy OVERLAY=local 1.0 (image build and load included): {time.monotonic() - begin:.0f} s")
-    return Served(cluster, token, done.stdout)
+    assert "secret/rtserve-gateway-tokens created" in done.stdout, done.stdout[-6000:]
+    tokens = cluster.ok("-n", NAMESPACE, "get", "secret", "rtserve-gateway-tokens", "-o", "jsonpath={.data.tokens}")
+    return Served(cluster, base64.b64decode(tokens).decode().splitlines()[0], done.stdout)
 
 
 def test_deploy_completes_and_answers_through_the_service_with_the_token(served):

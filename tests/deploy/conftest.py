@@ -14,8 +14,22 @@ K8S_DIR = REPO / "deploy" / "k8s"
 #: The verification Job's kustomization (`make k8s-verify`), rendered and checked like an overlay.
 VERIFY_DIR = K8S_DIR / "verify"
 OVERLAYS = sorted(p.name for p in (K8S_DIR / "overlays").iterdir() if (p / "kustomization.yaml").is_file())
+#: Overlays with a verification Job of their own (overlays/<name>/verify), rendered and checked too.
+OWN_VERIFY = {o: K8S_DIR / "overlays" / o / "verify" for o in OVERLAYS
+              if (K8S_DIR / "overlays" / o / "verify" / "kustomization.yaml").is_file()}
+#: The component of the overlays whose images are built here and loaded into the node.
+LOCAL_IMAGES = K8S_DIR / "components" / "local-images"
 #: The Kubernetes version the manifests are validated against (kubernetes-validate ships it).
 K8S_VERSION = "1.32.0"
+
+
+def pull_policy(overlay: str) -> str:
+    """The pull policy the overlay's containers must have: IfNotPresent where its images come from
+    the node (it uses components/local-images), else Always (a registry's tag re-checked)."""
+    overlay_dir = K8S_DIR / "overlays" / overlay
+    kustomization = yaml.safe_load((overlay_dir / "kustomization.yaml").read_text())
+    local = any((overlay_dir / c).resolve() == LOCAL_IMAGES for c in kustomization.get("components", []))
+    return "IfNotPresent" if local else "Always"
 
 
 def render(path: Path) -> str:

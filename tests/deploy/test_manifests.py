@@ -15,7 +15,9 @@ from rtserve.gateway import nginx as gateway
 from rtserve.server import probe
 from rtserve.server.torchserve import TorchServe
 from tests.conftest import REPO
-from tests.deploy.conftest import K8S_DIR, K8S_VERSION, OVERLAYS, VERIFY_DIR, load, one, pinned_tag, render
+from deploy.podman.pod import GATEWAY_STANDIN
+from tests.deploy.conftest import (K8S_DIR, K8S_VERSION, OVERLAYS, OWN_VERIFY, VERIFY_DIR, load, one, pinned_tag,
+                                   pull_policy, render)
 
 pytestmark = pytest.mark.deploy
 
@@ -134,7 +136,7 @@ def test_image_is_the_overlays_pinned_model_version(rendered, overlay):
     assert tag == pinned_tag(overlay)
     makefile = (REPO / "Makefile").read_text()
     assert f"TRAIN_ARGS_{tag} =" in makefile, f"{overlay} pins {tag}, a version make cannot build"
-    assert container(rendered[overlay])["imagePullPolicy"] == "Always"
+    assert container(rendered[overlay])["imagePullPolicy"] == pull_policy(overlay)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -195,8 +197,11 @@ def test_gateway_fronts_torchserve_with_the_shared_token(rendered, overlay):
     # A native sidecar: up before TorchServe starts, stopped only after it drained and exited.
     assert gw["restartPolicy"] == "Always" and "lifecycle" not in gw
     name, _, tag = gw["image"].rpartition(":")
-    assert name == "nginxinc/nginx-unprivileged" and re.fullmatch(r"\d+\.\d+\.\d+-alpine", tag)
-    assert gw["imagePullPolicy"] == "Always"
+    if pull_policy(overlay) == "Always":
+        assert name == "nginxinc/nginx-unprivileged" and re.fullmatch(r"\d+\.\d+\.\d+-alpine", tag)
+    else:  # built here (make image-gateway): Debian's nginx, what the pod tier runs too
+        assert gw["image"] == GATEWAY_STANDIN
+    assert gw["imagePullPolicy"] == pull_policy(overlay)
     for kind, path in (("startupProbe", "/livez"), ("readinessProbe", "/readyz"),
                        ("livenessProbe", "/livez")):
         assert gw[kind]["httpGet"] == {"path": path, "port": "gateway-health"}, kind
@@ -289,9 +294,12 @@ def test_security_context_is_strict(rendered, overlay):
         assert sc["capabilities"] == {"drop": ["ALL"]}
         assert sc["runAsNonRoot"] is True and sc["runAsUser"] > 10000
         assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
-        for kind in ("requests", "limits"):
-            assert set(c["resources"][kind]) == {"cpu", "memory"}
-        assert c["resources"]["requests"] == c["resources"]["limits"], "Guaranteed QoS"
+        requests, limits = c["resources"]["requests"], c["resources"]["limits"]
+        assert set(requests) == set(limits) == {"cpu", "memory"}
+        if overlay == "local":  # Burstable on CPU only, to fit a laptop (test_local_overlay_fits...)
+            assert requests["memory"] == limits["memory"] and cpus(requests["cpu"]) < cpus(limits["cpu"])
+        else:
+            assert requests == limits, "Guaranteed QoS"
     sc = container(objects)["securityContext"]
     dockerfile = (REPO / "Dockerfile").read_text()
     assert re.search(rf"^USER {sc['runAsUser']}:{sc['runAsGroup']}$", dockerfile, re.M)
@@ -353,6 +361,70 @@ def test_network_policy_keeps_management_and_metrics_internal(rendered, overlay)
     assert management_from == [{"podSelector": {"matchLabels": {"rtserve.io/management-client": "true"}}}]
     management = one(objects, "Service", "rtserve-management")
     assert management["spec"]["type"] == "ClusterIP"
+
+
+def cpus(quantity: str) -> float:
+    return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+
+
+def mebibytes(quantity: str) -> float:
+    units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024}
+    return float(quantity[:-2]) * units[quantity[-2:]] if quantity[-2:] in units else float(quantity) / 2**20
+
+
+def test_local_overlay_fits_a_two_core_laptop(rendered):
+    """2 replicas, the surge pod of a rolling update and the verification Job are scheduled at once
+    on 2 CPUs, leaving half a CPU for the cluster's own pods (DNS, metrics); memory is as
+    measured (docs/image-and-pod.md: at most 1124 MiB) with room, and never overcommitted."""
+    objects = rendered["local"]
+    dep, hpa = deployment(objects)["spec"], one(objects, "HorizontalPodAutoscaler")["spec"]
+    (job,) = [o for o in load(render(OWN_VERIFY["local"])) if o["kind"] == "Job"]
+    (verify,) = job["spec"]["template"]["spec"]["containers"]
+    pods = hpa["minReplicas"] + dep["strategy"]["rollingUpdate"]["maxSurge"]
+    pod_cpu = sum(cpus(c["resources"]["requests"]["cpu"]) for c in (container(objects), sidecar(objects)))
+    assert pods == 3 and pods * pod_cpu + cpus(verify["resources"]["requests"]["cpu"]) <= 1.5
+    assert hpa["minReplicas"] == 2 and hpa["maxReplicas"] > hpa["minReplicas"], "the PDB needs 2; load adds one"
+    memory = container(objects)["resources"]
+    assert mebibytes(memory["limits"]["memory"]) >= 1536 and memory["requests"]["memory"] == memory["limits"]["memory"]
+    # The HPA's target is the same share of a CPU per pod as it is a share of the small request:
+    # 200 % of 250m, half a CPU, which two pods reach on 2 cores beside the load.
+    target = hpa["metrics"][0]["resource"]["target"]["averageUtilization"]
+    assert cpus(container(objects)["resources"]["requests"]["cpu"]) * target / 100 == 0.5
+
+
+def test_local_images_are_taken_from_the_node_and_the_others_pulled(rendered):
+    """Every container of the local overlay and of its Job: IfNotPresent; the gateway is the
+    stand-in make image-gateway builds (GATEWAY_STANDIN in the Makefile and deploy/podman/pod.py)."""
+    assert pull_policy("local") == "IfNotPresent"
+    assert {pull_policy(o) for o in OVERLAYS if o != "local"} == {"Always"}
+    pod = pod_spec(rendered["local"])
+    (job,) = [o for o in load(render(OWN_VERIFY["local"])) if o["kind"] == "Job"]
+    for c in pod["containers"] + pod["initContainers"] + job["spec"]["template"]["spec"]["containers"]:
+        assert c["imagePullPolicy"] == "IfNotPresent", c["name"]
+    assert sidecar(rendered["local"])["image"] == GATEWAY_STANDIN
+    makefile = (REPO / "Makefile").read_text()
+    assert re.search(rf"^GATEWAY_STANDIN \?= {re.escape(GATEWAY_STANDIN)}$", makefile, re.M)
+
+
+@pytest.mark.parametrize("overlay", sorted(OWN_VERIFY))
+def test_an_overlays_own_verification_job_is_the_shared_one_in_its_namespace(overlay):
+    """The same Job and policy as deploy/k8s/verify (make k8s-deploy renders it with the
+    rollout's image), in the overlay's namespace, with the overlay's pull policy and sizing."""
+    own, shared = load(render(OWN_VERIFY[overlay])), load(render(VERIFY_DIR))
+    for obj in own:
+        assert kubernetes_validate.validate(obj, K8S_VERSION, strict=True) == "1.32"
+        assert obj["metadata"]["namespace"] == f"rtserve-{overlay}"
+    assert [(o["kind"], o["metadata"]["name"]) for o in own] == [(o["kind"], o["metadata"]["name"]) for o in shared]
+    job, base = one(own, "Job"), one(shared, "Job")
+    (c,), (b,) = job["spec"]["template"]["spec"]["containers"], base["spec"]["template"]["spec"]["containers"]
+    assert c["imagePullPolicy"] == pull_policy(overlay)
+    assert c["image"].rpartition(":")[0] == b["image"].rpartition(":")[0]  # the tag: the rollout's
+    for obj in (c, b):
+        obj.pop("imagePullPolicy"), obj.pop("resources"), obj.pop("image")
+    for obj in (job, base):
+        obj["metadata"].pop("namespace"), obj["metadata"].pop("annotations")
+    assert job == base
+    assert one(own, "NetworkPolicy")["spec"] == one(shared, "NetworkPolicy")["spec"]
 
 
 def test_config_change_renames_the_configmap_and_so_rolls_the_pods(tmp_path):

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from rtserve.errors import DeployError
-from rtserve.k8s.deploy import (JOB_CONDITIONS, Target, crashed, deploy, deploy_kustomization, job_result,
-                                seconds, uses_image, verify, verify_kustomization)
+from rtserve.k8s.deploy import (JOB_CONDITIONS, Kubectl, Target, crashed, deploy, deploy_kustomization,
+                                job_result, seconds, uses_image, verify, verify_kustomization)
 
 pytestmark = pytest.mark.unit
 
@@ -24,6 +24,9 @@ class FakeKubectl:
     answers ``conditions`` in turn; a call whose first words are in ``fail`` raises."""
 
     binary = "kubectl"
+
+    def shown(self, *args: str) -> str:
+        return " ".join([self.binary, *args])
 
     def __init__(self, image: str, conditions=("Complete",), fail=()) -> None:
         self.image, self.conditions, self.fail = image, list(conditions), fail
@@ -136,3 +139,31 @@ def test_a_new_pod_that_exited_with_an_error_and_restarted_has_crashed():
     assert crashed(pods, "bbb") == ("container rtserve of pod new-2 exited 1 (Error) and restarted "
                                     "1 time(s)")
     assert crashed({"items": [_pod("new-3", "bbb", 1, 0)]}, "bbb") is None  # a clean exit
+
+
+def test_an_overlay_with_its_own_verify_dir_gets_that_job(tmp_path):
+    """The local overlay's Job takes its image from the node (deploy/k8s/overlays/local/verify)."""
+    t = target(tmp_path)
+    assert t.verify_dir == t.k8s_dir / "verify"
+    (t.overlay_dir / "verify").mkdir()
+    assert t.verify_dir == t.k8s_dir / "verify", "a directory without a kustomization is not one"
+    (t.overlay_dir / "verify" / "kustomization.yaml").write_text("kind: Kustomization\n")
+    assert t.verify_dir == t.overlay_dir / "verify"
+    assert "  - ../../k8s/overlays/staging/verify" in verify_kustomization(t).splitlines()
+    given = Target(**{**t.__dict__, "verify_source": tmp_path / "mine"})
+    assert given.verify_dir == tmp_path / "mine"
+
+
+def test_kubectl_is_a_command_line_with_its_options(tmp_path):
+    """The local cluster's kubectl comes with its kubeconfig (KUBECTL="kubectl --kubeconfig F")."""
+    script = tmp_path / "kubectl"
+    script.write_text("#!/bin/sh\necho \"$@\"\n")
+    script.chmod(0o755)
+    said = []
+    kubectl = Kubectl(f"{script} --kubeconfig '{tmp_path}/admin kubeconfig'", out=said.append)
+    assert kubectl("get", "nodes", capture=True) == f"--kubeconfig {tmp_path}/admin kubeconfig get nodes\n"
+    assert said == [f"{script} --kubeconfig '{tmp_path}/admin kubeconfig' get nodes"]
+    with pytest.raises(DeployError, match="no kubectl command given"):
+        Kubectl("  ")
+    with pytest.raises(DeployError, match=r"cannot run /nowhere/kubectl: \[Errno 2\]"):
+        Kubectl("/nowhere/kubectl --kubeconfig x")("version")

@@ -1,0 +1,231 @@
+"""Load images built on this machine into the local cluster's node, as ``kind load`` does: the
+engine's ``save`` (a docker-archive) streamed into ``ctr images import`` on the node's containerd
+(:class:`rtserve.cluster.containerd.Ctr`, the CRI plugin's namespace ``k8s.io``). No registry.
+
+An image is skipped when the node already holds it under the same name: the config digest of the
+manifest the name points to in containerd is the engine's image ID (podman's and Docker's image
+ID *is* that config digest, and a docker-archive keeps the config's bytes). Manifest digests are
+no test: ctr writes a manifest of its own for a docker-archive, never equal to podman's. An image
+the node holds under another name only (the CRI plugin also names every image it knows
+``sha256:<ID>``) is tagged there, without a second import.
+
+:func:`config_digest` and :func:`plan` are pure; :func:`load` runs the commands.
+
+    python -m rtserve cluster load --run-dir .run/cluster registry.example.com/ml/rtserve:1.0
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from rtserve.cluster.containerd import Ctr
+from rtserve.cluster.runtime import load_state
+from rtserve.errors import ClusterError, CommandError, ImageNotFound, ProcessError
+from rtserve.runtime.process import last_lines, run
+
+#: What ``make cluster`` records in its state file: the node's containerd socket.
+ADDRESS_KEY = "containerd_address"
+#: Seconds for one image's save and import (4.6 GB: about two minutes here), and for a query.
+LOAD_TIMEOUT = 1800.0
+QUERY_TIMEOUT = 60.0
+INDEX_TYPES = ("application/vnd.oci.image.index.v1+json",
+               "application/vnd.docker.distribution.manifest.list.v2+json")
+#: The exit status of a process killed by SIGPIPE (its reader went away).
+SIGPIPE_EXIT = -13
+
+
+@dataclass(frozen=True)
+class Local:
+    """An image in the engine's store: the name asked for, its ID (``sha256:...``), its size."""
+
+    name: str
+    id: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What :func:`load` did with one image: ``imported`` (in ``seconds``), ``tagged`` (the node
+    held its ID under another name) or ``present``."""
+
+    image: Local
+    action: str
+    seconds: float = 0.0
+
+    def line(self) -> str:
+        short = self.image.id.removeprefix("sha256:")[:12]
+        if self.action == "imported":
+            return (f">> loaded {self.image.name} ({self.image.size / 1e9:.2f} GB, image {short}) "
+                    f"in {self.seconds:.1f} s")
+        if self.action == "tagged":
+            return f">> tagged {self.image.name} on the node: it held image {short} already"
+        return f">> {self.image.name} is on the node already (image {short}): skipped"
+
+
+def node_ctr(run_dir: Path, binary: str = "ctr") -> Ctr:
+    """``ctr`` for the node of the cluster started from ``run_dir`` (its state file).
+
+    Raises:
+        ClusterError: no cluster was started there, it records no containerd, or the socket is
+            gone (the cluster is stopped).
+    """
+    address = load_state(run_dir).get(ADDRESS_KEY)
+    if not address:
+        raise ClusterError(f"the cluster of {run_dir} has no node: its state file records no "
+                           f"{ADDRESS_KEY} (start it with make cluster)")
+    try:
+        is_socket = stat.S_ISSOCK(os.stat(address).st_mode)
+    except OSError:
+        is_socket = False
+    if not is_socket:
+        raise ClusterError(f"the node's containerd does not run: no socket at {address} "
+                           "(start the cluster with make cluster)")
+    return Ctr(Path(address), binary)
+
+
+def local_image(name: str, engine: str = "podman") -> Local:
+    """The engine's image ``name``, a name exactly as the engine lists it (the name the node and
+    the pod spec use).
+
+    Raises:
+        ImageNotFound: the engine has no image of that name, or knows it only by another name.
+    """
+    done = run([engine, "image", "inspect", name], QUERY_TIMEOUT, check=False, apart=True)
+    if done.returncode != 0:
+        raise ImageNotFound(f"{engine} has no image {name}: build it first (make image "
+                            f"MODEL_VERSION=... DOCKER={engine}, or make image-gateway DOCKER={engine}); "
+                            f"{engine} said: {done.stderr.strip()}")
+    (info,) = json.loads(done.stdout)
+    tags = info.get("RepoTags") or []
+    if name not in tags:
+        raise ImageNotFound(f"{engine} knows {name} as {', '.join(tags) or 'no name'}: give the full "
+                            "name (the one the pod spec uses), e.g. registry.example.com/ml/rtserve:1.0")
+    image_id = info["Id"] if info["Id"].startswith("sha256:") else f"sha256:{info['Id']}"
+    return Local(name, image_id, int(info.get("Size") or 0))
+
+
+def config_digest(target: str, fetch: Callable[[str], dict],
+                  platform: tuple[str, str] = ("linux", "amd64")) -> str | None:
+    """The config digest (the image ID) of the manifest ``target`` names, through an index to
+    ``platform``'s manifest; None when it has none for ``platform``. ``fetch`` reads a blob as
+    JSON."""
+    doc = fetch(target)
+    if doc.get("mediaType") in INDEX_TYPES or ("manifests" in doc and "config" not in doc):
+        for entry in doc.get("manifests", []):
+            p = entry.get("platform") or {}
+            if (p.get("os"), p.get("architecture")) == platform:
+                return config_digest(entry["digest"], fetch, platform)
+        return None
+    return (doc.get("config") or {}).get("digest")
+
+
+def plan(image: Local, refs: dict[str, str], config_of: Callable[[str], str | None]) -> str:
+    """What to do with ``image`` on a node whose names point as ``refs`` says: ``present`` (its
+    name points to the same image), ``tag`` (``sha256:<ID>``, the CRI plugin's name for an
+    image it holds, does), else ``import``."""
+    if image.name in refs and config_of(refs[image.name]) == image.id:
+        return "present"
+    if image.id in refs and config_of(refs[image.id]) == image.id:
+        return "tag"
+    return "import"
+
+
+def _platform() -> tuple[str, str]:
+    machine = os.uname().machine
+    return "linux", {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
+
+
+class NodeImages:
+    """The node's images through its ``ctr``: their config digests, a tag, a streamed import."""
+
+    def __init__(self, ctr: Ctr) -> None:
+        self.ctr = ctr
+
+    def config_of(self, target: str) -> str | None:
+        try:
+            return config_digest(target, lambda d: json.loads(self.ctr("content", "get", d)), _platform())
+        except (ClusterError, ValueError):
+            return None  # a blob not (or no longer) in the content store: not this image
+
+    def tag(self, source: str, name: str) -> None:
+        self.ctr("images", "tag", "--force", source, name)
+
+    def import_from(self, engine: str, image: Local, timeout: float = LOAD_TIMEOUT) -> float:
+        """Stream ``engine save`` of ``image`` into ``ctr images import``; returns the seconds.
+
+        Only the archive's platform is in it (so no ``--all-platforms``) and its image is named
+        (so no ``--digests``, which adds an ``import-<date>@sha256:...`` name per image); ctr
+        unpacks it into overlayfs, the CRI plugin's snapshotter, so a container starts at once.
+
+        Raises:
+            CommandError: the engine's save failed (its output kept).
+            ClusterError: ctr's import failed (its stderr kept, and the save's output when that
+                failed too) or ran past ``timeout``.
+            ProcessError: the engine cannot be started.
+        """
+        docker_archive = ["--format", "docker-archive"] if Path(engine).name == "podman" else []  # docker's only
+        save = [engine, "save", *docker_archive, image.name]
+        start = time.monotonic()
+        with tempfile.TemporaryFile() as save_err:
+            try:
+                saver = subprocess.Popen(save, stdout=subprocess.PIPE, stderr=save_err, stdin=subprocess.DEVNULL)
+            except OSError as exc:
+                raise ProcessError(f"cannot run {' '.join(save)}: {exc}") from exc
+            failed = None
+            try:
+                self.ctr("images", "import", "-", stdin=saver.stdout, timeout=timeout)
+            except ClusterError as exc:
+                failed = exc
+            finally:
+                saver.stdout.close()
+            try:
+                code = saver.wait(60 if failed else max(60.0, timeout - (time.monotonic() - start)))
+            except subprocess.TimeoutExpired:
+                saver.kill()
+                code = saver.wait()
+            # Either side may be the cause (a cut stream fails ctr; ctr's failure cuts the save
+            # off), so a failure of both names both; a save that only lost its reader, ctr's.
+            if code not in (0, SIGPIPE_EXIT) or (code and not failed):
+                save_err.seek(0)
+                save_error = CommandError(save, code, last_lines(save_err.read().decode(errors="replace"), 40))
+                if not failed:
+                    raise save_error
+                raise failed.reworded(f"{failed}\nand {save_error}")
+            if failed:
+                raise failed
+        return time.monotonic() - start
+
+
+def load(ctr: Ctr, names: list[str], engine: str = "podman",
+         say: Callable[[str], None] = print) -> list[Loaded]:
+    """Load each image of ``names`` from ``engine`` into the node ``ctr`` reaches, unless it holds
+    it already; one line said per image.
+
+    Raises:
+        ImageNotFound: the engine lacks one of the images (all are checked before any import).
+        ClusterError, CommandError, ProcessError: a ctr or engine command failed.
+    """
+    images = [local_image(name, engine) for name in names]
+    node = NodeImages(ctr)
+    refs = ctr.images()
+    done = []
+    for image in images:
+        action = plan(image, refs, node.config_of)
+        if action == "import":
+            loaded = Loaded(image, "imported", node.import_from(engine, image))
+        elif action == "tag":
+            node.tag(image.id, image.name)
+            loaded = Loaded(image, "tagged")
+        else:
+            loaded = Loaded(image, "present")
+        say(loaded.line())
+        done.append(loaded)
+    return done

@@ -1,0 +1,87 @@
+"""`make cluster-load` into the real node's containerd (``make cluster``): an image built with
+podman is imported under its name, with podman's image ID as its config digest; a second load
+skips it; another name of the same image is tagged without an import; a missing image is refused.
+
+The image is a tiny one of this test's own (one file, a label unique to the run), so that the
+node, whose containerd root outlives a cluster (CLUSTER_CONTAINERD_ROOT), never holds it yet;
+the rtserve and gateway images go the same way in `make k8s-deploy OVERLAY=local`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from rtserve.cluster import images
+from tests.cluster.conftest import make
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.cluster
+
+CONTAINERS_CONF = REPO / "deploy" / "podman" / "containers.conf"
+
+
+def podman(*args: str, cwd: Path | None = None) -> str:
+    done = subprocess.run(["podman", *args], cwd=cwd, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "CONTAINERS_CONF": str(CONTAINERS_CONF)})
+    assert done.returncode == 0, f"podman {' '.join(args)}: {done.stderr}"
+    return done.stdout.strip()
+
+
+@pytest.fixture
+def tiny_image(tmp_path) -> tuple[str, str]:
+    """(name, image ID) of a one-file image no node has seen; removed from podman and the node after."""
+    run = uuid.uuid4().hex[:12]
+    (tmp_path / "stamp").write_text(run)
+    (tmp_path / "Containerfile").write_text("FROM scratch\nCOPY stamp /stamp\n")
+    name = f"localhost/rtserve-load-check:{run}"
+    image_id = podman("build", "-q", "--label", f"rtserve.load-check={run}", "-t", name, ".", cwd=tmp_path)
+    yield name, f"sha256:{image_id}"
+    podman("rmi", "--force", image_id)
+
+
+def load(cluster, *names: str) -> subprocess.CompletedProcess:
+    return make("cluster-load", f"CLUSTER_RUN_DIR={cluster.run_dir}", f"IMAGES={' '.join(names)}")
+
+
+def test_an_image_is_imported_once_and_tagged_under_a_second_name(cluster, tiny_image):
+    name, image_id = tiny_image
+    short = image_id.removeprefix("sha256:")[:12]
+    ctr = images.node_ctr(cluster.run_dir)
+    second = name.replace("load-check:", "load-check:again-")
+    try:
+        first = load(cluster, name)
+        assert first.returncode == 0, first.stdout
+        assert re.search(rf"^>> loaded {re.escape(name)} \(0\.00 GB, image {short}\) in [\d.]+ s$",
+                         first.stdout, re.M), first.stdout
+        refs = ctr.images()
+        assert images.NodeImages(ctr).config_of(refs[name]) == image_id  # podman's ID on the node
+        assert not [r for r in refs if r.startswith("import-")], "no import-<date>@ names (--digests)"
+
+        again = load(cluster, name)
+        assert f">> {name} is on the node already (image {short}): skipped\n" in again.stdout, again.stdout
+        assert ">> 1 image(s) on the node, 0 imported" in again.stdout
+
+        podman("tag", name, second)
+        tagged = load(cluster, second)
+        assert f">> tagged {second} on the node: it held image {short} already\n" in tagged.stdout, tagged.stdout
+        assert images.NodeImages(ctr).config_of(ctr.images()[second]) == image_id
+    finally:
+        held = ctr.images()
+        left = [ref for ref in (name, second, image_id) if ref in held]
+        if left:
+            ctr("images", "rm", *left)
+
+
+def test_a_missing_image_or_a_stopped_cluster_is_refused_by_name(cluster, tmp_path):
+    missing = load(cluster, "localhost/rtserve-load-check:never-built")
+    assert missing.returncode != 0
+    assert "error: podman has no image localhost/rtserve-load-check:never-built: build it first" in missing.stdout
+    nowhere = make("cluster-load", f"CLUSTER_RUN_DIR={tmp_path}", "IMAGES=localhost/x:1")
+    assert nowhere.returncode != 0
+    assert f"error: no cluster was started from {tmp_path} (make cluster)" in nowhere.stdout
