@@ -534,12 +534,12 @@ CLUSTER_PAUSE      ?= $(CACHE_DIR)/cluster/pause-$(shell cat $(CLUSTER_MODULE)/p
 CLUSTER_CONTAINERD_ROOT ?= $(CACHE_DIR)/cluster/containerd
 
 .PHONY: cluster-deps
-cluster-deps: $(CLUSTER_STAMP) $(CLUSTER_ADDONS_STAMP) $(CLUSTER_PAUSE) node-deps ## Build the Kubernetes binaries, etcd, the add-ons (CoreDNS, metrics-server: CLUSTER_ADDONS_BIN) and the pause program (once per machine); install the node's containerd, runc, CNI plugins and iptables
+cluster-deps: $(CLUSTER_STAMP) $(CLUSTER_ADDONS_STAMP) $(CLUSTER_PAUSE) cluster-node-deps ## Build the Kubernetes binaries, etcd, the add-ons (CoreDNS, metrics-server: CLUSTER_ADDONS_BIN) and the pause program (once per machine); install the node's containerd, runc, CNI plugins and iptables
 	@echo ">> cluster binaries ($(CLUSTER_KUBERNETES), etcd $(CLUSTER_ETCD)) in $(CLUSTER_BIN)"
 	@echo ">> cluster add-ons (coredns $(CLUSTER_COREDNS), metrics-server $(CLUSTER_METRICS_SERVER)) in $(CLUSTER_ADDONS_BIN)"
 
-.PHONY: node-deps
-node-deps: ## Install the node's containerd, runc, CNI plugins and iptables from Debian's packages if one is missing
+.PHONY: cluster-node-deps
+cluster-node-deps: ## Install the node's containerd, runc, CNI plugins and iptables from Debian's packages if one is missing
 	@if command -v containerd >/dev/null 2>&1 && command -v ctr >/dev/null 2>&1 && command -v runc >/dev/null 2>&1 \
 	    && [ -x /usr/lib/cni/bridge ] && [ -x /usr/lib/cni/host-local ] && [ -x /usr/lib/cni/loopback ] \
 	    && command -v iptables-save >/dev/null 2>&1; then \
@@ -597,7 +597,7 @@ CLUSTER_PORTS      ?=
 .PHONY: cluster
 cluster: cluster-deps | $(STAMP) ## Start the control plane on 127.0.0.1 and a node on this machine (containerd, kubelet, kube-proxy); kubeconfig: CLUSTER_KUBECONFIG
 	$(PY) -m rtserve cluster start --bin-dir $(CLUSTER_BIN) --run-dir $(CLUSTER_RUN_DIR) \
-	  --containerd-root $(CLUSTER_CONTAINERD_ROOT) --pause $(CLUSTER_PAUSE) \
+	  --containerd-root $(CLUSTER_CONTAINERD_ROOT) --pause $(CLUSTER_PAUSE) --addons-bin-dir $(CLUSTER_ADDONS_BIN) \
 	  --kubeconfig $(CLUSTER_KUBECONFIG) $(addprefix --port ,$(CLUSTER_PORTS))
 
 .PHONY: cluster-stop

@@ -62,7 +62,8 @@ def cmd_start(args: argparse.Namespace) -> int:
 
     layout = Layout(args.run_dir.resolve(), args.bin_dir.resolve(), args.kubeconfig.resolve(),
                     runtime.resolve_ports(dict(args.port)), args.containerd_root.resolve(),
-                    args.pause.resolve() if args.pause else None)
+                    args.pause.resolve() if args.pause else None,
+                    args.addons_bin_dir.resolve() if args.addons_bin_dir else None)
     begin = time.monotonic()
     took = runtime.start(layout)
     steps = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in took.items())
@@ -132,6 +133,7 @@ def add(groups: argparse._SubParsersAction) -> None:
             (["--containerd-root"], {"type": Path, "default": CONTAINERD_ROOT,
                                      "help": "containerd's root: the node's images, kept between starts"}),
             (["--pause"], {"type": Path, "help": "the pause program (default: BIN_DIR/pause)"}),
+            (["--addons-bin-dir"], {"type": Path, "help": "where CoreDNS and metrics-server are (default: BIN_DIR)"}),
             (["--port"], {"type": _port, "action": "append", "default": [], "metavar": "NAME=PORT",
                           "help": "a fixed port (default: free ones)"}),
             run_dir, **errors)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from rtserve.cluster import node
+from rtserve.cluster import addons, node
 from rtserve.cluster.pki import FRONT_PROXY_CLIENT
 
 HOST = "127.0.0.1"
@@ -20,9 +20,11 @@ SERVICE_IP = "10.0.0.1"
 #: The components, in start order (stop runs in reverse): the control plane, then the node.
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 NODE = ("containerd", "kubelet", "kube-proxy")
-NAMES = CONTROL_PLANE + NODE
+ADDONS = ("coredns", "metrics-server")
+NAMES = CONTROL_PLANE + NODE + ADDONS
 PORT_NAMES = ("etcd", "etcd-peer", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
-              "kubelet", "kubelet-healthz", "kube-proxy-healthz", "kube-proxy-metrics")
+              "kubelet", "kubelet-healthz", "kube-proxy-healthz", "kube-proxy-metrics",
+              "coredns-health", "coredns-ready", "metrics-server")
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,8 @@ class Layout:
     containerd_root: Path = Path("/var/lib/rtserve-cluster/containerd")
     #: The pause program (`make cluster-deps` builds it beside the others).
     pause: Path | None = None
+    #: Where CoreDNS and metrics-server were built (default: ``bin_dir``).
+    addons_bin: Path | None = None
 
     @property
     def pki(self) -> Path:
@@ -47,6 +51,8 @@ class Layout:
         return f"https://{HOST}:{self.ports['kube-apiserver']}"
 
     def binary(self, name: str) -> Path:
+        if name in ADDONS and self.addons_bin is not None:
+            return self.addons_bin / name
         return self.bin_dir / name
 
     def config(self, name: str) -> Path:
@@ -199,3 +205,23 @@ def kube_proxy(layout: Layout) -> Component:
                      f"http://127.0.0.1:{layout.ports['kube-proxy-healthz']}/healthz",
                      {config: node.kube_proxy_config(kubecfg, layout.node_ports),
                       kubecfg: kubeconfig(layout, "kube-proxy")})
+
+
+def coredns(layout: Layout) -> Component:
+    """The cluster DNS on the node's address (port 53), answering from the API server."""
+    corefile, kubecfg = layout.config("Corefile"), layout.config("coredns.kubeconfig")
+    return Component("coredns", addons.coredns_argv(layout.binary("coredns"), corefile),
+                     addons.coredns_ready_url(layout.ports["coredns-ready"]),
+                     {corefile: addons.corefile(node.NODE_IP, kubecfg, layout.ports["coredns-health"],
+                                                layout.ports["coredns-ready"]),
+                      kubecfg: kubeconfig(layout, "coredns")})
+
+
+def metrics_server(layout: Layout) -> Component:
+    """metrics-server on the node's address, scraping the kubelet (``kubectl top``, the HPA)."""
+    kubecfg, pki = layout.config("metrics-server.kubeconfig"), layout.pki
+    return Component("metrics-server", addons.metrics_server_argv(
+        layout.binary("metrics-server"), kubecfg, node.NODE_IP, layout.ports["metrics-server"],
+        pki / "metrics-server.crt", pki / "metrics-server.key", pki / "ca.crt"),
+        addons.metrics_server_health_url(node.NODE_IP, layout.ports["metrics-server"], "livez"),
+        {kubecfg: kubeconfig(layout, "metrics-server")})

@@ -60,7 +60,7 @@ class Ctr:
 
     def import_archive(self, archive: IO[bytes] | bytes, timeout: float = 1800) -> None:
         """Import an OCI or docker archive (``podman save``) from ``archive``."""
-        self("images", "import", "--digests", "-", stdin=archive, timeout=timeout)
+        self("images", "import", "-", stdin=archive, timeout=timeout)
 
     def container_ids(self) -> list[str]:
         return self("containers", "ls", "-q").split()

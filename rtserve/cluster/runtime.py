@@ -21,7 +21,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from rtserve.cluster import components, host, node, pki, sandbox
+from rtserve.cluster import addons, components, host, node, pki, sandbox
 from rtserve.cluster.containerd import Ctr
 from rtserve.cluster.components import Component, Layout
 from rtserve.errors import ClusterError
@@ -167,6 +167,13 @@ def start_node(layout: Layout) -> dict[str, float]:
         raise ClusterError(f"node {node.NODE_NAME} not Ready: {wait.stderr.strip()}; the end of "
                            f"{layout.run_dir / 'logs' / 'kubelet.log'}:\n{_tail(layout.run_dir / 'logs' / 'kubelet.log')}")
     took["node Ready"] = time.monotonic() - begin
+    manifests = addons.coredns_manifests() + "---\n" + addons.metrics_server_manifests(
+        node.NODE_IP, layout.ports["metrics-server"], (layout.pki / "ca.crt").read_text())
+    apply = subprocess.run([*kubectl, "apply", "-f", "-"], input=manifests, capture_output=True, text=True)
+    if apply.returncode:
+        raise ClusterError(f"the add-ons' objects were refused: {apply.stderr.strip()}")
+    for component in (components.coredns(layout), components.metrics_server(layout)):
+        took[component.name] = _start_one(component, layout)
     return took
 
 

@@ -189,9 +189,11 @@ class Kubectl:
         return shlex.join([*self.command, *args])
 
     def __call__(self, *args: str, capture: bool = False, into: Path | None = None,
-                 quiet: bool = False) -> str:
+                 quiet: bool = False, errors: bool = True) -> str:
         """Run ``kubectl args``; returns its stdout when ``capture`` (written to ``into`` when
-        given); ``quiet``: the command is not printed (the polls of a wait).
+        given); ``quiet``: the command is not printed (the polls of a wait); ``errors``: its
+        stderr is shown (else kept out: an expected refusal, such as a lookup of what may not
+        exist yet).
 
         Raises:
             DeployError: it exited non-zero (its stderr was shown), or cannot be run.
@@ -201,7 +203,7 @@ class Kubectl:
             self.out(self.shown(*args) + (f" > {into}" if into else ""))
         try:
             done = subprocess.run(cmd, stdout=subprocess.PIPE if capture or into else None,
-                                  text=True)
+                                  stderr=None if errors else subprocess.DEVNULL, text=True)
         except OSError as exc:
             raise DeployError(f"cannot run {self.binary}: {exc}") from exc
         if done.returncode != 0:
@@ -269,6 +271,7 @@ def deploy(t: Target, kubectl: Kubectl, sleep: Callable[[float], None] = time.sl
     if not uses_image(manifests.read_text(), t.tagged):
         raise DeployError(f"the {t.overlay} overlay's image is not {t.image} "
                           "(set IMG to the overlay's image name)")
+    before = revision(kubectl, t)
     kubectl("apply", "-f", str(manifests))
     deployment = f"deployment/{t.app}"
     status = ("-n", t.namespace, "rollout", "status", deployment, f"--timeout={t.rollout_timeout}")
@@ -276,6 +279,9 @@ def deploy(t: Target, kubectl: Kubectl, sleep: Callable[[float], None] = time.sl
         wait_rollout(t, kubectl, sleep)
     except DeployError as exc:
         say(f">> {exc}")
+        if not _undoable(kubectl, t, before):
+            raise DeployError(f"the rollout of {t.tagged} to {t.overlay} failed, and there is no "
+                              f"earlier revision of this apply to roll back to") from exc
         say(f">> the rollout of {t.tagged} to {t.overlay} failed: rolling back")
         kubectl("-n", t.namespace, "rollout", "undo", deployment)
         kubectl(*status)
@@ -284,6 +290,10 @@ def deploy(t: Target, kubectl: Kubectl, sleep: Callable[[float], None] = time.sl
         verify(t, kubectl, sleep)
     except DeployError as exc:
         say(f">> {exc}")
+        if not _undoable(kubectl, t, before):
+            raise DeployError(f"{t.tagged} failed its verification on {t.overlay}, and there is no "
+                              f"earlier revision of this apply to roll back to (its first "
+                              f"revision, or an apply that changed nothing)") from exc
         say(f">> {t.tagged} failed its verification on {t.overlay}: rolling back")
         kubectl("-n", t.namespace, "rollout", "undo", deployment)
         kubectl(*status)
@@ -330,6 +340,23 @@ def wait_rollout(t: Target, kubectl: Kubectl, sleep: Callable[[float], None] = t
             raise DeployError(f"the rollout of {t.tagged} to {t.overlay} did not finish within "
                               f"{t.rollout_timeout}")
         sleep(POLL_SECONDS)
+
+
+def revision(kubectl: Kubectl, t: Target) -> str | None:
+    """The Deployment's current revision number (``deployment.kubernetes.io/revision``), or None
+    when there is no such Deployment yet."""
+    try:
+        return kubectl("-n", t.namespace, "get", f"deployment/{t.app}", "-o",
+                       r"jsonpath={.metadata.annotations.deployment\.kubernetes\.io/revision}",
+                       capture=True, quiet=True, errors=False).strip() or None
+    except DeployError:
+        return None
+
+
+def _undoable(kubectl: Kubectl, t: Target, before: str | None) -> bool:
+    """Whether ``rollout undo`` returns to what ran before this apply: there was a Deployment,
+    and the apply made a new revision of it."""
+    return before is not None and revision(kubectl, t) not in (None, before)
 
 
 def _newest_replicaset(kubectl: Kubectl, t: Target, deployment: dict) -> str | None:

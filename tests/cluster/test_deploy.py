@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import shutil
 import time
 import zipfile
 from pathlib import Path
@@ -20,7 +21,7 @@ import pytest
 
 from bench.loadgen import Counts, SteadyLoad, summarize
 from tests.cluster.conftest import make
-from tests.conftest import MODEL_NAME
+from tests.conftest import MODEL_NAME, REPO
 
 pytestmark = pytest.mark.cluster
 
@@ -100,7 +101,9 @@ def test_the_namespace_enforces_restricted_pod_security(served):
            "spec": {"containers": [{"name": "app", "image": "registry.example.com/ml/rtserve:1.0",
                                     "securityContext": {"privileged": True}}]}}
     refused = served.cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
-    assert refused.returncode == 1 and 'violates PodSecurity "restricted:latest"' in refused.stderr, refused.stderr
+    assert refused.returncode == 1, refused.stdout
+    assert re.search(r'pods "privileged" is forbidden: violates PodSecurity "restricted:[\w.]+": privileged',
+                     refused.stderr), refused.stderr
 
 
 def test_rollout_and_rollbacks_under_traffic_fail_no_request(served, image_vars):
@@ -199,6 +202,32 @@ def test_a_version_that_answers_wrongly_is_undone_by_k8s_deploy(served, image_va
     assert served.versions() == {"1.0"}
     print(f"bad version 2.9 undone: {Counts.of(records).text()} of {len(records)}")
     no_failures(records, "a bad version's rollout and its undo")
+
+
+def test_a_change_the_api_server_refuses_fails_k8s_deploy_and_the_running_version_serves(served, image_vars,
+                                                                                           tmp_path):
+    """A copy of deploy/k8s whose local overlay adds a label to the Deployment's selector (an
+    immutable field): `make k8s-deploy K8S_DIR=<copy>` fails with the API server's own message,
+    and the pods serving 1.0 are untouched."""
+    k8s = tmp_path / "k8s"
+    shutil.copytree(REPO / "deploy" / "k8s", k8s)
+    (k8s / "overlays" / "local" / "selector.yaml").write_text(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: rtserve\nspec:\n  selector:\n"
+        "    matchLabels:\n      track: stable\n  template:\n    metadata:\n      labels:\n        track: stable\n")
+    kustomization = k8s / "overlays" / "local" / "kustomization.yaml"
+    kustomization.write_text(kustomization.read_text() + "  - path: selector.yaml\n")
+    pods_before = served.cluster.ok("-n", NAMESPACE, "get", "pods", "-o", "name")
+    load = served.load()
+    try:
+        refused = deploy(served.cluster, image_vars, "2.0", f"K8S_DIR={k8s}")
+    finally:
+        records = load.stop()
+    assert refused.returncode != 0, refused.stdout[-3000:]
+    assert 'The Deployment "rtserve" is invalid: spec.selector: Invalid value: ' in refused.stdout, refused.stdout[-3000:]
+    assert "field is immutable" in refused.stdout, refused.stdout[-3000:]
+    assert served.versions() == {"1.0"}
+    assert served.cluster.ok("-n", NAMESPACE, "get", "pods", "-o", "name") == pods_before
+    no_failures(records, "a refused apply")
 
 
 def test_draining_the_node_honours_the_disruption_budget(served):

@@ -33,7 +33,7 @@ class FakeKubectl:
         self.calls: list[tuple[str, ...]] = []
 
     def __call__(self, *args: str, capture: bool = False, into: Path | None = None,
-                 quiet: bool = False) -> str:
+                 quiet: bool = False, errors: bool = True) -> str:
         self.calls.append(args)
         words = tuple(a for a in args if not a.startswith("-") and a != "rtserve-staging")
         if any(words[:len(f)] == f for f in self.fail):
