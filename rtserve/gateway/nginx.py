@@ -236,6 +236,25 @@ def write_private(path: Path, text: str) -> bool:
     return True
 
 
+def close_client_connections(gateway_dir: Path) -> int | None:
+    """Make the gateway's nginx close its clients' idle keep-alive connections: a graceful
+    reload (SIGHUP to the master named by the PID file in ``gateway_dir``), whose old workers
+    finish the requests in flight and close the idle connections. A draining pod calls it once
+    its endpoints are gone: a client's connection opened before would otherwise keep reaching
+    this pod (kube-proxy routes only new connections) until TorchServe stops, and get 502s.
+    Returns the PID signalled, or None (no gateway running)."""
+    pid = PidFile(gateway_dir / PID_FILE).read()
+    if pid is None:
+        return None
+    try:
+        os.kill(pid, signal.SIGHUP)
+    except OSError as exc:
+        logger.warning("gateway: cannot signal nginx (pid %d) to close its connections: %s", pid, exc)
+        return None
+    logger.info("gateway: nginx (pid %d) reloads to close its idle client connections", pid)
+    return pid
+
+
 @dataclass
 class KeySync:
     """Keeps the gateway's map files equal to the Secret's tokens and the pod's key.
