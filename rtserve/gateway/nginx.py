@@ -244,15 +244,21 @@ def close_client_connections(gateway_dir: Path) -> int | None:
     this pod (kube-proxy routes only new connections) until TorchServe stops, and get 502s.
     Returns the PID signalled, or None (no gateway running)."""
     pid = PidFile(gateway_dir / PID_FILE).read()
-    if pid is None:
+    if pid is None or not reload(pid, "to close its idle client connections"):
         return None
+    return pid
+
+
+def reload(pid: int, why: str) -> bool:
+    """SIGHUP the nginx master ``pid`` (a graceful reload); whether it was signalled (``why``
+    says what for, in the log)."""
     try:
         os.kill(pid, signal.SIGHUP)
     except OSError as exc:
-        logger.warning("gateway: cannot signal nginx (pid %d) to close its connections: %s", pid, exc)
-        return None
-    logger.info("gateway: nginx (pid %d) reloads to close its idle client connections", pid)
-    return pid
+        logger.warning("gateway: cannot signal nginx (pid %d) %s: %s", pid, why, exc)
+        return False
+    logger.info("gateway: nginx (pid %d) reloads %s", pid, why)
+    return True
 
 
 @dataclass
@@ -290,14 +296,9 @@ class KeySync:
         pid = self.nginx_pid()
         if pid is None or not (changed or pid != self.signalled_pid):
             return False
-        try:
-            os.kill(pid, signal.SIGHUP)
-        except OSError as exc:
-            logger.warning("gateway: cannot signal nginx (pid %d) to reload: %s", pid, exc)
+        if not reload(pid, "the updated keys" if changed else "the keys (new nginx master)"):
             return False
         self.signalled_pid = pid
-        logger.info("gateway: nginx (pid %d) reloads the %s", pid,
-                    "updated keys" if changed else "keys (new nginx master)")
         return True
 
     def nginx_pid(self) -> int | None:

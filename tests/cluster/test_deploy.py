@@ -49,12 +49,20 @@ class Served:
         return SteadyLoad(self.url, payload, lambda: self.token, rate=RATE, concurrency=4,
                           max_seconds=max_seconds, resend_worker_lost=False).start()
 
-    def versions(self) -> set[str]:
-        """The versions the ready pods run (their image tags)."""
+    def _pods(self) -> list[dict]:
+        """The Deployment's pods that are not terminating."""
         pods = json.loads(self.cluster.ok("-n", NAMESPACE, "get", "pods", "-l",
                                           "app.kubernetes.io/name=rtserve", "-o", "json"))
-        return {c["image"].rsplit(":", 1)[1] for p in pods["items"] for c in p["spec"]["containers"]
-                if c["name"] == "rtserve" and not p["metadata"].get("deletionTimestamp")}
+        return [p for p in pods["items"] if not p["metadata"].get("deletionTimestamp")]
+
+    def versions(self) -> set[str]:
+        """The versions the pods run (their image tags)."""
+        return {c["image"].rsplit(":", 1)[1] for p in self._pods() for c in p["spec"]["containers"]
+                if c["name"] == "rtserve"}
+
+    def pods(self) -> list[str]:
+        """The names of the pods."""
+        return sorted(p["metadata"]["name"] for p in self._pods())
 
 
 def no_failures(records, what: str) -> Counts:
@@ -215,7 +223,7 @@ def test_a_change_the_api_server_refuses_fails_k8s_deploy_and_the_running_versio
         "    matchLabels:\n      track: stable\n  template:\n    metadata:\n      labels:\n        track: stable\n")
     kustomization = k8s / "overlays" / "local" / "kustomization.yaml"
     kustomization.write_text(kustomization.read_text() + "  - path: selector.yaml\n")
-    pods_before = served.cluster.ok("-n", NAMESPACE, "get", "pods", "-l", "app.kubernetes.io/name=rtserve", "-o", "name")
+    pods_before = served.pods()
     versions = served.versions()
     load = served.load()
     try:
@@ -226,7 +234,7 @@ def test_a_change_the_api_server_refuses_fails_k8s_deploy_and_the_running_versio
     assert 'The Deployment "rtserve" is invalid: spec.selector: Invalid value: ' in refused.stdout, refused.stdout[-3000:]
     assert "field is immutable" in refused.stdout, refused.stdout[-3000:]
     assert served.versions() == versions
-    assert served.cluster.ok("-n", NAMESPACE, "get", "pods", "-l", "app.kubernetes.io/name=rtserve", "-o", "name") == pods_before
+    assert served.pods() == pods_before
     no_failures(records, "a refused apply")
 
 
@@ -286,7 +294,7 @@ def test_the_autoscaler_reads_real_cpu_and_scales_out_under_load_and_back(served
     idle = wait_for("the HPA's CPU figure", lambda: cpu_utilization(hpa_status(cluster)) is not None
                     and hpa_status(cluster), timeout=120)
     top = cluster.ok("-n", NAMESPACE, "top", "pods", "--no-headers")
-    assert re.search(r"^rtserve-\S+ +\d+m +\d+Mi$", top, re.M), top
+    assert re.search(r"^rtserve-\S+ +\d+m +\d+Mi\s*$", top, re.M), top
     load = SteadyLoad(served.url, {"features": [0.25] * 32}, lambda: served.token, rate=3000,
                       concurrency=16, max_seconds=240, resend_worker_lost=False).start()
     try:
