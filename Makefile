@@ -616,15 +616,17 @@ cluster-status: ## Show whether each component of the cluster in CLUSTER_RUN_DIR
 ##@ Test
 .PHONY: test
 # The pod and cluster tiers mostly wait (image builds and loads, pods starting, rollouts,
-# preStop drains), so by default they run in a second pytest process beside the other tiers,
-# with the rolling rehearsal (nginx and replicas at 60 req/s: mostly waiting too)
-# (TEST_BESIDE), its output printed after theirs; with PYTEST_ARGS (or TEST_SPLIT=0) one pytest
+# preStop drains), so by default they run beside the other tiers: the pod tier with the rolling
+# rehearsal (nginx and replicas at 60 req/s: mostly waiting too) in a second pytest process
+# (TEST_BESIDE), the cluster tier in a third (TEST_CLUSTER), their output printed after theirs; with PYTEST_ARGS (or TEST_SPLIT=0) one pytest
 # runs with exactly those arguments. Every tool a test needs is installed first, or make test
 # stops there saying which: no test is skipped for a tool the project can install (nginx: the
 # rehearsal and the gateway; wrk and FastAPI: the perf smoke runs and the pod sizing sweep;
 # podman: the pod tier; containerd, runc, the CNI plugins: the cluster tier's node).
 TEST_SPLIT  ?= 1
-TEST_BESIDE ?= tests/pod tests/integration/test_rolling_rehearsal.py tests/cluster
+TEST_BESIDE ?= tests/pod tests/integration/test_rolling_rehearsal.py
+# The cluster tier (a real cluster: image loads, rollouts under traffic) in a third process.
+TEST_CLUSTER ?= tests/cluster
 TEST_SPLIT_ON = $(and $(filter 1,$(TEST_SPLIT)),$(if $(strip $(PYTEST_ARGS)),,split))
 # When this make started (for `make test`'s own timing: setup, i.e. what it builds and installs
 # first, included).
@@ -640,15 +642,18 @@ test: $(STAMP) $(AGENT_JAR) $(if $(TEST_SPLIT_ON),$(WHEELHOUSE_STAMP)) ## Run th
 	@if [ -z "$(TEST_SPLIT_ON)" ]; then \
 	  echo "$(PY) -m pytest $(PYTEST_ARGS)"; exec $(PY) -m pytest $(PYTEST_ARGS); fi; \
 	mkdir -p build && start=$$(date +%s); \
-	echo ">> $(TEST_BESIDE) run in a second pytest beside the rest; its output follows theirs"; \
+	echo ">> $(TEST_BESIDE) and $(TEST_CLUSTER) run in two more pytest processes beside the rest; their output follows"; \
 	$(PY) -m pytest $(TEST_BESIDE) > build/test-beside.log 2>&1 & beside=$$!; \
-	trap 'kill $$beside 2>/dev/null' INT TERM; \
-	rest=0; $(PY) -m pytest $(addprefix --ignore=,$(TEST_BESIDE)) || rest=$$?; \
+	$(PY) -m pytest $(TEST_CLUSTER) > build/test-cluster.log 2>&1 & cluster=$$!; \
+	trap 'kill $$beside $$cluster 2>/dev/null' INT TERM; \
+	rest=0; $(PY) -m pytest $(addprefix --ignore=,$(TEST_BESIDE) $(TEST_CLUSTER)) || rest=$$?; \
 	other=0; wait $$beside || other=$$?; \
+	third=0; wait $$cluster || third=$$?; \
 	echo ">> $(TEST_BESIDE) (build/test-beside.log):"; cat build/test-beside.log; \
+	echo ">> $(TEST_CLUSTER) (build/test-cluster.log):"; cat build/test-cluster.log; \
 	end=$$(date +%s); \
-	echo ">> make test: $$(( end - $(or $(TEST_T0),$$start) )) s (setup $$(( start - $(or $(TEST_T0),$$start) )) s, tests $$(( end - start )) s); exit status: $$rest, and $$other beside"; \
-	[ $$rest -eq 0 ] && [ $$other -eq 0 ]
+	echo ">> make test: $$(( end - $(or $(TEST_T0),$$start) )) s (setup $$(( start - $(or $(TEST_T0),$$start) )) s, tests $$(( end - start )) s); exit status: $$rest, $$other beside, $$third for the cluster"; \
+	[ $$rest -eq 0 ] && [ $$other -eq 0 ] && [ $$third -eq 0 ]
 
 .PHONY: test-rules
 test-rules: monitor-deps ## Check the alerting rules and run their unit tests (promtool)

@@ -235,6 +235,7 @@ def test_a_change_the_api_server_refuses_fails_k8s_deploy_and_the_running_versio
     assert "field is immutable" in refused.stdout, refused.stdout[-3000:]
     assert served.versions() == versions
     assert served.pods() == pods_before
+    print(f"a refused apply: {Counts.of(records).text()} of {len(records)}")
     no_failures(records, "a refused apply")
 
 
@@ -260,6 +261,7 @@ def test_draining_the_node_honours_the_disruption_budget(served):
     running = [p for p in pods["items"] if p["status"].get("phase") == "Running"
                and not p["metadata"].get("deletionTimestamp")]
     assert len(running) == 1, [p["metadata"]["name"] for p in running]
+    print(f"a node drain: {Counts.of(records).text()} of {len(records)}")
     no_failures(records, "a node drain")
     cluster.ok("-n", NAMESPACE, "rollout", "status", "deployment/rtserve", "--timeout=300s", timeout=320)
 
