@@ -1,0 +1,1 @@
+"""Streaming on Apache Kafka: the local single-node broker (make kafka) and its Admin API calls."""
