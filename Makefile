@@ -654,9 +654,8 @@ $(KAFKA_STAMP):
 
 .PHONY: kafka
 kafka: kafka-deps | $(STAMP) ## Start a single-node Kafka broker on 127.0.0.1 (data and logs in KAFKA_RUN_DIR) with the topics events, predictions, events.dlq
-	$(PY) -m rtserve kafka start --libs $(KAFKA_LIBS) --run-dir $(KAFKA_RUN_DIR) \
-	  --partitions $(KAFKA_PARTITIONS) --heap $(KAFKA_HEAP) $(addprefix --port ,$(KAFKA_PORTS)) \
-	  $(if $(filter 1,$(KAFKA_FRESH)),--fresh)
+	$(PY) -m rtserve kafka start --libs $(KAFKA_LIBS) --run-dir $(KAFKA_RUN_DIR) --partitions $(KAFKA_PARTITIONS) \
+	  --heap $(KAFKA_HEAP)$(addprefix --port ,$(KAFKA_PORTS))$(if $(filter 1,$(KAFKA_FRESH)), --fresh)
 
 .PHONY: kafka-stop
 kafka-stop: ## Stop the broker `make kafka` started (by its PID file in KAFKA_RUN_DIR); its data stays

@@ -87,7 +87,7 @@ def start(layout: Layout, fresh: bool = False,
     cluster_id = _format(layout, log, took)
     state = {"bootstrap": layout.bootstrap, "ports": layout.ports, "libs": str(layout.libs),
              "cluster_id": cluster_id, "topics": list(topics), "partitions": layout.partitions,
-             "log": str(log)}
+             "data": str(layout.data), "log": str(log)}
     (run_dir / broker.STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
     begin = time.monotonic()
     proc = spawn(broker.broker_argv(layout), log, _pid_file(run_dir), cwd=run_dir)
@@ -169,7 +169,7 @@ def status(run_dir: Path) -> dict[str, str]:
     running = pid_file.pid()
     lines = {"kafka": f"running (pid {running})" if running else
              f"dead (pid {pid_file.read()})" if pid_file.read() else "stopped",
-             "bootstrap": state["bootstrap"], "data": str(run_dir / "data"), "log": state["log"]}
+             "bootstrap": state["bootstrap"], "data": state["data"], "log": state["log"]}
     if running:
         found = admin.topics(state["bootstrap"]) if admin.listening(state["bootstrap"]) else {}
         lines["topics"] = ", ".join(f"{n} ({p} partitions)" for n, p in sorted(found.items())) or "(none)"
