@@ -1,0 +1,134 @@
+"""The stream consumer against the real broker and a real TorchServe serving the Makefile-built
+archive: every input offset ends up exactly once in the predictions or the dead letters (read
+with read_committed), each prediction carries the model version and its source, each dead letter
+names the field, and the group's committed offsets are the partitions' ends."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+from rtserve.stream import admin
+from rtserve.stream.consumer import StreamConfig, StreamConsumer
+from rtserve.testing.server import serving
+from tests.conftest import MODEL_NAME
+from tests.helpers import features
+
+pytestmark = pytest.mark.stream
+
+PARTITIONS = 2
+#: Poison events: (value, the dead letter's field, its reason); the wrong count is refused by
+#: TorchServe itself (the consumer is not told the model's feature count here).
+POISON = [
+    (b"not json", None, "not_json"),
+    (b"", None, "empty_body"),
+    (b'{"features": [1, 2]}', "features", "wrong_length"),
+    (json.dumps({"features": [0.5] * 31 + [float("nan")]}).encode(), "features[31]", "non_finite"),
+    (json.dumps({"features": [0.5] * 31 + [1e300]}).encode(), "features[31]", "out_of_range"),
+    (b'{"id": 3}', "features", "missing_field"),
+]
+
+
+@pytest.fixture(scope="module")
+def torchserve(mar_v1, tmp_path_factory):
+    with serving(tmp_path_factory.mktemp("ts"), mar_v1.parent, [f"{MODEL_NAME}={mar_v1.name}"]) as ts:
+        yield ts
+
+
+def read_all(bootstrap: str, topic: str, timeout: float = 30) -> list:
+    """Every committed record of ``topic``, read with read_committed to the partitions' ends."""
+    cons = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4().hex}",
+                     "auto.offset.reset": "earliest", "isolation.level": "read_committed",
+                     "enable.partition.eof": True, "enable.auto.commit": False})
+    cons.subscribe([topic])
+    got, ends, deadline = [], set(), time.monotonic() + timeout
+    while len(ends) < PARTITIONS and time.monotonic() < deadline:
+        msg = cons.poll(0.5)
+        if msg is None:
+            continue
+        if msg.error():
+            assert msg.error().code() == KafkaError._PARTITION_EOF, msg.error()
+            ends.add(msg.partition())
+        else:
+            got.append(msg)
+    cons.close()
+    assert len(ends) == PARTITIONS, f"{topic}: not read to its end in {timeout} s"
+    return got
+
+
+def test_every_event_once_in_the_predictions_or_the_dead_letters(kafka, torchserve):
+    run = uuid.uuid4().hex[:8]
+    topics = {name: f"{name}-{run}" for name in ("events", "predictions", "events.dlq")}
+    admin.create_topics(kafka.bootstrap, topics.values(), PARTITIONS)
+    producer = Producer({"bootstrap.servers": kafka.bootstrap, "enable.idempotence": True})
+    sent = {}  # (partition, offset) -> what was sent
+
+    def delivered(err, msg):
+        assert err is None, err
+        sent[(msg.partition(), msg.offset())] = (msg.key(), msg.value())
+
+    valid = 40
+    for i in range(valid):
+        body = {"features": features(value=0.1 * (i % 7)), "id": f"e{i}"}
+        producer.produce(topics["events"], key=b"k%d" % (i % 5), value=json.dumps(body).encode(),
+                         on_delivery=delivered)
+    for i, (value, _, _) in enumerate(POISON):
+        producer.produce(topics["events"], key=b"poison-%d" % i, value=value, on_delivery=delivered)
+    assert producer.flush(30) == 0 and len(sent) == valid + len(POISON)
+
+    config = StreamConfig(kafka.bootstrap, model=MODEL_NAME, group=f"stream-{run}", input=topics["events"],
+                          output=topics["predictions"], dead_letters=topics["events.dlq"],
+                          transactional_id=f"stream-{run}", batch=16)
+    member = StreamConsumer(config, torchserve.client())
+    stop = threading.Event()
+    worker = threading.Thread(target=member.run, args=(stop,))
+    worker.start()
+    try:
+        deadline = time.monotonic() + 120
+        while member.counts.predictions + member.counts.dead_letters < len(sent):
+            assert worker.is_alive(), "the consumer ended early"
+            assert time.monotonic() < deadline, f"after 120 s: {member.counts}"
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        worker.join(60)
+    counts = member.counts
+    assert (counts.predictions, counts.dead_letters, counts.aborted, counts.errors) == (valid, len(POISON), 0, [])
+
+    predictions = read_all(kafka.bootstrap, topics["predictions"])
+    letters = read_all(kafka.bootstrap, topics["events.dlq"])
+    records = [json.loads(m.value()) for m in predictions + letters]
+    coordinates = [(r["source"]["partition"], r["source"]["offset"]) for r in records]
+    assert sorted(coordinates) == sorted(sent), "each input offset exactly once, no gaps"
+    assert all(r["source"]["topic"] == topics["events"] for r in records)
+
+    for msg in predictions:
+        record = json.loads(msg.value())
+        key, value = sent[(record["source"]["partition"], record["source"]["offset"])]
+        assert msg.key() == key and record["id"] == json.loads(value)["id"]
+        assert record["model_version"] == "1.0" and record["label"] in ("low", "medium", "high")
+        assert abs(sum(record["probabilities"]) - 1) < 1e-4 and isinstance(record["event_timestamp"], int)
+    by_key = {m.key(): json.loads(m.value()) for m in letters}
+    for i, (_, field, reason) in enumerate(POISON):
+        letter = by_key[b"poison-%d" % i]
+        assert (letter["field"], letter["reason"]) == (field, reason), letter
+        assert letter["error"]
+    # order: within an output partition, the outputs of one input partition follow its offsets
+    for output in (predictions, letters):
+        last: dict[tuple[int, int], int] = {}
+        for msg in sorted(output, key=lambda m: (m.partition(), m.offset())):
+            source = json.loads(msg.value())["source"]
+            lane = (msg.partition(), source["partition"])
+            assert source["offset"] > last.get(lane, -1), f"out of order in {lane}"
+            last[lane] = source["offset"]
+    # the offsets were committed with the outputs: the group's position is each partition's end
+    check = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": config.group})
+    committed = check.committed([TopicPartition(topics["events"], p) for p in range(PARTITIONS)], timeout=30)
+    check.close()
+    ends = {p: 1 + max(o for q, o in sent if q == p) for p in range(PARTITIONS)}
+    assert {tp.partition: tp.offset for tp in committed} == ends
