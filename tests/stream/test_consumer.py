@@ -9,10 +9,13 @@ import json
 import threading
 import time
 import uuid
+from contextlib import contextmanager
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
+from rtserve.client.rest import Client
+from rtserve.runtime.ports import free_ports
 from rtserve.stream import admin
 from rtserve.stream.consumer import StreamConfig, StreamConsumer
 from rtserve.testing.server import serving
@@ -61,42 +64,72 @@ def read_all(bootstrap: str, topic: str, timeout: float = 30) -> list:
     return got
 
 
-def test_every_event_once_in_the_predictions_or_the_dead_letters(kafka, torchserve):
+def stream_topics(kafka) -> dict[str, str]:
+    """Topics of this test's own (events, predictions, events.dlq), ``PARTITIONS`` each."""
     run = uuid.uuid4().hex[:8]
     topics = {name: f"{name}-{run}" for name in ("events", "predictions", "events.dlq")}
     admin.create_topics(kafka.bootstrap, topics.values(), PARTITIONS)
+    return topics
+
+
+def produce(kafka, topic: str, events: list[tuple[bytes, bytes]]) -> dict[tuple[int, int], tuple[bytes, bytes]]:
+    """Send ``(key, value)`` events; what landed where: (partition, offset) -> (key, value)."""
     producer = Producer({"bootstrap.servers": kafka.bootstrap, "enable.idempotence": True})
-    sent = {}  # (partition, offset) -> what was sent
+    sent = {}
 
     def delivered(err, msg):
         assert err is None, err
         sent[(msg.partition(), msg.offset())] = (msg.key(), msg.value())
 
-    valid = 40
-    for i in range(valid):
-        body = {"features": features(value=0.1 * (i % 7)), "id": f"e{i}"}
-        producer.produce(topics["events"], key=b"k%d" % (i % 5), value=json.dumps(body).encode(),
-                         on_delivery=delivered)
-    for i, (value, _, _) in enumerate(POISON):
-        producer.produce(topics["events"], key=b"poison-%d" % i, value=value, on_delivery=delivered)
-    assert producer.flush(30) == 0 and len(sent) == valid + len(POISON)
+    for key, value in events:
+        producer.produce(topic, key=key, value=value, on_delivery=delivered)
+    assert producer.flush(30) == 0 and len(sent) == len(events)
+    return sent
 
+
+def valid_events(n: int) -> list[tuple[bytes, bytes]]:
+    return [(b"k%d" % (i % 5), json.dumps({"features": features(value=0.1 * (i % 7)), "id": f"e{i}"}).encode())
+            for i in range(n)]
+
+
+def member_of(kafka, topics: dict[str, str], client: Client) -> StreamConsumer:
+    run = topics["events"].rsplit("-", 1)[1]
     config = StreamConfig(kafka.bootstrap, model=MODEL_NAME, group=f"stream-{run}", input=topics["events"],
                           output=topics["predictions"], dead_letters=topics["events.dlq"],
                           transactional_id=f"stream-{run}", batch=16)
-    member = StreamConsumer(config, torchserve.client())
+    return StreamConsumer(config, client)
+
+
+@contextmanager
+def running(member: StreamConsumer):
+    """``member`` consuming in a thread until the block ends."""
     stop = threading.Event()
     worker = threading.Thread(target=member.run, args=(stop,))
     worker.start()
     try:
-        deadline = time.monotonic() + 120
-        while member.counts.predictions + member.counts.dead_letters < len(sent):
-            assert worker.is_alive(), "the consumer ended early"
-            assert time.monotonic() < deadline, f"after 120 s: {member.counts}"
-            time.sleep(0.2)
+        yield worker
     finally:
         stop.set()
         worker.join(60)
+    assert not worker.is_alive(), "the consumer did not stop within 60 s"
+
+
+def wait_written(member: StreamConsumer, worker: threading.Thread, total: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while member.counts.predictions + member.counts.dead_letters < total:
+        assert worker.is_alive(), "the consumer ended early"
+        assert time.monotonic() < deadline, f"after {timeout:.0f} s: {member.counts}"
+        time.sleep(0.2)
+
+
+def test_every_event_once_in_the_predictions_or_the_dead_letters(kafka, torchserve):
+    topics = stream_topics(kafka)
+    valid = 40
+    sent = produce(kafka, topics["events"], valid_events(valid)
+                   + [(b"poison-%d" % i, value) for i, (value, _, _) in enumerate(POISON)])
+    member = member_of(kafka, topics, torchserve.client())
+    with running(member) as worker:
+        wait_written(member, worker, len(sent))
     counts = member.counts
     assert (counts.predictions, counts.dead_letters, counts.aborted, counts.errors) == (valid, len(POISON), 0, [])
 
@@ -127,8 +160,29 @@ def test_every_event_once_in_the_predictions_or_the_dead_letters(kafka, torchser
             assert source["offset"] > last.get(lane, -1), f"out of order in {lane}"
             last[lane] = source["offset"]
     # the offsets were committed with the outputs: the group's position is each partition's end
-    check = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": config.group})
+    check = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": member.config.group})
     committed = check.committed([TopicPartition(topics["events"], p) for p in range(PARTITIONS)], timeout=30)
     check.close()
     ends = {p: 1 + max(o for q, o in sent if q == p) for p in range(PARTITIONS)}
     assert {tp.partition: tp.offset for tp in committed} == ends
+
+
+def test_torchserve_unreachable_is_retried_never_dead_lettered(kafka, torchserve):
+    """While TorchServe refuses connections (a port nothing listens on), nothing is written and
+    the step is retried with backoff; once it answers, every event is scored exactly once."""
+    topics = stream_topics(kafka)
+    sent = produce(kafka, topics["events"], valid_events(12))
+    nowhere = f"http://127.0.0.1:{free_ports(1)[0]}"
+    member = member_of(kafka, topics, Client(nowhere, nowhere, key_file=torchserve.key_file, timeout=2))
+    with running(member) as worker:
+        deadline = time.monotonic() + 60
+        while member.counts.retries < 3:
+            assert worker.is_alive() and time.monotonic() < deadline, f"no 3 retries in 60 s: {member.counts}"
+            time.sleep(0.1)
+        assert (member.counts.predictions, member.counts.dead_letters, member.counts.transactions) == (0, 0, 0)
+        member.client = torchserve.client()  # TorchServe is back
+        wait_written(member, worker, len(sent))
+    assert (member.counts.predictions, member.counts.dead_letters, member.counts.aborted) == (12, 0, 0)
+    assert read_all(kafka.bootstrap, topics["events.dlq"]) == []
+    outputs = [json.loads(m.value()) for m in read_all(kafka.bootstrap, topics["predictions"])]
+    assert sorted((r["source"]["partition"], r["source"]["offset"]) for r in outputs) == sorted(sent)
