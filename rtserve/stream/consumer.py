@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from requests.adapters import HTTPAdapter
 
 from handler.errors import InvalidInput
 from rtserve.client.rest import Client
@@ -99,6 +100,16 @@ class StreamConsumer:
         self.pool = ThreadPoolExecutor(config.concurrency, thread_name_prefix="stream-score")
         self._failures = 0
 
+    @property
+    def client(self) -> Client:
+        """TorchServe's client; its connection pool holds ``concurrency`` connections."""
+        return self._client
+
+    @client.setter
+    def client(self, client: Client) -> None:
+        client.session.mount("http://", HTTPAdapter(pool_maxsize=self.config.concurrency))
+        self._client = client
+
     def _producer(self) -> Producer:
         producer = Producer({"bootstrap.servers": self.config.bootstrap,
                              "transactional.id": self.config.transactional_id,
@@ -166,8 +177,9 @@ class StreamConsumer:
                 continue
             answer = answers[i].result()
             if isinstance(answer, TorchServeError):
+                body = answer.body if isinstance(answer.body, dict) else {}
                 outputs.append((self.config.dead_letters, records.dead_letter(
-                    source, str(answer), _field(answer), answer.reason or "refused")))
+                    source, body.get("error") or str(answer), body.get("field"), answer.reason or "refused")))
             else:
                 outputs.append((self.config.output, records.prediction(source, event, answer)))
         return outputs
@@ -251,6 +263,3 @@ def _timestamp(msg: Message) -> int | None:
     kind, value = msg.timestamp()
     return value if kind != 0 else None  # 0: TIMESTAMP_NOT_AVAILABLE
 
-
-def _field(exc: TorchServeError) -> str | None:
-    return exc.body.get("field") if isinstance(exc.body, dict) else None

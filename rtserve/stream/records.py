@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from handler.errors import InvalidInput
-from handler.schema import DEFAULT_FEATURE_LIMIT, parse_features, request_body
+from handler.schema import DEFAULT_FEATURE_LIMIT, json_type, parse_features, request_body
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,10 @@ def parse_event(value: bytes | None, n_features: int | None = None,
     """
     body = request_body({"data": value})
     count = n_features
-    if count is None and isinstance(body, dict) and isinstance(body.get("features"), list):
+    if count is None and isinstance(body, dict) and "features" in body:
+        if not isinstance(body["features"], list):  # (the handler's message names the count)
+            raise InvalidInput(f"'features' must be a list of numbers, got {json_type(body['features'])}",
+                               field="features", reason="not_a_list")
         count = len(body["features"])
     features = parse_features(body, count or 0, limit)
     return Event({"features": features}, body.get("id"))

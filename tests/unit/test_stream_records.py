@@ -43,6 +43,8 @@ def test_a_bad_event_is_refused_naming_the_field(value, field, reason):
 
 def test_the_count_is_checked_here_when_known_else_by_the_server():
     assert records.parse_event(b'{"features": [1, 2]}').request == {"features": [1, 2]}
+    with pytest.raises(InvalidInput, match=r"^'features' must be a list of numbers, got string$"):
+        records.parse_event(b'{"features": "1,2"}')
     with pytest.raises(InvalidInput, match=r"'features' must have exactly 32 numbers, got 2"):
         records.parse_event(b'{"features": [1, 2]}', n_features=32)
 
