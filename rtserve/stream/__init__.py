@@ -1,1 +1,1 @@
-"""Streaming on Apache Kafka: the local single-node broker (make kafka) and its Admin API calls."""
+"""Streaming on Apache Kafka: the stream consumer, and the local single-node broker (make kafka)."""

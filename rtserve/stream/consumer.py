@@ -80,8 +80,9 @@ class Counts:
     errors: list[str] = field(default_factory=list)
 
 
-class Transient(Exception):
-    """TorchServe could not answer now; the step is retried."""
+class Transient(StreamError):
+    """HTTP 503: TorchServe could not answer now (the consumer retries the step; it never
+    leaves the consumer)."""
 
 
 class StreamConsumer:
