@@ -15,7 +15,7 @@ import argparse
 import time
 from pathlib import Path
 
-from rtserve.cli.common import command, group
+from rtserve.cli.common import command, group, named_port
 from rtserve.settings import PACKAGE_HOME
 
 RUN_DIR = PACKAGE_HOME / ".run" / "kafka"
@@ -24,11 +24,7 @@ RUN_DIR = PACKAGE_HOME / ".run" / "kafka"
 def _port(text: str) -> tuple[str, int]:
     from rtserve.stream.broker import PORT_NAMES
 
-    name, _, port = text.partition("=")
-    if name not in PORT_NAMES or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise argparse.ArgumentTypeError(
-            f"expected NAME=PORT with NAME one of {', '.join(PORT_NAMES)} (0: a free port), got {text!r}")
-    return name, int(port)
+    return named_port(text, PORT_NAMES)
 
 
 def _positive(text: str) -> int:
