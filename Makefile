@@ -665,6 +665,21 @@ kafka-stop: ## Stop the broker `make kafka` started (by its PID file in KAFKA_RU
 kafka-status: ## Show whether the broker of KAFKA_RUN_DIR runs, its bootstrap address and topics
 	$(PY) -m rtserve kafka status --run-dir $(KAFKA_RUN_DIR)
 
+# The stream consumer (python -m rtserve stream run) in the background, against the broker of
+# KAFKA_RUN_DIR and the server of RUN_DIR (its key file); STREAM_ARGS: more options of `stream run`
+# (e.g. STREAM_ARGS="--group fraud --features 32").
+STREAM_DIR  ?= $(RUN_DIR)/stream
+STREAM_ARGS ?=
+
+.PHONY: stream
+stream: | $(STAMP) ## Start the stream consumer in the background: events -> predictions (dead letters: events.dlq), exactly once, through the running server
+	$(PY) -m rtserve stream start --stream-dir $(STREAM_DIR) -- --kafka-run-dir $(KAFKA_RUN_DIR) --run-dir $(RUN_DIR) \
+	  --inference $(INFERENCE_URL) --management $(MANAGEMENT_URL) --model $(MODEL_NAME) $(STREAM_ARGS)
+
+.PHONY: stream-stop
+stream-stop: ## Stop the stream consumer `make stream` started (it finishes its step and leaves its group)
+	$(PY) -m rtserve stream stop --stream-dir $(STREAM_DIR)
+
 ##@ Test
 .PHONY: test
 # The pod tier mostly waits (image builds, pods starting, preStop drains), so by default it runs

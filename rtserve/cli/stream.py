@@ -5,7 +5,12 @@ exactly once (rtserve.stream.consumer).
         [--model realtime-classifier] [--group rtserve-stream] [--input events]
         [--output predictions] [--dead-letters events.dlq] [--features 32]
 
-It runs until SIGTERM or SIGINT, then leaves its group and prints what it wrote.
+    python -m rtserve stream start [--stream-dir .run/stream] [-- RUN OPTIONS]
+    python -m rtserve stream stop [--stream-dir .run/stream]
+
+``run`` runs until SIGTERM or SIGINT, then leaves its group and prints what it wrote; ``start``
+runs it in the background (its PID file and log in --stream-dir), ``stop`` ends it there.
+``make stream`` and ``make stream-stop`` call these.
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ from pathlib import Path
 
 from rtserve.cli.common import client, client_options, command, group
 from rtserve.cli.kafka import RUN_DIR as KAFKA_RUN_DIR
+from rtserve.settings import PACKAGE_HOME
+
+STREAM_DIR = PACKAGE_HOME / ".run" / "stream"
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -41,8 +49,32 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_start(args: argparse.Namespace) -> int:
+    """Run the consumer (``stream run`` with the options after ``--``) in the background."""
+    from rtserve.stream import service
+
+    options = args.options[1:] if args.options[:1] == ["--"] else args.options
+    pid, took = service.start(args.stream_dir, options)
+    print(f">> stream consumer started in {took:.1f} s (pid {pid}); log: {args.stream_dir / service.LOG_FILE}")
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    """Stop the consumer of --stream-dir (by its PID file): it finishes its step and leaves its group."""
+    from rtserve.stream import service
+
+    last = service.stop(args.stream_dir)
+    print(f">> stream consumer stopped: {last}" if last else f">> no stream consumer runs from {args.stream_dir}")
+    return 0
+
+
 def add(groups: argparse._SubParsersAction) -> None:
     commands = group(groups, "stream", __doc__)
+    stream_dir = (["--stream-dir"], {"type": Path, "default": STREAM_DIR,
+                                     "help": "the background consumer's PID file and log"})
+    command(commands, "start", cmd_start, stream_dir,
+            (["options"], {"nargs": argparse.REMAINDER, "help": "options of stream run, after --"}))
+    command(commands, "stop", cmd_stop, stream_dir)
     command(commands, "run", cmd_run,
             (["--bootstrap"], {"help": "the Kafka bootstrap address (default: the broker of --kafka-run-dir)"}),
             (["--kafka-run-dir"], {"type": Path, "default": KAFKA_RUN_DIR,

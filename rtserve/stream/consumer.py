@@ -56,12 +56,15 @@ class StreamConfig:
     n_features: int | None = None
     backoff: float = 0.2
     max_backoff: float = 5.0
+    #: A member that stops heartbeating (killed, frozen) leaves the group after this (Kafka's
+    #: default, 45 s, would hold its partitions that long after a crash).
+    session_timeout: float = 10.0
 
     def __post_init__(self) -> None:
         for name in ("batch", "concurrency"):
             if getattr(self, name) < 1:
                 raise StreamError(f"stream setting {name} must be at least 1, got {getattr(self, name)}")
-        for name in ("poll", "backoff", "max_backoff"):
+        for name in ("poll", "backoff", "max_backoff", "session_timeout"):
             if not getattr(self, name) > 0:
                 raise StreamError(f"stream setting {name} must be positive, got {getattr(self, name)}")
         if len({self.input, self.output, self.dead_letters}) != 3:
@@ -96,6 +99,7 @@ class StreamConsumer:
             "bootstrap.servers": config.bootstrap, "group.id": config.group,
             "enable.auto.commit": False, "auto.offset.reset": "earliest",
             "isolation.level": "read_committed", "log_level": 4,
+            "session.timeout.ms": int(config.session_timeout * 1000),
         })
         self.producer = self._producer()
         self.pool = ThreadPoolExecutor(config.concurrency, thread_name_prefix="stream-score")

@@ -6,6 +6,8 @@ names the field, and the group's committed offsets are the partitions' ends."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 import uuid
@@ -16,7 +18,8 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from rtserve.client.rest import Client
 from rtserve.runtime.ports import free_ports
-from rtserve.stream import admin
+from rtserve.runtime.process import alive, wait_until
+from rtserve.stream import admin, service
 from rtserve.stream.consumer import StreamConfig, StreamConsumer
 from rtserve.testing.server import serving
 from tests.conftest import MODEL_NAME
@@ -186,3 +189,45 @@ def test_torchserve_unreachable_is_retried_never_dead_lettered(kafka, torchserve
     assert read_all(kafka.bootstrap, topics["events.dlq"]) == []
     outputs = [json.loads(m.value()) for m in read_all(kafka.bootstrap, topics["predictions"])]
     assert sorted((r["source"]["partition"], r["source"]["offset"]) for r in outputs) == sorted(sent)
+
+
+def test_kill_9_mid_stream_and_restarts_write_each_event_once(kafka, torchserve, tmp_path):
+    """The consumer as `make stream` runs it (a process of its own), SIGKILLed three times just
+    after a transaction committed (so mid-step: scoring or inside the next transaction), then
+    restarted: read with read_committed, each input offset is in the predictions exactly once."""
+    topics = stream_topics(kafka)
+    sent = produce(kafka, topics["events"], valid_events(240))
+    run = topics["events"].rsplit("-", 1)[1]
+    props = torchserve.props
+    options = ["--bootstrap", kafka.bootstrap, "--inference", props["inference_address"],
+               "--management", props["management_address"], "--key-file", str(torchserve.key_file),
+               "--model", MODEL_NAME, "--group", f"stream-{run}", "--input", topics["events"],
+               "--output", topics["predictions"], "--dead-letters", topics["events.dlq"], "--batch", "16"]
+    watcher = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": f"stream-{run}"})
+    partitions = [TopicPartition(topics["events"], p) for p in range(PARTITIONS)]
+
+    def committed() -> int:
+        return sum(max(tp.offset, 0) for tp in watcher.committed(partitions, timeout=10))
+
+    at_kill = []
+    try:
+        for _ in range(3):
+            pid, _ = service.start(tmp_path, options)
+            before = committed()
+            assert wait_until(lambda: committed() > before, 60, poll=0.05), "no progress in 60 s"
+            os.kill(pid, signal.SIGKILL)
+            assert wait_until(lambda: not alive(pid), 10), f"pid {pid} survived SIGKILL"
+            at_kill.append(committed())
+        assert at_kill[-1] < len(sent), f"the stream ended before the last kill: {at_kill}"
+        service.start(tmp_path, options)
+        assert wait_until(lambda: committed() == len(sent), 180, poll=0.5), f"committed {committed()}"
+    finally:
+        watcher.close()
+        last = service.stop(tmp_path)
+    assert last and last.startswith(">> stopped: ") and "(0 aborted" in last, last
+    outputs = [json.loads(m.value()) for m in read_all(kafka.bootstrap, topics["predictions"])]
+    coordinates = sorted((r["source"]["partition"], r["source"]["offset"]) for r in outputs)
+    assert len(coordinates) == len(set(coordinates)), "a prediction written twice"
+    assert coordinates == sorted(sent), "an event never scored"
+    assert read_all(kafka.bootstrap, topics["events.dlq"]) == []
+    print(f"committed offsets at each SIGKILL: {at_kill} of {len(sent)}")
