@@ -674,7 +674,7 @@ STREAM_ARGS ?=
 .PHONY: stream
 stream: | $(STAMP) ## Start the stream consumer in the background: events -> predictions (dead letters: events.dlq), exactly once, through the running server
 	$(PY) -m rtserve stream start --stream-dir $(STREAM_DIR) -- --kafka-run-dir $(KAFKA_RUN_DIR) --run-dir $(RUN_DIR) \
-	  --inference $(INFERENCE_URL) --management $(MANAGEMENT_URL) --model $(MODEL_NAME) $(STREAM_ARGS)
+	  --inference $(INFERENCE_URL) --management $(MANAGEMENT_URL) --model $(MODEL_NAME)$(if $(STREAM_ARGS), $(STREAM_ARGS))
 
 .PHONY: stream-stop
 stream-stop: ## Stop the stream consumer `make stream` started (it finishes its step and leaves its group)

@@ -32,6 +32,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     event, each transaction with the consumed offsets."""
     from rtserve.stream import local
     from rtserve.stream.consumer import StreamConfig, StreamConsumer
+    from rtserve.stream.service import STOPPED
 
     bootstrap = args.bootstrap or local.load_state(args.kafka_run_dir)["bootstrap"]
     config = StreamConfig(bootstrap, model=args.model, group=args.group, input=args.input,
@@ -44,7 +45,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f">> consuming {config.input} at {bootstrap} (group {config.group}) into {config.output}, "
           f"dead letters into {config.dead_letters}", flush=True)
     counts = StreamConsumer(config, client(args)).run(stop)
-    print(f">> stopped: {counts.predictions} predictions, {counts.dead_letters} dead letters in "
+    print(f"{STOPPED}{counts.predictions} predictions, {counts.dead_letters} dead letters in "
           f"{counts.transactions} transactions ({counts.aborted} aborted, {counts.retries} retries)")
     return 0
 

@@ -16,6 +16,8 @@ PID_FILE = "stream.pid"
 LOG_FILE = "stream.log"
 #: The line ``stream run`` prints once its producer and consumer are made.
 STARTED = ">> consuming "
+#: The start of the line it prints when it stops (its counts follow).
+STOPPED = ">> stopped: "
 START_TIMEOUT = 60.0
 #: A step in flight (TorchServe's answers, then the transaction) ends before the member leaves.
 STOP_TIMEOUT = 60.0
@@ -63,8 +65,8 @@ def start(run_dir: Path, options: Sequence[str], timeout: float = START_TIMEOUT)
 
 
 def stop(run_dir: Path, timeout: float = STOP_TIMEOUT) -> str | None:
-    """Stop the consumer the PID file names (SIGTERM; SIGKILL after ``timeout``); returns its
-    last log line (its counts), None when none ran.
+    """Stop the consumer the PID file names (SIGTERM; SIGKILL after ``timeout``); returns what
+    it wrote (its last log line's counts), None when none ran.
 
     Raises:
         StreamError: it is still alive after SIGKILL.
@@ -79,4 +81,4 @@ def stop(run_dir: Path, timeout: float = STOP_TIMEOUT) -> str | None:
         raise StreamError(f"the stream consumer (pid {running}) is still alive after SIGKILL")
     pid_file.remove()
     last = tail(run_dir / LOG_FILE, 1)
-    return f"killed after {timeout:.0f} s" if killed else last
+    return f"killed after {timeout:.0f} s" if killed else last.removeprefix(STOPPED)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -23,7 +24,7 @@ from rtserve.stream import admin, service
 from rtserve.stream.consumer import StreamConfig, StreamConsumer
 from rtserve.testing.server import serving
 from tests.conftest import MODEL_NAME
-from tests.helpers import features
+from tests.helpers import features, make
 
 pytestmark = pytest.mark.stream
 
@@ -203,6 +204,9 @@ def test_kill_9_mid_stream_and_restarts_write_each_event_once(kafka, torchserve,
                "--management", props["management_address"], "--key-file", str(torchserve.key_file),
                "--model", MODEL_NAME, "--group", f"stream-{run}", "--input", topics["events"],
                "--output", topics["predictions"], "--dead-letters", topics["events.dlq"], "--batch", "16"]
+    where = [f"STREAM_DIR={tmp_path}", f"KAFKA_RUN_DIR={kafka.run_dir}", f"RUN_DIR={torchserve.key_file.parent}",
+             f"INFERENCE_URL={props['inference_address']}", f"MANAGEMENT_URL={props['management_address']}",
+             f"STREAM_ARGS={' '.join(options[options.index('--group'):])}"]
     watcher = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": f"stream-{run}"})
     partitions = [TopicPartition(topics["events"], p) for p in range(PARTITIONS)]
 
@@ -219,12 +223,16 @@ def test_kill_9_mid_stream_and_restarts_write_each_event_once(kafka, torchserve,
             assert wait_until(lambda: not alive(pid), 10), f"pid {pid} survived SIGKILL"
             at_kill.append(committed())
         assert at_kill[-1] < len(sent), f"the stream ended before the last kill: {at_kill}"
-        service.start(tmp_path, options)
+        # the last run as users start and stop it
+        started = make("-s", "stream", *where)
+        assert started.returncode == 0 and ">> stream consumer started in " in started.stdout, started.stdout
         assert wait_until(lambda: committed() == len(sent), 180, poll=0.5), f"committed {committed()}"
     finally:
         watcher.close()
-        last = service.stop(tmp_path)
-    assert last and last.startswith(">> stopped: ") and "(0 aborted" in last, last
+        stopped = make("-s", "stream-stop", *where)
+        service.stop(tmp_path)
+    assert re.fullmatch(r">> stream consumer stopped: \d+ predictions, 0 dead letters in \d+ transactions "
+                        r"\(0 aborted, 0 retries\)\n", stopped.stdout), stopped.stdout
     outputs = [json.loads(m.value()) for m in read_all(kafka.bootstrap, topics["predictions"])]
     coordinates = sorted((r["source"]["partition"], r["source"]["offset"]) for r in outputs)
     assert len(coordinates) == len(set(coordinates)), "a prediction written twice"
