@@ -4,6 +4,7 @@ started detached with its PID file and log in a run directory, and stopped by th
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Sequence
 
 from rtserve.errors import StreamError
 from rtserve.runtime.process import PidFile, spawn, tail, terminate, wait_until
+from rtserve.settings import PACKAGE_HOME
 
 PID_FILE = "stream.pid"
 LOG_FILE = "stream.log"
@@ -47,7 +49,10 @@ def start(run_dir: Path, options: Sequence[str], timeout: float = START_TIMEOUT)
     log = run_dir / LOG_FILE
     offset = log.stat().st_size if log.exists() else 0
     begin = time.monotonic()
-    proc = spawn([sys.executable, "-m", "rtserve", "stream", "run", *options], log, _pid_file(run_dir))
+    # rtserve is found from any directory; relative paths in the options stay the caller's.
+    path = os.pathsep.join(filter(None, (str(PACKAGE_HOME), os.environ.get("PYTHONPATH"))))
+    env = {**os.environ, "PYTHONPATH": path}
+    proc = spawn([sys.executable, "-m", "rtserve", "stream", "run", *options], log, _pid_file(run_dir), env=env)
 
     def started() -> bool:
         if proc.poll() is not None:

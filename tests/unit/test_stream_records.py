@@ -1,6 +1,7 @@
 """The stream consumer's pure parts: an event is validated by the handler's own functions (the
 dead letter names the field as the HTTP answer would), the records it writes carry the source
-coordinates, the offsets it commits and rewinds to, and its settings are checked once."""
+coordinates, the offsets it commits and rewinds to, its settings are checked once, and a
+background start that fails says why."""
 
 from __future__ import annotations
 
@@ -78,3 +79,16 @@ def test_bad_settings_are_refused_at_once(bad, message):
     with pytest.raises(StreamError) as refused:
         StreamConfig("127.0.0.1:9092", **bad)
     assert str(refused.value) == message
+
+
+def test_a_background_consumer_that_cannot_start_says_why(tmp_path, monkeypatch):
+    """``make stream``'s start (rtserve.stream.service) from another directory: the consumer's
+    own error (a bad option) ends the start with the end of its log; nothing is left running."""
+    from rtserve.stream import service
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(StreamError, match=r"(?s)the stream consumer exited with 2 at start; the end of "
+                                          r".*stream.log:\n.*argument --batch: invalid int value: 'x'"):
+        service.start(tmp_path / "stream", ["--batch", "x"])
+    assert service.pid(tmp_path / "stream") is None
+    assert service.stop(tmp_path / "stream") is None
