@@ -424,8 +424,8 @@ K8S_ARGS = --overlay $(OVERLAY) --image $(IMG) --version "$(DEPLOY_VERSION)" --n
 LOCAL_IMAGE = $(IMG):$(DEPLOY_VERSION)
 define k8s_local_images
 $(if $(filter podman,$(CLUSTER_ENGINE)),@$(MAKE) --no-print-directory pod-deps)
-$(CLUSTER_ENGINE) image inspect $(LOCAL_IMAGE) >/dev/null 2>&1 || \
-  $(MAKE) --no-print-directory image DOCKER=$(CLUSTER_ENGINE) MODEL_VERSION=$(DEPLOY_VERSION) IMAGE_TAG=$(DEPLOY_VERSION)
+if [ -f $(MODEL_STORE)/$(MODEL_NAME)_$(DEPLOY_VERSION).mar ] || ! $(CLUSTER_ENGINE) image inspect $(LOCAL_IMAGE) >/dev/null 2>&1; then \
+  $(MAKE) --no-print-directory image DOCKER=$(CLUSTER_ENGINE) MODEL_VERSION=$(DEPLOY_VERSION) IMAGE_TAG=$(DEPLOY_VERSION); fi
 $(MAKE) --no-print-directory image-gateway DOCKER=$(CLUSTER_ENGINE)
 $(PY) -m rtserve cluster load --run-dir $(CLUSTER_RUN_DIR) --engine $(CLUSTER_ENGINE) $(LOCAL_IMAGE) $(GATEWAY_STANDIN)
 endef
@@ -682,15 +682,16 @@ stream-stop: ## Stop the stream consumer `make stream` started (it finishes its 
 
 ##@ Test
 .PHONY: test
-# The pod tier mostly waits (image builds, pods starting, preStop drains), so by default it runs
-# in a second pytest process beside the other tiers, with the rolling rehearsal (nginx and
-# replicas at 60 req/s: mostly waiting too) (TEST_BESIDE), its output printed after
-# theirs; with PYTEST_ARGS (or TEST_SPLIT=0) one pytest runs with exactly those arguments.
-# Every tool a test needs is installed first, or make test stops there saying which: no test is
-# skipped for a tool the project can install (nginx: the rehearsal and the gateway; wrk and
-# FastAPI: the perf smoke runs and the pod sizing sweep; podman: the pod tier).
+# The pod and cluster tiers mostly wait (image builds and loads, pods starting, rollouts,
+# preStop drains), so by default they run in a second pytest process beside the other tiers,
+# with the rolling rehearsal (nginx and replicas at 60 req/s: mostly waiting too)
+# (TEST_BESIDE), its output printed after theirs; with PYTEST_ARGS (or TEST_SPLIT=0) one pytest
+# runs with exactly those arguments. Every tool a test needs is installed first, or make test
+# stops there saying which: no test is skipped for a tool the project can install (nginx: the
+# rehearsal and the gateway; wrk and FastAPI: the perf smoke runs and the pod sizing sweep;
+# podman: the pod tier; containerd, runc, the CNI plugins: the cluster tier's node).
 TEST_SPLIT  ?= 1
-TEST_BESIDE ?= tests/pod tests/integration/test_rolling_rehearsal.py
+TEST_BESIDE ?= tests/pod tests/integration/test_rolling_rehearsal.py tests/cluster
 TEST_SPLIT_ON = $(and $(filter 1,$(TEST_SPLIT)),$(if $(strip $(PYTEST_ARGS)),,split))
 # When this make started (for `make test`'s own timing: setup, i.e. what it builds and installs
 # first, included).
@@ -702,6 +703,7 @@ test: $(STAMP) $(AGENT_JAR) $(if $(TEST_SPLIT_ON),$(WHEELHOUSE_STAMP)) ## Run th
 	@$(MAKE) --no-print-directory bench-deps >/dev/null || \
 	  { echo "error: wrk or FastAPI could not be installed (make bench-deps): the perf smoke runs and the pod sizing sweep need them"; exit 1; }
 	@$(MAKE) --no-print-directory pod-deps  # the pod tests (-m pod) need it: they fail without
+	@$(MAKE) --no-print-directory cluster-node-deps  # the cluster tier's node (-m cluster)
 	@if [ -z "$(TEST_SPLIT_ON)" ]; then \
 	  echo "$(PY) -m pytest $(PYTEST_ARGS)"; exec $(PY) -m pytest $(PYTEST_ARGS); fi; \
 	mkdir -p build && start=$$(date +%s); \

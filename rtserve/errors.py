@@ -109,6 +109,13 @@ class WarmupError(RtserveError):
     status = 503
 
 
+class WrongAnswers(WarmupError):
+    """HTTP 500: the served model answers its archive's golden rows differently (a bad build or
+    export): trying again cannot help, so a container running it exits."""
+
+    status = 500
+
+
 # -- models and archives (rtserve.model) ----------------------------------------------------------
 class PackagingError(RtserveError):
     """HTTP 400: the model or its data cannot be packaged; the message says what to fix."""

@@ -13,7 +13,7 @@ import pytest
 
 from rtserve.gateway.nginx import find_nginx
 from rtserve.model.train import package
-from tests.helpers import demo_eager
+from tests.helpers import demo_eager, make
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL_NAME = "realtime-classifier"
@@ -113,6 +113,35 @@ def pod_images_in_background(request):
     """Start :func:`pod_image_build` at the session's start when it runs pod tests."""
     if any(item.get_closest_marker("pod") for item in request.session.items):
         request.getfixturevalue("pod_image_build")
+
+
+#: A cold `make cluster-deps` compiles Kubernetes, etcd and the add-ons (tens of minutes on 2 cores).
+CLUSTER_BUILD_TIMEOUT = 3 * 3600
+
+
+def _cluster_deps() -> subprocess.CompletedProcess:
+    return make("cluster-deps", timeout=CLUSTER_BUILD_TIMEOUT)
+
+
+@pytest.fixture(scope="session")
+def cluster_build() -> Future:
+    """`make cluster-deps` (tests/cluster/conftest.py reads its result) in a background thread
+    from the session's start: cold, the builds take long enough to overlap the tiers before."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cluster-deps")
+    future = pool.submit(_cluster_deps)
+    pool.shutdown(wait=False)
+    yield future
+    try:  # never leave a build running past the session
+        future.exception(timeout=CLUSTER_BUILD_TIMEOUT)
+    except Exception:  # noqa: BLE001 - reported by the tests
+        pass
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cluster_build_in_background(request):
+    """Start :func:`cluster_build` at the session's start when it runs cluster tests."""
+    if any(item.get_closest_marker("cluster") for item in request.session.items):
+        request.getfixturevalue("cluster_build")
 
 
 def monitoring_binary(*names: str) -> str:

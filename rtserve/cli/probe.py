@@ -12,6 +12,7 @@ success, 1 on failure. The run directory and model come from ``--run-dir`` / ``-
 from __future__ import annotations
 
 import argparse
+import threading
 import sys
 from pathlib import Path
 
@@ -58,8 +59,22 @@ def cmd_drain(args: argparse.Namespace) -> int:
 
     s = settings(args)
     timeout = 15.0 if args.timeout is None else args.timeout
-    # A failed preStop hook only adds a FailedPreStopHook event; SIGTERM follows anyway.
-    return _verdict(drain(s.run_dir, args.propagation, timeout, args.quiet, s.log_location))
+    timer = None
+    if s.gateway_dir is not None:
+        # Once the endpoints are gone (no new connection comes), the pod's gateway closes its
+        # clients' idle keep-alive connections: they reconnect to a ready pod instead of meeting
+        # this one stopped (kube-proxy routes only new connections).
+        from rtserve.gateway.nginx import close_client_connections
+
+        timer = threading.Timer(args.propagation, close_client_connections, args=(s.gateway_dir,))
+        timer.daemon = True
+        timer.start()
+    try:
+        # A failed preStop hook only adds a FailedPreStopHook event; SIGTERM follows anyway.
+        return _verdict(drain(s.run_dir, args.propagation, timeout, args.quiet, s.log_location))
+    finally:
+        if timer is not None:
+            timer.cancel()
 
 
 def add(groups: argparse._SubParsersAction) -> None:

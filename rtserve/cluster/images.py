@@ -1,6 +1,8 @@
-"""Load images built on this machine into the local cluster's node, as ``kind load`` does: the
-engine's ``save`` (a docker-archive) streamed into ``ctr images import`` on the node's containerd
-(:class:`rtserve.cluster.containerd.Ctr`, the CRI plugin's namespace ``k8s.io``). No registry.
+"""Load images built on this machine into the local cluster's node, as ``kind load`` does, into
+``ctr images import`` on the node's containerd (:class:`rtserve.cluster.containerd.Ctr`, the CRI
+plugin's namespace ``k8s.io``). No registry. With podman, only the layers the node lacks are
+sent (:meth:`NodeImages.import_new_layers`: a new build of a version sends its top layers, not
+the 4 GB virtualenv again); with Docker, its ``save`` (a docker-archive) is streamed whole.
 
 An image is skipped when the node already holds it under the same name: the config digest of the
 manifest the name points to in containerd is the engine's image ID (podman's and Docker's image
@@ -16,15 +18,18 @@ the node holds under another name only (the CRI plugin also names every image it
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import stat
 import subprocess
+import tarfile
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import IO, Callable
 
 from rtserve.cluster.containerd import Ctr
 from rtserve.cluster.runtime import load_state
@@ -158,6 +163,32 @@ class NodeImages:
     def tag(self, source: str, name: str) -> None:
         self.ctr("images", "tag", "--force", source, name)
 
+    def import_new_layers(self, engine: str, image: Local, timeout: float = LOAD_TIMEOUT) -> float:
+        """Import ``image`` sending only the layers the node lacks; returns the seconds.
+
+        podman writes the image's uncompressed layers (``push dir:``, digests = the layers'
+        diff IDs, which containerd holds them under once imported); the OCI archive streamed
+        into ``ctr images import`` carries the manifest, the config and the missing layers
+        only. A new build of a version shares all but its top layers with the one before: the
+        4 GB virtualenv layer is read once per machine, not once per build.
+        """
+        start = time.monotonic()
+        have = set(self.ctr("content", "ls", "-q", timeout=QUERY_TIMEOUT).split())
+        with tempfile.TemporaryDirectory(prefix="rtserve-load-", dir=os.environ.get("TMPDIR", "/var/tmp")) as tmp:
+            layout = Path(tmp) / "image"
+            run([engine, "push", "--quiet", image.name, f"dir:{layout}"], timeout=timeout)
+            manifest = (layout / "manifest.json").read_bytes()
+            doc = json.loads(manifest)
+            wanted = [doc["config"]] + [layer for layer in doc["layers"] if layer["digest"] not in have]
+            blobs = {d["digest"]: layout / d["digest"].removeprefix("sha256:") for d in wanted}
+            writer = oci_archive(image.name, manifest, blobs)
+            archive = Path(tmp) / "import.tar"
+            with archive.open("wb") as out:
+                writer(out)
+            with archive.open("rb") as stream:
+                self.ctr("images", "import", "-", stdin=stream, timeout=timeout)
+        return time.monotonic() - start
+
     def import_from(self, engine: str, image: Local, timeout: float = LOAD_TIMEOUT) -> float:
         """Stream ``engine save`` of ``image`` into ``ctr images import``; returns the seconds.
 
@@ -204,6 +235,32 @@ class NodeImages:
         return time.monotonic() - start
 
 
+def oci_archive(name: str, manifest: bytes, blobs: dict[str, Path]) -> Callable[[IO[bytes]], None]:
+    """A writer of the OCI archive of one image named ``name``: its ``manifest`` and the blobs
+    given (digest -> file); the manifest may name blobs the node holds already, which the
+    archive then leaves out."""
+    digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
+    index = json.dumps({"schemaVersion": 2, "manifests": [{
+        "mediaType": json.loads(manifest).get("mediaType", "application/vnd.oci.image.manifest.v1+json"),
+        "digest": digest, "size": len(manifest),
+        "annotations": {"io.containerd.image.name": name,
+                        "org.opencontainers.image.ref.name": name.rsplit(":", 1)[-1]}}]}).encode()
+
+    def write(out: IO[bytes]) -> None:
+        with tarfile.open(fileobj=out, mode="w|") as tar:
+            def add(member: str, data: bytes) -> None:
+                info = tarfile.TarInfo(member)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+            add("oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
+            add("index.json", index)
+            add(f"blobs/sha256/{digest.removeprefix('sha256:')}", manifest)
+            for blob, path in blobs.items():
+                tar.add(path, arcname=f"blobs/sha256/{blob.removeprefix('sha256:')}")
+    return write
+
+
 def load(ctr: Ctr, names: list[str], engine: str = "podman",
          say: Callable[[str], None] = print) -> list[Loaded]:
     """Load each image of ``names`` from ``engine`` into the node ``ctr`` reaches, unless it holds
@@ -220,7 +277,8 @@ def load(ctr: Ctr, names: list[str], engine: str = "podman",
     for image in images:
         action = plan(image, refs, node.config_of)
         if action == "import":
-            loaded = Loaded(image, "imported", node.import_from(engine, image))
+            into = node.import_new_layers if Path(engine).name == "podman" else node.import_from
+            loaded = Loaded(image, "imported", into(engine, image))
         elif action == "tag":
             node.tag(image.id, image.name)
             loaded = Loaded(image, "tagged")

@@ -236,6 +236,31 @@ def write_private(path: Path, text: str) -> bool:
     return True
 
 
+def close_client_connections(gateway_dir: Path) -> int | None:
+    """Make the gateway's nginx close its clients' idle keep-alive connections: a graceful
+    reload (SIGHUP to the master named by the PID file in ``gateway_dir``), whose old workers
+    finish the requests in flight and close the idle connections. A draining pod calls it once
+    its endpoints are gone: a client's connection opened before would otherwise keep reaching
+    this pod (kube-proxy routes only new connections) until TorchServe stops, and get 502s.
+    Returns the PID signalled, or None (no gateway running)."""
+    pid = PidFile(gateway_dir / PID_FILE).read()
+    if pid is None or not reload(pid, "to close its idle client connections"):
+        return None
+    return pid
+
+
+def reload(pid: int, why: str) -> bool:
+    """SIGHUP the nginx master ``pid`` (a graceful reload); whether it was signalled (``why``
+    says what for, in the log)."""
+    try:
+        os.kill(pid, signal.SIGHUP)
+    except OSError as exc:
+        logger.warning("gateway: cannot signal nginx (pid %d) %s: %s", pid, why, exc)
+        return False
+    logger.info("gateway: nginx (pid %d) reloads %s", pid, why)
+    return True
+
+
 @dataclass
 class KeySync:
     """Keeps the gateway's map files equal to the Secret's tokens and the pod's key.
@@ -271,14 +296,9 @@ class KeySync:
         pid = self.nginx_pid()
         if pid is None or not (changed or pid != self.signalled_pid):
             return False
-        try:
-            os.kill(pid, signal.SIGHUP)
-        except OSError as exc:
-            logger.warning("gateway: cannot signal nginx (pid %d) to reload: %s", pid, exc)
+        if not reload(pid, "the updated keys" if changed else "the keys (new nginx master)"):
             return False
         self.signalled_pid = pid
-        logger.info("gateway: nginx (pid %d) reloads the %s", pid,
-                    "updated keys" if changed else "keys (new nginx master)")
         return True
 
     def nginx_pid(self) -> int | None:

@@ -27,7 +27,7 @@ from typing import Callable
 
 from handler.warmup import KEY_ENV
 from rtserve.client.rest import Client, TorchServeError
-from rtserve.errors import ServerError
+from rtserve.errors import ServerError, WrongAnswers
 from rtserve.runtime.ports import free_ports
 from rtserve.runtime.process import PidFile, spawn, tail, terminate, wait_until
 from rtserve.server import drain as draining
@@ -349,6 +349,8 @@ class TorchServe:
             try:
                 report = warm_up(client, model, key, Rows.from_mar(self.model_store / archives[model]),
                                  config)
+            except WrongAnswers:
+                raise
             except (WarmupError, TorchServeError, OSError) as exc:
                 raise ServerError(f"warm-up of {model} failed: {exc}\n{self.log_tail()}") from exc
             logger.info("warmed up %s: %d requests (%d connections) in %.2fs", model,
@@ -462,7 +464,8 @@ def run_foreground(server: TorchServe, stop_timeout: float = 15.0, poll: float =
         logger.error("%s", exc)
         return 1
     logger.info("TorchServe started (pid %s) from %s", server.pid(), server.run_dir)
-    threading.Thread(target=_ready_in_background, args=(server, stopping), daemon=True,
+    wrong = threading.Event()
+    threading.Thread(target=_ready_in_background, args=(server, stopping, wrong), daemon=True,
                      name="rtserve-warm-up").start()
     while True:
         if on_poll is not None:
@@ -483,15 +486,24 @@ def run_foreground(server: TorchServe, stop_timeout: float = 15.0, poll: float =
                 server.start_sidecar(sidecar)
     server.stop(stop_timeout)
     logger.info("TorchServe stopped")
-    return 0
+    return 1 if wrong.is_set() else 0
 
 
-def _ready_in_background(server: TorchServe, stopping: threading.Event, pause: float = 5.0) -> None:
+def _ready_in_background(server: TorchServe, stopping: threading.Event, wrong: threading.Event | None = None,
+                         pause: float = 5.0) -> None:
     """:meth:`TorchServe.wait_ready` (with the warm-up) for a server run in the foreground,
-    tried again after each failure until it succeeds or the server is stopping."""
+    tried again after each failure until it succeeds or the server is stopping. Wrong answers
+    to the golden rows are not tried again: ``wrong`` and ``stopping`` are set, and the process
+    exits 1 (a container restarts, and a rollout sees it fail)."""
     while not stopping.is_set():
         try:
             waited = server.wait_ready(models=server.model_names)
+        except WrongAnswers as exc:
+            logger.error("%s: stopping (a wrong build never becomes ready)", exc)
+            if wrong is not None:
+                wrong.set()
+            stopping.set()
+            return
         except ServerError as exc:
             logger.error("not ready yet (trying again in %.0fs): %s", pause, exc)
             stopping.wait(pause)

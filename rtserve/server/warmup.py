@@ -35,7 +35,7 @@ from urllib.parse import quote, urlsplit
 
 from handler.warmup import HEADER, QUERY_PARAMETER
 from rtserve.client.rest import Client
-from rtserve.errors import ArchiveError, WarmupError
+from rtserve.errors import ArchiveError, WarmupError, WrongAnswers
 from rtserve.model.archive import golden_mismatches, read_meta
 
 logger = logging.getLogger(__name__)
@@ -224,7 +224,7 @@ class _Sender:
         got = answer.get("probabilities")
         if (answer["prediction"] != max(range(len(want)), key=want.__getitem__)
                 or not isinstance(got, list) or golden_mismatches([want], [got], TOLERANCE)):
-            raise WarmupError(
+            raise WrongAnswers(
                 f"{self.model} answered golden row {i} of its archive with {answer!r:.300}, "
                 f"expected probabilities {want}: the served model is not the one packaged")
 

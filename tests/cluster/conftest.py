@@ -16,9 +16,6 @@ from rtserve.cluster import runtime
 from tests.conftest import REPO
 from tests.helpers import make  # noqa: F401 - the cluster tier's tests import it from here
 
-#: A cold `make cluster-deps` compiles Kubernetes and etcd (tens of minutes on 2 cores).
-BUILD_TIMEOUT = 3 * 3600
-
 
 @dataclass(frozen=True)
 class Cluster:
@@ -52,21 +49,22 @@ class Cluster:
             assert time.monotonic() < deadline, f"no default service account in {name} after 30 s"
             time.sleep(0.2)
 
-    def ok(self, *args: str, stdin: str | None = None) -> str:
-        done = self.kubectl(*args, stdin=stdin)
+    def ok(self, *args: str, stdin: str | None = None, timeout: float = 60) -> str:
+        done = self.kubectl(*args, stdin=stdin, timeout=timeout)
         assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
         return done.stdout
 
 
 @pytest.fixture(scope="session")
-def cluster_bin() -> Path:
-    """The binaries, built by `make cluster-deps` (once per machine, into the user's cache)."""
+def cluster_bin(cluster_build) -> Path:
+    """The binaries, built by `make cluster-deps` (once per machine, into the user's cache; started
+    in the background when the session began: tests/conftest.py)."""
     start = time.monotonic()
-    done = make("cluster-deps", timeout=BUILD_TIMEOUT)
+    done = cluster_build.result()
     assert done.returncode == 0, f"make cluster-deps failed:\n{done.stdout[-4000:]}"
     found = re.search(r"^>> cluster binaries \(.*\) in (\S+)$", done.stdout, re.M)
     assert found, done.stdout
-    print(f"make cluster-deps: {time.monotonic() - start:.0f} s")
+    print(f"make cluster-deps: waited {time.monotonic() - start:.0f} s")
     return Path(found[1])
 
 

@@ -49,12 +49,20 @@ class Served:
         return SteadyLoad(self.url, payload, lambda: self.token, rate=RATE, concurrency=4,
                           max_seconds=max_seconds, resend_worker_lost=False).start()
 
-    def versions(self) -> set[str]:
-        """The versions the ready pods run (their image tags)."""
+    def _pods(self) -> list[dict]:
+        """The Deployment's pods that are not terminating."""
         pods = json.loads(self.cluster.ok("-n", NAMESPACE, "get", "pods", "-l",
                                           "app.kubernetes.io/name=rtserve", "-o", "json"))
-        return {c["image"].rsplit(":", 1)[1] for p in pods["items"] for c in p["spec"]["containers"]
-                if c["name"] == "rtserve" and not p["metadata"].get("deletionTimestamp")}
+        return [p for p in pods["items"] if not p["metadata"].get("deletionTimestamp")]
+
+    def versions(self) -> set[str]:
+        """The versions the pods run (their image tags)."""
+        return {c["image"].rsplit(":", 1)[1] for p in self._pods() for c in p["spec"]["containers"]
+                if c["name"] == "rtserve"}
+
+    def pods(self) -> list[str]:
+        """The names of the pods."""
+        return sorted(p["metadata"]["name"] for p in self._pods())
 
 
 def no_failures(records, what: str) -> Counts:
@@ -106,6 +114,23 @@ def test_the_namespace_enforces_restricted_pod_security(served):
                      refused.stderr), refused.stderr
 
 
+def test_a_failed_verification_is_undone_by_k8s_deploy(served, image_vars):
+    """1.0 serves; 2.0 is rolled out with a p99 bound no server meets: the real Job fails, and
+    `make k8s-deploy` undoes the rollout to 1.0 by itself while traffic flows."""
+    load = served.load()
+    try:
+        failed = deploy(served.cluster, image_vars, "2.0", "VERIFY_MAX_P99_MS=0.001")
+    finally:
+        records = load.stop()
+    assert failed.returncode != 0, failed.stdout[-4000:]
+    assert "is above max_p99_ms 0.001 ms" in failed.stdout, failed.stdout[-4000:]
+    assert re.search(r"registry\.example\.com/ml/rtserve:2\.0 failed its verification on local and was "
+                     r"rolled back", failed.stdout), failed.stdout[-3000:]
+    assert served.versions() == {"1.0"}
+    print(f"failed verification of 2.0 and its undo: {Counts.of(records).text()} of {len(records)}")
+    no_failures(records, "a failed verification and its undo")
+
+
 def test_rollout_and_rollbacks_under_traffic_fail_no_request(served, image_vars):
     cluster, report = served.cluster, {}
     load = served.load()
@@ -114,6 +139,9 @@ def test_rollout_and_rollbacks_under_traffic_fail_no_request(served, image_vars)
         load.mark("2.0 rollout")
         done = deploy(cluster, image_vars, "2.0")
         assert done.returncode == 0, done.stdout[-6000:]
+        # The Job ran again for this version (a Job's pod template is immutable: deleted, made anew).
+        assert 'job.batch "rtserve-verify" deleted' in done.stdout, done.stdout[-3000:]
+        assert "registry.example.com/ml/rtserve:2.0 verified on local" in done.stdout
         assert served.versions() == {"2.0"}
         time.sleep(3)
         load.mark("k8s-rollback")
@@ -141,29 +169,6 @@ def test_rollout_and_rollbacks_under_traffic_fail_no_request(served, image_vars)
     assert "realtime-classifier 2.0 (registry.example.com/ml/rtserve:2.0) by make k8s-deploy" in history.stdout
 
 
-def test_a_failed_verification_is_undone_by_k8s_deploy_and_the_job_runs_again(served, image_vars):
-    """2.0 serves (the test before left it); 1.0 is rolled out with a p99 bound no server meets:
-    the real Job fails, and `make k8s-deploy` undoes the rollout to 2.0. Then 1.0 again with
-    the image's own bound: the Job (immutable, so deleted and made again) passes."""
-    load = served.load()
-    try:
-        failed = deploy(served.cluster, image_vars, "1.0", "VERIFY_MAX_P99_MS=0.001")
-        assert failed.returncode != 0, failed.stdout[-4000:]
-        assert "p99" in failed.stdout and "is above max_p99_ms 0.001 ms" in failed.stdout, failed.stdout[-4000:]
-        assert re.search(r"registry\.example\.com/ml/rtserve:1\.0 failed its verification on local and was "
-                         r"rolled back", failed.stdout), failed.stdout[-3000:]
-        assert served.versions() == {"2.0"}
-        load.mark("good")
-        good = deploy(served.cluster, image_vars, "1.0")
-        assert good.returncode == 0, good.stdout[-4000:]
-        assert "registry.example.com/ml/rtserve:1.0 verified on local" in good.stdout
-        assert served.versions() == {"1.0"}
-    finally:
-        records = load.stop()
-    print(f"failed verification and undo, then 1.0: {Counts.of(records).text()} of {len(records)}")
-    no_failures(records, "verification failure, undo and the next rollout")
-
-
 def wrong_archive(store: Path, version: str) -> Path:
     """The 2.0 archive relabelled ``version`` with two golden rows' probabilities reversed: the
     model now answers those rows differently from its own golden set (as a bad export would)."""
@@ -187,8 +192,10 @@ def wrong_archive(store: Path, version: str) -> Path:
 
 def test_a_version_that_answers_wrongly_is_undone_by_k8s_deploy(served, image_vars, mar_v1):
     """Its pods check their answers against the golden set while starting and exit: the rollout
-    fails at the first restart, `make k8s-deploy` undoes it, and 1.0 never stops serving."""
+    fails at the first restart, `make k8s-deploy` undoes it, and the version before never stops
+    serving."""
     wrong_archive(mar_v1.parent, "2.9")
+    before = served.versions()
     load = served.load()
     try:
         failed = deploy(served.cluster, image_vars, "2.9")
@@ -197,9 +204,9 @@ def test_a_version_that_answers_wrongly_is_undone_by_k8s_deploy(served, image_va
     assert failed.returncode != 0, failed.stdout[-4000:]
     assert re.search(r"container rtserve of pod rtserve-\S+ exited \d+ \(Error\) and restarted", failed.stdout), \
         failed.stdout[-4000:]
-    assert "warm-up" in failed.stdout, failed.stdout[-4000:]  # the pod's log says why
+    assert "the served model is not the one packaged" in failed.stdout, failed.stdout[-4000:]  # its log
     assert "the rollout of registry.example.com/ml/rtserve:2.9 to local failed and was rolled back" in failed.stdout
-    assert served.versions() == {"1.0"}
+    assert served.versions() == before
     print(f"bad version 2.9 undone: {Counts.of(records).text()} of {len(records)}")
     no_failures(records, "a bad version's rollout and its undo")
 
@@ -208,7 +215,7 @@ def test_a_change_the_api_server_refuses_fails_k8s_deploy_and_the_running_versio
                                                                                            tmp_path):
     """A copy of deploy/k8s whose local overlay adds a label to the Deployment's selector (an
     immutable field): `make k8s-deploy K8S_DIR=<copy>` fails with the API server's own message,
-    and the pods serving 1.0 are untouched."""
+    and the pods serving are untouched."""
     k8s = tmp_path / "k8s"
     shutil.copytree(REPO / "deploy" / "k8s", k8s)
     (k8s / "overlays" / "local" / "selector.yaml").write_text(
@@ -216,7 +223,8 @@ def test_a_change_the_api_server_refuses_fails_k8s_deploy_and_the_running_versio
         "    matchLabels:\n      track: stable\n  template:\n    metadata:\n      labels:\n        track: stable\n")
     kustomization = k8s / "overlays" / "local" / "kustomization.yaml"
     kustomization.write_text(kustomization.read_text() + "  - path: selector.yaml\n")
-    pods_before = served.cluster.ok("-n", NAMESPACE, "get", "pods", "-o", "name")
+    pods_before = served.pods()
+    versions = served.versions()
     load = served.load()
     try:
         refused = deploy(served.cluster, image_vars, "2.0", f"K8S_DIR={k8s}")
@@ -225,8 +233,8 @@ def test_a_change_the_api_server_refuses_fails_k8s_deploy_and_the_running_versio
     assert refused.returncode != 0, refused.stdout[-3000:]
     assert 'The Deployment "rtserve" is invalid: spec.selector: Invalid value: ' in refused.stdout, refused.stdout[-3000:]
     assert "field is immutable" in refused.stdout, refused.stdout[-3000:]
-    assert served.versions() == {"1.0"}
-    assert served.cluster.ok("-n", NAMESPACE, "get", "pods", "-o", "name") == pods_before
+    assert served.versions() == versions
+    assert served.pods() == pods_before
     no_failures(records, "a refused apply")
 
 
@@ -253,4 +261,49 @@ def test_draining_the_node_honours_the_disruption_budget(served):
                and not p["metadata"].get("deletionTimestamp")]
     assert len(running) == 1, [p["metadata"]["name"] for p in running]
     no_failures(records, "a node drain")
+    cluster.ok("-n", NAMESPACE, "rollout", "status", "deployment/rtserve", "--timeout=300s", timeout=320)
+
+
+def hpa_status(cluster) -> dict:
+    return json.loads(cluster.ok("-n", NAMESPACE, "get", "hpa", "rtserve", "-o", "json"))["status"]
+
+
+def cpu_utilization(status: dict) -> int | None:
+    for metric in status.get("currentMetrics") or []:
+        current = (metric.get("resource") or {}).get("current") or {}
+        if metric.get("resource", {}).get("name") == "cpu" and "averageUtilization" in current:
+            return current["averageUtilization"]
+    return None
+
+
+def wait_for(what: str, condition, timeout: float, poll: float = 3.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s"
+        time.sleep(poll)
+
+
+def test_the_autoscaler_reads_real_cpu_and_scales_out_under_load_and_back(served):
+    """metrics-server scrapes the kubelet, the HPA reads the pods' CPU; under a bounded burst it
+    scales out to its maximum, and back to its minimum once the burst ends (the local overlay's
+    short scale-down window)."""
+    cluster = served.cluster
+    idle = wait_for("the HPA's CPU figure", lambda: cpu_utilization(hpa_status(cluster)) is not None
+                    and hpa_status(cluster), timeout=120)
+    top = cluster.ok("-n", NAMESPACE, "top", "pods", "--no-headers")
+    assert re.search(r"^rtserve-\S+ +\d+m +\d+Mi\s*$", top, re.M), top
+    load = SteadyLoad(served.url, {"features": [0.25] * 32}, lambda: served.token, rate=3000,
+                      concurrency=16, max_seconds=240, resend_worker_lost=False).start()
+    try:
+        busy = wait_for("a scale-out", lambda: (s := hpa_status(cluster))["desiredReplicas"] >= 3 and s,
+                        timeout=180)
+    finally:
+        records = load.stop()
+    print(f"HPA: idle {cpu_utilization(idle)} %, under load {cpu_utilization(busy)} % -> "
+          f"{busy['desiredReplicas']} replicas; {Counts.of(records).text()} of {len(records)}")
+    no_failures(records, "the autoscaler's scale-out")
+    wait_for("the scale-in", lambda: hpa_status(cluster)["desiredReplicas"] == 2, timeout=240)
     cluster.ok("-n", NAMESPACE, "rollout", "status", "deployment/rtserve", "--timeout=300s", timeout=320)

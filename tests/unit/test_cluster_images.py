@@ -148,3 +148,29 @@ def test_the_streamed_import_reports_the_failing_side(tmp_path):
                                            r"and .*/podman save --format docker-archive localhost/FAIL exited "
                                            r"with 125:\nError: layer is gone"):
         node.import_from(engine, Local("localhost/FAIL", ID, 1))
+
+
+def test_the_oci_archive_of_new_layers_names_the_image_and_leaves_out_what_the_node_holds(tmp_path):
+    import hashlib
+    import io
+    import json
+    import tarfile
+
+    from rtserve.cluster.images import oci_archive
+
+    config, new = tmp_path / "config", tmp_path / "layer"
+    config.write_bytes(b'{"rootfs": {}}')
+    new.write_bytes(b"new layer")
+    manifest = json.dumps({"mediaType": "application/vnd.oci.image.manifest.v1+json",
+                           "config": {"digest": "sha256:c"}, "layers": [{"digest": "sha256:old"},
+                                                                       {"digest": "sha256:new"}]}).encode()
+    out = io.BytesIO()
+    oci_archive("registry.example.com/ml/rtserve:2.0", manifest, {"sha256:c": config, "sha256:new": new})(out)
+    with tarfile.open(fileobj=io.BytesIO(out.getvalue())) as tar:
+        names = tar.getnames()
+        index = json.load(tar.extractfile("index.json"))
+    digest = hashlib.sha256(manifest).hexdigest()
+    assert names == ["oci-layout", "index.json", f"blobs/sha256/{digest}", "blobs/sha256/c", "blobs/sha256/new"]
+    entry = index["manifests"][0]
+    assert entry["digest"] == f"sha256:{digest}" and entry["size"] == len(manifest)
+    assert entry["annotations"]["io.containerd.image.name"] == "registry.example.com/ml/rtserve:2.0"

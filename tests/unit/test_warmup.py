@@ -12,6 +12,7 @@ from handler.rtserve_handler import RealTimeHandler
 from handler.warmup import HEADER, KEY_ENV
 from rtserve.server.probe import ready
 from rtserve.server.warmup import WARM_FILE, Rows, WarmupConfig, WarmupError
+from rtserve.errors import WrongAnswers
 from tests.helpers import MODEL_YAML, audit_batches, features, json_row, make_context, route_headers, start_batch
 
 pytestmark = pytest.mark.unit
@@ -135,8 +136,8 @@ def test_a_wrong_answer_stops_the_warm_up():
     sender._check(0, 200, b'{"prediction": 1, "probabilities": [0.2, 0.8000001]}')
     for body in (b'{"prediction": 1, "probabilities": [0.3, 0.7]}',
                  b'{"prediction": 0, "probabilities": [0.2, 0.8]}'):
-        with pytest.raises(WarmupError, match=r"m answered golden row 0 of its archive with .* "
-                                              r"the served model is not the one packaged"):
+        with pytest.raises(WrongAnswers, match=r"m answered golden row 0 of its archive with .* "
+                                               r"the served model is not the one packaged"):
             sender._check(0, 200, body)
     with pytest.raises(WarmupError, match="warm-up request to m answered 503"):
         sender._check(0, 503, b'{"code": 503}')
@@ -145,3 +146,23 @@ def test_a_wrong_answer_stops_the_warm_up():
     unchecked._check(0, 200, b'{"prediction": 4}')  # no golden set: only the answer's form
     with pytest.raises(WarmupError, match="answered 200"):
         unchecked._check(0, 200, b'{"error": "x"}')
+
+
+def test_wrong_answers_stop_the_foreground_server_instead_of_retrying():
+    """A model that answers its golden rows wrongly will never do better: the container's server
+    stops (exit 1) rather than trying again forever behind a failing readiness probe."""
+    import threading
+
+    from rtserve.server.torchserve import _ready_in_background
+
+    class Wrong:
+        model_names = ["m"]
+        calls = 0
+
+        def wait_ready(self, models):
+            self.calls += 1
+            raise WrongAnswers("m answered golden row 3 of its archive with ...")
+
+    server, stopping, wrong = Wrong(), threading.Event(), threading.Event()
+    _ready_in_background(server, stopping, wrong, pause=0.01)
+    assert server.calls == 1 and wrong.is_set() and stopping.is_set()
