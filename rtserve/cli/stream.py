@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import socket
 import threading
 from pathlib import Path
 
@@ -37,7 +38,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     bootstrap = args.bootstrap or local.load_state(args.kafka_run_dir)["bootstrap"]
     config = StreamConfig(bootstrap, model=args.model, group=args.group, input=args.input,
                           output=args.output, dead_letters=args.dead_letters,
-                          transactional_id=args.transactional_id or f"rtserve-stream-{args.group}",
+                          transactional_id=args.transactional_id or f"rtserve-stream-{args.group}-{socket.gethostname()}",
                           batch=args.batch, concurrency=args.concurrency, n_features=args.features)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -85,7 +86,8 @@ def add(groups: argparse._SubParsersAction) -> None:
             (["--input"], {"default": "events"}),
             (["--output"], {"default": "predictions"}),
             (["--dead-letters"], {"default": "events.dlq"}),
-            (["--transactional-id"], {"help": "the producer's transactional id (default: rtserve-stream-GROUP)"}),
+            (["--transactional-id"], {"help": "the producer's transactional id, one per member: two members "
+                                              "with one id fence each other (default: rtserve-stream-GROUP-HOSTNAME)"}),
             (["--batch"], {"type": int, "default": 64, "help": "events per poll and transaction"}),
             (["--concurrency"], {"type": int, "default": 16, "help": "requests in flight to TorchServe"}),
             (["--features"], {"type": int, "help": "the model's feature count (default: TorchServe checks it)"}),
