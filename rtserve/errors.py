@@ -185,6 +185,13 @@ class ImageNotFound(ClusterError):
     status = 404
 
 
+class StreamError(RtserveError):
+    """HTTP 503: the local Kafka broker cannot be assembled, started, reached or stopped (the
+    message says which, with the end of its log)."""
+
+    status = 503
+
+
 class DeployError(RtserveError):
     """HTTP 502: a cluster deployment or its verification failed (the message says which step)."""
 

@@ -13,7 +13,7 @@ import pytest
 
 from rtserve.gateway.nginx import find_nginx
 from rtserve.model.train import package
-from tests.helpers import demo_eager
+from tests.helpers import demo_eager, make
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL_NAME = "realtime-classifier"
@@ -120,9 +120,7 @@ CLUSTER_BUILD_TIMEOUT = 3 * 3600
 
 
 def _cluster_deps() -> subprocess.CompletedProcess:
-    return subprocess.run(["make", "--no-print-directory", "cluster-deps", f"VENV={REPO / '.venv'}"],
-                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=CLUSTER_BUILD_TIMEOUT)
+    return make("cluster-deps", timeout=CLUSTER_BUILD_TIMEOUT)
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import subprocess
 from pathlib import Path
 
 import torch
@@ -13,8 +14,15 @@ from handler.model import ModelMetadata
 from rtserve.model.archive import read_archive
 from rtserve.testing.worker import METRICS_YAML, make_context, start_batch  # noqa: F401 - shared
 
+REPO = Path(__file__).resolve().parent.parent
 #: The shipped model config (model/model-config.yaml), as the archive carries it.
-MODEL_YAML = yaml.safe_load((Path(__file__).resolve().parent.parent / "model" / "model-config.yaml").read_text())
+MODEL_YAML = yaml.safe_load((REPO / "model" / "model-config.yaml").read_text())
+
+
+def make(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """``make ARGS`` in the repository with its virtualenv; output (both streams) in ``stdout``."""
+    return subprocess.run(["make", "--no-print-directory", *args, f"VENV={REPO / '.venv'}"], cwd=REPO,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
 
 
 def route_headers(explain: bool) -> dict:

@@ -18,7 +18,7 @@ import argparse
 import time
 from pathlib import Path
 
-from rtserve.cli.common import command, group
+from rtserve.cli.common import command, group, named_port
 from rtserve.settings import PACKAGE_HOME
 
 RUN_DIR = PACKAGE_HOME / ".run" / "cluster"
@@ -29,11 +29,7 @@ CONTAINERD_ROOT = Path.home() / ".cache" / "rtserve" / "cluster" / "containerd"
 def _port(text: str) -> tuple[str, int]:
     from rtserve.cluster.components import PORT_NAMES
 
-    name, _, port = text.partition("=")
-    if name not in PORT_NAMES or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise argparse.ArgumentTypeError(
-            f"expected NAME=PORT with NAME one of {', '.join(PORT_NAMES)} (0: a free port), got {text!r}")
-    return name, int(port)
+    return named_port(text, PORT_NAMES)
 
 
 def cmd_modules(args: argparse.Namespace) -> int:

@@ -36,6 +36,19 @@ def command(commands: argparse._SubParsersAction, name: str, func: Callable[[arg
     return parser
 
 
+def named_port(text: str, names: tuple[str, ...]) -> tuple[str, int]:
+    """``NAME=PORT`` with NAME one of ``names`` (an option's type: 0 asks for a free port).
+
+    Raises:
+        argparse.ArgumentTypeError: another name, or a port that is not in 0-65535.
+    """
+    name, _, port = text.partition("=")
+    if name not in names or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=PORT with NAME one of {', '.join(names)} (0: a free port), got {text!r}")
+    return name, int(port)
+
+
 def settings(args: argparse.Namespace) -> Settings:
     """The settings of this command: the environment's, then the options that name a setting."""
     return Settings.from_env(**{name: getattr(args, name, None) for name in SETTING_OPTIONS})

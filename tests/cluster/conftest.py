@@ -14,11 +14,7 @@ import pytest
 
 from rtserve.cluster import runtime
 from tests.conftest import REPO
-
-def make(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """``make -s ARGS`` in the repository; output (both streams) in ``stdout``."""
-    return subprocess.run(["make", "--no-print-directory", *args, f"VENV={REPO / '.venv'}"], cwd=REPO,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+from tests.helpers import make  # noqa: F401 - the cluster tier's tests import it from here
 
 
 @dataclass(frozen=True)

@@ -136,7 +136,8 @@ RENAMED = {"deploy": "k8s-deploy", "rollout-status": "k8s-status", "history-vers
            "rehearsal": "bench-rehearsal"}
 
 #: `make help`'s groups, in order, and the rule every target in each follows. Cluster operations
-#: are k8s-*, the local cluster cluster*, pod and image targets image*/pod*, tool installs <group>-deps; nothing else may
+#: are k8s-*, the local cluster cluster*, Kafka and the stream consumer kafka*/stream*, pod and
+#: image targets image*/pod*, tool installs <group>-deps; nothing else may
 #: take those prefixes.
 GROUPS = {
     "General": lambda t: t == "help",
@@ -147,6 +148,7 @@ GROUPS = {
     "Image and pod": lambda t: t.startswith(("image", "pod")),
     "Kubernetes (cluster)": lambda t: t.startswith("k8s-"),
     "Local cluster": lambda t: t.startswith("cluster"),
+    "Streaming (Kafka)": lambda t: t.startswith(("kafka", "stream")),
     "Test": lambda t: t.startswith("test"),
     "Benchmarks": lambda t: t.startswith("bench"),
     "Reliability": lambda t: t.startswith("bench-") or t == "nginx-deps",
@@ -154,7 +156,7 @@ GROUPS = {
 
 
 def prefixed(target: str) -> bool:
-    return target.startswith(("k8s-", "cluster", "image", "pod", "bench", "monitor", "test")) \
+    return target.startswith(("k8s-", "cluster", "image", "pod", "bench", "monitor", "test", "kafka", "stream")) \
         or target.endswith("-deps")
 
 

@@ -1,0 +1,156 @@
+"""The local Apache Kafka broker as a pure builder: its layout, server.properties, log
+configuration and the argv of its two steps (storage format, then the broker). Nothing here
+starts a process (:mod:`rtserve.stream.local` does).
+
+One JVM is both the KRaft controller and the broker (``process.roles=broker,controller``), on
+127.0.0.1 only, with a static one-voter quorum: a single node that needs no ZooKeeper and no
+other machine. The classpath is the directory ``make kafka-deps`` fills from Maven Central
+(``org.apache.kafka:kafka_2.13`` and its runtime dependencies).
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+HOST = "127.0.0.1"
+#: The ports of one node: clients' listener and the controller's (the KRaft quorum).
+PORT_NAMES = ("broker", "controller")
+#: The node's id in the quorum (one node: it is the only voter).
+NODE_ID = 1
+#: The topics ``make kafka`` creates: the stream's input, its output and its dead letters.
+TOPICS = ("events", "predictions", "events.dlq")
+#: Main classes in ``kafka_2.13``: the storage format step and the broker itself.
+STORAGE_TOOL = "kafka.tools.StorageTool"
+BROKER_MAIN = "kafka.Kafka"
+#: The files of a run directory.
+STATE_FILE = "state.json"
+PID_FILE = "kafka.pid"
+CONFIG_FILE = "server.properties"
+LOG4J_FILE = "log4j2.properties"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where one broker lives and how it runs.
+
+    Attributes:
+        run_dir: the node's directory: config, data (``data/``), logs (``logs/``), PID file, state.
+        libs: the classpath directory (every jar in it).
+        ports: ``broker`` and ``controller`` ports on 127.0.0.1.
+        heap: the JVM's maximum heap, as ``-Xmx`` takes it (``512m``).
+        partitions: the partitions of each topic the target creates (and the default of others).
+        java: the ``java`` program.
+    """
+
+    run_dir: Path
+    libs: Path
+    ports: dict[str, int]
+    heap: str = "512m"
+    partitions: int = 4
+    java: str = "java"
+
+    @property
+    def bootstrap(self) -> str:
+        """What clients connect to: ``127.0.0.1:<broker port>``."""
+        return f"{HOST}:{self.ports['broker']}"
+
+    @property
+    def data(self) -> Path:
+        return self.run_dir / "data"
+
+    @property
+    def logs(self) -> Path:
+        return self.run_dir / "logs"
+
+    @property
+    def config(self) -> Path:
+        return self.run_dir / CONFIG_FILE
+
+    @property
+    def log4j(self) -> Path:
+        return self.run_dir / LOG4J_FILE
+
+    def formatted(self) -> bool:
+        """The data directory holds a formatted node (its ``meta.properties``)."""
+        return (self.data / "meta.properties").is_file()
+
+
+def new_cluster_id() -> str:
+    """A random cluster id as Kafka writes one: 16 bytes, URL-safe base64 without padding."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def server_properties(layout: Layout) -> str:
+    """The broker's ``server.properties``: one node, loopback listeners, data under the run
+    directory, and the internal topics (offsets, transactions) at replication 1 and a few
+    partitions (their defaults, 3 replicas and 50 partitions, cannot be met or cost seconds on
+    a single small node)."""
+    broker, controller = layout.ports["broker"], layout.ports["controller"]
+    settings = {
+        "process.roles": "broker,controller",
+        "node.id": NODE_ID,
+        "controller.quorum.voters": f"{NODE_ID}@{HOST}:{controller}",
+        "listeners": f"PLAINTEXT://{HOST}:{broker},CONTROLLER://{HOST}:{controller}",
+        "advertised.listeners": f"PLAINTEXT://{HOST}:{broker}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "log.dirs": layout.data,
+        "num.partitions": layout.partitions,
+        "auto.create.topics.enable": "false",
+        "offsets.topic.replication.factor": 1,
+        "offsets.topic.num.partitions": 4,
+        "transaction.state.log.replication.factor": 1,
+        "transaction.state.log.min.isr": 1,
+        "transaction.state.log.num.partitions": 4,
+        "share.coordinator.state.topic.replication.factor": 1,
+        "share.coordinator.state.topic.min.isr": 1,
+        # A consumer group's first member starts at once (the default waits 3 s for others).
+        "group.initial.rebalance.delay.ms": 0,
+        # Two cores: few threads.
+        "num.network.threads": 2,
+        "num.io.threads": 2,
+        "background.threads": 2,
+    }
+    lines = [f"{key}={value}" for key, value in settings.items()]
+    return "# Written by rtserve (rtserve/stream/broker.py) at each start; edits are lost.\n" \
+        + "\n".join(lines) + "\n"
+
+
+def log4j_config() -> str:
+    """The JVM's log configuration (log4j2 properties): one line per event on stdout (which
+    :func:`rtserve.runtime.process.spawn` appends to ``logs/kafka.log``); each config class's
+    dump of every setting at start (hundreds of lines) only at WARN."""
+    return "\n".join((
+        "status = warn",
+        "appender.out.type = Console",
+        "appender.out.name = out",
+        "appender.out.layout.type = PatternLayout",
+        "appender.out.layout.pattern = [%d] %p %m (%c)%n",
+        "rootLogger.level = INFO",
+        "rootLogger.appenderRef.out.ref = out",
+        "logger.config.name = org.apache.kafka.common.config.AbstractConfig",
+        "logger.config.level = WARN",
+        "",
+    ))
+
+
+def _jvm(layout: Layout, heap: str) -> list[str]:
+    return [layout.java, f"-Xmx{heap}", "-Xms64m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+            "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={layout.log4j}",
+            "-cp", str(layout.libs / "*")]
+
+
+def format_argv(layout: Layout, cluster_id: str) -> list[str]:
+    """The storage format step: writes ``meta.properties`` and the bootstrap metadata into the
+    data directory (once per data directory; the broker refuses an unformatted one)."""
+    return [*_jvm(layout, "256m"), STORAGE_TOOL, "format", "--cluster-id", cluster_id,
+            "--config", str(layout.config)]
+
+
+def broker_argv(layout: Layout) -> list[str]:
+    """The broker and controller in one JVM."""
+    return [*_jvm(layout, layout.heap), BROKER_MAIN, str(layout.config)]

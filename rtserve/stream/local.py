@@ -1,0 +1,176 @@
+"""Start, wait for, stop and report the local Kafka broker of ``make kafka`` from its recorded state.
+
+``start`` writes the node's configuration into the run directory, formats its storage the first
+time (the data stays between starts, so a restart keeps every topic, offset and transaction),
+starts the JVM, waits until the broker answers metadata and creates the missing topics; if any
+step fails, the broker is stopped before the error is raised. ``stop`` works only from the PID
+file (the process is signalled only while its command line is still the recorded ``java``),
+never by a process name. Processes are started, found and stopped through
+:mod:`rtserve.runtime.process`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from rtserve.errors import StreamError
+from rtserve.runtime.ports import free_ports
+from rtserve.runtime.process import PidFile, run, spawn, tail, terminate, wait_until
+from rtserve.stream import admin, broker
+from rtserve.stream.broker import Layout
+
+READY_TIMEOUT = 120.0
+#: A single node's controlled shutdown takes a few seconds; SIGKILL after this.
+STOP_TIMEOUT = 60.0
+FORMAT_TIMEOUT = 120.0
+
+
+def _pid_file(run_dir: Path) -> PidFile:
+    return PidFile(run_dir / broker.PID_FILE, check_program=True)
+
+
+def load_state(run_dir: Path) -> dict:
+    """What ``start`` recorded (bootstrap, ports, classpath, cluster id, topics).
+
+    Raises:
+        StreamError: no broker was started from ``run_dir``.
+    """
+    try:
+        return json.loads((run_dir / broker.STATE_FILE).read_text())
+    except FileNotFoundError:
+        raise StreamError(f"no Kafka broker was started from {run_dir} (make kafka)") from None
+
+
+def resolve_ports(run_dir: Path, wanted: dict[str, int]) -> dict[str, int]:
+    """Each port: the one given; else the one recorded in ``run_dir`` (a restart keeps its
+    bootstrap address, so clients and the stream consumer find it again); else a free one."""
+    try:
+        recorded = load_state(run_dir).get("ports", {})
+    except StreamError:
+        recorded = {}
+    free = iter(free_ports(len(broker.PORT_NAMES)))
+    return {name: wanted.get(name) or recorded.get(name) or next(free) for name in broker.PORT_NAMES}
+
+
+def pid(run_dir: Path) -> int | None:
+    """The broker's PID while it runs (its PID file names a live ``java``), else None."""
+    return _pid_file(run_dir).pid()
+
+
+def start(layout: Layout, fresh: bool = False,
+          topics: tuple[str, ...] = broker.TOPICS) -> dict[str, float]:
+    """Start the broker of ``layout`` and create ``topics``; returns each step's seconds
+    (``format`` only the first time, ``broker ready``, ``topics``).
+
+    Raises:
+        StreamError: the classpath lacks Kafka, a broker already runs from the run directory,
+            or a step fails (the broker is then stopped; the message ends with its log).
+    """
+    run_dir = layout.run_dir
+    if pid(run_dir) is not None:
+        raise StreamError(f"a Kafka broker already runs from {run_dir} (pid {pid(run_dir)}): "
+                          "stop it first (make kafka-stop)")
+    if not any(layout.libs.glob("kafka_2.13-*.jar")):
+        raise StreamError(f"no Kafka jars in {layout.libs}: assemble them with make kafka-deps")
+    if fresh:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    layout.logs.mkdir(parents=True, exist_ok=True)
+    layout.data.mkdir(parents=True, exist_ok=True)
+    layout.config.write_text(broker.server_properties(layout))
+    layout.log4j.write_text(broker.log4j_config())
+    took: dict[str, float] = {}
+    log = layout.logs / "kafka.log"
+    cluster_id = _format(layout, log, took)
+    state = {"bootstrap": layout.bootstrap, "ports": layout.ports, "libs": str(layout.libs),
+             "cluster_id": cluster_id, "topics": list(topics), "partitions": layout.partitions,
+             "data": str(layout.data), "log": str(log)}
+    (run_dir / broker.STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+    begin = time.monotonic()
+    proc = spawn(broker.broker_argv(layout), log, _pid_file(run_dir), cwd=run_dir)
+    try:
+        took["broker ready"] = _wait_ready(layout, proc, log, begin)
+        begin = time.monotonic()
+        admin.create_topics(layout.bootstrap, topics, layout.partitions)
+        if not wait_until(lambda: set(topics) <= set(admin.topics(layout.bootstrap)), 30, poll=0.2):
+            raise StreamError(f"topics {', '.join(topics)} not all led within 30 s at {layout.bootstrap}")
+        took["topics"] = time.monotonic() - begin
+    except BaseException:
+        stop(run_dir)
+        raise
+    return took
+
+
+def _format(layout: Layout, log: Path, took: dict[str, float]) -> str:
+    """Format the data directory unless it holds a node already; its cluster id."""
+    if layout.formatted():
+        for line in (layout.data / "meta.properties").read_text().splitlines():
+            if line.startswith("cluster.id="):
+                return line.partition("=")[2].strip()
+        raise StreamError(f"{layout.data / 'meta.properties'} names no cluster.id: "
+                          "start afresh (make kafka KAFKA_FRESH=1)")
+    cluster_id = broker.new_cluster_id()
+    begin = time.monotonic()
+    done = run(broker.format_argv(layout, cluster_id), FORMAT_TIMEOUT, cwd=layout.run_dir, check=False)
+    with open(log, "a") as out:
+        out.write(done.stdout)
+    if done.returncode != 0:
+        raise StreamError(f"formatting {layout.data} failed ({done.returncode}):\n{done.stdout[-3000:]}")
+    took["format"] = time.monotonic() - begin
+    return cluster_id
+
+
+def _wait_ready(layout: Layout, proc: subprocess.Popen, log: Path, begin: float) -> float:
+    def ready() -> bool:
+        if proc.poll() is not None:
+            raise StreamError(f"the Kafka broker exited with {proc.returncode} at start; "
+                              f"the end of {log}:\n{tail(log, 30) or '(no log)'}")
+        return admin.answers(layout.bootstrap)
+
+    if wait_until(ready, READY_TIMEOUT, poll=0.5):
+        return time.monotonic() - begin
+    raise StreamError(f"the Kafka broker gave no metadata at {layout.bootstrap} within "
+                      f"{READY_TIMEOUT:.0f} s; the end of {log}:\n{tail(log, 30) or '(no log)'}")
+
+
+def stop(run_dir: Path, timeout: float = STOP_TIMEOUT) -> str | None:
+    """Stop the broker the PID file in ``run_dir`` names (SIGTERM: a controlled shutdown; SIGKILL
+    after ``timeout``); returns what was done, None when none ran. The data stays.
+
+    Raises:
+        StreamError: the process is still alive after SIGKILL.
+    """
+    pid_file = _pid_file(run_dir)
+    running, program = pid_file.pid(), pid_file.program()
+    if running is None:
+        pid_file.remove()
+        return None
+    begin = time.monotonic()
+    killed = terminate(running, timeout, poll=0.2, program=program)
+    if pid_file.pid() is not None:
+        raise StreamError(f"the Kafka broker (pid {running}) is still alive after SIGKILL")
+    pid_file.remove()
+    how = f"killed after {timeout:.0f} s" if killed else f"stopped in {time.monotonic() - begin:.1f} s"
+    return f"kafka (pid {running}) {how}"
+
+
+def status(run_dir: Path) -> dict[str, str]:
+    """The broker's state (``running (pid N)``, ``dead (pid N)``), its bootstrap address and,
+    while it runs, its topics with their partition counts.
+
+    Raises:
+        StreamError: no broker was started from ``run_dir``.
+    """
+    state = load_state(run_dir)
+    pid_file = _pid_file(run_dir)
+    running = pid_file.pid()
+    lines = {"kafka": f"running (pid {running})" if running else
+             f"dead (pid {pid_file.read()})" if pid_file.read() else "stopped",
+             "bootstrap": state["bootstrap"], "data": state["data"], "log": state["log"]}
+    if running:
+        found = admin.topics(state["bootstrap"]) if admin.listening(state["bootstrap"]) else {}
+        lines["topics"] = ", ".join(f"{n} ({p} partitions)" for n, p in sorted(found.items())) or "(none)"
+    return lines

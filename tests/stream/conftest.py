@@ -1,0 +1,77 @@
+"""The stream tier: a real single-node Apache Kafka broker (``make kafka``) from the jars
+``make kafka-deps`` assembles, in a run directory of the test session's own, on free loopback
+ports, stopped by ``make kafka-stop`` however the session ends."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from rtserve.runtime.process import terminate
+from rtserve.stream import broker, local
+from tests.helpers import make
+
+#: A cold `make kafka-deps` downloads about 45 MB of jars from Maven Central (under a minute).
+DEPS_TIMEOUT = 900
+
+
+@dataclass(frozen=True)
+class Kafka:
+    """A running broker: its run directory, bootstrap address and what ``make kafka`` printed."""
+
+    run_dir: Path
+    bootstrap: str
+    start_output: str
+
+    @property
+    def make_vars(self) -> list[str]:
+        """The variables that point `make` targets at this broker."""
+        return [f"KAFKA_RUN_DIR={self.run_dir}"]
+
+
+def broker_processes(run_dir: Path) -> list[int]:
+    """Every process whose command line names ``run_dir``'s server.properties or log
+    configuration (the broker, and a format step that never ended), found without its PID file."""
+    marks = {str(run_dir / broker.CONFIG_FILE), f"-Dlog4j2.configurationFile={run_dir / broker.LOG4J_FILE}"}
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if marks & set(proc.info.get("cmdline") or []):
+            found.append(proc.info["pid"])
+    return found
+
+
+@pytest.fixture(scope="session")
+def kafka_libs() -> Path:
+    """The classpath, assembled by `make kafka-deps` (once per machine, into the user's cache)."""
+    start = time.monotonic()
+    done = make("kafka-deps", timeout=DEPS_TIMEOUT)
+    assert done.returncode == 0, f"make kafka-deps failed:\n{done.stdout[-4000:]}"
+    line = done.stdout.strip().splitlines()[-1]
+    assert line.startswith(">> Kafka ") and " jars in " in line, done.stdout
+    print(f"make kafka-deps: {time.monotonic() - start:.0f} s")
+    return Path(line.rsplit(" jars in ", 1)[1])
+
+
+@pytest.fixture(scope="session")
+def kafka(kafka_libs, tmp_path_factory) -> Kafka:
+    """`make kafka` on free ports, stopped by `make kafka-stop` (and from its PID file if that
+    fails) however the session ends; the stop must leave no process behind."""
+    run_dir = tmp_path_factory.mktemp("kafka") / "run"
+    where = [f"KAFKA_RUN_DIR={run_dir}"]
+    try:
+        done = make("kafka", *where)
+        assert done.returncode == 0, f"make kafka failed:\n{done.stdout[-6000:]}"
+        state = json.loads((run_dir / broker.STATE_FILE).read_text())
+        yield Kafka(run_dir, state["bootstrap"], done.stdout)
+    finally:
+        stopped = make("kafka-stop", *where)
+        left = broker_processes(run_dir)
+        local.stop(run_dir)
+        for pid in broker_processes(run_dir):  # ours: they name this session's own run directory
+            terminate(pid, 10)
+        assert stopped.returncode == 0 and not left, f"make kafka-stop left {left}:\n{stopped.stdout}"
