@@ -66,8 +66,9 @@ def test_on_the_local_cluster_it_builds_loads_makes_the_token_and_uses_the_clust
     py = f"{REPO / '.venv'}/bin/python"
     assert lines[:6] == [
         "make --no-print-directory pod-deps",
-        f"podman image inspect {IMG}:2.0 >/dev/null 2>&1 || "
-        "make --no-print-directory image DOCKER=podman MODEL_VERSION=2.0 IMAGE_TAG=2.0",
+        # Built when missing, and rebuilt (when its inputs changed) wherever its archive is here.
+        f"if [ -f model_store/realtime-classifier_2.0.mar ] || ! podman image inspect {IMG}:2.0 >/dev/null 2>&1; "
+        "then make --no-print-directory image DOCKER=podman MODEL_VERSION=2.0 IMAGE_TAG=2.0; fi",
         "make --no-print-directory image-gateway DOCKER=podman",
         f"{py} -m rtserve cluster load --run-dir {cluster} --engine podman {IMG}:2.0 {GATEWAY}",
         f"{LOCAL_KUBECTL} apply -f deploy/k8s/overlays/local/namespace.yaml",
