@@ -282,6 +282,10 @@ BASE_IMAGE    ?= docker.io/library/python:3.11-slim-bookworm
 # The local stand-in for BASE_IMAGE (debootstrap); its tag changes with the script that builds it.
 LOCAL_BASE    ?= localhost/rtserve-base:bookworm-$(shell sha256sum deploy/podman/build-base.sh | cut -c1-12)
 IMAGE_CONTEXT ?= build/image/$(MODEL_VERSION)
+# One image build at a time on this machine (clones and test processes alike): the next one
+# takes the layers the first cached (the builder stage and the 4 GB virtualenv) instead of
+# making its own copies at the same time (two at once filled the disk once).
+IMAGE_LOCK    ?= $(CACHE_DIR)/image-build.lock
 # The image's tag: the model version (what the overlays pin); tests use their own.
 IMAGE_TAG     ?= $(MODEL_VERSION)
 POD_OVERLAY   ?= production
@@ -334,7 +338,8 @@ image: $(ARCHIVE) $(WHEELHOUSE_STAMP) ## Build IMG:IMAGE_TAG (default MODEL_VERS
 	  echo ">> $(IMG):$(IMAGE_TAG) is up to date (inputs $$inputs)"; exit 0; fi; \
 	start=$$(date +%s); \
 	echo "$(DOCKER) build --build-arg BASE_IMAGE=$$base ... -t $(IMG):$(IMAGE_TAG) $(IMAGE_CONTEXT)"; \
-	$(DOCKER) build --build-arg BASE_IMAGE=$$base --build-arg MODEL_NAME=$(MODEL_NAME) \
+	mkdir -p $(CACHE_DIR); \
+	flock $(IMAGE_LOCK) $(DOCKER) build --build-arg BASE_IMAGE=$$base --build-arg MODEL_NAME=$(MODEL_NAME) \
 	  --build-arg MODEL_VERSION=$(MODEL_VERSION) --label rtserve.inputs=$$inputs \
 	  -t $(IMG):$(IMAGE_TAG) $(IMAGE_CONTEXT) > $(IMAGE_CONTEXT).log 2>&1 || { tail -n 40 $(IMAGE_CONTEXT).log; exit 1; }; \
 	echo ">> built $(IMG):$(IMAGE_TAG) in $$(( $$(date +%s) - start )) s on $$base: $$($(DOCKER) image inspect --format '{{.Size}}' $(IMG):$(IMAGE_TAG) | numfmt --to=si)B (log: $(IMAGE_CONTEXT).log)"

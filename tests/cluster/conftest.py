@@ -79,6 +79,7 @@ def cluster(cluster_bin, tmp_path_factory) -> Cluster:
         done = make("cluster", *where)
         assert done.returncode == 0, f"make cluster failed:\n{done.stdout[-6000:]}"
         state = json.loads((run_dir / runtime.STATE_FILE).read_text())
+        print(next((line for line in done.stdout.splitlines() if line.startswith(">> cluster ready")), ""))
         yield Cluster(run_dir, kubeconfig, cluster_bin, state["api_url"], done.stdout)
     finally:
         stopped = make("cluster-stop", *where)

@@ -80,6 +80,7 @@ def served(cluster, image_vars) -> Served:
     done = deploy(cluster, image_vars, "1.0")
     assert done.returncode == 0, done.stdout[-6000:]
     print(f"k8s-deploy OVERLAY=local 1.0 (image build and load included): {time.monotonic() - begin:.0f} s")
+    print("\n".join(line for line in done.stdout.splitlines() if line.startswith((">> built", ">> loaded", ">> 2 image"))))
     assert "secret/rtserve-gateway-tokens created" in done.stdout, done.stdout[-6000:]
     tokens = cluster.ok("-n", NAMESPACE, "get", "secret", "rtserve-gateway-tokens", "-o", "jsonpath={.data.tokens}")
     return Served(cluster, base64.b64decode(tokens).decode().splitlines()[0], done.stdout)
