@@ -284,7 +284,9 @@ def test_a_killed_worker_comes_back(pod):
 
 def test_pod_stop_runs_prestop_and_removes_the_pod(pod):
     out = stop_pod(pod.pod_dir)
-    assert "rtserve preStop: drain: idle after" in out
+    # The hook's output follows its name (the gateway's reload, which closes its clients'
+    # keep-alive connections once the endpoints are gone, may log first).
+    assert "rtserve preStop: " in out and "drain: idle after" in out, out
     assert podman("pod", "exists", pod.name).returncode == 1
     with pytest.raises(requests.ConnectionError):
         predict(pod)
