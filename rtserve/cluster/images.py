@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import IO, Callable
 
 from rtserve.cluster.containerd import Ctr
+from rtserve.cluster.sandbox import architecture
 from rtserve.cluster.runtime import load_state
 from rtserve.errors import ClusterError, CommandError, ImageNotFound, ProcessError
 from rtserve.runtime.process import last_lines, run
@@ -143,9 +144,6 @@ def plan(image: Local, refs: dict[str, str], config_of: Callable[[str], str | No
     return "import"
 
 
-def _platform() -> tuple[str, str]:
-    machine = os.uname().machine
-    return "linux", {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
 
 
 class NodeImages:
@@ -156,7 +154,8 @@ class NodeImages:
 
     def config_of(self, target: str) -> str | None:
         try:
-            return config_digest(target, lambda d: json.loads(self.ctr("content", "get", d)), _platform())
+            return config_digest(target, lambda d: json.loads(self.ctr("content", "get", d)),
+                                 ("linux", architecture()))
         except (ClusterError, ValueError):
             return None  # a blob not (or no longer) in the content store: not this image
 
