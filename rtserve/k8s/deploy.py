@@ -142,10 +142,10 @@ def seconds(duration: str) -> float:
     return sum(float(n) * {"h": 3600, "m": 60, "s": 1, "": 1}[u] for n, u in parts)
 
 
-def crashed(pods: dict, template_hash: str) -> str | None:
-    """Why a pod of the revision ``template_hash`` has failed (a container that exited with an
-    error and restarted :data:`CRASH_RESTARTS` times), from ``kubectl get pods -o json``; None
-    while none has."""
+def crashed_container(pods: dict, template_hash: str) -> tuple[str, str, str] | None:
+    """The first container of a pod of the revision ``template_hash`` that has failed (it exited
+    with an error and restarted :data:`CRASH_RESTARTS` times), from ``kubectl get pods -o json``:
+    (pod, container, why); None while none has."""
     for pod in pods.get("items", []):
         if pod["metadata"].get("labels", {}).get("pod-template-hash") != template_hash:
             continue
@@ -153,10 +153,17 @@ def crashed(pods: dict, template_hash: str) -> str | None:
         for c in statuses.get("containerStatuses", []) + statuses.get("initContainerStatuses", []):
             last = (c.get("lastState") or {}).get("terminated") or {}
             if c.get("restartCount", 0) >= CRASH_RESTARTS and last.get("exitCode", 0) != 0:
-                return (f"container {c['name']} of pod {pod['metadata']['name']} exited "
-                        f"{last.get('exitCode')} ({last.get('reason', 'Error')}) and restarted "
-                        f"{c['restartCount']} time(s)")
+                name = pod["metadata"]["name"]
+                return name, c["name"], (f"container {c['name']} of pod {name} exited "
+                                         f"{last.get('exitCode')} ({last.get('reason', 'Error')}) "
+                                         f"and restarted {c['restartCount']} time(s)")
     return None
+
+
+def crashed(pods: dict, template_hash: str) -> str | None:
+    """Why a pod of the revision ``template_hash`` has failed (:func:`crashed_container`), or None."""
+    found = crashed_container(pods, template_hash)
+    return found[2] if found else None
 
 
 def uses_image(manifests: str, tagged: str) -> bool:
@@ -327,10 +334,9 @@ def wait_rollout(t: Target, kubectl: Kubectl, sleep: Callable[[float], None] = t
         if new:
             pods = json.loads(kubectl("-n", t.namespace, "get", "pods", "-l", f"pod-template-hash={new}",
                                       "-o", "json", capture=True, quiet=True))
-            why = crashed(pods, new)
-            if why:
-                pod = why.split(" of pod ")[1].split()[0]
-                container = why.split()[1]
+            found = crashed_container(pods, new)
+            if found:
+                pod, container, why = found
                 try:
                     kubectl("-n", t.namespace, "logs", pod, "-c", container, "--previous", "--tail=15")
                 except DeployError:
