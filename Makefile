@@ -288,11 +288,9 @@ IMAGE_CONTEXT ?= build/image/$(MODEL_VERSION)
 IMAGE_LOCK    ?= $(CACHE_DIR)/image-build.lock
 # The image's tag: the model version (what the overlays pin); tests use their own.
 IMAGE_TAG     ?= $(MODEL_VERSION)
-POD_OVERLAY   ?= production
 POD_DIR       ?= $(RUN_DIR)/pod
-POD_ARGS      ?=
-# The rtserve image's tag in the pod (default: the version); tests use their own.
-POD_IMAGE_TAG ?=
+POD_NAMESPACE ?= rtserve-local
+POD_ROLLOUT_TO ?= 2.0
 GATEWAY_BASE  ?= docker.io/library/debian:bookworm-slim
 GATEWAY_STANDIN ?= localhost/rtserve-gateway-standin:nginx-bookworm
 
@@ -360,31 +358,35 @@ image-gateway: ## Build the gateway stand-in (Debian's nginx) used when the mani
 image-push: ## Push IMG:MODEL_VERSION to its registry
 	$(DOCKER) push $(IMG):$(MODEL_VERSION)
 
+# `make pod` is the production pod on `make cluster`'s node: the local overlay (deploy/k8s/overlays/local),
+# rolled out and verified by `make k8s-deploy OVERLAY=local` (which builds and loads the images),
+# run by the real kubelet: its probes, preStop hook, restarts and security context are Kubernetes'
+# own. podman only builds the images (make image) here.
 .PHONY: pod
-pod: pod-deps $(STAMP) ## Run the production pod locally with podman (gateway 8080, management 8081, metrics 8082 on 127.0.0.1)
-	@$(MAKE) --no-print-directory image DOCKER=podman MODEL_VERSION=$(POD_VERSION) IMAGE_TAG=$(or $(POD_IMAGE_TAG),$(POD_VERSION))
-	@$(MAKE) --no-print-directory image-gateway DOCKER=podman
-	$(PY) -m deploy.podman.pod up --overlay $(POD_OVERLAY) --pod-dir $(POD_DIR) --image-tag $(or $(POD_IMAGE_TAG),$(POD_VERSION)) $(POD_ARGS)
+pod: $(STAMP) ## Run the production pod on the local cluster (started when it is not running): k8s-deploy OVERLAY=local, then how to call it
+	$(if $(CLUSTER_RUNS),,@$(MAKE) --no-print-directory cluster)
+	@$(MAKE) --no-print-directory k8s-deploy OVERLAY=local MODEL_VERSION=$(POD_VERSION)
+	@$(MAKE) --no-print-directory pod-info
+
+.PHONY: pod-info
+pod-info: $(STAMP) ## Where and how to call the running pod (the Service's address; the gateway token into POD_DIR/gateway-token)
+	@$(PY) -m rtserve k8s pod-info $(POD_CLI_ARGS) --token-file $(POD_DIR)/gateway-token
 
 .PHONY: pod-stop
-pod-stop: $(STAMP) ## Stop the local pod: preStop hook, then stop within the grace period, remove it
-	$(PY) -m deploy.podman.pod down --pod-dir $(POD_DIR)
+pod-stop: $(STAMP) ## Remove the pod: delete its Deployment (preStop drains each pod within its grace period), then its namespace
+	$(PY) -m rtserve k8s pod-stop $(POD_CLI_ARGS)
 
 .PHONY: pod-status
-pod-status: $(STAMP) ## The local pod's containers: started, ready, restarts, last probe output
-	@$(PY) -m deploy.podman.pod status --pod-dir $(POD_DIR)
+pod-status: $(STAMP) ## The pod's replicas: phase, ready, version, restarts per container, address
+	@$(PY) -m rtserve k8s pod-status $(POD_CLI_ARGS)
 
 .PHONY: pod-rollout
-pod-rollout: pod-deps $(STAMP) ## Two pods 1.0 -> 2.0 -> 1.0 behind nginx under load, one at a time (about 4 min)
-	@for v in 1.0 2.0; do $(MAKE) --no-print-directory image DOCKER=podman MODEL_VERSION=$$v; done
-	@$(MAKE) --no-print-directory image-gateway DOCKER=podman
-	$(PY) -m bench.pod_rollout
+pod-rollout: $(STAMP) ## Under steady traffic through the Service: k8s-deploy 2.0, then k8s-rollback to 1.0 (after make pod; a few minutes)
+	$(PY) -m bench.pod_rollout --kubectl "$(POD_KUBECTL)" --namespace $(POD_NAMESPACE) --new $(POD_ROLLOUT_TO)
 
 .PHONY: pod-report
-pod-report: pod-deps $(STAMP) ## Image size and breakdown, pod time to ready, memory idle and under load, the sizing sweep (about 2 min)
-	@$(MAKE) --no-print-directory image DOCKER=podman MODEL_VERSION=$(POD_VERSION)
-	@$(MAKE) --no-print-directory image-gateway DOCKER=podman
-	$(PY) -m bench.pod_report --tag $(POD_VERSION)
+pod-report: $(STAMP) ## Image size and breakdown, a pod's time to ready, memory idle and under load, the sizing sweep (after make pod; about 2 min)
+	$(PY) -m bench.pod_report --kubectl "$(POD_KUBECTL)" --namespace $(POD_NAMESPACE) --tag $(POD_VERSION)
 
 ##@ Kubernetes (cluster)
 OVERLAY         ?= staging
@@ -406,8 +408,11 @@ CHECKOV_STAMP  := $(CHECKOV_VENV)/.installed
 pinned_version  = $(shell sed -n 's/^ *newTag: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1/p' $(K8S_DIR)/overlays/$(1)/kustomization.yaml)
 PINNED_VERSION  = $(call pinned_version,$(OVERLAY))
 DEPLOY_VERSION  = $(if $(filter file,$(origin MODEL_VERSION)),$(PINNED_VERSION),$(MODEL_VERSION))
-# The version `make pod` runs: MODEL_VERSION when given, else the one POD_OVERLAY pins.
-POD_VERSION     = $(if $(filter file,$(origin MODEL_VERSION)),$(call pinned_version,$(POD_OVERLAY)),$(MODEL_VERSION))
+# The version `make pod` runs: MODEL_VERSION when given, else the one the local overlay pins.
+POD_VERSION     = $(if $(filter file,$(origin MODEL_VERSION)),$(call pinned_version,local),$(MODEL_VERSION))
+# The pod targets' kubectl: the local cluster's while it runs, else the one on PATH (kind, minikube, k3d).
+POD_KUBECTL    ?= $(if $(CLUSTER_RUNS),$(CLUSTER_BIN)/kubectl --kubeconfig $(CLUSTER_KUBECONFIG),kubectl)
+POD_CLI_ARGS    = --kubectl "$(POD_KUBECTL)" --namespace $(POD_NAMESPACE) --app $(K8S_APP) --model $(MODEL_NAME)
 
 # The verification Job's kustomization: the overlay's own verify/ when it has one (local's takes
 # the images from the node), else the shared one (rtserve.k8s.deploy.Target.verify_dir: the same rule).
@@ -687,17 +692,14 @@ stream-stop: ## Stop the stream consumer `make stream` started (it finishes its 
 
 ##@ Test
 .PHONY: test
-# The pod and cluster tiers mostly wait (image builds and loads, pods starting, rollouts,
-# preStop drains), so by default they run beside the other tiers: the pod tier with the rolling
-# rehearsal (nginx and replicas at 60 req/s: mostly waiting too) in a second pytest process
-# (TEST_BESIDE), the cluster tier in a third (TEST_CLUSTER), their output printed after theirs; with PYTEST_ARGS (or TEST_SPLIT=0) one pytest
+# The cluster tier mostly waits (image builds and loads, pods starting, rollouts, preStop
+# drains), so by default it runs beside the other tiers in a second pytest process
+# (TEST_CLUSTER), its output printed after theirs; with PYTEST_ARGS (or TEST_SPLIT=0) one pytest
 # runs with exactly those arguments. Every tool a test needs is installed first, or make test
 # stops there saying which: no test is skipped for a tool the project can install (nginx: the
 # rehearsal and the gateway; wrk and FastAPI: the perf smoke runs and the pod sizing sweep;
-# podman: the pod tier; containerd, runc, the CNI plugins: the cluster tier's node).
+# podman: the images; containerd, runc, the CNI plugins: the cluster tier's node).
 TEST_SPLIT  ?= 1
-TEST_BESIDE ?= tests/pod tests/integration/test_rolling_rehearsal.py
-# The cluster tier (a real cluster: image loads, rollouts under traffic) in a third process.
 TEST_CLUSTER ?= tests/cluster
 TEST_SPLIT_ON = $(and $(filter 1,$(TEST_SPLIT)),$(if $(strip $(PYTEST_ARGS)),,split))
 # When this make started (for `make test`'s own timing: setup, i.e. what it builds and installs
@@ -709,23 +711,20 @@ test: $(STAMP) $(AGENT_JAR) $(if $(TEST_SPLIT_ON),$(WHEELHOUSE_STAMP)) ## Run th
 	  { echo "error: nginx could not be installed (make nginx-deps): the rehearsal and gateway tests need it"; exit 1; }
 	@$(MAKE) --no-print-directory bench-deps >/dev/null || \
 	  { echo "error: wrk or FastAPI could not be installed (make bench-deps): the perf smoke runs and the pod sizing sweep need them"; exit 1; }
-	@$(MAKE) --no-print-directory pod-deps  # the pod tests (-m pod) need it: they fail without
+	@$(MAKE) --no-print-directory pod-deps  # the images the cluster tier runs (podman): it fails without
 	@$(MAKE) --no-print-directory cluster-node-deps  # the cluster tier's node (-m cluster)
 	@if [ -z "$(TEST_SPLIT_ON)" ]; then \
 	  echo "$(PY) -m pytest $(PYTEST_ARGS)"; exec $(PY) -m pytest $(PYTEST_ARGS); fi; \
 	mkdir -p build && start=$$(date +%s); \
-	echo ">> $(TEST_BESIDE) and $(TEST_CLUSTER) run in two more pytest processes beside the rest; their output follows"; \
-	$(PY) -m pytest $(TEST_BESIDE) > build/test-beside.log 2>&1 & beside=$$!; \
+	echo ">> $(TEST_CLUSTER) runs in a second pytest process beside the rest; its output follows theirs"; \
 	$(PY) -m pytest $(TEST_CLUSTER) > build/test-cluster.log 2>&1 & cluster=$$!; \
-	trap 'kill $$beside $$cluster 2>/dev/null' INT TERM; \
-	rest=0; $(PY) -m pytest $(addprefix --ignore=,$(TEST_BESIDE) $(TEST_CLUSTER)) || rest=$$?; \
-	other=0; wait $$beside || other=$$?; \
-	third=0; wait $$cluster || third=$$?; \
-	echo ">> $(TEST_BESIDE) (build/test-beside.log):"; cat build/test-beside.log; \
+	trap 'kill $$cluster 2>/dev/null' INT TERM; \
+	rest=0; $(PY) -m pytest $(addprefix --ignore=,$(TEST_CLUSTER)) || rest=$$?; \
+	other=0; wait $$cluster || other=$$?; \
 	echo ">> $(TEST_CLUSTER) (build/test-cluster.log):"; cat build/test-cluster.log; \
 	end=$$(date +%s); \
-	echo ">> make test: $$(( end - $(or $(TEST_T0),$$start) )) s (setup $$(( start - $(or $(TEST_T0),$$start) )) s, tests $$(( end - start )) s); exit status: $$rest, $$other beside, $$third for the cluster"; \
-	[ $$rest -eq 0 ] && [ $$other -eq 0 ] && [ $$third -eq 0 ]
+	echo ">> make test: $$(( end - $(or $(TEST_T0),$$start) )) s (setup $$(( start - $(or $(TEST_T0),$$start) )) s, tests $$(( end - start )) s); exit status: $$rest, $$other for the cluster"; \
+	[ $$rest -eq 0 ] && [ $$other -eq 0 ]
 
 .PHONY: test-rules
 test-rules: monitor-deps ## Check the alerting rules and run their unit tests (promtool)

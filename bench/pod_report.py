@@ -1,24 +1,24 @@
-"""Report an image and its pod: size with a breakdown, time to ready, memory idle and under load,
-and the sizing that follows from them.
+"""Report an image and its pod on the local cluster: size with a breakdown, time to ready,
+memory idle and under load, and the sizing that follows from them.
 
-Measured, never asserted: `make pod-report` builds what is missing, starts a pod on free loopback
-ports, sends steady load through its gateway, and prints (and writes JSON):
+Measured, never asserted: `make pod-report` runs against the pod `make pod` left running on
+`make cluster`'s node (the local overlay, two replicas behind their Service), and prints (and
+writes JSON):
 
 - the image's size, per layer (base, Java runtime, virtualenv, rtserve) and the largest packages;
-- seconds from `podman run` until the kubelet loop saw every probe pass;
-- each container's memory at idle and under load (``podman stats``), and the load's rate and
-  latency percentiles through the gateway;
-- the sizing sweep: ``wrk`` (closed loop, one thread, bench/wrk_post.lua) through the gateway at
-  rising concurrency, each point's requests/s, p99, the pod's CPU (in cores, from its cgroup's
-  usage) and memory; the pod's capacity is the most requests/s of a point with p99 under
-  ``--p99-ms`` (15) and no errors. The pod runs at the manifest's CPU limit (``--cpus``); on a
-  machine with no more cores than that limit, wrk and the pod share them, so the capacity is a
-  lower bound.
+- a pod's time to ready: one replica deleted, seconds from then until its replacement is Ready
+  (scheduled, started, probes passed: the kubelet's own work) (``--no-restart`` skips it);
+- each container's memory at idle and under load (its cgroup's working set, as the kubelet counts
+  it), and the load's rate and latency percentiles through the Service;
+- the sizing sweep: ``wrk`` (closed loop, one thread, bench/wrk_post.lua) against one pod's
+  address at rising concurrency, each point's requests/s, p99, the pod's CPU (in cores, from its
+  cgroup's usage) and memory; the pod's capacity is the most requests/s of a point with p99
+  under ``--p99-ms`` (15) and no errors. On a machine with no more cores than the pod's CPU limit,
+  wrk and the pod share them, so the capacity is a lower bound.
 - what follows (:func:`sizing`): the HPA's CPU target, requests/limits, and pods and cores for
   10k and 100k requests/s.
 
-    .venv/bin/python -m bench.pod_report --tag 1.0
-    .venv/bin/python -m bench.pod_report --attach .run/pod   # the pod `make pod` runs, left running
+    make pod && make pod-report
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ import argparse
 import json
 import logging
 import math
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -35,76 +37,86 @@ from pathlib import Path
 from bench import common
 from bench.loadgen import SteadyLoad, summarize
 from bench.perf import run_wrk
-from deploy.podman.pod import PodConfig, PodError, down, pod_spec, podman, read_status, render, up
-from rtserve.runtime.ports import free_ports
+from rtserve.k8s.deploy import Kubectl
+from rtserve.k8s.pod import Deployed, PodState, cpu_seconds, memory_mib
 from rtserve.server.readiness import sample_payload
 
 logger = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parent.parent
 SITE = "/opt/venv/lib/python3.11/site-packages"
+CONTAINERS = ("rtserve", "gateway")
+
+
+def podman(*args: str) -> str:
+    """podman with the project's containers.conf (explicit ulimits: what `make image` uses)."""
+    env = {"CONTAINERS_CONF": str(REPO / "deploy" / "podman" / "containers.conf"), **os.environ}
+    done = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=300, env=env)
+    if done.returncode:
+        raise RuntimeError(f"podman {' '.join(args)}: {done.stderr.strip()}")
+    return done.stdout
 
 
 def image_breakdown(image: str) -> dict:
     """Total size, sizes per layer (largest first) and the largest installed packages, in MB."""
-    size = int(podman("image", "inspect", "--format", "{{.Size}}", image).stdout)
+    size = int(podman("image", "inspect", "--format", "{{.Size}}", image))
     layers = []
-    for line in podman("history", "--no-trunc", "--format", "{{.Size}}\t{{.CreatedBy}}", image).stdout.splitlines():
+    for line in podman("history", "--no-trunc", "--format", "{{.Size}}\t{{.CreatedBy}}", image).splitlines():
         human, created = line.split("\t", 1)
         if human.strip() not in ("0 B", "0B"):
             layers.append({"size": human.strip(), "step": " ".join(created.split())[:90]})
     du = podman("run", "--rm", "--entrypoint", "sh", image, "-c",
-                f"du -sm {SITE}/* /usr/lib/jvm/* | sort -rn | head -12").stdout
+                f"du -sm {SITE}/* /usr/lib/jvm/* | sort -rn | head -12")
     packages = {line.split("\t")[1].removeprefix(SITE + "/"): int(line.split("\t")[0])
                 for line in du.splitlines() if "\t" in line}
     return {"image": image, "size_mb": round(size / 1e6), "layers": layers, "largest_mb": packages}
 
 
-def memory(pod: str) -> dict[str, str]:
-    """Memory use per container of ``pod`` (podman stats)."""
-    out = podman("stats", "--no-stream", "--format", "{{.Name}}\t{{.MemUsage}}").stdout
-    return {n.removeprefix(pod + "-"): m.split("/")[0].strip()
-            for n, m in (line.split("\t") for line in out.splitlines()) if n.startswith(pod + "-")}
+def memory(pod: PodState) -> dict[str, float]:
+    """Memory (MiB) per container of ``pod``."""
+    return {c: round(memory_mib(pod, c), 1) for c in CONTAINERS if c in pod.container_ids}
 
 
-def _mib(text: str) -> float:
-    """``podman stats``' memory (e.g. ``512.3MB``, ``1.2GB``, ``900kB``) in MiB."""
-    units = {"kB": 1e3, "KB": 1e3, "KiB": 1024, "MB": 1e6, "MiB": 2**20, "GB": 1e9, "GiB": 2**30, "B": 1}
-    for unit in sorted(units, key=len, reverse=True):
-        if text.endswith(unit):
-            return float(text[: -len(unit)]) * units[unit] / 2**20
-    return float(text) / 2**20
+def seconds_to_ready(deployed: Deployed, timeout: float = 300) -> float:
+    """Delete the first replica; seconds until its replacement is Ready."""
+    before = deployed.pods()
+    began = time.monotonic()
+    deployed.kubectl("-n", deployed.namespace, "delete", "pod", before[0].name, "--wait=false")
+    old = {p.name for p in before}
+    while time.monotonic() - began < timeout:
+        if any(p.ready for p in deployed.pods() if p.name not in old):
+            return time.monotonic() - began
+        time.sleep(0.25)
+    raise RuntimeError(f"no replacement of {before[0].name} was ready within {timeout:.0f} s")
 
 
-def pod_cpu_seconds(pod: str) -> float:
-    """CPU seconds used so far by the pod's containers (their cgroups' usage, via podman)."""
+def cpu_limit(pod: dict) -> float | None:
+    """The pod's CPU: the sum of its containers' limits (what the HPA divides by), None when one
+    has no limit."""
     total = 0.0
-    for c in ("rtserve", "gateway"):
-        out = podman("exec", f"{pod}-{c}", "cat", "/sys/fs/cgroup/cpu.stat", check=False).stdout
-        usage = dict(line.split() for line in out.splitlines() if line.strip())
-        if "usage_usec" in usage:
-            total += int(usage["usage_usec"]) / 1e6
-            continue
-        out = podman("exec", f"{pod}-{c}", "cat", "/sys/fs/cgroup/cpuacct/cpuacct.usage", check=False).stdout
-        total += int(out.strip() or 0) / 1e9
+    for c in pod["spec"].get("initContainers", []) + pod["spec"]["containers"]:
+        value = str((c.get("resources") or {}).get("limits", {}).get("cpu", ""))
+        if not value:
+            return None
+        total += int(value[:-1]) / 1000 if value.endswith("m") else float(value)
     return total
 
 
-def sweep(pod: str, url: str, token: str, concurrencies: list[int], seconds: float,
+def sweep(pod: PodState, url: str, token: str, concurrencies: list[int], seconds: float,
           body: Path) -> list[dict]:
-    """wrk through the gateway at each concurrency: rate, latency, pod CPU (cores) and memory."""
+    """wrk against the pod's gateway at each concurrency: rate, latency, pod CPU (cores) and memory."""
     points = []
     run_wrk(url, max(concurrencies), 2, token, body)  # warm-up, not measured
     for c in concurrencies:
-        cpu0, t0 = pod_cpu_seconds(pod), time.monotonic()
+        cpu0, t0 = cpu_seconds(pod), time.monotonic()
         res = run_wrk(url, c, seconds, token, body)
-        cores = (pod_cpu_seconds(pod) - cpu0) / (time.monotonic() - t0)
+        cores = (cpu_seconds(pod) - cpu0) / (time.monotonic() - t0)
         mem = memory(pod)
         errors = sum(res["errors"].values())
         point = {"concurrency": c, "per_second": round(res["requests"] / (res["duration_us"] / 1e6), 1),
                  "p50_ms": round(res["latency_us"]["p50"] / 1e3, 2),
                  "p99_ms": round(res["latency_us"]["p99"] / 1e3, 2), "errors": errors,
                  "pod_cores": round(cores, 2), "memory": mem,
-                 "memory_mib": round(sum(_mib(m) for m in mem.values()))}
+                 "memory_mib": round(sum(mem.values()))}
         logger.info("c=%-3d %7.1f req/s  p50 %6.2f ms  p99 %6.2f ms  errors %d  pod %.2f cores  %s",
                     c, point["per_second"], point["p50_ms"], point["p99_ms"], errors, cores, mem)
         points.append(point)
@@ -132,13 +144,13 @@ def sizing(points: list[dict], p99_ms: float, cpu_limit: float, memory_idle_mib:
     target_pct = int(used * headroom * 100 // 5 * 5)
     per_pod = best["per_second"] * headroom
     peak_mib = max([memory_idle_mib] + [p["memory_mib"] for p in points])
-    memory_mib = math.ceil(peak_mib * 1.5 / 256) * 256
+    request_mib = math.ceil(peak_mib * 1.5 / 256) * 256
     return {
         "p99_limit_ms": p99_ms, "capacity_per_second": best["per_second"],
         "at_concurrency": best["concurrency"], "p99_ms_at_capacity": best["p99_ms"],
         "pod_cores_at_capacity": best["pod_cores"], "cpu_limit": cpu_limit,
         "hpa_target_utilization_pct": target_pct, "per_pod_at_target": round(per_pod, 1),
-        "memory_peak_mib": round(peak_mib), "memory_request_mib": memory_mib,
+        "memory_peak_mib": round(peak_mib), "memory_request_mib": request_mib,
         "pods_for": {str(r): math.ceil(r / per_pod) for r in rates},
         "cores_for": {str(r): math.ceil(r / per_pod) * cpu_limit for r in rates},
     }
@@ -177,62 +189,53 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tag", default="1.0", help="the rtserve image tag (model version)")
     parser.add_argument("--image", default="registry.example.com/ml/rtserve")
+    parser.add_argument("--kubectl", default="kubectl", help="the kubectl command, options included")
+    parser.add_argument("--namespace", default="rtserve-local")
+    parser.add_argument("--app", default="rtserve")
+    parser.add_argument("--model", default=common.MODEL)
     for flag, kind, default, text in NUMERIC_OPTIONS:
         parser.add_argument(flag, type=kind, default=default, help=text)
     parser.add_argument("--concurrency-sweep", default="1,2,4,8,16,32",
                         help="wrk concurrencies of the sizing sweep ('' skips it)")
-    parser.add_argument("--work-dir", type=Path, default=REPO / ".run" / "pod-report")
-    parser.add_argument("--attach", type=Path, metavar="POD_DIR",
-                        help="measure the pod already running from POD_DIR (`make pod`: .run/pod) "
-                             "and leave it running; its time to ready is not measured")
+    parser.add_argument("--no-restart", action="store_true", help="skip the time to ready (no pod is deleted)")
     parser.add_argument("--out", type=Path, default=common.RESULTS / "pod_report.json")
     args = parser.parse_args(argv)
     common.log_to_stdout()
-    if args.attach:
-        config = PodConfig.from_json((args.attach / "config.json").read_text())
-        if not read_status(config.pod_dir).get("ready"):
-            raise PodError(f"the pod in {args.attach} is not ready (make pod-status)")
-        args.tag = config.image_tag or args.tag
-    else:
-        ports = dict(zip(("inference", "management", "metrics"), free_ports(3)))
-        config = PodConfig("rtserve-report", args.work_dir, None, ports, args.tag)
-    ports = config.ports
+    deployed = Deployed(Kubectl(args.kubectl, out=logger.info), args.namespace, args.app)
     report = {"image": image_breakdown(f"{args.image}:{args.tag}")}
+    replicas = len(deployed.wait_ready(1, 60))
+    report["seconds_to_ready"] = None if args.no_restart else round(seconds_to_ready(deployed), 1)
+    pod = deployed.wait_ready(replicas, 300)[0]
+    time.sleep(args.settle)
+    report["pod"] = pod.name
+    report["memory_idle"] = memory(pod)
+    token = deployed.token()
+    path = f"/predictions/{args.model}"
+    load = SteadyLoad(deployed.service_url() + path, sample_payload(), lambda: token, rate=args.rate,
+                      concurrency=args.concurrency, max_seconds=args.seconds + 30, timeout=10.0)
+    load.start("load")
+    time.sleep(args.seconds)
+    report["memory_load"] = memory(pod)
+    (phase,) = summarize(load.stop())
+    report["load"] = {"rate_target": args.rate, "sent": phase.sent,
+                      "failed_first": phase.failed_first,
+                      "failed_first_by_status": phase.failed_first_by_status,
+                      "resent": phase.resent, "failed_after_resend": phase.failed_after_resend,
+                      "per_second": round(phase.sent / args.seconds, 1),
+                      "p50_ms": phase.p50_ms, "p99_ms": phase.p99_ms}
+    if args.concurrency_sweep:
+        spec = json.loads(deployed.get("pod", pod.name, "-o", "json"))
+        limit = cpu_limit(spec)
+        report["cpu_limit"] = limit if limit else f"none: the machine's {os.cpu_count()} cores"
+        with tempfile.TemporaryDirectory() as tmp:
+            body = Path(tmp) / "request.json"
+            body.write_text(json.dumps(sample_payload()))
+            points = sweep(pod, f"http://{pod.ip}:8080{path}", token,
+                           [int(c) for c in args.concurrency_sweep.split(",")], args.sweep_seconds, body)
+        report["sweep"] = points
+        report["sizing"] = sizing(points, args.p99_ms, limit or float(os.cpu_count() or 1),
+                                  sum(report["memory_idle"].values()), args.headroom)
     build_log = REPO / "build" / "image" / f"{args.tag}.log"
-    try:
-        report["seconds_to_ready"] = None if args.attach else round(up(config), 1)
-        time.sleep(args.settle)
-        report["memory_idle"] = memory(config.name)
-        token = config.token_file.read_text().strip()
-        load = SteadyLoad(f"http://127.0.0.1:{ports['inference']}/predictions/realtime-classifier",
-                          sample_payload(), lambda: token, rate=args.rate,
-                          concurrency=args.concurrency, max_seconds=args.seconds + 30, timeout=10.0)
-        load.start("load")
-        time.sleep(args.seconds)
-        report["memory_load"] = memory(config.name)
-        (phase,) = summarize(load.stop())
-        report["load"] = {"rate_target": args.rate, "sent": phase.sent,
-                          "failed_first": phase.failed_first,
-                          "failed_first_by_status": phase.failed_first_by_status,
-                          "resent": phase.resent, "failed_after_resend": phase.failed_after_resend,
-                          "per_second": round(phase.sent / args.seconds, 1),
-                          "p50_ms": phase.p50_ms, "p99_ms": phase.p99_ms}
-        if args.concurrency_sweep:
-            # The pod's CPU: every container's limit (the HPA divides the pod's use by the sum).
-            pod_cpus = sum(float(c.cpus) for c in pod_spec(render(config.overlay), token).containers
-                           if c.cpus)
-            with tempfile.TemporaryDirectory() as tmp:
-                body = Path(tmp) / "request.json"
-                body.write_text(json.dumps(sample_payload()))
-                points = sweep(config.name, f"http://127.0.0.1:{ports['inference']}/predictions/realtime-classifier",
-                               token, [int(c) for c in args.concurrency_sweep.split(",")],
-                               args.sweep_seconds, body)
-            idle = sum(_mib(m) for m in report["memory_idle"].values())
-            report["sweep"] = points
-            report["sizing"] = sizing(points, args.p99_ms, pod_cpus, idle, args.headroom)
-    finally:
-        if not args.attach:
-            down(config.pod_dir)
     report["build_log"] = str(build_log) if build_log.exists() else None
     text = json.dumps(report, indent=1) + ("\n" + render_sizing(report["sizing"])
                                           if "sizing" in report else "")

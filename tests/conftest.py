@@ -88,33 +88,6 @@ def image_vars(build_root, mar_v1) -> list[str]:
             f"VENV={REPO / '.venv'}", "DOCKER=podman"]
 
 
-@pytest.fixture(scope="session")
-def pod_image_build(image_vars, build_root) -> Future:
-    """The pod tier's images (tests/pod/conftest.py: build_images), built in a background thread
-    while the other tiers run: cold, they take minutes that the pod tier would otherwise wait
-    for after them. The wheelhouse is made first, in the foreground, so that no other test's
-    `make image` builds it at the same time."""
-    from tests.pod.conftest import build_images, make
-
-    make("wheelhouse", f"VENV={REPO / '.venv'}")
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pod-images")
-    future = pool.submit(build_images, image_vars, build_root)
-    pool.shutdown(wait=False)
-    yield future
-    future.cancel()
-    try:  # never leave a build running past the session
-        future.exception(timeout=1800)
-    except Exception:  # noqa: BLE001 - cancelled; a failure was reported by the tests
-        pass
-
-
-@pytest.fixture(scope="session", autouse=True)
-def pod_images_in_background(request):
-    """Start :func:`pod_image_build` at the session's start when it runs pod tests."""
-    if any(item.get_closest_marker("pod") for item in request.session.items):
-        request.getfixturevalue("pod_image_build")
-
-
 #: A cold `make cluster-deps` compiles Kubernetes, etcd and the add-ons (tens of minutes on 2 cores).
 CLUSTER_BUILD_TIMEOUT = 3 * 3600
 

@@ -12,8 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from bench.loadgen import Counts, SteadyLoad, summarize
 from rtserve.cluster import runtime
-from tests.conftest import REPO
+from rtserve.k8s.deploy import Kubectl
+from rtserve.k8s.pod import Deployed
+from tests.conftest import MODEL_NAME, REPO
 from tests.helpers import make  # noqa: F401 - the cluster tier's tests import it from here
 
 
@@ -111,3 +114,63 @@ def rendered(cluster) -> dict[str, Path]:
     assert {"production", "staging", "local", "verify", "local-verify"} <= set(files), files
     return files
 
+
+#: The local overlay's namespace.
+NAMESPACE = "rtserve-local"
+#: Requests per second of the steady traffic during a rollout (4 clients).
+RATE = 40.0
+
+
+def deploy(cluster, image_vars, version: str, *extra: str, timeout: float = 900):
+    """`make k8s-deploy OVERLAY=local MODEL_VERSION=version` against this cluster."""
+    return make("k8s-deploy", "OVERLAY=local", f"MODEL_VERSION={version}", *cluster.make_vars,
+                *image_vars, *extra, timeout=timeout)
+
+
+class Served:
+    """The local overlay's Deployment and Service as a client sees them."""
+
+    def __init__(self, cluster, deploy_output: str) -> None:
+        self.cluster, self.deploy_output = cluster, deploy_output
+        kubectl = Kubectl(f"{cluster.bin_dir / 'kubectl'} --kubeconfig {cluster.kubeconfig}", out=lambda _: None)
+        self.deployed = Deployed(kubectl, NAMESPACE)
+        self.token = self.deployed.token()
+        self.base = self.deployed.service_url()
+        self.url = f"{self.base}/predictions/{MODEL_NAME}"
+
+    @property
+    def auth(self) -> dict:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def load(self, max_seconds: float = 600) -> SteadyLoad:
+        payload = {"features": [0.25] * 32}
+        return SteadyLoad(self.url, payload, lambda: self.token, rate=RATE, concurrency=4,
+                          max_seconds=max_seconds, resend_worker_lost=False).start()
+
+    def versions(self) -> set[str]:
+        """The versions the pods run (their image tags)."""
+        return {p.version for p in self.deployed.pods()}
+
+    def pods(self) -> list[str]:
+        """The names of the pods."""
+        return [p.name for p in self.deployed.pods()]
+
+
+def no_failures(records, what: str) -> Counts:
+    counts = Counts.of(records)
+    assert counts.sent > 0, f"{what}: no request was sent"
+    assert counts.failed_first == 0, f"{what}: {counts.text()}; {summarize(records)}"
+    return counts
+
+
+@pytest.fixture(scope="session")
+def served(cluster, image_vars) -> Served:
+    """1.0 deployed with `make k8s-deploy OVERLAY=local` alone: the image built and loaded into
+    the node, the namespace and the gateway token's Secret (a random token) made by the target."""
+    begin = time.monotonic()
+    done = deploy(cluster, image_vars, "1.0")
+    assert done.returncode == 0, done.stdout[-6000:]
+    print(f"k8s-deploy OVERLAY=local 1.0 (image build and load included): {time.monotonic() - begin:.0f} s")
+    print("\n".join(line for line in done.stdout.splitlines() if line.startswith((">> built", ">> loaded", ">> 2 image"))))
+    assert "secret/rtserve-gateway-tokens created" in done.stdout, done.stdout[-6000:]
+    return Served(cluster, done.stdout)

@@ -9,7 +9,6 @@ client in the cluster would; every request is counted on its first try.
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 import shutil
@@ -19,72 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from bench.loadgen import Counts, SteadyLoad, summarize
-from tests.cluster.conftest import make
+from bench import pod_rollout
+from bench.loadgen import Counts, SteadyLoad
+from tests.cluster.conftest import NAMESPACE, RATE, deploy, make, no_failures
 from tests.conftest import MODEL_NAME, REPO
 
 pytestmark = pytest.mark.cluster
-
-NAMESPACE = "rtserve-local"
-#: Requests per second of the steady traffic during a rollout (4 clients).
-RATE = 40.0
-
-
-def deploy(cluster, image_vars, version: str, *extra: str, timeout: float = 900):
-    """`make k8s-deploy OVERLAY=local MODEL_VERSION=version` against this cluster."""
-    return make("k8s-deploy", "OVERLAY=local", f"MODEL_VERSION={version}", *cluster.make_vars,
-                *image_vars, *extra, timeout=timeout)
-
-
-class Served:
-    """The local overlay's Service as a client sees it."""
-
-    def __init__(self, cluster, token: str, deploy_output: str) -> None:
-        self.cluster, self.token, self.deploy_output = cluster, token, deploy_output
-        ip = cluster.ok("-n", NAMESPACE, "get", "service", "rtserve", "-o", "jsonpath={.spec.clusterIP}")
-        self.url = f"http://{ip}:8080/predictions/{MODEL_NAME}"
-
-    def load(self, max_seconds: float = 600) -> SteadyLoad:
-        payload = {"features": [0.25] * 32}
-        return SteadyLoad(self.url, payload, lambda: self.token, rate=RATE, concurrency=4,
-                          max_seconds=max_seconds, resend_worker_lost=False).start()
-
-    def _pods(self) -> list[dict]:
-        """The Deployment's pods that are not terminating."""
-        pods = json.loads(self.cluster.ok("-n", NAMESPACE, "get", "pods", "-l",
-                                          "app.kubernetes.io/name=rtserve", "-o", "json"))
-        return [p for p in pods["items"] if not p["metadata"].get("deletionTimestamp")]
-
-    def versions(self) -> set[str]:
-        """The versions the pods run (their image tags)."""
-        return {c["image"].rsplit(":", 1)[1] for p in self._pods() for c in p["spec"]["containers"]
-                if c["name"] == "rtserve"}
-
-    def pods(self) -> list[str]:
-        """The names of the pods."""
-        return sorted(p["metadata"]["name"] for p in self._pods())
-
-
-def no_failures(records, what: str) -> Counts:
-    counts = Counts.of(records)
-    assert counts.sent > 0, f"{what}: no request was sent"
-    assert counts.failed_first == 0, f"{what}: {counts.text()}; {summarize(records)}"
-    return counts
-
-
-@pytest.fixture(scope="module")
-def served(cluster, image_vars) -> Served:
-    """1.0 deployed with `make k8s-deploy OVERLAY=local` alone: the image built and loaded into
-    the node, the namespace and the gateway token's Secret (a random token) made by the target."""
-    begin = time.monotonic()
-    done = deploy(cluster, image_vars, "1.0")
-    assert done.returncode == 0, done.stdout[-6000:]
-    print(f"k8s-deploy OVERLAY=local 1.0 (image build and load included): {time.monotonic() - begin:.0f} s")
-    print("\n".join(line for line in done.stdout.splitlines() if line.startswith((">> built", ">> loaded", ">> 2 image"))))
-    assert "secret/rtserve-gateway-tokens created" in done.stdout, done.stdout[-6000:]
-    tokens = cluster.ok("-n", NAMESPACE, "get", "secret", "rtserve-gateway-tokens", "-o", "jsonpath={.data.tokens}")
-    return Served(cluster, base64.b64decode(tokens).decode().splitlines()[0], done.stdout)
-
 
 def test_deploy_completes_and_answers_through_the_service_with_the_token(served):
     out = served.deploy_output
@@ -133,36 +72,25 @@ def test_a_failed_verification_is_undone_by_k8s_deploy(served, image_vars):
 
 
 def test_rollout_and_rollbacks_under_traffic_fail_no_request(served, image_vars):
-    cluster, report = served.cluster, {}
-    load = served.load()
-    try:
-        time.sleep(3)
-        load.mark("2.0 rollout")
-        done = deploy(cluster, image_vars, "2.0")
-        assert done.returncode == 0, done.stdout[-6000:]
-        # The Job ran again for this version (a Job's pod template is immutable: deleted, made anew).
-        assert 'job.batch "rtserve-verify" deleted' in done.stdout, done.stdout[-3000:]
-        assert "registry.example.com/ml/rtserve:2.0 verified on local" in done.stdout
-        assert served.versions() == {"2.0"}
-        time.sleep(3)
-        load.mark("k8s-rollback")
-        back = make("k8s-rollback", "OVERLAY=local", *cluster.make_vars, timeout=600)
-        assert back.returncode == 0, back.stdout[-4000:]
-        assert served.versions() == {"1.0"}
-        time.sleep(3)
-        load.mark("kubectl rollout undo")
-        cluster.ok("-n", NAMESPACE, "rollout", "undo", "deployment/rtserve")
-        cluster.ok("-n", NAMESPACE, "rollout", "status", "deployment/rtserve", "--timeout=600s", timeout=620)
-        assert served.versions() == {"2.0"}
-        time.sleep(3)
-    finally:
-        records = load.stop()
-    phases = {p.phase: p for p in summarize(records)}
+    """`make pod-rollout`'s phases (bench/pod_rollout.py: k8s-deploy 2.0, k8s-rollback) and a
+    plain `kubectl rollout undo`, under steady traffic through the Service."""
+    cluster = served.cluster
+    kubectl = [str(cluster.bin_dir / "kubectl"), f"--kubeconfig={cluster.kubeconfig}", "-n", NAMESPACE]
+    phases = pod_rollout.steps("2.0", [*cluster.make_vars, *image_vars]) + [
+        ("kubectl rollout undo", [[*kubectl, "rollout", "undo", "deployment/rtserve"],
+                                  [*kubectl, "rollout", "status", "deployment/rtserve", "--timeout=600s"]])]
+    records, outputs = pod_rollout.run(served.deployed, phases, rate=RATE, concurrency=4)
+    deployed = outputs["2.0 rollout"][0]
+    # The Job ran again for this version (a Job's pod template is immutable: deleted, made anew).
+    assert 'job.batch "rtserve-verify" deleted' in deployed, deployed[-3000:]
+    assert "registry.example.com/ml/rtserve:2.0 verified on local" in deployed
+    assert served.versions() == {"2.0"}  # the undo of the rollback
+    report = pod_rollout.report(records)
     for phase in ("2.0 rollout", "k8s-rollback", "kubectl rollout undo"):
-        report[phase] = no_failures([r for r in records if r.phase == phase], phase)
-    print({k: f"{v.sent} requests, {v.failed_first} failed" for k, v in report.items()})
-    assert set(phases["2.0 rollout"].versions) == {"1.0", "2.0"}, phases["2.0 rollout"]
-    assert set(phases["k8s-rollback"].versions) == {"1.0", "2.0"}, phases["k8s-rollback"]
+        no_failures([r for r in records if r.phase == phase], phase)
+    print({k: f"{v['sent']} requests, {v['failed_first']} failed" for k, v in report.items()})
+    assert set(report["2.0 rollout"]["versions"]) == {"1.0", "2.0"}, report["2.0 rollout"]
+    assert set(report["k8s-rollback"]["versions"]) == {"1.0", "2.0"}, report["k8s-rollback"]
     history = make("k8s-history", "OVERLAY=local", *cluster.make_vars)
     assert history.returncode == 0, history.stdout
     assert re.search(r"realtime-classifier 1\.0 \(registry\.example\.com/ml/rtserve:1\.0\) by make k8s-deploy",

@@ -14,8 +14,8 @@ from rtserve.cli import build_parser
 from rtserve.gateway import nginx as gateway
 from rtserve.server import probe
 from rtserve.server.torchserve import TorchServe
+from rtserve.k8s.pod import GATEWAY_STANDIN
 from tests.conftest import REPO
-from deploy.podman.pod import GATEWAY_STANDIN
 from tests.deploy.conftest import (K8S_DIR, K8S_VERSION, OVERLAYS, OWN_VERIFY, VERIFY_DIR, load, one, pinned_tag,
                                    pull_policy, render)
 
@@ -199,7 +199,7 @@ def test_gateway_fronts_torchserve_with_the_shared_token(rendered, overlay):
     name, _, tag = gw["image"].rpartition(":")
     if pull_policy(overlay) == "Always":
         assert name == "nginxinc/nginx-unprivileged" and re.fullmatch(r"\d+\.\d+\.\d+-alpine", tag)
-    else:  # built here (make image-gateway): Debian's nginx, what the pod tier runs too
+    else:  # built here (make image-gateway): Debian's nginx, what the local cluster runs
         assert gw["image"] == GATEWAY_STANDIN
     assert gw["imagePullPolicy"] == pull_policy(overlay)
     for kind, path in (("startupProbe", "/livez"), ("readinessProbe", "/readyz"),
@@ -395,7 +395,7 @@ def test_local_overlay_fits_a_two_core_laptop(rendered):
 
 def test_local_images_are_taken_from_the_node_and_the_others_pulled(rendered):
     """Every container of the local overlay and of its Job: IfNotPresent; the gateway is the
-    stand-in make image-gateway builds (GATEWAY_STANDIN in the Makefile and deploy/podman/pod.py)."""
+    stand-in make image-gateway builds (GATEWAY_STANDIN in the Makefile and rtserve/k8s/pod.py)."""
     assert pull_policy("local") == "IfNotPresent"
     assert {pull_policy(o) for o in OVERLAYS if o != "local"} == {"Always"}
     pod = pod_spec(rendered["local"])
