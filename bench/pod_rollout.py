@@ -60,6 +60,8 @@ def run(deployed: Deployed, phases: list[tuple[str, list[list[str]]]], model: st
         time.sleep(settle)
         for phase, commands in phases:
             load.mark(phase)
+            began = time.monotonic()
+            logger.info("%s: %s", phase, " && ".join(" ".join(c) for c in commands))
             outputs[phase] = []
             for cmd in commands:
                 done = make(*cmd[1:]) if cmd[0] == "make" else subprocess.run(
@@ -67,6 +69,7 @@ def run(deployed: Deployed, phases: list[tuple[str, list[list[str]]]], model: st
                 outputs[phase].append(done.stdout)
                 if done.returncode:
                     raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stdout[-4000:]}")
+            logger.info("%s: done in %.0f s", phase, time.monotonic() - began)
             time.sleep(settle)
     finally:
         records = load.stop()

@@ -2,9 +2,10 @@
 and compares before building: unchanged inputs, no build.
 
 Every file counts by its bytes, except a model archive (.mar), which counts by its entries' names
-and bytes with MANIFEST.json's ``createdOn`` left out: torch-model-archiver stamps the time of the
-build there and in the zip's entry dates, so the bytes of two archives of the same weights,
-metadata and handler differ, and an unchanged model would otherwise rebuild the image.
+and bytes with the build times left out: MANIFEST.json's ``createdOn`` (torch-model-archiver
+stamps it, and the zip's entry dates) and meta.json's ``provenance.created`` (ours). The demo's
+training is deterministic, so two builds of one version differ only there, and an unchanged model
+would otherwise rebuild the image, and the cluster's node import it again, in every test session.
 
     python -m deploy.podman.context_hash CONTEXT_DIR [EXTRA ...]   # EXTRA: e.g. the base's id
 """
@@ -28,6 +29,10 @@ def archive_digest(path: Path) -> str:
                 manifest = json.loads(data)
                 manifest.pop("createdOn", None)
                 data = json.dumps(manifest, sort_keys=True).encode()
+            elif name == "meta.json":
+                meta = json.loads(data)
+                meta.get("provenance", {}).pop("created", None)
+                data = json.dumps(meta, sort_keys=True).encode()
             h.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
     return h.hexdigest()
 
