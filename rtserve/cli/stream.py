@@ -4,13 +4,15 @@ exactly once (rtserve.stream.consumer).
     python -m rtserve stream run [--kafka-run-dir .run/kafka | --bootstrap 127.0.0.1:9092]
         [--model realtime-classifier] [--group rtserve-stream] [--input events]
         [--output predictions] [--dead-letters events.dlq] [--features 32]
+        [--metrics-port 8088 --metrics-host 127.0.0.1] [--token-file TOKENS]
 
     python -m rtserve stream start [--stream-dir .run/stream] [-- RUN OPTIONS]
     python -m rtserve stream stop [--stream-dir .run/stream]
 
 ``run`` runs until SIGTERM or SIGINT, then leaves its group and prints what it wrote; ``start``
 runs it in the background (its PID file and log in --stream-dir), ``stop`` ends it there.
-``make stream`` and ``make stream-stop`` call these.
+``make stream`` and ``make stream-stop`` call these. ``run`` serves ``/metrics``, ``/healthz``
+and ``/ready`` on --metrics-port (docs/streaming.md, "Metrics and health").
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ STREAM_DIR = PACKAGE_HOME / ".run" / "stream"
 def cmd_run(args: argparse.Namespace) -> int:
     """Consume --input, write one prediction (--output) or dead letter (--dead-letters) per
     event, each transaction with the consumed offsets."""
-    from rtserve.stream import local
+    from rtserve.gateway.nginx import parse_tokens
+    from rtserve.stream import local, metrics
     from rtserve.stream.consumer import StreamConfig, StreamConsumer
     from rtserve.stream.service import STOPPED
 
@@ -40,12 +43,25 @@ def cmd_run(args: argparse.Namespace) -> int:
                           output=args.output, dead_letters=args.dead_letters,
                           transactional_id=args.transactional_id or f"rtserve-stream-{args.group}-{socket.gethostname()}",
                           batch=args.batch, concurrency=args.concurrency, n_features=args.features)
+    # A gateway's shared token (the Secret's file, in Kubernetes), else TorchServe's key file.
+    token = parse_tokens(Path(args.token_file).read_text())[0] if args.token_file else None
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    print(f">> consuming {config.input} at {bootstrap} (group {config.group}) into {config.output}, "
-          f"dead letters into {config.dead_letters}", flush=True)
-    counts = StreamConsumer(config, client(args)).run(stop)
+    port = metrics.METRICS_PORT if args.metrics_port is None else args.metrics_port
+    host = args.metrics_host or metrics.METRICS_HOST
+    observed = metrics.StreamMetrics(stall=args.stall_seconds or metrics.STALL_SECONDS)
+    server = metrics.serve(observed, host, port) if port else None
+    try:
+        member = StreamConsumer(config, client(args, token), observed)
+        where = f"; metrics on http://{host}:{server.server_port}/metrics" if server else ""
+        print(f">> consuming {config.input} at {bootstrap} (group {config.group}) into {config.output}, "
+              f"dead letters into {config.dead_letters}{where}", flush=True)
+        counts = member.run(stop)
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
     print(f"{STOPPED}{counts.predictions} predictions, {counts.dead_letters} dead letters in "
           f"{counts.transactions} transactions ({counts.aborted} aborted, {counts.retries} retries)")
     return 0
@@ -91,4 +107,13 @@ def add(groups: argparse._SubParsersAction) -> None:
             (["--batch"], {"type": int, "default": 64, "help": "events per poll and transaction"}),
             (["--concurrency"], {"type": int, "default": 16, "help": "requests in flight to TorchServe"}),
             (["--features"], {"type": int, "help": "the model's feature count (default: TorchServe checks it)"}),
+            (["--token-file"], {"help": "a file of shared gateway tokens, the first is sent (a Kubernetes "
+                                        "Secret's file); default: TorchServe's key file"}),
+            # (the defaults are rtserve.stream.metrics', resolved in cmd_run: no prometheus_client
+            # import for every other command)
+            (["--metrics-port"], {"type": int, "help": "the port of /metrics, /healthz and /ready "
+                                                       "(default: 8088; 0: none)"}),
+            (["--metrics-host"], {"help": "the address it listens on (default: 127.0.0.1; 0.0.0.0 in a pod)"}),
+            (["--stall-seconds"], {"type": float, "help": "/healthz fails when the loop has not come round "
+                                                          "for this long (default: 180)"}),
             parents=(client_options(),))

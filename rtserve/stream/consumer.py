@@ -26,6 +26,7 @@ from handler.errors import InvalidInput
 from rtserve.client.rest import Client
 from rtserve.errors import StreamError, TorchServeError
 from rtserve.stream import records
+from rtserve.stream.metrics import StreamMetrics
 from rtserve.stream.records import Source
 
 logger = logging.getLogger(__name__)
@@ -91,15 +92,18 @@ class Transient(StreamError):
 class StreamConsumer:
     """One member of the consumer group ``config.group`` (see the module's docstring)."""
 
-    def __init__(self, config: StreamConfig, client: Client) -> None:
+    def __init__(self, config: StreamConfig, client: Client, metrics: StreamMetrics | None = None) -> None:
         self.config = config
         self.client = client
         self.counts = Counts()
+        self.metrics = metrics or StreamMetrics()
+        self.metrics.watch(self.counts)
         self.consumer = Consumer({
             "bootstrap.servers": config.bootstrap, "group.id": config.group,
             "enable.auto.commit": False, "auto.offset.reset": "earliest",
             "isolation.level": "read_committed", "log_level": 4,
             "session.timeout.ms": int(config.session_timeout * 1000),
+            **self.metrics.consumer_settings(),
         })
         self.producer = self._producer()
         self.pool = ThreadPoolExecutor(config.concurrency, thread_name_prefix="stream-score")
@@ -116,10 +120,12 @@ class StreamConsumer:
         self._client = client
 
     def _producer(self) -> Producer:
+        self.metrics.producer_starting()
         producer = Producer({"bootstrap.servers": self.config.bootstrap,
                              "transactional.id": self.config.transactional_id,
                              "linger.ms": 5, "log_level": 4})
         producer.init_transactions(TXN_TIMEOUT)
+        self.metrics.producer_ready()
         return producer
 
     def run(self, stop: threading.Event) -> Counts:
@@ -127,6 +133,7 @@ class StreamConsumer:
         self.consumer.subscribe([self.config.input])
         try:
             while not stop.is_set():
+                self.metrics.tick()
                 self.step()
         finally:
             self.close()
@@ -213,6 +220,7 @@ class StreamConsumer:
         except KafkaException as exc:
             self._abort(exc.args[0])
             return False
+        self.metrics.committed(messages)
         self.counts.transactions += 1
         for topic, _ in outputs:
             if topic == self.config.output:

@@ -203,7 +203,8 @@ def test_kill_9_mid_stream_and_restarts_write_each_event_once(kafka, torchserve,
     options = ["--bootstrap", kafka.bootstrap, "--inference", props["inference_address"],
                "--management", props["management_address"], "--key-file", str(torchserve.key_file),
                "--model", MODEL_NAME, "--group", f"stream-{run}", "--input", topics["events"],
-               "--output", topics["predictions"], "--dead-letters", topics["events.dlq"], "--batch", "16"]
+               "--output", topics["predictions"], "--dead-letters", topics["events.dlq"], "--batch", "16",
+               "--metrics-port", "0"]
     where = [f"STREAM_DIR={tmp_path}", f"KAFKA_RUN_DIR={kafka.run_dir}", f"RUN_DIR={torchserve.key_file.parent}",
              f"INFERENCE_URL={props['inference_address']}", f"MANAGEMENT_URL={props['management_address']}",
              f"STREAM_ARGS={' '.join(options[options.index('--group'):])}"]

@@ -1,0 +1,224 @@
+"""The stream consumer's metrics and health (rtserve.stream.metrics) without a broker: lag from
+librdkafka's statistics text (fields as librdkafka 2.x writes them), the histogram, the scrape's
+families and the HTTP endpoints on a real loopback server."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.parser import text_string_to_metric_families
+
+from rtserve.cli import build_parser
+from rtserve.errors import StreamError
+from rtserve.stream import metrics
+from rtserve.stream.consumer import Counts
+from rtserve.stream.metrics import Histogram, StreamMetrics, lag_from_stats
+
+pytestmark = pytest.mark.unit
+
+INVALID = -1001  # librdkafka's RD_KAFKA_OFFSET_INVALID
+CREATE_TIME = 1  # confluent_kafka.TIMESTAMP_CREATE_TIME; 0 is TIMESTAMP_NOT_AVAILABLE
+
+
+def partition(desired=True, ls=100, app=INVALID, next_offset=0, hi=None) -> dict:
+    """One partition's entry as librdkafka's statistics hold it (a subset of its fields)."""
+    return {"desired": desired, "unknown": False, "fetch_state": "active" if desired else "none",
+            "hi_offset": ls if hi is None else hi, "ls_offset": ls, "app_offset": app,
+            "next_offset": next_offset, "committed_offset": INVALID, "consumer_lag": -1}
+
+
+def stats(**partitions: dict) -> str:
+    """Statistics text of one topic, ``events``, with the given partitions (p0=..., p1=...)."""
+    parts = {name[1:]: value for name, value in partitions.items()}
+    parts["-1"] = partition(desired=False, ls=INVALID)  # the unassigned-messages queue, always there
+    return json.dumps({"name": "rdkafka#consumer-1", "type": "consumer",
+                       "cgrp": {"state": "up", "join_state": "steady", "assignment_size": len(parts) - 1},
+                       "topics": {"events": {"topic": "events", "partitions": parts}}})
+
+
+class Message:
+    """What the histogram reads of a confluent_kafka.Message: ``timestamp()`` -> (kind, ms)."""
+
+    def __init__(self, ms: int, kind: int = CREATE_TIME) -> None:
+        self._ts = (kind, ms)
+
+    def timestamp(self) -> tuple[int, int]:
+        return self._ts
+
+
+class Clock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def families(m: StreamMetrics) -> dict[str, list]:
+    """name -> samples [(name, labels, value)] of one scrape, parsed as Prometheus would."""
+    return {f.name: [(s.name, s.labels, s.value) for s in f.samples]
+            for f in text_string_to_metric_families(m.render().decode())}
+
+
+def test_lag_is_the_last_stable_offset_minus_the_position_of_assigned_partitions():
+    text = stats(p0=partition(ls=120, app=100, next_offset=116),  # delivered up to 99, prefetched more
+                 p1=partition(ls=40, app=INVALID, next_offset=30),  # nothing delivered: fetch start
+                 p2=partition(desired=False, ls=500, app=INVALID),  # another member's
+                 p3=partition(ls=INVALID, app=INVALID),  # end not known yet
+                 p4=partition(ls=7, hi=9, app=7))  # an input transaction open: not lag
+    assert lag_from_stats(text) == {("events", 0): 20, ("events", 1): 10, ("events", 4): 0}
+
+
+def test_lag_of_nothing_assigned_is_empty_and_bad_statistics_raise_value_error():
+    assert lag_from_stats(json.dumps({"type": "consumer", "topics": {}})) == {}
+    assert lag_from_stats(json.dumps({"type": "consumer"})) == {}
+    with pytest.raises(ValueError):
+        lag_from_stats("not json")
+
+
+def test_histogram_counts_a_value_on_a_bound_in_that_bucket():
+    h = Histogram((0.01, 0.05, 1.0))
+    assert h.observe_many([0.004, 0.01, 0.02, 0.05, 0.7, 3.0]) == 6
+    assert h.observe_many([]) == 0
+    buckets, total = h.buckets()
+    assert buckets == [("0.01", 2), ("0.05", 4), ("1.0", 5), ("+Inf", 6)]
+    assert total == pytest.approx(3.784)
+
+
+def test_latency_buckets_are_dense_around_the_50_ms_target():
+    bounds = metrics.LATENCY_BUCKETS
+    assert list(bounds) == sorted(set(bounds))
+    near = [b for b in bounds if 0.02 <= b <= 0.1]
+    assert 0.05 in bounds and len(near) >= 7 and max(bounds) >= 60
+
+
+def test_a_scrape_reads_the_consumers_counts_lag_and_latency():
+    wall = Clock(1_800_000_000.0)
+    m = StreamMetrics(wall=wall)
+    empty = families(m)
+    assert empty["rtserve_stream_events"] == [] and empty["rtserve_stream_consumer_lag"] == []
+    assert empty["rtserve_stream_producer_recreations"] == [("rtserve_stream_producer_recreations_total", {}, 0)]
+
+    counts = Counts(predictions=40, dead_letters=6, transactions=3, aborted=1, retries=2)
+    m.watch(counts)
+    m.producer_ready()
+    m.producer_ready()  # a fenced producer made anew
+    m.on_stats(stats(p0=partition(ls=50, app=45), p1=partition(ls=9, app=9)))
+    now_ms = int(wall.now * 1000)
+    assert m.committed([Message(now_ms - 12), Message(now_ms - 48), Message(now_ms - 2500),
+                        Message(now_ms + 5),  # the producer's clock ahead: counted as 0
+                        Message(0, kind=0)]) == 4  # no timestamp: left out
+    got = families(m)
+    assert got["rtserve_stream_events"] == [
+        ("rtserve_stream_events_total", {"outcome": "predicted"}, 40),
+        ("rtserve_stream_events_total", {"outcome": "dead_lettered"}, 6)]
+    assert got["rtserve_stream_transactions"] == [
+        ("rtserve_stream_transactions_total", {"result": "committed"}, 3),
+        ("rtserve_stream_transactions_total", {"result": "aborted"}, 1)]
+    assert got["rtserve_stream_retries"] == [("rtserve_stream_retries_total", {}, 2)]
+    assert got["rtserve_stream_producer_recreations"] == [("rtserve_stream_producer_recreations_total", {}, 1)]
+    assert got["rtserve_stream_consumer_lag"] == [
+        ("rtserve_stream_consumer_lag", {"topic": "events", "partition": "0"}, 5),
+        ("rtserve_stream_consumer_lag", {"topic": "events", "partition": "1"}, 0)]
+    assert got["rtserve_stream_assigned_partitions"] == [("rtserve_stream_assigned_partitions", {}, 2)]
+    buckets = {s[1]["le"]: s[2] for s in got["rtserve_stream_event_to_prediction_seconds"]
+               if s[0].endswith("_bucket")}
+    assert (buckets["0.005"], buckets["0.015"], buckets["0.05"], buckets["2.5"], buckets["+Inf"]) == (1, 2, 3, 4, 4)
+    count = [s[2] for s in got["rtserve_stream_event_to_prediction_seconds"] if s[0].endswith("_count")]
+    assert count == [4]
+
+    counts.predictions += 10  # the consumer counts on: the next scrape shows it, nothing else to call
+    assert families(m)["rtserve_stream_events"][0][2] == 50
+    m.on_stats(stats(p1=partition(ls=9, app=9)))  # p0 revoked: its series goes
+    assert [s[1]["partition"] for s in families(m)["rtserve_stream_consumer_lag"]] == ["1"]
+
+
+def test_statistics_that_cannot_be_read_keep_the_last_lag_and_never_raise():
+    m = StreamMetrics()
+    m.on_stats(stats(p0=partition(ls=5, app=2)))
+    m.on_stats("{truncated")
+    m.on_stats(json.dumps({"topics": {"events": {"partitions": {"0": {"desired": True, "ls_offset": "x"}}}}}))
+    assert m.lag == {("events", 0): 3}
+
+
+def test_live_while_the_loop_comes_round_ready_once_subscribed_with_a_producer():
+    clock = Clock()
+    m = StreamMetrics(stall=60, clock=clock)
+    assert m.live()[0] and not m.ready()[0]  # starting: alive, not ready
+    m.producer_ready()
+    assert not m.ready()[0], "not subscribed yet"
+    m.tick()
+    ok, body = m.ready()
+    assert ok and body["assigned"] == [] and body["producer"] and body["subscribed"]  # waiting for partitions
+    m.on_stats(stats(p3=partition(ls=1, app=1)))
+    assert m.ready()[1]["assigned"] == ["events[3]"]
+    m.producer_starting()  # a fenced producer being made anew
+    assert not m.ready()[0] and m.live()[0]
+    m.producer_ready()
+    clock.now += 60
+    assert m.live()[0] and m.ready()[0]
+    clock.now += 0.5
+    ok, body = m.live()
+    assert not ok and body == {"loop_age_seconds": 60.5, "stall_seconds": 60}
+    assert not m.ready()[0]
+    m.tick()
+    assert m.live()[0]
+
+
+def get(url: str) -> tuple[int, str, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.headers["Content-Type"], resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers["Content-Type"], exc.read()
+
+
+def test_the_port_serves_metrics_healthz_and_ready():
+    clock = Clock()
+    m = StreamMetrics(stall=30, clock=clock)
+    m.watch(Counts(predictions=3))
+    server = metrics.serve(m, "127.0.0.1", 0)
+    base = f"http://127.0.0.1:{server.server_port}"
+    try:
+        status, kind, body = get(base + "/metrics")
+        assert status == 200 and kind == CONTENT_TYPE_LATEST
+        assert b'rtserve_stream_events_total{outcome="predicted"} 3.0' in body
+        assert get(base + "/healthz")[:2] == (200, "application/json")
+        status, _, body = get(base + "/ready")
+        assert status == 503 and json.loads(body)["ok"] is False and json.loads(body)["producer"] is False
+        m.producer_ready()
+        m.tick()
+        status, _, body = get(base + "/ready?verbose=1")
+        assert status == 200 and json.loads(body)["ok"] is True
+        clock.now += 31
+        status, _, body = get(base + "/healthz")
+        assert status == 503 and json.loads(body) == {"ok": False, "loop_age_seconds": 31.0, "stall_seconds": 30}
+        status, _, body = get(base + "/nope")
+        assert status == 404 and json.loads(body) == {
+            "error": "not found: /metrics, /healthz and /ready are served here"}
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_taken_port_is_a_stream_error_naming_the_option():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(StreamError, match=f"cannot serve metrics on 127.0.0.1:{port} .*--metrics-port"):
+            metrics.serve(StreamMetrics(), "127.0.0.1", port)
+
+
+def test_the_commands_help_names_the_modules_defaults():
+    parser = build_parser()
+    run = parser._subparsers._group_actions[0].choices["stream"]._subparsers._group_actions[0].choices["run"]
+    helps = {a.dest: a.help for a in run._actions}
+    assert f"default: {metrics.METRICS_PORT};" in helps["metrics_port"]
+    assert f"default: {metrics.METRICS_HOST};" in helps["metrics_host"]
+    assert f"default: {metrics.STALL_SECONDS:.0f})" in helps["stall_seconds"]
