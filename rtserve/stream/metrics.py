@@ -5,18 +5,22 @@ The consumer's hot path pays almost nothing for them:
 
 - **Counters** (events by outcome, transactions, retries) are the consumer's own
   :class:`~rtserve.stream.consumer.Counts`, read when Prometheus scrapes: no work per event.
-- **Lag** comes from librdkafka's statistics (``statistics.interval.ms``, every
-  :data:`STATS_INTERVAL_MS`), which the client hands to :meth:`StreamMetrics.on_stats` from
-  inside ``consume()``, on the consumer's own thread: one JSON text parsed every few seconds, no
-  request to the broker. Per assigned partition (``desired`` in the statistics), the lag is the
-  last stable offset (``ls_offset``: the end a ``read_committed`` reader can reach, so an input
-  transaction still open is not counted) minus the consumer's position: the offset after the last
-  event handed to the loop (``app_offset``), or, before any was, where it fetches from
-  (``next_offset``: the group's committed offset). ``Consumer.position`` with
-  ``get_watermark_offsets(cached=True)`` would cost as little but knows no position before the
-  first event of a partition, and its cached high watermark counts records of open transactions.
-  The broker's end offsets are those of the last fetch answer (librdkafka fetches continuously,
-  at least every ``fetch.wait.max.ms``, 500 ms), so the lag is at most a statistics interval old.
+- **Lag** per assigned partition is the partition's end minus the group's committed offset, as
+  this member knows them: events not yet durably scored, the step in flight and a retried step's
+  events included (Kafka's own definition of a group's lag). The end is the last stable offset
+  (the end a ``read_committed`` reader can reach: records of an input transaction still open are
+  not counted) from librdkafka's statistics (``statistics.interval.ms``, every
+  :data:`STATS_INTERVAL_MS`), which the client hands to :meth:`StreamMetrics.on_stats` inside
+  ``consume()``, on the consumer's own thread: one JSON text parsed every few seconds, no request
+  to the broker (librdkafka learns the end from its continuous fetches). The committed offset is
+  the one librdkafka fetched when the partition was assigned (the statistics'
+  ``committed_offset``; the log's start for a group that never committed), advanced by each
+  transaction this member commits (:meth:`StreamMetrics.committed`): the offsets go into the
+  transaction, so librdkafka never learns them itself. The consumer's read position (the
+  statistics' ``app_offset``, ``Consumer.position``) would cost as little but says what was read,
+  not what was scored: on the real broker a member retrying its first step against an unreachable
+  TorchServe showed a lag of 0 that way. ``get_watermark_offsets(cached=True)`` has the high
+  watermark, which counts an open input transaction's records as lag.
 - **Event to prediction** (the event's Kafka timestamp to the moment its transaction committed)
   is a histogram of this module's own: one lock and a bisection per event per committed step.
 
@@ -78,32 +82,51 @@ class Counted(Protocol):
     retries: int
 
 
-class Timestamped(Protocol):
-    """A consumed message as far as the histogram cares (``confluent_kafka.Message``)."""
+class Message(Protocol):
+    """A consumed message as far as the metrics care (``confluent_kafka.Message``)."""
 
     def timestamp(self) -> tuple[int, int]: ...
 
+    def topic(self) -> str: ...
 
-def lag_from_stats(text: str) -> dict[tuple[str, int], int]:
-    """Per partition assigned to this member, (topic, partition) -> events behind the end a
-    ``read_committed`` reader can reach; partitions whose end is not known yet are left out.
+    def partition(self) -> int: ...
+
+    def offset(self) -> int: ...
+
+
+Partition = tuple[str, int]
+
+
+def partitions_from_stats(text: str) -> dict[Partition, tuple[int, int]]:
+    """Per partition assigned to this member whose end is known, (topic, partition) -> (end, start):
+    the last stable offset, and the group's committed offset fetched at the assignment (the log's
+    start when the group committed none; -1 when neither is known yet).
 
     Raises:
         ValueError: ``text`` is not librdkafka's statistics JSON.
     """
     stats = json.loads(text)
-    lag = {}
+    found = {}
     for topic, info in (stats.get("topics") or {}).items():
         for key, part in (info.get("partitions") or {}).items():
             if key == "-1" or not part.get("desired"):  # -1: librdkafka's unassigned-messages queue
                 continue
-            end = part.get("ls_offset", -1)
-            position = part.get("app_offset", -1)
-            if position < 0:
-                position = part.get("next_offset", -1)
-            if end >= 0 and position >= 0:
-                lag[(topic, int(key))] = max(0, end - position)
-    return lag
+            end, committed = int(part.get("ls_offset", -1)), int(part.get("committed_offset", -1))
+            start = committed if committed >= 0 else int(part.get("lo_offset", -1))
+            if end >= 0:
+                found[(topic, int(key))] = (end, max(start, -1))
+    return found
+
+
+def partition_lag(partitions: dict[Partition, tuple[int, int]], committed: dict[Partition, int]) -> dict[Partition, int]:
+    """Per partition of ``partitions`` (:func:`partitions_from_stats`), its end minus the later of
+    its start and the offset this member committed (``committed``); unknown ones are left out."""
+    found = {}
+    for tp, (end, start) in partitions.items():
+        position = max(start, committed.get(tp, -1))
+        if position >= 0:
+            found[tp] = max(0, end - position)
+    return found
 
 
 class Histogram:
@@ -160,7 +183,11 @@ class StreamMetrics:
         self.registry = CollectorRegistry(auto_describe=False)
         self.latency = Histogram(LATENCY_BUCKETS)
         self.counts: Counted | None = None
-        self.lag: dict[tuple[str, int], int] = {}
+        #: From the last statistics: assigned partitions -> (end, start).
+        self.partitions: dict[Partition, tuple[int, int]] = {}
+        #: The offsets this member's transactions committed (replaced, never changed in place:
+        #: scrapes read it from another thread).
+        self.positions: dict[Partition, int] = {}
         self.producers = 0
         self.producer_up = False
         self.looping = False
@@ -178,7 +205,7 @@ class StreamMetrics:
     def on_stats(self, text: str) -> None:
         """librdkafka's statistics (called inside ``consume()``: it must never raise)."""
         try:
-            self.lag = lag_from_stats(text)
+            self.partitions = partitions_from_stats(text)
         except (ValueError, TypeError, AttributeError) as exc:
             logger.warning("librdkafka's statistics could not be read: %s", exc)
 
@@ -194,12 +221,24 @@ class StreamMetrics:
         self.looping = True
         self.last_tick = self.clock()
 
-    def committed(self, messages: Iterable[Timestamped]) -> int:
-        """A transaction with ``messages``' outputs committed now: each event's time since its
-        Kafka timestamp (events without one are left out); returns how many were counted."""
+    def committed(self, messages: Iterable[Message]) -> int:
+        """A transaction with ``messages``' outputs and offsets committed now: each event's time
+        since its Kafka timestamp (events without one are left out), and the group's new offsets;
+        returns how many events were timed."""
         now = self.wall()
-        return self.latency.observe_many(max(0.0, now - ts / 1000.0)
-                                         for kind, ts in (m.timestamp() for m in messages) if kind != 0)
+        ages, positions = [], dict(self.positions)
+        for m in messages:
+            kind, ts = m.timestamp()
+            if kind != 0:
+                ages.append(max(0.0, now - ts / 1000.0))
+            tp = (m.topic(), m.partition())
+            positions[tp] = max(positions.get(tp, -1), m.offset() + 1)
+        self.positions = positions
+        return self.latency.observe_many(ages)
+
+    def lag(self) -> dict[Partition, int]:
+        """Per assigned partition, its end minus the group's committed offset (see the module)."""
+        return partition_lag(self.partitions, self.positions)
 
     # -- health -----------------------------------------------------------------------------------
     def live(self) -> tuple[bool, dict]:
@@ -212,7 +251,7 @@ class StreamMetrics:
         partitions assigned, or waiting for an assignment: a member with none is still ready)."""
         live, body = self.live()
         body.update(producer=self.producer_up, subscribed=self.looping,
-                    assigned=sorted(f"{t}[{p}]" for t, p in self.lag))
+                    assigned=sorted(f"{t}[{p}]" for t, p in self.partitions))
         return live and self.producer_up and self.looping, body
 
     # -- prometheus_client's collector protocol ---------------------------------------------------
@@ -233,14 +272,13 @@ class StreamMetrics:
         yield from (events, transactions, retries)
         yield CounterMetricFamily(RECREATIONS, "Transactional producers made anew after a fenced or "
                                   "failed one", value=max(0, self.producers - 1))
-        lag = GaugeMetricFamily(LAG, "Events behind the partition's last stable offset, as this member "
-                                "sees it (assigned partitions only)", labels=["topic", "partition"])
-        current = self.lag
-        for (topic, partition), value in sorted(current.items()):
-            lag.add_metric([topic, str(partition)], value)
-        yield lag
+        lags = GaugeMetricFamily(LAG, "Events of the partition not yet committed by the group, as this "
+                                "member sees it (assigned partitions only)", labels=["topic", "partition"])
+        for (topic, partition), value in sorted(self.lag().items()):
+            lags.add_metric([topic, str(partition)], value)
+        yield lags
         yield GaugeMetricFamily(ASSIGNED, "Partitions assigned to this member (0: idle, e.g. more "
-                                "members than partitions)", value=len(current))
+                                "members than partitions)", value=len(self.partitions))
         buckets, total = self.latency.buckets()
         yield HistogramMetricFamily(LATENCY, "From the event's Kafka timestamp to the commit of the "
                                     "transaction holding its prediction or dead letter",

@@ -17,7 +17,7 @@ from rtserve.cli import build_parser
 from rtserve.errors import StreamError
 from rtserve.stream import metrics
 from rtserve.stream.consumer import Counts
-from rtserve.stream.metrics import Histogram, StreamMetrics, lag_from_stats
+from rtserve.stream.metrics import Histogram, StreamMetrics, partition_lag, partitions_from_stats
 
 pytestmark = pytest.mark.unit
 
@@ -25,11 +25,11 @@ INVALID = -1001  # librdkafka's RD_KAFKA_OFFSET_INVALID
 CREATE_TIME = 1  # confluent_kafka.TIMESTAMP_CREATE_TIME; 0 is TIMESTAMP_NOT_AVAILABLE
 
 
-def partition(desired=True, ls=100, app=INVALID, next_offset=0, hi=None) -> dict:
+def partition(desired=True, ls=100, committed=INVALID, lo=0, hi=None, app=INVALID) -> dict:
     """One partition's entry as librdkafka's statistics hold it (a subset of its fields)."""
     return {"desired": desired, "unknown": False, "fetch_state": "active" if desired else "none",
-            "hi_offset": ls if hi is None else hi, "ls_offset": ls, "app_offset": app,
-            "next_offset": next_offset, "committed_offset": INVALID, "consumer_lag": -1}
+            "lo_offset": lo, "hi_offset": ls if hi is None else hi, "ls_offset": ls, "app_offset": app,
+            "next_offset": max(app, committed, 0), "committed_offset": committed, "consumer_lag": -1}
 
 
 def stats(**partitions: dict) -> str:
@@ -42,13 +42,24 @@ def stats(**partitions: dict) -> str:
 
 
 class Message:
-    """What the histogram reads of a confluent_kafka.Message: ``timestamp()`` -> (kind, ms)."""
+    """What the metrics read of a confluent_kafka.Message: ``timestamp()`` -> (kind, ms), and its
+    topic, partition and offset."""
 
-    def __init__(self, ms: int, kind: int = CREATE_TIME) -> None:
-        self._ts = (kind, ms)
+    def __init__(self, ms: int, kind: int = CREATE_TIME, partition: int = 0, offset: int = 0,
+                 topic: str = "events") -> None:
+        self._ts, self._where = (kind, ms), (topic, partition, offset)
 
     def timestamp(self) -> tuple[int, int]:
         return self._ts
+
+    def topic(self) -> str:
+        return self._where[0]
+
+    def partition(self) -> int:
+        return self._where[1]
+
+    def offset(self) -> int:
+        return self._where[2]
 
 
 class Clock:
@@ -65,20 +76,29 @@ def families(m: StreamMetrics) -> dict[str, list]:
             for f in text_string_to_metric_families(m.render().decode())}
 
 
-def test_lag_is_the_last_stable_offset_minus_the_position_of_assigned_partitions():
-    text = stats(p0=partition(ls=120, app=100, next_offset=116),  # delivered up to 99, prefetched more
-                 p1=partition(ls=40, app=INVALID, next_offset=30),  # nothing delivered: fetch start
-                 p2=partition(desired=False, ls=500, app=INVALID),  # another member's
-                 p3=partition(ls=INVALID, app=INVALID),  # end not known yet
-                 p4=partition(ls=7, hi=9, app=7))  # an input transaction open: not lag
-    assert lag_from_stats(text) == {("events", 0): 20, ("events", 1): 10, ("events", 4): 0}
+def test_lag_is_the_last_stable_offset_minus_the_groups_committed_offset():
+    text = stats(p0=partition(ls=120, committed=100, app=116),  # read up to 115: still lag from 100
+                 p1=partition(ls=40, committed=INVALID, lo=12),  # the group never committed: log start
+                 p2=partition(desired=False, ls=500),  # another member's
+                 p3=partition(ls=INVALID),  # end not known yet
+                 p4=partition(ls=7, hi=9, committed=7),  # an input transaction open: not lag
+                 p5=partition(ls=30, committed=INVALID, lo=INVALID))  # no start known yet
+    partitions = partitions_from_stats(text)
+    assert partitions == {("events", 0): (120, 100), ("events", 1): (40, 12), ("events", 4): (7, 7),
+                          ("events", 5): (30, -1)}
+    assert partition_lag(partitions, {}) == {("events", 0): 20, ("events", 1): 28, ("events", 4): 0}
+    # this member's transactions moved the offsets on; an older one of its own (a partition that
+    # left and came back, committed further by another member meanwhile) does not move them back
+    mine = {("events", 0): 118, ("events", 1): 10, ("events", 5): 25}
+    assert partition_lag(partitions, mine) == {("events", 0): 2, ("events", 1): 28, ("events", 4): 0,
+                                               ("events", 5): 5}
 
 
 def test_lag_of_nothing_assigned_is_empty_and_bad_statistics_raise_value_error():
-    assert lag_from_stats(json.dumps({"type": "consumer", "topics": {}})) == {}
-    assert lag_from_stats(json.dumps({"type": "consumer"})) == {}
+    assert partitions_from_stats(json.dumps({"type": "consumer", "topics": {}})) == {}
+    assert partitions_from_stats(json.dumps({"type": "consumer"})) == {}
     with pytest.raises(ValueError):
-        lag_from_stats("not json")
+        partitions_from_stats("not json")
 
 
 def test_histogram_counts_a_value_on_a_bound_in_that_bucket():
@@ -108,11 +128,12 @@ def test_a_scrape_reads_the_consumers_counts_lag_and_latency():
     m.watch(counts)
     m.producer_ready()
     m.producer_ready()  # a fenced producer made anew
-    m.on_stats(stats(p0=partition(ls=50, app=45), p1=partition(ls=9, app=9)))
+    m.on_stats(stats(p0=partition(ls=50, committed=40), p1=partition(ls=9, committed=6)))
     now_ms = int(wall.now * 1000)
-    assert m.committed([Message(now_ms - 12), Message(now_ms - 48), Message(now_ms - 2500),
-                        Message(now_ms + 5),  # the producer's clock ahead: counted as 0
-                        Message(0, kind=0)]) == 4  # no timestamp: left out
+    assert m.committed([Message(now_ms - 12, offset=40), Message(now_ms - 48, offset=41),
+                        Message(now_ms - 2500, offset=42),
+                        Message(now_ms + 5, offset=44),  # the producer's clock ahead: counted as 0
+                        Message(0, kind=0, partition=1, offset=8)]) == 4  # no timestamp: not timed
     got = families(m)
     assert got["rtserve_stream_events"] == [
         ("rtserve_stream_events_total", {"outcome": "predicted"}, 40),
@@ -123,8 +144,8 @@ def test_a_scrape_reads_the_consumers_counts_lag_and_latency():
     assert got["rtserve_stream_retries"] == [("rtserve_stream_retries_total", {}, 2)]
     assert got["rtserve_stream_producer_recreations"] == [("rtserve_stream_producer_recreations_total", {}, 1)]
     assert got["rtserve_stream_consumer_lag"] == [
-        ("rtserve_stream_consumer_lag", {"topic": "events", "partition": "0"}, 5),
-        ("rtserve_stream_consumer_lag", {"topic": "events", "partition": "1"}, 0)]
+        ("rtserve_stream_consumer_lag", {"topic": "events", "partition": "0"}, 5),  # 50 - (44 + 1)
+        ("rtserve_stream_consumer_lag", {"topic": "events", "partition": "1"}, 0)]  # 9 - (8 + 1)
     assert got["rtserve_stream_assigned_partitions"] == [("rtserve_stream_assigned_partitions", {}, 2)]
     buckets = {s[1]["le"]: s[2] for s in got["rtserve_stream_event_to_prediction_seconds"]
                if s[0].endswith("_bucket")}
@@ -134,16 +155,17 @@ def test_a_scrape_reads_the_consumers_counts_lag_and_latency():
 
     counts.predictions += 10  # the consumer counts on: the next scrape shows it, nothing else to call
     assert families(m)["rtserve_stream_events"][0][2] == 50
-    m.on_stats(stats(p1=partition(ls=9, app=9)))  # p0 revoked: its series goes
+    m.on_stats(stats(p1=partition(ls=9, committed=6)))  # p0 revoked: its series goes
     assert [s[1]["partition"] for s in families(m)["rtserve_stream_consumer_lag"]] == ["1"]
 
 
 def test_statistics_that_cannot_be_read_keep_the_last_lag_and_never_raise():
     m = StreamMetrics()
-    m.on_stats(stats(p0=partition(ls=5, app=2)))
+    m.on_stats(stats(p0=partition(ls=5, committed=2)))
     m.on_stats("{truncated")
     m.on_stats(json.dumps({"topics": {"events": {"partitions": {"0": {"desired": True, "ls_offset": "x"}}}}}))
-    assert m.lag == {("events", 0): 3}
+    m.on_stats(json.dumps({"topics": ["not", "a", "mapping"]}))
+    assert m.lag() == {("events", 0): 3}
 
 
 def test_live_while_the_loop_comes_round_ready_once_subscribed_with_a_producer():
@@ -155,7 +177,7 @@ def test_live_while_the_loop_comes_round_ready_once_subscribed_with_a_producer()
     m.tick()
     ok, body = m.ready()
     assert ok and body["assigned"] == [] and body["producer"] and body["subscribed"]  # waiting for partitions
-    m.on_stats(stats(p3=partition(ls=1, app=1)))
+    m.on_stats(stats(p3=partition(ls=1, committed=1)))
     assert m.ready()[1]["assigned"] == ["events[3]"]
     m.producer_starting()  # a fenced producer being made anew
     assert not m.ready()[0] and m.live()[0]
