@@ -127,3 +127,19 @@ def test_local_configs_derive_from_the_shipped_one(tmp_path):
 ])
 def test_metric_names(expr, names):
     assert metric_names(expr) == names
+
+
+def test_stream_alerts_name_what_the_consumer_exports():
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    from rtserve.stream.consumer import Counts  # noqa: PLC0415
+    from rtserve.stream.metrics import StreamMetrics  # noqa: PLC0415
+
+    scraped = StreamMetrics()
+    scraped.watch(Counts())
+    scraped.partitions = {("events", 0): (5, 0)}  # one assigned partition, so the lag has a series
+    exported = {s.name for f in text_string_to_metric_families(scraped.render().decode()) for s in f.samples}
+    stream = {name: expr for name, expr in rule_expressions().items() if name.startswith("RtserveStream")}
+    assert set(stream) == {"RtserveStreamLagHigh", "RtserveStreamDeadLettersHigh", "RtserveStreamRetrying"}
+    for name, expr in stream.items():
+        assert metric_names(expr) <= exported, name
