@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -19,6 +20,8 @@ OWN_VERIFY = {o: K8S_DIR / "overlays" / o / "verify" for o in OVERLAYS
               if (K8S_DIR / "overlays" / o / "verify" / "kustomization.yaml").is_file()}
 #: The component of the overlays whose images are built here and loaded into the node.
 LOCAL_IMAGES = K8S_DIR / "components" / "local-images"
+#: The stream consumer's component, which an overlay enables by listing it (docs/streaming.md).
+STREAM = K8S_DIR / "components" / "stream"
 #: The Kubernetes version the manifests are validated against (kubernetes-validate ships it).
 K8S_VERSION = "1.32.0"
 
@@ -64,3 +67,23 @@ def rendered() -> dict[str, list[dict]]:
     """overlay name -> its rendered objects."""
     assert OVERLAYS, "no overlays found"
     return {overlay: load(render(K8S_DIR / "overlays" / overlay)) for overlay in OVERLAYS}
+
+
+def with_stream(overlay: str, into: Path) -> Path:
+    """A copy of the kustomize tree under ``into`` whose ``overlay`` lists components/stream
+    first, as docs/streaming.md tells a user to; returns that overlay's directory."""
+    tree = into / "k8s"
+    if not tree.exists():
+        shutil.copytree(K8S_DIR, tree)
+    path = tree / "overlays" / overlay / "kustomization.yaml"
+    kustomization = yaml.safe_load(path.read_text())
+    kustomization["components"] = ["../../components/stream", *kustomization.get("components", [])]
+    path.write_text(yaml.safe_dump(kustomization, sort_keys=False))
+    return path.parent
+
+
+@pytest.fixture(scope="session")
+def rendered_stream(tmp_path_factory) -> dict[str, list[dict]]:
+    """overlay name -> its rendered objects with the stream consumer's component enabled."""
+    into = tmp_path_factory.mktemp("with-stream")
+    return {overlay: load(render(with_stream(overlay, into))) for overlay in OVERLAYS}

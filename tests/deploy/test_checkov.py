@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from tests.conftest import REPO
-from tests.deploy.conftest import K8S_DIR, OVERLAYS, OWN_VERIFY, VERIFY_DIR, load, render
+from tests.deploy.conftest import K8S_DIR, OVERLAYS, OWN_VERIFY, VERIFY_DIR, load, render, with_stream
 
 pytestmark = pytest.mark.deploy
 
@@ -28,6 +28,8 @@ def checkov_report(tmp_path_factory) -> list[dict]:
     (out / "verify.yaml").write_text(render(VERIFY_DIR))
     for overlay, path in OWN_VERIFY.items():
         (out / f"{overlay}-verify.yaml").write_text(render(path))
+    for overlay in OVERLAYS:  # with the stream consumer's component enabled
+        (out / f"{overlay}-stream.yaml").write_text(render(with_stream(overlay, tmp_path_factory.mktemp("stream"))))
     result = subprocess.run([str(CHECKOV), "-d", str(out), "--framework", "kubernetes",
                              "--skip-download", "--output", "json", "--compact"],
                             capture_output=True, text=True, timeout=300, cwd=out)
@@ -37,10 +39,11 @@ def checkov_report(tmp_path_factory) -> list[dict]:
     return reports
 
 
-def manifest_skips() -> dict[str, str]:
+def manifest_skips(tmp_path) -> dict[str, str]:
     """check id -> reason, from the checkov.io/skip annotations of every rendered object."""
     skips: dict[str, str] = {}
-    for path in [K8S_DIR / "overlays" / overlay for overlay in OVERLAYS] + [VERIFY_DIR, *OWN_VERIFY.values()]:
+    streams = [with_stream(overlay, tmp_path) for overlay in OVERLAYS]
+    for path in [K8S_DIR / "overlays" / overlay for overlay in OVERLAYS] + [VERIFY_DIR, *OWN_VERIFY.values(), *streams]:
         for obj in load(render(path)):
             for key, value in (obj["metadata"].get("annotations") or {}).items():
                 if key.startswith("checkov.io/skip"):
@@ -58,16 +61,17 @@ def test_no_failed_check(checkov_report):
     looked_at = {c["resource"].split(".")[0] + "/" + c["resource"].split(".")[-1]
                  for c in report["results"]["passed_checks"]}
     assert "Job/rtserve-verify" in looked_at, "the verification Job was not checked"
+    assert "Deployment/rtserve-stream" in looked_at, "the stream consumer was not checked"
     passed = {c["check_id"] for c in report["results"]["passed_checks"]}
     # a few that the issue names: non-root, read-only root, probes, limits, no SA token, seccomp
     assert {"CKV_K8S_23", "CKV_K8S_22", "CKV_K8S_8", "CKV_K8S_9", "CKV_K8S_11", "CKV_K8S_13",
             "CKV_K8S_38", "CKV_K8S_31", "CKV_K8S_37", "CKV_K8S_14"} <= passed
 
 
-def test_every_skip_is_annotated_with_a_written_reason(checkov_report):
+def test_every_skip_is_annotated_with_a_written_reason(checkov_report, tmp_path):
     (report,) = checkov_report
     skipped = {c["check_id"] for c in report["results"]["skipped_checks"]}
-    reasons = manifest_skips()
+    reasons = manifest_skips(tmp_path)
     assert skipped == set(reasons)
     for check, reason in reasons.items():
         assert len(reason.split()) >= 10, f"{check}: the reason is too short: {reason!r}"
