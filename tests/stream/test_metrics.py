@@ -11,13 +11,15 @@ import time
 import urllib.error
 import urllib.request
 
+import psutil
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from rtserve.runtime.ports import free_ports
 from rtserve.runtime.process import wait_until
 from rtserve.stream import service
-from tests.conftest import MODEL_NAME
+from tests.conftest import MODEL_NAME, REPO
 from tests.stream.test_consumer import (PARTITIONS, POISON, produce, read_all, stream_topics,  # noqa: F401
                                         torchserve, valid_events)
 
@@ -45,6 +47,14 @@ def scrape(base: str) -> dict[tuple[str, tuple], float]:
 def lag(samples: dict) -> dict[int, float]:
     return {dict(labels)["partition"]: v for (name, labels), v in samples.items()
             if name == "rtserve_stream_consumer_lag"}
+
+
+def pod_memory_mib() -> float:
+    """The memory limit of the stream consumer's container in deploy/k8s/components/stream."""
+    deployment = yaml.safe_load((REPO / "deploy" / "k8s" / "components" / "stream" / "deployment.yaml").read_text())
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    limit = container["resources"]["limits"]["memory"]
+    return float(limit[:-2]) * {"Mi": 1, "Gi": 1024}[limit[-2:]]
 
 
 def test_metrics_and_health_follow_a_stalled_then_draining_consumer(kafka, torchserve, tmp_path):
@@ -111,7 +121,10 @@ def test_metrics_and_health_follow_a_stalled_then_draining_consumer(kafka, torch
         assert buckets["+Inf"] == count and buckets["300.0"] == count
         assert 0 < samples[("rtserve_stream_event_to_prediction_seconds_sum", ())]
         assert samples[("rtserve_stream_loop_age_seconds", ())] < 10
-        print(f"drained {len(sent)} events in {took:.1f} s; event-to-prediction buckets: {buckets}")
+        rss = psutil.Process(service.pid(tmp_path)).memory_info().rss / 2**20
+        assert rss * 1.5 <= pod_memory_mib(), f"the consumer holds {rss:.0f} MiB: raise the pod's memory"
+        print(f"drained {len(sent)} events in {took:.1f} s (RSS {rss:.0f} MiB); "
+              f"event-to-prediction buckets: {buckets}")
     finally:
         service.stop(tmp_path)
     with pytest.raises(urllib.error.URLError):  # the port went with the process
