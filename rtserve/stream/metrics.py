@@ -118,7 +118,8 @@ def partitions_from_stats(text: str) -> dict[Partition, tuple[int, int]]:
     return found
 
 
-def partition_lag(partitions: dict[Partition, tuple[int, int]], committed: dict[Partition, int]) -> dict[Partition, int]:
+def partition_lag(partitions: dict[Partition, tuple[int, int]],
+                  committed: dict[Partition, int]) -> dict[Partition, int]:
     """Per partition of ``partitions`` (:func:`partitions_from_stats`), its end minus the later of
     its start and the offset this member committed (``committed``); unknown ones are left out."""
     found = {}

@@ -77,15 +77,25 @@ def test_every_object_validates_and_the_servers_are_untouched(rendered, rendered
         assert obj["metadata"]["labels"]["app.kubernetes.io/instance"] == f"rtserve-{overlay}"
 
 
+def check_members(objects: list[dict]) -> None:
+    """The group never holds more members than the input has partitions: ``replicas`` at most
+    the recorded count, and an update adds no member.
+
+    Raises:
+        AssertionError: naming what is wrong.
+    """
+    dep = stream_deployment(objects)
+    partitions = int(dep["metadata"]["annotations"][PARTITIONS])
+    replicas = dep["spec"]["replicas"]
+    assert 1 <= replicas <= partitions, f"replicas {replicas}: more members than the {partitions} partitions"
+    assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxUnavailable": 1, "maxSurge": 0}
+    assert one(objects, "PodDisruptionBudget", APP)["spec"] == {
+        "maxUnavailable": 1, "selector": dep["spec"]["selector"]}
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_replicas_are_at_most_the_input_partitions_and_updates_add_no_member(rendered_stream, overlay):
-    dep = stream_deployment(rendered_stream[overlay])
-    partitions = int(dep["metadata"]["annotations"][PARTITIONS])
-    assert 1 <= dep["spec"]["replicas"] <= partitions
-    rolling = dep["spec"]["strategy"]["rollingUpdate"]
-    assert rolling == {"maxUnavailable": 1, "maxSurge": 0}
-    pdb = one(rendered_stream[overlay], "PodDisruptionBudget", APP)["spec"]
-    assert pdb["maxUnavailable"] == 1 and dep["spec"]["replicas"] >= 1
+    check_members(rendered_stream[overlay])
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -208,7 +218,8 @@ def test_an_overlay_sets_the_bootstrap_with_a_patch_of_the_configmap(tmp_path):
     names = [{e["valueFrom"]["configMapKeyRef"]["name"] for e in consumer(o)["env"] if "valueFrom" in e}
              for o in (before, after)]
     assert names[0] != names[1]
-    assert expanded_args(after)[expanded_args(after).index("--bootstrap") + 1] == "kafka-0.kafka:9092,kafka-1.kafka:9092"
+    argv = expanded_args(after)
+    assert argv[argv.index("--bootstrap") + 1] == "kafka-0.kafka:9092,kafka-1.kafka:9092"
 
 
 def test_too_many_replicas_for_the_partitions_is_caught(tmp_path):
@@ -218,8 +229,7 @@ def test_too_many_replicas_for_the_partitions_is_caught(tmp_path):
     kustomization = yaml.safe_load(path.read_text())
     kustomization["replicas"] = [{"name": APP, "count": 6}]
     path.write_text(yaml.safe_dump(kustomization, sort_keys=False))
-    dep = stream_deployment(load(render(overlay)))
-    assert dep["spec"]["replicas"] == 6 > int(dep["metadata"]["annotations"][PARTITIONS])
-    with pytest.raises(AssertionError):
-        test_replicas_are_at_most_the_input_partitions_and_updates_add_no_member({"production": load(render(overlay))},
-                                                                                 "production")
+    objects = load(render(overlay))
+    assert stream_deployment(objects)["spec"]["replicas"] == 6
+    with pytest.raises(AssertionError, match="replicas 6: more members than the 4 partitions"):
+        check_members(objects)
