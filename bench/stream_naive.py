@@ -9,7 +9,10 @@ shape). The model is the archive's own: ``model.pt2`` and ``meta.json`` read out
 benchmark's FastAPI seed runs it).
 
 What it does not do, on purpose (it is the baseline): no validation (a poison event ends it),
-no batching, no transaction (a crash loses or duplicates events), no versions or metrics.
+no batching, no transaction (a crash loses or duplicates events), no versions or metrics. By
+default each result is produced asynchronously (the client batches the sends, so an offset can
+be auto-committed before its result is delivered: a crash then loses it); ``--flush-each``
+waits for each result's delivery, as the tutorials that mean "at least once" write it.
 
     .venv/bin/python -m bench.stream_naive --bootstrap 127.0.0.1:9092 --mar model_store/realtime-classifier_1.0.mar
 """
@@ -48,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group", default="naive")
     parser.add_argument("--input", default="events")
     parser.add_argument("--output", default="predictions")
+    parser.add_argument("--flush-each", action="store_true", help="wait for each result's delivery")
     args = parser.parse_args(argv)
 
     import torch
@@ -84,7 +88,10 @@ def main(argv: list[str] | None = None) -> int:
                   "source": {"topic": msg.topic(), "partition": msg.partition(), "offset": msg.offset()},
                   "event_timestamp": msg.timestamp()[1]}
         producer.produce(args.output, key=msg.key(), value=json.dumps(result))
-        producer.poll(0)
+        if args.flush_each:
+            producer.flush()
+        else:
+            producer.poll(0)
         scored += 1
     producer.flush(30)
     consumer.close()
