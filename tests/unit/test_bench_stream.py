@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.stream import exactly_once, latencies, quantile, split
+from bench.stream import exactly_once, latencies, per_event, quantile, split
 
 pytestmark = pytest.mark.unit
 
@@ -49,3 +49,6 @@ def test_cpu_split_per_component_and_the_rest_of_the_machine():
     seconds, pct = split(before, after, 2.0)
     assert seconds == {"broker": 1.0, "consumer": 0.5, "bench": 0.25, "others": 2.25}
     assert pct == {"broker": 50.0, "consumer": 25.0, "bench": 12.5, "others": 112.5}
+    # per event: the broker, the consumer and TorchServe; the bench and the rest left out
+    assert per_event({**seconds, "torchserve workers": 0.5}, 1000) == 2.0
+    assert per_event(seconds, 0) is None
