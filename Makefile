@@ -802,6 +802,17 @@ bench-drain: $(MODEL_STORE)/$(MODEL_NAME)_1.0.mar ## Stop a server under load: p
 bench-rehearsal: nginx-deps $(MODEL_STORE)/$(MODEL_NAME)_1.0.mar $(MODEL_STORE)/$(MODEL_NAME)_2.0.mar ## Rolling replacement 1.0 -> 2.0 -> 1.0 of 2 replicas behind nginx, under load (about 90 s)
 	$(PY) -m bench.rolling_rehearsal --model-store $(MODEL_STORE) $(REHEARSAL_ARGS)
 
+# The stream benchmark's sizes: events waiting for the shipped consumer, seconds the naive one
+# reads the same backlog, and the length of each fixed-rate phase.
+BENCH_STREAM_EVENTS  ?= 20000
+BENCH_STREAM_SECONDS ?= 20
+BENCH_STREAM_ARGS    ?=
+
+.PHONY: bench-stream
+bench-stream: $(MAR) $(AGENT_JAR) kafka-deps ## Kafka stream consumer vs a naive one on one broker: events/s at saturation, p50/p99 at half of it, exactly once, CPU split (about 4 min)
+	$(PY) -m bench.stream --model-store $(MODEL_STORE) --version $(MODEL_VERSION) --kafka-libs $(KAFKA_LIBS) \
+	  --events $(BENCH_STREAM_EVENTS) --naive-seconds $(BENCH_STREAM_SECONDS) --seconds $(BENCH_STREAM_SECONDS) $(BENCH_STREAM_ARGS)
+
 .PHONY: nginx-deps
 nginx-deps: ## Install nginx from Debian's packages if it is missing (the rehearsal's load balancer)
 	@if command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx; then \

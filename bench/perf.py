@@ -133,7 +133,7 @@ class ServerResult:
     breakdown: dict = field(default_factory=dict)
 
 
-def _busy_cpu() -> float:
+def busy_cpu() -> float:
     """CPU seconds all processes of the machine ran (user, nice, system).
 
     Interrupt and softirq time is left out: loopback traffic's network stack runs there, and
@@ -305,14 +305,14 @@ def _measure_once(url: str, token: Callable[[], str | None], pid: int, concurren
     """Warm up (excluded), then one measured run with server CPU and memory around it."""
     if warmup > 0:
         run_wrk(url, concurrency, warmup, token())
-    busy0 = _busy_cpu()
+    busy0 = busy_cpu()
     cpu0, root0 = tree_cpu(pid)
     split0 = thread_cpu(pid)
     res = run_wrk(url, concurrency, seconds, token())
     cpu1, root1 = tree_cpu(pid)
     split1 = thread_cpu(pid)
     cpu, root = cpu1 - cpu0, root1 - root0
-    busy = _busy_cpu() - busy0
+    busy = busy_cpu() - busy0
     duration = res["duration_us"] / 1e6
     others = max(0.0, busy - cpu - res["client_cpu_s"]) / res["wall_s"] / psutil.cpu_count() * 100
     n = res["requests"]

@@ -42,7 +42,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = StreamConfig(bootstrap, model=args.model, group=args.group, input=args.input,
                           output=args.output, dead_letters=args.dead_letters,
                           transactional_id=args.transactional_id or f"rtserve-stream-{args.group}-{socket.gethostname()}",
-                          batch=args.batch, concurrency=args.concurrency, n_features=args.features)
+                          batch=args.batch, concurrency=args.concurrency, instances=args.instances,
+                          n_features=args.features)
     # A gateway's shared token (the Secret's file, in Kubernetes), else TorchServe's key file.
     token = parse_tokens(Path(args.token_file).read_text())[0] if args.token_file else None
     stop = threading.Event()
@@ -104,8 +105,11 @@ def add(groups: argparse._SubParsersAction) -> None:
             (["--dead-letters"], {"default": "events.dlq"}),
             (["--transactional-id"], {"help": "the producer's transactional id, one per member: two members "
                                               "with one id fence each other (default: rtserve-stream-GROUP-HOSTNAME)"}),
-            (["--batch"], {"type": int, "default": 64, "help": "events per poll and transaction"}),
+            (["--batch"], {"type": int, "default": 512, "help": "most events per poll and transaction"}),
             (["--concurrency"], {"type": int, "default": 16, "help": "requests in flight to TorchServe"}),
+            (["--instances"], {"type": int, "default": 64,
+                               "help": "events per request to TorchServe (KServe v1 instances, at most the "
+                                       "model's handler.max_instances); 1: one /predictions request each"}),
             (["--features"], {"type": int, "help": "the model's feature count (default: TorchServe checks it)"}),
             (["--token-file"], {"help": "a file of shared gateway tokens, the first is sent (a Kubernetes "
                                         "Secret's file); default: TorchServe's key file"}),

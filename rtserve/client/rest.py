@@ -147,7 +147,15 @@ class Client:
         answering (:func:`worker_lost`: a worker scaled down or crashed mid-batch). Other
         failures are not retried.
         """
-        path = f"/predictions/{model}" + (f"/{version}" if version else "")
+        return self._predict(f"/predictions/{model}" + (f"/{version}" if version else ""), payload)
+
+    def predict_instances(self, model: str, instances: list[list[float]]) -> list[dict]:
+        """POST several rows as one KServe v1 request (``/v1/models/{model}:predict``, which
+        rtserve's frontend agent serves; at most the model's ``handler.max_instances`` rows);
+        returns one answer per row, with the fields of :meth:`predict`'s. Resent like it."""
+        return self._predict(f"/v1/models/{model}:predict", {"instances": instances})["predictions"]
+
+    def _predict(self, path: str, payload: Any) -> Any:
         try:
             return self._call("POST", self.inference_url, path, "inference", json_body=payload)
         except TorchServeError as exc:

@@ -1,14 +1,16 @@
 """The stream consumer: events in, one prediction or dead letter out per event, exactly once with
 Kafka transactions, each event scored through the running TorchServe (:mod:`rtserve.client`).
 
-One step: poll up to ``batch`` events; validate each (:mod:`rtserve.stream.records`) and send the
-valid ones to TorchServe concurrently, so that its batching forms real batches; only then open a
-transaction, write the outputs in offset order, add the consumed offsets to it
-(``send_offsets_to_transaction``) and commit. No transaction is open while TorchServe answers.
-A transient failure (no answer, 502/503/504, a lost worker) writes nothing: the consumer seeks
-back to the step's first offsets and retries with backoff; it never dead-letters one. A
-transaction that fails is aborted (a fenced producer is made anew) and the consumer seeks back
-to its group's committed offsets, so the events are scored again and written once.
+One step: poll up to ``batch`` events (waiting only for the first: a batch never waits to fill);
+validate each (:mod:`rtserve.stream.records`) and send the valid ones to TorchServe, ``instances``
+events per request (KServe v1) and those requests concurrently, so that its batching forms real
+batches; only then open a transaction, write the outputs in offset order, add the consumed
+offsets to it (``send_offsets_to_transaction``) and commit. No transaction is open while
+TorchServe answers. A transient failure (no answer, 502/503/504, a lost worker) writes nothing:
+the consumer seeks back to the step's first offsets and retries with backoff; it never
+dead-letters one. A transaction that fails is aborted (a fenced producer is made anew) and the
+consumer seeks back to its group's committed offsets, so the events are scored again and
+written once.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from requests.adapters import HTTPAdapter
@@ -48,11 +51,15 @@ class StreamConfig:
     output: str = "predictions"
     dead_letters: str = "events.dlq"
     transactional_id: str = "rtserve-stream"
-    #: Events per poll (and per transaction), polled for at most ``poll`` seconds.
-    batch: int = 64
+    #: Most events per poll (and per transaction); the first is waited for at most ``poll``
+    #: seconds, the others are those already fetched.
+    batch: int = 512
     poll: float = 0.5
     #: Requests in flight to TorchServe at once.
     concurrency: int = 16
+    #: Events per request to TorchServe: a KServe v1 ``instances`` request (at most the model's
+    #: ``handler.max_instances``, 64 by default); 1: one ``/predictions`` request per event.
+    instances: int = 64
     #: The model's feature count (None: TorchServe checks it, its 400 names it).
     n_features: int | None = None
     backoff: float = 0.2
@@ -62,7 +69,7 @@ class StreamConfig:
     session_timeout: float = 10.0
 
     def __post_init__(self) -> None:
-        for name in ("batch", "concurrency"):
+        for name in ("batch", "concurrency", "instances"):
             if getattr(self, name) < 1:
                 raise StreamError(f"stream setting {name} must be at least 1, got {getattr(self, name)}")
         for name in ("poll", "backoff", "max_backoff", "session_timeout"):
@@ -146,7 +153,7 @@ class StreamConsumer:
     def step(self) -> int:
         """Poll, score and commit one batch; returns the events written (0 after a retry)."""
         messages = []
-        for msg in self.consumer.consume(self.config.batch, self.config.poll):
+        for msg in self._consume():
             if msg.error():
                 self.counts.errors.append(str(msg.error()))
                 logger.warning("consumer error: %s", msg.error())
@@ -164,9 +171,18 @@ class StreamConsumer:
             return 0
         return len(messages)
 
+    def _consume(self) -> list[Message]:
+        """Up to ``batch`` events: at most ``poll`` seconds' wait for the first, then only those
+        already fetched (``consume(batch, poll)`` would wait for a full batch: at a low rate each
+        event would wait ``poll`` seconds or for ``batch - 1`` more)."""
+        first = self.consumer.consume(1, self.config.poll)
+        if not first or self.config.batch == 1:
+            return first
+        return first + self.consumer.consume(self.config.batch - 1, 0)
+
     def score(self, messages: list[Message]) -> list[tuple[str, bytes]]:
         """Each message's output as (topic, value), in the messages' order; TorchServe is asked
-        concurrently for the valid ones.
+        for the valid ones (:meth:`_answers`).
 
         Raises:
             Transient: TorchServe did not answer one now (nothing of the batch is written).
@@ -180,14 +196,14 @@ class StreamConsumer:
                 parsed.append(records.parse_event(msg.value(), self.config.n_features))
             except InvalidInput as exc:
                 parsed.append(records.refused(source, exc))
-        answers = {i: self.pool.submit(self._predict, e) for i, e in enumerate(parsed)
-                   if isinstance(e, records.Event)}
+        valid = [i for i, e in enumerate(parsed) if isinstance(e, records.Event)]
+        answers = dict(zip(valid, self._answers([parsed[i] for i in valid])))
         outputs = []
         for i, (event, source) in enumerate(zip(parsed, sources)):
             if i not in answers:
                 outputs.append((self.config.dead_letters, event))
                 continue
-            answer = answers[i].result()
+            answer = answers[i]
             if isinstance(answer, TorchServeError):
                 body = answer.body if isinstance(answer.body, dict) else {}
                 outputs.append((self.config.dead_letters, records.dead_letter(
@@ -196,9 +212,37 @@ class StreamConsumer:
                 outputs.append((self.config.output, records.prediction(source, event, answer)))
         return outputs
 
+    def _answers(self, events: list[records.Event]) -> list[dict | TorchServeError]:
+        """TorchServe's answer to each event (or its refusal), asked concurrently: ``instances``
+        events per KServe v1 request, or one ``/predictions`` request each (``instances`` 1)."""
+        size = self.config.instances
+        if size == 1:
+            futures = [self.pool.submit(self._predict, e) for e in events]
+            return [f.result() for f in futures]
+        futures = [self.pool.submit(self._predict_many, events[i:i + size]) for i in range(0, len(events), size)]
+        return [answer for f in futures for answer in f.result()]
+
+    def _predict_many(self, events: list[records.Event]) -> list[dict | TorchServeError]:
+        """One request for ``events``; when TorchServe refuses it as a whole (one event's count
+        is wrong: 400), each event is asked on its own, so that each refusal is its own."""
+        rows = [e.request["features"] for e in events]
+        answer = self._ask(lambda: self.client.predict_instances(self.config.model, rows))
+        if isinstance(answer, TorchServeError):
+            return [self._predict(e) for e in events]
+        return answer
+
     def _predict(self, event: records.Event) -> dict | TorchServeError:
+        return self._ask(lambda: self.client.predict(self.config.model, event.request))
+
+    def _ask(self, call: Callable[[], Any]) -> Any:
+        """``call``'s answer; a refusal (400, 413) as the error, returned.
+
+        Raises:
+            Transient: no answer now (retried).
+            StreamError: a refusal no event can fix.
+        """
         try:
-            return self.client.predict(self.config.model, event.request)
+            return call()
         except TorchServeError as exc:
             if exc.status in REFUSED:
                 return exc

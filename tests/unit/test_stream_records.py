@@ -72,6 +72,7 @@ def test_offsets_committed_after_each_partitions_last_event_and_rewound_to_its_f
 @pytest.mark.parametrize("bad, message", [
     ({"batch": 0}, "stream setting batch must be at least 1, got 0"),
     ({"concurrency": 0}, "stream setting concurrency must be at least 1, got 0"),
+    ({"instances": 0}, "stream setting instances must be at least 1, got 0"),
     ({"poll": 0}, "stream setting poll must be positive, got 0"),
     ({"output": "events"}, "the input, output and dead-letter topics must differ"),
 ])
