@@ -56,6 +56,27 @@ def test_every_rendered_overlay_is_accepted_by_the_api_server(cluster, rendered,
     assert "PodSecurity" not in done.stderr, done.stderr
 
 
+@pytest.mark.parametrize("overlay", ["production", "local"])
+def test_the_stream_consumers_component_is_accepted_by_the_api_server(cluster, overlay, tmp_path):
+    """An overlay that lists components/stream (as docs/streaming.md tells users to), rendered by
+    the cluster's kubectl and dry-run on the server: the consumer's Deployment, PDB, NetworkPolicy
+    and ConfigMap are accepted in the restricted namespace, with no PodSecurity warning."""
+    from tests.deploy.conftest import with_stream
+
+    rendered = tmp_path / "rendered.yaml"
+    rendered.write_text(cluster.ok("kustomize", str(with_stream(overlay, tmp_path))))
+    objects = [o for o in yaml.safe_load_all(rendered.read_text()) if o]
+    cluster.ok("apply", "-f", "-", stdin=yaml.safe_dump_all([o for o in objects if o["kind"] == "Namespace"]))
+    done = cluster.kubectl("apply", "--dry-run=server", "-f", str(rendered))
+    assert done.returncode == 0, done.stderr
+    stream = {(o["kind"], o["metadata"]["name"]) for o in objects if "stream" in o["metadata"]["name"]}
+    assert {"Deployment", "PodDisruptionBudget", "NetworkPolicy"} <= {kind for kind, _ in stream}, stream
+    for kind, name in stream:
+        assert re.search(rf"^{kind.lower()}(\.[a-z0-9.]+)?/{re.escape(name)} \w+ \(server dry run\)$",
+                         done.stdout, re.M), (kind, done.stdout)
+    assert "PodSecurity" not in done.stderr, done.stderr
+
+
 @pytest.mark.parametrize("overlay,job", [("staging", "verify"), ("local", "local-verify")])
 def test_the_verification_job_is_accepted_by_the_api_server(cluster, rendered, overlay, job):
     """The shared Job (rendered in staging's namespace) and the local overlay's own."""
