@@ -229,7 +229,7 @@ def test_rebalance_from_one_member_to_two_and_back(kafka, torchserve):
     written = exactly_once(kafka, topics, sent)
     assert len(written.predictions) == len(sent) == 2 * EVENTS
     print(f"first member {first.counts.predictions}, second {second.counts.predictions} predictions "
-          f"(at the second's join: {split}); aborted {first.counts.aborted} + {second.counts.aborted}")
+          f"(when the second left: {split}); aborted {first.counts.aborted} + {second.counts.aborted}")
 
 
 def test_version_promoted_mid_stream(kafka, torchserve, build_root):
