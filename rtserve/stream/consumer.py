@@ -132,8 +132,12 @@ class StreamConsumer:
         self._client = client
 
     def _producer(self) -> Producer:
+        # A request to a broker that went away fails after TXN_TIMEOUT, as the transactional
+        # calls' own timeouts say (librdkafka's default, 60 s, outlasts them: a commit to a
+        # restarting broker then held the step for 60 s).
         producer = Producer({"bootstrap.servers": self.config.bootstrap,
                              "transactional.id": self.config.transactional_id,
+                             "socket.timeout.ms": int(TXN_TIMEOUT * 1000),
                              "linger.ms": 5, "log_level": 4})
         producer.init_transactions(TXN_TIMEOUT)
         return producer
