@@ -67,9 +67,9 @@ def answers(bootstrap: str, timeout: float = 5.0) -> bool:
 
 
 def create_topics(bootstrap: str, names: Iterable[str], partitions: int,
-                  timeout: float = 30.0) -> list[str]:
-    """Create the topics of ``names`` the broker lacks (``partitions`` each, replication 1);
-    returns those created.
+                  timeout: float = 30.0, config: dict[str, str] | None = None) -> list[str]:
+    """Create the topics of ``names`` the broker lacks (``partitions`` each, replication 1,
+    topic settings ``config``, e.g. ``max.message.bytes``); returns those created.
 
     Raises:
         StreamError: the broker refused one (the message names it and says why).
@@ -79,7 +79,7 @@ def create_topics(bootstrap: str, names: Iterable[str], partitions: int,
         return []
     kafka = client(bootstrap)  # kept until every answer came (its end cancels them)
     futures = kafka.create_topics(
-        [NewTopic(n, num_partitions=partitions, replication_factor=1) for n in missing],
+        [NewTopic(n, num_partitions=partitions, replication_factor=1, config=config or {}) for n in missing],
         operation_timeout=timeout, request_timeout=timeout)
     created = []
     for name, future in futures.items():

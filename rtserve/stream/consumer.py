@@ -7,10 +7,12 @@ events per request (KServe v1) and those requests concurrently, so that its batc
 batches; only then open a transaction, write the outputs in offset order, add the consumed
 offsets to it (``send_offsets_to_transaction``) and commit. No transaction is open while
 TorchServe answers. A transient failure (no answer, 502/503/504, a lost worker) writes nothing:
-the consumer seeks back to the step's first offsets and retries with backoff; it never
-dead-letters one. A transaction that fails is aborted (a fenced producer is made anew) and the
-consumer seeks back to its group's committed offsets, so the events are scored again and
-written once.
+the consumer seeks back to the step's first offsets, pauses its partitions and keeps polling them
+paused (so that it stays in its group and takes part in rebalances) until a backoff has passed,
+then resumes them; it never dead-letters one. A transaction that fails is aborted (its producer
+is made anew) and the consumer seeks back to its group's committed offsets, so the events are
+scored again and written once. A member that lost its partitions while it scored (frozen past its
+session timeout: a zombie) aborts the step's transaction instead of committing it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
 from requests.adapters import HTTPAdapter
 
 from handler.errors import InvalidInput
@@ -38,6 +40,10 @@ logger = logging.getLogger(__name__)
 TRANSIENT = {0, 408, 429, 502, 503, 504, 507}
 REFUSED = {400, 413}
 TXN_TIMEOUT = 30.0
+#: The largest event scored, as TorchServe's ``max_request_size`` (``config.properties``) bounds a
+#: REST request: a larger one is dead-lettered (``too_large``). A prediction echoes the event's
+#: ``id``, so this also keeps every output under the producer's 1 MB record limit.
+MAX_EVENT_BYTES = 65536
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,8 @@ class StreamConfig:
     instances: int = 64
     #: The model's feature count (None: TorchServe checks it, its 400 names it).
     n_features: int | None = None
+    #: Larger events are dead-lettered unread (at most 512 KiB: see :data:`MAX_EVENT_BYTES`).
+    max_event_bytes: int = MAX_EVENT_BYTES
     backoff: float = 0.2
     max_backoff: float = 5.0
     #: A member that stops heartbeating (killed, frozen) leaves the group after this (Kafka's
@@ -72,6 +80,9 @@ class StreamConfig:
         for name in ("batch", "concurrency", "instances"):
             if getattr(self, name) < 1:
                 raise StreamError(f"stream setting {name} must be at least 1, got {getattr(self, name)}")
+        if not 1 <= self.max_event_bytes <= 512 * 1024:
+            raise StreamError(f"stream setting max_event_bytes must be within 1..524288 (an output "
+                              f"must fit a 1 MB record), got {self.max_event_bytes}")
         for name in ("poll", "backoff", "max_backoff", "session_timeout"):
             if not getattr(self, name) > 0:
                 raise StreamError(f"stream setting {name} must be positive, got {getattr(self, name)}")
@@ -112,9 +123,13 @@ class StreamConsumer:
             "session.timeout.ms": int(config.session_timeout * 1000),
             **self.metrics.consumer_settings(),
         })
-        self.producer = self._producer()
+        self.producer: Producer | None = self._producer()
         self.pool = ThreadPoolExecutor(config.concurrency, thread_name_prefix="stream-score")
         self._failures = 0
+        #: While backing off after a transient failure: when the paused partitions resume.
+        self._resume_at: float | None = None
+        #: A transaction failed and the partitions are not yet back at the committed offsets.
+        self._unsettled = False
 
     @property
     def client(self) -> Client:
@@ -128,8 +143,12 @@ class StreamConsumer:
 
     def _producer(self) -> Producer:
         self.metrics.producer_starting()
+        # A request to a broker that went away fails after TXN_TIMEOUT, as the transactional
+        # calls' own timeouts say (librdkafka's default, 60 s, outlasts them: a commit to a
+        # restarting broker then held the step for 60 s).
         producer = Producer({"bootstrap.servers": self.config.bootstrap,
                              "transactional.id": self.config.transactional_id,
+                             "socket.timeout.ms": int(TXN_TIMEOUT * 1000),
                              "linger.ms": 5, "log_level": 4})
         producer.init_transactions(TXN_TIMEOUT)
         self.metrics.producer_ready()
@@ -137,7 +156,7 @@ class StreamConsumer:
 
     def run(self, stop: threading.Event) -> Counts:
         """Consume until ``stop`` is set; then leave the group."""
-        self.consumer.subscribe([self.config.input])
+        self.consumer.subscribe([self.config.input], on_assign=self._on_assign)
         try:
             while not stop.is_set():
                 self.metrics.tick()
@@ -151,34 +170,53 @@ class StreamConsumer:
         self.consumer.close()
 
     def step(self) -> int:
-        """Poll, score and commit one batch; returns the events written (0 after a retry)."""
-        messages = []
-        for msg in self._consume():
-            if msg.error():
-                self.counts.errors.append(str(msg.error()))
-                logger.warning("consumer error: %s", msg.error())
-            else:
-                messages.append(msg)
+        """Poll, score and commit one batch; returns the events written (0 after a retry, and
+        while backing off)."""
+        if self._resume_at is not None:
+            self._hold()
+            return 0
+        if self._unsettled and not self._settle():
+            return 0
+        messages = self._poll(self.config.poll)
         if not messages:
             return 0
+        member = self.consumer.memberid()
         try:
             outputs = self.score(messages)
         except Transient as exc:
             self._retry_later(messages, exc)
             return 0
         self._failures = 0
-        if not self.commit(messages, outputs):
+        if not self.commit(messages, outputs, member):
             return 0
         return len(messages)
 
-    def _consume(self) -> list[Message]:
-        """Up to ``batch`` events: at most ``poll`` seconds' wait for the first, then only those
-        already fetched (``consume(batch, poll)`` would wait for a full batch: at a low rate each
-        event would wait ``poll`` seconds or for ``batch - 1`` more)."""
-        first = self.consumer.consume(1, self.config.poll)
-        if not first or self.config.batch == 1:
-            return first
-        return first + self.consumer.consume(self.config.batch - 1, 0)
+    def _poll(self, timeout: float) -> list[Message]:
+        """Up to ``batch`` events: at most ``timeout`` seconds' wait for the first, then only those
+        already fetched (``consume(batch, timeout)`` would wait for a full batch: at a low rate each
+        event would wait ``timeout`` seconds or for ``batch - 1`` more). Rebalance callbacks run
+        here; errors are counted and logged."""
+        messages = []
+        polled = self.consumer.consume(1, timeout)
+        if polled and self.config.batch > 1:
+            polled += self.consumer.consume(self.config.batch - 1, 0)
+        for msg in polled:
+            if msg.error():
+                self.counts.errors.append(str(msg.error()))
+                logger.warning("consumer error: %s", msg.error())
+            else:
+                messages.append(msg)
+        return messages
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """A rebalance's new partitions: paused while the member backs off (resumed with the
+        rest when the backoff ends), else fetching (a partition paused before it was revoked
+        must not come back paused)."""
+        consumer.assign(partitions)
+        if self._resume_at is not None:
+            consumer.pause(partitions)
+        elif partitions:
+            consumer.resume(partitions)
 
     def score(self, messages: list[Message]) -> list[tuple[str, bytes]]:
         """Each message's output as (topic, value), in the messages' order; TorchServe is asked
@@ -192,6 +230,9 @@ class StreamConsumer:
         sources = [Source(m.topic(), m.partition(), m.offset(), _timestamp(m)) for m in messages]
         parsed: list[records.Event | bytes] = []
         for msg, source in zip(messages, sources):
+            if len(msg.value() or b"") > self.config.max_event_bytes:
+                parsed.append(records.too_large(source, len(msg.value()), self.config.max_event_bytes))
+                continue
             try:
                 parsed.append(records.parse_event(msg.value(), self.config.n_features))
             except InvalidInput as exc:
@@ -250,19 +291,33 @@ class StreamConsumer:
                 raise Transient(str(exc)) from exc
             raise StreamError(f"TorchServe refused {self.config.model} for every event: {exc}") from exc
 
-    def commit(self, messages: list[Message], outputs: list[tuple[str, bytes]]) -> bool:
+    def commit(self, messages: list[Message], outputs: list[tuple[str, bytes]], member: str | None) -> bool:
         """Write ``outputs`` and the consumed offsets in one transaction; on failure abort and
-        seek back to the committed offsets. Returns whether it committed."""
+        seek back to the committed offsets. Returns whether it committed.
+
+        ``member`` is the member id the events were polled under. A member frozen past its
+        session timeout (or cut off from the broker) loses its partitions to another member; if it
+        then scores its last batch and commits, the broker refuses the offsets, since the group
+        metadata sent with them names a member and generation the group no longer has
+        (UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION). Once this consumer has seen its session end, its
+        member id is no longer the poll's: it gives the step up here, without the round trip,
+        and says why.
+        """
+        group = self.consumer.consumer_group_metadata()  # (taken before the check below)
+        now = self.consumer.memberid()
+        if not member or now != member:
+            self._abort(f"member {member!r} left group {self.config.group} while it scored (now {now!r}): "
+                        "its partitions moved to another member", opened=False)
+            return False
         producer = self.producer
         try:
             producer.begin_transaction()
             for msg, (topic, value) in zip(messages, outputs):
                 producer.produce(topic, key=msg.key(), value=value)
-            producer.send_offsets_to_transaction(next_offsets(messages),
-                                                 self.consumer.consumer_group_metadata(), TXN_TIMEOUT)
+            producer.send_offsets_to_transaction(next_offsets(messages), group, TXN_TIMEOUT)
             producer.commit_transaction(TXN_TIMEOUT)
         except KafkaException as exc:
-            self._abort(exc.args[0])
+            self._abort(str(exc.args[0]))
             return False
         self.metrics.committed(messages)
         self.counts.transactions += 1
@@ -273,31 +328,76 @@ class StreamConsumer:
                 self.counts.dead_letters += 1
         return True
 
-    def _abort(self, error: KafkaError) -> None:
-        logger.warning("transaction failed (%s): aborted, rewinding to the committed offsets", error)
+    def _abort(self, why: str, opened: bool = True) -> None:
+        """Give the step up: if a transaction was ``opened``, drop its producer (the next one,
+        with the same transactional id, fences it and aborts what it left open), then seek back
+        to the group's committed offsets (:meth:`_settle`).
+
+        A producer is not reused after a failed transaction: one that lost the broker mid-way
+        (a restart) was seen to fail its next transaction with OUT_OF_ORDER_SEQUENCE_NUMBER and
+        then hang in ``send_offsets_to_transaction`` far past its timeout.
+        """
+        logger.warning("transaction failed (%s): aborted, rewinding to the committed offsets", why)
         self.counts.aborted += 1
-        if error.fatal():  # fenced by a newer member with the same id, or timed out for good
-            self.producer = self._producer()
-        else:
-            try:
-                self.producer.abort_transaction(TXN_TIMEOUT)
-            except KafkaException:
+        if opened:
+            self.producer = None
+        self._unsettled = True
+        self._settle()
+
+    def _settle(self) -> bool:
+        """After a failed transaction: a producer ready for the next one (a new one aborts what
+        the old one left open), then each assigned partition at the group's committed offset,
+        the outcome of the failed transaction whatever it was (a commit that timed out may
+        have gone through). While the broker cannot answer (restarting), the partitions stay
+        paused for a backoff and the next step tries again. Returns whether it is done."""
+        try:
+            if self.producer is None:
                 self.producer = self._producer()
-        assigned = self.consumer.assignment()
-        if assigned:
-            for tp in self.consumer.committed(assigned, timeout=TXN_TIMEOUT):
-                if tp.offset >= 0:
-                    self.consumer.seek(tp)
+            assigned = self.consumer.assignment()
+            if assigned:
+                for tp in self.consumer.committed(assigned, timeout=TXN_TIMEOUT):
+                    if tp.offset >= 0:
+                        self.consumer.seek(tp)
+        except KafkaException as exc:
+            self._back_off(f"the broker cannot settle the failed transaction yet ({exc.args[0]})")
+            return False
+        self._unsettled = False
+        return True
 
     def _retry_later(self, messages: list[Message], exc: Transient) -> None:
-        """Seek back to each partition's first event of the step and wait before polling again."""
+        """Seek back to each partition's first event of the step and back off."""
         self.counts.retries += 1
-        for tp in first_offsets(messages):
-            self.consumer.seek(tp)
+        self._rewind(messages)
+        self._back_off(f"TorchServe did not answer now ({exc})")
+
+    def _back_off(self, why: str) -> None:
+        """Pause the assignment until a backoff (doubling with each failure in a row) has
+        passed: :meth:`_hold` polls meanwhile and resumes."""
+        self.consumer.pause(self.consumer.assignment())
         wait = min(self.config.max_backoff, self.config.backoff * 2 ** self._failures)
         self._failures += 1
-        logger.info("TorchServe did not answer now (%s); retrying in %.1f s", exc, wait)
-        time.sleep(wait)
+        self._resume_at = time.monotonic() + wait
+        logger.info("%s; partitions paused, retrying in %.1f s", why, wait)
+
+    def _rewind(self, messages: list[Message]) -> None:
+        """Seek each partition of ``messages`` back to its first one."""
+        for tp in first_offsets(messages):
+            self.consumer.seek(tp)
+
+    def _hold(self) -> None:
+        """One poll of the paused partitions while backing off: the member keeps its place in
+        the group and takes part in rebalances (:meth:`_on_assign` pauses what it gains). When
+        the backoff has passed, the partitions assigned then resume (those revoked meanwhile
+        are no longer this member's to resume)."""
+        remaining = self._resume_at - time.monotonic()
+        if remaining > 0:
+            stray = self._poll(min(remaining, self.config.poll))
+            if stray:  # fetched before the pause took hold: read again after the backoff
+                self._rewind(stray)
+                self.consumer.pause([TopicPartition(m.topic(), m.partition()) for m in stray])
+            return
+        self._resume_at = None
+        self.consumer.resume(self.consumer.assignment())
 
 
 def next_offsets(messages: list[Message]) -> list[TopicPartition]:

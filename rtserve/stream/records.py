@@ -70,3 +70,8 @@ def dead_letter(source: Source, error: str, field: str | None, reason: str) -> b
 def refused(source: Source, exc: InvalidInput) -> bytes:
     """The dead letter of an event the validation refused."""
     return dead_letter(source, exc.message, exc.field, exc.reason)
+
+
+def too_large(source: Source, size: int, limit: int) -> bytes:
+    """The dead letter of an event larger than the consumer scores (its value is not read)."""
+    return dead_letter(source, f"event of {size} bytes is larger than {limit} bytes", None, "too_large")

@@ -1,6 +1,7 @@
 """The stream tier: a real single-node Apache Kafka broker (``make kafka``) from the jars
 ``make kafka-deps`` assembles, in a run directory of the test session's own, on free loopback
-ports, stopped by ``make kafka-stop`` however the session ends."""
+ports, stopped by ``make kafka-stop`` however the session ends; and a real TorchServe per test
+module serving the ``make archive`` build."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import pytest
 
 from rtserve.runtime.process import terminate
 from rtserve.stream import broker, local
+from rtserve.testing.server import serving
+from tests.conftest import MODEL_NAME
 from tests.helpers import make
 
 #: A cold `make kafka-deps` downloads about 45 MB of jars from Maven Central (under a minute).
@@ -75,3 +78,11 @@ def kafka(kafka_libs, tmp_path_factory) -> Kafka:
         for pid in broker_processes(run_dir):  # ours: they name this session's own run directory
             terminate(pid, 10)
         assert stopped.returncode == 0 and not left, f"make kafka-stop left {left}:\n{stopped.stdout}"
+
+
+@pytest.fixture(scope="module")
+def torchserve(mar_v1, tmp_path_factory):
+    """A TorchServe of the module's own on free ports, serving version 1.0 (a module's tests may
+    restart it or register versions: the next module starts afresh)."""
+    with serving(tmp_path_factory.mktemp("ts"), mar_v1.parent, [f"{MODEL_NAME}={mar_v1.name}"]) as ts:
+        yield ts

@@ -61,6 +61,12 @@ def test_a_prediction_keeps_the_answer_the_id_and_the_source():
     assert "id" not in json.loads(records.prediction(SOURCE, anonymous, answer))
 
 
+def test_an_oversized_event_is_a_dead_letter_naming_its_size():
+    letter = json.loads(records.too_large(SOURCE, 5_000_000, 65536))
+    assert letter == {"error": "event of 5000000 bytes is larger than 65536 bytes", "field": None,
+                      "reason": "too_large", "source": SOURCE.as_dict(), "event_timestamp": SOURCE.timestamp}
+
+
 def test_offsets_committed_after_each_partitions_last_event_and_rewound_to_its_first():
     msgs = [Message(topic="events", partition=p, offset=o) for p, o in ((0, 5), (1, 9), (0, 6), (0, 7), (1, 10))]
     key = lambda tp: (tp.partition, tp.offset)  # noqa: E731
@@ -75,6 +81,10 @@ def test_offsets_committed_after_each_partitions_last_event_and_rewound_to_its_f
     ({"instances": 0}, "stream setting instances must be at least 1, got 0"),
     ({"poll": 0}, "stream setting poll must be positive, got 0"),
     ({"output": "events"}, "the input, output and dead-letter topics must differ"),
+    ({"max_event_bytes": 0}, "stream setting max_event_bytes must be within 1..524288 (an output must fit "
+                             "a 1 MB record), got 0"),
+    ({"max_event_bytes": 600_000}, "stream setting max_event_bytes must be within 1..524288 (an output must "
+                                   "fit a 1 MB record), got 600000"),
 ])
 def test_bad_settings_are_refused_at_once(bad, message):
     with pytest.raises(StreamError) as refused:

@@ -1,0 +1,267 @@
+"""The stream consumer under faults, against the real broker and a real TorchServe: the server
+stopped and started mid-stream, the broker restarted mid-stream, a member frozen (SIGSTOP) past
+its session timeout while another takes its partitions, a rebalance from one member to two and
+back, and a version promoted mid-stream. Each test ends with the same check
+(:func:`tests.stream.helpers.exactly_once`): read with read_committed, the input offsets are
+exactly the union of the predictions' and the dead letters' source offsets, no duplicate, no
+gap, each input partition's outputs in its offsets' order."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+
+import pytest
+
+from rtserve.client.rest import Client
+from rtserve.promotion.history import HISTORY_FILE, History
+from rtserve.promotion.rollout import Rollout
+from rtserve.runtime.process import wait_until
+from rtserve.stream import service
+from tests.conftest import MODEL_NAME, make_archive
+from tests.helpers import keep_only, make
+from tests.stream.helpers import (ends, exactly_once, member_of, produce, run_options, running, stream_topics,
+                                  valid_events, wait_until_counted, wait_written)
+
+pytestmark = pytest.mark.stream
+
+EVENTS = 300
+
+
+def wait_for(what: str, predicate, timeout: float, poll: float = 0.1) -> None:
+    assert wait_until(predicate, timeout, poll=poll), f"{what}: not within {timeout:.0f} s"
+
+
+def test_torchserve_stopped_and_started_mid_stream(kafka, torchserve):
+    """TorchServe stops after the first predictions. The member retries with backoff, its
+    partitions paused; meanwhile a second member joins and leaves (two rebalances while the first
+    backs off). Once the server is back every event is scored: nothing was dead-lettered."""
+    topics = stream_topics(kafka)
+    sent = produce(kafka, topics["events"], valid_events(EVENTS))
+    first = member_of(kafka, topics, torchserve.client())
+    with running(first) as worker:
+        wait_for("48 predictions", lambda: first.counts.predictions >= 48 or not worker.is_alive(), 60)
+        torchserve.stop()
+        at_stop, retried = first.counts.predictions, first.counts.retries
+        second = member_of(kafka, topics, torchserve.client(), name="b")
+        with running(second):
+            wait_for("the second member's partition", lambda: second.consumer.assignment(), 60)
+            wait_for("a retry of each", lambda: first.counts.retries > retried and second.counts.retries, 60)
+        assert (second.counts.predictions, second.counts.dead_letters, second.counts.transactions) == (0, 0, 0)
+        assert (first.counts.dead_letters, first.counts.predictions) == (0, at_stop)
+        retries = (first.counts.retries, second.counts.retries)
+        torchserve.start()
+        torchserve.wait_ready()
+        wait_written(first, worker, len(sent))
+    assert (first.counts.predictions, first.counts.dead_letters, first.counts.aborted) == (len(sent), 0, 0)
+    written = exactly_once(kafka, topics, sent)
+    assert (len(written.predictions), written.letters) == (len(sent), [])
+    print(f"{at_stop} predictions when TorchServe stopped; retries while it was down: {retries[0]} by the "
+          f"first member, {retries[1]} by the second")
+
+
+def test_broker_restarted_mid_stream(kafka, torchserve):
+    """`make kafka-stop` while the member scores a batch (TorchServe's answers held on the way),
+    so that it commits while the broker is away: the transaction fails and is aborted. Then
+    `make kafka` (the same data and ports): the member settles (a producer again, its partitions
+    at the committed offsets) and carries on, each event written once."""
+    topics = stream_topics(kafka)
+    sent = produce(kafka, topics["events"], valid_events(EVENTS))
+    stall = StalledPath(torchserve.props["inference_address"], hold=False)
+    member = member_of(kafka, topics, Client(stall.address, torchserve.props["management_address"],
+                                             key_file=torchserve.key_file))
+    try:
+        with running(member) as worker:
+            wait_for("48 predictions", lambda: member.counts.predictions >= 48 or not worker.is_alive(), 60)
+            stall.hold()
+            wait_for("a batch held", lambda: stall.held > 0, 30)
+            stopped = make("-s", "kafka-stop", *kafka.make_vars)
+            assert stopped.returncode == 0, stopped.stdout
+            at_stop = member.counts.predictions
+            stall.open()
+            wait_for("the failed transaction", lambda: member.counts.aborted > 0 or not worker.is_alive(), 120)
+            started = make("-s", "kafka", *kafka.make_vars)
+            assert started.returncode == 0 and kafka.bootstrap in started.stdout, started.stdout
+            wait_written(member, worker, len(sent), timeout=180)
+    finally:
+        stall.close()
+    written = exactly_once(kafka, topics, sent)
+    assert (len(written.predictions), written.letters) == (len(sent), [])
+    print(f"{at_stop} predictions when the broker stopped; member: {member.counts.transactions} transactions, "
+          f"{member.counts.aborted} aborted")
+
+
+class StalledPath:
+    """A TCP path to TorchServe that holds the requests sent on it until :meth:`open` (a
+    network stall on loopback; the server behind it is the real one). It lets a test act while
+    a member is known to hold polled events it has not written yet."""
+
+    def __init__(self, target: str, hold: bool = True) -> None:
+        host, _, port = target.removeprefix("http://").rpartition(":")
+        self.target = (host, int(port))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.opened = threading.Event()
+        if not hold:
+            self.opened.set()
+        self.held = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._forward, args=(conn,), daemon=True).start()
+
+    def _forward(self, conn: socket.socket) -> None:
+        with conn, socket.create_connection(self.target) as upstream:
+            back = threading.Thread(target=_pipe, args=(upstream, conn), daemon=True)
+            back.start()
+            _pipe(conn, upstream, self)
+            back.join()
+
+    def hold(self) -> None:
+        """Hold what is sent from now on (requests on connections already open too)."""
+        self.held = 0
+        self.opened.clear()
+
+    def open(self) -> None:
+        self.opened.set()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def _pipe(src: socket.socket, dst: socket.socket, gate: StalledPath | None = None) -> None:
+    """Copy ``src`` to ``dst`` until it ends; with a ``gate``, each chunk waits until it is open."""
+    try:
+        while data := src.recv(65536):
+            if gate is not None and not gate.opened.is_set():
+                gate.held += 1
+                gate.opened.wait()
+            dst.sendall(data)
+        dst.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+
+def test_frozen_member_is_fenced_when_it_wakes(kafka, torchserve, tmp_path):
+    """A member (its own process, as `make stream` runs it) polls a batch and, while TorchServe's
+    answers are held on the way, is frozen with SIGSTOP. Past its session timeout (10 s) the
+    group removes it and a second member, with a transactional id of its own, takes both
+    partitions and writes every event. Then the zombie is continued (SIGCONT) and its answers
+    arrive: it must not commit its batch (it aborts), and no event is written twice."""
+    topics = stream_topics(kafka)
+    sent = produce(kafka, topics["events"], valid_events(EVENTS))
+    stall = StalledPath(torchserve.props["inference_address"])
+    options = [*run_options(kafka, torchserve, topics, inference=stall.address),
+               "--transactional-id", f"zombie-{topics['events']}", "--timeout", "120"]
+    zombie = None
+    try:
+        zombie, _ = service.start(tmp_path, options)
+        wait_for("the first member's requests", lambda: stall.held > 0, 60)
+        os.kill(zombie, signal.SIGSTOP)
+        frozen = time.monotonic()
+        successor = member_of(kafka, topics, torchserve.client(), name="successor")
+        with running(successor) as worker:
+            wait_written(successor, worker, len(sent), timeout=120)
+            took_over = time.monotonic() - frozen
+            os.kill(zombie, signal.SIGCONT)
+            stall.open()
+            log = tmp_path / service.LOG_FILE
+            wait_for("the zombie's abort", lambda: "transaction failed" in log.read_text(), 60)
+            time.sleep(2)  # (a commit that wrongly went through would show in the check below)
+        stopped = service.stop(tmp_path)
+    finally:
+        stall.close()
+        if zombie is not None:
+            try:
+                os.kill(zombie, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        service.stop(tmp_path)
+    assert successor.counts.predictions == len(sent) and successor.counts.aborted == 0
+    fenced = [line for line in log.read_text().splitlines() if "transaction failed" in line]
+    # by its own check (its member id changed since the poll: it saw its session end) or, had it
+    # committed before it noticed, by the broker (the offsets name a member the group removed)
+    assert len(fenced) == 1 and any(why in fenced[0] for why in (
+        "while it scored", "UNKNOWN_MEMBER_ID", "ILLEGAL_GENERATION")), fenced
+    assert stopped and stopped.startswith("0 predictions, 0 dead letters in 0 transactions (1 aborted"), stopped
+    written = exactly_once(kafka, topics, sent)
+    assert (len(written.predictions), written.letters) == (len(sent), [])
+    print(f"successor took over and wrote all {len(sent)} in {took_over:.1f} s after SIGSTOP; "
+          f"the zombie: {stopped}; {fenced[0]}")
+
+
+def test_rebalance_from_one_member_to_two_and_back(kafka, torchserve):
+    """Events keep arriving while a second member joins (each takes one partition) and leaves
+    again (the first takes both back)."""
+    topics = stream_topics(kafka)
+    sent: dict = {}
+    done = threading.Event()
+
+    def feed() -> None:  # 20 events every 0.1 s
+        for start in range(0, 2 * EVENTS, 20):
+            sent.update(produce(kafka, topics["events"], valid_events(20, start)))
+            time.sleep(0.1)
+        done.set()
+
+    first = member_of(kafka, topics, torchserve.client())
+    second = member_of(kafka, topics, torchserve.client(), name="b")
+    feeder = threading.Thread(target=feed)
+    with running(first) as worker:
+        feeder.start()
+        wait_for("first predictions", lambda: first.counts.predictions >= 32 or not worker.is_alive(), 60)
+        with running(second) as other:
+            wait_for("one partition each",
+                     lambda: len(second.consumer.assignment()) == 1 and len(first.consumer.assignment()) == 1, 60)
+            wait_for("the second member's predictions", lambda: second.counts.predictions >= 16 or not other.is_alive(), 60)
+            split = (first.counts.predictions, second.counts.predictions)
+        wait_for("both partitions back", lambda: len(first.consumer.assignment()) == 2, 60)
+        feeder.join(120)
+        assert done.is_set(), "the feeder did not finish"
+        wait_until_counted([first, second], [worker], len(sent))
+    assert first.counts.dead_letters + second.counts.dead_letters == 0
+    written = exactly_once(kafka, topics, sent)
+    assert len(written.predictions) == len(sent) == 2 * EVENTS
+    print(f"first member {first.counts.predictions}, second {second.counts.predictions} predictions "
+          f"(when the second left: {split}); aborted {first.counts.aborted} + {second.counts.aborted}")
+
+
+def test_version_promoted_mid_stream(kafka, torchserve, build_root):
+    """Version 2.0 (a `make archive` build) is registered beside 1.0 and promoted while events
+    flow: the predictions committed before the promotion are 1.0's; from the first step that
+    began after it, every prediction is 2.0's (none goes back to 1.0)."""
+    make_archive(build_root, "2.0")
+    rollout = Rollout(torchserve.client(timeout=120), History(torchserve.run_dir / HISTORY_FILE), MODEL_NAME)
+    rollout.register("2.0")
+    try:
+        topics = stream_topics(kafka)
+        sent = produce(kafka, topics["events"], valid_events(2 * EVENTS))
+        member = member_of(kafka, topics, torchserve.client())
+        with running(member) as worker:
+            wait_for("64 predictions", lambda: member.counts.predictions >= 64 or not worker.is_alive(), 60)
+            before = ends(kafka.bootstrap, topics["predictions"])
+            steps = member.counts.transactions
+            assert rollout.promote("2.0") == "1.0"
+            # the step in flight at the promotion may hold answers of both; the next began after it
+            wait_for("the step in flight", lambda: member.counts.transactions > steps, 30, poll=0.01)
+            after = ends(kafka.bootstrap, topics["predictions"])
+            wait_written(member, worker, len(sent))
+    finally:
+        keep_only(rollout)
+    written = exactly_once(kafka, topics, sent)
+    versions: dict[str, list[str]] = {"before": [], "in flight": [], "after": []}
+    for (p, o), record in zip(written.placed, written.predictions):
+        when = "before" if o < before[p] else "in flight" if o < after[p] else "after"
+        versions[when].append(record["model_version"])
+    assert set(versions["before"]) == {"1.0"} and set(versions["after"]) == {"2.0"}, versions
+    assert len(written.predictions) == len(sent)
+    print(f"model_version: {len(versions['before'])} predictions before the promotion, all 1.0; "
+          f"{len(versions['in flight'])} of the step in flight ({sorted(set(versions['in flight']))}); "
+          f"{len(versions['after'])} after, all 2.0")
