@@ -20,8 +20,8 @@ from rtserve.runtime.ports import free_ports
 from rtserve.runtime.process import wait_until
 from rtserve.stream import service
 from tests.conftest import MODEL_NAME, REPO
-from tests.stream.test_consumer import (PARTITIONS, POISON, produce, read_all, stream_topics,  # noqa: F401
-                                        torchserve, valid_events)
+from tests.stream.helpers import PARTITIONS, produce, read_all, stream_topics, valid_events
+from tests.stream.test_consumer import POISON
 
 pytestmark = pytest.mark.stream
 
