@@ -79,7 +79,8 @@ class RealTimeHandler(BaseHandler):
         self.model_version = str(manifest_model.get("modelVersion") or self.meta.version)
         torch.set_num_threads(self.config.num_threads)
         self.device = choose_device(self.config.device, context.system_properties.get("gpu_id"))
-        program = load_program(os.path.join(model_dir, PROGRAM_FILE), self.device)
+        program = load_program(os.path.join(model_dir, PROGRAM_FILE), self.device,
+                               direct=self.config.direct_forward)
         self.model = on_device(program, self.device)  # CPU tensors in and out
         self._json_parts = _json_parts(self.meta.labels, self.model_version)
         self.explainer = Explainer(
@@ -97,6 +98,7 @@ class RealTimeHandler(BaseHandler):
                     "program, buffered reads=%s)", context.model_name, self.model_version,
                     self.device, self.meta.name, self.meta.version, self.meta.n_features,
                     len(self.meta.labels), self.buffered_reads)
+        logger.info("forward pass: %s", program.forward_path)
 
     def _telemetry(self, context: Any) -> Telemetry:
         """Metrics, drift and audit for this worker (see :mod:`handler.telemetry`).
