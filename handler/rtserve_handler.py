@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from functools import partial
@@ -48,6 +49,8 @@ from handler.warmup import is_warmup_batch, warmup_key
 logger = logging.getLogger(__name__)
 
 JSON = "application/json"
+#: The response header ``context.set_response_content_type`` sets.
+CONTENT_TYPE = "content-type"
 #: The request header TorchServe's frontend sets per request, and its value on explain routes.
 EXPLAIN_HEADER = "explain"
 EXPLAIN_VALUE = "True"
@@ -128,7 +131,7 @@ class RealTimeHandler(BaseHandler):
         if self.telemetry is not None and not is_warmup_batch(context.request_processor,
                                                               self.warmup_key):
             ids = context.request_ids or {}
-            self.telemetry.record(batch, result[1], (t1 - t0, t2 - t1, t3 - t2),
+            self.telemetry.record(batch, batch.classes, (t1 - t0, t2 - t1, t3 - t2),
                                   [ids.get(i, "") for i in range(batch.size)])
         return out
 
@@ -154,25 +157,32 @@ class RealTimeHandler(BaseHandler):
         """Never switch the whole batch to ``explain_handle``: explain is decided per request."""
         return False
 
-    def _explain_requests(self) -> set[int]:
-        """Indices of the batch's requests that came in on an explain route (their
-        ``RequestProcessor``s hold each request's headers, as ``get_request_header`` reads them)."""
-        processors = self.context.request_processor
-        return {i for i, rp in enumerate(processors)
-                if rp.get_request_property(EXPLAIN_HEADER) == EXPLAIN_VALUE}
-
-    def _plain_route_requests(self) -> set[int]:
-        """Indices of the batch's requests that came in on ``/predictions`` or ``/explanations``."""
-        return {i for i, rp in enumerate(self.context.request_processor)
-                if rp.get_request_property(PLAIN_ROUTE_HEADER) is not None}
-
-    def _oip_grpc_requests(self, data: list) -> dict[int, str]:
-        """Open Inference Protocol requests that came over gRPC (no HTTP route header: the
-        frontend sets ``explain`` on every REST inference route), request index -> ``id``."""
-        found: dict[int, str] = {}
+    def _routes(self) -> tuple[set[int], set[int], list[int]]:
+        """One pass over the batch's request headers (each request's ``RequestProcessor``
+        holds them, as ``get_request_header`` reads them): the indices of the requests that came
+        in on an explain route, of those that came in on ``/predictions`` or ``/explanations``,
+        and of those without an ``explain`` header (gRPC: the frontend sets it on every REST
+        inference route)."""
+        explain: set[int] = set()
+        plain_only: set[int] = set()
+        no_route: list[int] = []
         for i, rp in enumerate(self.context.request_processor):
-            if rp.get_request_property(EXPLAIN_HEADER) is not None:
-                continue
+            headers = rp.get_request_properties()
+            flag = headers.get(EXPLAIN_HEADER)
+            if flag is None:
+                no_route.append(i)
+            elif flag == EXPLAIN_VALUE:
+                explain.add(i)
+            if headers.get(PLAIN_ROUTE_HEADER) is not None:
+                plain_only.add(i)
+        return explain, plain_only, no_route
+
+    @staticmethod
+    def _oip_grpc_requests(data: list, no_route: list[int]) -> dict[int, str]:
+        """Open Inference Protocol requests among ``no_route`` (those that came over gRPC),
+        request index -> ``id``."""
+        found: dict[int, str] = {}
+        for i in no_route:
             try:
                 body = request_body(data[i])
             except InvalidInput:
@@ -199,14 +209,14 @@ class RealTimeHandler(BaseHandler):
     def preprocess(self, data: list) -> ParsedBatch:
         """Parse and validate every request of the batch (rtserve's own body, KServe v1 or v2);
         the valid rows stay raw features: the exported program does its own preprocessing."""
-        explain = self._explain_requests()
-        plain_only = self._plain_route_requests()
+        explain, plain_only, no_route = self._routes()
         other = partial(parse_request, n_features=self.meta.n_features,
                         limit=self.config.feature_limit, max_instances=self.config.max_instances)
         batch = parse_batch(self._binary_bodies(data, plain_only), self.meta.n_features,
                             self.config.feature_limit, explain, len(self.meta.labels),
                             other=other, plain_only=plain_only)
-        batch.oip_grpc = self._oip_grpc_requests(data)
+        if no_route:
+            batch.oip_grpc = self._oip_grpc_requests(data, no_route)
         if self.config.log_batches:
             logger.info("batch size=%d valid=%d explain=%d kserve=%d rows=%d",
                         batch.size, batch.size - len(batch.errors), len(batch.targets),
@@ -252,14 +262,18 @@ class RealTimeHandler(BaseHandler):
         batch, probabilities = data
         out: list[str | bytes] = [""] * batch.size
         binary: set[int] = set()
+        processors = self.context.request_processor
         if probabilities is not None:
+            # A few rows of a few classes: plain Python lists cost less than tensor calls.
             probs = probabilities.tolist()
-            classes = probabilities.argmax(dim=1).tolist()
-            labels = self.meta.labels
-            explanations = batch.explanations
             # Plain answers are assembled from preformatted parts (byte for byte json.dumps);
             # non-finite probabilities (never seen: inputs are bounded) take json.dumps.
-            fast = bool(torch.isfinite(probabilities).all())
+            fast = math.isfinite(sum(map(sum, probs)))  # NaN or infinity anywhere: not finite
+            classes = ([row.index(max(row)) for row in probs] if fast  # the first maximum,
+                       else probabilities.argmax(dim=1).tolist())     # as torch.argmax
+            batch.classes = classes
+            labels = self.meta.labels
+            explanations = batch.explanations
             heads, tail = self._json_parts
             first_row: dict[int, int] = {}
             for row, idx in enumerate(batch.rows):
@@ -279,7 +293,7 @@ class RealTimeHandler(BaseHandler):
                                   self.context.model_name, self.model_version)
                 if request.binary:
                     out[idx], length = encode_binary(document, request.binary)
-                    self.context.set_response_header(idx, BINARY_HEADER, str(length))
+                    processors[idx].add_response_property(BINARY_HEADER, str(length))
                     binary.add(idx)
                 else:
                     out[idx] = json.dumps(document)
@@ -291,9 +305,10 @@ class RealTimeHandler(BaseHandler):
                 out[idx] = json.dumps(error.body())
             self.context.set_response_status(error.status, _reason_phrase(error.message), idx)
             for key, value in error.headers.items():
-                self.context.set_response_header(idx, key, value)
-        for idx in range(batch.size):
-            self.context.set_response_content_type(idx, BINARY_CONTENT_TYPE if idx in binary else JSON)
+                processors[idx].add_response_property(key, value)
+        # context.set_response_content_type(idx, ...) is this, two calls deeper
+        for idx, rp in enumerate(processors):
+            rp.add_response_property(CONTENT_TYPE, BINARY_CONTENT_TYPE if idx in binary else JSON)
         return out
 
 
