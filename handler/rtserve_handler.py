@@ -42,8 +42,8 @@ from handler.protocols import (BINARY_CONTENT_TYPE, BINARY_HEADER, OIP_V2, Binar
                                detect, encode_binary, grpc_error, parse_request)
 from handler import worker_io
 from handler.schema import ParsedBatch, parse_batch, prediction_document, request_body
-from handler.telemetry import (Telemetry, audit_path, quiet_torchserve_batch_lines,
-                               require_multiprocess_dir)
+from handler.telemetry import (TORCHSERVE_METRICS_LOGGER, Telemetry, audit_path,
+                               quiet_torchserve_batch_lines, require_multiprocess_dir)
 from handler.warmup import is_warmup_batch, warmup_key
 
 logger = logging.getLogger(__name__)
@@ -95,6 +95,8 @@ class RealTimeHandler(BaseHandler):
         self.warmup_key = warmup_key()  # rtserve.server's warm-up requests are not recorded
         quiet_torchserve_batch_lines()
         self.buffered_reads = self.config.buffered_reads and worker_io.install()
+        lean = (worker_io.install_lean(context, TORCHSERVE_METRICS_LOGGER)
+                if self.config.lean_worker else None)
         self._warm_up()
         self.initialized = True
         logger.info("loaded %s version %s on %s (%s %s: %d features, %d classes, exported "
@@ -102,6 +104,8 @@ class RealTimeHandler(BaseHandler):
                     self.device, self.meta.name, self.meta.version, self.meta.n_features,
                     len(self.meta.labels), self.buffered_reads)
         logger.info("forward pass: %s", program.forward_path)
+        logger.info("lean worker: %s", "off (handler.lean_worker)" if lean is None
+                    else ", ".join(lean) or "nothing applies (see the warnings above)")
 
     def _telemetry(self, context: Any) -> Telemetry:
         """Metrics, drift and audit for this worker (see :mod:`handler.telemetry`).
