@@ -7,8 +7,9 @@ protocol code, each request with the headers the frontend passes on for ``wrk``'
 ``/predictions``). Each stage is also timed on its own, and all of it again for a batch of one
 (a lone request: every fixed cost of a batch paid by one request). Also times the raw forward pass (the
 floor) at batch 1 and 32. Each for every way to run the model: the previous eager ``nn.Module``,
-the exported program as the handler runs it, the exported module with its input-constraint
-hook, and the AOTInductor-compiled program (``--compiled``). One torch thread, as in a worker.
+the exported program as the handler runs it (direct forward), the exported module's own
+``forward``, the exported module with its input-constraint hook, and the AOTInductor-compiled
+program (``--compiled``). One torch thread, as in a worker.
 
     .venv/bin/python -m bench.handler_micro --model-dir artifacts/1.0 --compiled build/compiled/1.0.pt2
 """
@@ -63,8 +64,10 @@ def best_us(fn: Callable[[], Any], repeat: int = 7, number: int = 200) -> float:
 def variants(model_dir: Path, compiled: Path | None) -> dict[str, Callable]:
     """The ways to run the model: the previous eager ``nn.Module`` (the demo retrained in this
     process: same weights, deterministic), the exported program as the handler runs it (its
-    ``forward``), the exported module called with its input-constraint hook, and, when given,
-    the AOTInductor-compiled package of the same program."""
+    direct forward, ``handler.direct_forward``), the exported module's ``forward`` (the
+    handler's path with ``direct_forward: false``), the exported module called with its
+    input-constraint hook, and, when given, the AOTInductor-compiled package of the same
+    program."""
     from handler.model import ModelMetadata, load_program
     from rtserve.model.train import train
 
@@ -75,7 +78,8 @@ def variants(model_dir: Path, compiled: Path | None) -> dict[str, Callable]:
         hidden = int(torch.export.load(str(model_dir / "model.pt2")).state_dict["net.0.weight"].shape[0])
         epochs = {64: 1, 128: 6}.get(hidden, 1)
         out["previous_eager"] = train(meta.version, epochs=epochs, hidden=hidden)
-    out["exported"] = load_program(model_dir / "model.pt2")
+    out["exported"] = load_program(model_dir / "model.pt2", direct=True)
+    out["exported_module"] = load_program(model_dir / "model.pt2")
     out["exported_with_hook"] = torch.export.load(str(model_dir / "model.pt2")).module()
     if compiled is not None:
         out["compiled_aoti"] = torch._inductor.aoti_load_package(str(compiled))
