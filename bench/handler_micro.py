@@ -3,10 +3,13 @@
 Times what TorchServe's worker times as ``HandlerTime``: ``handle()`` (preprocess, inference,
 postprocess and TorchServe's own bookkeeping) on a full batch of valid requests, as the
 frontend hands them over (``application/json`` bodies already decoded by the worker's
-protocol code). Each stage is also timed on its own. Also times the raw forward pass (the
+protocol code, each request with the headers the frontend passes on for ``wrk``'s POST to
+``/predictions``). Each stage is also timed on its own, and all of it again for a batch of one
+(a lone request: every fixed cost of a batch paid by one request). Also times the raw forward pass (the
 floor) at batch 1 and 32. Each for every way to run the model: the previous eager ``nn.Module``,
-the exported program as the handler runs it, the exported module with its input-constraint
-hook, and the AOTInductor-compiled program (``--compiled``). One torch thread, as in a worker.
+the exported program as the handler runs it (direct forward), the exported module's own
+``forward``, the exported module with its input-constraint hook, and the AOTInductor-compiled
+program (``--compiled``). One torch thread, as in a worker.
 
     .venv/bin/python -m bench.handler_micro --model-dir artifacts/1.0 --compiled build/compiled/1.0.pt2
 """
@@ -31,6 +34,18 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL_CONFIG = REPO / "model" / "model-config.yaml"
 DEFAULT_REQUEST = REPO / "examples" / "request.json"
+#: A request's headers as the worker gets them for ``wrk``'s POST to ``/predictions/{model}``
+#: (bench/wrk_post.lua): the client's, then the frontend's ``url_path`` and ``explain``, and the
+#: body parameter's content type (``ts.service.Service.retrieve_data_for_inference``).
+REQUEST_HEADERS = {
+    "body": {"content-type": "application/json"},
+    "Host": "127.0.0.1:8080",
+    "Content-Type": "application/json",
+    "Authorization": "Bearer 0123456789abcdef",
+    "Content-Length": "700",
+    "url_path": "",
+    "explain": "False",
+}
 
 
 def best_us(fn: Callable[[], Any], repeat: int = 7, number: int = 200) -> float:
@@ -49,8 +64,10 @@ def best_us(fn: Callable[[], Any], repeat: int = 7, number: int = 200) -> float:
 def variants(model_dir: Path, compiled: Path | None) -> dict[str, Callable]:
     """The ways to run the model: the previous eager ``nn.Module`` (the demo retrained in this
     process: same weights, deterministic), the exported program as the handler runs it (its
-    ``forward``), the exported module called with its input-constraint hook, and, when given,
-    the AOTInductor-compiled package of the same program."""
+    direct forward, ``handler.direct_forward``), the exported module's ``forward`` (the
+    handler's path with ``direct_forward: false``), the exported module called with its
+    input-constraint hook, and, when given, the AOTInductor-compiled package of the same
+    program."""
     from handler.model import ModelMetadata, load_program
     from rtserve.model.train import train
 
@@ -61,7 +78,8 @@ def variants(model_dir: Path, compiled: Path | None) -> dict[str, Callable]:
         hidden = int(torch.export.load(str(model_dir / "model.pt2")).state_dict["net.0.weight"].shape[0])
         epochs = {64: 1, 128: 6}.get(hidden, 1)
         out["previous_eager"] = train(meta.version, epochs=epochs, hidden=hidden)
-    out["exported"] = load_program(model_dir / "model.pt2")
+    out["exported"] = load_program(model_dir / "model.pt2", direct=True)
+    out["exported_module"] = load_program(model_dir / "model.pt2")
     out["exported_with_hook"] = torch.export.load(str(model_dir / "model.pt2")).module()
     if compiled is not None:
         out["compiled_aoti"] = torch._inductor.aoti_load_package(str(compiled))
@@ -116,9 +134,9 @@ def telemetry_time(handler: Any, rows: list, context: Any) -> float:
 
     start_batch(context, len(rows))
     batch = handler.preprocess(rows)
-    _, probabilities = handler.inference(batch)
+    handler.postprocess(handler.inference(batch))  # the predicted classes, for the telemetry
     ids = [f"{i:08d}-1111-2222-3333-444444444444" for i in range(len(rows))]
-    return best_us(lambda: handler.telemetry.record(batch, probabilities, (1e-4, 1e-4, 1e-4), ids))
+    return best_us(lambda: handler.telemetry.record(batch, batch.classes, (1e-4, 1e-4, 1e-4), ids))
 
 
 def handler_time(model_dir: Path, model_yaml: dict, body: dict, batch: int = 32,
@@ -133,7 +151,7 @@ def handler_time(model_dir: Path, model_yaml: dict, body: dict, batch: int = 32,
 def _handler_time(model_dir: Path, model_yaml: dict, body: dict, batch: int,
                   model: Callable | None) -> dict:
     from handler.rtserve_handler import RealTimeHandler
-    from rtserve.testing.worker import make_context, start_batch
+    from rtserve.testing.worker import make_context
 
     context = make_context(model_dir, model_yaml)
     handler = RealTimeHandler()
@@ -141,17 +159,8 @@ def _handler_time(model_dir: Path, model_yaml: dict, body: dict, batch: int,
     if model is not None:
         handler.model = model
     rows = [{"body": json.loads(json.dumps(body))} for _ in range(batch)]
-    start_batch(context, batch)
-    outputs = handler.handle(rows, context)
-    if len(outputs) != batch or any("prediction" not in json.loads(o) for o in outputs):
-        raise RuntimeError(f"the handler did not answer every request: {outputs[:2]}")
-    parsed = handler.preprocess(rows)
-    inferred = handler.inference(parsed)
-    number = 100
-    total = best_us(lambda: handler.handle(rows, context), number=number)
-    pre = best_us(lambda: handler.preprocess(rows), number=number)
-    inf = best_us(lambda: handler.inference(parsed), number=number)
-    post = best_us(lambda: handler.postprocess(inferred), number=number)
+    full = _stage_times(handler, context, rows, number=100)
+    lone = _stage_times(handler, context, rows[:1], number=400)
     telemetry = {}
     if handler.telemetry is not None:
         telemetry = {
@@ -160,12 +169,29 @@ def _handler_time(model_dir: Path, model_yaml: dict, body: dict, batch: int,
         }
     return {
         "batch": batch,
-        "handle_us_per_request": round(total / batch, 2),
-        "preprocess_us_per_request": round(pre / batch, 2),
-        "inference_us_per_request": round(inf / batch, 2),
-        "postprocess_us_per_request": round(post / batch, 2),
-        "handle_us_per_batch": round(total, 1),
+        **{f"{stage}_us_per_request": round(us / batch, 2) for stage, us in full.items()},
+        "handle_us_per_batch": round(full["handle"], 1),
+        **{f"{stage}_us_batch_of_1": round(us, 2) for stage, us in lone.items()},
         **telemetry,
+    }
+
+
+def _stage_times(handler: Any, context: Any, rows: list, number: int) -> dict[str, float]:
+    """Microseconds per call of ``handle()`` and of each stage on the batch ``rows`` (each
+    request with :data:`REQUEST_HEADERS`), after checking that every request is answered."""
+    from rtserve.testing.worker import start_batch
+
+    start_batch(context, len(rows), [REQUEST_HEADERS] * len(rows))
+    outputs = handler.handle(rows, context)
+    if len(outputs) != len(rows) or any("prediction" not in json.loads(o) for o in outputs):
+        raise RuntimeError(f"the handler did not answer every request: {outputs[:2]}")
+    parsed = handler.preprocess(rows)
+    inferred = handler.inference(parsed)
+    return {
+        "handle": best_us(lambda: handler.handle(rows, context), number=number),
+        "preprocess": best_us(lambda: handler.preprocess(rows), number=number),
+        "inference": best_us(lambda: handler.inference(parsed), number=number),
+        "postprocess": best_us(lambda: handler.postprocess(inferred), number=number),
     }
 
 

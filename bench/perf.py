@@ -742,6 +742,11 @@ def table(results: list[ServerResult], floor: dict | None, handler: dict | None)
                      f"{handler['preprocess_us_per_request']} + inference {handler['inference_us_per_request']} + "
                      f"postprocess {handler['postprocess_us_per_request']} = {stages:.2f}; handle() with "
                      f"TorchServe's own bookkeeping (metrics, checks) {handler['handle_us_per_request']}")
+        if "handle_us_batch_of_1" in handler:
+            lines.append(f"handler for a batch of 1 (us): preprocess {handler['preprocess_us_batch_of_1']} + "
+                         f"inference {handler['inference_us_batch_of_1']} + postprocess "
+                         f"{handler['postprocess_us_batch_of_1']}; handle() with telemetry "
+                         f"{handler['handle_us_batch_of_1']}")
         if "telemetry_us_per_request" in handler:
             lines.append(f"telemetry (metrics, drift, audit): {handler['telemetry_us_per_request']} us per "
                          f"request in that batch, {handler['telemetry_us_batch_of_1']} us for a batch of 1")

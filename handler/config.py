@@ -54,6 +54,14 @@ class HandlerConfig:
         drift_flush_rows: rows buffered before they enter the drift window (one bulk update).
         buffered_reads: read the frontend's frames through a read-ahead buffer (one ``recv``
             per batch instead of one per field; see :mod:`handler.worker_io`).
+        lean_worker: drop per-batch work of TorchServe's Python worker that rtserve does not
+            need (a log record, the ``PredictionTime`` metric, the response frame's encoding
+            call by call), each only over TorchServe 0.12.0's own code (see
+            :func:`handler.worker_io.install_lean`).
+        direct_forward: run the exported program's operators as a flat list of calls
+            (:class:`handler.model.DirectForward`: the module's answers, without its per-call
+            Python layers); off, or for a graph it does not take, the exported module's own
+            ``forward``. The worker's log says which path runs.
         max_instances: most instances in one KServe v1 ``instances`` list or Open Inference
             Protocol tensor (its first dimension); more get a 400.
         device: ``auto`` runs the model on the GPU TorchServe assigns the worker when CUDA is
@@ -75,6 +83,8 @@ class HandlerConfig:
     drift_flush_rows: int = 256
     max_instances: int = 64
     buffered_reads: bool = True
+    lean_worker: bool = True
+    direct_forward: bool = True
     device: str = "auto"
 
     @classmethod

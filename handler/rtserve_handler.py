@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from functools import partial
@@ -41,13 +42,15 @@ from handler.protocols import (BINARY_CONTENT_TYPE, BINARY_HEADER, OIP_V2, Binar
                                detect, encode_binary, grpc_error, parse_request)
 from handler import worker_io
 from handler.schema import ParsedBatch, parse_batch, prediction_document, request_body
-from handler.telemetry import (Telemetry, audit_path, quiet_torchserve_batch_lines,
-                               require_multiprocess_dir)
+from handler.telemetry import (TORCHSERVE_METRICS_LOGGER, Telemetry, audit_path,
+                               quiet_torchserve_batch_lines, require_multiprocess_dir)
 from handler.warmup import is_warmup_batch, warmup_key
 
 logger = logging.getLogger(__name__)
 
 JSON = "application/json"
+#: The response header ``context.set_response_content_type`` sets.
+CONTENT_TYPE = "content-type"
 #: The request header TorchServe's frontend sets per request, and its value on explain routes.
 EXPLAIN_HEADER = "explain"
 EXPLAIN_VALUE = "True"
@@ -79,7 +82,8 @@ class RealTimeHandler(BaseHandler):
         self.model_version = str(manifest_model.get("modelVersion") or self.meta.version)
         torch.set_num_threads(self.config.num_threads)
         self.device = choose_device(self.config.device, context.system_properties.get("gpu_id"))
-        program = load_program(os.path.join(model_dir, PROGRAM_FILE), self.device)
+        program = load_program(os.path.join(model_dir, PROGRAM_FILE), self.device,
+                               direct=self.config.direct_forward)
         self.model = on_device(program, self.device)  # CPU tensors in and out
         self._json_parts = _json_parts(self.meta.labels, self.model_version)
         self.explainer = Explainer(
@@ -91,12 +95,17 @@ class RealTimeHandler(BaseHandler):
         self.warmup_key = warmup_key()  # rtserve.server's warm-up requests are not recorded
         quiet_torchserve_batch_lines()
         self.buffered_reads = self.config.buffered_reads and worker_io.install()
+        lean = (worker_io.install_lean(context, TORCHSERVE_METRICS_LOGGER)
+                if self.config.lean_worker else None)
         self._warm_up()
         self.initialized = True
         logger.info("loaded %s version %s on %s (%s %s: %d features, %d classes, exported "
                     "program, buffered reads=%s)", context.model_name, self.model_version,
                     self.device, self.meta.name, self.meta.version, self.meta.n_features,
                     len(self.meta.labels), self.buffered_reads)
+        logger.info("forward pass: %s", program.forward_path)
+        logger.info("lean worker: %s", "off (handler.lean_worker)" if lean is None
+                    else ", ".join(lean) or "nothing applies (see the warnings above)")
 
     def _telemetry(self, context: Any) -> Telemetry:
         """Metrics, drift and audit for this worker (see :mod:`handler.telemetry`).
@@ -126,7 +135,7 @@ class RealTimeHandler(BaseHandler):
         if self.telemetry is not None and not is_warmup_batch(context.request_processor,
                                                               self.warmup_key):
             ids = context.request_ids or {}
-            self.telemetry.record(batch, result[1], (t1 - t0, t2 - t1, t3 - t2),
+            self.telemetry.record(batch, batch.classes, (t1 - t0, t2 - t1, t3 - t2),
                                   [ids.get(i, "") for i in range(batch.size)])
         return out
 
@@ -152,25 +161,32 @@ class RealTimeHandler(BaseHandler):
         """Never switch the whole batch to ``explain_handle``: explain is decided per request."""
         return False
 
-    def _explain_requests(self) -> set[int]:
-        """Indices of the batch's requests that came in on an explain route (their
-        ``RequestProcessor``s hold each request's headers, as ``get_request_header`` reads them)."""
-        processors = self.context.request_processor
-        return {i for i, rp in enumerate(processors)
-                if rp.get_request_property(EXPLAIN_HEADER) == EXPLAIN_VALUE}
-
-    def _plain_route_requests(self) -> set[int]:
-        """Indices of the batch's requests that came in on ``/predictions`` or ``/explanations``."""
-        return {i for i, rp in enumerate(self.context.request_processor)
-                if rp.get_request_property(PLAIN_ROUTE_HEADER) is not None}
-
-    def _oip_grpc_requests(self, data: list) -> dict[int, str]:
-        """Open Inference Protocol requests that came over gRPC (no HTTP route header: the
-        frontend sets ``explain`` on every REST inference route), request index -> ``id``."""
-        found: dict[int, str] = {}
+    def _routes(self) -> tuple[set[int], set[int], list[int]]:
+        """One pass over the batch's request headers (each request's ``RequestProcessor``
+        holds them, as ``get_request_header`` reads them): the indices of the requests that came
+        in on an explain route, of those that came in on ``/predictions`` or ``/explanations``,
+        and of those without an ``explain`` header (gRPC: the frontend sets it on every REST
+        inference route)."""
+        explain: set[int] = set()
+        plain_only: set[int] = set()
+        no_route: list[int] = []
         for i, rp in enumerate(self.context.request_processor):
-            if rp.get_request_property(EXPLAIN_HEADER) is not None:
-                continue
+            headers = rp.get_request_properties()
+            flag = headers.get(EXPLAIN_HEADER)
+            if flag is None:
+                no_route.append(i)
+            elif flag == EXPLAIN_VALUE:
+                explain.add(i)
+            if headers.get(PLAIN_ROUTE_HEADER) is not None:
+                plain_only.add(i)
+        return explain, plain_only, no_route
+
+    @staticmethod
+    def _oip_grpc_requests(data: list, no_route: list[int]) -> dict[int, str]:
+        """Open Inference Protocol requests among ``no_route`` (those that came over gRPC),
+        request index -> ``id``."""
+        found: dict[int, str] = {}
+        for i in no_route:
             try:
                 body = request_body(data[i])
             except InvalidInput:
@@ -197,14 +213,14 @@ class RealTimeHandler(BaseHandler):
     def preprocess(self, data: list) -> ParsedBatch:
         """Parse and validate every request of the batch (rtserve's own body, KServe v1 or v2);
         the valid rows stay raw features: the exported program does its own preprocessing."""
-        explain = self._explain_requests()
-        plain_only = self._plain_route_requests()
+        explain, plain_only, no_route = self._routes()
         other = partial(parse_request, n_features=self.meta.n_features,
                         limit=self.config.feature_limit, max_instances=self.config.max_instances)
         batch = parse_batch(self._binary_bodies(data, plain_only), self.meta.n_features,
                             self.config.feature_limit, explain, len(self.meta.labels),
                             other=other, plain_only=plain_only)
-        batch.oip_grpc = self._oip_grpc_requests(data)
+        if no_route:
+            batch.oip_grpc = self._oip_grpc_requests(data, no_route)
         if self.config.log_batches:
             logger.info("batch size=%d valid=%d explain=%d kserve=%d rows=%d",
                         batch.size, batch.size - len(batch.errors), len(batch.targets),
@@ -250,14 +266,18 @@ class RealTimeHandler(BaseHandler):
         batch, probabilities = data
         out: list[str | bytes] = [""] * batch.size
         binary: set[int] = set()
+        processors = self.context.request_processor
         if probabilities is not None:
+            # A few rows of a few classes: plain Python lists cost less than tensor calls.
             probs = probabilities.tolist()
-            classes = probabilities.argmax(dim=1).tolist()
-            labels = self.meta.labels
-            explanations = batch.explanations
             # Plain answers are assembled from preformatted parts (byte for byte json.dumps);
             # non-finite probabilities (never seen: inputs are bounded) take json.dumps.
-            fast = bool(torch.isfinite(probabilities).all())
+            fast = math.isfinite(sum(map(sum, probs)))  # NaN or infinity anywhere: not finite
+            classes = ([row.index(max(row)) for row in probs] if fast  # the first maximum,
+                       else probabilities.argmax(dim=1).tolist())     # as torch.argmax
+            batch.classes = classes
+            labels = self.meta.labels
+            explanations = batch.explanations
             heads, tail = self._json_parts
             first_row: dict[int, int] = {}
             for row, idx in enumerate(batch.rows):
@@ -277,7 +297,7 @@ class RealTimeHandler(BaseHandler):
                                   self.context.model_name, self.model_version)
                 if request.binary:
                     out[idx], length = encode_binary(document, request.binary)
-                    self.context.set_response_header(idx, BINARY_HEADER, str(length))
+                    processors[idx].add_response_property(BINARY_HEADER, str(length))
                     binary.add(idx)
                 else:
                     out[idx] = json.dumps(document)
@@ -289,9 +309,10 @@ class RealTimeHandler(BaseHandler):
                 out[idx] = json.dumps(error.body())
             self.context.set_response_status(error.status, _reason_phrase(error.message), idx)
             for key, value in error.headers.items():
-                self.context.set_response_header(idx, key, value)
-        for idx in range(batch.size):
-            self.context.set_response_content_type(idx, BINARY_CONTENT_TYPE if idx in binary else JSON)
+                processors[idx].add_response_property(key, value)
+        # context.set_response_content_type(idx, ...) is this, two calls deeper
+        for idx, rp in enumerate(processors):
+            rp.add_response_property(CONTENT_TYPE, BINARY_CONTENT_TYPE if idx in binary else JSON)
         return out
 
 

@@ -150,6 +150,8 @@ class ParsedBatch:
     protocols: dict[int, Any] = field(default_factory=dict)
     #: Open Inference Protocol requests that came over gRPC: request index -> their ``id``.
     oip_grpc: dict[int, str] = field(default_factory=dict)
+    #: The predicted class of each row of ``inputs``, set when the answers are made.
+    classes: list[int] | None = None
 
 
 #: Parses a decoded body of another protocol; returns None for a ``{"features": ...}`` body.

@@ -150,28 +150,31 @@ class DriftExporter:
 class DriftBuffer:
     """Feeds a :class:`DriftMonitor` in bulk: rows are kept (by reference) until ``flush_rows``
     have arrived, then scored in one update. Exact: every row is counted, at most
-    ``flush_rows`` rows late."""
+    ``flush_rows`` rows late. The predicted classes are kept as plain ints and become one
+    tensor per flush."""
 
     def __init__(self, monitor: DriftMonitor, flush_rows: int = 256) -> None:
         self.monitor = monitor
         self.flush_rows = flush_rows
         self._inputs: list[torch.Tensor] = []
-        self._classes: list[torch.Tensor] = []
-        self._rows = 0
+        self._classes: list[int] = []
 
-    def add(self, inputs: torch.Tensor, classes: torch.Tensor) -> None:
+    @property
+    def _rows(self) -> int:
+        return len(self._classes)
+
+    def add(self, inputs: torch.Tensor, classes: Sequence[int] | torch.Tensor) -> None:
         """Keep one batch's valid rows (``[rows, features]``) and predicted classes."""
         self._inputs.append(inputs)
-        self._classes.append(classes)
-        self._rows += len(inputs)
-        if self._rows >= self.flush_rows:
+        self._classes += classes.tolist() if isinstance(classes, torch.Tensor) else classes
+        if len(self._classes) >= self.flush_rows:
             self.flush()
 
     def flush(self) -> None:
         """Score what is buffered."""
-        if self._rows:
-            self.monitor.update(torch.cat(self._inputs), torch.cat(self._classes))
-            self._inputs, self._classes, self._rows = [], [], 0
+        if self._classes:
+            self.monitor.update(torch.cat(self._inputs), torch.tensor(self._classes))
+            self._inputs, self._classes = [], []
 
 
 class AuditLog:
@@ -302,27 +305,26 @@ class Telemetry:
         self.exporter = (DriftExporter(self.export_drift, drift_every)
                          if self.drift is not None and drift_every is not None else None)
 
-    def record(self, batch: Any, probabilities: torch.Tensor | None, stage_seconds: Sequence[float],
+    def record(self, batch: Any, classes: Sequence[int] | None, stage_seconds: Sequence[float],
                request_ids: Sequence[str]) -> None:
-        """Account for one handled batch (``batch`` is a ``handler.schema.ParsedBatch``)."""
+        """Account for one handled batch (``batch`` is a ``handler.schema.ParsedBatch``;
+        ``classes`` the predicted class of each of its rows, None when it had no valid row)."""
         m = self.metrics
         for stage, seconds in zip(m.stages, stage_seconds):
             stage.observe(seconds)
         m.batch_size.observe(batch.size)
         m.batches.inc()
         m.requests.inc(batch.size)
-        rejected = {idx: err for idx, err in batch.errors.items() if err.status == 400}
+        errors = batch.errors
+        rejected = {idx: err for idx, err in errors.items() if err.status == 400} if errors else {}
         if rejected:
             for reason, n in Tally(violation_reason(e) for e in rejected.values()).items():
                 m.violations(reason).inc(n)
-        classes: list[int] = []
-        if probabilities is not None:
-            predicted = probabilities.argmax(dim=1)
-            classes = predicted.tolist()
-            skip = batch.errors or batch.explanations
+        if classes:
+            skip = errors or batch.explanations
             answered = classes if not skip else [
                 cls for idx, cls in zip(batch.rows, classes)
-                if idx not in batch.errors and idx not in batch.explanations]
+                if idx not in errors and idx not in batch.explanations]
             if len(answered) == 1:
                 m.predictions[answered[0]].inc()
             else:
@@ -330,10 +332,10 @@ class Telemetry:
                     m.predictions[cls].inc(n)
             if self.buffer is not None:
                 with self._drift_lock:
-                    self.buffer.add(batch.inputs, predicted)
+                    self.buffer.add(batch.inputs, classes)
                     self._drift_rows += len(classes)
         if self.audit is not None:
-            self.audit.write(batch, classes, rejected, sum(stage_seconds), request_ids)
+            self.audit.write(batch, classes or [], rejected, sum(stage_seconds), request_ids)
 
     def export_drift(self) -> bool:
         """Score the buffered rows, then set the drift gauges from the window, if rows arrived

@@ -1,4 +1,6 @@
-"""Buffered reads for TorchServe 0.12's worker protocol (installed by the handler, per worker).
+"""TorchServe 0.12's Python worker, made lighter per batch (installed by the handler, per worker).
+
+**Buffered reads** (``handler.buffered_reads``).
 
 The worker reads every frame the frontend sends with ``otf_message_handler._retrieve_buffer``,
 one ``recv()`` per field: a request's id, each of its headers' name and value lengths and bytes,
@@ -10,6 +12,26 @@ still goes through the same function, so the protocol code itself is unchanged.
 It is installed only into the TorchServe it was written against: version 0.12.0 and the very
 ``_retrieve_buffer`` whose source hash is :data:`PINNED_SHA256`; otherwise the worker keeps
 TorchServe's reads and says why in its log.
+
+**A lean worker loop** (``handler.lean_worker``, :func:`install_lean`): per batch, TorchServe's
+worker does three things rtserve does not need, each replaced only where its source is the
+pinned 0.12.0 one (:data:`LEAN_PINS`), each with its own log line when it is not:
+
+- ``retrieve_msg`` logs ``Backend received inference at: ...`` for every batch through the root
+  logger; :func:`handler.telemetry.quiet_torchserve_batch_lines` drops the line, but only after
+  a ``LogRecord`` was built. :func:`retrieve_msg` is the same function without that call (the
+  worker script, run as ``__main__``, holds its own reference: both are replaced).
+- ``Service.predict`` times each batch into the ``PredictionTime`` metric, whose log line the
+  same function silences: the metric cache still resolves its dimensions and formats the line
+  (a ``gethostname`` call included). :class:`QuietPredictionTime` skips that metric while its
+  logger drops INFO records, and passes every other metric through.
+- ``create_predict_response`` encodes the answer frame with a ``bytearray`` append and a
+  ``struct.pack`` per field, through several context calls per request.
+  :func:`predict_response` writes the very same bytes (the tests compare them) in one join, for
+  answers of ``str`` or ``bytes`` (what this handler returns); anything else, a streaming
+  answer, or an error frame goes to TorchServe's own encoder.
+
+No frame changes: the frontend reads exactly what TorchServe's own code writes.
 """
 
 from __future__ import annotations
@@ -17,8 +39,11 @@ from __future__ import annotations
 import hashlib
 import inspect
 import logging
+import os
+import struct
 import sys
 import weakref
+from typing import Any, Callable
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +52,17 @@ CHUNK = 65536
 #: SHA-256 of ``inspect.getsource(ts.protocol.otf_message_handler._retrieve_buffer)`` in 0.12.0.
 PINNED_SHA256 = "aa64bcd2010ef54923e4e97c528f525f5a2348f852435a929e04efe497cf135a"
 PINNED_VERSION = "0.12.0"
+#: SHA-256 of ``inspect.getsource`` in TorchServe 0.12.0 of each function the lean worker loop
+#: replaces or relies on.
+LEAN_PINS = {
+    "retrieve_msg": "3b7f3c97cccd94d80b44321f9e891dc4feaf738c4f881d39399195c6ac05f5f6",
+    "create_predict_response": "728708fe6b98746510a8d31007f5aa364dcd01436fddfdd460a7dc7540cedea6",
+    "encode_response_headers": "7695ae89400c8a22674792ae486b51cf4f8c4ff778b36a8e7b30b23634e8bf90",
+    "Service.predict": "630da7c260bdab9128733a010a84980ff2cd89fb61c8bf5df98a6b846a642fd0",
+    "MetricCacheAbstract.add_time": "36383cbc1e4ca2f6856daf0e3a1bebe51aee7c5cf4296ff72a071a3712da9488",
+}
+#: The worker script TorchServe's frontend runs (as ``__main__``).
+WORKER_SCRIPT = os.path.join("ts", "model_service_worker.py")
 
 
 class BufferedReader:
@@ -34,11 +70,17 @@ class BufferedReader:
 
     def __init__(self) -> None:
         self._state: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # The last connection and its state: a worker reads from one socket, and a weak
+        # dictionary lookup per field costs more than the read itself.
+        self._last: tuple[Callable[[], Any], list] = (lambda: None, [])
 
     def __call__(self, conn, length: int) -> bytearray:
-        state = self._state.get(conn)
-        if state is None:
-            state = self._state[conn] = [bytearray(), 0]  # received bytes, read offset
+        last_conn, state = self._last
+        if last_conn() is not conn:
+            state = self._state.get(conn)
+            if state is None:
+                state = self._state[conn] = [bytearray(), 0]  # received bytes, read offset
+            self._last = (weakref.ref(conn), state)
         buf, pos = state
         while len(buf) - pos < length:
             if pos:
@@ -80,3 +122,164 @@ def install() -> bool:
         return False
     otf._retrieve_buffer = BufferedReader()
     return True
+
+
+# --------------------------------------------------------------------------- the lean worker loop
+
+
+def _sha256(obj: Any) -> str:
+    try:
+        source = inspect.getsource(obj)
+    except (OSError, TypeError) as exc:
+        source = f"(no source: {exc})"
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
+def _unpinned(version: str, found: dict[str, Any]) -> list[str]:
+    """The names of ``found`` (name -> function) whose source is not the pinned one."""
+    if version != PINNED_VERSION:
+        return [f"TorchServe {version}"]
+    return [name for name, obj in found.items() if _sha256(obj) != LEAN_PINS[name]]
+
+
+def retrieve_msg(conn):
+    """``ts.protocol.otf_message_handler.retrieve_msg`` of 0.12.0 without its per-batch log call."""
+    from ts.protocol import otf_message_handler as otf
+
+    cmd = otf._retrieve_buffer(conn, 1)
+    if cmd == otf.LOAD_MSG:
+        msg = otf._retrieve_load_msg(conn)
+    elif cmd == otf.PREDICT_MSG:
+        msg = otf._retrieve_inference_msg(conn)
+    else:
+        raise ValueError("Invalid command: {}".format(cmd))
+    return cmd, msg
+
+
+_INT = struct.Struct("!i").pack
+_END = _INT(-1)
+
+
+def _predict_response_for(original: Callable) -> Callable:
+    """:func:`predict_response` falling back to ``original`` (TorchServe's encoder)."""
+
+    def predict_response(ret, req_id_map, message, code, context=None, ts_stream_next=False):
+        """``create_predict_response``'s frame, byte for byte, for a batch's ``str`` or
+        ``bytes`` answers; anything else goes to TorchServe's own encoder."""
+        if (context is None or ts_stream_next is not False or context.stopping_criteria
+                or not isinstance(ret, list)
+                or not all(type(v) is str or isinstance(v, (bytes, bytearray)) for v in ret)):
+            return original(ret, req_id_map, message, code, context, ts_stream_next)
+        buf = message.encode("utf-8")
+        parts = [_INT(code), _INT(len(buf)), buf]
+        processors = context.request_processor
+        for idx in req_id_map:
+            req_id = req_id_map.get(idx).encode("utf-8")
+            parts += (_INT(len(req_id)), req_id)
+            rp = processors[idx]
+            headers = rp.get_response_headers()
+            if "true" == headers.get("ts_stream_next"):
+                headers["ts_stream_next"] = "false"
+            content_type = headers.get("content-type")
+            if content_type is None or len(content_type) == 0:
+                parts.append(_INT(0))
+            else:  # the length of the str, as TorchServe writes it
+                parts += (_INT(len(content_type)), content_type.encode("utf-8"))
+            sc, phrase = rp.get_response_status_code(), rp.get_response_status_phrase()
+            http_phrase = phrase if phrase is not None else ""
+            parts += (_INT(sc if sc is not None else 200), _INT(len(http_phrase)),
+                      http_phrase.encode("utf-8"), _INT(len(headers)))
+            for k, v in headers.items():
+                k, v = k.encode("utf-8"), v.encode("utf-8")
+                parts += (_INT(len(k)), k, _INT(len(v)), v)
+            val = ret[idx]
+            if type(val) is str:
+                val = val.encode("utf-8")
+            parts += (_INT(len(val)), val)
+        parts.append(_END)
+        return bytearray(b"".join(parts))
+
+    predict_response.original = original
+    return predict_response
+
+
+class QuietPredictionTime:
+    """A metrics cache's ``add_time`` that skips TorchServe's per-batch ``PredictionTime`` while
+    the metric logger drops INFO records (its only output is an INFO line), and passes every
+    other metric to the cache's own ``add_time``."""
+
+    def __init__(self, add_time: Callable, name: str, metric_logger: logging.Logger) -> None:
+        self.add_time, self.name, self.logger = add_time, name, metric_logger
+
+    def __call__(self, name: str, value: Any, *args: Any, **kwargs: Any) -> Any:
+        if name == self.name and not self.logger.isEnabledFor(logging.INFO):
+            return None
+        return self.add_time(name, value, *args, **kwargs)
+
+
+def install_lean(context: Any, metric_logger: str) -> list[str]:
+    """Put the lean worker loop's three parts in place (see the module docstring), each only
+    over TorchServe 0.12.0's own code; log what does not apply.
+
+    Args:
+        context: the worker's ``ts.context.Context`` (its metrics cache gets
+            :class:`QuietPredictionTime`).
+        metric_logger: the logger of TorchServe's metric lines.
+
+    Returns:
+        The parts in place: ``retrieve_msg``, ``predict_response``, ``prediction_time``.
+    """
+    import ts
+    import ts.service as service
+    from ts.metrics.metric_cache_abstract import MetricCacheAbstract
+    from ts.protocol import otf_message_handler as otf
+
+    done = []
+    main = sys.modules.get("__main__")
+    script = getattr(main, "__file__", "") or ""
+    current = otf.retrieve_msg
+    if current is retrieve_msg:
+        done.append("retrieve_msg")
+    else:
+        bad = _unpinned(ts.__version__, {"retrieve_msg": current})
+        if bad:
+            logger.warning("lean worker: per-batch log call kept: %s is not the pinned %s source",
+                           ", ".join(bad), PINNED_VERSION)
+        elif not script.endswith(WORKER_SCRIPT) or getattr(main, "retrieve_msg", None) is not current:
+            logger.warning("lean worker: per-batch log call kept: not in TorchServe's worker "
+                           "script (__main__ is %s)", script or "interactive")
+        else:
+            otf.retrieve_msg = main.retrieve_msg = retrieve_msg
+            done.append("retrieve_msg")
+    current = service.create_predict_response
+    if getattr(current, "original", None) is otf.create_predict_response:
+        done.append("predict_response")
+    else:
+        bad = _unpinned(ts.__version__, {"create_predict_response": current,
+                                         "encode_response_headers": otf.encode_response_headers,
+                                         "Service.predict": service.Service.predict})
+        if bad or current is not otf.create_predict_response:
+            logger.warning("lean worker: TorchServe's response encoder kept: %s is not the "
+                           "pinned %s source", ", ".join(bad) or "create_predict_response",
+                           PINNED_VERSION)
+        elif os.getenv("LOCAL_RANK", "0") != "0":
+            logger.warning("lean worker: TorchServe's response encoder kept: LOCAL_RANK is %s",
+                           os.getenv("LOCAL_RANK"))
+        else:
+            service.create_predict_response = _predict_response_for(current)
+            done.append("predict_response")
+    metrics = getattr(context, "metrics", None)
+    add_time = getattr(metrics, "add_time", None)
+    if isinstance(add_time, QuietPredictionTime):
+        done.append("prediction_time")
+    elif add_time is not None:
+        bad = _unpinned(ts.__version__, {"Service.predict": service.Service.predict,
+                                         "MetricCacheAbstract.add_time": MetricCacheAbstract.add_time})
+        if bad or getattr(add_time, "__func__", None) is not MetricCacheAbstract.add_time:
+            logger.warning("lean worker: PredictionTime kept: %s is not the pinned %s source",
+                           ", ".join(bad) or "the metrics cache's add_time", PINNED_VERSION)
+        else:
+            metrics.add_time = QuietPredictionTime(
+                add_time, service.PREDICTION_METRIC, logging.getLogger(metric_logger))
+            done.append("prediction_time")
+    return done

@@ -138,3 +138,13 @@ def test_logs_keep_access_and_model_lines_without_per_request_chatter(server):
     assert len(per_batch) == 2 * len(batches) == len(new_ts), new_ts[:6]
     assert lines("model_log.log")[model_log_before:] == []
     assert "Backend received inference at" not in (logs / "model_log.log").read_text()
+
+
+def test_the_workers_run_the_direct_forward_and_the_lean_loop(server):
+    """In TorchServe's real worker (its script as __main__, TorchServe 0.12.0's own sources),
+    every part of handler.lean_worker applies and the direct forward runs; the log says so."""
+    text = (server.log_dir / "model_log.log").read_text()
+    assert text.count("forward pass: direct forward (5 operators)") >= 2, text[-2000:]
+    assert text.count("lean worker: retrieve_msg, predict_response, prediction_time") >= 2
+    assert "lean worker: per-batch log call kept" not in text and "kept:" not in text
+    assert post(server, json.dumps({"features": features()}).encode()).status_code == 200

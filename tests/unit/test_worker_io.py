@@ -79,3 +79,171 @@ def test_installed_only_over_the_pinned_reader(monkeypatch):
     monkeypatch.setattr(otf, "_retrieve_buffer", other_reader)
     assert not worker_io.install()
     assert otf._retrieve_buffer is other_reader
+
+
+# --------------------------------------------------------------------------- the lean worker loop
+
+import logging  # noqa: E402
+import sys  # noqa: E402
+import types  # noqa: E402
+
+import torch  # noqa: E402
+import ts  # noqa: E402
+import ts.service as service  # noqa: E402
+from ts.context import Context, RequestProcessor  # noqa: E402
+
+METRIC_LOGGER = "ts.metrics.caching_metric"
+
+
+@pytest.fixture()
+def stock(monkeypatch):
+    """TorchServe's own functions, restored after the test whatever it installs."""
+    monkeypatch.setattr(otf, "retrieve_msg", otf.retrieve_msg)
+    monkeypatch.setattr(service, "create_predict_response", otf.create_predict_response)
+    return monkeypatch
+
+
+def batch_context(n: int) -> Context:
+    ctx = Context("m", "/tmp", {}, 32, None, "0.12.0")
+    ctx.request_processor = [RequestProcessor({}) for _ in range(n)]
+    return ctx
+
+
+def answered(ctx: Context) -> None:
+    """Per-request statuses, phrases and headers as a handler sets them."""
+    ctx.set_response_content_type(0, "application/json")
+    ctx.set_response_content_type(1, "application/octet-stream")
+    ctx.set_response_header(1, "Inference-Header-Content-Length", "42")
+    ctx.set_response_status(400, "features[3] must be a number, got ?", 2)
+    ctx.set_response_content_type(2, "application/json")
+    ctx.set_response_header(2, "ts_stream_next", "true")  # a stream's last answer
+    ctx.set_response_content_type(3, "text/plain; charset=é")  # TorchServe writes len(str)
+
+
+def test_the_lean_encoder_writes_torchserves_frame_byte_for_byte(stock):
+    ours = worker_io._predict_response_for(otf.create_predict_response)
+    ids = {i: f"id-{i}-é" for i in range(4)}
+    answers = ['{"prediction": 1}', b"\x00\x01binary", '{"error": "bad é"}', bytearray(b"xy")]
+    frames = []
+    for encode in (otf.create_predict_response, ours):
+        ctx = batch_context(4)
+        answered(ctx)
+        frames.append((bytes(encode(answers, ids, "Prediction success", 200, context=ctx)),
+                       [rp.get_response_headers() for rp in ctx.request_processor]))
+    assert frames[0] == frames[1]
+    assert b"features[3] must be a number" in frames[1][0]
+
+
+@pytest.mark.parametrize("args,kwargs", [
+    ((None, {0: "a"}, "Prediction failed", 503), {}),                    # an error frame
+    (([torch.ones(2)], {0: "a"}, "Prediction success", 200), {"context": "ctx"}),  # a tensor
+    ((["x"], {0: "a"}, "Prediction success", 200), {"context": "ctx", "ts_stream_next": True}),
+])
+def test_anything_else_goes_to_torchserves_own_encoder(stock, args, kwargs):
+    calls = []
+
+    def original(*a):
+        calls.append(a)
+        return bytearray(b"theirs")
+
+    if kwargs.get("context") == "ctx":
+        kwargs["context"] = batch_context(1)
+    assert worker_io._predict_response_for(original)(*args, **kwargs) == b"theirs"
+    assert len(calls) == 1
+
+
+def worker_main(monkeypatch) -> types.ModuleType:
+    """``__main__`` as TorchServe's frontend starts it: ts/model_service_worker.py, which holds
+    its own reference to retrieve_msg."""
+    main = types.ModuleType("__main__")
+    main.__file__ = "/venv/lib/python3.11/site-packages/ts/model_service_worker.py"
+    main.retrieve_msg = otf.retrieve_msg
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    return main
+
+
+def test_lean_worker_reads_the_same_messages_without_a_log_record_per_batch(stock, caplog):
+    main = worker_main(stock)
+    ctx = batch_context(1)
+    ctx.metrics = None
+    assert worker_io.install_lean(ctx, METRIC_LOGGER) == ["retrieve_msg", "predict_response"]
+    assert main.retrieve_msg is worker_io.retrieve_msg is otf.retrieve_msg
+    assert service.create_predict_response.original is not None
+    batch = [("id-0", {"url_path": "", "explain": "False"}, {"features": [1.5] * 32})]
+    ours, theirs = socket.socketpair()
+    with ours, theirs, caplog.at_level(logging.INFO):
+        theirs.sendall(predict_message(batch))
+        cmd, msg = main.retrieve_msg(ours)
+    assert cmd == b"I" and msg[0]["parameters"][0]["value"] == {"features": [1.5] * 32}
+    assert not [r for r in caplog.records if "Backend received inference" in r.getMessage()]
+    assert worker_io.install_lean(ctx, METRIC_LOGGER) == ["retrieve_msg", "predict_response"]
+
+
+def test_outside_the_worker_script_retrieve_msg_stays_and_the_log_says_so(stock, caplog):
+    ctx = batch_context(1)
+    ctx.metrics = None
+    with caplog.at_level(logging.WARNING):
+        assert worker_io.install_lean(ctx, METRIC_LOGGER) == ["predict_response"]
+    assert "per-batch log call kept: not in TorchServe's worker script" in caplog.text
+    assert otf.retrieve_msg is not worker_io.retrieve_msg
+
+
+def test_every_part_is_refused_on_sources_that_are_not_the_pinned_ones(stock, caplog):
+    main = worker_main(stock)
+
+    def retrieve_msg(conn):  # a TorchServe whose functions changed
+        return otf._retrieve_buffer(conn, 1), []
+
+    def create_predict_response(ret, req_id_map, message, code, context=None, ts_stream_next=False):
+        return bytearray()
+
+    stock.setattr(otf, "retrieve_msg", retrieve_msg)
+    main.retrieve_msg = retrieve_msg
+    stock.setattr(service, "create_predict_response", create_predict_response)
+    ctx = batch_context(1)
+    metrics = types.SimpleNamespace(add_time=lambda *a, **k: None)
+    ctx.metrics = metrics
+    with caplog.at_level(logging.WARNING):
+        assert worker_io.install_lean(ctx, METRIC_LOGGER) == []
+    assert "per-batch log call kept: retrieve_msg is not the pinned 0.12.0 source" in caplog.text
+    assert "response encoder kept: create_predict_response is not the pinned 0.12.0" in caplog.text
+    assert "PredictionTime kept: the metrics cache's add_time is not the pinned" in caplog.text
+    assert otf.retrieve_msg is main.retrieve_msg is retrieve_msg
+    assert service.create_predict_response is create_predict_response
+
+
+def test_another_torchserve_version_gets_nothing(stock, caplog):
+    worker_main(stock)
+    stock.setattr(ts, "__version__", "0.12.1")
+    ctx = batch_context(1)
+    ctx.metrics = None
+    with caplog.at_level(logging.WARNING):
+        assert worker_io.install_lean(ctx, METRIC_LOGGER) == []
+    assert caplog.text.count("TorchServe 0.12.1 is not the pinned 0.12.0 source") == 2
+
+
+def test_prediction_time_is_skipped_only_while_its_line_would_be_dropped(stock):
+    from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
+
+    from rtserve.testing.worker import METRICS_YAML
+
+    cache = MetricsCacheYamlImpl(config_file_path=str(METRICS_YAML))
+    cache.initialize_cache()
+    ctx = batch_context(1)
+    ctx.metrics = cache
+    assert "prediction_time" in worker_io.install_lean(ctx, METRIC_LOGGER)
+    quiet = cache.add_time
+    assert isinstance(quiet, worker_io.QuietPredictionTime)
+    seen = []
+    quiet.add_time = lambda name, value, *a, **k: seen.append(name)
+    metric_logger = logging.getLogger(METRIC_LOGGER)
+    level = metric_logger.level
+    try:
+        metric_logger.setLevel(logging.WARNING)  # as the handler leaves it
+        quiet(service.PREDICTION_METRIC, 1.5)
+        quiet("HandlerTime", 2.0)
+        metric_logger.setLevel(logging.INFO)
+        quiet(service.PREDICTION_METRIC, 1.5)
+    finally:
+        metric_logger.setLevel(level)
+    assert seen == ["HandlerTime", service.PREDICTION_METRIC]
