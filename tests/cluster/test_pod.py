@@ -22,7 +22,7 @@ import tritonclient.http as triton
 
 from bench import pod_report
 from rtserve.k8s.pod import memory_mib
-from tests.cluster.conftest import NAMESPACE, make
+from tests.cluster.conftest import DEPLOY_TIMEOUT, NAMESPACE, make
 from tests.conftest import MODEL_NAME, require
 from tests.helpers import bench_main, features
 
@@ -36,7 +36,7 @@ def pod(served, image_vars, tmp_path_factory):
     """`make pod` against the test cluster: the rollout of the version the local overlay pins
     (1.0, already serving: nothing changes), verified again, then how to call it."""
     pod_dir = tmp_path_factory.mktemp("pod")
-    done = make("pod", *served.cluster.make_vars, *image_vars, f"POD_DIR={pod_dir}", timeout=900)
+    done = make("pod", *served.cluster.make_vars, *image_vars, f"POD_DIR={pod_dir}", timeout=DEPLOY_TIMEOUT)
     assert done.returncode == 0, done.stdout[-6000:]
     served.pod_output, served.token_file = done.stdout, pod_dir / "gateway-token"
     return served
