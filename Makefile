@@ -692,15 +692,17 @@ stream-stop: ## Stop the stream consumer `make stream` started (it finishes its 
 
 ##@ Test
 .PHONY: test
-# The cluster tier mostly waits (image builds and loads, pods starting, rollouts, preStop
-# drains), so by default it runs beside the other tiers in a second pytest process
-# (TEST_CLUSTER), its output printed after theirs; with PYTEST_ARGS (or TEST_SPLIT=0) one pytest
-# runs with exactly those arguments. Every tool a test needs is installed first, or make test
-# stops there saying which: no test is skipped for a tool the project can install (nginx: the
-# rehearsal and the gateway; wrk and FastAPI: the perf smoke runs and the pod sizing sweep;
-# podman: the images; containerd, runc, the CNI plugins: the cluster tier's node).
+# The cluster and stream tiers mostly wait (image builds and loads, pods starting, rollouts,
+# preStop drains; broker restarts, session timeouts), so by default they run beside the other
+# tiers, each in a pytest process of its own (TEST_CLUSTER, TEST_BESIDE), their output printed
+# after theirs; with PYTEST_ARGS (or TEST_SPLIT=0) one pytest runs with exactly those arguments.
+# Every tool a test needs is installed first, or make test stops there saying which: no test is
+# skipped for a tool the project can install (nginx: the rehearsal and the gateway; wrk and
+# FastAPI: the perf smoke runs and the pod sizing sweep; podman: the images; containerd, runc,
+# the CNI plugins: the cluster tier's node).
 TEST_SPLIT  ?= 1
 TEST_CLUSTER ?= tests/cluster
+TEST_BESIDE ?= tests/stream
 TEST_SPLIT_ON = $(and $(filter 1,$(TEST_SPLIT)),$(if $(strip $(PYTEST_ARGS)),,split))
 # When this make started (for `make test`'s own timing: setup, i.e. what it builds and installs
 # first, included).
@@ -716,15 +718,18 @@ test: $(STAMP) $(AGENT_JAR) $(if $(TEST_SPLIT_ON),$(WHEELHOUSE_STAMP)) ## Run th
 	@if [ -z "$(TEST_SPLIT_ON)" ]; then \
 	  echo "$(PY) -m pytest $(PYTEST_ARGS)"; exec $(PY) -m pytest $(PYTEST_ARGS); fi; \
 	mkdir -p build && start=$$(date +%s); \
-	echo ">> $(TEST_CLUSTER) runs in a second pytest process beside the rest; its output follows theirs"; \
+	echo ">> $(TEST_CLUSTER) and $(TEST_BESIDE) run in pytest processes of their own beside the rest; their output follows theirs"; \
 	$(PY) -m pytest $(TEST_CLUSTER) > build/test-cluster.log 2>&1 & cluster=$$!; \
-	trap 'kill $$cluster 2>/dev/null' INT TERM; \
-	rest=0; $(PY) -m pytest $(addprefix --ignore=,$(TEST_CLUSTER)) || rest=$$?; \
-	other=0; wait $$cluster || other=$$?; \
+	$(PY) -m pytest $(TEST_BESIDE) > build/test-beside.log 2>&1 & beside=$$!; \
+	trap 'kill $$cluster $$beside 2>/dev/null' INT TERM; \
+	rest=0; $(PY) -m pytest $(addprefix --ignore=,$(TEST_CLUSTER) $(TEST_BESIDE)) || rest=$$?; \
+	other=0; wait $$beside || other=$$?; \
+	third=0; wait $$cluster || third=$$?; \
+	echo ">> $(TEST_BESIDE) (build/test-beside.log):"; cat build/test-beside.log; \
 	echo ">> $(TEST_CLUSTER) (build/test-cluster.log):"; cat build/test-cluster.log; \
 	end=$$(date +%s); \
-	echo ">> make test: $$(( end - $(or $(TEST_T0),$$start) )) s (setup $$(( start - $(or $(TEST_T0),$$start) )) s, tests $$(( end - start )) s); exit status: $$rest, $$other for the cluster"; \
-	[ $$rest -eq 0 ] && [ $$other -eq 0 ]
+	echo ">> make test: $$(( end - $(or $(TEST_T0),$$start) )) s (setup $$(( start - $(or $(TEST_T0),$$start) )) s, tests $$(( end - start )) s); exit status: $$rest, $$other beside, $$third for the cluster"; \
+	[ $$rest -eq 0 ] && [ $$other -eq 0 ] && [ $$third -eq 0 ]
 
 .PHONY: test-rules
 test-rules: monitor-deps ## Check the alerting rules and run their unit tests (promtool)

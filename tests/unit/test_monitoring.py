@@ -19,9 +19,11 @@ RULES = MONITORING / "rtserve-alerts.yml"
 RULE_TESTS = sorted((MONITORING / "tests").glob("*.test.yml"))
 
 
-def rule_expressions() -> dict[str, str]:
+def rule_expressions(groups: tuple[str, ...] | None = None) -> dict[str, str]:
+    """Each alert's expression, of the rule ``groups`` given (default: all)."""
     rules = yaml.safe_load((MONITORING / "rtserve-alerts.yml").read_text())
-    return {r["alert"]: r["expr"] for g in rules["groups"] for r in g["rules"]}
+    return {r["alert"]: r["expr"] for g in rules["groups"] if groups is None or g["name"] in groups
+            for r in g["rules"]}
 
 
 def dashboard_expressions() -> list[str]:
