@@ -47,13 +47,14 @@ SITE = "/opt/venv/lib/python3.11/site-packages"
 CONTAINERS = ("rtserve", "gateway")
 
 
-def podman(*args: str) -> str:
-    """podman with the project's containers.conf (explicit ulimits: what `make image` uses)."""
+def podman(*args: str, cwd: Path | None = None) -> str:
+    """podman's stdout, stripped, with the project's containers.conf (explicit ulimits: what
+    `make image` uses); RuntimeError with its stderr when it fails."""
     env = {"CONTAINERS_CONF": str(REPO / "deploy" / "podman" / "containers.conf"), **os.environ}
-    done = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=300, env=env)
+    done = subprocess.run(["podman", *args], cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
     if done.returncode:
         raise RuntimeError(f"podman {' '.join(args)}: {done.stderr.strip()}")
-    return done.stdout
+    return done.stdout.strip()
 
 
 def image_breakdown(image: str) -> dict:

@@ -208,13 +208,9 @@ class Rehearsal:
 
 def run(work_dir: Path, model_store: Path, model: str = "realtime-classifier", old: str = "1.0",
         new: str = "2.0", replicas: int = 2, hold: float = 3.0, rate: float = 100.0,
-        concurrency: int = 4, quiet: float = 0.5, roll_back: bool = True,
-        rehearsal: Rehearsal | None = None) -> dict:
-    """The whole rehearsal: old -> new (-> old) under traffic; returns the report.
-
-    ``rehearsal`` replaces the local TorchServe replicas by others (bench/pod_rollout.py: pods).
-    """
-    rehearsal = rehearsal or Rehearsal(work_dir, model_store, model, quiet, hold)
+        concurrency: int = 4, quiet: float = 0.5, roll_back: bool = True) -> dict:
+    """The whole rehearsal: old -> new (-> old) under traffic; returns the report."""
+    rehearsal = Rehearsal(work_dir, model_store, model, quiet, hold)
     started = time.monotonic()
     try:
         rehearsal.start(old, replicas, rate, concurrency)

@@ -9,28 +9,17 @@ the rtserve and gateway images go the same way in `make k8s-deploy OVERLAY=local
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import uuid
-from pathlib import Path
 
 import pytest
 
+from bench.pod_report import podman
 from rtserve.cluster import images
 from tests.cluster.conftest import make
-from tests.conftest import REPO
 
 pytestmark = pytest.mark.cluster
-
-CONTAINERS_CONF = REPO / "deploy" / "podman" / "containers.conf"
-
-
-def podman(*args: str, cwd: Path | None = None) -> str:
-    done = subprocess.run(["podman", *args], cwd=cwd, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "CONTAINERS_CONF": str(CONTAINERS_CONF)})
-    assert done.returncode == 0, f"podman {' '.join(args)}: {done.stderr}"
-    return done.stdout.strip()
 
 
 @pytest.fixture
