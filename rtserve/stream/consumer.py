@@ -6,7 +6,14 @@ validate each (:mod:`rtserve.stream.records`) and send the valid ones to TorchSe
 events per request (KServe v1) and those requests concurrently, so that its batching forms real
 batches; only then open a transaction, write the outputs in offset order, add the consumed
 offsets to it (``send_offsets_to_transaction``) and commit. No transaction is open while
-TorchServe answers. A transient failure (no answer, 502/503/504, a lost worker) writes nothing:
+TorchServe answers.
+
+The transaction commits on a thread of its own while the next step polls and scores (at most one
+commit in flight): a step's latency is its scoring plus one commit, and the commits' round trips
+to the broker no longer hold the scoring back. The next step opens its transaction only once the
+previous one's outcome is known; if that one failed, the next step's answers are dropped too and
+both steps' events are read again from the group's committed offsets. A rebalance waits for the
+commit in flight before the partitions go. A transient failure (no answer, 502/503/504, a lost worker) writes nothing:
 the consumer seeks back to the step's first offsets, pauses its partitions and keeps polling them
 paused (so that it stays in its group and takes part in rebalances) until a backoff has passed,
 then resumes them; it never dead-letters one. A transaction that fails is aborted (its producer
@@ -20,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -102,6 +109,16 @@ class Counts:
     errors: list[str] = field(default_factory=list)
 
 
+@dataclass
+class InFlight:
+    """A step whose transaction commits on the commit thread: its events, their outputs, and
+    the commit's wall-clock end (or its :class:`KafkaException`)."""
+
+    messages: list[Message]
+    outputs: list[tuple[str, bytes]]
+    commit: Future
+
+
 class Transient(StreamError):
     """HTTP 503: TorchServe could not answer now (the consumer retries the step; it never
     leaves the consumer)."""
@@ -125,6 +142,9 @@ class StreamConsumer:
         })
         self.producer: Producer | None = self._producer()
         self.pool = ThreadPoolExecutor(config.concurrency, thread_name_prefix="stream-score")
+        #: One thread: at most one transaction commits at a time, in the steps' order.
+        self.committer = ThreadPoolExecutor(1, thread_name_prefix="stream-commit")
+        self._in_flight: InFlight | None = None
         self._failures = 0
         #: While backing off after a transient failure: when the paused partitions resume.
         self._resume_at: float | None = None
@@ -156,7 +176,7 @@ class StreamConsumer:
 
     def run(self, stop: threading.Event) -> Counts:
         """Consume until ``stop`` is set; then leave the group."""
-        self.consumer.subscribe([self.config.input], on_assign=self._on_assign)
+        self.consumer.subscribe([self.config.input], on_assign=self._on_assign, on_revoke=self._on_revoke)
         try:
             while not stop.is_set():
                 self.metrics.tick()
@@ -166,30 +186,40 @@ class StreamConsumer:
         return self.counts
 
     def close(self) -> None:
+        """The commit in flight ends (counted), then the member leaves its group."""
+        self.finish(settle=False)
         self.pool.shutdown(wait=True)
+        self.committer.shutdown(wait=True)
         self.consumer.close()
 
     def step(self) -> int:
-        """Poll, score and commit one batch; returns the events written (0 after a retry, and
-        while backing off)."""
+        """Poll and score one batch, and hand it to the commit thread once the previous step's
+        transaction has ended; returns the events that ended committed in this call (the
+        previous step's: 0 when it failed, after a retry, and while backing off)."""
         if self._resume_at is not None:
             self._hold()
             return 0
         if self._unsettled and not self._settle():
             return 0
         messages = self._poll(self.config.poll)
-        if not messages:
+        if self._unsettled:  # a rebalance in the poll met a failed commit: read again once settled
             return 0
+        if not messages:
+            return self.finish(wait=False) or 0
         member = self.consumer.memberid()
         try:
             outputs = self.score(messages)
         except Transient as exc:
-            self._retry_later(messages, exc)
-            return 0
+            written = self.finish()
+            if written is not None:  # (else the failed commit's abort rewound these events too)
+                self._retry_later(messages, exc)
+            return written or 0
         self._failures = 0
-        if not self.commit(messages, outputs, member):
+        written = self.finish()
+        if written is None:  # the previous transaction failed: these events are read again too
             return 0
-        return len(messages)
+        self.commit(messages, outputs, member)
+        return written
 
     def _poll(self, timeout: float) -> list[Message]:
         """Up to ``batch`` events: at most ``timeout`` seconds' wait for the first, then only those
@@ -207,6 +237,12 @@ class StreamConsumer:
             else:
                 messages.append(msg)
         return messages
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Partitions about to go (a rebalance, or the member leaving): the commit in flight
+        ends first, under the generation its offsets name. If it failed, the member is rewound
+        at its next step (the partitions it gets are read from the committed offsets anyway)."""
+        self.finish(settle=False)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """A rebalance's new partitions: paused while the member backs off (resumed with the
@@ -292,8 +328,9 @@ class StreamConsumer:
             raise StreamError(f"TorchServe refused {self.config.model} for every event: {exc}") from exc
 
     def commit(self, messages: list[Message], outputs: list[tuple[str, bytes]], member: str | None) -> bool:
-        """Write ``outputs`` and the consumed offsets in one transaction; on failure abort and
-        seek back to the committed offsets. Returns whether it committed.
+        """Hand ``outputs`` and the consumed offsets to the commit thread, to be written in one
+        transaction (:meth:`finish` takes its outcome; none may be in flight). Returns whether
+        it was handed over.
 
         ``member`` is the member id the events were polled under. A member frozen past its
         session timeout (or cut off from the broker) loses its partitions to another member; if it
@@ -303,35 +340,59 @@ class StreamConsumer:
         member id is no longer the poll's: it gives the step up here, without the round trip,
         and says why.
         """
+        assert self._in_flight is None, "one transaction at a time"
         group = self.consumer.consumer_group_metadata()  # (taken before the check below)
         now = self.consumer.memberid()
         if not member or now != member:
             self._abort(f"member {member!r} left group {self.config.group} while it scored (now {now!r}): "
                         "its partitions moved to another member", opened=False)
             return False
-        producer = self.producer
+        self._in_flight = InFlight(messages, outputs, self.committer.submit(
+            self._transact, self.producer, messages, outputs, group))
+        return True
+
+    def _transact(self, producer: Producer, messages: list[Message], outputs: list[tuple[str, bytes]],
+                  group: Any) -> float:
+        """On the commit thread: one transaction with ``outputs`` in offset order and the
+        offsets after ``messages``; returns when it committed (wall clock).
+
+        Raises:
+            KafkaException: the transaction failed (:meth:`finish` aborts it).
+        """
+        producer.begin_transaction()
+        for msg, (topic, value) in zip(messages, outputs):
+            producer.produce(topic, key=msg.key(), value=value)
+        producer.send_offsets_to_transaction(next_offsets(messages), group, TXN_TIMEOUT)
+        producer.commit_transaction(TXN_TIMEOUT)
+        return self.metrics.wall()
+
+    def finish(self, wait: bool = True, settle: bool = True) -> int | None:
+        """The outcome of the transaction in flight (``wait``: waiting for it; else only if it
+        has ended): its events counted, or on failure the step given up (:meth:`_abort`; with
+        ``settle``, rewound to the committed offsets now, else at the next step). Returns the
+        events it committed (0: none in flight, or still committing), None when it failed."""
+        done = self._in_flight
+        if done is None or not (wait or done.commit.done()):
+            return 0
+        self._in_flight = None
         try:
-            producer.begin_transaction()
-            for msg, (topic, value) in zip(messages, outputs):
-                producer.produce(topic, key=msg.key(), value=value)
-            producer.send_offsets_to_transaction(next_offsets(messages), group, TXN_TIMEOUT)
-            producer.commit_transaction(TXN_TIMEOUT)
+            at = done.commit.result()
         except KafkaException as exc:
-            self._abort(str(exc.args[0]))
-            return False
-        self.metrics.committed(messages)
+            self._abort(str(exc.args[0]), settle=settle)
+            return None
+        self.metrics.committed(done.messages, at)
         self.counts.transactions += 1
-        for topic, _ in outputs:
+        for topic, _ in done.outputs:
             if topic == self.config.output:
                 self.counts.predictions += 1
             else:
                 self.counts.dead_letters += 1
-        return True
+        return len(done.messages)
 
-    def _abort(self, why: str, opened: bool = True) -> None:
+    def _abort(self, why: str, opened: bool = True, settle: bool = True) -> None:
         """Give the step up: if a transaction was ``opened``, drop its producer (the next one,
         with the same transactional id, fences it and aborts what it left open), then seek back
-        to the group's committed offsets (:meth:`_settle`).
+        to the group's committed offsets (:meth:`_settle`; without ``settle``, at the next step).
 
         A producer is not reused after a failed transaction: one that lost the broker mid-way
         (a restart) was seen to fail its next transaction with OUT_OF_ORDER_SEQUENCE_NUMBER and
@@ -342,7 +403,8 @@ class StreamConsumer:
         if opened:
             self.producer = None
         self._unsettled = True
-        self._settle()
+        if settle:
+            self._settle()
 
     def _settle(self) -> bool:
         """After a failed transaction: a producer ready for the next one (a new one aborts what

@@ -222,11 +222,11 @@ class StreamMetrics:
         self.looping = True
         self.last_tick = self.clock()
 
-    def committed(self, messages: Iterable[Message]) -> int:
-        """A transaction with ``messages``' outputs and offsets committed now: each event's time
-        since its Kafka timestamp (events without one are left out), and the group's new offsets;
-        returns how many events were timed."""
-        now = self.wall()
+    def committed(self, messages: Iterable[Message], at: float | None = None) -> int:
+        """A transaction with ``messages``' outputs and offsets committed at ``at`` (wall clock,
+        seconds; default now): each event's time from its Kafka timestamp to then (events without
+        one are left out), and the group's new offsets; returns how many events were timed."""
+        now = self.wall() if at is None else at
         ages, positions = [], dict(self.positions)
         for m in messages:
             kind, ts = m.timestamp()
