@@ -5,6 +5,7 @@ read_committed hold each input offset once, in each partition's order)."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 import uuid
@@ -182,3 +183,63 @@ def run_options(kafka, torchserve, topics: dict[str, str], inference: str | None
             "--model", MODEL_NAME, "--group", f"stream-{run}", "--input", topics["events"],
             "--output", topics["predictions"], "--dead-letters", topics["events.dlq"], "--batch", "16",
             "--metrics-port", "0"]  # members on one machine: no metrics port each (test_metrics.py serves one)
+
+
+class StalledPath:
+    """A TCP path to TorchServe that holds the requests sent on it until :meth:`open` (a
+    network stall on loopback; the server behind it is the real one). It lets a test act while
+    a member is known to hold polled events it has not written yet."""
+
+    def __init__(self, target: str, hold: bool = True) -> None:
+        host, _, port = target.removeprefix("http://").rpartition(":")
+        self.target = (host, int(port))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.opened = threading.Event()
+        if not hold:
+            self.opened.set()
+        self.held = 0
+        #: Chunks sent on towards TorchServe (requests, or parts of them) since the start.
+        self.passed = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._forward, args=(conn,), daemon=True).start()
+
+    def _forward(self, conn: socket.socket) -> None:
+        with conn, socket.create_connection(self.target) as upstream:
+            back = threading.Thread(target=_pipe, args=(upstream, conn), daemon=True)
+            back.start()
+            _pipe(conn, upstream, self)
+            back.join()
+
+    def hold(self) -> None:
+        """Hold what is sent from now on (requests on connections already open too)."""
+        self.held = 0
+        self.opened.clear()
+
+    def open(self) -> None:
+        self.opened.set()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def _pipe(src: socket.socket, dst: socket.socket, gate: StalledPath | None = None) -> None:
+    """Copy ``src`` to ``dst`` until it ends; with a ``gate``, each chunk waits until it is open."""
+    try:
+        while data := src.recv(65536):
+            if gate is not None and not gate.opened.is_set():
+                gate.held += 1
+                gate.opened.wait()
+            dst.sendall(data)
+            if gate is not None:
+                gate.passed += 1
+        dst.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass

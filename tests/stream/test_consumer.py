@@ -17,10 +17,10 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from rtserve.client.rest import Client
 from rtserve.runtime.ports import free_ports
 from rtserve.runtime.process import alive, wait_until
-from rtserve.stream import service
+from rtserve.stream import local, service
 from rtserve.stream.consumer import MAX_EVENT_BYTES
 from tests.helpers import make
-from tests.stream.helpers import (PARTITIONS, exactly_once, member_of, produce, run_options, running,
+from tests.stream.helpers import (PARTITIONS, StalledPath, exactly_once, member_of, produce, run_options, running,
                                   stream_topics, valid_events, wait_written)
 
 pytestmark = pytest.mark.stream
@@ -100,33 +100,17 @@ def test_kill_9_mid_stream_and_restarts_write_each_event_once(kafka, torchserve,
     restarted: read with read_committed, each input offset is in the predictions exactly once."""
     topics = stream_topics(kafka)
     sent = produce(kafka, topics["events"], valid_events(240))
-    run = topics["events"].rsplit("-", 1)[1]
     props = torchserve.props
     options = run_options(kafka, torchserve, topics)
     where = [f"STREAM_DIR={tmp_path}", f"KAFKA_RUN_DIR={kafka.run_dir}", f"RUN_DIR={torchserve.key_file.parent}",
              f"INFERENCE_URL={props['inference_address']}", f"MANAGEMENT_URL={props['management_address']}",
              f"STREAM_ARGS={' '.join(options[options.index('--group'):])}"]
-    watcher = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": f"stream-{run}"})
-    partitions = [TopicPartition(topics["events"], p) for p in range(PARTITIONS)]
-
-    def committed() -> int | None:
-        """The group's committed events; None while a killed member's open transaction holds
-        offsets (the broker answers UNSTABLE_OFFSET_COMMIT until it is aborted)."""
-        try:
-            return sum(max(tp.offset, 0) for tp in watcher.committed(partitions, timeout=5))
-        except KafkaException:
-            return None
-
-    def stable() -> int:
-        count = wait_until(lambda: (c := committed()) is not None and c + 1, 90, poll=0.2)
-        assert count, "the group's offsets stayed unstable for 90 s"
-        return count - 1
-
+    committed = Committed(kafka, topics)
     at_kill = []
     try:
         for _ in range(3):
             pid, _ = service.start(tmp_path, options)
-            before = stable()  # (the new member aborted its predecessor's open transaction)
+            before = committed.stable()  # (the new member aborted its predecessor's open transaction)
             moved = wait_until(lambda: (c := committed()) is not None and c > before and c, 90, poll=0.05)
             assert moved, "no progress in 90 s"
             os.kill(pid, signal.SIGKILL)
@@ -138,7 +122,7 @@ def test_kill_9_mid_stream_and_restarts_write_each_event_once(kafka, torchserve,
         assert started.returncode == 0 and ">> stream consumer started in " in started.stdout, started.stdout
         assert wait_until(lambda: committed() == len(sent), 180, poll=0.5), f"committed {committed()}"
     finally:
-        watcher.close()
+        committed.close()
         stopped = make("-s", "stream-stop", *where)
         service.stop(tmp_path)
     assert re.fullmatch(r">> stream consumer stopped: \d+ predictions, 0 dead letters in \d+ transactions "
@@ -146,3 +130,73 @@ def test_kill_9_mid_stream_and_restarts_write_each_event_once(kafka, torchserve,
     written = exactly_once(kafka, topics, sent)
     assert (len(written.predictions), written.letters) == (len(sent), [])
     print(f"committed offsets at each SIGKILL: {at_kill} of {len(sent)}")
+
+
+def test_kill_9_while_one_step_commits_and_the_next_has_scored(kafka, torchserve, tmp_path):
+    """The window the overlapped commit opens: a step's transaction in flight while the next
+    step has scored its events. The broker is frozen (SIGSTOP) mid-stream, so that the commit in
+    flight cannot end while the member scores its next step from what it had fetched (its
+    requests to TorchServe, on a counting loopback path, go on during the freeze); then the
+    member is SIGKILLed, the broker continued, and a new member (the same transactional id)
+    aborts what the dead one left open and finishes: each input offset exactly once."""
+    topics = stream_topics(kafka)
+    sent = produce(kafka, topics["events"], valid_events(240))
+    path = StalledPath(torchserve.props["inference_address"], hold=False)
+    options = run_options(kafka, torchserve, topics, inference=path.address)
+    committed = Committed(kafka, topics)
+    broker = local.pid(kafka.run_dir)
+    assert broker is not None
+    try:
+        pid, _ = service.start(tmp_path, options)
+        assert wait_until(lambda: (c := committed()) is not None and c > 0, 90, poll=0.05), "no progress in 90 s"
+        os.kill(broker, signal.SIGSTOP)
+        try:
+            before = path.passed
+            # every event is fetched already: the member polls and scores while its commit waits
+            scored = wait_until(lambda: path.passed > before, 10, poll=0.05)
+            time.sleep(1.0)  # its scored step now waits for the commit the frozen broker holds
+            os.kill(pid, signal.SIGKILL)
+            assert wait_until(lambda: not alive(pid), 10), f"pid {pid} survived SIGKILL"
+        finally:
+            os.kill(broker, signal.SIGCONT)
+        at_kill = committed.stable()
+        assert at_kill < len(sent), f"the stream ended before the kill: {at_kill}"
+        service.start(tmp_path, options)
+        assert wait_until(lambda: committed() == len(sent), 180, poll=0.5), f"committed {committed()}"
+        stopped = service.stop(tmp_path)
+    finally:
+        committed.close()
+        path.close()
+        service.stop(tmp_path)
+    assert stopped and re.fullmatch(r"\d+ predictions, 0 dead letters in \d+ transactions \(0 aborted, 0 retries\)",
+                                    stopped), stopped
+    written = exactly_once(kafka, topics, sent)
+    assert (len(written.predictions), written.letters) == (len(sent), [])
+    print(f"killed with {at_kill} of {len(sent)} committed, the broker frozen; requests to TorchServe "
+          f"during the freeze: {'yes' if scored else 'no (the next step had scored before it)'}")
+
+
+class Committed:
+    """The group's committed events of the test's input (a watcher of the group's offsets)."""
+
+    def __init__(self, kafka, topics: dict[str, str]) -> None:
+        run = topics["events"].rsplit("-", 1)[1]
+        self.watcher = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": f"stream-{run}"})
+        self.partitions = [TopicPartition(topics["events"], p) for p in range(PARTITIONS)]
+
+    def __call__(self) -> int | None:
+        """The committed events; None while a killed member's open transaction holds offsets
+        (the broker answers UNSTABLE_OFFSET_COMMIT until it is aborted)."""
+        try:
+            return sum(max(tp.offset, 0) for tp in self.watcher.committed(self.partitions, timeout=5))
+        except KafkaException:
+            return None
+
+    def stable(self) -> int:
+        """The committed events once no open transaction holds them (within 90 s)."""
+        count = wait_until(lambda: (c := self()) is not None and c + 1, 90, poll=0.2)
+        assert count, "the group's offsets stayed unstable for 90 s"
+        return count - 1
+
+    def close(self) -> None:
+        self.watcher.close()
