@@ -17,6 +17,8 @@ back to back so that the ratio is fair on a busy machine:
    200 warm-up events, left out). Latency per event: the output's arrival at a
    ``read_committed`` reader (wall clock) minus the event's timestamp (its CreateTime, set by
    the producer when it was produced), both on this host's clock; p50 and p99 over the phase.
+   The same reader reads the input too: its events' arrival minus their timestamps is the
+   transport's floor (producer, broker, reader, this process's turn on a core) in that phase.
 
 Exactly once (shipped consumer, each phase): after the consumer stopped, both outputs are read
 to their ends with ``read_committed``; the input offsets must equal the union of the
@@ -47,7 +49,7 @@ from pathlib import Path
 from typing import Callable
 
 import psutil
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, Producer, TopicPartition
 
 from bench import common
 from bench.perf import busy_cpu, tree_cpu
@@ -86,6 +88,9 @@ class Phase:
     p50_ms: float | None = None
     p99_ms: float | None = None
     max_ms: float | None = None
+    #: The same reader's latency for the input's events (fixed rate): the transport's floor.
+    floor_p50_ms: float | None = None
+    floor_p99_ms: float | None = None
     #: CPU seconds per component over the measured window, and the same as % of one core.
     cpu_s: dict = field(default_factory=dict)
     cpu_pct: dict = field(default_factory=dict)
@@ -221,28 +226,41 @@ class Sender:
 
 class Reader:
     """A ``read_committed`` reader of the output topics from their beginnings, keeping each
-    record's arrival time (wall clock, ms) and value."""
+    record's arrival time (wall clock, ms: when the poll that brought it returned) and value.
+    With ``floor``, it reads that topic (the input) too, from its end: each event's arrival
+    minus its timestamp is the transport's own latency (the producer's linger, the broker, this
+    reader's fetch and this process's turn on a core), the floor under the consumers' figures."""
 
-    def __init__(self, bootstrap: str, outputs: list[str]) -> None:
+    def __init__(self, bootstrap: str, outputs: list[str], floor: str | None = None) -> None:
         self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}",
                                   "isolation.level": "read_committed", "enable.auto.commit": False,
                                   "enable.partition.eof": True, "fetch.wait.max.ms": 50, "log_level": 4})
-        self.consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t in outputs for p in range(PARTITIONS)])
+        self.consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t in outputs for p in range(PARTITIONS)]
+                             + [TopicPartition(floor, p, OFFSET_END) for p in range(PARTITIONS) if floor])
         self.parts = len(outputs) * PARTITIONS
+        self.floor_topic = floor
         self.records: list[tuple[float, str, dict]] = []
+        #: The input's events: (timestamp, arrival) in ms.
+        self.floor: list[tuple[float, float]] = []
         self.eof: set[tuple[str, int]] = set()
 
     def poll(self, timeout: float = 0.1) -> int:
-        """Read what is there (up to 500 records); returns how many came."""
+        """Read what is there (up to 500 records); returns how many outputs came."""
         got = 0
-        for msg in self.consumer.consume(500, timeout):
+        polled = self.consumer.consume(500, timeout)
+        now = time.time() * 1000
+        for msg in polled:
             if msg.error():
                 if msg.error().code() != KafkaError._PARTITION_EOF:
                     raise StreamError(f"reading {msg.topic()}: {msg.error()}")
-                self.eof.add((msg.topic(), msg.partition()))
+                if msg.topic() != self.floor_topic:
+                    self.eof.add((msg.topic(), msg.partition()))
+                continue
+            if msg.topic() == self.floor_topic:
+                self.floor.append((msg.timestamp()[1], now))
                 continue
             self.eof.discard((msg.topic(), msg.partition()))
-            self.records.append((time.time() * 1000, msg.topic(), json.loads(msg.value())))
+            self.records.append((now, msg.topic(), json.loads(msg.value())))
             got += 1
         return got
 
@@ -382,7 +400,7 @@ class Bench:
         """``rate`` events/s for ``seconds`` (after a warm-up); latency per event."""
         names = topics(self.bootstrap, f"rate-{who}")
         sender = Sender(self.bootstrap, linger_ms=5)
-        reader = Reader(self.bootstrap, [names["output"], names["dead_letters"]])
+        reader = Reader(self.bootstrap, [names["output"], names["dead_letters"]], floor=names["input"])
         stop = self.start(who, names)
         try:
             sender.send(names["input"], event_values(WARMUP_EVENTS))
@@ -409,6 +427,8 @@ class Bench:
         phase = Phase("fixed rate", who, round(rate, 1), n, read, round(end - begin, 2),
                       round(read / (end - begin), 1), quantile(values, 0.5), quantile(values, 0.99),
                       round(max(values), 1) if values else None, load_before=load)
+        floor = [arrived - stamp for stamp, arrived in reader.floor if stamp >= since_ms]
+        phase.floor_p50_ms, phase.floor_p99_ms = quantile(floor, 0.5), quantile(floor, 0.99)
         phase.cpu_s, phase.cpu_pct = split(before, after, end - begin)
         phase.cpu_ms_per_event = per_event(phase.cpu_s, read)
         return self.finish(phase, stop, reader, sender, names)
@@ -466,6 +486,10 @@ def summarize(phases: list[Phase], rate_given: bool = False) -> tuple[list[str],
         out.append(f"latency at {rate.offered_per_s:.0f} events/s ({why}): shipped p50 "
                    f"{rate.p50_ms} ms, p99 {rate.p99_ms} ms (target < {TARGET_P99_MS:.0f} ms: "
                    f"{'met' if rate.p99_ms < TARGET_P99_MS else 'MISSED'})")
+    for p in phases:
+        if p.floor_p50_ms is not None:
+            out.append(f"transport floor in the {p.consumer} consumer's fixed-rate phase (the input's events at the "
+                       f"same reader: producer, broker, reader): p50 {p.floor_p50_ms} ms, p99 {p.floor_p99_ms} ms")
     ok = True
     for p in phases:
         if p.exactly_once is not None:
