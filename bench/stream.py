@@ -17,8 +17,9 @@ back to back so that the ratio is fair on a busy machine:
    200 warm-up events, left out). Latency per event: the output's arrival at a
    ``read_committed`` reader (wall clock) minus the event's timestamp (its CreateTime, set by
    the producer when it was produced), both on this host's clock; p50 and p99 over the phase.
-   The same reader reads the input too: its events' arrival minus their timestamps is the
-   transport's floor (producer, broker, reader, this process's turn on a core) in that phase.
+   Before them, the same producer and reader alone at that rate (``transport``: the reader
+   reads the input, no consumer in the path) give the transport's floor: the producer's linger,
+   the broker, the reader's fetch and this process's turn on a core.
 
 Exactly once (shipped consumer, each phase): after the consumer stopped, both outputs are read
 to their ends with ``read_committed``; the input offsets must equal the union of the
@@ -49,7 +50,7 @@ from pathlib import Path
 from typing import Callable
 
 import psutil
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
 from bench import common
 from bench.perf import busy_cpu, tree_cpu
@@ -88,9 +89,6 @@ class Phase:
     p50_ms: float | None = None
     p99_ms: float | None = None
     max_ms: float | None = None
-    #: The same reader's latency for the input's events (fixed rate): the transport's floor.
-    floor_p50_ms: float | None = None
-    floor_p99_ms: float | None = None
     #: CPU seconds per component over the measured window, and the same as % of one core.
     cpu_s: dict = field(default_factory=dict)
     cpu_pct: dict = field(default_factory=dict)
@@ -227,16 +225,15 @@ class Sender:
 class Reader:
     """A ``read_committed`` reader of the output topics from their beginnings, keeping each
     record's arrival time (wall clock, ms: when the poll that brought it returned) and value.
-    With ``floor``, it reads that topic (the input) too, from its end: each event's arrival
-    minus its timestamp is the transport's own latency (the producer's linger, the broker, this
-    reader's fetch and this process's turn on a core), the floor under the consumers' figures."""
+    With ``floor``, it reads that topic (the input) too: each event's timestamp and arrival, the
+    transport's own latency (:meth:`Bench.transport`)."""
 
     def __init__(self, bootstrap: str, outputs: list[str], floor: str | None = None) -> None:
         self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}",
                                   "isolation.level": "read_committed", "enable.auto.commit": False,
                                   "enable.partition.eof": True, "fetch.wait.max.ms": 50, "log_level": 4})
         self.consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t in outputs for p in range(PARTITIONS)]
-                             + [TopicPartition(floor, p, OFFSET_END) for p in range(PARTITIONS) if floor])
+                             + [TopicPartition(floor, p, OFFSET_BEGINNING) for p in range(PARTITIONS) if floor])
         self.parts = len(outputs) * PARTITIONS
         self.floor_topic = floor
         self.records: list[tuple[float, str, dict]] = []
@@ -405,7 +402,7 @@ class Bench:
         """``rate`` events/s for ``seconds`` (after a warm-up); latency per event."""
         names = topics(self.bootstrap, f"rate-{who}")
         sender = Sender(self.bootstrap, linger_ms=5)
-        reader = Reader(self.bootstrap, [names["output"], names["dead_letters"]], floor=names["input"])
+        reader = Reader(self.bootstrap, [names["output"], names["dead_letters"]])
         stop = self.start(who, names)
         try:
             sender.send(names["input"], event_values(WARMUP_EVENTS))
@@ -432,11 +429,44 @@ class Bench:
         phase = Phase("fixed rate", who, round(rate, 1), n, read, round(end - begin, 2),
                       round(read / (end - begin), 1), quantile(values, 0.5), quantile(values, 0.99),
                       round(max(values), 1) if values else None, load_before=load)
-        floor = [arrived - stamp for stamp, arrived in reader.floor if stamp >= since_ms]
-        phase.floor_p50_ms, phase.floor_p99_ms = quantile(floor, 0.5), quantile(floor, 0.99)
         phase.cpu_s, phase.cpu_pct = split(before, after, end - begin)
         phase.cpu_ms_per_event = per_event(phase.cpu_s, read)
         return self.finish(phase, stop, reader, sender, names)
+
+
+    def transport(self, rate: float, seconds: float) -> Phase:
+        """The paced producer and the reader alone at ``rate`` for ``seconds`` (after a warm-up),
+        the reader reading the input: each event's arrival minus its timestamp, the floor under
+        the consumers' latency (a phase of its own, so that its reading costs them nothing)."""
+        names = topics(self.bootstrap, "rate-transport")
+        sender = Sender(self.bootstrap, linger_ms=5)
+        reader = Reader(self.bootstrap, [], floor=names["input"])
+        try:
+            sender.send(names["input"], event_values(WARMUP_EVENTS))
+            sender.flush()
+            n = int(rate * seconds)
+            paced = event_values(n, WARMUP_EVENTS)
+            logger.info(">> fixed rate, transport only: %d events at %.0f/s", n, rate)
+            load = [round(x, 2) for x in os.getloadavg()]
+            since_ms, before, begin = time.time() * 1000, self.procs.cpu(), time.monotonic()
+            pacer = threading.Thread(target=sender.paced, args=(names["input"], paced, rate))
+            pacer.start()
+            deadline = time.monotonic() + seconds + max(30.0, seconds)
+            while len(reader.floor) < WARMUP_EVENTS + n and time.monotonic() < deadline:
+                reader.poll()
+            pacer.join()
+            sender.flush()
+            end, after = time.monotonic(), self.procs.cpu()
+        finally:
+            reader.close()
+        values = [arrived - stamp for stamp, arrived in reader.floor if stamp >= since_ms]
+        read = len(reader.floor) - WARMUP_EVENTS
+        phase = Phase("fixed rate", "transport", round(rate, 1), n, read, round(end - begin, 2),
+                      round(read / (end - begin), 1), quantile(values, 0.5), quantile(values, 0.99),
+                      round(max(values), 1) if values else None, load_before=load)
+        phase.cpu_s, phase.cpu_pct = split(before, after, end - begin)
+        phase.load_after = [round(x, 2) for x in os.getloadavg()]
+        return phase
 
 
 def start_broker(args) -> Layout:
@@ -491,10 +521,10 @@ def summarize(phases: list[Phase], rate_given: bool = False) -> tuple[list[str],
         out.append(f"latency at {rate.offered_per_s:.0f} events/s ({why}): shipped p50 "
                    f"{rate.p50_ms} ms, p99 {rate.p99_ms} ms (target < {TARGET_P99_MS:.0f} ms: "
                    f"{'met' if rate.p99_ms < TARGET_P99_MS else 'MISSED'})")
-    for p in phases:
-        if p.floor_p50_ms is not None:
-            out.append(f"transport floor in the {p.consumer} consumer's fixed-rate phase (the input's events at the "
-                       f"same reader: producer, broker, reader): p50 {p.floor_p50_ms} ms, p99 {p.floor_p99_ms} ms")
+    floor = by.get(("fixed rate", "transport"))
+    if floor and floor.p99_ms is not None:
+        out.append(f"transport floor at {floor.offered_per_s:.0f} events/s (the paced producer and the reader, no "
+                   f"consumer): p50 {floor.p50_ms} ms, p99 {floor.p99_ms} ms")
     ok = True
     for p in phases:
         if p.exactly_once is not None:
@@ -534,6 +564,7 @@ def main(argv: list[str] | None = None) -> int:
             phases.append(bench.saturation("naive", args.events, args.naive_seconds))
             phases.append(bench.saturation("naive-flush", args.events, args.naive_seconds))
             rate = args.rate or phases[0].events_per_s / 2
+            phases.append(bench.transport(rate, args.seconds))
             phases.append(bench.fixed_rate("shipped", rate, args.seconds))
             phases.append(bench.fixed_rate("naive", rate, args.seconds))
     finally:
