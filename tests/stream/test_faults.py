@@ -247,9 +247,11 @@ def test_version_promoted_mid_stream(kafka, torchserve, build_root):
         with running(member) as worker:
             wait_for("64 predictions", lambda: member.counts.predictions >= 64 or not worker.is_alive(), 60)
             before = ends(kafka.bootstrap, topics["predictions"])
-            steps = member.counts.transactions
             assert rollout.promote("2.0") == "1.0"
-            # the step in flight at the promotion may hold answers of both; the next began after it
+            # Steps run one after another. Counted after the promotion returned (it takes a while:
+            # steps commit meanwhile), the next commit is the step in flight at the promotion, which
+            # may hold answers of both versions; every later step began after the promotion.
+            steps = member.counts.transactions
             wait_for("the step in flight", lambda: member.counts.transactions > steps, 30, poll=0.01)
             after = ends(kafka.bootstrap, topics["predictions"])
             wait_written(member, worker, len(sent))
