@@ -154,7 +154,7 @@ public final class Agent {
                                 "addJob", "(Lorg/pytorch/serve/job/Job;)Z", "addJob",
                                 "(Ljava/lang/Object;Ljava/lang/Object;)Z")),
                 "POST /predictions/{model} shadowed or split as " + file + " says",
-                "no shadow or canary");
+                "every prediction is queued as usual (no shadow or canary)");
     }
 
     static void log(String message) {

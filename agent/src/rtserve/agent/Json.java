@@ -212,7 +212,9 @@ final class Json {
                     }
                     at += 4;
                     break;
-                default: throw error("bad escape '\\" + e + "'");
+                default:
+                    at -= 2;  // point at the backslash
+                    throw error("bad escape '\\" + e + "'");
             }
         }
     }

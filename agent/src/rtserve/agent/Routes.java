@@ -34,8 +34,9 @@ import java.util.Set;
  * 2^53, in [0, 100). So a key inside p% stays inside for any larger p, and another program computes
  * the same side (Python: {@code (int.from_bytes(sha256(key).digest()[:8], "big") >> 11) / 2**53 * 100}).
  *
- * <p>{@code java -cp rtserve-agent.jar rtserve.agent.Routes FILE} checks a file (exit 1 and the
- * problem when it is not valid); {@code ... Routes --bucket KEY...} prints each key's bucket.
+ * <p>{@code java -cp rtserve-agent.jar rtserve.agent.Routes FILE...} checks files (a line each: the
+ * routes, or {@code invalid:} and the problem; exit 1 if any is invalid);
+ * {@code ... Routes --bucket KEY...} prints each key's bucket.
  */
 final class Routes {
     /** The routes file does not say what {@link Routes} needs; the message names the field. */
@@ -198,15 +199,19 @@ final class Routes {
             }
             return;
         }
-        if (args.length != 1) {
-            System.err.println("usage: Routes FILE | --bucket KEY...");
+        if (args.length == 0) {
+            System.err.println("usage: Routes FILE... | --bucket KEY...");
             System.exit(2);
         }
-        try {
-            System.out.println(parse(Files.readString(Paths.get(args[0]), StandardCharsets.UTF_8)).describe());
-        } catch (Invalid e) {
-            System.err.println(args[0] + ": " + e.getMessage());
-            System.exit(1);
+        int invalid = 0;
+        for (String file : args) {
+            try {
+                System.out.println(file + ": " + parse(Files.readString(Paths.get(file), StandardCharsets.UTF_8)).describe());
+            } catch (Invalid e) {
+                System.out.println(file + ": invalid: " + e.getMessage());
+                invalid++;
+            }
         }
+        System.exit(invalid == 0 ? 0 : 1);
     }
 }
