@@ -272,11 +272,12 @@ def test_a_token_file_replaces_the_callers_authorization(live, routes, tmp_path)
     log = routes(shadow={"version": "2.0", "percent": 100.0, "url": candidate(live)}, token_file=token)
     assert f"token from {token}" in applied(live, before)
     assert version_of(post(live)) == "1.0"
-    assert [line["status"] for line in log_lines(log, 1)] == [401]
+    [refused] = log_lines(log, 1)  # TorchServe's answer to a wrong token
+    assert refused["status"] == 400 and json.loads(refused["body"])["type"] == "InvalidKeyException"
     token.write_text(live.client().keys.get("inference") + "\n")
     time.sleep(0.6)  # the token file is followed like the routes file
     assert version_of(post(live)) == "1.0"
-    assert [line["status"] for line in log_lines(log, 2)] == [401, 200]
+    assert [line["status"] for line in log_lines(log, 2)] == [400, 200]
 
 
 class _Silent(BaseHTTPRequestHandler):
