@@ -104,8 +104,7 @@ public final class Router {
             return (boolean) add.invokeExact(manager, job);
         }
         if (r.canary != null && r.inCanary(req.key)) {
-            forward(r, j, add, manager, job, req);
-            return true;
+            return forward(r, j, add, manager, job, req);
         }
         boolean queued = (boolean) add.invokeExact(manager, job);
         if (queued && r.inShadow(ThreadLocalRandom.current().nextDouble())) {
@@ -238,37 +237,48 @@ public final class Router {
         }
     }
 
-    static void forward(Routes r, Jobs j, MethodHandle add, Object manager, Object job, Request req) {
+    /**
+     * Send the request to the canary; its answer, or without one the default's, goes to the
+     * caller. Whether the job is (or will be) answered, as {@code addJob} says.
+     */
+    static boolean forward(Routes r, Jobs j, MethodHandle add, Object manager, Object job, Request req)
+            throws Throwable {
         Routes.Target canary = r.canary;
         long start = System.nanoTime();
-        ModelRoutes.Client.INSTANCE.sendAsync(copy(r, canary, req, false),
-                HttpResponse.BodyHandlers.ofByteArray()).whenComplete((response, error) -> {
-                    record(r, "canary", canary, req, start, response, error);
-                    try {
-                        if (error == null) {
-                            relay(j, req, response);
-                        } else if (!(boolean) add.invokeExact(manager, job)) {
-                            j.sendError.invokeExact(job, 503, "Model \"" + r.model
-                                    + "\" has no worker to serve inference request. "
-                                    + "Please use scale workers API to add workers.");
+        try {
+            ModelRoutes.Client.INSTANCE.sendAsync(copy(r, canary, req, false),
+                    HttpResponse.BodyHandlers.ofByteArray()).whenComplete((response, error) -> {
+                        record(r, "canary", canary, req, start, response, error);
+                        try {
+                            if (error == null) {
+                                relay(j, req, response);
+                            } else if (!(boolean) add.invokeExact(manager, job)) {
+                                j.sendError.invokeExact(job, 503, "Model \"" + r.model
+                                        + "\" has no worker to serve inference request. "
+                                        + "Please use scale workers API to add workers.");
+                            }
+                        } catch (Throwable e) {
+                            Agent.log("live routes: cannot answer request " + req.id + ": " + e);
                         }
-                    } catch (Throwable e) {
-                        Agent.log("live routes: cannot answer request " + req.id + ": " + e);
-                    }
-                });
+                    });
+            return true;
+        } catch (RuntimeException e) {  // not sent at all: the default answers now
+            record(r, "canary", canary, req, start, null, e);
+            return (boolean) add.invokeExact(manager, job);
+        }
     }
 
     /** The candidate's answer, sent to the caller as TorchServe sends its own. */
     static void relay(Jobs j, Request req, HttpResponse<byte[]> response) throws Throwable {
-        Map<String, String> headers = new LinkedHashMap<>();
+        Map<String, String> headers = new LinkedHashMap<>();  // lower-case names, as Netty's own
         response.headers().map().forEach((name, values) -> {
             String lower = name.toLowerCase(Locale.ROOT);
             if (!values.isEmpty() && (lower.equals("content-type") || lower.equals("retry-after")
                     || lower.startsWith("x-") && !lower.equals("x-request-id"))) {
-                headers.put(name, values.get(0));
+                headers.put(lower, values.get(0));
             }
         });
-        headers.putIfAbsent("Content-Type", "application/json");
+        headers.putIfAbsent("content-type", "application/json");
         String id = response.headers().firstValue("x-request-id").orElse(null);
         if (id != null) {  // NettyUtils.sendHttpResponse answers with the session's id
             j.sessionRequestId.invokeExact(req.session, id);
@@ -313,7 +323,7 @@ public final class Router {
     /** The routes file's last state seen, and what to do when it changes. */
     static final class Watch {
         final Path file;
-        private List<Object> seen = List.of();
+        private String seen = "";
         private Path tokenFile;
 
         Watch(Path file) {
@@ -321,28 +331,21 @@ public final class Router {
         }
 
         void check() {
-            List<Object> now;
-            try {
-                BasicFileAttributes a = Files.readAttributes(file, BasicFileAttributes.class);
-                now = List.of(a.lastModifiedTime(), a.size(), String.valueOf(a.fileKey()), stamp(tokenFile));
-            } catch (NoSuchFileException e) {
+            String now = stamp(file);
+            if (now == null) {
                 if (routes != null) {
                     Agent.log("live routes: " + file + " is gone: no routes");
                 }
                 routes = null;
-                seen = List.of();
-                return;
-            } catch (IOException e) {
-                now = List.of(String.valueOf(e));
-            }
-            if (now.equals(seen)) {
+                seen = "";
                 return;
             }
-            seen = now;
+            if ((now + stamp(tokenFile)).equals(seen)) {
+                return;
+            }
             try {
                 Routes r = Routes.parse(Files.readString(file, StandardCharsets.UTF_8));
                 tokenFile = r.tokenFile;
-                seen = List.of(seen.get(0), seen.get(1), seen.get(2), stamp(tokenFile));
                 routes = r;
                 Agent.log("live routes: " + file + ": " + r.describe());
             } catch (Routes.Invalid | IOException | RuntimeException e) {
@@ -350,17 +353,21 @@ public final class Router {
                 Agent.log("live routes: " + file + ": " + e.getMessage() + "; keeping the previous routes ("
                         + (kept == null ? "none" : kept.describe()) + ")");
             }
+            seen = now + stamp(tokenFile);
         }
 
+        /** Modification time, size and inode of {@code path}; null if it does not exist. */
         private static String stamp(Path path) {
             if (path == null) {
                 return "";
             }
             try {
                 BasicFileAttributes a = Files.readAttributes(path, BasicFileAttributes.class);
-                return a.lastModifiedTime() + "/" + a.size() + "/" + a.fileKey();
+                return a.lastModifiedTime() + "/" + a.size() + "/" + a.fileKey() + ";";
+            } catch (NoSuchFileException e) {
+                return null;
             } catch (IOException e) {
-                return String.valueOf(e);
+                return e + ";";
             }
         }
     }
