@@ -57,8 +57,12 @@ public final class Router {
     static final String SHADOW_OF = "x-rtserve-shadow-of";
 
     private static volatile Routes routes;
-    /** {@code ModelManager.addJob}, typed (Object, Object) boolean. */
-    private static volatile MethodHandle addJob;
+    /**
+     * {@code ModelManager.addJob}, typed (Object, Object) boolean; made on first use. Not
+     * volatile: a method handle is immutable (final fields), so a thread that sees null makes an
+     * equal one (the racy single-check idiom) and the hot path reads one volatile field only.
+     */
+    private static MethodHandle addJob;
     private static volatile Jobs jobs;
     private static volatile boolean broken;
     private static final Semaphore MIRRORS = new Semaphore(MAX_MIRRORS);
@@ -451,7 +455,7 @@ public final class Router {
         }
 
         private Class<?> load(String name) throws ClassNotFoundException {
-            return Class.forName(name, false, loader);
+            return ModelRoutes.Frontend.load(loader, name);
         }
 
         /**
