@@ -22,6 +22,7 @@ import java.util.Objects;
 import java.util.concurrent.CompletionException;
 import java.util.concurrent.Semaphore;
 import java.util.concurrent.ThreadLocalRandom;
+import java.util.concurrent.atomic.AtomicLong;
 
 /**
  * What the patched {@code ApiUtils.addRESTInferenceJob} calls instead of
@@ -44,7 +45,8 @@ import java.util.concurrent.ThreadLocalRandom;
  *       to the caller as TorchServe sends its answers. A candidate that gives no answer
  *       (refused, 10 s without one) leaves the request to the default (its job is queued then).
  *   <li>shadow: otherwise the job is queued, and a {@code percent} share of the requests is also
- *       sent to {@code shadow.url}, with {@code x-rtserve-shadow-of: <job id>}; nobody waits on it,
+ *       sent to {@code shadow.url} (chosen as {@link Routes#draw} says: at random, and close to
+ *       the share over any run of requests), with {@code x-rtserve-shadow-of: <job id>}; nobody waits on it,
  *       at most {@value #MAX_MIRRORS} are in flight (more are dropped and logged as such).
  * </ul>
  * Each copy carries the request's body and {@code Content-Type}, its query string, and its
@@ -66,6 +68,9 @@ public final class Router {
     private static volatile Jobs jobs;
     private static volatile boolean broken;
     private static final Semaphore MIRRORS = new Semaphore(MAX_MIRRORS);
+    /** The shadow's draws: {@link Routes#draw} from a random start, one per routed request. */
+    private static final double START = ThreadLocalRandom.current().nextDouble();
+    private static final AtomicLong DRAWS = new AtomicLong();
 
     private Router() {
     }
@@ -111,7 +116,7 @@ public final class Router {
             return forward(r, j, add, manager, job, req);
         }
         boolean queued = (boolean) add.invokeExact(manager, job);
-        if (queued && r.inShadow(ThreadLocalRandom.current().nextDouble())) {
+        if (queued && r.inShadow(Routes.draw(START, DRAWS.getAndIncrement()))) {
             mirror(r, req);
         }
         return queued;

@@ -164,9 +164,20 @@ final class Routes {
         return canary != null && canary.percent() > 0 && bucket(key) < canary.percent();
     }
 
-    /** Whether a request goes to the shadow too, given a uniform {@code random} in [0, 1). */
-    boolean inShadow(double random) {
-        return shadow != null && random * 100 < shadow.percent();
+    /** Whether a request goes to the shadow too, given its {@link #draw} in [0, 1). */
+    boolean inShadow(double draw) {
+        return shadow != null && draw * 100 < shadow.percent();
+    }
+
+    /**
+     * The shadow's draw for the {@code n}th request: {@code start + n * (golden ratio - 1)}
+     * modulo 1 (a Weyl sequence). With {@code start} uniform at random, each request is copied
+     * with probability {@code percent}; and unlike independent draws, any run of consecutive
+     * requests is copied within a few requests of {@code percent} of them.
+     */
+    static double draw(double start, long n) {
+        double x = start + (n & 0xffffffffL) * 0.6180339887498949;
+        return x - Math.floor(x);
     }
 
     /** The key's place in [0, 100): see the class comment. */
