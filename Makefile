@@ -131,7 +131,7 @@ $(MAR): $(MODEL_DIR)/model.pt2 $(MODEL_DIR)/meta.json $(HANDLER_SRC) $(MODEL_CON
 	@echo ">> built $@"
 
 .PHONY: agent
-agent: $(AGENT_JAR) ## Build the frontend's Java agent: greedy batching, OIP model routes (build/agent/rtserve-agent.jar)
+agent: $(AGENT_JAR) ## Build the frontend's Java agent: greedy batching, OIP model routes, live routes (build/agent/rtserve-agent.jar)
 
 $(AGENT_JAR): $(AGENT_SRC)
 	@command -v javac >/dev/null || { echo ">> installing a JDK (apt) for javac"; \
