@@ -153,14 +153,14 @@ def random_candidate(agent, build_root, rollout, tmp_path_factory):
     return "3.2"
 
 
-def gate_config(tmp_path, **live) -> Path:
+def gate_config(tmp_path, name="gate.yaml", **live) -> Path:
     """config/gate.yaml with a short burst and the ``live`` sections changed by ``live``
-    (``{"canary": {...}}``)."""
+    (``{"canary": {...}}``), written to ``tmp_path / name``."""
     raw = yaml.safe_load(DEFAULT_CONFIG.read_text())
     raw.update(burst_requests=50, warmup_requests=5)
     for section, values in live.items():
         raw["live"][section].update(values)
-    path = tmp_path / "gate.yaml"
+    path = tmp_path / name
     path.write_text(yaml.safe_dump(raw))
     return path
 
@@ -222,12 +222,16 @@ def test_shuffled_candidate_agrees_by_chance(agent, rows, random_candidate, cana
     assert abs(report["agreement"] - chance) < 0.1 and report["agreement"] < 0.6, (report, chance)
 
 
-def wait_aborted(server, timeout=WAIT_S) -> dict:
+def aborts(server) -> list[dict]:
+    return [e for e in History(server.files.history).events() if e["action"] == "canary-abort"]
+
+
+def wait_aborted(server, before: int, timeout=WAIT_S) -> dict:
+    """The canary abort after the ``before`` ones already recorded."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        aborts = [e for e in History(server.files.history).events() if e["action"] == "canary-abort"]
-        if aborts:
-            return aborts[-1]
+        if len(found := aborts(server)) > before:
+            return found[-1]
         time.sleep(0.2)
     raise AssertionError(f"no abort: {server.files.canary_log.read_text()}")
 
@@ -237,12 +241,13 @@ def test_canary_of_a_disagreeing_candidate_is_aborted(agent, rows, random_candid
     config = gate_config(tmp_path, canary={"window_s": 30.0, "min_requests": 20, "min_agreement": 0.8,
                                            "max_error_rate": 0.5, "max_p99_ms": 10000.0})
     assert make(agent, "shadow", f"MODEL_VERSION={random_candidate}").returncode == 0
+    before = len(aborts(agent))
     started = make(agent, "canary", f"MODEL_VERSION={random_candidate}", "PERCENT=20",
                    f"GATE_CONFIG={config}")
     assert started.returncode == 0 and "watcher pid" in started.stdout, started.stdout
     sent = send(agent, rows, keys=[f"user-{i}" for i in range(len(rows))])
     assert [s["status"] for s in sent] == [200] * len(rows)  # wrong answers, not failures
-    event = wait_aborted(agent)
+    event = wait_aborted(agent, before)
     assert event["version"] == random_candidate and event["failures"][0].startswith("agreement:")
     assert read_routes(agent.files.live_routes).canary.percent == 0.0
     assert any(line.get("event") == "canary-abort" and line["failures"] == event["failures"]
@@ -257,13 +262,14 @@ def test_canary_of_a_failing_candidate_is_aborted(agent, rows, rollout, tmp_path
     """2.0 loses its workers (TorchServe answers 503 for it): only its share fails, then none."""
     config = gate_config(tmp_path, canary={"window_s": 30.0, "min_requests": 10,
                                            "max_error_rate": 0.1, "max_p99_ms": 10000.0})
+    before = len(aborts(agent))
     started = make(agent, "canary", "MODEL_VERSION=2.0", "PERCENT=30", f"GATE_CONFIG={config}")
     assert started.returncode == 0, started.stdout
     rollout.client.scale(MODEL_NAME, 0, version="2.0")
     try:
         keys = [f"user-{i}" for i in range(len(rows))]
         sent = send(agent, rows, keys=keys)
-        event = wait_aborted(agent)
+        event = wait_aborted(agent, before)
         assert event["version"] == "2.0" and event["failures"][0].startswith("error rate:")
         canary = {line["of"]: line for line in live_lines(agent) if line["kind"] == "canary"}
         failed = [s for s in sent if s["status"] != 200]
@@ -286,7 +292,7 @@ def test_promote_takes_the_live_evidence(agent, rows, rollout, random_candidate,
     assert gate["outcome"] == "refused" and gate["live"]["requests"] >= 100
 
     shadowed(agent, "2.0", rows[:150])
-    unmet = gate_config(tmp_path, shadow={"min_requests": 10 ** 6}, promote={"require_shadow": True})
+    unmet = gate_config(tmp_path, "unmet.yaml", shadow={"min_requests": 10 ** 6}, promote={"require_shadow": True})
     few = make(agent, "promote", "MODEL_VERSION=2.0", f"GATE_CONFIG={unmet}")
     assert few.returncode != 0 and "FAILED live requests: " in few.stdout, few.stdout
     assert "FAILED accuracy" not in few.stdout and "FAILED agreement" not in few.stdout
