@@ -197,8 +197,9 @@ def cmd_canary_stop(args: argparse.Namespace) -> None:
         logger.info("canary watcher %d stopped", pid)
     s.run.canary_pid.unlink(missing_ok=True)
     route = _route(args, "canary")
-    if route is None:
-        logger.info("no canary route; nothing else changed")
+    if route is None or route.percent == 0:
+        logger.info("no canary has a share (none started, or aborted or stopped already); "
+                    "nothing else changed")
         return
     _set(args, "canary", replace(route, percent=0.0))
     _history(args).append({"action": "canary-stop", "model": args.model, "version": route.version,
