@@ -271,7 +271,8 @@ def test_canary_of_a_failing_candidate_is_aborted(agent, rows, rollout, tmp_path
         sent = send(agent, rows, keys=keys)
         event = wait_aborted(agent, before)
         assert event["version"] == "2.0" and event["failures"][0].startswith("error rate:")
-        canary = {line["of"]: line for line in live_lines(agent) if line["kind"] == "canary"}
+        # a canary line's id is the x-request-id the caller received
+        canary = {line["id"]: line for line in live_lines(agent) if line["kind"] == "canary"}
         failed = [s for s in sent if s["status"] != 200]
         assert failed and all(canary[s["id"]]["status"] >= 500 for s in failed)  # the candidate's own
         time.sleep(0.5)
