@@ -42,8 +42,10 @@ pytestmark = pytest.mark.integration
 
 #: Requests per shadow run (held-out rows, 4 in flight).
 N = 300
-#: Seconds to wait for the agent's lines (it re-reads the routes file within ~200 ms).
+#: Seconds to wait for the agent's lines.
 WAIT_S = 30.0
+#: The agent re-reads the routes file every 200 ms: a change holds for requests sent after this.
+RELOAD_S = 0.5
 
 
 class RandomAnswers(nn.Module):
@@ -126,7 +128,7 @@ def agent(server, rollout, rows):
     set_route(files.live_routes, MODEL_NAME, files.live_log.resolve(), "shadow",
               Route("2.0", 100.0, f"{server.props['inference_address']}/predictions/{MODEL_NAME}/2.0"))
     try:
-        time.sleep(0.5)
+        time.sleep(RELOAD_S)
         sent = send(server, rows[:3])
         found = wait_for_lines(server, [s["id"] for s in sent], timeout=5.0)
     finally:
@@ -178,6 +180,7 @@ def shadowed(server, version: str, rows) -> tuple[list[dict], dict]:
     """`make shadow` of ``version``, the rows sent, `make shadow-report`: (answers, saved report)."""
     started = make(server, "shadow", f"MODEL_VERSION={version}")
     assert started.returncode == 0, started.stdout
+    time.sleep(RELOAD_S)
     sent = send(server, rows)
     assert [s["status"] for s in sent] == [200] * len(rows)
     assert {s["version"] for s in sent} == {"1.0"}  # callers only ever see the default
@@ -245,6 +248,7 @@ def test_canary_of_a_disagreeing_candidate_is_aborted(agent, rows, random_candid
     started = make(agent, "canary", f"MODEL_VERSION={random_candidate}", "PERCENT=20",
                    f"GATE_CONFIG={config}")
     assert started.returncode == 0 and "watcher pid" in started.stdout, started.stdout
+    time.sleep(RELOAD_S)
     sent = send(agent, rows, keys=[f"user-{i}" for i in range(len(rows))])
     assert [s["status"] for s in sent] == [200] * len(rows)  # wrong answers, not failures
     event = wait_aborted(agent, before)
@@ -253,7 +257,7 @@ def test_canary_of_a_disagreeing_candidate_is_aborted(agent, rows, random_candid
     assert any(line.get("event") == "canary-abort" and line["failures"] == event["failures"]
                for line in audit_lines(agent))
     assert "ABORTED canary 3.2" in agent.files.canary_log.read_text()
-    time.sleep(0.5)  # the agent re-reads the routes within ~200 ms
+    time.sleep(RELOAD_S)
     after = send(agent, rows[:50], keys=[f"user-{i}" for i in range(50)])
     assert {s["version"] for s in after} == {"1.0"}
 
@@ -266,6 +270,7 @@ def test_canary_of_a_failing_candidate_is_aborted(agent, rows, rollout, tmp_path
     started = make(agent, "canary", "MODEL_VERSION=2.0", "PERCENT=30", f"GATE_CONFIG={config}")
     assert started.returncode == 0, started.stdout
     rollout.client.scale(MODEL_NAME, 0, version="2.0")
+    time.sleep(RELOAD_S)
     try:
         keys = [f"user-{i}" for i in range(len(rows))]
         sent = send(agent, rows, keys=keys)
@@ -275,7 +280,7 @@ def test_canary_of_a_failing_candidate_is_aborted(agent, rows, rollout, tmp_path
         canary = {line["id"]: line for line in live_lines(agent) if line["kind"] == "canary"}
         failed = [s for s in sent if s["status"] != 200]
         assert failed and all(canary[s["id"]]["status"] >= 500 for s in failed)  # the candidate's own
-        time.sleep(0.5)
+        time.sleep(RELOAD_S)
         assert {s["status"] for s in send(agent, rows[:50], keys=keys[:50])} == {200}
     finally:
         rollout.client.scale(MODEL_NAME, 1, version="2.0")
