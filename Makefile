@@ -209,8 +209,9 @@ GATE_CONFIG ?= config/gate.yaml
 REQUESTS    ?=
 FORCE       ?=
 REASON      ?=
-RTSERVE := $(PY) -m rtserve versions --inference $(INFERENCE_URL) --management $(MANAGEMENT_URL) \
+SERVER_OPTIONS = --inference $(INFERENCE_URL) --management $(MANAGEMENT_URL) \
   --run-dir $(RUN_DIR) --model-store $(MODEL_STORE) --gate-config $(GATE_CONFIG)
+RTSERVE := $(PY) -m rtserve versions $(SERVER_OPTIONS)
 
 
 .PHONY: register
@@ -243,6 +244,35 @@ models: $(STAMP) ## List versions: default, workers and queue
 .PHONY: history
 history: $(STAMP) ## Show the recorded default-version changes (what rollback reads)
 	$(RTSERVE) history $(MODEL_NAME)
+
+##@ Live traffic (shadow, canary)
+# The frontend's agent follows RUN_DIR/live-routes.json and logs the candidate's answers to
+# RUN_DIR/live-log.jsonl; thresholds in GATE_CONFIG's live: section (docs/versions-and-promotion.md).
+PERCENT ?=
+LIVE := $(PY) -m rtserve live $(SERVER_OPTIONS)
+# shadow-report: the shadow route's version unless MODEL_VERSION is given on the command line.
+GIVEN_VERSION = $(if $(filter command line environment,$(origin MODEL_VERSION)),--version $(MODEL_VERSION))
+
+.PHONY: shadow
+shadow: $(STAMP) ## Mirror PERCENT (default 100) of live requests to MODEL_VERSION (registered, not default); callers see the default only
+	$(LIVE) shadow $(MODEL_NAME) $(MODEL_VERSION) $(if $(PERCENT),--percent $(PERCENT))
+
+.PHONY: shadow-report
+shadow-report: $(STAMP) ## Compare the shadow's answers with the default's: agreement, classes, latency, errors, largest disagreements
+	$(LIVE) shadow-report $(MODEL_NAME) $(GIVEN_VERSION)
+
+.PHONY: shadow-stop
+shadow-stop: $(STAMP) ## Stop mirroring (a canary is kept)
+	$(LIVE) shadow-stop $(MODEL_NAME)
+
+.PHONY: canary
+canary: $(STAMP) ## MODEL_VERSION answers PERCENT of requests (sticky per x-rtserve-key); a watcher aborts it on a breach
+	@test -n "$(PERCENT)" || { echo "usage: make canary MODEL_VERSION=x PERCENT=10"; exit 2; }
+	$(LIVE) canary $(MODEL_NAME) $(MODEL_VERSION) --percent $(PERCENT)
+
+.PHONY: canary-stop
+canary-stop: $(STAMP) ## Stop the canary's watcher and set its share to 0
+	$(LIVE) canary-stop $(MODEL_NAME)
 
 ##@ Monitoring
 # Prometheus and Alertmanager on loopback (docs/monitoring.md).
