@@ -46,8 +46,8 @@ DRAIN_FILE = "draining"
 HISTORY_FILE = "rollout-history.jsonl"
 #: Live traffic (:mod:`rtserve.promotion.live`): the routes the frontend's agent re-reads (shadow,
 #: canary), the agent's log of the candidate's answers, the canary watcher's PID file and output,
-#: the last shadow report. (The agent side names the routes file as
-#: ``rtserve.server.properties.routes_file(run_dir)``: the same path, :attr:`RunDir.live_routes`.)
+#: the last shadow report. (The server passes the routes file to the agent:
+#: ``rtserve.server.properties.routes_file``.)
 LIVE_ROUTES_FILE = "live-routes.json"
 LIVE_LOG_FILE = "live-log.jsonl"
 CANARY_PID_FILE = "canary-watcher.pid"

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rtserve.errors import ServerError
+from rtserve.settings import RunDir
 
 #: The config.properties key that switches greedy batching off (``false``); on by default.
 GREEDY_KEY = "rtserve_greedy_batching"
@@ -20,8 +21,6 @@ PUBLIC_METRICS_KEY = "rtserve_metrics_address"
 #: (:mod:`rtserve.server.oip`, a free loopback port; the agent sends those routes there from the
 #: inference port).
 OIP_KEY = "rtserve_oip_address"
-#: The live routes file in a run directory (:func:`routes_file`).
-ROUTES_FILE = "live-routes.json"
 
 
 def read_properties(path: str | Path) -> dict[str, str]:
@@ -82,7 +81,7 @@ def greedy(props: dict[str, str]) -> bool:
 def routes_file(run_dir: str | Path) -> Path:
     """The live routes file the agent of the server in ``run_dir`` follows (shadow and canary
     of a candidate version: docs/versions-and-promotion.md); usually absent, which is no routes."""
-    return Path(run_dir).resolve() / ROUTES_FILE
+    return RunDir(Path(run_dir)).live_routes.resolve()
 
 
 def effective_props(props: dict[str, str], private_metrics_port: int, oip_port: int,
