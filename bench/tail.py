@@ -47,6 +47,8 @@ import psutil
 
 from bench import common
 from bench.perf import REQUEST, BenchError, RtServe, run_wrk
+from rtserve.server.properties import read_properties
+from rtserve.server.torchserve import DEFAULT_CONFIG
 
 #: A ``perf sched timehist`` line: time, [cpu], name[tid/pid] or name[tid], wait, sch delay, run (ms).
 TIMEHIST = re.compile(r"^\s*(\d+\.\d+)\s+\[(\d+)\]\s+(.+?)\[(\d+)(?:/(\d+))?\]\s+"
@@ -217,11 +219,17 @@ def main(argv: list[str] | None = None) -> int:
     p = common.parser(__doc__, "tail.json", attach=False, model=False)
     p.add_argument("--requests", type=int, default=5000)
     p.add_argument("--warmup", type=float, default=10.0, help="seconds of wrk at c=1 first")
+    p.add_argument("--vmargs-extra", default="", help="JVM options added to the frontend's vmargs "
+                   "(e.g. -XX:TieredStopAtLevel=1)")
     args = p.parse_args(argv)
     common.log_to_stdout()
     if shutil.which("perf") is None:
         raise SystemExit("bench.tail needs perf (apt-get install linux-perf)")
-    server = RtServe(args.model_store, args.run_root / "tail", f"{common.MODEL}_{args.version}.mar")
+    overrides = None
+    if args.vmargs_extra:
+        overrides = {"vmargs": f"{read_properties(DEFAULT_CONFIG)['vmargs']} {args.vmargs_extra}"}
+    server = RtServe(args.model_store, args.run_root / "tail", f"{common.MODEL}_{args.version}.mar",
+                     overrides=overrides)
     trace = args.run_root / "tail" / "sched.data"
     server.start()
     try:
@@ -254,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     p99 = by_ms[int(n * 0.99)].ms
     report = {
         "requests": n, "p50_ms": by_ms[n // 2].ms, "p99_ms": p99, "p999_ms": by_ms[int(n * 0.999)].ms,
-        "load_before": load, "trace_runs": len(slices),
+        "load_before": load, "trace_runs": len(slices), "vmargs": server.ts.props.get("vmargs"),
         "sets": [summarize(by_ms[int(n * 0.99):], "slowest 1%"),
                  summarize(by_ms[n // 4:3 * n // 4], "p25-p75")],
     }
