@@ -131,7 +131,7 @@ $(MAR): $(MODEL_DIR)/model.pt2 $(MODEL_DIR)/meta.json $(HANDLER_SRC) $(MODEL_CON
 	@echo ">> built $@"
 
 .PHONY: agent
-agent: $(AGENT_JAR) ## Build the frontend's Java agent: greedy batching, OIP model routes (build/agent/rtserve-agent.jar)
+agent: $(AGENT_JAR) ## Build the frontend's Java agent: greedy batching, OIP model routes, live routes (build/agent/rtserve-agent.jar)
 
 $(AGENT_JAR): $(AGENT_SRC)
 	@command -v javac >/dev/null || { echo ">> installing a JDK (apt) for javac"; \
@@ -209,8 +209,9 @@ GATE_CONFIG ?= config/gate.yaml
 REQUESTS    ?=
 FORCE       ?=
 REASON      ?=
-RTSERVE := $(PY) -m rtserve versions --inference $(INFERENCE_URL) --management $(MANAGEMENT_URL) \
+SERVER_OPTIONS = --inference $(INFERENCE_URL) --management $(MANAGEMENT_URL) \
   --run-dir $(RUN_DIR) --model-store $(MODEL_STORE) --gate-config $(GATE_CONFIG)
+RTSERVE := $(PY) -m rtserve versions $(SERVER_OPTIONS)
 
 
 .PHONY: register
@@ -243,6 +244,35 @@ models: $(STAMP) ## List versions: default, workers and queue
 .PHONY: history
 history: $(STAMP) ## Show the recorded default-version changes (what rollback reads)
 	$(RTSERVE) history $(MODEL_NAME)
+
+##@ Live traffic (shadow, canary)
+# The frontend's agent follows RUN_DIR/live-routes.json and logs the candidate's answers to
+# RUN_DIR/live-log.jsonl; thresholds in GATE_CONFIG's live: section (docs/versions-and-promotion.md).
+PERCENT ?=
+LIVE := $(PY) -m rtserve live $(SERVER_OPTIONS)
+# shadow-report: the shadow route's version unless MODEL_VERSION is given on the command line.
+GIVEN_VERSION = $(if $(filter command line environment,$(origin MODEL_VERSION)),--version $(MODEL_VERSION))
+
+.PHONY: shadow
+shadow: $(STAMP) ## Mirror PERCENT (default 100) of live requests to MODEL_VERSION (registered, not default); callers see the default only
+	$(LIVE) shadow $(MODEL_NAME) $(MODEL_VERSION) $(if $(PERCENT),--percent $(PERCENT))
+
+.PHONY: shadow-report
+shadow-report: $(STAMP) ## Compare the shadow's answers with the default's: agreement, classes, latency, errors, largest disagreements
+	$(LIVE) shadow-report $(MODEL_NAME) $(GIVEN_VERSION)
+
+.PHONY: shadow-stop
+shadow-stop: $(STAMP) ## Stop mirroring (a canary is kept)
+	$(LIVE) shadow-stop $(MODEL_NAME)
+
+.PHONY: canary
+canary: $(STAMP) ## MODEL_VERSION answers PERCENT of requests (sticky per x-rtserve-key); a watcher aborts it on a breach
+	@test -n "$(PERCENT)" || { echo "usage: make canary MODEL_VERSION=x PERCENT=10"; exit 2; }
+	$(LIVE) canary $(MODEL_NAME) $(MODEL_VERSION) --percent $(PERCENT)
+
+.PHONY: canary-stop
+canary-stop: $(STAMP) ## Stop the canary's watcher and set its share to 0
+	$(LIVE) canary-stop $(MODEL_NAME)
 
 ##@ Monitoring
 # Prometheus and Alertmanager on loopback (docs/monitoring.md).
@@ -754,6 +784,14 @@ bench-deps: $(BENCH_STAMP) ## Install FastAPI/uvicorn (benchmark only) and the l
 .PHONY: bench
 bench: $(MAR) $(MODEL_DIR)/model.pt2 $(AGENT_JAR) bench-deps bench-handler ## Raw forward, FastAPI (seed and tuned) and rtserve (shipped, greedy off, telemetry off, batchSize 1): about 8 min
 	$(PY) -m bench.perf --model-store $(MODEL_STORE) --version $(MODEL_VERSION) $(BENCH_ARGS)
+
+.PHONY: perf-deps
+perf-deps: ## Install perf (Debian's linux-perf, if missing): make bench-tail traces the scheduler with it
+	@command -v perf >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf; }
+
+.PHONY: bench-tail
+bench-tail: $(MAR) $(MODEL_DIR)/model.pt2 $(AGENT_JAR) bench-deps perf-deps ## Where the c=1 tail goes: each lone request matched with the kernel's scheduler trace (about a minute)
+	$(PY) -m bench.tail --model-store $(MODEL_STORE) --version $(MODEL_VERSION) $(BENCH_ARGS)
 
 .PHONY: bench-quick
 bench-quick: $(MAR) $(MODEL_DIR)/model.pt2 $(AGENT_JAR) bench-deps ## rtserve as shipped vs the tuned FastAPI at c=1, 8, 64 (about 90 s): before/after a request-path change

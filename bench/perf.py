@@ -44,6 +44,7 @@ from rtserve.runtime.ports import free_ports
 from rtserve.testing.server import on_free_ports
 from rtserve.server.properties import read_properties
 from rtserve.server.torchserve import DEFAULT_CONFIG, TorchServe
+from rtserve.settings import Settings
 
 logger = logging.getLogger("bench.perf")
 
@@ -69,12 +70,17 @@ VARIANTS: dict[str, tuple[str, dict, dict]] = {
                            {"handler": {"audit_log": False}}),
     "torchserve-unbuffered": ("rtserve, TorchServe's own worker reads (one recv per field)", {},
                               {"handler": {"buffered_reads": False}}),
+    "torchserve-noroutes": ("rtserve without the live routes patch (the agent with routes=off "
+                            "and no OIP model routes: greedy batching only)",
+                            {"vmargs": read_properties(DEFAULT_CONFIG)["vmargs"]
+                             + f" -javaagent:{Settings.from_env().agent_jar}=routes=off"}, {}),
     "torchserve-threadperbatch": ("rtserve, the JVM's default common pool (a thread per batch "
                                   "on 2 cores)", {"vmargs": read_properties(DEFAULT_CONFIG)["vmargs"]
                                                   .replace(COMMON_POOL, "")}, {}),
 }
 DEFAULT_SERVERS = "fastapi-1w,fastapi-2w,fastapi-2w-async," + ",".join(
     name for name in VARIANTS if name not in ("torchserve-threadperbatch", "torchserve-unbuffered",
+                                              "torchserve-noroutes",
                                               "torchserve-nometrics", "torchserve-noaudit",
                                               "torchserve-nowarmup"))
 #: Cumulative counters read around the c=1 point: the frontend's time per request from the

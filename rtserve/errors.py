@@ -159,6 +159,14 @@ class GateRefused(RolloutError):
         self.report = report
 
 
+class LiveError(RtserveError):
+    """HTTP 409: a shadow or canary was refused before anything changed (the candidate is not
+    registered, has no ready worker or is the default; a bad share; another canary's watcher
+    runs), or the routes file or live log cannot be read (the message names the file)."""
+
+    status = 409
+
+
 # -- the pod's gateway, monitoring, the cluster ---------------------------------------------------
 class GatewayError(RtserveError):
     """HTTP 400: the shared-token file or the pod's key file cannot be used (the message says why)."""

@@ -44,6 +44,15 @@ KEY_FILE = "key_file.json"
 DRAIN_FILE = "draining"
 #: The rollout history (:mod:`rtserve.promotion.history`): cleared when a server starts there.
 HISTORY_FILE = "rollout-history.jsonl"
+#: Live traffic (:mod:`rtserve.promotion.live`): the routes the frontend's agent re-reads (shadow,
+#: canary), the agent's log of the candidate's answers, the canary watcher's PID file and output,
+#: the last shadow report. (The server passes the routes file to the agent:
+#: ``rtserve.server.properties.routes_file``.)
+LIVE_ROUTES_FILE = "live-routes.json"
+LIVE_LOG_FILE = "live-log.jsonl"
+CANARY_PID_FILE = "canary-watcher.pid"
+CANARY_LOG_FILE = "canary-watcher.log"
+SHADOW_REPORT_FILE = "shadow-report.json"
 
 
 def resource(package: str, name: str) -> Path:
@@ -93,6 +102,31 @@ class RunDir:
     def history(self) -> Path:
         """The rollout history (default-version changes and gate decisions)."""
         return self.path / HISTORY_FILE
+
+    @property
+    def live_routes(self) -> Path:
+        """The shadow and canary routes the frontend's agent follows."""
+        return self.path / LIVE_ROUTES_FILE
+
+    @property
+    def live_log(self) -> Path:
+        """One JSON line per request the agent mirrored (shadow) or forwarded (canary)."""
+        return self.path / LIVE_LOG_FILE
+
+    @property
+    def canary_pid(self) -> Path:
+        """The canary watcher's PID, while it runs."""
+        return self.path / CANARY_PID_FILE
+
+    @property
+    def canary_log(self) -> Path:
+        """The canary watcher's output."""
+        return self.path / CANARY_LOG_FILE
+
+    @property
+    def shadow_report(self) -> Path:
+        """The last ``make shadow-report`` (JSON)."""
+        return self.path / SHADOW_REPORT_FILE
 
 
 def _path(environ: Mapping[str, str], name: str) -> Path | None:

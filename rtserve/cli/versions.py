@@ -29,7 +29,7 @@ def _rollout(args: argparse.Namespace):
 
     s = settings(args)
     verification = Verification(s.model_store, GateConfig.load(args.gate_config or s.gate_config),
-                                s.run.audit_log)
+                                s.run.audit_log, s.run.path)
     return Rollout(client(args), History(s.run.history), args.model, verification)
 
 

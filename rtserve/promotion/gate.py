@@ -12,7 +12,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import yaml
 
@@ -22,6 +22,89 @@ from rtserve.settings import PACKAGE_HOME
 
 #: The thresholds file used when none is given (``GATE_CONFIG=`` in the Makefile): the checkout's.
 DEFAULT_CONFIG = PACKAGE_HOME / "config" / "gate.yaml"
+
+#: What each kind of live threshold accepts (``config/gate.yaml``'s ``live:`` section).
+_KINDS = {
+    "count": ("an integer of at least 1", lambda v: isinstance(v, int) and v >= 1),
+    "share": ("a number in [0, 1]", lambda v: isinstance(v, (int, float)) and 0 <= v <= 1),
+    "positive": ("a finite number above 0",
+                 lambda v: isinstance(v, (int, float)) and math.isfinite(v) and v > 0),
+    "bool": ("true or false", lambda v: isinstance(v, bool)),
+}
+#: The ``live:`` section: sub-section -> key -> kind (see :data:`_KINDS`).
+LIVE_KEYS = {
+    "shadow": {"min_requests": "count", "min_agreement": "share"},
+    "canary": {"window_s": "positive", "min_requests": "count", "max_error_rate": "share",
+               "max_p99_ms": "positive", "min_agreement": "share"},
+    "promote": {"require_shadow": "bool"},
+}
+
+
+def _check_keys(path: Path, where: str, raw: object, names: Iterable[str]) -> dict:
+    """``raw`` as a mapping holding exactly ``names``.
+
+    Raises:
+        GateError: ``raw`` is not a mapping, or a key is missing or unknown (both named).
+    """
+    names = set(names)
+    got = set(raw) if isinstance(raw, dict) else set()
+    if not isinstance(raw, dict) or got != names:
+        raise GateError(f"{path}: {where}expected the keys {sorted(names)}; missing "
+                        f"{sorted(names - got)}, unknown {sorted(got - names)}")
+    return raw
+
+
+@dataclass(frozen=True)
+class ShadowThresholds:
+    """What ``make promote`` requires of a shadow report (with ``require_shadow``)."""
+
+    min_requests: int
+    min_agreement: float
+
+
+@dataclass(frozen=True)
+class CanaryThresholds:
+    """When the canary watcher aborts: over the last ``window_s`` seconds, with at least
+    ``min_requests`` answers (shadow pairs for the agreement), the candidate's error rate above
+    ``max_error_rate``, its p99 above ``max_p99_ms`` or its agreement below ``min_agreement``."""
+
+    window_s: float
+    min_requests: int
+    max_error_rate: float
+    max_p99_ms: float
+    min_agreement: float
+
+
+@dataclass(frozen=True)
+class LiveConfig:
+    """The ``live:`` section of ``config/gate.yaml``: shadow, canary and the promote rule."""
+
+    shadow: ShadowThresholds
+    canary: CanaryThresholds
+    require_shadow: bool
+
+    @classmethod
+    def from_raw(cls, path: Path, raw: object) -> "LiveConfig":
+        """Check the ``live:`` section read from ``path``.
+
+        Raises:
+            GateError: a sub-section or key is missing or unknown, or a value has the wrong type
+                or is out of range (the key is named with its section).
+        """
+        sections = _check_keys(path, "live: ", raw, LIVE_KEYS)
+        values: dict[str, dict] = {}
+        for section, keys in LIVE_KEYS.items():
+            found = _check_keys(path, f"live.{section}: ", sections[section], keys)
+            for key, kind in keys.items():
+                value = found[key]
+                what, ok = _KINDS[kind]
+                if (isinstance(value, bool) and kind != "bool") or not ok(value):
+                    raise GateError(f"{path}: live.{section}.{key} must be {what}, got {value!r}")
+            values[section] = {k: float(v) if keys[k] in ("share", "positive") else v
+                               for k, v in found.items()}
+        return cls(ShadowThresholds(**values["shadow"]), CanaryThresholds(**values["canary"]),
+                   values["promote"]["require_shadow"])
+
 
 @dataclass(frozen=True)
 class GateConfig:
@@ -37,6 +120,7 @@ class GateConfig:
     latency_attempts: int
     concurrency: int
     max_rows: int
+    live: LiveConfig
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> "GateConfig":
@@ -50,12 +134,9 @@ class GateConfig:
             raw = yaml.safe_load(path.read_text())
         except (OSError, yaml.YAMLError) as exc:
             raise GateError(f"cannot read the gate thresholds {path}: {exc}") from exc
-        names = {f.name: f.type for f in fields(cls)}
-        if not isinstance(raw, dict) or set(raw) != set(names):
-            got = set(raw) if isinstance(raw, dict) else set()
-            raise GateError(f"{path}: expected the keys {sorted(names)}; missing "
-                            f"{sorted(set(names) - got)}, unknown {sorted(got - set(names))}")
-        values = {}
+        names = {f.name: f.type for f in fields(cls) if f.name != "live"}
+        _check_keys(path, "", raw, [*names, "live"])
+        values: dict = {}
         for name, kind in names.items():
             value = raw[name]
             ok = (isinstance(value, int) if kind == "int" else isinstance(value, (int, float)))
@@ -68,7 +149,7 @@ class GateConfig:
                values["latency_attempts"]) < 1:
             raise GateError(f"{path}: burst_requests, concurrency, max_rows and latency_attempts "
                             "must be at least 1")
-        return cls(**values)
+        return cls(**values, live=LiveConfig.from_raw(path, raw["live"]))
 
     def thresholds(self) -> dict:
         """The figures the decision uses (what a report records)."""
@@ -194,6 +275,8 @@ class GateReport:
     forced_by: str | None = None
     reason: str | None = None
     rows: dict = field(default_factory=dict)
+    #: The live evidence (``live.promote.require_shadow``): the shadow report's figures.
+    live: dict | None = None
 
     def event(self) -> dict:
         """The record written to the rollout history and the audit log."""
@@ -219,6 +302,10 @@ class GateReport:
             f"{lat['candidate']['p99']:.2f} ms; p99 ratio {lat['ratio']:.2f} (max "
             f"{self.thresholds['max_latency_ratio']:.2f})",
         ]
+        if self.live is not None:
+            lines.append(f"  live: agreement {pct(self.live['agreement'])} over {self.live['requests']} "
+                         f"mirrored requests (min {pct(self.live['min_agreement'])} over at least "
+                         f"{self.live['min_requests']})")
         lines += [f"  FAILED {f}" for f in self.failures]
         lines.append(f"  outcome: {self.outcome or ('pass' if self.passed else 'refused')}"
                      + (f" (forced by {self.forced_by}: {self.reason})" if self.forced_by else ""))

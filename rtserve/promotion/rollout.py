@@ -21,7 +21,9 @@ from rtserve.errors import ArchiveError, GateError, GateRefused, RolloutError
 from rtserve.promotion.gate import (ArchiveMeta, GateConfig, GateReport, Measured, decide,
                                     gate_rows, p99_ratio, read_requests)
 from rtserve.promotion.history import HISTORY_FILE, History  # noqa: F401 - HISTORY_FILE re-exported
+from rtserve.promotion.live import drop_version, promote_evidence, shadow_report_from_files
 from rtserve.promotion.measure import answer_rows, check_golden, latency_burst
+from rtserve.settings import RunDir
 
 logger = logging.getLogger(__name__)
 
@@ -36,11 +38,14 @@ class Verification:
         model_store: the server's model store (the archives' golden sets are read there).
         config: the gate's thresholds.
         audit_log: the audit trail file that gate decisions are appended to (None: not kept).
+        run_dir: the server's run directory: its live routes and live log (None: no live
+            evidence; with ``live.promote.require_shadow`` every promotion is then refused).
     """
 
     model_store: Path
     config: GateConfig
     audit_log: Path | None = None
+    run_dir: Path | None = None
 
     def meta(self, model: str, version: str) -> ArchiveMeta:
         """The golden set and labels of ``<model>_<version>.mar``."""
@@ -179,6 +184,7 @@ class Rollout:
             raise RolloutError("a forced promotion needs a reason (REASON=\"...\"); nothing changed")
         if self.verification is not None:
             report = self.gate(current, version, requests_file)
+            self._live_evidence(report)
             report.outcome = "promoted" if report.passed else ("forced" if force_reason else "refused")
             if force_reason:
                 report.forced_by = forced_by or _user()
@@ -189,7 +195,28 @@ class Rollout:
             logger.info("%s", report.text())
         self.client.set_default(self.model, version)
         self.history.append({"action": "promote", "model": self.model, "from": current, "to": version})
+        if self.verification is not None and self.verification.run_dir is not None:
+            dropped = drop_version(RunDir(self.verification.run_dir).live_routes, version)
+            if dropped:
+                logger.info("%s %s is the default now: its %s route turned off", self.model,
+                            version, " and ".join(dropped))
         return current
+
+    def _live_evidence(self, report: GateReport) -> None:
+        """With ``live.promote.require_shadow``: add the shadow report's figures to ``report``,
+        and its failures (each names the live figure)."""
+        live = self.verification.config.live
+        if not live.require_shadow:
+            return
+        run_dir, audit = self.verification.run_dir, self.verification.audit_log
+        shadow = None
+        if run_dir is not None and audit is not None:
+            labels = self.verification.meta(self.model, report.candidate).labels
+            shadow = shadow_report_from_files(self.model, RunDir(run_dir).live_log, audit,
+                                              report.candidate, report.default, labels)
+        report.live, failures = promote_evidence(live.shadow, shadow)
+        report.failures += failures
+        report.passed = not report.failures
 
     def gate(self, default: str, candidate: str,
              requests_file: str | Path | None = None) -> GateReport:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rtserve.errors import ServerError
+from rtserve.settings import RunDir
 
 #: The config.properties key that switches greedy batching off (``false``); on by default.
 GREEDY_KEY = "rtserve_greedy_batching"
@@ -77,17 +78,24 @@ def greedy(props: dict[str, str]) -> bool:
     return value == "true"
 
 
+def routes_file(run_dir: str | Path) -> Path:
+    """The live routes file the agent of the server in ``run_dir`` follows (shadow and canary
+    of a candidate version: docs/versions-and-promotion.md); usually absent, which is no routes."""
+    return RunDir(Path(run_dir)).live_routes.resolve()
+
+
 def effective_props(props: dict[str, str], private_metrics_port: int, oip_port: int,
-                    agent_jar: Path) -> dict[str, str]:
+                    agent_jar: Path, run_dir: str | Path) -> dict[str, str]:
     """What the frontend is started with: ``props``, with TorchServe's metrics listener moved to
     ``private_metrics_port`` on loopback (the metrics exporter serves the configured address),
     the OIP model routes on ``oip_port``, and rtserve's agent in ``vmargs``: it sends the OIP
-    model routes there and, unless ``rtserve_greedy_batching=false``, makes batching greedy (no
-    wait for further requests of a batch). ``vmargs`` that load an agent already are left as
-    they are.
+    model routes there, follows the live routes file of ``run_dir`` (:func:`routes_file`) and,
+    unless ``rtserve_greedy_batching=false``, makes batching greedy (no wait for further requests
+    of a batch). ``vmargs`` that load an agent already are left as they are.
 
     Raises:
-        ServerError: the agent was not built.
+        ServerError: the agent was not built, or the run directory's path has a comma (the
+            agent's options are comma-separated).
     """
     props = dict(props)
     is_greedy = greedy(props)
@@ -98,6 +106,11 @@ def effective_props(props: dict[str, str], private_metrics_port: int, oip_port: 
         if not Path(agent_jar).is_file():
             raise ServerError(f"{agent_jar} is missing (greedy batching, the OIP model routes): "
                               "build it with `make agent`")
-        options = ",".join([f"oip={props[OIP_KEY]}"] + ([] if is_greedy else ["greedy=off"]))
+        routes = routes_file(run_dir)
+        if "," in str(routes):
+            raise ServerError(f"the run directory {Path(run_dir).resolve()} has a comma in its path: "
+                              "the agent's options cannot carry it")
+        options = ",".join([f"oip={props[OIP_KEY]}"] + ([] if is_greedy else ["greedy=off"])
+                           + [f"routes={routes}"])
         props["vmargs"] = f"{props.get('vmargs', '')} -javaagent:{agent_jar}={options}".strip()
     return props

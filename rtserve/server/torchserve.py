@@ -143,7 +143,8 @@ class TorchServe:
         Raises:
             ServerError: the agent was not built.
         """
-        return effective_props(self.props, private_metrics_port, oip_port, self.settings.agent_jar)
+        return effective_props(self.props, private_metrics_port, oip_port, self.settings.agent_jar,
+                               self.run_dir)
 
     @property
     def model_names(self) -> list[str]:

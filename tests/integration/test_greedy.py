@@ -98,7 +98,8 @@ def test_greedy_answers_lone_requests_without_the_batch_delay_and_still_batches(
         assert sorted(line.split(" (")[0] for line in agent_lines(server)) == [
             "[rtserve-agent] OIP model routes ON: patched "
             "org/pytorch/serve/http/api/rest/InferenceRequestHandler.handleRequest",
-            "[rtserve-agent] greedy batching ON: patched org/pytorch/serve/wlm/Model.pollBatch"]
+            "[rtserve-agent] greedy batching ON: patched org/pytorch/serve/wlm/Model.pollBatch",
+            "[rtserve-agent] live routes ON: patched org/pytorch/serve/util/ApiUtils.addRESTInferenceJob"]
         assert "[rtserve-agent] greedy batching ON: patched org/pytorch/serve/wlm/Model.pollBatch " \
                "(no wait for further jobs of a batch)" in agent_lines(server)
         one_at_a_time(server, 4)  # warm-up: the first requests after a start pay one-off costs
@@ -128,8 +129,9 @@ def test_without_the_agent_torchserve_waits_the_batch_delay(how, slow_batching_m
         server = serve(tmp_path_factory, slow_batching_mar, vmargs=vmargs)
     try:
         lines = agent_lines(server)
-        if how == "switched off":  # the agent still serves the OIP model routes
-            assert [line.split(":")[0] for line in lines] == ["[rtserve-agent] OIP model routes ON"]
+        if how == "switched off":  # the agent still serves the OIP model routes and live routes
+            assert sorted(line.split(":")[0] for line in lines) == [
+                "[rtserve-agent] OIP model routes ON", "[rtserve-agent] live routes ON"]
             assert ",greedy=off" in (server.run_dir / "config.properties").read_text()
         else:
             assert len(lines) == 1 and "greedy batching OFF" in lines[0]

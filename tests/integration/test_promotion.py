@@ -126,7 +126,7 @@ def rollout(server, store):
 
 #: What every gate decision records: versions, figures, thresholds, outcome, who forced it and why.
 GATE_KEYS = {"model", "default", "candidate", "accuracy", "agreement", "latency_ms", "rows",
-             "thresholds", "failures", "passed", "outcome", "forced_by", "reason", "at"}
+             "thresholds", "failures", "passed", "outcome", "forced_by", "reason", "live", "at"}
 
 
 def history_lines(server) -> list[dict]:

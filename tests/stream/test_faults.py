@@ -190,10 +190,12 @@ def test_version_promoted_mid_stream(kafka, torchserve, build_root):
         with running(member) as worker:
             wait_for("64 predictions", lambda: member.counts.predictions >= 64 or not worker.is_alive(), 60)
             before = ends(kafka.bootstrap, topics["predictions"])
-            steps = member.counts.transactions
             assert rollout.promote("2.0") == "1.0"
-            # the steps in flight at the promotion (one committing, the next scoring: the commit
-            # overlaps the next step) may hold answers of both; the one after began after it
+            # Counted after the promotion returned (it takes a while: steps commit meanwhile), the
+            # next two commits are the steps in flight at the promotion (one committing while the
+            # next scores: the commit overlaps the next step), which may hold answers of both
+            # versions; every later step began after the promotion.
+            steps = member.counts.transactions
             wait_for("the steps in flight", lambda: member.counts.transactions > steps + 1, 30, poll=0.01)
             after = ends(kafka.bootstrap, topics["predictions"])
             wait_written(member, worker, len(sent))

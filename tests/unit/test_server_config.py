@@ -1,5 +1,5 @@
-"""rtserve.server.torchserve's effective config: the agent (greedy batching, OIP model routes) and the
-private ports of the metrics exporter and the OIP model routes."""
+"""rtserve.server.torchserve's effective config: the agent (greedy batching, OIP model routes, live
+routes) and the private ports of the metrics exporter and the OIP model routes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from rtserve.errors import ServerError
 from rtserve.server import torchserve as srv
-from rtserve.server.properties import GREEDY_KEY, OIP_KEY, PUBLIC_METRICS_KEY
+from rtserve.server.properties import GREEDY_KEY, OIP_KEY, PUBLIC_METRICS_KEY, routes_file
 from rtserve.server.torchserve import TorchServe
 from rtserve.settings import Settings
 
@@ -20,7 +20,9 @@ def instance(tmp_path, **overrides) -> TorchServe:
 
 def test_agent_is_added_to_vmargs_once_and_metrics_and_oip_get_private_ports(tmp_path):
     props = instance(tmp_path).effective_props(41234, 41236)
-    assert props["vmargs"].endswith(f" -javaagent:{Settings.from_env().agent_jar}=oip=http://127.0.0.1:41236")
+    assert props["vmargs"].endswith(f" -javaagent:{Settings.from_env().agent_jar}=oip=http://127.0.0.1:41236,"
+                                    f"routes={tmp_path.resolve()}/run/live-routes.json")
+    assert routes_file(tmp_path / "run") == tmp_path.resolve() / "run" / "live-routes.json"
     assert props["vmargs"].count("-javaagent") == 1
     assert props["metrics_address"] == "http://127.0.0.1:41234"
     assert props[PUBLIC_METRICS_KEY] == "http://127.0.0.1:8082"
@@ -36,12 +38,16 @@ def test_agent_is_added_to_vmargs_once_and_metrics_and_oip_get_private_ports(tmp
 def test_greedy_off_still_loads_the_agent_for_the_oip_routes(tmp_path):
     props = instance(tmp_path, **{GREEDY_KEY: "false"}).effective_props(41234, 41236)
     assert props["vmargs"].endswith(
-        f" -javaagent:{Settings.from_env().agent_jar}=oip=http://127.0.0.1:41236,greedy=off")
+        f" -javaagent:{Settings.from_env().agent_jar}=oip=http://127.0.0.1:41236,greedy=off,"
+        f"routes={routes_file(tmp_path / 'run')}")
 
 
 def test_bad_greedy_value_and_missing_agent_are_refused(tmp_path, monkeypatch):
     with pytest.raises(ServerError, match=f"{GREEDY_KEY} must be true or false, not 'yes'"):
         instance(tmp_path, **{GREEDY_KEY: "yes"}).effective_props(41234, 41236)
+    comma = TorchServe(tmp_path / "a,b", tmp_path / "store")
+    with pytest.raises(ServerError, match=r"a,b has a comma in its path: the agent's options cannot carry it"):
+        comma.effective_props(41234, 41236)
     monkeypatch.setenv("RTSERVE_AGENT_JAR", str(tmp_path / "missing.jar"))
     with pytest.raises(ServerError, match="make agent"):
         instance(tmp_path).effective_props(41234, 41236)

@@ -9,6 +9,7 @@ import java.net.http.HttpRequest;
 import java.net.http.HttpResponse;
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
+import java.util.Map;
 
 /**
  * What the patched {@code InferenceRequestHandler.handleRequest} calls instead of passing a request
@@ -165,8 +166,16 @@ public final class ModelRoutes {
 
         /** A JSON answer, sent as TorchServe sends its own (NettyUtils.sendHttpResponse). */
         void send(Object ctx, int code, byte[] body) throws Throwable {
+            send(ctx, code, body, Map.of("Content-Type", "application/json"));
+        }
+
+        /** An answer with {@code fields} as headers, sent as TorchServe sends its own. */
+        void send(Object ctx, int code, byte[] body, Map<String, String> fields) throws Throwable {
             Object answer = response.invoke(http11, status.invoke(code), wrap.invoke(body));
-            setHeader.invoke(headers.invoke(answer), "Content-Type", "application/json");
+            Object answerHeaders = headers.invoke(answer);
+            for (Map.Entry<String, String> field : fields.entrySet()) {
+                setHeader.invoke(answerHeaders, field.getKey(), field.getValue());
+            }
             sendHttpResponse.invoke(ctx, answer, true);
         }
     }

@@ -41,6 +41,7 @@ final class PinnedPatch implements ClassFileTransformer {
     final List<Swap> swaps;
     final String effect;
     final String stock;
+    private Runnable onPatched = () -> { };
 
     /**
      * @param feature what the patch gives, for the log ("greedy batching")
@@ -64,6 +65,12 @@ final class PinnedPatch implements ClassFileTransformer {
         this.stock = stock;
     }
 
+    /** Run {@code action} once the class is patched (never when it stays stock). */
+    PinnedPatch onPatched(Runnable action) {
+        onPatched = action;
+        return this;
+    }
+
     @Override
     public byte[] transform(ClassLoader loader, String className, Class<?> redefined,
                             ProtectionDomain domain, byte[] classfile) {
@@ -80,6 +87,7 @@ final class PinnedPatch implements ClassFileTransformer {
             }
             byte[] patched = patch(classfile);
             Agent.log(feature + " ON: patched " + target + "." + method + " (" + effect + ")");
+            onPatched.run();
             return patched;
         } catch (RuntimeException | NoSuchAlgorithmException e) {
             Agent.log(feature + " OFF: " + e.getMessage() + "; " + stock);

@@ -1,0 +1,314 @@
+"""Live routes (the agent's Router, agent/) on a real TorchServe serving 1.0 (default) and 2.0:
+shadow copies and canary shares of ``POST /predictions/{model}`` to 2.0, as the routes file says.
+
+The routes file is the one ``rtserve.server.properties.routes_file`` names for the server's run
+directory, written atomically as the Python side writes it; the agent reads it within 200 ms.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from hashlib import sha256
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import requests
+
+from rtserve.promotion.history import HISTORY_FILE, History
+from rtserve.promotion.rollout import Rollout
+from rtserve.server.properties import routes_file
+from rtserve.server.readiness import sample_payload
+from tests.conftest import MODEL_NAME, make_archive
+from tests.integration.conftest import serve
+
+pytestmark = pytest.mark.integration
+
+BODY = json.dumps(sample_payload())
+
+
+@pytest.fixture(scope="module")
+def live(mar_v1, build_root, tmp_path_factory):
+    """One server: 1.0 the default, 2.0 registered beside it (one worker each)."""
+    make_archive(build_root, "2.0")
+    overrides = {"default_workers_per_model": "1"}
+    with serve(tmp_path_factory.mktemp("run"), mar_v1, overrides_extra=overrides) as ts:
+        Rollout(ts.client(timeout=120), History(ts.run_dir / HISTORY_FILE), MODEL_NAME).register("2.0", workers=1)
+        yield ts
+
+
+@pytest.fixture()
+def routes(live, tmp_path):
+    """Write the server's routes file (None removes it); removed again after the test."""
+    path = routes_file(live.run_dir)
+    log = tmp_path / "live-log.jsonl"
+
+    def write(shadow=None, canary=None, token_file=None, text=None) -> Path:
+        content = text if text is not None else json.dumps(
+            {"model": MODEL_NAME, "shadow": shadow, "canary": canary, "log": str(log),
+             "token_file": token_file and str(token_file)})
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(content)
+        os.replace(tmp, path)
+        return log
+
+    write.log = log
+    yield write
+    path.unlink(missing_ok=True)
+    time.sleep(0.5)  # the agent sees it gone
+
+
+def candidate(live, version="2.0") -> str:
+    return f"{live.props['inference_address']}/predictions/{MODEL_NAME}/{version}"
+
+
+def post(live, session=requests, path=f"/predictions/{MODEL_NAME}", **headers) -> requests.Response:
+    key = live.client().keys.get("inference")
+    return session.post(f"{live.props['inference_address']}{path}", data=BODY, timeout=30,
+                        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json",
+                                 **headers})
+
+
+def version_of(answer: requests.Response) -> str:
+    assert answer.status_code == 200, answer.text
+    return answer.json()["model_version"]
+
+
+def log_lines(log: Path, n: int, timeout: float = 15.0) -> list[dict]:
+    """The live log's lines once there are ``n`` (and no more after a short settle)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+        if len(lines) >= n or time.monotonic() > deadline:
+            time.sleep(0.5)
+            return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+        time.sleep(0.1)
+
+
+def agent_lines(live) -> list[str]:
+    return [line for line in (live.run_dir / "launcher.log").read_text().splitlines()
+            if line.startswith("[rtserve-agent] live routes")]
+
+
+def applied(live, before: int, timeout: float = 2.0) -> str:
+    """The agent's next 'live routes' line after ``before`` of them (the file was read)."""
+    deadline = time.monotonic() + timeout
+    while len(lines := agent_lines(live)) <= before:
+        assert time.monotonic() < deadline, "the agent did not read the routes file"
+        time.sleep(0.05)
+    return lines[before]
+
+
+def bucket(key: str) -> float:
+    """The agent's sticky bucket of a key (agent/src/rtserve/agent/Routes.java)."""
+    return (int.from_bytes(sha256(key.encode()).digest()[:8], "big") >> 11) / 2**53 * 100
+
+
+def test_the_agent_follows_the_run_directorys_routes_file(live):
+    assert f"routes={routes_file(live.run_dir)}" in (live.run_dir / "config.properties").read_text()
+    lines = (live.run_dir / "launcher.log").read_text().splitlines()
+    assert "[rtserve-agent] live routes ON: patched org/pytorch/serve/util/ApiUtils.addRESTInferenceJob " \
+           f"(POST /predictions/{{model}} shadowed or split as {routes_file(live.run_dir)} says)" in lines
+
+
+def test_no_routes_file_no_copies(live, routes):
+    assert not routes_file(live.run_dir).exists()
+    with requests.Session() as s:
+        assert {version_of(post(live, s)) for _ in range(10)} == {"1.0"}
+    time.sleep(0.5)
+    assert not routes.log.exists()
+
+
+def test_shadow_100_percent_callers_see_only_the_default(live, routes):
+    before = len(agent_lines(live))
+    log = routes(shadow={"version": "2.0", "percent": 100.0, "url": candidate(live)})
+    assert "shadow 2.0 at 100.0%" in applied(live, before)
+    ids = []
+    with requests.Session() as s:
+        for _ in range(20):
+            answer = post(live, s)
+            assert version_of(answer) == "1.0"
+            ids.append(answer.headers["x-request-id"])
+        # explicit versions, explanations and KServe are never copied
+        assert version_of(post(live, s, path=f"/predictions/{MODEL_NAME}/1.0")) == "1.0"
+        assert post(live, s, path=f"/explanations/{MODEL_NAME}").status_code == 200
+    lines = log_lines(log, 20)
+    assert len(lines) == 20, lines
+    assert sorted(line["of"] for line in lines) == sorted(ids)
+    for line in lines:
+        assert (line["kind"], line["version"], line["status"]) == ("shadow", "2.0", 200), line
+        assert json.loads(line["body"])["model_version"] == "2.0"
+        assert line["id"] and line["id"] not in ids and line["ms"] > 0 and line["at"] > 1.7e12
+
+
+def test_shadow_share_within_3_points(live, routes):
+    before = len(agent_lines(live))
+    log = routes(shadow={"version": "2.0", "percent": 30.0, "url": candidate(live)})
+    applied(live, before)
+
+    def many(n):
+        with requests.Session() as s:
+            return [version_of(post(live, s)) for _ in range(n)]
+
+    with ThreadPoolExecutor(4) as pool:
+        versions = [v for part in pool.map(many, [250] * 4) for v in part]
+    assert set(versions) == {"1.0"}
+    lines = log_lines(log, 300, timeout=20)
+    time.sleep(1)
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert 270 <= len(lines) <= 330, len(lines)
+    assert {line["status"] for line in lines} == {200}
+
+
+def test_canary_share_is_sticky_per_key(live, routes):
+    before = len(agent_lines(live))
+    log = routes(canary={"version": "2.0", "percent": 20.0, "url": candidate(live),
+                         "key_header": "x-rtserve-key"})
+    applied(live, before)
+    keys = [f"user-{i}" for i in range(200)]
+    seen: dict[str, set[str]] = {k: set() for k in keys}
+    ids = {}
+    with requests.Session() as s:
+        for _ in range(2):
+            for k in keys:
+                answer = post(live, s, **{"x-rtserve-key": k})
+                seen[k].add(version_of(answer))
+                ids.setdefault(answer.headers["x-request-id"], k)
+    assert all(len(v) == 1 for v in seen.values()), {k: v for k, v in seen.items() if len(v) > 1}
+    canary = {k for k, v in seen.items() if v == {"2.0"}}
+    assert canary == {k for k in keys if bucket(k) < 20}  # the documented hash, computed here
+    assert 15 <= len(canary) / len(keys) * 100 <= 25, len(canary)
+    lines = log_lines(log, 2 * len(canary))
+    assert len(lines) == 2 * len(canary)
+    assert {(line["kind"], line["status"]) for line in lines} == {("canary", 200)}
+    # the caller got the candidate's own request id, which the log names beside the original's
+    assert {ids[line["id"]] for line in lines} == canary
+    assert not {line["of"] for line in lines} & set(ids)
+
+
+def test_a_rewrite_switches_the_share_within_a_second_with_no_failed_request(live, routes):
+    routes(canary={"version": "2.0", "percent": 0.0, "url": candidate(live)})
+    time.sleep(0.5)
+    answers: list[tuple[float, int, str]] = []
+    stop = threading.Event()
+
+    def loop():
+        with requests.Session() as s:
+            while not stop.is_set():
+                a = post(live, s)
+                answers.append((time.monotonic(), a.status_code,
+                                a.json().get("model_version") if a.status_code == 200 else a.text))
+
+    worker = threading.Thread(target=loop)
+    worker.start()
+    try:
+        time.sleep(1)
+        switched = time.monotonic()
+        routes(canary={"version": "2.0", "percent": 100.0, "url": candidate(live)})
+        time.sleep(2)
+        back = time.monotonic()
+        routes(canary={"version": "2.0", "percent": 0.0, "url": candidate(live)})
+        time.sleep(2)
+    finally:
+        stop.set()
+        worker.join(30)
+    assert [a for a in answers if a[1] != 200] == []
+    assert {v for t, _, v in answers if t < switched} == {"1.0"}
+    assert {v for t, _, v in answers if switched + 1 <= t < back} == {"2.0"}
+    assert {v for t, _, v in answers if t >= back + 1} == {"1.0"}
+    assert len([a for a in answers if switched + 1 <= a[0] < back]) >= 5
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_unreachable_canary_leaves_the_request_to_the_default(live, routes):
+    before = len(agent_lines(live))
+    url = f"http://127.0.0.1:{closed_port()}/predictions/{MODEL_NAME}/2.0"
+    log = routes(canary={"version": "2.0", "percent": 100.0, "url": url})
+    applied(live, before)
+    with requests.Session() as s:
+        answers = [post(live, s) for _ in range(5)]
+    assert [version_of(a) for a in answers] == ["1.0"] * 5
+    lines = log_lines(log, 5)
+    assert [(line["kind"], line["status"], line["id"]) for line in lines] == [("canary", 0, "")] * 5
+    assert all("ConnectException" in line["error"] for line in lines), lines
+    assert sorted(line["of"] for line in lines) == sorted(a.headers["x-request-id"] for a in answers)
+
+
+def test_an_invalid_file_keeps_the_previous_routes(live, routes):
+    before = len(agent_lines(live))
+    routes(canary={"version": "2.0", "percent": 100.0, "url": candidate(live)})
+    applied(live, before)
+    assert version_of(post(live)) == "2.0"
+    for bad, problem in [("{not json", "invalid JSON at character 1: expected a quoted key"),
+                         (json.dumps({"model": MODEL_NAME, "log": "/tmp/x.jsonl",
+                                      "canary": {"version": "2.0", "percent": 120, "url": candidate(live)}}),
+                          '"canary.percent" must be from 0 to 100, not 120.0')]:
+            before = len(agent_lines(live))
+            routes(text=bad)
+            line = applied(live, before)
+            assert problem in line and "keeping the previous routes (model realtime-classifier, " \
+                                       "shadow none, canary 2.0 at 100.0%" in line, line
+            assert version_of(post(live)) == "2.0"
+    before = len(agent_lines(live))
+    routes_file(live.run_dir).unlink()
+    assert applied(live, before).endswith("is gone: no routes")
+    assert version_of(post(live)) == "1.0"
+
+
+def test_a_token_file_replaces_the_callers_authorization(live, routes, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("not-the-key\n")
+    before = len(agent_lines(live))
+    log = routes(shadow={"version": "2.0", "percent": 100.0, "url": candidate(live)}, token_file=token)
+    assert f"token from {token}" in applied(live, before)
+    assert version_of(post(live)) == "1.0"
+    [refused] = log_lines(log, 1)  # TorchServe's answer to a wrong token
+    assert refused["status"] == 400 and json.loads(refused["body"])["type"] == "InvalidKeyException"
+    token.write_text(live.client().keys.get("inference") + "\n")
+    time.sleep(0.6)  # the token file is followed like the routes file
+    assert version_of(post(live)) == "1.0"
+    assert [line["status"] for line in log_lines(log, 2)] == [400, 200]
+
+
+class _Silent(BaseHTTPRequestHandler):
+    """A candidate that takes every request and answers none for 5 s (a fake: the only way here to
+    hold 64 copies in flight at once)."""
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        time.sleep(5)
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_mirrors_beyond_64_in_flight_are_dropped_and_logged(live, routes):
+    silent = ThreadingHTTPServer(("127.0.0.1", 0), _Silent)
+    threading.Thread(target=silent.serve_forever, daemon=True).start()
+    try:
+        before = len(agent_lines(live))
+        url = f"http://127.0.0.1:{silent.server_address[1]}/predictions/{MODEL_NAME}/2.0"
+        log = routes(shadow={"version": "2.0", "percent": 100.0, "url": url})
+        applied(live, before)
+        with requests.Session() as s:
+            versions = [version_of(post(live, s)) for _ in range(80)]
+        assert set(versions) == {"1.0"}
+        lines = log_lines(log, 80, timeout=20)
+        dropped = [line for line in lines if line["status"] == -1]
+        assert len(dropped) >= 80 - 64, len(dropped)
+        assert {line["error"] for line in dropped} == {"dropped: 64 mirrors in flight"}
+        assert len(lines) == 80 and {line["status"] for line in lines} == {-1, 200}
+    finally:
+        silent.shutdown()
+        silent.server_close()

@@ -1,0 +1,153 @@
+"""The agent (agent/, `make agent`) without a server: each patch of TorchServe 0.12.0's frontend
+classes applies to the pinned class and leaves another one stock, saying so; the live routes'
+file check and sticky hash (agent/src/rtserve/agent/Routes.java).
+
+A JVM loads (and links, which verifies the patched bytecode) the frontend's own classes from
+TorchServe's model-server.jar with the agent, as the frontend would; nothing else runs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from hashlib import sha256
+from pathlib import Path
+
+import pytest
+
+import ts
+from rtserve.settings import Settings
+
+pytestmark = pytest.mark.unit
+
+FRONTEND_JAR = Path(ts.__file__).parent / "frontend" / "model-server.jar"
+#: Every patched class, with the start of the line the agent writes when it patches it.
+PATCHED = {
+    "org.pytorch.serve.wlm.Model": "greedy batching",
+    "org.pytorch.serve.http.api.rest.InferenceRequestHandler": "OIP model routes",
+    "org.pytorch.serve.util.ApiUtils": "live routes",
+}
+LOAD = """
+public class Load {
+    public static void main(String[] names) throws Exception {
+        for (String name : names) {
+            Class.forName(name, true, Load.class.getClassLoader());
+        }
+    }
+}
+"""
+
+
+def agent_jar() -> Path:
+    jar = Settings.from_env().agent_jar
+    assert jar.is_file(), f"{jar} is missing: `make agent` builds it (`make test` does first)"
+    return jar
+
+
+def load_with_agent(tmp_path, options: str) -> list[str]:
+    """Load and link every patched class with the agent; its stderr lines."""
+    source = tmp_path / "Load.java"
+    source.write_text(LOAD)
+    done = subprocess.run(["java", f"-javaagent:{agent_jar()}={options}", "-cp", str(FRONTEND_JAR),
+                           str(source), *PATCHED], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return [line for line in done.stderr.splitlines() if line.startswith("[rtserve-agent]")]
+
+
+def test_every_patch_applies_to_the_pinned_frontend_and_the_classes_link(tmp_path):
+    lines = load_with_agent(tmp_path, f"oip=http://127.0.0.1:1,routes={tmp_path / 'live-routes.json'}")
+    assert sorted(line.split(" (")[0] for line in lines) == [
+        "[rtserve-agent] OIP model routes ON: patched "
+        "org/pytorch/serve/http/api/rest/InferenceRequestHandler.handleRequest",
+        "[rtserve-agent] greedy batching ON: patched org/pytorch/serve/wlm/Model.pollBatch",
+        "[rtserve-agent] live routes ON: patched org/pytorch/serve/util/ApiUtils.addRESTInferenceJob"]
+
+
+def test_a_wrong_checksum_leaves_each_class_stock_and_says_so(tmp_path):
+    wrong = "0" * 64
+    pins = ",".join(f"sha256.{name.rsplit('.', 1)[1]}={wrong}" for name in PATCHED)
+    lines = load_with_agent(tmp_path, f"oip=http://127.0.0.1:1,routes={tmp_path / 'r.json'},{pins}")
+    assert len(lines) == len(PATCHED), lines
+    for name, feature in PATCHED.items():
+        path = name.replace(".", "/")
+        actual = sha256(subprocess.run(["unzip", "-p", str(FRONTEND_JAR), f"{path}.class"],
+                                       capture_output=True, check=True).stdout).hexdigest()
+        [line] = [line for line in lines if line.startswith(f"[rtserve-agent] {feature} OFF: ")]
+        assert f"{path}.class has SHA-256 {actual}, not the pinned {wrong}" in line
+    assert [line.rsplit("; ", 1)[1] for line in sorted(lines)] == [
+        "those routes answer TorchServe's 404", "TorchServe runs stock",
+        "every prediction is queued as usual (no shadow or canary)"]
+
+
+def test_routes_off_and_a_relative_routes_path_leave_apiutils_stock(tmp_path):
+    assert [line for line in load_with_agent(tmp_path, "routes=off") if "live routes" in line] == []
+    [line] = [line for line in load_with_agent(tmp_path, "routes=live-routes.json") if "live routes" in line]
+    assert line == ("[rtserve-agent] live routes OFF: routes=live-routes.json is not a file's path "
+                    "(not an absolute path: live-routes.json)")
+
+
+def check(*paths: Path) -> tuple[int, list[str]]:
+    """`Routes FILE...`: its exit status and a line per file."""
+    done = subprocess.run(["java", "-cp", str(agent_jar()), "rtserve.agent.Routes", *map(str, paths)],
+                          capture_output=True, text=True, timeout=60)
+    return done.returncode, done.stdout.splitlines()
+
+
+GOOD = {"model": "m", "log": "/tmp/live-log.jsonl", "token_file": None,
+        "shadow": {"version": "2.0", "percent": 100.0, "url": "http://127.0.0.1:8080/predictions/m/2.0"},
+        "canary": {"version": "2.0", "percent": 10, "url": "http://127.0.0.1:8080/predictions/m/2.0",
+                   "key_header": "x-rtserve-key"}}
+
+
+def test_a_routes_file_as_the_python_side_writes_it_is_read(tmp_path):
+    good, other = tmp_path / "good.json", tmp_path / "other.json"
+    good.write_text(json.dumps(GOOD))
+    other.write_text(json.dumps({"model": "m", "log": "/tmp/l", "shadow": None, "extra": [1, {"a": "\u00e9"}]}))
+    assert check(good, other) == (0, [
+        f"{good}: model m, shadow 2.0 at 100.0% to http://127.0.0.1:8080/predictions/m/2.0, canary 2.0 "
+        "at 10.0% to http://127.0.0.1:8080/predictions/m/2.0 (key: x-rtserve-key or the client's "
+        "address), log /tmp/live-log.jsonl",
+        f"{other}: model m, shadow none, canary none, log /tmp/l"])
+
+
+#: Routes files the agent refuses (keeping the routes it had), with the problem it names.
+INVALID = [
+    (json.dumps({**GOOD, "model": ""}), '"model" must be a non-empty string'),
+    (json.dumps({**GOOD, "log": "live-log.jsonl"}), '"log" must be an absolute path, not "live-log.jsonl"'),
+    (json.dumps({**GOOD, "shadow": {**GOOD["shadow"], "percent": "10"}}),
+     '"shadow.percent" must be a number from 0 to 100'),
+    (json.dumps({**GOOD, "shadow": {**GOOD["shadow"], "percent": -1}}),
+     '"shadow.percent" must be from 0 to 100, not -1.0'),
+    (json.dumps({**GOOD, "canary": {**GOOD["canary"], "url": "ftp://h/p"}}),
+     '"canary.url" must be http(s)://HOST[:PORT]/..., not "ftp://h/p"'),
+    (json.dumps({**GOOD, "canary": {"percent": 5, "url": "http://h/p"}}),
+     '"canary.version" must be a non-empty string (missing)'),
+    (json.dumps({**GOOD, "canary": [1]}), '"canary" must be an object or null'),
+    (json.dumps({**GOOD, "token_file": "/nonexistent/token"}),
+     '"token_file" /nonexistent/token cannot be read (java.nio.file.NoSuchFileException: /nonexistent/token)'),
+    ("", "invalid JSON at character 0: unexpected end"),
+    ('{"model": "m",}', "invalid JSON at character 14: expected a quoted key"),
+    ('{"model": "m", "model": "n"}', 'invalid JSON at character 24: duplicate key "model"'),
+    ("[]", "the file is not a JSON object"),
+    ('{"model": "m"} x', "invalid JSON at character 15: unexpected text after the value"),
+    ('{"model": "m\\q"}', "invalid JSON at character 12: bad escape '\\q'"),
+]
+
+
+def test_an_invalid_routes_file_is_refused_naming_the_problem(tmp_path):
+    paths = []
+    for i, (text, _) in enumerate(INVALID):
+        paths.append(tmp_path / f"{i}.json")
+        paths[-1].write_text(text)
+    rc, lines = check(*paths)
+    assert rc == 1
+    assert lines == [f"{path}: invalid: {problem}" for path, (_, problem) in zip(paths, INVALID)]
+
+
+def test_the_sticky_bucket_is_the_documented_hash_and_nested_in_the_percent():
+    keys = [f"user-{i}" for i in range(50)] + ["127.0.0.1", "::1"]
+    out = subprocess.run(["java", "-cp", str(agent_jar()), "rtserve.agent.Routes", "--bucket", *keys],
+                         capture_output=True, text=True, check=True, timeout=60).stdout.split()
+    expected = [(int.from_bytes(sha256(k.encode()).digest()[:8], "big") >> 11) / 2**53 * 100 for k in keys]
+    assert [float(b) for b in out] == pytest.approx(expected, abs=1e-6)
+    assert all(0 <= b < 100 for b in expected)
