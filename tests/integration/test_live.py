@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -32,8 +33,9 @@ from rtserve.model.data import FEATURE_NAMES, LABELS, make_dataset
 from rtserve.model.package import export
 from rtserve.promotion.gate import DEFAULT_CONFIG
 from rtserve.promotion.history import History
-from rtserve.promotion.live import Route, read_routes, set_route
+from rtserve.promotion.live import Route, read_routes, set_route, watcher_pid
 from rtserve.promotion.rollout import Rollout
+from rtserve.runtime.process import alive
 from tests.conftest import MODEL_NAME, REPO, make_archive
 from tests.helpers import demo_eager, keep_only
 from tests.integration.conftest import serve
@@ -309,3 +311,48 @@ def test_promote_takes_the_live_evidence(agent, rows, rollout, random_candidate,
     gate = [e for e in History(agent.files.history).events() if e["action"] == "gate"][-1]
     assert gate["outcome"] == "promoted" and gate["live"]["agreement"] >= 0.85
     assert make(agent, "rollback").returncode == 0 and rollout.default_version() == "1.0"
+
+
+def test_stop_ends_the_canary_watcher_and_a_start_clears_the_live_routes(build_root, mar_v1, rows,
+                                                                          tmp_path):
+    """`make stop` and `python -m rtserve server stop` stop a running canary watcher (by its PID
+    file); a start clears the stale routes file, live log and shadow report, so the restarted
+    server (1.0 only, 2.0 no longer registered) never forwards to a version it does not have."""
+    make_archive(build_root, "2.0")
+    keys = [f"user-{i}" for i in range(10)]
+    cli_stop = [sys.executable, "-m", "rtserve", "server", "stop", "--run-dir"]
+    with serve(tmp_path / "run", mar_v1) as ts:
+        files = ts.files
+
+        def canary_of_2_0() -> int:
+            Rollout(ts.client(timeout=120), History(files.history), MODEL_NAME).register("2.0", workers=1)
+            started = make(ts, "canary", "MODEL_VERSION=2.0", "PERCENT=100")
+            assert started.returncode == 0, started.stdout
+            time.sleep(RELOAD_S)
+            assert {s["version"] for s in send(ts, rows[:10], keys=keys)} == {"2.0"}
+            pid = watcher_pid(files.canary_pid)
+            assert pid is not None and alive(pid)
+            return pid
+
+        def stopped_by(stop: subprocess.CompletedProcess, pid: int) -> None:
+            assert stop.returncode == 0, stop.stdout
+            assert f"canary watcher {pid} stopped" in stop.stdout, stop.stdout
+            assert ts.pid() is None and not alive(pid) and not files.canary_pid.exists()
+
+        pid = canary_of_2_0()
+        stopped_by(make(ts, "stop"), pid)
+        # what the old server left: a canary route to its 2.0, and its log
+        assert read_routes(files.live_routes).canary.percent == 100.0 and files.live_log.exists()
+        files.shadow_report.write_text("{}\n")
+        ts.start()
+        ts.wait_ready(120, [MODEL_NAME])
+        for stale in (files.live_routes, files.live_log, files.shadow_report):
+            assert not stale.exists(), stale
+        time.sleep(RELOAD_S)
+        after = send(ts, rows[:10], keys=keys)
+        assert [(s["status"], s["version"]) for s in after] == [(200, "1.0")] * 10
+        assert not files.live_log.exists()  # nothing forwarded
+
+        pid = canary_of_2_0()
+        stopped_by(subprocess.run([*cli_stop, str(ts.run_dir)], cwd=REPO, text=True, timeout=120,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT), pid)
