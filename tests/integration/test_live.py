@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -265,7 +266,8 @@ def test_canary_of_a_disagreeing_candidate_is_aborted(agent, rows, random_candid
 
 
 def test_canary_of_a_failing_candidate_is_aborted(agent, rows, rollout, tmp_path, canary_stopped):
-    """2.0 loses its workers (TorchServe answers 503 for it): only its share fails, then none."""
+    """2.0 loses its workers (TorchServe answers 503 for it) under steady keyed traffic: every
+    failed request is one of the candidate's own answers, and none fails after the abort."""
     config = gate_config(tmp_path, canary={"window_s": 30.0, "min_requests": 10,
                                            "max_error_rate": 0.1, "max_p99_ms": 10000.0})
     before = len(aborts(agent))
@@ -275,15 +277,31 @@ def test_canary_of_a_failing_candidate_is_aborted(agent, rows, rollout, tmp_path
     time.sleep(RELOAD_S)
     try:
         keys = [f"user-{i}" for i in range(len(rows))]
-        sent = send(agent, rows, keys=keys)
-        event = wait_aborted(agent, before)
+        rounds: list[tuple[float, list[dict]]] = []  # (when the round started, its answers)
+        aborted_at, deadline = None, time.monotonic() + WAIT_S
+        while aborted_at is None or rounds[-1][0] < aborted_at + RELOAD_S + 2:  # 2 s past the abort
+            assert time.monotonic() < deadline, f"no abort: {agent.files.canary_log.read_text()}"
+            lo = 50 * len(rounds) % len(rows)
+            rounds.append((time.time(), send(agent, rows[lo:lo + 50], keys=keys[lo:lo + 50])))
+            if aborted_at is None and len(aborts(agent)) > before:
+                aborted_at = datetime.fromisoformat(aborts(agent)[-1]["at"]).timestamp()
+        event = aborts(agent)[-1]
         assert event["version"] == "2.0" and event["failures"][0].startswith("error rate:")
+        sent = [s for _, answers in rounds for s in answers]
         # a canary line's id is the x-request-id the caller received
-        canary = {line["id"]: line for line in live_lines(agent) if line["kind"] == "canary"}
+        canary = {line["id"]: line for line in live_lines(agent)
+                  if line["kind"] == "canary" and line["version"] == "2.0"}
         failed = [s for s in sent if s["status"] != 200]
-        assert failed and all(canary[s["id"]]["status"] >= 500 for s in failed)  # the candidate's own
-        time.sleep(RELOAD_S)
-        assert {s["status"] for s in send(agent, rows[:50], keys=keys[:50])} == {200}
+        assert failed
+        for s in failed:  # each failure is the candidate's own answer, as the live log has it
+            assert s["id"] in canary and canary[s["id"]]["status"] == s["status"], s
+        candidate_errors = {s["id"] for s in sent if s["id"] in canary and canary[s["id"]]["status"] >= 400}
+        assert {s["id"] for s in failed} == candidate_errors
+        after = [s for t, answers in rounds if t >= aborted_at + RELOAD_S for s in answers]
+        print(f"{len(sent)} requests: {len(failed)} failed, each a candidate answer "
+              f"({sorted({s['status'] for s in failed})}); {len(after)} sent after the abort, "
+              f"{sum(s['status'] != 200 for s in after)} failed")
+        assert after and {(s["status"], s["version"]) for s in after} == {(200, "1.0")}
     finally:
         rollout.client.scale(MODEL_NAME, 1, version="2.0")
 
