@@ -25,10 +25,6 @@ from rtserve.cli.common import client, client_options, command, emit, group, set
 
 logger = logging.getLogger(__name__)
 
-#: Seconds ``canary-stop`` waits for the watcher to end after SIGTERM.
-STOP_WAIT_S = 5.0
-
-
 def _history(args: argparse.Namespace):
     from rtserve.promotion.history import History
 
@@ -139,27 +135,17 @@ def cmd_shadow_report(args: argparse.Namespace) -> None:
     logger.info("saved to %s", s.run.shadow_report)
 
 
-def _watcher_pid(pid_file: Path) -> int | None:
-    """The PID of the canary watcher recorded in ``pid_file``, when that process still runs it."""
-    try:
-        pid = int(pid_file.read_text().split()[0])
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (OSError, ValueError, IndexError):
-        return None
-    return pid if b"rtserve" in cmdline and b"watch" in cmdline else None
-
-
 def cmd_canary(args: argparse.Namespace) -> None:
     """Send a sticky share of live requests to a candidate; a watcher aborts it on a breach."""
     from rtserve.errors import LiveError
     from rtserve.promotion.gate import GateConfig
-    from rtserve.promotion.live import KEY_HEADER, Route
+    from rtserve.promotion.live import KEY_HEADER, Route, watcher_pid
 
     s = settings(args)
     config = GateConfig.load(args.gate_config or s.gate_config)  # a bad file fails here, not later
     percent = _percent(args)
     url = _candidate(args)
-    running = _watcher_pid(s.run.canary_pid)
+    running = watcher_pid(s.run.canary_pid)
     current = _route(args, "canary")
     if running and current is not None and current.version != args.version:
         raise LiveError(f"the canary of {current.version} is watched (pid {running}): "
@@ -187,15 +173,12 @@ def cmd_canary_stop(args: argparse.Namespace) -> None:
     """Stop the canary watcher (by its PID file) and set the canary's share to 0."""
     from dataclasses import replace
 
+    from rtserve.promotion.live import stop_watcher
+
     s = settings(args)
-    pid = _watcher_pid(s.run.canary_pid)
+    pid = stop_watcher(s.run.canary_pid)
     if pid is not None:
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_WAIT_S
-        while _watcher_pid(s.run.canary_pid) == pid and time.monotonic() < deadline:
-            time.sleep(0.05)
         logger.info("canary watcher %d stopped", pid)
-    s.run.canary_pid.unlink(missing_ok=True)
     route = _route(args, "canary")
     if route is None or route.percent == 0:
         logger.info("no canary has a share (none started, or aborted or stopped already); "
@@ -210,7 +193,7 @@ def cmd_canary_stop(args: argparse.Namespace) -> None:
 def cmd_watch(args: argparse.Namespace) -> None:
     """The canary watcher (`make canary` starts it in the background)."""
     from rtserve.promotion.gate import GateConfig
-    from rtserve.promotion.live import Watch, watch
+    from rtserve.promotion.live import Watch, watch, watcher_pid
 
     s = settings(args)
     config = GateConfig.load(args.gate_config or s.gate_config)
@@ -225,7 +208,7 @@ def cmd_watch(args: argparse.Namespace) -> None:
     try:
         watch(w, say)
     finally:
-        if _watcher_pid(s.run.canary_pid) == os.getpid():
+        if watcher_pid(s.run.canary_pid) == os.getpid():
             s.run.canary_pid.unlink(missing_ok=True)
 
 

@@ -33,11 +33,14 @@ from handler.audit import append_event
 from rtserve.errors import LiveError
 from rtserve.promotion.gate import CanaryThresholds, ShadowThresholds, percentile
 from rtserve.promotion.history import History
+from rtserve.runtime.process import terminate
 
 #: The header whose value makes the canary share sticky (one client key, one version).
 KEY_HEADER = "x-rtserve-key"
 #: How often the canary watcher reads the live log (seconds).
 POLL_S = 0.5
+#: Seconds a stop waits for the canary watcher to end after SIGTERM (then SIGKILL).
+STOP_WAIT_S = 5.0
 #: Disagreements a shadow report lists.
 TOP_DISAGREEMENTS = 10
 #: What each version's latency in a shadow report is.
@@ -558,6 +561,27 @@ def latest_shadow_version(live_log: str | Path) -> str | None:
     lines, _ = parse_lines(Tail(live_log, from_end=False).read(), parse_live_line)
     shadows = [line.version for line in lines if line.kind == "shadow"]
     return shadows[-1] if shadows else None
+
+
+def watcher_pid(pid_file: str | Path) -> int | None:
+    """The PID of the canary watcher recorded in ``pid_file``, when that process still runs it
+    (a reused PID running something else is not the watcher)."""
+    try:
+        pid = int(Path(pid_file).read_text().split()[0])
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if b"rtserve" in cmdline and b"watch" in cmdline else None
+
+
+def stop_watcher(pid_file: str | Path, timeout: float = STOP_WAIT_S) -> int | None:
+    """Stop the canary watcher that ``pid_file`` records (SIGTERM, SIGKILL after ``timeout``; never
+    a process found by name) and remove the file. Returns the PID it stopped, if one ran."""
+    pid = watcher_pid(pid_file)
+    if pid is not None:
+        terminate(pid, timeout)
+    Path(pid_file).unlink(missing_ok=True)
+    return pid
 
 
 @dataclass

@@ -28,6 +28,7 @@ from typing import Callable
 from handler.warmup import KEY_ENV
 from rtserve.client.rest import Client, TorchServeError
 from rtserve.errors import ServerError, WrongAnswers
+from rtserve.promotion.live import stop_watcher
 from rtserve.runtime.ports import free_ports
 from rtserve.runtime.process import PidFile, spawn, tail, terminate, wait_until
 from rtserve.server import drain as draining
@@ -227,6 +228,13 @@ class TorchServe:
                 terminate(pid, timeout)
             PidFile(self.run_dir / sidecar.pid_file).remove()
 
+    def stop_canary_watcher(self) -> None:
+        """Stop the canary watcher of this run directory, if one runs (by its PID file,
+        :attr:`RunDir.canary_pid`): it watches this server's live log only."""
+        pid = stop_watcher(self.files.canary_pid)
+        if pid is not None:
+            logger.info("canary watcher %d stopped", pid)
+
     def pid(self) -> int | None:
         """The frontend's PID from this instance's private PID file, if it is running."""
         return self._pid_file.pid()
@@ -258,8 +266,13 @@ class TorchServe:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_dir.mkdir(parents=True, exist_ok=True)
         self.key_file.unlink(missing_ok=True)
-        # A fresh server starts from its --models again: the old rollout history no longer applies.
+        # A fresh server starts from its --models again: the old rollout history no longer applies,
+        # nor do the old live routes (a candidate it may not have), their log and report, nor a
+        # canary watcher left behind.
         self.files.history.unlink(missing_ok=True)
+        self.stop_canary_watcher()
+        for stale in (self.files.live_routes, self.files.live_log, self.files.shadow_report):
+            stale.unlink(missing_ok=True)
         draining.clear(self.run_dir)  # nor is it draining
         (self.run_dir / WARM_FILE).unlink(missing_ok=True)  # nor warmed up
         warmup_key = new_key()
@@ -387,6 +400,7 @@ class TorchServe:
         pid = self.pid()
         if pid is None:
             self.stop_sidecars()
+            self.stop_canary_watcher()
             return None
         report = self.drain() if drain else None
         if terminate(pid, timeout, tree=True, poll=0.1):
@@ -394,6 +408,7 @@ class TorchServe:
         self._pid_file.remove()
         self.key_file.unlink(missing_ok=True)
         self.stop_sidecars()
+        self.stop_canary_watcher()
         if self.metrics_dir.parent == SHARED_MEMORY:
             shutil.rmtree(self.metrics_dir, ignore_errors=True)  # memory, not a record
         return report

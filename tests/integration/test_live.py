@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -32,8 +34,9 @@ from rtserve.model.data import FEATURE_NAMES, LABELS, make_dataset
 from rtserve.model.package import export
 from rtserve.promotion.gate import DEFAULT_CONFIG
 from rtserve.promotion.history import History
-from rtserve.promotion.live import Route, read_routes, set_route
+from rtserve.promotion.live import Route, read_routes, set_route, watcher_pid
 from rtserve.promotion.rollout import Rollout
+from rtserve.runtime.process import alive
 from tests.conftest import MODEL_NAME, REPO, make_archive
 from tests.helpers import demo_eager, keep_only
 from tests.integration.conftest import serve
@@ -263,7 +266,8 @@ def test_canary_of_a_disagreeing_candidate_is_aborted(agent, rows, random_candid
 
 
 def test_canary_of_a_failing_candidate_is_aborted(agent, rows, rollout, tmp_path, canary_stopped):
-    """2.0 loses its workers (TorchServe answers 503 for it): only its share fails, then none."""
+    """2.0 loses its workers (TorchServe answers 503 for it) under steady keyed traffic: every
+    failed request is one of the candidate's own answers, and none fails after the abort."""
     config = gate_config(tmp_path, canary={"window_s": 30.0, "min_requests": 10,
                                            "max_error_rate": 0.1, "max_p99_ms": 10000.0})
     before = len(aborts(agent))
@@ -273,15 +277,31 @@ def test_canary_of_a_failing_candidate_is_aborted(agent, rows, rollout, tmp_path
     time.sleep(RELOAD_S)
     try:
         keys = [f"user-{i}" for i in range(len(rows))]
-        sent = send(agent, rows, keys=keys)
-        event = wait_aborted(agent, before)
+        rounds: list[tuple[float, list[dict]]] = []  # (when the round started, its answers)
+        aborted_at, deadline = None, time.monotonic() + WAIT_S
+        while aborted_at is None or rounds[-1][0] < aborted_at + RELOAD_S + 2:  # 2 s past the abort
+            assert time.monotonic() < deadline, f"no abort: {agent.files.canary_log.read_text()}"
+            lo = 50 * len(rounds) % len(rows)
+            rounds.append((time.time(), send(agent, rows[lo:lo + 50], keys=keys[lo:lo + 50])))
+            if aborted_at is None and len(aborts(agent)) > before:
+                aborted_at = datetime.fromisoformat(aborts(agent)[-1]["at"]).timestamp()
+        event = aborts(agent)[-1]
         assert event["version"] == "2.0" and event["failures"][0].startswith("error rate:")
+        sent = [s for _, answers in rounds for s in answers]
         # a canary line's id is the x-request-id the caller received
-        canary = {line["id"]: line for line in live_lines(agent) if line["kind"] == "canary"}
+        canary = {line["id"]: line for line in live_lines(agent)
+                  if line["kind"] == "canary" and line["version"] == "2.0"}
         failed = [s for s in sent if s["status"] != 200]
-        assert failed and all(canary[s["id"]]["status"] >= 500 for s in failed)  # the candidate's own
-        time.sleep(RELOAD_S)
-        assert {s["status"] for s in send(agent, rows[:50], keys=keys[:50])} == {200}
+        assert failed
+        for s in failed:  # each failure is the candidate's own answer, as the live log has it
+            assert s["id"] in canary and canary[s["id"]]["status"] == s["status"], s
+        candidate_errors = {s["id"] for s in sent if s["id"] in canary and canary[s["id"]]["status"] >= 400}
+        assert {s["id"] for s in failed} == candidate_errors
+        after = [s for t, answers in rounds if t >= aborted_at + RELOAD_S for s in answers]
+        print(f"{len(sent)} requests: {len(failed)} failed, each a candidate answer "
+              f"({sorted({s['status'] for s in failed})}); {len(after)} sent after the abort, "
+              f"{sum(s['status'] != 200 for s in after)} failed")
+        assert after and {(s["status"], s["version"]) for s in after} == {(200, "1.0")}
     finally:
         rollout.client.scale(MODEL_NAME, 1, version="2.0")
 
@@ -309,3 +329,48 @@ def test_promote_takes_the_live_evidence(agent, rows, rollout, random_candidate,
     gate = [e for e in History(agent.files.history).events() if e["action"] == "gate"][-1]
     assert gate["outcome"] == "promoted" and gate["live"]["agreement"] >= 0.85
     assert make(agent, "rollback").returncode == 0 and rollout.default_version() == "1.0"
+
+
+def test_stop_ends_the_canary_watcher_and_a_start_clears_the_live_routes(build_root, mar_v1, rows,
+                                                                          tmp_path):
+    """`make stop` and `python -m rtserve server stop` stop a running canary watcher (by its PID
+    file); a start clears the stale routes file, live log and shadow report, so the restarted
+    server (1.0 only, 2.0 no longer registered) never forwards to a version it does not have."""
+    make_archive(build_root, "2.0")
+    keys = [f"user-{i}" for i in range(10)]
+    cli_stop = [sys.executable, "-m", "rtserve", "server", "stop", "--run-dir"]
+    with serve(tmp_path / "run", mar_v1) as ts:
+        files = ts.files
+
+        def canary_of_2_0() -> int:
+            Rollout(ts.client(timeout=120), History(files.history), MODEL_NAME).register("2.0", workers=1)
+            started = make(ts, "canary", "MODEL_VERSION=2.0", "PERCENT=100")
+            assert started.returncode == 0, started.stdout
+            time.sleep(RELOAD_S)
+            assert {s["version"] for s in send(ts, rows[:10], keys=keys)} == {"2.0"}
+            pid = watcher_pid(files.canary_pid)
+            assert pid is not None and alive(pid)
+            return pid
+
+        def stopped_by(stop: subprocess.CompletedProcess, pid: int) -> None:
+            assert stop.returncode == 0, stop.stdout
+            assert f"canary watcher {pid} stopped" in stop.stdout, stop.stdout
+            assert ts.pid() is None and not alive(pid) and not files.canary_pid.exists()
+
+        pid = canary_of_2_0()
+        stopped_by(make(ts, "stop"), pid)
+        # what the old server left: a canary route to its 2.0, and its log
+        assert read_routes(files.live_routes).canary.percent == 100.0 and files.live_log.exists()
+        files.shadow_report.write_text("{}\n")
+        ts.start()
+        ts.wait_ready(120, [MODEL_NAME])
+        for stale in (files.live_routes, files.live_log, files.shadow_report):
+            assert not stale.exists(), stale
+        time.sleep(RELOAD_S)
+        after = send(ts, rows[:10], keys=keys)
+        assert [(s["status"], s["version"]) for s in after] == [(200, "1.0")] * 10
+        assert not files.live_log.exists()  # nothing forwarded
+
+        pid = canary_of_2_0()
+        stopped_by(subprocess.run([*cli_stop, str(ts.run_dir)], cwd=REPO, text=True, timeout=120,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT), pid)
