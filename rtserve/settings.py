@@ -51,6 +51,9 @@ HISTORY_FILE = "rollout-history.jsonl"
 LIVE_ROUTES_FILE = "live-routes.json"
 LIVE_LOG_FILE = "live-log.jsonl"
 CANARY_PID_FILE = "canary-watcher.pid"
+#: What the canary watcher's command line holds (``python -m rtserve live watch ...``): a PID
+#: recorded in CANARY_PID_FILE counts only while its process still runs the watcher.
+CANARY_WATCHER_MARKS = (b"rtserve", b"watch")
 CANARY_LOG_FILE = "canary-watcher.log"
 SHADOW_REPORT_FILE = "shadow-report.json"
 

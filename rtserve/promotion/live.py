@@ -33,7 +33,8 @@ from handler.audit import append_event
 from rtserve.errors import LiveError
 from rtserve.promotion.gate import CanaryThresholds, ShadowThresholds, percentile
 from rtserve.promotion.history import History
-from rtserve.runtime.process import terminate
+from rtserve.settings import CANARY_WATCHER_MARKS
+from rtserve.runtime.process import recorded_pid, stop_recorded
 
 #: The header whose value makes the canary share sticky (one client key, one version).
 KEY_HEADER = "x-rtserve-key"
@@ -564,24 +565,14 @@ def latest_shadow_version(live_log: str | Path) -> str | None:
 
 
 def watcher_pid(pid_file: str | Path) -> int | None:
-    """The PID of the canary watcher recorded in ``pid_file``, when that process still runs it
-    (a reused PID running something else is not the watcher)."""
-    try:
-        pid = int(Path(pid_file).read_text().split()[0])
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (OSError, ValueError, IndexError):
-        return None
-    return pid if b"rtserve" in cmdline and b"watch" in cmdline else None
+    """The PID of the canary watcher recorded in ``pid_file``, when that process still runs it."""
+    return recorded_pid(pid_file, CANARY_WATCHER_MARKS)
 
 
 def stop_watcher(pid_file: str | Path, timeout: float = STOP_WAIT_S) -> int | None:
-    """Stop the canary watcher that ``pid_file`` records (SIGTERM, SIGKILL after ``timeout``; never
-    a process found by name) and remove the file. Returns the PID it stopped, if one ran."""
-    pid = watcher_pid(pid_file)
-    if pid is not None:
-        terminate(pid, timeout)
-    Path(pid_file).unlink(missing_ok=True)
-    return pid
+    """Stop the canary watcher that ``pid_file`` records and remove the file
+    (:func:`~rtserve.runtime.process.stop_recorded`). Returns the PID it stopped, if one ran."""
+    return stop_recorded(pid_file, CANARY_WATCHER_MARKS, timeout)
 
 
 @dataclass

@@ -228,3 +228,25 @@ def tail(path: Path, lines: int = 40) -> str:
         return last_lines(Path(path).read_text(errors="replace"), lines)
     except OSError:
         return ""
+
+
+def recorded_pid(pid_file: str | Path, marks: Sequence[bytes]) -> int | None:
+    """The PID ``pid_file`` records, when that process runs and its command line holds every
+    one of ``marks`` (a reused PID running something else is not the recorded process)."""
+    try:
+        pid = int(Path(pid_file).read_text().split()[0])
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if all(mark in cmdline for mark in marks) else None
+
+
+def stop_recorded(pid_file: str | Path, marks: Sequence[bytes], timeout: float) -> int | None:
+    """Stop the process ``pid_file`` records (:func:`recorded_pid`; SIGTERM, SIGKILL after
+    ``timeout``; never a process found by name) and remove the file. Returns the PID it
+    stopped, if one ran."""
+    pid = recorded_pid(pid_file, marks)
+    if pid is not None:
+        terminate(pid, timeout)
+    Path(pid_file).unlink(missing_ok=True)
+    return pid

@@ -28,16 +28,15 @@ from typing import Callable
 from handler.warmup import KEY_ENV
 from rtserve.client.rest import Client, TorchServeError
 from rtserve.errors import ServerError, WrongAnswers
-from rtserve.promotion.live import stop_watcher
 from rtserve.runtime.ports import free_ports
-from rtserve.runtime.process import PidFile, spawn, tail, terminate, wait_until
+from rtserve.runtime.process import PidFile, spawn, stop_recorded, tail, terminate, wait_until
 from rtserve.server import drain as draining
 from rtserve.server.drain import DrainReport
 from rtserve.server.properties import (GREEDY_KEY, OIP_KEY,  # noqa: F401 - GREEDY_KEY re-exported
                                        PUBLIC_METRICS_KEY, configured, effective_props, greedy,
                                        read_properties, write_properties)
 from rtserve.server.readiness import probe_prediction, workers_ready
-from rtserve.settings import PACKAGE_HOME, RunDir, Settings, log_config
+from rtserve.settings import CANARY_WATCHER_MARKS, PACKAGE_HOME, RunDir, Settings, log_config
 from rtserve.server.warmup import (KEY_FILE, WARM_FILE, Rows, WarmupConfig, WarmupError, new_key,
                             warm_up)
 
@@ -231,7 +230,7 @@ class TorchServe:
     def stop_canary_watcher(self) -> None:
         """Stop the canary watcher of this run directory, if one runs (by its PID file,
         :attr:`RunDir.canary_pid`): it watches this server's live log only."""
-        pid = stop_watcher(self.files.canary_pid)
+        pid = stop_recorded(self.files.canary_pid, CANARY_WATCHER_MARKS, timeout=5.0)
         if pid is not None:
             logger.info("canary watcher %d stopped", pid)
 
