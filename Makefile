@@ -785,12 +785,12 @@ bench-deps: $(BENCH_STAMP) ## Install FastAPI/uvicorn (benchmark only) and the l
 bench: $(MAR) $(MODEL_DIR)/model.pt2 $(AGENT_JAR) bench-deps bench-handler ## Raw forward, FastAPI (seed and tuned) and rtserve (shipped, greedy off, telemetry off, batchSize 1): about 8 min
 	$(PY) -m bench.perf --model-store $(MODEL_STORE) --version $(MODEL_VERSION) $(BENCH_ARGS)
 
-.PHONY: perf-deps
-perf-deps: ## Install perf (Debian's linux-perf, if missing): make bench-tail traces the scheduler with it
+.PHONY: bench-perf-deps
+bench-perf-deps: ## Install perf (Debian's linux-perf, if missing): make bench-tail traces the scheduler with it
 	@command -v perf >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf; }
 
 .PHONY: bench-tail
-bench-tail: $(MAR) $(MODEL_DIR)/model.pt2 $(AGENT_JAR) bench-deps perf-deps ## Where the c=1 tail goes: each lone request matched with the kernel's scheduler trace (about a minute)
+bench-tail: $(MAR) $(MODEL_DIR)/model.pt2 $(AGENT_JAR) bench-deps bench-perf-deps ## Where the c=1 tail goes: each lone request matched with the kernel's scheduler trace (about a minute)
 	$(PY) -m bench.tail --model-store $(MODEL_STORE) --version $(MODEL_VERSION) $(BENCH_ARGS)
 
 .PHONY: bench-quick

@@ -144,6 +144,7 @@ GROUPS = {
     "Build": lambda t: not prefixed(t),
     "Run": lambda t: not prefixed(t),
     "Versions (local server)": lambda t: not prefixed(t),
+    "Live traffic (shadow, canary)": lambda t: t.startswith(("shadow", "canary")),
     "Monitoring": lambda t: t.startswith("monitor"),
     "Image and pod": lambda t: t.startswith(("image", "pod")),
     "Kubernetes (cluster)": lambda t: t.startswith("k8s-"),
@@ -156,7 +157,8 @@ GROUPS = {
 
 
 def prefixed(target: str) -> bool:
-    return target.startswith(("k8s-", "cluster", "image", "pod", "bench", "monitor", "test", "kafka", "stream")) \
+    return target.startswith(("k8s-", "cluster", "image", "pod", "bench", "monitor", "test", "kafka", "stream",
+                              "shadow", "canary")) \
         or target.endswith("-deps")
 
 
@@ -195,6 +197,8 @@ def test_make_help_lists_every_public_target_once_under_the_naming_rule():
     assert {"k8s-deploy", "k8s-status", "k8s-history", "k8s-rollback", "k8s-deps"} \
         <= set(groups["Kubernetes (cluster)"])
     assert {"register", "promote", "rollback", "history"} <= set(groups["Versions (local server)"])
+    assert {"shadow", "shadow-report", "shadow-stop", "canary", "canary-stop"} \
+        == set(groups["Live traffic (shadow, canary)"])
     assert not set(RENAMED) & set(listed)
 
 
