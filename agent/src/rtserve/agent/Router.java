@@ -355,9 +355,6 @@ public final class Router {
             try {
                 Routes r = Routes.parse(Files.readString(file, StandardCharsets.UTF_8));
                 tokenFile = r.tokenFile;
-                // The HTTP client (its selector thread and executor) is made here, on this
-                // thread, rather than by the first routed request.
-                Objects.requireNonNull(ModelRoutes.Client.INSTANCE);
                 routes = r;
                 Agent.log("live routes: " + file + ": " + r.describe());
             } catch (Routes.Invalid | IOException | RuntimeException e) {
