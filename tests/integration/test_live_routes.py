@@ -382,7 +382,7 @@ server.serve_forever()
 SLOW_RATE, SLOW_CONNECTIONS = 60.0, 4
 #: Windows of each condition, alternated (off, on, off, on, ...), and their length (seconds).
 WINDOWS, WINDOW_S = 4, 5.0
-#: Measurements at most (the first within 5 ms ends the test).
+#: Measurements at most (the first within its allowance ends the test).
 ATTEMPTS = 3
 #: Seconds of shadow before the windows (the agent's client opens its connections).
 WARM_UP_S = 3.0
@@ -427,12 +427,21 @@ def test_a_candidate_500ms_slower_does_not_move_the_callers_p99(live, routes):
             records = list(load.records)
             off, on = ([summarize([replace(r, phase=c) for r in records
                                    if r.phase.startswith(f"{c} {attempt}.")])[0] for c in ("off", "on")])
-            results.append((off, on))
+            # The machine's own noise at p99: the off windows' two halves against each other
+            # (alternate windows). A mirror that held callers would add its 500 ms; a
+            # difference within that noise is not the shadow's.
+            halves = [summarize([replace(r, phase="off") for r in records
+                                 if r.phase in {f"off {attempt}.{i}" for i in range(half, WINDOWS, 2)}])[0]
+                      for half in (0, 1)]
+            noise = abs(halves[0].p99_ms - halves[1].p99_ms)
+            allowed = max(5.0, noise)
+            results.append((off, on, allowed))
             print(f"attempt {attempt + 1}: callers' latency at {SLOW_RATE:g} req/s over {SLOW_CONNECTIONS} "
                   f"connections, {WINDOWS} x {WINDOW_S:g} s per condition: shadow off p50 {off.p50_ms:.2f} ms "
                   f"p99 {off.p99_ms:.2f} ms ({off.sent} requests); shadow on (500 ms candidate) "
-                  f"p50 {on.p50_ms:.2f} ms p99 {on.p99_ms:.2f} ms ({on.sent} requests)")
-            if on.p99_ms - off.p99_ms <= 5.0:
+                  f"p50 {on.p50_ms:.2f} ms p99 {on.p99_ms:.2f} ms ({on.sent} requests); the off "
+                  f"windows' halves differ by {noise:.2f} ms at p99: allowed {allowed:.2f} ms")
+            if on.p99_ms - off.p99_ms <= allowed:
                 break
             routes(shadow=shadow)  # the next attempt starts as the first did: shadow on
             time.sleep(RELOAD_S)
@@ -442,7 +451,7 @@ def test_a_candidate_500ms_slower_does_not_move_the_callers_p99(live, routes):
         print("p99 per window (ms):", {k: round(r.p99_ms, 2) for k, r in windows.items()})
         assert all(r.status == 200 and r.version == "1.0" for r in records), \
             {(r.status, r.version) for r in records}
-        assert on.p99_ms - off.p99_ms <= 5.0, [(o.p99_ms, n.p99_ms) for o, n in results]
+        assert on.p99_ms - off.p99_ms <= allowed, [(o.p99_ms, n.p99_ms, a) for o, n, a in results]
         on_sent = sum(1 for r in records if r.phase.startswith("on "))
         # every request sent while the shadow was on was mirrored (and those sent while the
         # routes changed may be), and the candidate answered each after 500 ms
