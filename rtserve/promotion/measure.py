@@ -73,18 +73,28 @@ def latency_burst(client: Client, model: str, versions: Sequence[str | None],
 def verify_served(client: Client, model: str, meta: ArchiveMeta, config: GateConfig) -> dict:
     """What ``make k8s-verify`` checks of the version a Service serves (no second version to
     compare with): its answers equal its archive's golden set, and its p99 over a burst is at
-    most ``max_p99_ms``. Returns the figures.
+    most ``max_p99_ms``. A burst over the limit is measured again, up to ``latency_attempts``
+    bursts in all, and the lowest p99 counts (as in the gate: one stall of a busy node does not
+    roll a good version back; a slow one fails every burst). Returns the figures, with each
+    burst's p99 under ``attempts_p99_ms``.
 
     Raises:
         GoldenMismatch: the answers differ (rows named).
-        GateError: the p99 is over the limit.
+        GateError: the p99 is over the limit in every burst.
     """
     rows = check_golden(client, model, None, meta, config)
-    burst = latency_burst(client, model, (None,), meta.golden["features"][0], config)[None]
+    bursts: list[list[float]] = []
+    for _ in range(config.latency_attempts):
+        bursts.append(latency_burst(client, model, (None,), meta.golden["features"][0], config)[None])
+        if percentile(bursts[-1], 99) <= config.max_p99_ms:
+            break
+    burst = min(bursts, key=lambda b: percentile(b, 99))
     figures = {"model": model, "version": meta.version, "golden_rows": rows,
                "requests": len(burst), "p50_ms": round(percentile(burst, 50), 3),
-               "p99_ms": round(percentile(burst, 99), 3), "max_p99_ms": config.max_p99_ms}
+               "p99_ms": round(percentile(burst, 99), 3), "max_p99_ms": config.max_p99_ms,
+               "attempts_p99_ms": [round(percentile(b, 99), 3) for b in bursts]}
     if figures["p99_ms"] > config.max_p99_ms:
         raise GateError(f"{model} {meta.version}: p99 {figures['p99_ms']} ms over {len(burst)} "
-                        f"requests is above max_p99_ms {config.max_p99_ms} ms ({figures})")
+                        f"requests is above max_p99_ms {config.max_p99_ms} ms in each of "
+                        f"{len(bursts)} bursts ({figures})")
     return figures

@@ -28,6 +28,7 @@ import logging
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -47,6 +48,11 @@ logger = logging.getLogger(__name__)
 TRANSIENT = {0, 408, 429, 502, 503, 504, 507}
 REFUSED = {400, 413}
 TXN_TIMEOUT = 30.0
+#: The longest a step waits for its commit: its transactional calls' own timeouts and a margin. A
+#: producer that lost its broker mid-transaction was seen to hang in ``send_offsets_to_transaction``
+#: far past its timeout; past this the step is given up like a failed commit (the next producer,
+#: with the same transactional id, fences the stuck one).
+COMMIT_DEADLINE = 3 * TXN_TIMEOUT
 #: The transactional producer's first retry of a refused request (see :meth:`StreamConsumer._producer`).
 RETRY_BACKOFF_MS = 5
 #: The largest event scored, as TorchServe's ``max_request_size`` (``config.properties``) bounds a
@@ -144,8 +150,6 @@ class StreamConsumer:
         })
         self.producer: Producer | None = self._producer()
         self.pool = ThreadPoolExecutor(config.concurrency, thread_name_prefix="stream-score")
-        #: One thread: at most one transaction commits at a time, in the steps' order.
-        self.committer = ThreadPoolExecutor(1, thread_name_prefix="stream-commit")
         self._in_flight: InFlight | None = None
         self._failures = 0
         #: While backing off after a transient failure: when the paused partitions resume.
@@ -196,7 +200,6 @@ class StreamConsumer:
         """The commit in flight ends (counted), then the member leaves its group."""
         self.finish(settle=False)
         self.pool.shutdown(wait=True)
-        self.committer.shutdown(wait=True)
         self.consumer.close()
 
     def step(self) -> int:
@@ -354,7 +357,7 @@ class StreamConsumer:
             self._abort(f"member {member!r} left group {self.config.group} while it scored (now {now!r}): "
                         "its partitions moved to another member", opened=False)
             return False
-        self._in_flight = InFlight(messages, outputs, self.committer.submit(
+        self._in_flight = InFlight(messages, outputs, on_daemon_thread(
             self._transact, self.producer, messages, outputs, group))
         return True
 
@@ -383,9 +386,12 @@ class StreamConsumer:
             return 0
         self._in_flight = None
         try:
-            at = done.commit.result()
+            at = done.commit.result(timeout=COMMIT_DEADLINE)
         except KafkaException as exc:
             self._abort(str(exc.args[0]), settle=settle)
+            return None
+        except FutureTimeout:
+            self._abort(f"the commit did not end within {COMMIT_DEADLINE:g} s", settle=settle)
             return None
         self.metrics.committed(done.messages, at)
         self.counts.transactions += 1
@@ -489,3 +495,21 @@ def _timestamp(msg: Message) -> int | None:
     kind, value = msg.timestamp()
     return value if kind != 0 else None  # 0: TIMESTAMP_NOT_AVAILABLE
 
+
+def on_daemon_thread(fn: Callable[..., Any], *args: Any) -> Future:
+    """``fn(*args)`` on a daemon thread of its own, its outcome in the returned future. At most
+    one transaction is in flight, so this is the commit thread; a daemon one, because a call
+    stuck in the Kafka client (see :data:`COMMIT_DEADLINE`) must never keep the process from
+    exiting, as an executor's worker, joined at exit, would."""
+    future: Future = Future()
+
+    def run() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:  # noqa: BLE001 (handed to the waiting step)
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="stream-commit", daemon=True).start()
+    return future

@@ -93,7 +93,8 @@ def member_of(kafka, topics: dict[str, str], client: Client, name: str = "a", **
 def running(member: StreamConsumer):
     """``member`` consuming in a thread until the block ends."""
     stop = threading.Event()
-    worker = threading.Thread(target=member.run, args=(stop,))
+    # A daemon: one stuck past the join below fails its test, and must not hold the tier at exit.
+    worker = threading.Thread(target=member.run, args=(stop,), daemon=True)
     worker.start()
     try:
         yield worker

@@ -156,7 +156,7 @@ def test_rebalance_from_one_member_to_two_and_back(kafka, torchserve):
 
     first = member_of(kafka, topics, torchserve.client())
     second = member_of(kafka, topics, torchserve.client(), name="b")
-    feeder = threading.Thread(target=feed)
+    feeder = threading.Thread(target=feed, daemon=True)
     with running(first) as worker:
         feeder.start()
         wait_for("first predictions", lambda: first.counts.predictions >= 32 or not worker.is_alive(), 60)
