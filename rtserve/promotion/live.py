@@ -181,6 +181,46 @@ def drop_version(path: str | Path, version: str) -> list[str]:
     return dropped
 
 
+class RoutesSync:
+    """Keeps a server's routes file equal to a mounted one (a pod's ConfigMap
+    ``rtserve-live-routes``: ``$RTSERVE_LIVE_ROUTES``), copying it only when the mounted content
+    changes: a routes file written straight into the pod (a canary's abort, which does not wait
+    for the kubelet to bring the ConfigMap's update) stays until the ConfigMap changes again.
+    A mounted file that goes away removes the copy (no routes); an invalid one is not copied
+    (the agent keeps the routes it has) and said once.
+
+    Args:
+        source: the mounted file.
+        target: the routes file the frontend's agent follows (:attr:`RunDir.live_routes`).
+    """
+
+    def __init__(self, source: Path, target: Path, log: Callable[[str], None] = print) -> None:
+        self.source, self.target, self.log = source, target, log
+        self.seen: str | None = None
+
+    def sync(self) -> bool:
+        """Copy the mounted file if its content changed since the last look; whether it did."""
+        try:
+            text = self.source.read_text()
+        except (FileNotFoundError, NotADirectoryError):
+            text = None
+        if text == self.seen:
+            return False
+        self.seen = text
+        if text is None:
+            self.target.unlink(missing_ok=True)
+            self.log(f"live routes: {self.source} is gone: {self.target} removed (no routes)")
+            return True
+        try:
+            routes = Routes.parse(json.loads(text), str(self.source))
+        except (ValueError, LiveError) as exc:
+            self.log(f"live routes: {self.source} not copied: {exc}")
+            return False
+        write_routes(self.target, routes)
+        self.log(f"live routes: {self.source} copied to {self.target}")
+        return True
+
+
 # -- the live log and the audit log ----------------------------------------------------------------
 @dataclass(frozen=True)
 class LiveLine:
@@ -577,7 +617,11 @@ def stop_watcher(pid_file: str | Path, timeout: float = STOP_WAIT_S) -> int | No
 
 @dataclass
 class Watch:
-    """What the canary watcher needs: where the files are, the thresholds, who it watches."""
+    """What the canary watcher needs: where the files are, the thresholds, who it watches.
+
+    In a cluster (``make k8s-canary``) the files are the watcher's own copies: ``pull`` appends
+    what the pods' live and audit logs gained to them before each look, and ``publish`` takes
+    the routes an abort wrote to the pods (:mod:`rtserve.k8s.live`)."""
 
     model: str
     version: str
@@ -586,6 +630,8 @@ class Watch:
     audit_log: Path
     history: History
     thresholds: CanaryThresholds
+    pull: Callable[[], object] | None = None
+    publish: Callable[[Routes], object] | None = None
 
 
 def canary_route(routes: Routes | None, version: str) -> Route | None:
@@ -604,7 +650,9 @@ def abort(watch: Watch, decision: CanaryDecision) -> dict:
         percent["was"] = routes.canary.percent
         return replace(routes, canary=replace(routes.canary, percent=0.0))
 
-    update_routes(watch.routes, to_zero)
+    routes = update_routes(watch.routes, to_zero)
+    if watch.publish is not None:
+        watch.publish(routes)
     event = {"event": "canary-abort", "action": "canary-abort", "model": watch.model,
              "version": watch.version, "percent": percent["was"], "failures": decision.breaches,
              "figures": {k: v for k, v in asdict(decision).items() if k != "breaches"},
@@ -630,6 +678,8 @@ def watch(w: Watch, out: Callable[[str], None] = print, poll_s: float = POLL_S,
         if canary_route(read_routes(w.routes), w.version) is None:
             out(f"canary {w.version} stopped (its share is 0 or its route is gone)")
             return None
+        if w.pull is not None:
+            w.pull()
         now = clock()
         keep_ms = now * 1000.0 - w.thresholds.window_s * 1000.0
         new, _ = parse_lines(live.read(), parse_live_line)
