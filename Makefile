@@ -539,13 +539,14 @@ k8s-pin: ## Record MODEL_VERSION as OVERLAY's image tag in its kustomization.yam
 	@grep -n 'newTag' $(K8S_DIR)/overlays/$(OVERLAY)/kustomization.yaml
 
 .PHONY: k8s-render
-k8s-render: ## Render every overlay to build/k8s/render/<overlay>.yaml, the verification Job to verify.yaml (an overlay's own to <overlay>-verify.yaml)
+k8s-render: ## Render every overlay to build/k8s/render/<overlay>.yaml, the verification Job to verify.yaml and the candidate to candidate.yaml (an overlay's own to <overlay>-verify.yaml, <overlay>-candidate.yaml)
 	@rm -rf build/k8s/render && mkdir -p build/k8s/render
 	@for o in $(K8S_OVERLAYS); do \
 	  $(KUBECTL) kustomize $(K8S_DIR)/overlays/$$o > build/k8s/render/$$o.yaml; echo ">> build/k8s/render/$$o.yaml"; \
-	  if [ -f $(K8S_DIR)/overlays/$$o/verify/kustomization.yaml ]; then \
-	    $(KUBECTL) kustomize $(K8S_DIR)/overlays/$$o/verify > build/k8s/render/$$o-verify.yaml; echo ">> build/k8s/render/$$o-verify.yaml"; fi; done
+	  for part in verify candidate; do if [ -f $(K8S_DIR)/overlays/$$o/$$part/kustomization.yaml ]; then \
+	    $(KUBECTL) kustomize $(K8S_DIR)/overlays/$$o/$$part > build/k8s/render/$$o-$$part.yaml; echo ">> build/k8s/render/$$o-$$part.yaml"; fi; done; done
 	$(KUBECTL) kustomize $(K8S_DIR)/verify > build/k8s/render/verify.yaml; echo ">> build/k8s/render/verify.yaml"
+	$(KUBECTL) kustomize $(K8S_DIR)/candidate > build/k8s/render/candidate.yaml; echo ">> build/k8s/render/candidate.yaml"
 
 .PHONY: k8s-deps
 k8s-deps: $(CHECKOV_STAMP) ## Install checkov into .venv-checkov (its pins clash with the test tools')
