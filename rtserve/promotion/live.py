@@ -19,6 +19,7 @@ This module is pure but for the small file helpers at the end: :func:`shadow_rep
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import tempfile
@@ -38,6 +39,12 @@ from rtserve.runtime.process import recorded_pid, stop_recorded
 
 #: The header whose value makes the canary share sticky (one client key, one version).
 KEY_HEADER = "x-rtserve-key"
+def sticky_bucket(key: str) -> float:
+    """The agent's place in [0, 100) of a sticky key (agent/src/rtserve/agent/Routes.java): a
+    request whose key's bucket is below the canary's percent goes to the candidate."""
+    return (int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") >> 11) / 2**53 * 100
+
+
 #: How often the canary watcher reads the live log (seconds).
 POLL_S = 0.5
 #: Seconds a stop waits for the canary watcher to end after SIGTERM (then SIGKILL).
