@@ -178,7 +178,15 @@ class Live:
         return read_routes(self.state.live_routes)
 
     def publish(self, routes) -> None:
-        """``routes`` (as written to the state's routes file) to the cluster."""
+        """``routes`` (as written to the state's routes file) to the cluster, with a new revision
+        (:class:`rtserve.promotion.live.RoutesSync` never goes back to an older one)."""
+        import time
+        from dataclasses import replace
+
+        from rtserve.promotion.live import update_routes
+
+        routes = update_routes(self.state.live_routes, lambda r: replace(
+            r, revision=max(r.revision + 1, int(time.time() * 1000))))
         text = self.state.live_routes.read_text()
         pods = self.cluster.publish(text, self.state.path / "live-routes-configmap.json")
         logger.info("routes: ConfigMap rtserve-live-routes and %d default pod(s) (%s): %s",

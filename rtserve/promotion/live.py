@@ -75,18 +75,24 @@ class Route:
 
 @dataclass(frozen=True)
 class Routes:
-    """The routes file: the model, its shadow and canary (None: off), the live log's path."""
+    """The routes file: the model, its shadow and canary (None: off), the live log's path.
+
+    ``revision`` (0: none, and not written) orders the routes a cluster publishes (epoch ms,
+    :mod:`rtserve.cli.k8s`): a pod's :class:`RoutesSync` never replaces newer routes with older
+    ones that the kubelet brings late. The agent ignores it."""
 
     model: str
     log: str
     shadow: Route | None = None
     canary: Route | None = None
     token_file: str | None = None
+    revision: int = 0
 
     def json(self) -> dict:
-        return {"model": self.model, "shadow": self.shadow and self.shadow.json(),
-                "canary": self.canary and self.canary.json(), "log": self.log,
-                "token_file": self.token_file}
+        out = {"model": self.model, "shadow": self.shadow and self.shadow.json(),
+               "canary": self.canary and self.canary.json(), "log": self.log,
+               "token_file": self.token_file}
+        return {**out, "revision": self.revision} if self.revision else out
 
     @classmethod
     def parse(cls, raw: object, where: str) -> "Routes":
@@ -102,7 +108,11 @@ class Routes:
                 routes[kind] = None if entry is None else Route(
                     str(entry["version"]), _share(entry["percent"]), str(entry["url"]),
                     entry.get("key_header"))
-            return cls(str(raw["model"]), str(raw["log"]), token_file=raw.get("token_file"), **routes)
+            revision = raw.get("revision", 0)
+            if isinstance(revision, bool) or not isinstance(revision, int):
+                raise ValueError(f"revision must be an integer, got {revision!r}")
+            return cls(str(raw["model"]), str(raw["log"]), token_file=raw.get("token_file"),
+                       revision=revision, **routes)
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise LiveError(f"{where}: not a routes file ({type(exc).__name__}: {exc}); move it "
                             "away to start again") from exc
@@ -191,10 +201,11 @@ def drop_version(path: str | Path, version: str) -> list[str]:
 class RoutesSync:
     """Keeps a server's routes file equal to a mounted one (a pod's ConfigMap
     ``rtserve-live-routes``: ``$RTSERVE_LIVE_ROUTES``), copying it only when the mounted content
-    changes: a routes file written straight into the pod (a canary's abort, which does not wait
-    for the kubelet to bring the ConfigMap's update) stays until the ConfigMap changes again.
-    A mounted file that goes away removes the copy (no routes); an invalid one is not copied
-    (the agent keeps the routes it has) and said once.
+    changes, and never over routes of a higher ``revision``: routes written straight into the
+    pod (each change in a cluster, which does not wait for the kubelet to bring the ConfigMap's
+    update, up to a minute later) stay until the ConfigMap brings newer ones. A mounted file that
+    goes away removes the copy (no routes); an invalid one is not copied (the agent keeps the
+    routes it has) and said once.
 
     Args:
         source: the mounted file.
@@ -222,6 +233,14 @@ class RoutesSync:
             routes = Routes.parse(json.loads(text), str(self.source))
         except (ValueError, LiveError) as exc:
             self.log(f"live routes: {self.source} not copied: {exc}")
+            return False
+        try:
+            current = read_routes(self.target)
+        except LiveError:
+            current = None
+        if current is not None and current.revision > routes.revision:
+            self.log(f"live routes: {self.source} not copied: revision {routes.revision} is older "
+                     f"than {self.target}'s {current.revision}")
             return False
         write_routes(self.target, routes)
         self.log(f"live routes: {self.source} copied to {self.target}")

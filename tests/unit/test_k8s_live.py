@@ -52,8 +52,17 @@ def test_routes_sync_copies_only_a_changed_configmap(tmp_path):
     # the ConfigMap's update (the same routes, later) is copied again
     source.write_text(text(aborted) + "\n")
     assert sync.sync() is True and read_routes(target) == aborted
+    # routes the kubelet brings late (a lower revision than the pod's) never replace newer ones
+    newer = Routes("m", ROUTES.log, revision=20)
+    target.write_text(text(newer))
+    source.write_text(text(Routes("m", ROUTES.log, shadow=ROUTES.shadow, revision=10)))
+    assert sync.sync() is False and read_routes(target) == newer
+    assert said[-1] == f"live routes: {source} not copied: revision 10 is older than {target}'s 20"
+    latest = Routes("m", ROUTES.log, revision=30)
+    source.write_text(text(latest))
+    assert sync.sync() is True and read_routes(target) == latest
     source.write_text("{not json")
-    assert sync.sync() is False and read_routes(target) == aborted  # the agent keeps what it has
+    assert sync.sync() is False and read_routes(target) == latest  # the agent keeps what it has
     assert said[-1].startswith(f"live routes: {source} not copied: ")
     source.unlink()
     assert sync.sync() is True and not target.exists()
