@@ -7,6 +7,7 @@ this machine, as in test_deploy.py; it starts from what that left (1.0 serving).
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -46,8 +47,10 @@ def keyed(served, keys: list[str], concurrency: int = 8) -> list[dict]:
     body = json.dumps({"features": [0.25] * 32})
     headers = {**served.auth, "Content-Type": "application/json"}
 
-    def one(session_key: tuple[requests.Session, str]) -> dict:
-        session, key = session_key
+    local = threading.local()  # a session per sender thread
+
+    def one(key: str) -> dict:
+        session = local.__dict__.setdefault("session", requests.Session())
         sent = time.time()
         try:
             r = session.post(served.url, data=body, timeout=30, headers={**headers, KEY_HEADER: key})
@@ -57,9 +60,8 @@ def keyed(served, keys: list[str], concurrency: int = 8) -> list[dict]:
         except requests.RequestException as exc:
             return {"key": key, "status": 0, "version": None, "at": sent, "id": None, "text": str(exc)[:200]}
 
-    sessions = [requests.Session() for _ in range(concurrency)]
     with ThreadPoolExecutor(concurrency) as pool:
-        return list(pool.map(one, [(sessions[i % concurrency], k) for i, k in enumerate(keys)]))
+        return list(pool.map(one, keys))
 
 
 def pod_routes(served) -> dict[str, dict]:
