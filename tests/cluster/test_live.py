@@ -84,6 +84,7 @@ def test_shadow_canary_and_abort_of_a_candidate_deployment(served, image_vars, t
         assert shadow.returncode == 0, shadow.stdout[-4000:]
         assert 'deployment "rtserve-candidate" successfully rolled out' in shadow.stdout, shadow.stdout[-3000:]
         published = load.now()
+        print(">> make k8s-shadow:\n" + "\n".join(shadow.stdout.splitlines()[-8:]))
         time.sleep(20)
         records = load.stop()
         no_failures(records, "shadow 100%")
@@ -108,6 +109,7 @@ def test_shadow_canary_and_abort_of_a_candidate_deployment(served, image_vars, t
         canary = make("k8s-canary", "MODEL_VERSION=2.0", f"PERCENT={PERCENT:g}", f"GATE_CONFIG={gate}", *live,
                       timeout=DEPLOY_TIMEOUT)
         assert canary.returncode == 0, canary.stdout[-3000:]
+        print(">> make k8s-canary:\n" + "\n".join(canary.stdout.splitlines()[-6:]))
         begin = time.monotonic()
         answers = keyed(served, KEYS + KEYS)
         timings["2,000 keyed requests"] = time.monotonic() - begin
@@ -157,6 +159,7 @@ def test_shadow_canary_and_abort_of_a_candidate_deployment(served, image_vars, t
         begin = time.monotonic()
         stopped = make("k8s-live-stop", *live, timeout=300)
         timings["k8s-live-stop"] = time.monotonic() - begin
+        print(">> make k8s-live-stop:\n" + "\n".join(stopped.stdout.splitlines()[-8:]))
         print("; ".join(f"{k}: {v:.0f} s" for k, v in timings.items()))
     assert stopped.returncode == 0, stopped.stdout[-3000:]
     assert cluster.ok("-n", NAMESPACE, "get", "deployment,service", "-l",
