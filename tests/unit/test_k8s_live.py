@@ -236,3 +236,11 @@ def test_each_change_is_published_with_the_pods_paths_the_token_and_a_newer_revi
     assert read_routes(live.state.live_routes) == second  # the watcher reads this copy
     assert sent[0][1] == tmp_path / "live-routes-configmap.json"
     assert live.namespace == "rtserve-local" and live.target.verify_dir == Path("deploy/k8s/overlays/local/candidate")
+
+
+def test_the_sticky_bucket_is_the_agents():
+    from rtserve.promotion.live import sticky_bucket
+
+    # `java -cp build/agent/rtserve-agent.jar rtserve.agent.Routes --bucket user-1 user-2` prints
+    # 77.640592 and 84.831868 (agent/src/rtserve/agent/Routes.java)
+    assert [round(sticky_bucket(k), 6) for k in ("user-1", "user-2")] == [77.640592, 84.831868]
