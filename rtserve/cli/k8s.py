@@ -177,7 +177,7 @@ class Live:
 
         return read_routes(self.state.live_routes)
 
-    def publish(self, routes) -> None:
+    def publish(self, routes):
         """``routes`` (as written to the state's routes file) to the cluster, with a new revision
         (:class:`rtserve.promotion.live.RoutesSync` never goes back to an older one)."""
         import time
@@ -191,9 +191,10 @@ class Live:
         pods = self.cluster.publish(text, self.state.path / "live-routes-configmap.json")
         logger.info("routes: ConfigMap rtserve-live-routes and %d default pod(s) (%s): %s",
                     len(pods), ", ".join(pods) or "none ready", _describe(routes))
+        return routes
 
-    def set(self, kind: str, route):
-        """Set the ``shadow`` or ``canary`` route (None: off) and publish the routes."""
+    def set(self, **changed):
+        """Set the ``shadow`` and/or ``canary`` route (None: off) and publish the routes."""
         from dataclasses import replace
 
         from rtserve.k8s.live import POD_RUN, POD_TOKEN_FILE
@@ -202,11 +203,9 @@ class Live:
         def change(routes):
             routes = routes or Routes(self.args.model, str(POD_RUN.live_log))
             return replace(routes, model=self.args.model, log=str(POD_RUN.live_log),
-                           token_file=POD_TOKEN_FILE, **{kind: route})
+                           token_file=POD_TOKEN_FILE, **changed)
 
-        routes = update_routes(self.state.live_routes, change)
-        self.publish(routes)
-        return routes
+        return self.publish(update_routes(self.state.live_routes, change))
 
     def candidate(self, version: str) -> str:
         """Deploy the candidate ``version`` (kept when it already runs it); its URL."""
@@ -252,7 +251,7 @@ def cmd_shadow(args: argparse.Namespace) -> int:
     percent = _live_percent(args.percent)
     live = Live(args, args.version)
     url = live.candidate(args.version)
-    live.set("shadow", Route(args.version, percent, url))
+    live.set(shadow=Route(args.version, percent, url))
     live.history.append({"action": "k8s-shadow", "model": args.model, "version": args.version,
                          "percent": percent, "namespace": live.namespace})
     logger.info("shadow: %g%% of %s's requests in %s mirrored to %s; `make k8s-shadow-report` "
@@ -301,7 +300,7 @@ def cmd_canary(args: argparse.Namespace) -> int:
     live = Live(args, args.version)
     url = live.candidate(args.version)
     running = live._watched()
-    live.set("canary", Route(args.version, percent, url, KEY_HEADER))
+    live.set(canary=Route(args.version, percent, url, KEY_HEADER))
     live.history.append({"action": "k8s-canary", "model": args.model, "version": args.version,
                          "percent": percent, "namespace": live.namespace})
     if running:
@@ -360,8 +359,7 @@ def cmd_live_stop(args: argparse.Namespace) -> int:
     if pid is not None:
         logger.info("canary watcher %d stopped", pid)
     before = live.routes()
-    live.set("shadow", None)
-    live.set("canary", None)
+    live.set(shadow=None, canary=None)
     live.cluster.delete_candidate()
     live.history.append({"action": "k8s-live-stop", "model": args.model, "namespace": live.namespace,
                          "was": _describe(before)})

@@ -226,14 +226,14 @@ def test_each_change_is_published_with_the_pods_paths_the_token_and_a_newer_revi
     args = build_parser().parse_args(["k8s", "live-stop", "--overlay", "local", "--state-dir", str(tmp_path)])
     live = Live(args)
     url = "http://rtserve-candidate.rtserve-local.svc:8080/predictions/realtime-classifier/2.0"
-    live.set("shadow", Route("2.0", 100.0, url))
-    live.set("canary", Route("2.0", 10.0, url, KEY_HEADER))
+    live.set(shadow=Route("2.0", 100.0, url))
+    published = live.set(canary=Route("2.0", 10.0, url, KEY_HEADER))
     first, second = (Routes.parse(json.loads(text), "sent") for text, _ in sent)
     assert first.log == str(POD_RUN.live_log) and first.token_file == POD_TOKEN_FILE
     assert first.shadow.percent == 100.0 and first.canary is None
     assert second.shadow == first.shadow and second.canary == Route("2.0", 10.0, url, KEY_HEADER)
     assert time.time() * 1000 - 60_000 < first.revision < second.revision
-    assert read_routes(live.state.live_routes) == second  # the watcher reads this copy
+    assert read_routes(live.state.live_routes) == second == published  # the watcher reads this copy
     assert sent[0][1] == tmp_path / "live-routes-configmap.json"
     assert live.namespace == "rtserve-local" and live.target.verify_dir == Path("deploy/k8s/overlays/local/candidate")
 
