@@ -341,7 +341,10 @@ def cmd_watch(args: argparse.Namespace) -> int:
     w = Watch(args.model, args.version, live.state.live_routes, live.state.live_log,
               live.state.audit_log, live.history, config.live.canary,
               pull=lambda: copy.pull(live.cluster), publish=live.publish)
-    run_watcher(w, live.state.canary_pid, poll_s=WATCH_POLL_S)
+    event = run_watcher(w, live.state.canary_pid, poll_s=WATCH_POLL_S)
+    if event is not None:  # the pods' own audit trails show it too
+        pods = live.cluster.audit(event)
+        logger.info("abort recorded in the audit log of %s", ", ".join(pods) or "no pod")
     return 0
 
 

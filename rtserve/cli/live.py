@@ -219,10 +219,10 @@ def cmd_watch(args: argparse.Namespace) -> None:
                       _history(args), config.live.canary), s.run.canary_pid)
 
 
-def run_watcher(w, pid_file: Path, poll_s: float | None = None) -> None:
+def run_watcher(w, pid_file: Path, poll_s: float | None = None) -> dict | None:
     """Run the canary watcher ``w`` (:func:`rtserve.promotion.live.watch`), its lines timed on
     stdout, until it aborts the canary, sees it stopped, or gets SIGTERM; then remove
-    ``pid_file`` if it still names this process."""
+    ``pid_file`` if it still names this process. Returns the abort's event, if it aborted."""
     from rtserve.promotion.live import POLL_S, watch, watcher_pid
 
     def say(line: str) -> None:
@@ -231,7 +231,7 @@ def run_watcher(w, pid_file: Path, poll_s: float | None = None) -> None:
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # `canary-stop`: end through finally
     try:
-        watch(w, say, poll_s=poll_s or POLL_S)
+        return watch(w, say, poll_s=poll_s or POLL_S)
     finally:
         if watcher_pid(pid_file) == os.getpid():
             pid_file.unlink(missing_ok=True)

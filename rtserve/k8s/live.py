@@ -19,6 +19,7 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from handler.audit import event_line
 from rtserve.errors import DeployError
 from rtserve.k8s.deploy import Kubectl, Target, render, say, standalone_kustomization, wait_rollout
 from rtserve.k8s.pod import Deployed
@@ -57,6 +58,12 @@ for path, offset in zip(sys.argv[1::2], sys.argv[2::2]):
     data = data[:data.rfind(b"\\n") + 1]
     out.append([offset, offset + len(data), data.decode("utf-8", "replace")])
 json.dump(out, sys.stdout)
+"""
+#: Run in a pod: append argv[2] (an audit line) to argv[1] (the pod's audit log).
+APPEND_SCRIPT = """
+import sys
+with open(sys.argv[1], "a") as f:
+    f.write(sys.argv[2])
 """
 #: Run in a pod: write argv[2] to argv[1] at once (a temporary file renamed over it).
 WRITE_SCRIPT = """
@@ -198,6 +205,19 @@ class Cluster:
         self.kubectl("-n", self.namespace, "delete",
                      "deployment,service,networkpolicy,configmap,serviceaccount",
                      "-l", CANDIDATE_SELECTOR, "--ignore-not-found", "--wait=true")
+
+    def audit(self, event: dict) -> list[str]:
+        """Append ``event`` (a canary's abort) to each ready default pod's audit log; the pods
+        written."""
+        line = event_line(event)
+        written = []
+        for pod in self.pods():
+            try:
+                self.exec(pod.name, "python", "-c", APPEND_SCRIPT, str(POD_RUN.audit_log), line)
+                written.append(pod.name)
+            except DeployError as exc:
+                say(f">> {pod.name}: the event is not in its audit log ({exc})")
+        return written
 
     def publish(self, text: str, manifest: Path) -> list[str]:
         """The routes ``text`` into the ConfigMap (``manifest``: where its manifest is written

@@ -180,6 +180,19 @@ def test_the_write_script_replaces_the_routes_file_at_once(tmp_path):
     assert READ_SCRIPT.count("\n") < 30  # small enough for an argument
 
 
+def test_an_abort_is_appended_to_each_pods_audit_log(tmp_path):
+    from rtserve.k8s.live import Cluster
+
+    here = HereCluster(tmp_path)
+    audit = here.run_dir("rtserve-a") / "logs" / "audit.log"
+    append(audit, '{"event":"prediction"}')
+    (here.run_dir("rtserve-b") / "logs").mkdir(parents=True)
+    event = {"event": "canary-abort", "action": "canary-abort", "version": "2.0"}
+    assert Cluster.audit(here, event) == ["rtserve-a", "rtserve-b"]
+    assert audit.read_text().splitlines() == ['{"event":"prediction"}',
+                                              '{"event":"canary-abort","action":"canary-abort","version":"2.0"}']
+
+
 def test_the_configmap_holds_the_routes_as_the_pods_mount_them():
     cm = configmap("rtserve-local", text(ROUTES))
     assert cm["metadata"]["name"] == ROUTES_CONFIGMAP and cm["metadata"]["namespace"] == "rtserve-local"
