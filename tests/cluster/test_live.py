@@ -153,6 +153,9 @@ def test_shadow_canary_and_abort_of_a_candidate_deployment(served, image_vars, t
                                           "-o", "jsonpath={.data.routes\\.json}"))
         assert configmap["canary"]["percent"] == 0.0
         assert not (state / "canary-watcher.pid").exists()  # the watcher ended with its abort
+        for pod in served.pods():  # and wrote the event into each default pod's audit log
+            tail = served.deployed.exec(pod, "rtserve", "tail", "-n", "300", "/home/model-server/run/logs/audit.log")
+            assert '"event":"canary-abort"' in tail, pod
         print(f"abort: {len(rounds)} requests after the scale to 0, {len(failed)} failed "
               f"({sorted({a['status'] for a in failed})}), {len(late)} after the abort, all 1.0")
     finally:
