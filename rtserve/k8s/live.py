@@ -206,18 +206,23 @@ class Cluster:
                      "deployment,service,networkpolicy,configmap,serviceaccount",
                      "-l", CANDIDATE_SELECTOR, "--ignore-not-found", "--wait=true")
 
+    def in_each_pod(self, script: str, path: str, text: str, missed: str) -> list[str]:
+        """Run ``python -c script path text`` in each ready default pod; the pods it ran in (a
+        pod where it fails is named with ``missed``)."""
+        done = []
+        for pod in self.pods():
+            try:
+                self.exec(pod.name, "python", "-c", script, path, text)
+                done.append(pod.name)
+            except DeployError as exc:
+                say(f">> {pod.name}: {missed} ({exc})")
+        return done
+
     def audit(self, event: dict) -> list[str]:
         """Append ``event`` (a canary's abort) to each ready default pod's audit log; the pods
         written."""
-        line = event_line(event)
-        written = []
-        for pod in self.pods():
-            try:
-                self.exec(pod.name, "python", "-c", APPEND_SCRIPT, str(POD_RUN.audit_log), line)
-                written.append(pod.name)
-            except DeployError as exc:
-                say(f">> {pod.name}: the event is not in its audit log ({exc})")
-        return written
+        return self.in_each_pod(APPEND_SCRIPT, str(POD_RUN.audit_log), event_line(event),
+                                "the event is not in its audit log")
 
     def publish(self, text: str, manifest: Path) -> list[str]:
         """The routes ``text`` into the ConfigMap (``manifest``: where its manifest is written
@@ -227,12 +232,6 @@ class Cluster:
         manifest.parent.mkdir(parents=True, exist_ok=True)
         manifest.write_text(json.dumps(configmap(self.namespace, text), indent=2) + "\n")
         self.kubectl("apply", "-f", str(manifest))
-        written = []
-        for pod in self.pods():
-            try:
-                self.exec(pod.name, "python", "-c", WRITE_SCRIPT, str(POD_RUN.live_routes), text)
-                written.append(pod.name)
-            except DeployError as exc:
-                say(f">> {pod.name}: routes not written now ({exc}); the ConfigMap brings them")
-        return written
+        return self.in_each_pod(WRITE_SCRIPT, str(POD_RUN.live_routes), text,
+                                "routes not written now; the ConfigMap brings them")
 

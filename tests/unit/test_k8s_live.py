@@ -18,8 +18,8 @@ import pytest
 
 from rtserve import container
 from rtserve.errors import DeployError
-from rtserve.k8s.live import (POD_RUN, READ_SCRIPT, ROUTES_CONFIGMAP, ROUTES_KEY, WRITE_SCRIPT, LogCopy,
-                              configmap, parse_read)
+from rtserve.k8s.live import (POD_RUN, READ_SCRIPT, ROUTES_CONFIGMAP, ROUTES_KEY, WRITE_SCRIPT, Cluster,
+                              LogCopy, configmap, parse_read)
 from rtserve.promotion.history import History
 from rtserve.promotion.live import Route, Routes, RoutesSync, Watch, read_routes, set_route, watch
 from rtserve.settings import Settings
@@ -98,11 +98,12 @@ class Pod:
     ready: bool = True
 
 
-class HereCluster:
-    """:class:`rtserve.k8s.live.Cluster`'s ``pods`` and ``exec``, with each pod's run directory a
-    directory here: the command runs as kubectl exec would run it, with the pod's paths mapped."""
+class HereCluster(Cluster):
+    """:class:`rtserve.k8s.live.Cluster` with its ``pods`` and ``exec`` here, each pod's run
+    directory a directory here: the command runs as kubectl exec would run it, with the pod's
+    paths mapped."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path) -> None:  # no kubectl
         self.root, self.listed = root, [Pod("rtserve-a", "uid-a"), Pod("rtserve-b", "uid-b")]
 
     def run_dir(self, pod: str) -> Path:
@@ -181,14 +182,12 @@ def test_the_write_script_replaces_the_routes_file_at_once(tmp_path):
 
 
 def test_an_abort_is_appended_to_each_pods_audit_log(tmp_path):
-    from rtserve.k8s.live import Cluster
-
     here = HereCluster(tmp_path)
     audit = here.run_dir("rtserve-a") / "logs" / "audit.log"
     append(audit, '{"event":"prediction"}')
     (here.run_dir("rtserve-b") / "logs").mkdir(parents=True)
     event = {"event": "canary-abort", "action": "canary-abort", "version": "2.0"}
-    assert Cluster.audit(here, event) == ["rtserve-a", "rtserve-b"]
+    assert here.audit(event) == ["rtserve-a", "rtserve-b"]
     assert audit.read_text().splitlines() == ['{"event":"prediction"}',
                                               '{"event":"canary-abort","action":"canary-abort","version":"2.0"}']
 
@@ -231,7 +230,7 @@ def test_the_watcher_pulls_before_each_look_and_publishes_its_abort(tmp_path):
 def test_each_change_is_published_with_the_pods_paths_the_token_and_a_newer_revision(tmp_path, monkeypatch):
     from rtserve.cli import build_parser
     from rtserve.cli.k8s import Live
-    from rtserve.k8s.live import POD_TOKEN_FILE, Cluster
+    from rtserve.k8s.live import POD_TOKEN_FILE
     from rtserve.promotion.live import KEY_HEADER
 
     sent: list[tuple[str, Path]] = []
@@ -257,3 +256,16 @@ def test_the_sticky_bucket_is_the_agents():
     # `java -cp build/agent/rtserve-agent.jar rtserve.agent.Routes --bucket user-1 user-2` prints
     # 77.640592 and 84.831868 (agent/src/rtserve/agent/Routes.java)
     assert [round(sticky_bucket(k), 6) for k in ("user-1", "user-2")] == [77.640592, 84.831868]
+
+
+def test_publish_applies_the_configmap_and_writes_each_pods_routes_file(tmp_path):
+    here = HereCluster(tmp_path / "pods")
+    here.namespace, applied = "rtserve-local", []
+    here.kubectl = lambda *args, **_: applied.append(args) or ""
+    for pod in ("rtserve-a", "rtserve-b"):
+        here.run_dir(pod).mkdir(parents=True)
+    manifest = tmp_path / "live" / "live-routes-configmap.json"
+    assert here.publish(text(ROUTES), manifest) == ["rtserve-a", "rtserve-b"]
+    assert applied == [("apply", "-f", str(manifest))]
+    assert json.loads(manifest.read_text()) == configmap("rtserve-local", text(ROUTES))
+    assert {read_routes(here.run_dir(p) / "live-routes.json") for p in ("rtserve-a", "rtserve-b")} == {ROUTES}
