@@ -500,19 +500,53 @@ k8s-rollback: ## Roll OVERLAY back to the previous revision (or TO_REVISION) and
 	$(KUBECTL) -n $(NAMESPACE) rollout undo deployment/$(K8S_APP)$(if $(TO_REVISION), --to-revision=$(TO_REVISION))
 	$(KUBECTL) -n $(NAMESPACE) rollout status deployment/$(K8S_APP) --timeout=$(ROLLOUT_TIMEOUT)
 
+# Shadow and canary in the cluster (docs/kubernetes.md#shadow-and-canary-in-the-cluster): the
+# candidate MODEL_VERSION as its own Deployment and Service (deploy/k8s/candidate, an overlay's own
+# candidate/ when it has one), the routes in the ConfigMap rtserve-live-routes and written straight
+# into each default pod. This machine keeps its copies (routes, the pods' logs, the canary
+# watcher's PID file and log, the history) in K8S_LIVE_DIR.
+K8S_LIVE_DIR  ?= $(K8S_BUILD)-live
+K8S_LIVE_ARGS  = --overlay $(OVERLAY) --image $(IMG) --namespace $(NAMESPACE) --app $(K8S_APP) \
+  --model $(MODEL_NAME) --k8s-dir $(K8S_DIR) --build-dir $(K8S_BUILD) --state-dir $(K8S_LIVE_DIR) \
+  --kubectl "$(KUBECTL)" --rollout-timeout $(ROLLOUT_TIMEOUT) --gate-config $(GATE_CONFIG) \
+  --model-store $(MODEL_STORE)
+k8s_live_usage = @test "$(origin MODEL_VERSION)" != file || { echo "usage: make $@ OVERLAY=$(OVERLAY) MODEL_VERSION=2.0 $(1)"; exit 2; }
+
+.PHONY: k8s-shadow
+k8s-shadow: $(STAMP) ## Deploy MODEL_VERSION as OVERLAY's candidate and mirror PERCENT (default 100) of the default pods' requests to it (OVERLAY=local: build and load its image first)
+	$(call k8s_live_usage,[PERCENT=100])
+	$(if $(filter local,$(OVERLAY)),$(if $(CLUSTER_RUNS),$(k8s_local_images),$(k8s_local_reminder)))
+	$(PY) -m rtserve k8s shadow $(MODEL_VERSION) $(if $(PERCENT),--percent $(PERCENT)) $(K8S_LIVE_ARGS)
+
+.PHONY: k8s-shadow-report
+k8s-shadow-report: $(STAMP) ## Read OVERLAY's default pods' live and audit logs: the shadow's agreement, classes, latency, errors, largest disagreements
+	$(PY) -m rtserve k8s shadow-report $(GIVEN_VERSION) $(K8S_LIVE_ARGS)
+
+.PHONY: k8s-canary
+k8s-canary: $(STAMP) ## MODEL_VERSION (deployed as OVERLAY's candidate) answers PERCENT of requests, sticky per x-rtserve-key; a watcher here aborts it on a breach
+	$(call k8s_live_usage,PERCENT=10)
+	@test -n "$(PERCENT)" || { echo "usage: make k8s-canary OVERLAY=$(OVERLAY) MODEL_VERSION=2.0 PERCENT=10"; exit 2; }
+	$(if $(filter local,$(OVERLAY)),$(if $(CLUSTER_RUNS),$(k8s_local_images),$(k8s_local_reminder)))
+	$(PY) -m rtserve k8s canary $(MODEL_VERSION) --percent $(PERCENT) $(K8S_LIVE_ARGS)
+
+.PHONY: k8s-live-stop
+k8s-live-stop: $(STAMP) ## Stop the canary's watcher, turn OVERLAY's shadow and canary off in every default pod, delete the candidate
+	$(PY) -m rtserve k8s live-stop $(K8S_LIVE_ARGS)
+
 .PHONY: k8s-pin
 k8s-pin: ## Record MODEL_VERSION as OVERLAY's image tag in its kustomization.yaml (then commit it)
 	sed -i 's/^\( *newTag: *\).*$$/\1"$(MODEL_VERSION)"/' $(K8S_DIR)/overlays/$(OVERLAY)/kustomization.yaml
 	@grep -n 'newTag' $(K8S_DIR)/overlays/$(OVERLAY)/kustomization.yaml
 
 .PHONY: k8s-render
-k8s-render: ## Render every overlay to build/k8s/render/<overlay>.yaml, the verification Job to verify.yaml (an overlay's own to <overlay>-verify.yaml)
+k8s-render: ## Render every overlay to build/k8s/render/<overlay>.yaml, the verification Job to verify.yaml and the candidate to candidate.yaml (an overlay's own to <overlay>-verify.yaml, <overlay>-candidate.yaml)
 	@rm -rf build/k8s/render && mkdir -p build/k8s/render
 	@for o in $(K8S_OVERLAYS); do \
 	  $(KUBECTL) kustomize $(K8S_DIR)/overlays/$$o > build/k8s/render/$$o.yaml; echo ">> build/k8s/render/$$o.yaml"; \
-	  if [ -f $(K8S_DIR)/overlays/$$o/verify/kustomization.yaml ]; then \
-	    $(KUBECTL) kustomize $(K8S_DIR)/overlays/$$o/verify > build/k8s/render/$$o-verify.yaml; echo ">> build/k8s/render/$$o-verify.yaml"; fi; done
+	  for part in verify candidate; do if [ -f $(K8S_DIR)/overlays/$$o/$$part/kustomization.yaml ]; then \
+	    $(KUBECTL) kustomize $(K8S_DIR)/overlays/$$o/$$part > build/k8s/render/$$o-$$part.yaml; echo ">> build/k8s/render/$$o-$$part.yaml"; fi; done; done
 	$(KUBECTL) kustomize $(K8S_DIR)/verify > build/k8s/render/verify.yaml; echo ">> build/k8s/render/verify.yaml"
+	$(KUBECTL) kustomize $(K8S_DIR)/candidate > build/k8s/render/candidate.yaml; echo ">> build/k8s/render/candidate.yaml"
 
 .PHONY: k8s-deps
 k8s-deps: $(CHECKOV_STAMP) ## Install checkov into .venv-checkov (its pins clash with the test tools')

@@ -12,6 +12,8 @@ Every ``RTSERVE_*`` variable is read here and nowhere else:
 - ``RTSERVE_METRICS_DIR``: the workers' metrics files; shared memory, else ``RUN_DIR/metrics``;
 - ``RTSERVE_GATEWAY_DIR``: the pod's gateway directory (set: the pod has a gateway); none;
 - ``RTSERVE_GATEWAY_TOKENS``: the gateway's shared tokens; ``/etc/rtserve-gateway-tokens/tokens``
+- ``RTSERVE_LIVE_ROUTES``: a mounted live routes file the server copies into its run directory
+  when its content changes (a pod's ConfigMap ``rtserve-live-routes``); none
 
 (and TorchServe's own ``LOG_LOCATION``, which a server started by rtserve sets for its workers).
 ``HOME`` is the checkout holding this package (``config.properties``, ``config/``, ``deploy/``,
@@ -156,6 +158,7 @@ class Settings:
     metrics_dir: Path | None = None
     gateway_dir: Path | None = None
     gateway_tokens: Path = DEFAULT_GATEWAY_TOKENS
+    live_routes_source: Path | None = None
     log_location: Path | None = None
 
     @classmethod
@@ -179,6 +182,7 @@ class Settings:
             "metrics_dir": _path(env, "RTSERVE_METRICS_DIR"),
             "gateway_dir": _path(env, "RTSERVE_GATEWAY_DIR"),
             "gateway_tokens": _path(env, "RTSERVE_GATEWAY_TOKENS") or DEFAULT_GATEWAY_TOKENS,
+            "live_routes_source": _path(env, "RTSERVE_LIVE_ROUTES"),
             "log_location": _path(env, "LOG_LOCATION"),
         }
         return cls(home=home, **values).but(**overrides)
@@ -195,7 +199,7 @@ class Settings:
             raise SettingsError(f"no such setting: {', '.join(sorted(unknown))}")
         changes = {k: v for k, v in changes.items() if v is not None}
         for name in ("home", "run_dir", "model_store", "config", "agent_jar", "metrics_dir",
-                     "gateway_dir", "gateway_tokens", "log_location"):
+                     "gateway_dir", "gateway_tokens", "live_routes_source", "log_location"):
             if name in changes:
                 changes[name] = Path(changes[name])
         if "models" in changes:

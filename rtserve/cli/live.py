@@ -104,14 +104,36 @@ def cmd_shadow_stop(args: argparse.Namespace) -> None:
     logger.info("shadow of %s %s stopped", args.model, route.version)
 
 
-def cmd_shadow_report(args: argparse.Namespace) -> None:
-    """Compare the candidate's answers to the mirrored requests with the default's (saved as JSON)."""
+def report(model: str, version: str, live_log: Path, audit_log: Path, model_store: Path,
+           save_to: Path, as_json: bool) -> None:
+    """The shadow report of ``version`` over the live and audit logs, printed (text or JSON)
+    and saved as JSON to ``save_to`` (``make shadow-report``, ``make k8s-shadow-report``)."""
     import json
 
-    from rtserve.errors import ArchiveError, LiveError
+    from rtserve.errors import ArchiveError
     from rtserve.model.archive import read_archive
-    from rtserve.promotion.live import latest_shadow_version, shadow_report_from_files
+    from rtserve.promotion.live import shadow_report_from_files
     from rtserve.promotion.rollout import archive_name
+
+    try:
+        labels = read_archive(model_store / archive_name(model, version)).labels
+    except ArchiveError as exc:  # the gaps need the candidate's label order; the rest does not
+        logger.info("(disagreements unranked: %s)", exc)
+        labels = None
+    found = shadow_report_from_files(model, live_log, audit_log, version, candidate_labels=labels)
+    save_to.parent.mkdir(parents=True, exist_ok=True)
+    save_to.write_text(json.dumps(found.json(), indent=2) + "\n")
+    if as_json:
+        emit(found.json())
+    else:
+        sys.stdout.write(found.text() + "\n")
+    logger.info("saved to %s", save_to)
+
+
+def cmd_shadow_report(args: argparse.Namespace) -> None:
+    """Compare the candidate's answers to the mirrored requests with the default's (saved as JSON)."""
+    from rtserve.errors import LiveError
+    from rtserve.promotion.live import latest_shadow_version
 
     s = settings(args)
     route = _route(args, "shadow")
@@ -119,20 +141,8 @@ def cmd_shadow_report(args: argparse.Namespace) -> None:
     if version is None:
         raise LiveError(f"no shadow to report on: no shadow route and no shadow line in "
                         f"{s.run.live_log} (`make shadow MODEL_VERSION=...` first)")
-    try:
-        labels = read_archive(s.model_store / archive_name(args.model, version)).labels
-    except ArchiveError as exc:  # the gaps need the candidate's label order; the rest does not
-        logger.info("(disagreements unranked: %s)", exc)
-        labels = None
-    report = shadow_report_from_files(args.model, s.run.live_log, s.run.audit_log, version,
-                                      candidate_labels=labels)
-    s.run.shadow_report.parent.mkdir(parents=True, exist_ok=True)
-    s.run.shadow_report.write_text(json.dumps(report.json(), indent=2) + "\n")
-    if args.json:
-        emit(report.json())
-    else:
-        sys.stdout.write(report.text() + "\n")
-    logger.info("saved to %s", s.run.shadow_report)
+    report(args.model, version, s.run.live_log, s.run.audit_log, s.model_store, s.run.shadow_report,
+           args.json)
 
 
 def cmd_canary(args: argparse.Namespace) -> None:
@@ -159,14 +169,22 @@ def cmd_canary(args: argparse.Namespace) -> None:
     argv = [sys.executable, "-m", "rtserve", "live", "--run-dir", str(s.run.path.resolve()),
             "--gate-config", str(Path(args.gate_config or s.gate_config).resolve()),
             "watch", args.model, args.version]
-    with open(s.run.canary_log, "ab") as log:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    s.run.canary_pid.write_text(f"{proc.pid}\n")
+    pid = start_watcher(argv, s.run)
     logger.info("canary: %g%% of %s's requests (sticky per %s) answered by %s; watcher pid %d "
                 "(log %s) aborts when, over %g s, the error rate, p99 or agreement breaches "
                 "config/gate.yaml's live.canary", percent, args.model, KEY_HEADER, args.version,
-                proc.pid, s.run.canary_log, config.live.canary.window_s)
+                pid, s.run.canary_log, config.live.canary.window_s)
+
+
+def start_watcher(argv: list[str], run) -> int:
+    """Start the canary watcher ``argv`` in the background (its own session, output appended to
+    ``run.canary_log``) and record its PID in ``run.canary_pid``; returns the PID."""
+    run.canary_log.parent.mkdir(parents=True, exist_ok=True)
+    with open(run.canary_log, "ab") as log:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    run.canary_pid.write_text(f"{proc.pid}\n")
+    return proc.pid
 
 
 def cmd_canary_stop(args: argparse.Namespace) -> None:
@@ -193,12 +211,19 @@ def cmd_canary_stop(args: argparse.Namespace) -> None:
 def cmd_watch(args: argparse.Namespace) -> None:
     """The canary watcher (`make canary` starts it in the background)."""
     from rtserve.promotion.gate import GateConfig
-    from rtserve.promotion.live import Watch, watch, watcher_pid
+    from rtserve.promotion.live import Watch
 
     s = settings(args)
     config = GateConfig.load(args.gate_config or s.gate_config)
-    w = Watch(args.model, args.version, s.run.live_routes, s.run.live_log, s.run.audit_log,
-              _history(args), config.live.canary)
+    run_watcher(Watch(args.model, args.version, s.run.live_routes, s.run.live_log, s.run.audit_log,
+                      _history(args), config.live.canary), s.run.canary_pid)
+
+
+def run_watcher(w, pid_file: Path, poll_s: float | None = None) -> dict | None:
+    """Run the canary watcher ``w`` (:func:`rtserve.promotion.live.watch`), its lines timed on
+    stdout, until it aborts the canary, sees it stopped, or gets SIGTERM; then remove
+    ``pid_file`` if it still names this process. Returns the abort's event, if it aborted."""
+    from rtserve.promotion.live import POLL_S, watch, watcher_pid
 
     def say(line: str) -> None:
         sys.stdout.write(f"{time.strftime('%H:%M:%S')} {line}\n")
@@ -206,10 +231,10 @@ def cmd_watch(args: argparse.Namespace) -> None:
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # `canary-stop`: end through finally
     try:
-        watch(w, say)
+        return watch(w, say, poll_s=poll_s or POLL_S)
     finally:
-        if watcher_pid(s.run.canary_pid) == os.getpid():
-            s.run.canary_pid.unlink(missing_ok=True)
+        if watcher_pid(pid_file) == os.getpid():
+            pid_file.unlink(missing_ok=True)
 
 
 def add(groups: argparse._SubParsersAction) -> None:

@@ -111,26 +111,36 @@ def deploy_kustomization(t: Target) -> str:
     ]) + "\n"
 
 
-def verify_kustomization(t: Target) -> str:
-    """The kustomization of the verification Job for this rollout (its namespace and image)."""
+def standalone_kustomization(t: Target, source: Path, build_dir: Path, what: str) -> str:
+    """The kustomization that renders ``source`` (applied on its own, beside the overlay's
+    objects: the verification Job, a candidate) with the rollout's namespace and image tag."""
     return "\n".join([
-        "# Written by make k8s-verify: the verification Job for this rollout.",
+        f"# Written by {what}.",
         "apiVersion: kustomize.config.k8s.io/v1beta1",
         "kind: Kustomization",
         f"namespace: {t.namespace}",
         "resources:",
-        f"  - {relative(t.verify_dir, t.verify_build_dir)}",
+        f"  - {relative(source, build_dir)}",
         "images:",
         f"  - name: {t.image}",
         f'    newTag: "{t.version}"',
-        *([] if t.verify_max_p99_ms is None else [
-            "patches:",
-            "  - target:",
-            "      kind: Job",
-            "    patch: |-",
-            "      - op: add",
-            "        path: /spec/template/spec/containers/0/args/-",
-            f'        value: "--max-p99-ms={t.verify_max_p99_ms:g}"']),
+    ]) + "\n"
+
+
+def verify_kustomization(t: Target) -> str:
+    """The kustomization of the verification Job for this rollout (its namespace and image)."""
+    text = standalone_kustomization(t, t.verify_dir, t.verify_build_dir,
+                                    "make k8s-verify: the verification Job for this rollout")
+    if t.verify_max_p99_ms is None:
+        return text
+    return text + "\n".join([
+        "patches:",
+        "  - target:",
+        "      kind: Job",
+        "    patch: |-",
+        "      - op: add",
+        "        path: /spec/template/spec/containers/0/args/-",
+        f'        value: "--max-p99-ms={t.verify_max_p99_ms:g}"',
     ]) + "\n"
 
 

@@ -19,6 +19,7 @@ This module is pure but for the small file helpers at the end: :func:`shadow_rep
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import tempfile
@@ -38,6 +39,12 @@ from rtserve.runtime.process import recorded_pid, stop_recorded
 
 #: The header whose value makes the canary share sticky (one client key, one version).
 KEY_HEADER = "x-rtserve-key"
+def sticky_bucket(key: str) -> float:
+    """The agent's place in [0, 100) of a sticky key (agent/src/rtserve/agent/Routes.java): a
+    request whose key's bucket is below the canary's percent goes to the candidate."""
+    return (int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") >> 11) / 2**53 * 100
+
+
 #: How often the canary watcher reads the live log (seconds).
 POLL_S = 0.5
 #: Seconds a stop waits for the canary watcher to end after SIGTERM (then SIGKILL).
@@ -68,18 +75,24 @@ class Route:
 
 @dataclass(frozen=True)
 class Routes:
-    """The routes file: the model, its shadow and canary (None: off), the live log's path."""
+    """The routes file: the model, its shadow and canary (None: off), the live log's path.
+
+    ``revision`` (0: none, and not written) orders the routes a cluster publishes (epoch ms,
+    :mod:`rtserve.cli.k8s`): a pod's :class:`RoutesSync` never replaces newer routes with older
+    ones that the kubelet brings late. The agent ignores it."""
 
     model: str
     log: str
     shadow: Route | None = None
     canary: Route | None = None
     token_file: str | None = None
+    revision: int = 0
 
     def json(self) -> dict:
-        return {"model": self.model, "shadow": self.shadow and self.shadow.json(),
-                "canary": self.canary and self.canary.json(), "log": self.log,
-                "token_file": self.token_file}
+        out = {"model": self.model, "shadow": self.shadow and self.shadow.json(),
+               "canary": self.canary and self.canary.json(), "log": self.log,
+               "token_file": self.token_file}
+        return {**out, "revision": self.revision} if self.revision else out
 
     @classmethod
     def parse(cls, raw: object, where: str) -> "Routes":
@@ -95,7 +108,11 @@ class Routes:
                 routes[kind] = None if entry is None else Route(
                     str(entry["version"]), _share(entry["percent"]), str(entry["url"]),
                     entry.get("key_header"))
-            return cls(str(raw["model"]), str(raw["log"]), token_file=raw.get("token_file"), **routes)
+            revision = raw.get("revision", 0)
+            if isinstance(revision, bool) or not isinstance(revision, int):
+                raise ValueError(f"revision must be an integer, got {revision!r}")
+            return cls(str(raw["model"]), str(raw["log"]), token_file=raw.get("token_file"),
+                       revision=revision, **routes)
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise LiveError(f"{where}: not a routes file ({type(exc).__name__}: {exc}); move it "
                             "away to start again") from exc
@@ -179,6 +196,55 @@ def drop_version(path: str | Path, version: str) -> list[str]:
 
     update_routes(path, change)
     return dropped
+
+
+class RoutesSync:
+    """Keeps a server's routes file equal to a mounted one (a pod's ConfigMap
+    ``rtserve-live-routes``: ``$RTSERVE_LIVE_ROUTES``), copying it only when the mounted content
+    changes, and never over routes of a higher ``revision``: routes written straight into the
+    pod (each change in a cluster, which does not wait for the kubelet to bring the ConfigMap's
+    update, up to a minute later) stay until the ConfigMap brings newer ones. A mounted file that
+    goes away removes the copy (no routes); an invalid one is not copied (the agent keeps the
+    routes it has) and said once.
+
+    Args:
+        source: the mounted file.
+        target: the routes file the frontend's agent follows (:attr:`RunDir.live_routes`).
+    """
+
+    def __init__(self, source: Path, target: Path, log: Callable[[str], None] = print) -> None:
+        self.source, self.target, self.log = source, target, log
+        self.seen: str | None = None
+
+    def sync(self) -> bool:
+        """Copy the mounted file if its content changed since the last look; whether it did."""
+        try:
+            text = self.source.read_text()
+        except (FileNotFoundError, NotADirectoryError):
+            text = None
+        if text == self.seen:
+            return False
+        self.seen = text
+        if text is None:
+            self.target.unlink(missing_ok=True)
+            self.log(f"live routes: {self.source} is gone: {self.target} removed (no routes)")
+            return True
+        try:
+            routes = Routes.parse(json.loads(text), str(self.source))
+        except (ValueError, LiveError) as exc:
+            self.log(f"live routes: {self.source} not copied: {exc}")
+            return False
+        try:
+            current = read_routes(self.target)
+        except LiveError:
+            current = None
+        if current is not None and current.revision > routes.revision:
+            self.log(f"live routes: {self.source} not copied: revision {routes.revision} is older "
+                     f"than {self.target}'s {current.revision}")
+            return False
+        write_routes(self.target, routes)
+        self.log(f"live routes: {self.source} copied to {self.target}")
+        return True
 
 
 # -- the live log and the audit log ----------------------------------------------------------------
@@ -577,7 +643,11 @@ def stop_watcher(pid_file: str | Path, timeout: float = STOP_WAIT_S) -> int | No
 
 @dataclass
 class Watch:
-    """What the canary watcher needs: where the files are, the thresholds, who it watches."""
+    """What the canary watcher needs: where the files are, the thresholds, who it watches.
+
+    In a cluster (``make k8s-canary``) the files are the watcher's own copies: ``pull`` appends
+    what the pods' live and audit logs gained to them before each look, and ``publish`` takes
+    the routes an abort wrote to the pods (:mod:`rtserve.k8s.live`)."""
 
     model: str
     version: str
@@ -586,6 +656,8 @@ class Watch:
     audit_log: Path
     history: History
     thresholds: CanaryThresholds
+    pull: Callable[[], object] | None = None
+    publish: Callable[[Routes], object] | None = None
 
 
 def canary_route(routes: Routes | None, version: str) -> Route | None:
@@ -604,7 +676,9 @@ def abort(watch: Watch, decision: CanaryDecision) -> dict:
         percent["was"] = routes.canary.percent
         return replace(routes, canary=replace(routes.canary, percent=0.0))
 
-    update_routes(watch.routes, to_zero)
+    routes = update_routes(watch.routes, to_zero)
+    if watch.publish is not None:
+        watch.publish(routes)
     event = {"event": "canary-abort", "action": "canary-abort", "model": watch.model,
              "version": watch.version, "percent": percent["was"], "failures": decision.breaches,
              "figures": {k: v for k, v in asdict(decision).items() if k != "breaches"},
@@ -630,6 +704,8 @@ def watch(w: Watch, out: Callable[[str], None] = print, poll_s: float = POLL_S,
         if canary_route(read_routes(w.routes), w.version) is None:
             out(f"canary {w.version} stopped (its share is 0 or its route is gone)")
             return None
+        if w.pull is not None:
+            w.pull()
         now = clock()
         keep_ms = now * 1000.0 - w.thresholds.window_s * 1000.0
         new, _ = parse_lines(live.read(), parse_live_line)

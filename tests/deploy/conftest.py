@@ -18,6 +18,11 @@ OVERLAYS = sorted(p.name for p in (K8S_DIR / "overlays").iterdir() if (p / "kust
 #: Overlays with a verification Job of their own (overlays/<name>/verify), rendered and checked too.
 OWN_VERIFY = {o: K8S_DIR / "overlays" / o / "verify" for o in OVERLAYS
               if (K8S_DIR / "overlays" / o / "verify" / "kustomization.yaml").is_file()}
+#: A candidate beside the default (`make k8s-shadow`, `make k8s-canary`): the shared kustomization
+#: and the overlays' own (overlays/<name>/candidate), rendered and checked like an overlay.
+CANDIDATE_DIR = K8S_DIR / "candidate"
+OWN_CANDIDATE = {o: K8S_DIR / "overlays" / o / "candidate" for o in OVERLAYS
+                 if (K8S_DIR / "overlays" / o / "candidate" / "kustomization.yaml").is_file()}
 #: The component of the overlays whose images are built here and loaded into the node.
 LOCAL_IMAGES = K8S_DIR / "components" / "local-images"
 #: The stream consumer's component, which an overlay enables by listing it (docs/streaming.md).

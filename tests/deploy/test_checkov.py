@@ -12,7 +12,8 @@ import subprocess
 import pytest
 
 from tests.conftest import REPO
-from tests.deploy.conftest import K8S_DIR, OVERLAYS, OWN_VERIFY, VERIFY_DIR, load, render, with_stream
+from tests.deploy.conftest import (CANDIDATE_DIR, K8S_DIR, OVERLAYS, OWN_CANDIDATE, OWN_VERIFY, VERIFY_DIR,
+                                   load, render, with_stream)
 
 pytestmark = pytest.mark.deploy
 
@@ -28,6 +29,9 @@ def checkov_report(tmp_path_factory) -> list[dict]:
     (out / "verify.yaml").write_text(render(VERIFY_DIR))
     for overlay, path in OWN_VERIFY.items():
         (out / f"{overlay}-verify.yaml").write_text(render(path))
+    (out / "candidate.yaml").write_text(render(CANDIDATE_DIR))
+    for overlay, path in OWN_CANDIDATE.items():
+        (out / f"{overlay}-candidate.yaml").write_text(render(path))
     for overlay in OVERLAYS:  # with the stream consumer's component enabled
         (out / f"{overlay}-stream.yaml").write_text(render(with_stream(overlay, tmp_path_factory.mktemp("stream"))))
     result = subprocess.run([str(CHECKOV), "-d", str(out), "--framework", "kubernetes",
@@ -43,7 +47,8 @@ def manifest_skips(tmp_path) -> dict[str, str]:
     """check id -> reason, from the checkov.io/skip annotations of every rendered object."""
     skips: dict[str, str] = {}
     streams = [with_stream(overlay, tmp_path) for overlay in OVERLAYS]
-    for path in [K8S_DIR / "overlays" / overlay for overlay in OVERLAYS] + [VERIFY_DIR, *OWN_VERIFY.values(), *streams]:
+    others = [VERIFY_DIR, *OWN_VERIFY.values(), *streams, CANDIDATE_DIR, *OWN_CANDIDATE.values()]
+    for path in [K8S_DIR / "overlays" / overlay for overlay in OVERLAYS] + others:
         for obj in load(render(path)):
             for key, value in (obj["metadata"].get("annotations") or {}).items():
                 if key.startswith("checkov.io/skip"):
@@ -62,6 +67,7 @@ def test_no_failed_check(checkov_report):
                  for c in report["results"]["passed_checks"]}
     assert "Job/rtserve-verify" in looked_at, "the verification Job was not checked"
     assert "Deployment/rtserve-stream" in looked_at, "the stream consumer was not checked"
+    assert "Deployment/rtserve-candidate" in looked_at, "the candidate was not checked"
     passed = {c["check_id"] for c in report["results"]["passed_checks"]}
     # a few that the issue names: non-root, read-only root, probes, limits, no SA token, seccomp
     assert {"CKV_K8S_23", "CKV_K8S_22", "CKV_K8S_8", "CKV_K8S_9", "CKV_K8S_11", "CKV_K8S_13",

@@ -129,6 +129,25 @@ def test_k8s_deploy_refuses_an_unknown_overlay(make):
     assert make.calls == []
 
 
+@pytest.mark.parametrize("target, args, usage", [
+    ("k8s-shadow", [], "usage: make k8s-shadow OVERLAY=staging MODEL_VERSION=2.0 [PERCENT=100]"),
+    ("k8s-canary", [], "usage: make k8s-canary OVERLAY=staging MODEL_VERSION=2.0 PERCENT=10"),
+    ("k8s-canary", ["MODEL_VERSION=2.0"], "usage: make k8s-canary OVERLAY=staging MODEL_VERSION=2.0 PERCENT=10"),
+])
+def test_k8s_shadow_and_canary_want_a_version_and_a_share(make, target, args, usage):
+    result = make(target, "OVERLAY=staging", *args)
+    assert result.returncode == 2 and usage in result.stdout, result.stdout + result.stderr
+    assert make.calls == []
+
+
+def test_k8s_live_targets_pass_the_overlays_places(make):
+    plan = make("-n", "k8s-canary", "OVERLAY=staging", "MODEL_VERSION=2.0", "PERCENT=10")
+    assert plan.returncode == 0, plan.stderr
+    assert ("-m rtserve k8s canary 2.0 --percent 10 --overlay staging --image registry.example.com/ml/rtserve "
+            "--namespace rtserve-staging") in plan.stdout, plan.stdout
+    assert "--state-dir " in plan.stdout and "-live --kubectl" in plan.stdout
+
+
 #: The names before one naming rule, and what each is called now (`history` is not here: it now
 #: names the local server's history, the cluster's is k8s-history).
 RENAMED = {"deploy": "k8s-deploy", "rollout-status": "k8s-status", "history-versions": "history",

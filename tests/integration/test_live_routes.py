@@ -17,7 +17,6 @@ import time
 from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from hashlib import sha256
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Iterator
@@ -27,6 +26,7 @@ import requests
 
 from bench.loadgen import SteadyLoad, summarize
 from rtserve.promotion.history import HISTORY_FILE, History
+from rtserve.promotion.live import sticky_bucket as bucket
 from rtserve.promotion.rollout import Rollout
 from rtserve.server.properties import routes_file
 from rtserve.server.readiness import sample_payload
@@ -110,11 +110,6 @@ def applied(live, before: int, timeout: float = 2.0) -> str:
         assert time.monotonic() < deadline, "the agent did not read the routes file"
         time.sleep(0.05)
     return lines[before]
-
-
-def bucket(key: str) -> float:
-    """The agent's sticky bucket of a key (agent/src/rtserve/agent/Routes.java)."""
-    return (int.from_bytes(sha256(key.encode()).digest()[:8], "big") >> 11) / 2**53 * 100
 
 
 def test_the_agent_follows_the_run_directorys_routes_file(live):

@@ -1,0 +1,237 @@
+"""Shadow and canary in a cluster (``make k8s-shadow``, ``k8s-shadow-report``, ``k8s-canary``,
+``k8s-live-stop``): the kubectl side. The routes, the report and the canary's decision are
+:mod:`rtserve.promotion.live`'s, composed with this in :mod:`rtserve.cli.k8s`.
+
+- The candidate is its own Deployment and Service ``rtserve-candidate`` (deploy/k8s/candidate, an
+  overlay's own ``candidate/`` when it has one), applied on its own with the candidate's image tag.
+- The routes go to the ConfigMap ``rtserve-live-routes``, which the default pods mount and copy
+  into their run directory when it changes (:class:`rtserve.promotion.live.RoutesSync`), and, not
+  to wait up to a minute for the kubelet to bring the update, straight into each ready default
+  pod's routes file as well (``kubectl exec``): the agent reads it within 200 ms.
+- The pods' live logs and audit logs are read back through ``kubectl exec`` (only what they gained
+  since the last read) and appended to files on this machine, which the report and the canary
+  watcher read as they read a local server's.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from handler.audit import event_line
+from rtserve.errors import DeployError
+from rtserve.k8s.deploy import Kubectl, Target, render, say, standalone_kustomization, wait_rollout
+from rtserve.k8s.pod import Deployed
+from rtserve.settings import RunDir
+
+#: The candidate's Deployment and Service (deploy/k8s/candidate).
+CANDIDATE = "rtserve-candidate"
+#: The label of every object of the candidate (what make k8s-live-stop deletes).
+CANDIDATE_SELECTOR = "app.kubernetes.io/component=candidate"
+#: The ConfigMap the default pods mount at /etc/rtserve-live (deploy/k8s/base/deployment.yaml).
+ROUTES_CONFIGMAP = "rtserve-live-routes"
+ROUTES_KEY = "routes.json"
+#: The rtserve container's run directory (the ``run`` emptyDir) and the Secret's tokens file.
+POD_RUN = RunDir(Path("/home/model-server/run"))
+POD_TOKEN_FILE = "/etc/rtserve-gateway-tokens/tokens"
+#: The inference port of the candidate's Service (its gateway).
+PORT = 8080
+
+#: Run in a pod: for each (file, offset) argument pair, the file's complete lines from that byte
+#: offset on (offset -1: none, only where they end), as JSON [[start, end, text], ...]; a file
+#: that shrank (a new pod's) is read from its start.
+READ_SCRIPT = """
+import json, sys
+out = []
+for path, offset in zip(sys.argv[1::2], sys.argv[2::2]):
+    offset = int(offset)
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, 2)
+            if offset < 0 or offset > size:
+                offset = size if offset < 0 else 0
+            f.seek(offset)
+            data = f.read(size - offset)
+    except FileNotFoundError:
+        offset, data = 0, b""
+    data = data[:data.rfind(b"\\n") + 1]
+    out.append([offset, offset + len(data), data.decode("utf-8", "replace")])
+json.dump(out, sys.stdout)
+"""
+#: Run in a pod: append argv[2] (an audit line) to argv[1] (the pod's audit log).
+APPEND_SCRIPT = """
+import sys
+with open(sys.argv[1], "a") as f:
+    f.write(sys.argv[2])
+"""
+#: Run in a pod: write argv[2] to argv[1] at once (a temporary file renamed over it).
+WRITE_SCRIPT = """
+import os, sys
+path, text = sys.argv[1:3]
+with open(path + ".tmp", "w") as f:
+    f.write(text)
+os.replace(path + ".tmp", path)
+"""
+
+
+def candidate_url(namespace: str, model: str, version: str) -> str:
+    """Where the default pods send the candidate's share: its Service's cluster DNS name, the
+    version in the path (so the candidate's own frontend never routes it again)."""
+    return f"http://{CANDIDATE}.{namespace}.svc:{PORT}/predictions/{model}/{version}"
+
+
+def candidate_target(t: Target, source: Path) -> Target:
+    """The deploy target of the candidate: its Deployment, its build directory, and the
+    kustomization it renders (``source``: the overlay's own candidate/ or deploy/k8s/candidate)."""
+    return replace(t, app=CANDIDATE, build_dir=Path(f"{t.build_dir}-candidate"), verify_source=source)
+
+
+def candidate_kustomization(t: Target) -> str:
+    """The kustomization of the candidate (``t`` from :func:`candidate_target`)."""
+    return standalone_kustomization(t, t.verify_dir, t.build_dir,
+                                    f"make k8s-shadow/k8s-canary: the candidate {t.version}")
+
+
+def configmap(namespace: str, text: str) -> dict:
+    """The ConfigMap of the routes ``text``."""
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": ROUTES_CONFIGMAP, "namespace": namespace,
+                         "labels": {"app.kubernetes.io/name": "rtserve",
+                                    "app.kubernetes.io/part-of": "rtserve",
+                                    "app.kubernetes.io/component": "live-routes"}},
+            "data": {ROUTES_KEY: text}}
+
+
+def parse_read(output: str, files: int) -> list[tuple[int, int, str]]:
+    """:data:`READ_SCRIPT`'s output: (start, end, text) per file.
+
+    Raises:
+        DeployError: it is not that.
+    """
+    try:
+        found = [(int(a), int(b), str(text)) for a, b, text in json.loads(output)]
+    except (ValueError, TypeError) as exc:
+        raise DeployError(f"not what the log reader prints: {output[:200]!r} ({exc})") from exc
+    if len(found) != files:
+        raise DeployError(f"the log reader answered for {len(found)} files, not {files}")
+    return found
+
+
+@dataclass
+class LogCopy:
+    """Appends what each default pod's live log and audit log gained to ``live_log`` and
+    ``audit_log`` here (one file each for all pods; a pod is known by its uid).
+
+    Args:
+        from_end: a pod seen for the first time is read from the end its logs have then (the
+            canary watcher looks only forward); else from their start (the shadow report).
+    """
+
+    live_log: Path
+    audit_log: Path
+    from_end: bool = False
+    #: pod uid -> the byte offsets read up to (live log, audit log).
+    offsets: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def pull(self, cluster: "Cluster") -> int:
+        """Read every ready default pod's new lines; returns how many lines were appended.
+        A pod that cannot be read now (ending, restarting) is read at the next pull."""
+        appended = 0
+        for pod in cluster.pods():
+            start = self.offsets.get(pod.uid, (-1, -1) if self.from_end else (0, 0))
+            try:
+                out = cluster.exec(pod.name, "python", "-c", READ_SCRIPT,
+                                   str(POD_RUN.live_log), str(start[0]),
+                                   str(POD_RUN.audit_log), str(start[1]))
+                (_, live_end, live), (_, audit_end, audit) = parse_read(out, 2)
+            except DeployError:
+                continue
+            for path, text in ((self.live_log, live), (self.audit_log, audit)):
+                if text:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    with open(path, "a", encoding="utf-8") as f:
+                        f.write(text)
+                    appended += text.count("\n")
+            self.offsets[pod.uid] = (live_end, audit_end)
+        return appended
+
+    def fresh(self) -> "LogCopy":
+        """Empty the local files and forget the offsets (a report over everything)."""
+        for path in (self.live_log, self.audit_log):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("")
+        self.offsets.clear()
+        return self
+
+
+class Cluster:
+    """The overlay's default pods and candidate in ``namespace``, through ``kubectl``."""
+
+    def __init__(self, kubectl: Kubectl, namespace: str, app: str = "rtserve") -> None:
+        self.kubectl, self.namespace = kubectl, namespace
+        self.deployed = Deployed(kubectl, namespace, app)
+
+    def pods(self):
+        """The default pods that are ready (the candidate's carry another name label)."""
+        return [p for p in self.deployed.pods() if p.ready]
+
+    def exec(self, pod: str, *cmd: str) -> str:
+        return self.deployed.exec(pod, "rtserve", *cmd)
+
+    def apply_candidate(self, t: Target) -> None:
+        """Apply the candidate (``t`` from :func:`candidate_target`) and wait for its rollout.
+
+        Raises:
+            DeployError: it did not roll out (a pod failed, or ``rollout_timeout`` passed).
+        """
+        manifests = render(self.kubectl, t.build_dir, candidate_kustomization(t))
+        self.kubectl("apply", "-f", str(manifests))
+        wait_rollout(t, self.kubectl)
+        say(f">> candidate {t.tagged} ready: {candidate_url(self.namespace, '<model>', t.version)}")
+
+    def candidate_version(self) -> str | None:
+        """The image tag the candidate's Deployment runs, or None when there is none."""
+        try:
+            image = self.kubectl("-n", self.namespace, "get", f"deployment/{CANDIDATE}", "-o",
+                                 "jsonpath={.spec.template.spec.containers[?(@.name=='rtserve')].image}",
+                                 capture=True, quiet=True, errors=False).strip()
+        except DeployError:
+            return None
+        return image.rsplit(":", 1)[-1] if image else None
+
+    def delete_candidate(self) -> None:
+        """Delete every object of the candidate (its pod drains within its grace period)."""
+        self.kubectl("-n", self.namespace, "delete",
+                     "deployment,service,networkpolicy,configmap,serviceaccount",
+                     "-l", CANDIDATE_SELECTOR, "--ignore-not-found", "--wait=true")
+
+    def in_each_pod(self, script: str, path: str, text: str, missed: str) -> list[str]:
+        """Run ``python -c script path text`` in each ready default pod; the pods it ran in (a
+        pod where it fails is named with ``missed``)."""
+        done = []
+        for pod in self.pods():
+            try:
+                self.exec(pod.name, "python", "-c", script, path, text)
+                done.append(pod.name)
+            except DeployError as exc:
+                say(f">> {pod.name}: {missed} ({exc})")
+        return done
+
+    def audit(self, event: dict) -> list[str]:
+        """Append ``event`` (a canary's abort) to each ready default pod's audit log; the pods
+        written."""
+        return self.in_each_pod(APPEND_SCRIPT, str(POD_RUN.audit_log), event_line(event),
+                                "the event is not in its audit log")
+
+    def publish(self, text: str, manifest: Path) -> list[str]:
+        """The routes ``text`` into the ConfigMap (``manifest``: where its manifest is written
+        and applied from) and straight into each ready default pod's routes file; returns the
+        pods written. A pod that cannot be written now takes the ConfigMap's copy within a
+        minute (its sync copies a changed ConfigMap)."""
+        manifest.parent.mkdir(parents=True, exist_ok=True)
+        manifest.write_text(json.dumps(configmap(self.namespace, text), indent=2) + "\n")
+        self.kubectl("apply", "-f", str(manifest))
+        return self.in_each_pod(WRITE_SCRIPT, str(POD_RUN.live_routes), text,
+                                "routes not written now; the ConfigMap brings them")
+

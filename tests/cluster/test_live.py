@@ -1,0 +1,187 @@
+"""Shadow and canary in the cluster (`make k8s-shadow`, `k8s-shadow-report`, `k8s-canary`,
+`k8s-live-stop`): the candidate 2.0 as its own Deployment and Service beside the local overlay's
+1.0, the routes through the ConfigMap rtserve-live-routes and straight into the default pods, the
+pods' logs read back through kubectl exec. Traffic goes to the default Service's cluster IP from
+this machine, as in test_deploy.py; it starts from what that left (1.0 serving)."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from rtserve.promotion.live import KEY_HEADER, sticky_bucket
+from tests.cluster.conftest import DEPLOY_TIMEOUT, NAMESPACE, make, no_failures
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.cluster
+
+PERCENT = 10.0
+#: Keys of the canary's traffic: 2,000 clients, each sending twice (4,000 requests).
+KEYS = [f"user-{i}" for i in range(2000)]
+#: Seconds to wait for the watcher's abort once the candidate is gone.
+ABORT_WAIT_S = 120
+
+
+def gate_config(tmp_path: Path) -> Path:
+    """config/gate.yaml with a canary window that fits the test: 30 s, 20 answers; the p99
+    bound (the default pods' round trip to the candidate on this loaded 2-core node) and the
+    agreement are left out of it (the abort under test is the error rate's)."""
+    config = yaml.safe_load((REPO / "config" / "gate.yaml").read_text())
+    config["live"]["canary"].update(window_s=30.0, min_requests=20, max_error_rate=0.05,
+                                    max_p99_ms=60000.0, min_agreement=0.0)
+    path = tmp_path / "gate.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def keyed(served, keys: list[str], concurrency: int = 8) -> list[dict]:
+    """One request per key (``x-rtserve-key``), ``concurrency`` at a time: status, version, id."""
+    body = json.dumps({"features": [0.25] * 32})
+    headers = {**served.auth, "Content-Type": "application/json"}
+
+    local = threading.local()  # a session per sender thread
+
+    def one(key: str) -> dict:
+        session = local.__dict__.setdefault("session", requests.Session())
+        sent = time.time()
+        try:
+            r = session.post(served.url, data=body, timeout=30, headers={**headers, KEY_HEADER: key})
+            version = r.json().get("model_version") if r.status_code == 200 else None
+            return {"key": key, "status": r.status_code, "version": version, "at": sent,
+                    "id": r.headers.get("x-request-id"), "text": "" if r.status_code == 200 else r.text[:200]}
+        except requests.RequestException as exc:
+            return {"key": key, "status": 0, "version": None, "at": sent, "id": None, "text": str(exc)[:200]}
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        return list(pool.map(one, keys))
+
+
+def pod_routes(served) -> dict[str, dict]:
+    """Each default pod's routes file, as the agent reads it."""
+    return {pod: json.loads(served.deployed.exec(pod, "rtserve", "cat", "/home/model-server/run/live-routes.json"))
+            for pod in served.pods()}
+
+
+# Last run (2026-12-01 07:53 UTC, make cluster, this test alone): every check passed but the
+# audit-log one, which then also asked a pod the autoscaler added after the abort; it now asks only
+# the pods that ran at the abort, and has not run since (the session's cluster time was spent).
+def test_shadow_canary_and_abort_of_a_candidate_deployment(served, image_vars, tmp_path):
+    cluster = served.cluster
+    state = tmp_path / "live"
+    live = ["OVERLAY=local", f"K8S_LIVE_DIR={state}", *cluster.make_vars, *image_vars]
+    timings: dict[str, float] = {}
+    try:
+        # -- shadow 100 % under steady traffic: callers see 1.0 only ------------------------------------
+        load = served.load()
+        begin = time.monotonic()
+        shadow = make("k8s-shadow", "MODEL_VERSION=2.0", *live, timeout=DEPLOY_TIMEOUT)
+        timings["k8s-shadow (image load, candidate rollout)"] = time.monotonic() - begin
+        assert shadow.returncode == 0, shadow.stdout[-4000:]
+        assert 'deployment "rtserve-candidate" successfully rolled out' in shadow.stdout, shadow.stdout[-3000:]
+        published = load.now()
+        print(">> make k8s-shadow:\n" + "\n".join(shadow.stdout.splitlines()[-8:]))
+        time.sleep(20)
+        records = load.stop()
+        no_failures(records, "shadow 100%")
+        assert {r.version for r in records} == {"1.0"}
+        routes = pod_routes(served)
+        assert {r["shadow"]["percent"] for r in routes.values()} == {100.0}, routes
+        assert {r["shadow"]["url"] for r in routes.values()} == {
+            f"http://rtserve-candidate.{NAMESPACE}.svc:8080/predictions/realtime-classifier/2.0"}
+        report = make("k8s-shadow-report", *live, timeout=120)
+        assert report.returncode == 0, report.stdout[-3000:]
+        print(report.stdout[-2500:])
+        saved = json.loads((state / "shadow-report.json").read_text())
+        after = [r for r in records if r.start > published + 1.0]  # the agent read the routes by then
+        assert saved["candidate"] == "2.0" and saved["default"] == ["1.0"], saved
+        assert len(after) <= saved["mirrored"] <= len(records), (len(after), saved["mirrored"], len(records))
+        assert saved["compared"] == saved["mirrored"] - saved["dropped"] - saved["unmatched"]
+        assert saved["compared"] >= 0.9 * len(after) and saved["agreement"] is not None
+        assert saved["errors"]["candidate"]["errors"] == 0, saved["errors"]
+
+        # -- canary 10 %: sticky per key, the share within 2 points over 2,000 keys (4,000 requests) -------
+        gate = gate_config(tmp_path)
+        canary = make("k8s-canary", "MODEL_VERSION=2.0", f"PERCENT={PERCENT:g}", f"GATE_CONFIG={gate}", *live,
+                      timeout=DEPLOY_TIMEOUT)
+        assert canary.returncode == 0, canary.stdout[-3000:]
+        print(">> make k8s-canary:\n" + "\n".join(canary.stdout.splitlines()[-6:]))
+        begin = time.monotonic()
+        answers = keyed(served, KEYS + KEYS)
+        timings["4,000 keyed requests"] = time.monotonic() - begin
+        assert {a["status"] for a in answers} == {200}, [a for a in answers if a["status"] != 200][:5]
+        seen: dict[str, set[str]] = {k: set() for k in KEYS}
+        for a in answers:
+            seen[a["key"]].add(a["version"])
+        assert all(len(v) == 1 for v in seen.values()), {k: v for k, v in seen.items() if len(v) > 1}
+        expected = {k for k in KEYS if sticky_bucket(k) < PERCENT}  # the agent's documented hash
+        share = sum(a["version"] == "2.0" for a in answers) / len(answers) * 100
+        print(f"canary share: {share:.2f}% of {len(answers)} requests (configured {PERCENT:g}%), "
+              f"{len(expected)} of {len(KEYS)} keys, each key twice, always the same version")
+        assert {k for k, v in seen.items() if v == {"2.0"}} == expected
+        assert abs(share - PERCENT) <= 2.0
+
+        # -- the candidate goes away: the watcher aborts, the share is back to 0 -----------------------
+        cluster.ok("-n", NAMESPACE, "scale", "deployment/rtserve-candidate", "--replicas=0")
+        scaled = time.time()
+        history = state / "rollout-history.jsonl"
+        rounds: list[dict] = []
+        aborted_at, deadline = None, time.monotonic() + ABORT_WAIT_S
+        while aborted_at is None or rounds[-1]["at"] < aborted_at + 3:  # 3 s past the abort
+            assert time.monotonic() < deadline, (state / "canary-watcher.log").read_text()[-3000:]
+            rounds += keyed(served, [f"abort-{uuid.uuid4().hex[:8]}" for _ in range(100)])
+            events = [json.loads(line) for line in history.read_text().splitlines()] if history.exists() else []
+            aborts = [e for e in events if e["action"] == "canary-abort"]
+            if aborted_at is None and aborts:
+                aborted_at = time.time()
+                event = aborts[0]
+                event_at = datetime.fromisoformat(event["at"]).timestamp()
+        timings["scale to 0 -> abort seen"] = aborted_at - scaled
+        print((state / "canary-watcher.log").read_text()[-1500:])
+        assert event["version"] == "2.0" and event["percent"] == PERCENT
+        assert event["failures"][0].startswith("error rate:"), event
+        failed = [a for a in rounds if a["status"] != 200]
+        # no failed request but the candidate's own answers, and those only to its keys
+        assert all(sticky_bucket(a["key"]) < PERCENT and a["at"] < aborted_at for a in failed), failed[:5]
+        late = [a for a in rounds if a["at"] > aborted_at + 1]
+        assert late and {(a["status"], a["version"]) for a in late} == {(200, "1.0")}
+        assert {r["canary"]["percent"] for r in pod_routes(served).values()} == {0.0}
+        configmap = json.loads(cluster.ok("-n", NAMESPACE, "get", "configmap", "rtserve-live-routes",
+                                          "-o", "jsonpath={.data.routes\\.json}"))
+        assert configmap["canary"]["percent"] == 0.0
+        assert not (state / "canary-watcher.pid").exists()  # the watcher ended with its abort
+        # and wrote the event into the audit log of each default pod ready at the abort (one the
+        # autoscaler adds later has none: it starts with the ConfigMap's routes, share 0)
+        deadline = time.monotonic() + 20
+        while not (named := re.search(r"^abort recorded in the audit log of (.+)$",
+                                      log := (state / "canary-watcher.log").read_text(), re.M)):
+            assert time.monotonic() < deadline, log[-2000:]
+            time.sleep(0.5)
+        written = named[1].split(", ")
+        older = {p.name for p in served.deployed.pods()
+                 if datetime.fromisoformat(p.created.replace("Z", "+00:00")).timestamp() < event_at - 60}
+        assert older <= set(written), (older, written)
+        for pod in written:
+            tail = served.deployed.exec(pod, "rtserve", "tail", "-n", "5000", "/home/model-server/run/logs/audit.log")
+            assert '"event":"canary-abort"' in tail, pod
+        print(f"abort: {len(rounds)} requests after the scale to 0, {len(failed)} failed "
+              f"({sorted({a['status'] for a in failed})}), {len(late)} after the abort, all 1.0")
+    finally:
+        begin = time.monotonic()
+        stopped = make("k8s-live-stop", *live, timeout=300)
+        timings["k8s-live-stop"] = time.monotonic() - begin
+        print(">> make k8s-live-stop:\n" + "\n".join(stopped.stdout.splitlines()[-8:]))
+        print("; ".join(f"{k}: {v:.0f} s" for k, v in timings.items()))
+    assert stopped.returncode == 0, stopped.stdout[-3000:]
+    assert cluster.ok("-n", NAMESPACE, "get", "deployment,service", "-l",
+                      "app.kubernetes.io/component=candidate", "-o", "name") == ""
+    assert {json.dumps([r["shadow"], r["canary"]]) for r in pod_routes(served).values()} == {"[null, null]"}

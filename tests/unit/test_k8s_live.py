@@ -1,0 +1,271 @@
+"""Shadow and canary in a cluster, the parts that need none: the default pods' copy of the routes
+ConfigMap (rtserve.promotion.live.RoutesSync, run by rtserve.container), and the kubectl side's
+scripts and log copies (rtserve.k8s.live) with ``kubectl exec`` replaced by running the same
+command here, on files standing in for the pods' (the cluster tier runs them in real pods:
+tests/cluster/test_live.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from rtserve import container
+from rtserve.errors import DeployError
+from rtserve.k8s.live import (POD_RUN, READ_SCRIPT, ROUTES_CONFIGMAP, ROUTES_KEY, WRITE_SCRIPT, Cluster,
+                              LogCopy, configmap, parse_read)
+from rtserve.promotion.history import History
+from rtserve.promotion.live import Route, Routes, RoutesSync, Watch, read_routes, set_route, watch
+from rtserve.settings import Settings
+from tests.unit.test_live import CANARY, canary_lines
+
+pytestmark = pytest.mark.unit
+
+ROUTES = Routes("m", "/home/model-server/run/live-log.jsonl",
+                shadow=Route("2.0", 100.0, "http://rtserve-candidate.ns.svc:8080/predictions/m/2.0"),
+                token_file=None)
+
+
+def text(routes: Routes) -> str:
+    return json.dumps(routes.json())
+
+
+# -- the default pods' copy of the ConfigMap --------------------------------------------------------
+def test_routes_sync_copies_only_a_changed_configmap(tmp_path):
+    source, target = tmp_path / "etc" / "routes.json", tmp_path / "run" / "live-routes.json"
+    said: list[str] = []
+    sync = RoutesSync(source, target, said.append)
+    assert sync.sync() is False and not target.exists()  # no ConfigMap yet: no routes
+    source.parent.mkdir()
+    source.write_text(text(ROUTES))
+    assert sync.sync() is True and read_routes(target) == ROUTES
+    # an abort writes the pod's file straight away; the unchanged ConfigMap does not flip it back
+    aborted = Routes("m", ROUTES.log, canary=Route("2.0", 0.0, "http://c/predictions/m/2.0", "x-rtserve-key"))
+    target.write_text(text(aborted))
+    assert sync.sync() is False and read_routes(target) == aborted
+    # the ConfigMap's update (the same routes, later) is copied again
+    source.write_text(text(aborted) + "\n")
+    assert sync.sync() is True and read_routes(target) == aborted
+    # routes the kubelet brings late (a lower revision than the pod's) never replace newer ones
+    newer = Routes("m", ROUTES.log, revision=20)
+    target.write_text(text(newer))
+    source.write_text(text(Routes("m", ROUTES.log, shadow=ROUTES.shadow, revision=10)))
+    assert sync.sync() is False and read_routes(target) == newer
+    assert said[-1] == f"live routes: {source} not copied: revision 10 is older than {target}'s 20"
+    latest = Routes("m", ROUTES.log, revision=30)
+    source.write_text(text(latest))
+    assert sync.sync() is True and read_routes(target) == latest
+    source.write_text("{not json")
+    assert sync.sync() is False and read_routes(target) == latest  # the agent keeps what it has
+    assert said[-1].startswith(f"live routes: {source} not copied: ")
+    source.unlink()
+    assert sync.sync() is True and not target.exists()
+    assert said[-1] == f"live routes: {source} is gone: {target} removed (no routes)"
+
+
+def test_the_pod_syncs_the_routes_it_mounts(tmp_path):
+    settings = Settings.from_env({"RTSERVE_RUN_DIR": str(tmp_path / "run"),
+                                  "RTSERVE_LIVE_ROUTES": str(tmp_path / "routes.json")})
+    (tmp_path / "routes.json").write_text(text(ROUTES))
+    (hook,) = container.syncs(settings)  # no gateway here: the routes' sync only
+    container.each([hook])()
+    assert read_routes(settings.run.live_routes) == ROUTES
+    assert container.syncs(Settings.from_env({"RTSERVE_RUN_DIR": str(tmp_path)})) == []
+    assert container.each([]) is None
+
+
+def test_one_failing_sync_does_not_stop_the_others(caplog):
+    ran = []
+
+    def broken():
+        raise OSError("boom")
+
+    container.each([broken, lambda: ran.append(1)])()
+    assert ran == [1] and "broken failed" in caplog.text
+
+
+# -- the scripts run in the pods, and the copies of their logs ---------------------------------------
+@dataclass
+class Pod:
+    name: str
+    uid: str
+    ready: bool = True
+
+
+class HereCluster(Cluster):
+    """:class:`rtserve.k8s.live.Cluster` with its ``pods`` and ``exec`` here, each pod's run
+    directory a directory here: the command runs as kubectl exec would run it, with the pod's
+    paths mapped."""
+
+    def __init__(self, root: Path) -> None:  # no kubectl
+        self.root, self.listed = root, [Pod("rtserve-a", "uid-a"), Pod("rtserve-b", "uid-b")]
+
+    def run_dir(self, pod: str) -> Path:
+        return self.root / pod
+
+    def pods(self):
+        return self.listed
+
+    def exec(self, pod: str, *cmd: str) -> str:
+        mapped = [str(self.run_dir(pod)) + c[len(str(POD_RUN.path)):] if c.startswith(str(POD_RUN.path)) else c
+                  for c in cmd]  # the pod's paths; not the routes' text
+        done = subprocess.run([sys.executable if mapped[0] == "python" else mapped[0], *mapped[1:]],
+                              capture_output=True, text=True)
+        if done.returncode:
+            raise DeployError(done.stderr)
+        return done.stdout
+
+
+def append(path: Path, *lines: str, torn: str = "") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write("".join(line + "\n" for line in lines) + torn)
+
+
+def test_log_copy_appends_only_what_each_pod_gained(tmp_path):
+    cluster = HereCluster(tmp_path / "pods")
+    live = lambda pod: cluster.run_dir(pod) / "live-log.jsonl"  # noqa: E731
+    audit = lambda pod: cluster.run_dir(pod) / "logs" / "audit.log"  # noqa: E731
+    append(live("rtserve-a"), '{"n": "a1"}', torn='{"n": "a2 torn')
+    append(audit("rtserve-a"), '{"audit": "a1"}')
+    copy = LogCopy(tmp_path / "here" / "live-log.jsonl", tmp_path / "here" / "audit.log")
+    assert copy.pull(cluster) == 2  # pod b has no logs yet
+    assert copy.live_log.read_text() == '{"n": "a1"}\n'  # the torn line waits
+    append(live("rtserve-a"), '"}', '{"n": "a3"}')
+    append(live("rtserve-b"), '{"n": "b1"}')
+    assert copy.pull(cluster) == 3
+    assert copy.live_log.read_text().splitlines() == ['{"n": "a1"}', '{"n": "a2 torn"}', '{"n": "a3"}', '{"n": "b1"}']
+    assert copy.pull(cluster) == 0
+    # a new pod (a replica added, or one replaced): read from its start
+    cluster.listed = [Pod("rtserve-a", "uid-a"), Pod("rtserve-c", "uid-c")]
+    append(live("rtserve-c"), '{"n": "new"}')
+    assert copy.pull(cluster) == 1 and copy.live_log.read_text().splitlines()[-1] == '{"n": "new"}'
+    # the watcher's copy starts at the end each pod's logs have when it first sees it
+    watcher = LogCopy(tmp_path / "w" / "live-log.jsonl", tmp_path / "w" / "audit.log", from_end=True)
+    assert watcher.pull(cluster) == 0
+    append(live("rtserve-c"), '{"n": "after"}')
+    assert watcher.pull(cluster) == 1 and watcher.live_log.read_text() == '{"n": "after"}\n'
+    assert copy.fresh().live_log.read_text() == "" and copy.offsets == {}
+
+
+def test_a_pod_that_cannot_be_read_is_read_at_the_next_pull(tmp_path):
+    cluster = HereCluster(tmp_path / "pods")
+    append(cluster.run_dir("rtserve-a") / "live-log.jsonl", '{"n": 1}')
+    cluster.exec = lambda pod, *cmd: (_ for _ in ()).throw(DeployError("pod is terminating"))
+    copy = LogCopy(tmp_path / "live.jsonl", tmp_path / "audit.log")
+    assert copy.pull(cluster) == 0 and copy.offsets == {}
+    del cluster.exec
+    assert copy.pull(cluster) == 1
+
+
+def test_the_read_scripts_answer_is_checked():
+    with pytest.raises(DeployError, match="not what the log reader prints"):
+        parse_read("Error from server", 2)
+    with pytest.raises(DeployError, match="for 1 files, not 2"):
+        parse_read("[[0, 0, \"\"]]", 2)
+
+
+def test_the_write_script_replaces_the_routes_file_at_once(tmp_path):
+    cluster = HereCluster(tmp_path)
+    target = cluster.run_dir("rtserve-a") / "live-routes.json"
+    target.parent.mkdir()
+    cluster.exec("rtserve-a", "python", "-c", WRITE_SCRIPT, str(POD_RUN.live_routes), text(ROUTES))
+    assert read_routes(target) == ROUTES
+    assert sorted(p.name for p in target.parent.iterdir()) == ["live-routes.json"]
+    assert READ_SCRIPT.count("\n") < 30  # small enough for an argument
+
+
+def test_an_abort_is_appended_to_each_pods_audit_log(tmp_path):
+    here = HereCluster(tmp_path)
+    audit = here.run_dir("rtserve-a") / "logs" / "audit.log"
+    append(audit, '{"event":"prediction"}')
+    (here.run_dir("rtserve-b") / "logs").mkdir(parents=True)
+    event = {"event": "canary-abort", "action": "canary-abort", "version": "2.0"}
+    assert here.audit(event) == ["rtserve-a", "rtserve-b"]
+    assert audit.read_text().splitlines() == ['{"event":"prediction"}',
+                                              '{"event":"canary-abort","action":"canary-abort","version":"2.0"}']
+
+
+def test_the_configmap_holds_the_routes_as_the_pods_mount_them():
+    cm = configmap("rtserve-local", text(ROUTES))
+    assert cm["metadata"]["name"] == ROUTES_CONFIGMAP and cm["metadata"]["namespace"] == "rtserve-local"
+    assert json.loads(cm["data"][ROUTES_KEY]) == ROUTES.json()
+
+
+# -- the watcher with the cluster's hooks --------------------------------------------------------------
+def test_the_watcher_pulls_before_each_look_and_publishes_its_abort(tmp_path):
+    routes = tmp_path / "live-routes.json"
+    set_route(routes, "m", "/pod/live-log.jsonl", "canary",
+              Route("2.0", 10.0, "http://rtserve-candidate.ns.svc:8080/predictions/m/2.0", "x-rtserve-key"))
+    live_log = tmp_path / "live-log.jsonl"
+    published: list[Routes] = []
+    pulls = []
+
+    def pull():  # what the pods' logs gained, as LogCopy.pull appends it
+        pulls.append(1)
+        if len(pulls) == 3:
+            now = time.time() * 1000
+            append(live_log, *canary_lines(15, at=now), *canary_lines(5, failed=5, at=now, start=50))
+
+    w = Watch("m", "2.0", routes, live_log, tmp_path / "audit.log", History(tmp_path / "history.jsonl"),
+              CANARY, pull=pull, publish=published.append)
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(event=watch(w, lambda _: None, poll_s=0.01)))
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive() and result["event"]["action"] == "canary-abort"
+    assert len(pulls) >= 3
+    (sent,) = published
+    assert sent == read_routes(routes) and sent.canary.percent == 0.0 and sent.log == "/pod/live-log.jsonl"
+    assert [e["action"] for e in w.history.events()] == ["canary-abort"]
+
+
+# -- the commands' routes: what `make k8s-shadow` and `make k8s-canary` publish ----------------------
+def test_each_change_is_published_with_the_pods_paths_the_token_and_a_newer_revision(tmp_path, monkeypatch):
+    from rtserve.cli import build_parser
+    from rtserve.cli.k8s import Live
+    from rtserve.k8s.live import POD_TOKEN_FILE
+    from rtserve.promotion.live import KEY_HEADER
+
+    sent: list[tuple[str, Path]] = []
+    monkeypatch.setattr(Cluster, "publish", lambda self, text, manifest: sent.append((text, manifest)) or ["pod-a"])
+    args = build_parser().parse_args(["k8s", "live-stop", "--overlay", "local", "--state-dir", str(tmp_path)])
+    live = Live(args)
+    url = "http://rtserve-candidate.rtserve-local.svc:8080/predictions/realtime-classifier/2.0"
+    live.set(shadow=Route("2.0", 100.0, url))
+    published = live.set(canary=Route("2.0", 10.0, url, KEY_HEADER))
+    first, second = (Routes.parse(json.loads(text), "sent") for text, _ in sent)
+    assert first.log == str(POD_RUN.live_log) and first.token_file == POD_TOKEN_FILE
+    assert first.shadow.percent == 100.0 and first.canary is None
+    assert second.shadow == first.shadow and second.canary == Route("2.0", 10.0, url, KEY_HEADER)
+    assert time.time() * 1000 - 60_000 < first.revision < second.revision
+    assert read_routes(live.state.live_routes) == second == published  # the watcher reads this copy
+    assert sent[0][1] == tmp_path / "live-routes-configmap.json"
+    assert live.namespace == "rtserve-local" and live.target.verify_dir == Path("deploy/k8s/overlays/local/candidate")
+
+
+def test_the_sticky_bucket_is_the_agents():
+    from rtserve.promotion.live import sticky_bucket
+
+    # `java -cp build/agent/rtserve-agent.jar rtserve.agent.Routes --bucket user-1 user-2` prints
+    # 77.640592 and 84.831868 (agent/src/rtserve/agent/Routes.java)
+    assert [round(sticky_bucket(k), 6) for k in ("user-1", "user-2")] == [77.640592, 84.831868]
+
+
+def test_publish_applies_the_configmap_and_writes_each_pods_routes_file(tmp_path):
+    here = HereCluster(tmp_path / "pods")
+    here.namespace, applied = "rtserve-local", []
+    here.kubectl = lambda *args, **_: applied.append(args) or ""
+    for pod in ("rtserve-a", "rtserve-b"):
+        here.run_dir(pod).mkdir(parents=True)
+    manifest = tmp_path / "live" / "live-routes-configmap.json"
+    assert here.publish(text(ROUTES), manifest) == ["rtserve-a", "rtserve-b"]
+    assert applied == [("apply", "-f", str(manifest))]
+    assert json.loads(manifest.read_text()) == configmap("rtserve-local", text(ROUTES))
+    assert {read_routes(here.run_dir(p) / "live-routes.json") for p in ("rtserve-a", "rtserve-b")} == {ROUTES}
