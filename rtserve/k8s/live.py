@@ -16,7 +16,9 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from pathlib import Path
 
 from handler.audit import event_line
@@ -66,6 +68,11 @@ with open(sys.argv[1], "a") as f:
     f.write(sys.argv[2])
 """
 #: Run in a pod: write argv[2] to argv[1] at once (a temporary file renamed over it).
+#: What the frontend's agent prints (to the container's log) each time it reads its routes file.
+AGENT_READ_LINE = "[rtserve-agent] live routes:"
+#: Seconds :meth:`Cluster.publish` waits for each written pod's agent to read the new routes.
+AGENT_READ_S = 15.0
+
 WRITE_SCRIPT = """
 import os, sys
 path, text = sys.argv[1:3]
@@ -232,6 +239,31 @@ class Cluster:
         manifest.parent.mkdir(parents=True, exist_ok=True)
         manifest.write_text(json.dumps(configmap(self.namespace, text), indent=2) + "\n")
         self.kubectl("apply", "-f", str(manifest))
-        return self.in_each_pod(WRITE_SCRIPT, str(POD_RUN.live_routes), text,
-                                "routes not written now; the ConfigMap brings them")
+        since = datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+        written = self.in_each_pod(WRITE_SCRIPT, str(POD_RUN.live_routes), text,
+                                   "routes not written now; the ConfigMap brings them")
+        for pod in written:
+            self.await_read(pod, since)
+        return written
+
+    def await_read(self, pod: str, since: str, timeout: float = AGENT_READ_S) -> bool:
+        """Wait until the frontend's agent in ``pod`` says it read its routes file after
+        ``since`` (its ``[rtserve-agent] live routes:`` line in the container's log), so that
+        when :meth:`publish` returns every written pod routes by the new routes (a canary key
+        sent right after must not meet the old routes in one pod and the new in another). Says
+        so and returns False when the line has not come within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                log = self.kubectl("-n", self.namespace, "logs", pod, "-c", "rtserve",
+                                   f"--since-time={since}", capture=True, quiet=True, errors=False)
+            except DeployError:
+                log = ""
+            if AGENT_READ_LINE in log:
+                return True
+            if time.monotonic() > deadline:
+                say(f">> {pod}: routes written, but its agent did not say it read them within "
+                    f"{timeout:g} s (it reads them within a second as a rule)")
+                return False
+            time.sleep(0.25)
 

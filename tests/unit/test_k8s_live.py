@@ -18,7 +18,7 @@ import pytest
 
 from rtserve import container
 from rtserve.errors import DeployError
-from rtserve.k8s.live import (POD_RUN, READ_SCRIPT, ROUTES_CONFIGMAP, ROUTES_KEY, WRITE_SCRIPT, Cluster,
+from rtserve.k8s.live import (AGENT_READ_LINE, POD_RUN, READ_SCRIPT, ROUTES_CONFIGMAP, ROUTES_KEY, WRITE_SCRIPT, Cluster,
                               LogCopy, configmap, parse_read)
 from rtserve.promotion.history import History
 from rtserve.promotion.live import Route, Routes, RoutesSync, Watch, read_routes, set_route, watch
@@ -261,11 +261,30 @@ def test_the_sticky_bucket_is_the_agents():
 def test_publish_applies_the_configmap_and_writes_each_pods_routes_file(tmp_path):
     here = HereCluster(tmp_path / "pods")
     here.namespace, applied = "rtserve-local", []
-    here.kubectl = lambda *args, **_: applied.append(args) or ""
+
+    def kubectl(*args, **_):  # the agent's line in each pod's container log (`kubectl logs`)
+        applied.append(args)
+        return f"{AGENT_READ_LINE} /var/run/rtserve/live-routes.json: shadow 2.0 at 100%\n" if "logs" in args else ""
+
+    here.kubectl = kubectl
     for pod in ("rtserve-a", "rtserve-b"):
         here.run_dir(pod).mkdir(parents=True)
     manifest = tmp_path / "live" / "live-routes-configmap.json"
     assert here.publish(text(ROUTES), manifest) == ["rtserve-a", "rtserve-b"]
-    assert applied == [("apply", "-f", str(manifest))]
+    assert applied[0] == ("apply", "-f", str(manifest))
+    # publish returns once each written pod's agent said it read the routes, since the write
+    assert [a[3] for a in applied[1:]] == ["rtserve-a", "rtserve-b"]
+    assert all(a[1:3] == ("rtserve-local", "logs") and a[-1].startswith("--since-time=") and a[-1].endswith("Z")
+               for a in applied[1:])
     assert json.loads(manifest.read_text()) == configmap("rtserve-local", text(ROUTES))
     assert {read_routes(here.run_dir(p) / "live-routes.json") for p in ("rtserve-a", "rtserve-b")} == {ROUTES}
+
+
+def test_publish_says_so_when_a_pods_agent_does_not_read_its_routes(tmp_path, capsys):
+    here = HereCluster(tmp_path / "pods")
+    here.namespace = "rtserve-local"
+    here.kubectl = lambda *args, **_: ""  # no line from the agent
+    began = time.monotonic()
+    assert here.await_read("rtserve-a", "2026-12-01T08:00:00.000000Z", timeout=0.5) is False
+    assert 0.5 <= time.monotonic() - began < 5
+    assert "rtserve-a: routes written, but its agent did not say it read them within 0.5 s" in capsys.readouterr().out
