@@ -39,6 +39,8 @@ from rtserve.runtime.process import recorded_pid, stop_recorded
 
 #: The header whose value makes the canary share sticky (one client key, one version).
 KEY_HEADER = "x-rtserve-key"
+
+
 def sticky_bucket(key: str) -> float:
     """The agent's place in [0, 100) of a sticky key (agent/src/rtserve/agent/Routes.java): a
     request whose key's bucket is below the canary's percent goes to the candidate."""
