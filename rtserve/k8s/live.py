@@ -179,9 +179,10 @@ class Cluster:
         self.kubectl, self.namespace = kubectl, namespace
         self.deployed = Deployed(kubectl, namespace, app)
 
-    def pods(self):
-        """The default pods that are ready (the candidate's carry another name label)."""
-        return [p for p in self.deployed.pods() if p.ready]
+    def pods(self, running: bool = False):
+        """The default pods that are ready (the candidate's carry another name label); with
+        ``running``, also those whose rtserve container runs but is not ready yet."""
+        return [p for p in self.deployed.pods() if p.ready or (running and p.running)]
 
     def exec(self, pod: str, *cmd: str) -> str:
         return self.deployed.exec(pod, "rtserve", *cmd)
@@ -214,10 +215,12 @@ class Cluster:
                      "-l", CANDIDATE_SELECTOR, "--ignore-not-found", "--wait=true")
 
     def in_each_pod(self, script: str, path: str, text: str, missed: str) -> list[str]:
-        """Run ``python -c script path text`` in each ready default pod; the pods it ran in (a
-        pod where it fails is named with ``missed``)."""
+        """Run ``python -c script path text`` in each default pod whose rtserve container runs,
+        ready or still starting (one that turns ready later must not serve older routes, and
+        the ConfigMap's copy can reach it a minute late); the pods it ran in (a pod where it
+        fails is named with ``missed``)."""
         done = []
-        for pod in self.pods():
+        for pod in self.pods(running=True):
             try:
                 self.exec(pod.name, "python", "-c", script, path, text)
                 done.append(pod.name)
@@ -226,24 +229,28 @@ class Cluster:
         return done
 
     def audit(self, event: dict) -> list[str]:
-        """Append ``event`` (a canary's abort) to each ready default pod's audit log; the pods
-        written."""
+        """Append ``event`` (a canary's abort) to each running default pod's audit log; the
+        pods written."""
         return self.in_each_pod(APPEND_SCRIPT, str(POD_RUN.audit_log), event_line(event),
                                 "the event is not in its audit log")
 
     def publish(self, text: str, manifest: Path) -> list[str]:
         """The routes ``text`` into the ConfigMap (``manifest``: where its manifest is written
-        and applied from) and straight into each ready default pod's routes file; returns the
-        pods written. A pod that cannot be written now takes the ConfigMap's copy within a
-        minute (its sync copies a changed ConfigMap)."""
+        and applied from) and straight into the routes file of each default pod whose rtserve
+        container runs; returns the pods written, once each ready one's agent said it read them
+        (one still starting reads them as it starts). A pod that cannot be written now (its
+        container not started) mounts the ConfigMap's new copy, or takes it within a minute
+        (its sync copies a changed ConfigMap)."""
         manifest.parent.mkdir(parents=True, exist_ok=True)
         manifest.write_text(json.dumps(configmap(self.namespace, text), indent=2) + "\n")
         self.kubectl("apply", "-f", str(manifest))
         since = datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
         written = self.in_each_pod(WRITE_SCRIPT, str(POD_RUN.live_routes), text,
                                    "routes not written now; the ConfigMap brings them")
+        ready = {p.name for p in self.pods()}
         for pod in written:
-            self.await_read(pod, since)
+            if pod in ready:
+                self.await_read(pod, since)
         return written
 
     def await_read(self, pod: str, since: str, timeout: float = AGENT_READ_S) -> bool:

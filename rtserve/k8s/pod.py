@@ -41,6 +41,8 @@ class PodState:
     #: Container name -> its runtime id (without the ``containerd://`` prefix).
     container_ids: dict[str, str]
     created: str
+    #: Whether the rtserve container runs (it may not be ready yet: TorchServe still starting).
+    running: bool = False
 
     @classmethod
     def of(cls, item: dict) -> PodState:
@@ -53,7 +55,8 @@ class PodState:
                    status.get("phase", "Unknown"), status.get("qosClass", ""), ready, image,
                    {c["name"]: c.get("restartCount", 0) for c in statuses},
                    {c["name"]: c["containerID"].split("://", 1)[1] for c in statuses if c.get("containerID")},
-                   item["metadata"]["creationTimestamp"])
+                   item["metadata"]["creationTimestamp"],
+                   any(c["name"] == "rtserve" and "running" in (c.get("state") or {}) for c in statuses))
 
     @property
     def version(self) -> str:

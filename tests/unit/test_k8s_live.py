@@ -2,7 +2,7 @@
 ConfigMap (rtserve.promotion.live.RoutesSync, run by rtserve.container), and the kubectl side's
 scripts and log copies (rtserve.k8s.live) with ``kubectl exec`` replaced by running the same
 command here, on files standing in for the pods' (the cluster tier runs them in real pods:
-tests/cluster/test_live.py)."""
+tests/cluster/test_shadow_canary.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import pytest
 
 from rtserve import container
 from rtserve.errors import DeployError
+from rtserve.k8s.pod import PodState
 from rtserve.k8s.live import (AGENT_READ_LINE, POD_RUN, READ_SCRIPT, ROUTES_CONFIGMAP, ROUTES_KEY, WRITE_SCRIPT, Cluster,
                               LogCopy, configmap, parse_read)
 from rtserve.promotion.history import History
@@ -96,6 +97,7 @@ class Pod:
     name: str
     uid: str
     ready: bool = True
+    running: bool = True
 
 
 class HereCluster(Cluster):
@@ -109,8 +111,8 @@ class HereCluster(Cluster):
     def run_dir(self, pod: str) -> Path:
         return self.root / pod
 
-    def pods(self):
-        return self.listed
+    def pods(self, running: bool = False):
+        return [p for p in self.listed if p.ready or (running and p.running)]
 
     def exec(self, pod: str, *cmd: str) -> str:
         mapped = [str(self.run_dir(pod)) + c[len(str(POD_RUN.path)):] if c.startswith(str(POD_RUN.path)) else c
@@ -288,3 +290,37 @@ def test_publish_says_so_when_a_pods_agent_does_not_read_its_routes(tmp_path, ca
     assert here.await_read("rtserve-a", "2026-12-01T08:00:00.000000Z", timeout=0.5) is False
     assert 0.5 <= time.monotonic() - began < 5
     assert "rtserve-a: routes written, but its agent did not say it read them within 0.5 s" in capsys.readouterr().out
+
+
+def test_publish_writes_a_pod_still_starting_and_waits_only_for_the_ready_ones(tmp_path):
+    """A pod whose container runs but is not ready yet (TorchServe starting) gets the routes too:
+    once ready it must not serve the older ones until the ConfigMap's copy arrives. Its agent is
+    not up to read them yet, so only the ready pods' logs are awaited."""
+    here = HereCluster(tmp_path / "pods")
+    here.namespace, asked = "rtserve-local", []
+    here.listed = [Pod("rtserve-a", "uid-a"), Pod("rtserve-b", "uid-b", ready=False),
+                   Pod("rtserve-c", "uid-c", ready=False, running=False)]
+
+    def kubectl(*args, **_):
+        asked.append(args)
+        return f"{AGENT_READ_LINE} x\n" if "logs" in args else ""
+
+    here.kubectl = kubectl
+    for pod in ("rtserve-a", "rtserve-b", "rtserve-c"):
+        here.run_dir(pod).mkdir(parents=True)
+    assert here.publish(text(ROUTES), tmp_path / "live" / "cm.json") == ["rtserve-a", "rtserve-b"]
+    assert read_routes(here.run_dir("rtserve-b") / "live-routes.json") == ROUTES
+    assert not (here.run_dir("rtserve-c") / "live-routes.json").exists()  # the ConfigMap brings them
+    assert [a[3] for a in asked if "logs" in a] == ["rtserve-a"]
+
+
+def test_a_pods_state_says_whether_its_rtserve_container_runs():
+    item = {"metadata": {"name": "rtserve-x", "uid": "u", "creationTimestamp": "2026-12-01T10:00:00Z"},
+            "spec": {"containers": [{"name": "rtserve", "image": "registry.example.com/ml/rtserve:2.0"}]},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}],
+                       "initContainerStatuses": [{"name": "gateway", "state": {"running": {}}}],
+                       "containerStatuses": [{"name": "rtserve", "state": {"running": {}}, "restartCount": 0}]}}
+    state = PodState.of(item)
+    assert state.running and not state.ready and state.version == "2.0"
+    item["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "ContainerCreating"}}
+    assert not PodState.of(item).running

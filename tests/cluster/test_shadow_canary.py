@@ -3,7 +3,10 @@
 1.0, the routes through the ConfigMap rtserve-live-routes and straight into the default pods, the
 pods' logs read back through kubectl exec. Traffic goes to the default Service's cluster IP from
 this machine, as in test_deploy.py; 1.0 is deployed first when the tier's earlier tests left
-another version serving."""
+another version serving. The autoscaler is held at its 2 replicas meanwhile (test_deploy.py proves
+it scales; a third pod started mid-test would hold the ConfigMap's older routes for up to a
+minute), and the file sorts last in the tier, so that no test after it meets the pods its load
+leaves."""
 
 from __future__ import annotations
 
@@ -83,6 +86,9 @@ def test_shadow_canary_and_abort_of_a_candidate_deployment(served, image_vars, t
         again = deploy(cluster, image_vars, "1.0")
         assert again.returncode == 0, again.stdout[-4000:]
         timings["k8s-deploy 1.0 first"] = time.monotonic() - begin
+    # (after that deploy, which applies the HPA as the overlay has it)
+    most = cluster.ok("-n", NAMESPACE, "get", "hpa", "rtserve", "-o", "jsonpath={.spec.maxReplicas}")
+    cluster.ok("-n", NAMESPACE, "patch", "hpa", "rtserve", "-p", '{"spec": {"maxReplicas": 2}}')
     try:
         # -- shadow 100 % under steady traffic: callers see 1.0 only ------------------------------------
         load = served.load()
@@ -162,8 +168,8 @@ def test_shadow_canary_and_abort_of_a_candidate_deployment(served, image_vars, t
                                           "-o", "jsonpath={.data.routes\\.json}"))
         assert configmap["canary"]["percent"] == 0.0
         assert not (state / "canary-watcher.pid").exists()  # the watcher ended with its abort
-        # and wrote the event into the audit log of each default pod ready at the abort (one the
-        # autoscaler adds later has none: it starts with the ConfigMap's routes, share 0)
+        # and wrote the event into the audit log of each default pod running at the abort (one
+        # started later has none: it starts with the ConfigMap's routes, share 0)
         deadline = time.monotonic() + 20
         while not (named := re.search(r"^abort recorded in the audit log of (.+)$",
                                       log := (state / "canary-watcher.log").read_text(), re.M)):
@@ -184,6 +190,7 @@ def test_shadow_canary_and_abort_of_a_candidate_deployment(served, image_vars, t
         timings["k8s-live-stop"] = time.monotonic() - begin
         print(">> make k8s-live-stop:\n" + "\n".join(stopped.stdout.splitlines()[-8:]))
         print("; ".join(f"{k}: {v:.0f} s" for k, v in timings.items()))
+        cluster.ok("-n", NAMESPACE, "patch", "hpa", "rtserve", "-p", json.dumps({"spec": {"maxReplicas": int(most)}}))
     assert stopped.returncode == 0, stopped.stdout[-3000:]
     assert cluster.ok("-n", NAMESPACE, "get", "deployment,service", "-l",
                       "app.kubernetes.io/component=candidate", "-o", "name") == ""
