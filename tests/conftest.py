@@ -96,25 +96,37 @@ def _cluster_deps() -> subprocess.CompletedProcess:
     return make("cluster-deps", timeout=CLUSTER_BUILD_TIMEOUT)
 
 
+#: `make cluster-deps` in a background thread, started once the session's tests are collected when
+#: it has cluster tests (cold, the builds take long enough to overlap the tiers before).
+_CLUSTER_BUILD: Future | None = None
+
+
+def pytest_collection_finish(session):
+    global _CLUSTER_BUILD
+    if _CLUSTER_BUILD is None and any(item.get_closest_marker("cluster") for item in session.items):
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cluster-deps")
+        _CLUSTER_BUILD = pool.submit(_cluster_deps)
+        pool.shutdown(wait=False)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A cluster test waits here for the build, before its own time limit (pytest-timeout's, armed
+    inside this wrapper) starts: a cold build takes longer than any test may."""
+    if _CLUSTER_BUILD is not None and item.get_closest_marker("cluster"):
+        _CLUSTER_BUILD.exception(timeout=CLUSTER_BUILD_TIMEOUT)  # its failure is the fixture's to report
+    yield
+
+
 @pytest.fixture(scope="session")
 def cluster_build() -> Future:
-    """`make cluster-deps` (tests/cluster/conftest.py reads its result) in a background thread
-    from the session's start: cold, the builds take long enough to overlap the tiers before."""
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cluster-deps")
-    future = pool.submit(_cluster_deps)
-    pool.shutdown(wait=False)
-    yield future
+    """The background `make cluster-deps` (tests/cluster/conftest.py reads its result)."""
+    assert _CLUSTER_BUILD is not None, "no cluster test was collected"
+    yield _CLUSTER_BUILD
     try:  # never leave a build running past the session
-        future.exception(timeout=CLUSTER_BUILD_TIMEOUT)
+        _CLUSTER_BUILD.exception(timeout=CLUSTER_BUILD_TIMEOUT)
     except Exception:  # noqa: BLE001 - reported by the tests
         pass
-
-
-@pytest.fixture(scope="session", autouse=True)
-def cluster_build_in_background(request):
-    """Start :func:`cluster_build` at the session's start when it runs cluster tests."""
-    if any(item.get_closest_marker("cluster") for item in request.session.items):
-        request.getfixturevalue("cluster_build")
 
 
 def monitoring_binary(*names: str) -> str:

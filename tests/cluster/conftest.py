@@ -127,6 +127,15 @@ RATE = 40.0
 DEPLOY_TIMEOUT = 2400
 
 
+def pytest_collection_modifyitems(items):
+    """A cluster test may take as long as a cold first deploy may (DEPLOY_TIMEOUT), plus its own
+    checks: longer than the suite's 1,200 s per test. (The cold build of the binaries is waited
+    for before any limit starts: tests/conftest.py.)"""
+    for item in items:
+        if item.get_closest_marker("cluster") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(DEPLOY_TIMEOUT + 600))
+
+
 def deploy(cluster, image_vars, version: str, *extra: str, timeout: float = DEPLOY_TIMEOUT):
     """`make k8s-deploy OVERLAY=local MODEL_VERSION=version` against this cluster."""
     return make("k8s-deploy", "OVERLAY=local", f"MODEL_VERSION={version}", *cluster.make_vars,
