@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Collection, Sequence
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 from handler.errors import HandlerError, InvalidInput
 
@@ -236,6 +238,8 @@ def parse_batch(
         vectors += fast
         batch.rows += fast_rows
     if vectors:
+        import torch  # here, not above: the stream consumer parses events with this module, without torch
+
         batch.inputs = torch.from_numpy(np.array(vectors, dtype=np.float32))
     return batch
 

@@ -156,6 +156,10 @@ class StreamConsumer:
         self._resume_at: float | None = None
         #: A transaction failed and the partitions are not yet back at the committed offsets.
         self._unsettled = False
+        #: The partitions of the last rebalance, as (topic, partition), set by the polling thread's
+        #: callbacks: readable from any thread (``consumer.assignment()`` asks librdkafka's group
+        #: thread and waits with no limit: a test waiting on it from another thread once hung).
+        self.assigned: frozenset[tuple[str, int]] = frozenset()
 
     @property
     def client(self) -> Client:
@@ -252,6 +256,7 @@ class StreamConsumer:
         """Partitions about to go (a rebalance, or the member leaving): the commit in flight
         ends first, under the generation its offsets name. If it failed, the member is rewound
         at its next step (the partitions it gets are read from the committed offsets anyway)."""
+        self.assigned = frozenset()
         self.finish(settle=False)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -259,6 +264,7 @@ class StreamConsumer:
         rest when the backoff ends), else fetching (a partition paused before it was revoked
         must not come back paused)."""
         consumer.assign(partitions)
+        self.assigned = frozenset((tp.topic, tp.partition) for tp in partitions)
         if self._resume_at is not None:
             consumer.pause(partitions)
         elif partitions:
