@@ -455,7 +455,9 @@ VERIFY_MAX_P99_MS ?=
 K8S_ARGS = --overlay $(OVERLAY) --image $(IMG) --version "$(DEPLOY_VERSION)" --namespace $(NAMESPACE) \
   --app $(K8S_APP) --model $(MODEL_NAME) --k8s-dir $(K8S_DIR) --build-dir $(K8S_BUILD) \
   --verify-dir $(VERIFY_DIR) --verify-build-dir $(VERIFY_BUILD) --kubectl "$(KUBECTL)" --rollout-timeout $(ROLLOUT_TIMEOUT) \
-  --verify-timeout $(VERIFY_TIMEOUT) $(if $(VERIFY_MAX_P99_MS),--verify-max-p99-ms $(VERIFY_MAX_P99_MS))
+  --verify-timeout $(VERIFY_TIMEOUT) $(if $(VERIFY_MAX_P99_MS),--verify-max-p99-ms $(VERIFY_MAX_P99_MS)) \
+  --gate-config $(GATE_CONFIG) --state-dir $(K8S_LIVE_DIR) --model-store $(MODEL_STORE) \
+  $(if $(FORCE),--force --reason "$$REASON")
 
 # OVERLAY=local first: on `make cluster`'s node, the image IMG:version built when the engine lacks
 # it, the gateway stand-in (its build is skipped when up to date), both loaded into the node (the

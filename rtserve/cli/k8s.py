@@ -48,6 +48,14 @@ def options() -> argparse.ArgumentParser:
     p.add_argument("--verify-timeout", type=int, default=300, help="seconds")
     p.add_argument("--verify-max-p99-ms", type=float,
                    help="a stricter p99 bound for the verification than the image's gate.yaml")
+    p.add_argument("--gate-config", type=Path,
+                   help="with live.promote.require_shadow, deploy asks the shadow's evidence first "
+                        "(default: config/gate.yaml)")
+    p.add_argument("--state-dir", type=Path, help="the live commands' copies (K8S_LIVE_DIR; default: "
+                                                  "BUILD_DIR-live): the evidence's history goes there")
+    p.add_argument("--model-store", type=Path, help="where the candidate's archive gives its labels")
+    p.add_argument("--force", action="store_true", help="deploy though the live evidence fails (with --reason)")
+    p.add_argument("--reason", help="why a refused version is forced (recorded)")
     return p
 
 
@@ -62,11 +70,64 @@ def _target(args: argparse.Namespace):
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    """Apply OVERLAY with IMAGE:VERSION, wait for the rollout, verify it; undo it if that fails."""
+    """Apply OVERLAY with IMAGE:VERSION, wait for the rollout, verify it; undo it if that fails.
+    With the gate's live.promote.require_shadow, the shadow's evidence comes first."""
     from rtserve.k8s.deploy import Kubectl, deploy
 
+    evidence = live_evidence(args)
     deploy(_target(args), Kubectl(args.kubectl))
+    if evidence is not None:
+        evidence[0].history.append({**evidence[1], "outcome": "deployed"})
     return 0
+
+
+def live_evidence(args: argparse.Namespace):
+    """With the gate's ``live.promote.require_shadow``: the shadow report of ``args.version``
+    over the default pods' logs now (as `make k8s-shadow-report` reads them), checked against
+    ``live.shadow``; None when the gate does not require it. Else (the :class:`Live` whose
+    history records it, the event); the event is recorded there at once when the evidence
+    fails and ``--force`` overrides it.
+
+    Raises:
+        GateRefused-like :class:`DeployError`: the evidence fails (naming the live figure) and
+            no ``--force``; or ``--force`` without a reason. Nothing is applied then.
+    """
+    from rtserve.cli.live import report
+    from rtserve.errors import DeployError
+    from rtserve.k8s.live import LogCopy
+    from rtserve.promotion.gate import GateConfig
+    from rtserve.promotion.live import promote_evidence
+    from rtserve.promotion.rollout import who_runs
+    from rtserve.settings import Settings
+
+    config = GateConfig.load(args.gate_config or Settings.from_env().gate_config)
+    if not config.live.require_shadow:
+        return None
+    if args.force and not (args.reason or "").strip():
+        raise DeployError("a forced deploy needs a reason (REASON=\"...\"); nothing applied")
+    live = Live(argparse.Namespace(**{**vars(args), "candidate_dir": None}))
+    into = live.state.path / "report"
+    copy = LogCopy(into / "live-log.jsonl", into / "audit.log").fresh()
+    copy.pull(live.cluster)
+    store = args.model_store or Settings.from_env().model_store
+    found = report(args.model, args.version, copy.live_log, copy.audit_log, store, live.state.shadow_report,
+                   False)
+    figures, failures = promote_evidence(config.live.shadow, found)
+    event = {"action": "k8s-promote", "model": args.model, "version": args.version,
+             "namespace": live.namespace, "live": figures, "failures": failures}
+    if failures and not args.force:
+        live.history.append({**event, "outcome": "refused"})
+        raise DeployError("live evidence: " + "; ".join(failures) + " (gate: live.promote.require_shadow; "
+                          "FORCE=1 REASON=... overrides); nothing applied")
+    if failures:
+        event.update(forced_by=who_runs(), reason=args.reason)
+        live.history.append({**event, "outcome": "forced"})
+        logger.info("live evidence refused %s %s, forced by %s: %s", args.model, args.version,
+                    event["forced_by"], args.reason)
+    else:
+        logger.info("live evidence: %d mirrored requests, agreement %.4f (at least %d and %g required)",
+                    figures["requests"], figures["agreement"], figures["min_requests"], figures["min_agreement"])
+    return live, event
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

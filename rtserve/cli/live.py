@@ -105,9 +105,10 @@ def cmd_shadow_stop(args: argparse.Namespace) -> None:
 
 
 def report(model: str, version: str, live_log: Path, audit_log: Path, model_store: Path,
-           save_to: Path, as_json: bool) -> None:
-    """The shadow report of ``version`` over the live and audit logs, printed (text or JSON)
-    and saved as JSON to ``save_to`` (``make shadow-report``, ``make k8s-shadow-report``)."""
+           save_to: Path, as_json: bool):
+    """The shadow report of ``version`` over the live and audit logs, printed (text or JSON),
+    saved as JSON to ``save_to`` and returned (``make shadow-report``, ``make
+    k8s-shadow-report``, and ``make k8s-deploy``'s live evidence)."""
     import json
 
     from rtserve.errors import ArchiveError
@@ -128,6 +129,7 @@ def report(model: str, version: str, live_log: Path, audit_log: Path, model_stor
     else:
         sys.stdout.write(found.text() + "\n")
     logger.info("saved to %s", save_to)
+    return found
 
 
 def cmd_shadow_report(args: argparse.Namespace) -> None:

@@ -187,7 +187,7 @@ class Rollout:
             self._live_evidence(report)
             report.outcome = "promoted" if report.passed else ("forced" if force_reason else "refused")
             if force_reason:
-                report.forced_by = forced_by or _user()
+                report.forced_by = forced_by or who_runs()
                 report.reason = force_reason
             self._record(report)
             if not report.passed and not force_reason:
@@ -296,7 +296,7 @@ class Rollout:
         self.client.scale(self.model, workers, version=version, timeout=timeout)
 
 
-def _user() -> str:
+def who_runs() -> str:
     """Who runs this (for a forced promotion's record)."""
     try:
         return os.environ.get("USER") or getpass.getuser()

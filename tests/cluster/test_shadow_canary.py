@@ -118,6 +118,17 @@ def test_shadow_canary_and_abort_of_a_candidate_deployment(served, image_vars, t
         assert saved["compared"] >= 0.9 * len(after) and saved["agreement"] is not None
         assert saved["errors"]["candidate"]["errors"] == 0, saved["errors"]
 
+        # -- promotion with live.promote.require_shadow: refused on too few mirrored requests --------
+        refused = deploy(cluster, image_vars, "2.0", f"K8S_LIVE_DIR={state}",
+                         f"GATE_CONFIG={evidence_config(tmp_path, 10**6)}", timeout=300)
+        print(">> make k8s-deploy (live evidence refused):\n" + "\n".join(refused.stdout.splitlines()[-3:]))
+        assert refused.returncode != 0
+        assert re.search(r"error: live evidence: live requests: the shadow report has \d+ mirrored requests both "
+                         r"versions answered \(at least 1000000 required.*nothing applied", refused.stdout), \
+            refused.stdout[-2000:]
+        assert served.versions() == {"1.0"}
+        assert [e["outcome"] for e in evidence_events(state)] == ["refused"]
+
         # -- canary 10 %: sticky per key, the share within 2 points over 2,000 keys (4,000 requests) -------
         gate = gate_config(tmp_path)
         canary = make("k8s-canary", "MODEL_VERSION=2.0", f"PERCENT={PERCENT:g}", f"GATE_CONFIG={gate}", *live,
@@ -195,3 +206,32 @@ def test_shadow_canary_and_abort_of_a_candidate_deployment(served, image_vars, t
     assert cluster.ok("-n", NAMESPACE, "get", "deployment,service", "-l",
                       "app.kubernetes.io/component=candidate", "-o", "name") == ""
     assert {json.dumps([r["shadow"], r["canary"]]) for r in pod_routes(served).values()} == {"[null, null]"}
+
+    # -- and accepted on enough mirrored requests that agree: 2.0 rolls out, the Job verifies it ----
+    begin = time.monotonic()
+    accepted = deploy(cluster, image_vars, "2.0", f"K8S_LIVE_DIR={state}",
+                      f"GATE_CONFIG={evidence_config(tmp_path, 100)}")
+    print(">> make k8s-deploy (live evidence accepted), "
+          f"{time.monotonic() - begin:.0f} s:\n" + "\n".join(line for line in accepted.stdout.splitlines()
+                                                           if "live evidence" in line))
+    assert accepted.returncode == 0, accepted.stdout[-4000:]
+    assert "live evidence: " in accepted.stdout and served.versions() == {"2.0"}
+    _, deployed = evidence_events(state)
+    assert deployed["outcome"] == "deployed" and deployed["failures"] == []
+    assert deployed["live"]["requests"] >= 100 and deployed["live"]["agreement"] >= 0.9
+
+
+def evidence_config(tmp_path: Path, min_requests: int) -> Path:
+    """config/gate.yaml requiring the shadow's evidence for a promotion: ``min_requests``
+    mirrored requests both versions answered, agreement at least 0.9."""
+    config = yaml.safe_load((REPO / "config" / "gate.yaml").read_text())
+    config["live"]["promote"]["require_shadow"] = True
+    config["live"]["shadow"].update(min_requests=min_requests, min_agreement=0.9)
+    path = tmp_path / f"gate-live-{min_requests}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def evidence_events(state: Path) -> list[dict]:
+    history = state / "rollout-history.jsonl"
+    return [e for e in map(json.loads, history.read_text().splitlines()) if e["action"] == "k8s-promote"]

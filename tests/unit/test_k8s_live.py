@@ -324,3 +324,76 @@ def test_a_pods_state_says_whether_its_rtserve_container_runs():
     assert state.running and not state.ready and state.version == "2.0"
     item["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "ContainerCreating"}}
     assert not PodState.of(item).running
+
+
+# -- make k8s-deploy's live evidence (live.promote.require_shadow) ------------------------------------
+def deploy_args(tmp_path: Path, monkeypatch, pairs: int = 0, disagree: int = 0, *extra: str, **live):
+    """`python -m rtserve k8s deploy ... 2.0` with a gate config requiring the shadow (``live``:
+    its live.shadow thresholds), the default pods' logs here holding ``pairs`` mirrored requests
+    (``disagree`` of them answered with another class by 2.0)."""
+    import yaml
+
+    from rtserve.cli import build_parser
+    from rtserve.k8s import live as k8s_live
+    from tests.conftest import REPO
+    from tests.unit.test_live import audit_line, live_line
+
+    config = yaml.safe_load((REPO / "config" / "gate.yaml").read_text())
+    config["live"]["promote"]["require_shadow"] = live.pop("require", True)
+    config["live"]["shadow"].update(live)
+    gate = tmp_path / "gate.yaml"
+    gate.parent.mkdir(parents=True, exist_ok=True)
+    gate.write_text(yaml.safe_dump(config))
+    here = HereCluster(tmp_path / "pods")
+    pod = here.run_dir("rtserve-a")
+    append(pod / "live-log.jsonl", *(live_line("shadow", n, label="high" if n < disagree else "low")
+                                     for n in range(pairs)))
+    append(pod / "logs" / "audit.log", *(audit_line(n, label="low") for n in range(pairs)))
+    monkeypatch.setattr(k8s_live, "Cluster", lambda *a, **k: here)
+    return build_parser().parse_args(
+        ["k8s", "deploy", "--overlay", "local", "--image", "img", "--version", "2.0", "--model", "m",
+         "--kubectl", "false", "--gate-config", str(gate), "--state-dir", str(tmp_path / "live"),
+         "--model-store", str(tmp_path / "store"), *extra])
+
+
+def history_of(tmp_path: Path) -> list[dict]:
+    return History(tmp_path / "live" / "rollout-history.jsonl").events()
+
+
+def test_deploy_asks_no_live_evidence_unless_the_gate_requires_it(tmp_path, monkeypatch):
+    from rtserve.cli.k8s import live_evidence
+
+    assert live_evidence(deploy_args(tmp_path, monkeypatch, require=False)) is None
+    assert not (tmp_path / "live").exists()
+
+
+def test_deploy_is_refused_on_too_few_mirrored_requests_or_poor_agreement_and_records_it(tmp_path, monkeypatch):
+    from rtserve.cli.k8s import live_evidence
+
+    few = deploy_args(tmp_path / "few", monkeypatch, 30, 0, min_requests=500)
+    with pytest.raises(DeployError, match=r"live requests: the shadow report has 30 mirrored requests .*"
+                                          r"at least 500 required.*nothing applied"):
+        live_evidence(few)
+    (event,) = history_of(tmp_path / "few")
+    assert event["outcome"] == "refused" and event["live"]["requests"] == 30 and event["version"] == "2.0"
+
+    poor = deploy_args(tmp_path / "poor", monkeypatch, 40, 10, min_requests=20, min_agreement=0.9)
+    with pytest.raises(DeployError, match=r"live agreement: the candidate gave the default's class on "
+                                          r"0\.7500 of 40 mirrored requests \(at least 0\.9 required\)"):
+        live_evidence(poor)
+    assert json.loads((tmp_path / "poor" / "live" / "shadow-report.json").read_text())["agreement"] == 0.75
+
+
+def test_deploy_goes_on_with_good_evidence_or_forced_with_a_reason(tmp_path, monkeypatch):
+    from rtserve.cli.k8s import live_evidence
+
+    live, event = live_evidence(deploy_args(tmp_path / "good", monkeypatch, 40, 1, min_requests=20))
+    assert event["failures"] == [] and event["live"]["agreement"] == 0.975
+    assert history_of(tmp_path / "good") == []  # recorded once the deploy is done (cmd_deploy)
+
+    with pytest.raises(DeployError, match="a forced deploy needs a reason"):
+        live_evidence(deploy_args(tmp_path / "bare", monkeypatch, 40, 0, "--force", min_requests=500))
+    forced = deploy_args(tmp_path / "forced", monkeypatch, 40, 0, "--force", "--reason", "hotfix", min_requests=500)
+    _, event = live_evidence(forced)
+    (recorded,) = history_of(tmp_path / "forced")
+    assert recorded["outcome"] == "forced" and recorded["reason"] == "hotfix" and recorded["forced_by"]
