@@ -583,6 +583,12 @@ CLUSTER_BIN        ?= $(CACHE_DIR)/cluster/$(CLUSTER_KUBERNETES)-$(CLUSTER_SUM)/
 # The builds run at the lowest priority: they take every core for many minutes.
 CLUSTER_NICE       ?= 19
 CLUSTER_STAMP      := $(CLUSTER_BIN)/.complete
+# What CLUSTER_BIN holds once complete.
+CLUSTER_PROGRAMS   := kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl etcd
+# (in a build's recipe, its directory $$tmp) every program of $(2) there, then marked complete and
+# moved to $(1); a build that finished first keeps its place (rename never replaces a full directory).
+complete_bin        = for p in $(2); do test -x $$tmp/$$p || { echo "error: $$p was not built"; exit 1; }; done && \
+  touch $$tmp/.complete && { rm -rf $(1) && mv -T $$tmp $(1) || rm -rf $$tmp; }
 k8s_minor           = $(word 2,$(subst ., ,$(CLUSTER_KUBERNETES)))
 # What `kubectl version` and the API server's /version report (hack/lib/version.sh sets the same).
 K8S_LDFLAGS         = $(foreach p,k8s.io/component-base/version k8s.io/client-go/pkg/version, \
@@ -634,13 +640,14 @@ $(CLUSTER_PAUSE): $(CLUSTER_MODULE)/pause/main.go $(CLUSTER_MODULE)/pause/go.mod
 $(CLUSTER_STAMP):
 	@echo ">> building Kubernetes $(CLUSTER_KUBERNETES) and etcd $(CLUSTER_ETCD) into $(CLUSTER_BIN) (cold: 46 min at nice 19 on 2 busy cores, 15.5 min of CPU, 2.3 GB peak)"
 	@test -x "$(GO)" || command -v "$(GO)" >/dev/null || { echo "error: no Go toolchain ($(GO)): install Go 1.26 or set GO="; exit 1; }
-	rm -rf $(CLUSTER_BIN).tmp && mkdir -p $(CLUSTER_BIN).tmp
-	cd $(CLUSTER_MODULE) && GOTOOLCHAIN=local CGO_ENABLED=0 nice -n $(CLUSTER_NICE) $(GO) build -trimpath \
-	  -ldflags '$(strip $(K8S_LDFLAGS))' -o $(CLUSTER_BIN).tmp/ tool
-	cd $(CLUSTER_MODULE)/etcd && GOTOOLCHAIN=local CGO_ENABLED=0 nice -n $(CLUSTER_NICE) $(GO) build -trimpath \
-	  -o $(CLUSTER_BIN).tmp/etcd go.etcd.io/etcd/server/v3
-	touch $(CLUSTER_BIN).tmp/.complete
-	rm -rf $(CLUSTER_BIN) && mv $(CLUSTER_BIN).tmp $(CLUSTER_BIN)
+	@# a directory of this build's own (a second build at once, e.g. a make cluster beside a
+	@# make cluster-deps, once deleted the first one's binaries before it marked them complete)
+	tmp=$(CLUSTER_BIN).tmp.$$$$ && rm -rf $$tmp && mkdir -p $$tmp && \
+	(cd $(CLUSTER_MODULE) && GOTOOLCHAIN=local CGO_ENABLED=0 nice -n $(CLUSTER_NICE) $(GO) build -trimpath \
+	  -ldflags '$(strip $(K8S_LDFLAGS))' -o $$tmp/ tool) && \
+	(cd $(CLUSTER_MODULE)/etcd && GOTOOLCHAIN=local CGO_ENABLED=0 nice -n $(CLUSTER_NICE) $(GO) build -trimpath \
+	  -o $$tmp/etcd go.etcd.io/etcd/server/v3) && \
+	$(call complete_bin,$(CLUSTER_BIN),$(CLUSTER_PROGRAMS))
 
 .PHONY: cluster-addon-modules
 cluster-addon-modules: | $(STAMP) ## Regenerate deploy/cluster/addons' go.mod and go.sum files for CLUSTER_COREDNS and CLUSTER_METRICS_SERVER (then commit them)
@@ -650,14 +657,13 @@ cluster-addon-modules: | $(STAMP) ## Regenerate deploy/cluster/addons' go.mod an
 $(CLUSTER_ADDONS_STAMP):
 	@echo ">> building CoreDNS $(CLUSTER_COREDNS) and metrics-server $(CLUSTER_METRICS_SERVER) into $(CLUSTER_ADDONS_BIN) (cold: 7 min at nice 19 on 2 busy cores, 9.2 min of CPU, 1.5 GB peak, module downloads included)"
 	@test -x "$(GO)" || command -v "$(GO)" >/dev/null || { echo "error: no Go toolchain ($(GO)): install Go 1.26 or set GO="; exit 1; }
-	rm -rf $(CLUSTER_ADDONS_BIN).tmp && mkdir -p $(CLUSTER_ADDONS_BIN).tmp
-	cd $(CLUSTER_ADDONS)/coredns && GOTOOLCHAIN=local CGO_ENABLED=0 nice -n $(CLUSTER_NICE) $(GO) build -trimpath \
-	  -o $(CLUSTER_ADDONS_BIN).tmp/coredns .
-	cd $(CLUSTER_ADDONS)/metrics-server && GOTOOLCHAIN=local CGO_ENABLED=0 nice -n $(CLUSTER_NICE) $(GO) build -trimpath \
+	tmp=$(CLUSTER_ADDONS_BIN).tmp.$$$$ && rm -rf $$tmp && mkdir -p $$tmp && \
+	(cd $(CLUSTER_ADDONS)/coredns && GOTOOLCHAIN=local CGO_ENABLED=0 nice -n $(CLUSTER_NICE) $(GO) build -trimpath \
+	  -o $$tmp/coredns .) && \
+	(cd $(CLUSTER_ADDONS)/metrics-server && GOTOOLCHAIN=local CGO_ENABLED=0 nice -n $(CLUSTER_NICE) $(GO) build -trimpath \
 	  -ldflags '-X k8s.io/client-go/pkg/version.gitVersion=$(CLUSTER_METRICS_SERVER)' \
-	  -o $(CLUSTER_ADDONS_BIN).tmp/metrics-server sigs.k8s.io/metrics-server/cmd/metrics-server
-	touch $(CLUSTER_ADDONS_BIN).tmp/.complete
-	rm -rf $(CLUSTER_ADDONS_BIN) && mv $(CLUSTER_ADDONS_BIN).tmp $(CLUSTER_ADDONS_BIN)
+	  -o $$tmp/metrics-server sigs.k8s.io/metrics-server/cmd/metrics-server) && \
+	$(call complete_bin,$(CLUSTER_ADDONS_BIN),coredns metrics-server)
 
 CLUSTER_RUN_DIR    ?= $(RUN_DIR)/cluster
 # Whether the cluster of CLUSTER_RUN_DIR runs: its API server's PID file names a live process.
