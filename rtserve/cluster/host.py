@@ -147,6 +147,35 @@ def remove_cgroups() -> None:
                 pass
 
 
+def _remove_netns(paths: list[str], report: list[str]) -> list[str]:
+    """Unmount and delete the network namespace files ``paths``; those that stay, named. A file
+    that is busy though it is not mounted where we look is covered: its directory was bound onto
+    itself (as CNI's and ``ip netns``'s code does to share it) after the namespace was mounted,
+    so the directory's own bind (the node's doing) is undone and the file tried again."""
+    busy = []
+    for path in paths:
+        if _run("umount", path, check=False).returncode:  # busy: a process still in it
+            _run("umount", "-l", path, check=False)
+        try:
+            Path(path).unlink(missing_ok=True)
+            report.append(f"removed network namespace {path}")
+        except OSError:
+            busy.append(path)
+    kept = []
+    for parent in sorted({str(Path(p).resolve().parent) for p in busy}):  # (/var/run: /run)
+        if parent in mounts_under(Path(parent)):
+            _run("umount", "-l", parent, check=False)
+            report.append(f"unmounted {parent} (bound onto itself, covering namespaces)")
+    for path in busy:
+        _run("umount", "-l", path, check=False)
+        try:
+            Path(path).unlink(missing_ok=True)
+            report.append(f"removed network namespace {path}")
+        except OSError as exc:  # the rest is still cleaned; named in the error
+            kept.append(f"network namespace {path} ({exc.strerror})")
+    return kept
+
+
 def clean(run_dir: Path, netns: list[str]) -> list[str]:
     """Undo what the node changed on the host (its processes already stopped): the mounts under
     ``run_dir``, the network namespaces ``netns`` (the pods'), the bridge, the ``KUBE-*``
@@ -161,11 +190,7 @@ def clean(run_dir: Path, netns: list[str]) -> list[str]:
         if _run("umount", point, check=False).returncode:
             _run("umount", "-l", point)
         report.append(f"unmounted {point}")
-    for path in netns:
-        if Path(path).exists():
-            _run("umount", path, check=False)
-            Path(path).unlink(missing_ok=True)
-            report.append(f"removed network namespace {path}")
+    kept = _remove_netns([p for p in netns if Path(p).exists()], report)
     if bridge_exists():
         _run("ip", "link", "del", node.BRIDGE)
         report.append(f"removed bridge {node.BRIDGE}")
@@ -180,7 +205,7 @@ def clean(run_dir: Path, netns: list[str]) -> list[str]:
                 Path("/proc/sys", *key.split(".")).write_text(value)
                 report.append(f"restored {key} = {value}")
         record.unlink()
-    left = mounts_under(run_dir) + left_iptables() + ([node.BRIDGE] if bridge_exists() else [])
+    left = mounts_under(run_dir) + left_iptables() + ([node.BRIDGE] if bridge_exists() else []) + kept
     if left:
         raise ClusterError(f"the node left behind: {', '.join(left)}")
     if owner() == run_dir:

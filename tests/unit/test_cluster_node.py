@@ -103,3 +103,26 @@ def test_clean_up_finds_the_kube_chains_and_only_the_jumps_into_them():
 def test_mounts_under_a_directory_deepest_first(tmp_path):
     assert host.mounts_under(tmp_path) == []
     assert host.mounts_under(Path("/proc"))[-1] == "/proc"
+
+
+def test_a_network_namespace_covered_by_its_directorys_own_bind_is_still_removed(tmp_path):
+    """The stop once failed with EBUSY on a pod's namespace file: its directory had been bound
+    onto itself (as CNI's and `ip netns`'s code does) after the namespace was mounted, covering
+    that mount. Real mounts, as the node makes them (this machine's tests run as root)."""
+    import subprocess
+
+    netns = tmp_path / "netns"
+    netns.mkdir()
+    ns = netns / "cni-test"
+    ns.touch()
+    subprocess.run(["mount", "--bind", "/proc/self/ns/net", str(ns)], check=True)
+    subprocess.run(["mount", "--bind", str(netns), str(netns)], check=True)
+    try:
+        report: list[str] = []
+        assert host._remove_netns([str(ns)], report) == []
+        assert not ns.exists() and host.mounts_under(netns) == []
+        assert report[-2:] == [f"unmounted {netns} (bound onto itself, covering namespaces)",
+                               f"removed network namespace {ns}"]
+    finally:
+        for point in host.mounts_under(netns):
+            subprocess.run(["umount", "-l", point], check=False)

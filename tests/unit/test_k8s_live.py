@@ -2,7 +2,7 @@
 ConfigMap (rtserve.promotion.live.RoutesSync, run by rtserve.container), and the kubectl side's
 scripts and log copies (rtserve.k8s.live) with ``kubectl exec`` replaced by running the same
 command here, on files standing in for the pods' (the cluster tier runs them in real pods:
-tests/cluster/test_shadow_canary.py)."""
+tests/cluster/test_live_traffic.py)."""
 
 from __future__ import annotations
 

@@ -4,9 +4,8 @@
 pods' logs read back through kubectl exec. Traffic goes to the default Service's cluster IP from
 this machine, as in test_deploy.py; 1.0 is deployed first when the tier's earlier tests left
 another version serving. The autoscaler is held at its 2 replicas meanwhile (test_deploy.py proves
-it scales; a third pod started mid-test would hold the ConfigMap's older routes for up to a
-minute), and the file sorts last in the tier, so that no test after it meets the pods its load
-leaves."""
+it scales; test_pod.py, after this file, expects 2 pods and a quiet node), and the test ends once
+the Deployment is back at 2 ready replicas."""
 
 from __future__ import annotations
 
@@ -202,28 +201,17 @@ def test_shadow_canary_and_abort_of_a_candidate_deployment(served, image_vars, t
         print(">> make k8s-live-stop:\n" + "\n".join(stopped.stdout.splitlines()[-8:]))
         print("; ".join(f"{k}: {v:.0f} s" for k, v in timings.items()))
         cluster.ok("-n", NAMESPACE, "patch", "hpa", "rtserve", "-p", json.dumps({"spec": {"maxReplicas": int(most)}}))
+        served.deployed.wait_ready(2, timeout=240)
     assert stopped.returncode == 0, stopped.stdout[-3000:]
     assert cluster.ok("-n", NAMESPACE, "get", "deployment,service", "-l",
                       "app.kubernetes.io/component=candidate", "-o", "name") == ""
     assert {json.dumps([r["shadow"], r["canary"]]) for r in pod_routes(served).values()} == {"[null, null]"}
 
-    # -- and accepted on enough mirrored requests that agree: 2.0 rolls out, the Job verifies it ----
-    begin = time.monotonic()
-    accepted = deploy(cluster, image_vars, "2.0", f"K8S_LIVE_DIR={state}",
-                      f"GATE_CONFIG={evidence_config(tmp_path, 100)}")
-    print(">> make k8s-deploy (live evidence accepted), "
-          f"{time.monotonic() - begin:.0f} s:\n" + "\n".join(line for line in accepted.stdout.splitlines()
-                                                           if "live evidence" in line))
-    assert accepted.returncode == 0, accepted.stdout[-4000:]
-    assert "live evidence: " in accepted.stdout and served.versions() == {"2.0"}
-    _, deployed = evidence_events(state)
-    assert deployed["outcome"] == "deployed" and deployed["failures"] == []
-    assert deployed["live"]["requests"] >= 100 and deployed["live"]["agreement"] >= 0.9
-
 
 def evidence_config(tmp_path: Path, min_requests: int) -> Path:
     """config/gate.yaml requiring the shadow's evidence for a promotion: ``min_requests``
-    mirrored requests both versions answered, agreement at least 0.9."""
+    mirrored requests both versions answered, agreement at least 0.9. (The accepted case is
+    tests/unit/test_k8s_live.py's, on pods' logs there: here it would cost a rollout.)"""
     config = yaml.safe_load((REPO / "config" / "gate.yaml").read_text())
     config["live"]["promote"]["require_shadow"] = True
     config["live"]["shadow"].update(min_requests=min_requests, min_agreement=0.9)
