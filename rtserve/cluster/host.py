@@ -65,6 +65,7 @@ def prepare(run_dir: Path) -> None:
                            f"(make cluster-stop CLUSTER_RUN_DIR={held or run_dir})")
     OWNER.parent.mkdir(parents=True, exist_ok=True)
     OWNER.write_text(f"{run_dir}\n")
+    share_netns_dir()
     record = run_dir / SYSCTL_RECORD
     if not record.exists():
         record.write_text(json.dumps({k: _sysctl(k) for k in node.SYSCTLS}, indent=2) + "\n")
@@ -72,6 +73,20 @@ def prepare(run_dir: Path) -> None:
     _run("ip", "addr", "add", f"{node.POD_GATEWAY}/{node.POD_CIDR.split('/')[1]}", "dev", node.BRIDGE)
     _run("ip", "addr", "add", f"{node.NODE_IP}/32", "dev", node.BRIDGE)
     _run("ip", "link", "set", node.BRIDGE, "up")
+
+
+def share_netns_dir(directory: Path = NETNS_DIR) -> None:
+    """Make the network namespaces' directory a shared mount point of its own before the node's
+    first pod, as ``ip netns`` and podman do when they find it is not one. containerd mounts each
+    pod's namespace there without that; podman, run later (an image build), then bound the
+    directory onto itself, which covered every pod's namespace mount: the kubelet could no longer
+    tear those pods down (pod-stop waited past 180 s for pods stuck terminating) and the stop met
+    EBUSY. Left in place after the stop, as those tools leave it."""
+    path = directory.resolve()  # (/var/run is /run)
+    path.mkdir(parents=True, exist_ok=True)
+    if str(path) not in mounts_under(path):
+        _run("mount", "--bind", str(path), str(path))
+    _run("mount", "--make-shared", str(path))
 
 
 def _sysctl(key: str) -> str | None:

@@ -126,3 +126,20 @@ def test_a_network_namespace_covered_by_its_directorys_own_bind_is_still_removed
     finally:
         for point in host.mounts_under(netns):
             subprocess.run(["umount", "-l", point], check=False)
+
+
+def test_the_namespaces_directory_is_made_a_shared_mount_of_its_own_once(tmp_path):
+    """Before the node's first pod: so that a later podman (which binds the directory onto itself
+    when it is not a mount point) never covers the pods' namespace mounts. Real mounts."""
+    import subprocess
+
+    netns = tmp_path / "netns"
+    try:
+        host.share_netns_dir(netns)
+        host.share_netns_dir(netns)  # a second start: still one mount
+        lines = [line.split() for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+        own = [fields for fields in lines if fields[4] == str(netns)]
+        assert len(own) == 1 and any(f.startswith("shared:") for f in own[0][6:own[0].index("-")])
+    finally:
+        for point in host.mounts_under(netns):
+            subprocess.run(["umount", "-l", point], check=False)
