@@ -94,7 +94,6 @@ def live_evidence(args: argparse.Namespace):
     """
     from rtserve.cli.live import report
     from rtserve.errors import DeployError
-    from rtserve.k8s.live import LogCopy
     from rtserve.promotion.gate import GateConfig
     from rtserve.promotion.live import promote_evidence
     from rtserve.promotion.rollout import who_runs
@@ -106,9 +105,7 @@ def live_evidence(args: argparse.Namespace):
     if args.force and not (args.reason or "").strip():
         raise DeployError("a forced deploy needs a reason (REASON=\"...\"); nothing applied")
     live = Live(argparse.Namespace(**{**vars(args), "candidate_dir": None}))
-    into = live.state.path / "report"
-    copy = LogCopy(into / "live-log.jsonl", into / "audit.log").fresh()
-    copy.pull(live.cluster)
+    copy = live.pull_logs()
     store = args.model_store or Settings.from_env().model_store
     found = report(args.model, args.version, copy.live_log, copy.audit_log, store, live.state.shadow_report,
                    False)
@@ -284,6 +281,17 @@ class Live:
         self.cluster.apply_candidate(replace(self.target, version=version))
         return candidate_url(self.namespace, self.args.model, version)
 
+    def pull_logs(self):
+        """Copy what every default pod's live and audit logs hold into the state's ``report/``
+        (afresh); the copy (:class:`rtserve.k8s.live.LogCopy`)."""
+        from rtserve.k8s.live import LogCopy
+
+        into = self.state.path / "report"
+        copy = LogCopy(into / "live-log.jsonl", into / "audit.log").fresh()
+        lines = copy.pull(self.cluster)
+        logger.info("read %d lines of the live and audit logs of %d default pod(s)", lines, len(copy.offsets))
+        return copy
+
     def _watched(self) -> int | None:
         from rtserve.promotion.live import watcher_pid
 
@@ -324,16 +332,11 @@ def cmd_shadow_report(args: argparse.Namespace) -> int:
     """Read the default pods' live and audit logs and compare the shadow's answers with theirs."""
     from rtserve.cli.live import report
     from rtserve.errors import LiveError
-    from rtserve.k8s.live import LogCopy
     from rtserve.promotion.live import latest_shadow_version
     from rtserve.settings import Settings
 
     live = Live(args)
-    into = live.state.path / "report"
-    copy = LogCopy(into / "live-log.jsonl", into / "audit.log").fresh()
-    lines = copy.pull(live.cluster)
-    logger.info("read %d lines of the live and audit logs of %d default pod(s)", lines,
-                len(copy.offsets))
+    copy = live.pull_logs()
     route = live.routes() and live.routes().shadow
     version = args.version or (route.version if route else None) or latest_shadow_version(copy.live_log)
     if version is None:

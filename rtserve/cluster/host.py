@@ -167,28 +167,23 @@ def _remove_netns(paths: list[str], report: list[str]) -> list[str]:
     that is busy though it is not mounted where we look is covered: its directory was bound onto
     itself (as CNI's and ``ip netns``'s code does to share it) after the namespace was mounted,
     so the directory's own bind (the node's doing) is undone and the file tried again."""
-    busy = []
-    for path in paths:
+    def removed(path: str) -> OSError | None:
         if _run("umount", path, check=False).returncode:  # busy: a process still in it
             _run("umount", "-l", path, check=False)
         try:
             Path(path).unlink(missing_ok=True)
-            report.append(f"removed network namespace {path}")
-        except OSError:
-            busy.append(path)
-    kept = []
+        except OSError as exc:
+            return exc
+        report.append(f"removed network namespace {path}")
+        return None
+
+    busy = [p for p in paths if removed(p)]
     for parent in sorted({str(Path(p).resolve().parent) for p in busy}):  # (/var/run: /run)
         if parent in mounts_under(Path(parent)):
             _run("umount", "-l", parent, check=False)
             report.append(f"unmounted {parent} (bound onto itself, covering namespaces)")
-    for path in busy:
-        _run("umount", "-l", path, check=False)
-        try:
-            Path(path).unlink(missing_ok=True)
-            report.append(f"removed network namespace {path}")
-        except OSError as exc:  # the rest is still cleaned; named in the error
-            kept.append(f"network namespace {path} ({exc.strerror})")
-    return kept
+    # the rest is still cleaned; these are named in the error
+    return [f"network namespace {p} ({exc.strerror})" for p in busy if (exc := removed(p))]
 
 
 def clean(run_dir: Path, netns: list[str]) -> list[str]:

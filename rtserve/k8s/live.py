@@ -214,13 +214,13 @@ class Cluster:
                      "deployment,service,networkpolicy,configmap,serviceaccount",
                      "-l", CANDIDATE_SELECTOR, "--ignore-not-found", "--wait=true")
 
-    def in_each_pod(self, script: str, path: str, text: str, missed: str) -> list[str]:
+    def in_each_pod(self, script: str, path: str, text: str, missed: str, pods=None) -> list[str]:
         """Run ``python -c script path text`` in each default pod whose rtserve container runs,
         ready or still starting (one that turns ready later must not serve older routes, and
         the ConfigMap's copy can reach it a minute late); the pods it ran in (a pod where it
-        fails is named with ``missed``)."""
+        fails is named with ``missed``; ``pods``: those, when already listed)."""
         done = []
-        for pod in self.pods(running=True):
+        for pod in self.pods(running=True) if pods is None else pods:
             try:
                 self.exec(pod.name, "python", "-c", script, path, text)
                 done.append(pod.name)
@@ -245,9 +245,10 @@ class Cluster:
         manifest.write_text(json.dumps(configmap(self.namespace, text), indent=2) + "\n")
         self.kubectl("apply", "-f", str(manifest))
         since = datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+        pods = self.pods(running=True)
         written = self.in_each_pod(WRITE_SCRIPT, str(POD_RUN.live_routes), text,
-                                   "routes not written now; the ConfigMap brings them")
-        ready = {p.name for p in self.pods()}
+                                   "routes not written now; the ConfigMap brings them", pods)
+        ready = {p.name for p in pods if p.ready}
         for pod in written:
             if pod in ready:
                 self.await_read(pod, since)
