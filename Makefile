@@ -781,11 +781,12 @@ stream-stop: ## Stop the stream consumer `make stream` started (it finishes its 
 # the CNI plugins: the cluster tier's node).
 TEST_SPLIT  ?= 1
 TEST_CLUSTER ?= tests/cluster
-# -rP: the captured output of passed tests too (the figures they print: request counts of each
-# rollout, timings, the stream faults' counts), in the tiers' logs that make test prints.
-TEST_CLUSTER_ARGS ?= -rP
+# -raP: the captured output of passed tests too (the figures they print: request counts of each
+# rollout, timings, the stream faults' counts), in the tiers' logs that make test prints, and the
+# short summary of every outcome but a pass (a bare -rP would drop the failures from it).
+TEST_CLUSTER_ARGS ?= -raP
 TEST_BESIDE ?= tests/stream
-TEST_BESIDE_ARGS ?= -rP
+TEST_BESIDE_ARGS ?= -raP
 TEST_SPLIT_ON = $(and $(filter 1,$(TEST_SPLIT)),$(if $(strip $(PYTEST_ARGS)),,split))
 # When this make started (for `make test`'s own timing: setup, i.e. what it builds and installs
 # first, included).
@@ -805,13 +806,14 @@ test: $(STAMP) $(AGENT_JAR) $(if $(TEST_SPLIT_ON),$(WHEELHOUSE_STAMP)) ## Run th
 	$(PY) -m pytest $(TEST_CLUSTER) $(TEST_CLUSTER_ARGS) > build/test-cluster.log 2>&1 & cluster=$$!; \
 	$(PY) -m pytest $(TEST_BESIDE) $(TEST_BESIDE_ARGS) > build/test-beside.log 2>&1 & beside=$$!; \
 	trap 'kill $$cluster $$beside 2>/dev/null' INT TERM; \
-	rest=0; $(PY) -m pytest $(addprefix --ignore=,$(TEST_CLUSTER) $(TEST_BESIDE)) || rest=$$?; \
+	rest=0; $(PY) -m pytest $(addprefix --ignore=,$(TEST_CLUSTER) $(TEST_BESIDE)) 2>&1 | tee build/test-main.log || rest=$$?; \
 	other=0; wait $$beside || other=$$?; \
 	third=0; wait $$cluster || third=$$?; \
 	echo ">> $(TEST_BESIDE) (build/test-beside.log):"; cat build/test-beside.log; \
 	echo ">> $(TEST_CLUSTER) (build/test-cluster.log):"; cat build/test-cluster.log; \
 	end=$$(date +%s); \
 	echo ">> make test: $$(( end - $(or $(TEST_T0),$$start) )) s (setup $$(( start - $(or $(TEST_T0),$$start) )) s, tests $$(( end - start )) s); exit status: $$rest, $$other beside, $$third for the cluster"; \
+	grep -hE '^(FAILED|ERROR) ' build/test-main.log build/test-beside.log build/test-cluster.log | sed 's/^/>> /' || true; \
 	[ $$rest -eq 0 ] && [ $$other -eq 0 ] && [ $$third -eq 0 ]
 
 .PHONY: test-rules
