@@ -61,12 +61,15 @@ def cmd_drain(args: argparse.Namespace) -> int:
     timeout = 15.0 if args.timeout is None else args.timeout
     timer = None
     if s.gateway_dir is not None:
-        # Once the endpoints are gone (no new connection comes), the pod's gateway closes its
-        # clients' idle keep-alive connections: they reconnect to a ready pod instead of meeting
-        # this one stopped (kube-proxy routes only new connections).
-        from rtserve.gateway.nginx import close_client_connections
+        # Once the endpoints are gone (no new connection comes), each answer of the pod's gateway
+        # closes its client's keep-alive connection, so the client reconnects to a ready pod
+        # after its answer (kube-proxy routes only new connections). The connections still open
+        # when the drain ends have been idle since (at least its quiet seconds): the gateway
+        # closes them then, before TorchServe stops. Closing a busy idle connection at once
+        # would race a request the client is sending on it.
+        from rtserve.gateway.nginx import close_client_connections, closing
 
-        timer = threading.Timer(args.propagation, close_client_connections, args=(s.gateway_dir,))
+        timer = threading.Timer(args.propagation, closing, args=(s.gateway_dir, True))
         timer.daemon = True
         timer.start()
     try:
@@ -75,6 +78,8 @@ def cmd_drain(args: argparse.Namespace) -> int:
     finally:
         if timer is not None:
             timer.cancel()
+            closing(s.gateway_dir, True)
+            close_client_connections(s.gateway_dir)
 
 
 def add(groups: argparse._SubParsersAction) -> None:

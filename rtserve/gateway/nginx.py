@@ -48,6 +48,10 @@ logger = logging.getLogger(__name__)
 CLIENT_TOKENS = "client-tokens.map"
 UPSTREAM_KEY = "upstream-key.map"
 PID_FILE = "nginx.pid"
+#: While this file exists in the gateway directory, every answer closes its client's connection
+#: (``Connection: close``): a draining pod's clients reconnect, to a ready pod, after their
+#: answer, instead of meeting a keep-alive connection that nginx closes under them.
+CLOSING = "closing"
 #: Shared tokens: URL-safe characters only (nothing nginx or a regex could read differently),
 #: and long enough to be unguessable (``secrets.token_urlsafe(32)`` gives 43).
 TOKEN = re.compile(r"^[A-Za-z0-9_-]{32,256}$")
@@ -93,6 +97,7 @@ def render_nginx_conf(s: GatewaySettings) -> str:
     proxy = """proxy_pass http://torchserve;
             proxy_set_header Authorization $rtserve_upstream_authorization;"""
     routes = "\n".join(f"""        location {route} {{
+            if (-f {d}/{CLOSING}) {{ return 418; }}
             {proxy}
         }}""" for route in ROUTES)
     return f"""# rtserve gateway: written by `python -m rtserve gateway conf` (rtserve/gateway/nginx.py); no
@@ -142,7 +147,14 @@ http {{
         if ($rtserve_client_ok = 0) {{ rewrite ^ /@unauthorized last; }}
         error_page 413 /@too-large;
         error_page 502 504 /@unavailable;
+        # Draining (the file {CLOSING} exists): the same request, answered with Connection: close.
+        error_page 418 = @closing;
 {routes}
+        location @closing {{
+            keepalive_timeout 0;
+            recursive_error_pages on;
+            {proxy}
+        }}
         location / {{
             return 404 '{{"error": "not found: the gateway passes /ping, /predictions/, /explanations/, /v1/models/ and /v2 only"}}\\n';
         }}
@@ -233,6 +245,26 @@ def write_private(path: Path, text: str) -> bool:
     with os.fdopen(fd, "w") as out:
         out.write(text)
     os.replace(tmp, path)
+    return True
+
+
+def closing(gateway_dir: Path, on: bool) -> bool:
+    """Turn on (or off) the gateway's closing of each client connection after its answer (the
+    file :data:`CLOSING`, which nginx checks per request). A draining pod turns it on once its
+    endpoints are gone; the pod's main process turns it off when it starts (a restarted
+    container keeps the shared directory). Returns whether anything changed."""
+    flag = gateway_dir / CLOSING
+    if on:
+        if flag.exists():
+            return False
+        flag.write_text("draining: every answer closes its connection\n")
+        logger.info("gateway: each answer now closes its client connection (draining)")
+        return True
+    try:
+        flag.unlink()
+    except FileNotFoundError:
+        return False
+    logger.info("gateway: client connections are kept alive again")
     return True
 
 

@@ -10,7 +10,9 @@ namespace for both containers) is a file and a shared PID here.
 
 from __future__ import annotations
 
+import http.client
 import json
+import os
 import secrets
 import signal
 import socket
@@ -50,13 +52,20 @@ class Gateway:
     def url(self) -> str:
         return f"http://{self.settings.listen}"
 
+    @property
+    def same_user(self) -> str:
+        """Run as root, nginx's workers would switch to ``nobody``, who cannot see into this
+        test's private directories (the closing flag is checked per request, by a worker); in
+        the pod, nginx and rtserve run as the same user (10001), so here the workers stay root."""
+        return " user root;" if os.geteuid() == 0 else ""
+
     def start(self) -> None:
         check = gateway.nginx_check(self.conf)
         assert check.returncode == 0, check.stdout
         with open(self.root / "nginx.out", "wb") as out:
             self.proc = subprocess.Popen(
                 [gateway.find_nginx(), "-c", str(self.conf), "-e", str(self.root / "error.log"),
-                 "-g", "daemon off;"], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+                 "-g", "daemon off;" + self.same_user], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, (self.root / "error.log").read_text()
@@ -298,3 +307,80 @@ def test_rotating_the_management_key_leaves_the_gateway_alone(pod_gateway):
     assert after["management"]["key"] != before["management"]["key"]
     assert after["inference"] == before["inference"]
     assert nginx.post(token).status_code == 200
+
+
+def ask(conn: http.client.HTTPConnection, token: str) -> tuple[int, str | None, dict]:
+    """One prediction on ``conn``: status, the Connection header, the JSON answer."""
+    conn.request("POST", f"/predictions/{MODEL_NAME}", body=json.dumps(PAYLOAD),
+                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    answer = conn.getresponse()
+    return answer.status, answer.getheader("Connection"), json.loads(answer.read())
+
+
+def test_a_draining_pod_closes_each_client_connection_after_its_answer(pod_gateway):
+    """The preStop drain (``python -m rtserve probe drain``), with a keep-alive client sending
+    through the gateway: once the propagation wait is over, each answer carries
+    ``Connection: close`` (the client reconnects after it: to a ready pod, in a cluster), so no
+    request meets a connection closed under it; the drain ends with nginx's reload for the idle
+    ones. A restarted server clears the flag. (Runs last here: it drains and restarts the pod.)"""
+    pod, nginx, _, tokens_file = pod_gateway
+    pod.wait_ready()
+    token = gateway.parse_tokens(tokens_file.read_text())[0]  # (an earlier test rotated them)
+    host, port = nginx.settings.listen.rsplit(":", 1)
+    flag = Path(nginx.settings.gateway_dir) / gateway.CLOSING
+    assert not flag.exists()
+    error_log = nginx.root / "error.log"
+    reloads_before = error_log.read_text().count("signal 1 (SIGHUP) received")
+    answers: list[tuple[int, int, str | None]] = []  # (connection number, status, Connection)
+    conn, number = None, 0
+    drain = subprocess.Popen([sys.executable, "-m", "rtserve", "probe", "drain", "--propagation", "1",
+                              "--timeout", "20", "--quiet", "1"], cwd=REPO, env=pod.env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, flagged = "", None
+    try:
+        deadline = time.monotonic() + 30  # bounded: 30 s or 3,000 requests
+        while sum(1 for a in answers if a[2] == "close") < 5:
+            if drain.poll() is not None or time.monotonic() > deadline or len(answers) >= 3000:
+                drain.kill()
+                raise AssertionError(f"{answers[-5:]} {len(answers)} answers, flag since {flagged}; the drain: {drain.communicate()[0]}")
+            if conn is None:
+                conn, number = http.client.HTTPConnection(host, int(port), timeout=10), number + 1
+            if flagged is None and flag.exists():
+                flagged = len(answers)
+            status, connection, body = ask(conn, token)
+            assert status == 200 and body["model_version"] == "1.0", (status, body)
+            answers.append((number, status, connection))
+            if connection == "close":
+                conn.close()
+                conn = None
+            time.sleep(0.02)
+        out, _ = drain.communicate(timeout=60)
+    finally:
+        if conn is not None:
+            conn.close()
+        if drain.poll() is None:
+            drain.kill()
+            drain.wait()
+    assert drain.returncode == 0, out
+    kept = [a for a in answers if a[2] == "keep-alive"]
+    closed = [a for a in answers if a[2] == "close"]
+    # Before the flag: one connection for every answer; after it: one answer per connection.
+    assert kept and {a[0] for a in kept} == {1}, answers[:10]
+    assert answers.index(closed[0]) == len(kept) and len(closed) == 5, answers[-10:]
+    assert len({a[0] for a in closed}) == 5, closed
+    assert flag.exists()
+    reloads = error_log.read_text().count("signal 1 (SIGHUP) received") - reloads_before
+    assert reloads == 1, "the drain's end did not reload nginx to close the idle connections"
+    print(f"drain: {len(kept)} answers on one keep-alive connection, then {len(closed)} "
+          f"answers each closing its own")
+
+    assert pod.terminate() == 0
+    pod.start()  # the restarted container: the flag goes, connections are kept alive again
+    pod.wait_ready()
+    until(lambda: ready_through_gateway(nginx), what="/readyz through the gateway (the new key)")
+    assert not flag.exists()
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        assert [ask(conn, token)[:2] for _ in range(3)] == [(200, "keep-alive")] * 3
+    finally:
+        conn.close()

@@ -42,7 +42,11 @@ def test_config_routes_and_upstream():
                                      "location = /v2 {", "location /v2/ {",
                                      "location / {"]
     # (TorchServe answers the OIP model metadata and readiness routes too: rtserve's agent)
-    assert public.count("proxy_pass http://torchserve;") == 6
+    # each route, and the same request answered with Connection: close while the pod drains
+    assert public.count("proxy_pass http://torchserve;") == 7
+    assert public.count(f"if (-f /var/run/rtserve-gateway/{gateway.CLOSING}) {{ return 418; }}") == 6
+    closing = public.split("location @closing {")[1].split("}")[0]
+    assert "keepalive_timeout 0;" in closing and "error_page 418 = @closing;" in public
     assert "server 127.0.0.1:8090;" in text and "client_max_body_size 65536;" in text
     assert re.findall(r"Bearer [A-Za-z0-9_+/=-]{4,}", text) == ["Bearer realm="], "no key belongs in the static config"
 
@@ -153,3 +157,17 @@ def test_no_gateway_without_its_variable(monkeypatch, tmp_path):
     sync = gateway.from_env(tmp_path)
     assert (sync.gateway_dir, sync.key_file, sync.tokens_file) == (
         tmp_path / "gw", tmp_path / "key_file.json", tmp_path / "t")
+
+
+def test_the_closing_flag_is_set_once_and_a_starting_pod_clears_it(tmp_path, monkeypatch):
+    assert gateway.closing(tmp_path, True) is True
+    assert (tmp_path / gateway.CLOSING).exists()
+    assert gateway.closing(tmp_path, True) is False  # already on
+    from rtserve import container
+    from rtserve.settings import Settings
+
+    monkeypatch.setenv("RTSERVE_GATEWAY_DIR", str(tmp_path))
+    monkeypatch.setenv("RTSERVE_GATEWAY_TOKENS", str(tmp_path / "tokens"))
+    hooks = container.syncs(Settings.from_env(run_dir=tmp_path / "run"))
+    assert hooks and not (tmp_path / gateway.CLOSING).exists()  # a restarted container's flag went
+    assert gateway.closing(tmp_path, False) is False
