@@ -103,6 +103,8 @@ _CLUSTER_BUILD: Future | None = None
 
 def pytest_collection_finish(session):
     global _CLUSTER_BUILD
+    if session.config.option.collectonly:  # (nothing runs: nothing to build for)
+        return
     if _CLUSTER_BUILD is None and any(item.get_closest_marker("cluster") for item in session.items):
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cluster-deps")
         _CLUSTER_BUILD = pool.submit(_cluster_deps)

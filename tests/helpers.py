@@ -89,6 +89,37 @@ def demo_eager(version: str = "1.0") -> torch.nn.Module:
 DEMO_TRAIN_ARGS = {"1.0": (1, 64), "2.0": (6, 128)}
 
 
+class RandomAnswers(torch.nn.Module):
+    """The demo's normalization, then logits that are a high-frequency sine of a random
+    projection: classes spread over all labels, unrelated to the default's (what a model
+    trained on shuffled labels answers)."""
+
+    def __init__(self, base: torch.nn.Module) -> None:
+        from rtserve.model.data import FEATURE_NAMES, LABELS
+
+        super().__init__()
+        self.norm = base.norm
+        self.register_buffer("weight", torch.randn(len(FEATURE_NAMES), len(LABELS),
+                                                   generator=torch.Generator().manual_seed(7)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 4.0 * torch.sin(3.0 * (self.norm(x) @ self.weight))
+
+
+def random_archive(build_root: Path, work: Path, version: str, store: Path | None = None) -> Path:
+    """``<name>_<version>.mar`` of :class:`RandomAnswers` (its own golden set: it starts and
+    serves like any version), built by `make archive` from the exported artifacts in ``work``."""
+    from rtserve.model.data import FEATURE_NAMES, LABELS, make_dataset
+    from rtserve.model.package import export
+    from tests.conftest import make_archive
+
+    out = work / version
+    data = make_dataset()
+    export(RandomAnswers(demo_eager("1.0")), data.x_train, feature_names=FEATURE_NAMES,
+           labels=LABELS, version=version, out_dir=out, holdout=(data.x_test, data.y_test))
+    return make_archive(build_root, version, store, ARTIFACTS=str(out))
+
+
 class Reference:
     """A model run directly in this process (outside TorchServe): an eager ``nn.Module`` or any
     callable taking raw features, with its metadata."""

@@ -1,6 +1,7 @@
 """Shadow and canary in the cluster (`make k8s-shadow`, `k8s-shadow-report`, `k8s-canary`,
-`k8s-live-stop`): the candidate 2.0 as its own Deployment and Service beside the local overlay's
-1.0, the routes through the ConfigMap rtserve-live-routes and straight into the default pods, the
+`k8s-live-stop`): a candidate as its own Deployment and Service beside the local overlay's 1.0
+(3.2, a network that answers at random as a model trained on shuffled labels does; then the
+demo's 2.0), the routes through the ConfigMap rtserve-live-routes and straight into the default pods, the
 pods' logs read back through kubectl exec. Traffic goes to the default Service's cluster IP from
 this machine, as in test_deploy.py; 1.0 is deployed first when the tier's earlier tests left
 another version serving. The autoscaler is held at its 2 replicas meanwhile (test_deploy.py proves
@@ -23,12 +24,20 @@ import requests
 import yaml
 
 from rtserve.promotion.live import KEY_HEADER, sticky_bucket
-from tests.cluster.conftest import DEPLOY_TIMEOUT, NAMESPACE, deploy, make, no_failures
+from bench import pod_rollout
+from tests.cluster.conftest import DEPLOY_TIMEOUT, NAMESPACE, RATE, deploy, make, no_failures
 from tests.conftest import REPO
+from tests.helpers import random_archive
 
 pytestmark = pytest.mark.cluster
 
 PERCENT = 10.0
+#: The shuffled candidate's shadow share, over SHADOWED requests of the held-out rows.
+SHADOW_PERCENT = 50.0
+SHADOWED = 2000
+#: The mirrored requests both versions answered that a promotion requires (2.0's shadow under the
+#: steady load gives about 800).
+EVIDENCE_REQUESTS = 200
 #: Keys of the canary's traffic: 2,000 clients, each sending twice (4,000 requests).
 KEYS = [f"user-{i}" for i in range(2000)]
 #: Seconds to wait for the watcher's abort once the candidate is gone.
@@ -47,18 +56,21 @@ def gate_config(tmp_path: Path) -> Path:
     return path
 
 
-def keyed(served, keys: list[str], concurrency: int = 8) -> list[dict]:
-    """One request per key (``x-rtserve-key``), ``concurrency`` at a time: status, version, id."""
-    body = json.dumps({"features": [0.25] * 32})
+def keyed(served, keys: list[str], concurrency: int = 8, rows: list[list[float]] | None = None) -> list[dict]:
+    """One request per key (``x-rtserve-key``), ``concurrency`` at a time: status, version, id.
+    The features are ``rows[i]`` for the i-th key (default: one constant row for all)."""
+    bodies = [json.dumps({"features": row}) for row in rows] if rows else [json.dumps({"features": [0.25] * 32})]
     headers = {**served.auth, "Content-Type": "application/json"}
 
     local = threading.local()  # a session per sender thread
 
-    def one(key: str) -> dict:
+    def one(item: tuple[int, str]) -> dict:
+        i, key = item
         session = local.__dict__.setdefault("session", requests.Session())
         sent = time.time()
         try:
-            r = session.post(served.url, data=body, timeout=30, headers={**headers, KEY_HEADER: key})
+            r = session.post(served.url, data=bodies[i % len(bodies)], timeout=30,
+                             headers={**headers, KEY_HEADER: key})
             version = r.json().get("model_version") if r.status_code == 200 else None
             return {"key": key, "status": r.status_code, "version": version, "at": sent,
                     "id": r.headers.get("x-request-id"), "text": "" if r.status_code == 200 else r.text[:200]}
@@ -66,7 +78,7 @@ def keyed(served, keys: list[str], concurrency: int = 8) -> list[dict]:
             return {"key": key, "status": 0, "version": None, "at": sent, "id": None, "text": str(exc)[:200]}
 
     with ThreadPoolExecutor(concurrency) as pool:
-        return list(pool.map(one, keys))
+        return list(pool.map(one, enumerate(keys)))
 
 
 def pod_routes(served) -> dict[str, dict]:
@@ -75,19 +87,93 @@ def pod_routes(served) -> dict[str, dict]:
             for pod in served.pods()}
 
 
-def test_shadow_canary_and_abort_of_a_candidate_deployment(served, image_vars, tmp_path):
+@pytest.fixture(scope="module")
+def held(served, image_vars):
+    """1.0 serving (deployed again when test_deploy.py's rollouts left 2.0), the autoscaler held
+    at 2 replicas for the module; afterwards its maximum is restored and 2 replicas are ready."""
     cluster = served.cluster
-    state = tmp_path / "live"
-    live = ["OVERLAY=local", f"K8S_LIVE_DIR={state}", *cluster.make_vars, *image_vars]
-    timings: dict[str, float] = {}
-    if served.versions() != {"1.0"}:  # (test_deploy.py's rollouts may leave 2.0 serving)
+    if served.versions() != {"1.0"}:
         begin = time.monotonic()
         again = deploy(cluster, image_vars, "1.0")
         assert again.returncode == 0, again.stdout[-4000:]
-        timings["k8s-deploy 1.0 first"] = time.monotonic() - begin
+        print(f"k8s-deploy 1.0 first: {time.monotonic() - begin:.0f} s")
     # (after that deploy, which applies the HPA as the overlay has it)
     most = cluster.ok("-n", NAMESPACE, "get", "hpa", "rtserve", "-o", "jsonpath={.spec.maxReplicas}")
     cluster.ok("-n", NAMESPACE, "patch", "hpa", "rtserve", "-p", '{"spec": {"maxReplicas": 2}}')
+    try:
+        yield served
+    finally:
+        cluster.ok("-n", NAMESPACE, "patch", "hpa", "rtserve", "-p", json.dumps({"spec": {"maxReplicas": int(most)}}))
+        served.deployed.wait_ready(2, timeout=240)
+
+
+def live_vars(served, image_vars, state: Path) -> list[str]:
+    return ["OVERLAY=local", f"K8S_LIVE_DIR={state}", *served.cluster.make_vars, *image_vars]
+
+
+def test_a_shuffled_candidate_shadowed_at_half_agrees_by_chance_and_its_promotion_is_refused(
+        held, image_vars, build_root, mar_v1, tmp_path):
+    """3.2 (:class:`tests.helpers.RandomAnswers`, its own image and Deployment) shadowed at 50 %
+    under 2,000 requests of the held-out rows: callers see 1.0 only, 50 % of them are mirrored
+    (within 2 points), the agreement is chance's, and `make k8s-deploy` with the live evidence
+    required refuses 3.2 naming its agreement."""
+    served, cluster = held, held.cluster
+    random_archive(build_root, tmp_path, "3.2", mar_v1.parent)  # into the session's model store
+    state = tmp_path / "live"
+    live = live_vars(served, image_vars, state)
+    try:
+        begin = time.monotonic()
+        shadow = make("k8s-shadow", "MODEL_VERSION=3.2", f"PERCENT={SHADOW_PERCENT:g}", *live,
+                      timeout=DEPLOY_TIMEOUT)
+        took = time.monotonic() - begin
+        assert shadow.returncode == 0, shadow.stdout[-4000:]
+        print(f">> make k8s-shadow MODEL_VERSION=3.2 PERCENT={SHADOW_PERCENT:g} ({took:.0f} s: image "
+              "build and load, candidate rollout):\n" + "\n".join(shadow.stdout.splitlines()[-6:]))
+        from rtserve.model.data import make_dataset
+
+        rows = make_dataset().x_test[:SHADOWED].tolist()
+        begin = time.monotonic()
+        answers = keyed(served, [f"row-{i}" for i in range(SHADOWED)], rows=rows)
+        sent_s = time.monotonic() - begin
+        assert {(a["status"], a["version"]) for a in answers} == {(200, "1.0")}, \
+            [a for a in answers if (a["status"], a["version"]) != (200, "1.0")][:5]
+        report = make("k8s-shadow-report", *live, timeout=120)
+        assert report.returncode == 0, report.stdout[-3000:]
+        print(report.stdout[-2500:])
+        saved = json.loads((state / "shadow-report.json").read_text())
+        ours = {a["id"] for a in answers}
+        lines = [json.loads(line) for line in (state / "report" / "live-log.jsonl").read_text().splitlines()]
+        mirrored = [line for line in lines if line["kind"] == "shadow" and line["of"] in ours]
+        share = len(mirrored) / len(answers) * 100
+        shares = {who: {k: v / sum(c.values()) for k, v in c.items()} for who, c in saved["classes"].items()}
+        chance = sum(p * shares["candidate"].get(k, 0.0) for k, p in shares["default"].items())
+        print(f"shadow 3.2 at {SHADOW_PERCENT:g}%: {len(mirrored)} of {len(answers)} requests mirrored "
+              f"({share:.2f}%) in {sent_s:.0f} s; agreement {saved['agreement']:.4f} over "
+              f"{saved['compared']} compared, chance {chance:.4f}")
+        assert abs(share - SHADOW_PERCENT) <= 2.0, share
+        assert saved["candidate"] == "3.2" and saved["compared"] >= 0.95 * len(mirrored), saved
+        assert abs(saved["agreement"] - chance) < 0.1 and saved["agreement"] < 0.6, (saved, chance)
+
+        # -- promotion with live.promote.require_shadow: refused on the agreement ------------------
+        refused = deploy(cluster, image_vars, "3.2", f"K8S_LIVE_DIR={state}",
+                         f"GATE_CONFIG={evidence_config(tmp_path, 500)}", timeout=300)
+        print(">> make k8s-deploy 3.2 (live evidence refused):\n" + "\n".join(refused.stdout.splitlines()[-3:]))
+        assert refused.returncode != 0
+        assert re.search(r"error: live evidence: live agreement: the candidate gave the default's class on "
+                         r"0\.\d+ of \d+ mirrored requests \(at least 0\.9 required\).*nothing applied",
+                         refused.stdout), refused.stdout[-2000:]
+        assert served.versions() == {"1.0"}
+        assert [e["outcome"] for e in evidence_events(state)] == ["refused"]
+    finally:
+        stopped = make("k8s-live-stop", *live, timeout=300)
+    assert stopped.returncode == 0, stopped.stdout[-3000:]
+
+
+def test_shadow_canary_and_abort_of_a_candidate_deployment(held, image_vars, tmp_path):
+    served, cluster = held, held.cluster
+    state = tmp_path / "live"
+    live = live_vars(served, image_vars, state)
+    timings: dict[str, float] = {}
     try:
         # -- shadow 100 % under steady traffic: callers see 1.0 only ------------------------------------
         load = served.load()
@@ -116,17 +202,6 @@ def test_shadow_canary_and_abort_of_a_candidate_deployment(served, image_vars, t
         assert saved["compared"] == saved["mirrored"] - saved["dropped"] - saved["unmatched"]
         assert saved["compared"] >= 0.9 * len(after) and saved["agreement"] is not None
         assert saved["errors"]["candidate"]["errors"] == 0, saved["errors"]
-
-        # -- promotion with live.promote.require_shadow: refused on too few mirrored requests --------
-        refused = deploy(cluster, image_vars, "2.0", f"K8S_LIVE_DIR={state}",
-                         f"GATE_CONFIG={evidence_config(tmp_path, 10**6)}", timeout=300)
-        print(">> make k8s-deploy (live evidence refused):\n" + "\n".join(refused.stdout.splitlines()[-3:]))
-        assert refused.returncode != 0
-        assert re.search(r"error: live evidence: live requests: the shadow report has \d+ mirrored requests both "
-                         r"versions answered \(at least 1000000 required.*nothing applied", refused.stdout), \
-            refused.stdout[-2000:]
-        assert served.versions() == {"1.0"}
-        assert [e["outcome"] for e in evidence_events(state)] == ["refused"]
 
         # -- canary 10 %: sticky per key, the share within 2 points over 2,000 keys (4,000 requests) -------
         gate = gate_config(tmp_path)
@@ -200,18 +275,34 @@ def test_shadow_canary_and_abort_of_a_candidate_deployment(served, image_vars, t
         timings["k8s-live-stop"] = time.monotonic() - begin
         print(">> make k8s-live-stop:\n" + "\n".join(stopped.stdout.splitlines()[-8:]))
         print("; ".join(f"{k}: {v:.0f} s" for k, v in timings.items()))
-        cluster.ok("-n", NAMESPACE, "patch", "hpa", "rtserve", "-p", json.dumps({"spec": {"maxReplicas": int(most)}}))
-        served.deployed.wait_ready(2, timeout=240)
     assert stopped.returncode == 0, stopped.stdout[-3000:]
     assert cluster.ok("-n", NAMESPACE, "get", "deployment,service", "-l",
                       "app.kubernetes.io/component=candidate", "-o", "name") == ""
     assert {json.dumps([r["shadow"], r["canary"]]) for r in pod_routes(served).values()} == {"[null, null]"}
 
+    # -- promotion with live.promote.require_shadow: the 2.0 shadow's evidence (the default pods'
+    # logs still hold it) is accepted, 2.0 rolled out under steady traffic, then rolled back ----
+    evidence = [*cluster.make_vars, *image_vars, f"K8S_LIVE_DIR={state}",
+                f"GATE_CONFIG={evidence_config(tmp_path, EVIDENCE_REQUESTS)}"]
+    records, outputs = pod_rollout.run(served.deployed, pod_rollout.steps("2.0", evidence), rate=RATE,
+                                       concurrency=4)
+    accepted = outputs["2.0 rollout"][0]
+    print(">> make k8s-deploy 2.0 (live evidence accepted):\n" + "\n".join(
+        line for line in accepted.splitlines() if "live evidence" in line or line.startswith(">>")))
+    assert re.search(r"live evidence: \d+ mirrored requests, agreement (1\.0000|0\.9\d+)", accepted), accepted[-3000:]
+    assert "registry.example.com/ml/rtserve:2.0 verified on local" in accepted, accepted[-3000:]
+    events = evidence_events(state)
+    assert [e["outcome"] for e in events] == ["deployed"] and events[0]["live"]["requests"] >= EVIDENCE_REQUESTS
+    for phase in ("2.0 rollout", "k8s-rollback"):
+        no_failures([r for r in records if r.phase == phase], phase)
+    report = pod_rollout.report(records)
+    print({k: f"{v['sent']} requests, {v['failed_first']} failed" for k, v in report.items()})
+    assert served.versions() == {"1.0"}
+
 
 def evidence_config(tmp_path: Path, min_requests: int) -> Path:
     """config/gate.yaml requiring the shadow's evidence for a promotion: ``min_requests``
-    mirrored requests both versions answered, agreement at least 0.9. (The accepted case is
-    tests/unit/test_k8s_live.py's, on pods' logs there: here it would cost a rollout.)"""
+    mirrored requests both versions answered, agreement at least 0.9."""
     config = yaml.safe_load((REPO / "config" / "gate.yaml").read_text())
     config["live"]["promote"]["require_shadow"] = True
     config["live"]["shadow"].update(min_requests=min_requests, min_agreement=0.9)

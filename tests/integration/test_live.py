@@ -26,19 +26,16 @@ from pathlib import Path
 
 import pytest
 import requests
-import torch
 import yaml
-from torch import nn
 
-from rtserve.model.data import FEATURE_NAMES, LABELS, make_dataset
-from rtserve.model.package import export
+from rtserve.model.data import LABELS, make_dataset
 from rtserve.promotion.gate import DEFAULT_CONFIG
 from rtserve.promotion.history import History
 from rtserve.promotion.live import Route, read_routes, set_route, watcher_pid
 from rtserve.promotion.rollout import Rollout
 from rtserve.runtime.process import alive
 from tests.conftest import MODEL_NAME, REPO, make_archive
-from tests.helpers import demo_eager, keep_only
+from tests.helpers import keep_only, random_archive
 from tests.integration.conftest import serve
 
 pytestmark = pytest.mark.integration
@@ -49,20 +46,6 @@ N = 300
 WAIT_S = 30.0
 #: The agent re-reads the routes file every 200 ms: a change holds for requests sent after this.
 RELOAD_S = 0.5
-
-
-class RandomAnswers(nn.Module):
-    """The demo's normalization, then logits that are a high-frequency sine of a random
-    projection: classes spread over all labels, unrelated to the default's."""
-
-    def __init__(self, base: nn.Module) -> None:
-        super().__init__()
-        self.norm = base.norm
-        self.register_buffer("weight", torch.randn(len(FEATURE_NAMES), len(LABELS),
-                                                   generator=torch.Generator().manual_seed(7)))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return 4.0 * torch.sin(3.0 * (self.norm(x) @ self.weight))
 
 
 @pytest.fixture(scope="module")
@@ -149,11 +132,7 @@ def agent(server, rollout, rows):
 @pytest.fixture(scope="module")
 def random_candidate(agent, build_root, rollout, tmp_path_factory):
     """3.2, registered with one worker."""
-    out = tmp_path_factory.mktemp("random") / "3.2"
-    data = make_dataset()
-    export(RandomAnswers(demo_eager("1.0")), data.x_train, feature_names=FEATURE_NAMES,
-           labels=LABELS, version="3.2", out_dir=out, holdout=(data.x_test, data.y_test))
-    make_archive(build_root, "3.2", ARTIFACTS=str(out))
+    random_archive(build_root, tmp_path_factory.mktemp("random"), "3.2")
     rollout.register("3.2", workers=1)
     return "3.2"
 
