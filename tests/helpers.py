@@ -5,7 +5,10 @@ from __future__ import annotations
 import functools
 import json
 import subprocess
+import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 import torch
 import yaml
@@ -183,3 +186,84 @@ def bench_main(main, out: Path, *args: object) -> tuple[int, dict | list]:
     status and the report it wrote (each script's command-line path, not only its ``run()``)."""
     rc = main([*map(str, args), "--out", str(out)])
     return rc, json.loads(out.read_text())
+
+
+#: A candidate that answers every POST after 500 ms (``python -c SLOW_CANDIDATE HOST PORT``; it
+#: prints the port it listens on): a stand-in, since no real model can be told to be slow.
+SLOW_CANDIDATE = """
+import sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+class Slow(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as the agent's client expects of a candidate
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        time.sleep(0.5)
+        body = b'{"model_version": "slow"}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+class Server(ThreadingHTTPServer):
+    request_queue_size = 128  # every mirror in flight may connect at once
+    daemon_threads = True
+
+host, port = (sys.argv[1:] + ["127.0.0.1", "0"])[:2]
+server = Server((host, int(port)), Slow)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"""
+
+
+def shadow_cost(load, switch: Callable[[bool], None], settle_s: float, windows: int, window_s: float,
+                attempts: int, what: str) -> list[tuple]:
+    """The callers' latency under steady ``load`` (a started :class:`bench.loadgen.SteadyLoad`)
+    with the shadow off and on, in alternating windows (off on, on off, ...: a drift of the
+    machine falls on both alike); ``switch(on)`` changes the routes, which hold ``settle_s``
+    after it returns (requests sent meanwhile are marked ``switch`` and left out).
+
+    Up to ``attempts`` measurements, as the promotion gate measures a latency burst again: on a
+    machine busy with other tiers one measurement's p99 can swing by more than 5 ms either way;
+    a mirror that held the callers back would fail every attempt. Each attempt's allowance is
+    5 ms or the machine's own noise at p99 (the off windows' two halves against each other),
+    whichever is larger. Returns each attempt's (off, on, allowed); the last is within its
+    allowance unless every attempt failed. ``what`` names the load in the printed lines.
+    """
+    from bench.loadgen import summarize
+
+    results = []
+    for attempt in range(attempts):
+        for i in range(windows):
+            for condition in ("off", "on") if i % 2 == 0 else ("on", "off"):
+                load.mark("switch")  # requests sent while the agent may still follow the old routes
+                switch(condition == "on")
+                time.sleep(settle_s)
+                load.mark(f"{condition} {attempt}.{i}")
+                time.sleep(window_s)
+        load.mark("switch")
+        time.sleep(0.5)  # the last window's requests answered
+        records = list(load.records)
+        off, on = ([summarize([replace(r, phase=c) for r in records
+                               if r.phase.startswith(f"{c} {attempt}.")])[0] for c in ("off", "on")])
+        halves = [summarize([replace(r, phase="off") for r in records
+                             if r.phase in {f"off {attempt}.{i}" for i in range(half, windows, 2)}])[0]
+                  for half in (0, 1)]
+        noise = abs(halves[0].p99_ms - halves[1].p99_ms)
+        allowed = max(5.0, noise)
+        results.append((off, on, allowed))
+        print(f"attempt {attempt + 1}: callers' latency ({what}), {windows} x {window_s:g} s per "
+              f"condition: shadow off p50 {off.p50_ms:.2f} ms p99 {off.p99_ms:.2f} ms ({off.sent} "
+              f"requests); shadow on (500 ms candidate) p50 {on.p50_ms:.2f} ms p99 {on.p99_ms:.2f} ms "
+              f"({on.sent} requests); the off windows' halves differ by {noise:.2f} ms at p99: "
+              f"allowed {allowed:.2f} ms")
+        if on.p99_ms - off.p99_ms <= allowed:
+            break
+        switch(True)  # the next attempt starts as the first did: shadow on
+        time.sleep(settle_s)
+    return results

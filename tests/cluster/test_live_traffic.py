@@ -23,11 +23,14 @@ import pytest
 import requests
 import yaml
 
-from rtserve.promotion.live import KEY_HEADER, sticky_bucket
 from bench import pod_rollout
+from bench.loadgen import SteadyLoad
+from rtserve.k8s.deploy import Kubectl
+from rtserve.k8s.live import POD_RUN, POD_TOKEN_FILE, Cluster as LivePods, LogCopy
+from rtserve.promotion.live import KEY_HEADER, Route, Routes, sticky_bucket
 from tests.cluster.conftest import DEPLOY_TIMEOUT, NAMESPACE, RATE, deploy, make, no_failures
-from tests.conftest import REPO
-from tests.helpers import random_archive
+from tests.conftest import MODEL_NAME, REPO
+from tests.helpers import SLOW_CANDIDATE, random_archive, shadow_cost
 
 pytestmark = pytest.mark.cluster
 
@@ -38,6 +41,12 @@ SHADOWED = 2000
 #: The mirrored requests both versions answered that a promotion requires (2.0's shadow under the
 #: steady load gives about 800).
 EVIDENCE_REQUESTS = 200
+#: The slow stand-in's steady load (requests per second, connections), its windows of each
+#: condition and their length (s), and the measurements at most (as tests/integration's).
+SLOW_RATE, SLOW_CONNECTIONS = 40.0, 4
+WINDOWS, WINDOW_S, ATTEMPTS = 4, 5.0, 3
+#: The stand-in that answers every request after 500 ms: its pod and Service.
+SLOW = "rtserve-slow-stand-in"
 #: Keys of the canary's traffic: 2,000 clients, each sending twice (4,000 requests).
 KEYS = [f"user-{i}" for i in range(2000)]
 #: Seconds to wait for the watcher's abort once the candidate is gone.
@@ -167,6 +176,86 @@ def test_a_shuffled_candidate_shadowed_at_half_agrees_by_chance_and_its_promotio
     finally:
         stopped = make("k8s-live-stop", *live, timeout=300)
     assert stopped.returncode == 0, stopped.stdout[-3000:]
+
+
+def slow_stand_in() -> dict:
+    """A pod of the 1.0 image (already on the node) running :data:`tests.helpers.SLOW_CANDIDATE`
+    on port 8080, as restricted Pod Security admits it, and its Service. A fake candidate, and
+    said so: no real model can be told to answer 500 ms later. It carries the candidate's name
+    label (the NetworkPolicies let the default pods reach it) but not the candidate Service's
+    component label."""
+    labels = {"app.kubernetes.io/name": "rtserve-candidate", "rtserve.io/stand-in": "slow"}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": SLOW, "namespace": NAMESPACE, "labels": labels},
+           "spec": {"automountServiceAccountToken": False,
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
+                                        "seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [{
+                        "name": "slow", "image": "registry.example.com/ml/rtserve:1.0",
+                        "imagePullPolicy": "IfNotPresent",
+                        "command": ["python", "-c", SLOW_CANDIDATE, "0.0.0.0", "8080"],
+                        "ports": [{"name": "inference", "containerPort": 8080}],
+                        "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
+                        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"},
+                                      "limits": {"cpu": "500m", "memory": "128Mi"}},
+                        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                            "capabilities": {"drop": ["ALL"]}}}]}}
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": SLOW, "namespace": NAMESPACE},
+               "spec": {"selector": {"rtserve.io/stand-in": "slow"},
+                        "ports": [{"name": "inference", "port": 8080, "targetPort": "inference"}]}}
+    return {"apiVersion": "v1", "kind": "List", "items": [pod, service]}
+
+
+def test_a_candidate_500ms_slower_does_not_move_the_callers_p99(held, tmp_path):
+    """The default pods mirror 100 % of steady traffic to a stand-in that answers after 500 ms,
+    the routes switched on and off in alternating windows through the cluster's own publishing
+    (rtserve.k8s.live: the ConfigMap and each pod, as `make k8s-shadow` does; the stand-in is no
+    candidate Deployment that target could deploy); the callers' p99 stays within 5 ms (or the
+    machine's own noise), and every mirror was answered after 500 ms."""
+    served, cluster = held, held.cluster
+    pods = LivePods(Kubectl(f"{cluster.bin_dir / 'kubectl'} --kubeconfig {cluster.kubeconfig}", out=lambda _: None),
+                    NAMESPACE)
+    url = f"http://{SLOW}.{NAMESPACE}.svc:8080/predictions/{MODEL_NAME}/slow"
+    manifest = tmp_path / "live-routes-configmap.json"
+
+    def switch(on: bool) -> None:
+        routes = Routes(MODEL_NAME, str(POD_RUN.live_log), shadow=Route("slow", 100.0, url) if on else None,
+                        token_file=POD_TOKEN_FILE, revision=int(time.time() * 1000))
+        pods.publish(json.dumps(routes.json(), indent=2) + "\n", manifest)
+
+    cluster.ok("apply", "-f", "-", stdin=json.dumps(slow_stand_in()))
+    load = SteadyLoad(served.url, {"features": [0.25] * 32}, lambda: served.token, rate=SLOW_RATE,
+                      concurrency=SLOW_CONNECTIONS, max_seconds=600, resend_worker_lost=False)
+    copy = LogCopy(tmp_path / "live-log.jsonl", tmp_path / "audit.log", from_end=True)
+    try:
+        cluster.ok("-n", NAMESPACE, "wait", "--for=condition=Ready", f"pod/{SLOW}", "--timeout=120s", timeout=130)
+        copy.pull(pods)  # from here on (the pods' live logs hold earlier tests' lines)
+        load.start("warm-up")
+        switch(True)  # the agent's first mirrors open its connections: a one-off, not compared
+        load.mark("warm-up on")
+        time.sleep(3)
+        results = shadow_cost(load, switch, 0.3, WINDOWS, WINDOW_S, ATTEMPTS,
+                              f"{SLOW_RATE:g} req/s over {SLOW_CONNECTIONS} connections through the Service")
+        off, on, allowed = results[-1]
+        load.mark("end")
+        records = load.stop()
+        assert {(r.status, r.version) for r in records} == {(200, "1.0")}, \
+            {(r.status, r.version) for r in records}
+        assert on.p99_ms - off.p99_ms <= allowed, [(o.p99_ms, n.p99_ms, a) for o, n, a in results]
+        switch(False)
+        time.sleep(1)  # the last mirrors answered and logged (the agent flushes every 200 ms)
+        copy.pull(pods)
+        mirrors = [line for line in map(json.loads, copy.live_log.read_text().splitlines())
+                   if line["kind"] == "shadow" and line["version"] == "slow"]
+        on_sent = sum(1 for r in records if r.phase.startswith("on ") or r.phase == "warm-up on")
+        print(f"{len(mirrors)} mirrors to the stand-in for {on_sent} requests sent with the shadow on; "
+              f"its answers took {min(m['ms'] for m in mirrors):.0f} to {max(m['ms'] for m in mirrors):.0f} ms")
+        assert {m["status"] for m in mirrors} == {200}, {m.get("error") for m in mirrors}
+        assert min(m["ms"] for m in mirrors) >= 500
+        assert len(mirrors) >= on_sent, (len(mirrors), on_sent)
+    finally:
+        load.stop()
+        switch(False)
+        cluster.kubectl("-n", NAMESPACE, "delete", "pod,service", SLOW, "--ignore-not-found", "--wait=false")
 
 
 def test_shadow_canary_and_abort_of_a_candidate_deployment(held, image_vars, tmp_path):

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -31,6 +30,7 @@ from rtserve.promotion.rollout import Rollout
 from rtserve.server.properties import routes_file
 from rtserve.server.readiness import sample_payload
 from tests.conftest import MODEL_NAME, make_archive
+from tests.helpers import SLOW_CANDIDATE, shadow_cost
 from tests.integration.conftest import serve
 
 pytestmark = pytest.mark.integration
@@ -342,36 +342,6 @@ def test_mirrors_beyond_64_in_flight_are_dropped_and_logged(live, routes):
 #: a real model made slow would burn this machine's 2 cores beside the default's worker, and the
 #: requirement is about a candidate slow to answer, not one that takes the default's CPU; its own
 #: process, so that its threads never hold the GIL of the process that times the callers).
-SLOW_CANDIDATE = """
-import sys, time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-class Slow(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive, as the agent's client expects of a candidate
-
-    def do_POST(self):
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        time.sleep(0.5)
-        body = b'{"model_version": "slow"}'
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-class Server(ThreadingHTTPServer):
-    request_queue_size = 128  # every mirror in flight may connect at once
-    daemon_threads = True
-
-server = Server(("127.0.0.1", 0), Slow)
-print(server.server_address[1], flush=True)
-server.serve_forever()
-"""
-
-
 #: The steady load of the slow-shadow test: requests per second, connections; at 60/s a
 #: 500 ms candidate holds about 30 mirrors in flight, under the agent's cap of 64.
 SLOW_RATE, SLOW_CONNECTIONS = 60.0, 4
@@ -404,42 +374,9 @@ def test_a_candidate_500ms_slower_does_not_move_the_callers_p99(live, routes):
         time.sleep(RELOAD_S)
         load.mark("warm-up on")
         time.sleep(WARM_UP_S)
-        # Up to ATTEMPTS measurements, as the promotion gate measures a latency burst again
-        # (config/gate.yaml latency_attempts): on a machine busy with other tiers one
-        # measurement's p99 can swing by more than 5 ms either way; a mirror that held the
-        # callers back would fail every attempt.
-        results = []
-        for attempt in range(ATTEMPTS):
-            for i in range(WINDOWS):  # off on, on off, off on, ...: a drift falls on both alike
-                for condition in ("off", "on") if i % 2 == 0 else ("on", "off"):
-                    load.mark("switch")  # requests sent while the agent may still follow the old routes
-                    routes(shadow=shadow if condition == "on" else None)
-                    time.sleep(RELOAD_S)
-                    load.mark(f"{condition} {attempt}.{i}")
-                    time.sleep(WINDOW_S)
-            load.mark("switch")
-            time.sleep(0.5)  # the last window's requests answered
-            records = list(load.records)
-            off, on = ([summarize([replace(r, phase=c) for r in records
-                                   if r.phase.startswith(f"{c} {attempt}.")])[0] for c in ("off", "on")])
-            # The machine's own noise at p99: the off windows' two halves against each other
-            # (alternate windows). A mirror that held callers would add its 500 ms; a
-            # difference within that noise is not the shadow's.
-            halves = [summarize([replace(r, phase="off") for r in records
-                                 if r.phase in {f"off {attempt}.{i}" for i in range(half, WINDOWS, 2)}])[0]
-                      for half in (0, 1)]
-            noise = abs(halves[0].p99_ms - halves[1].p99_ms)
-            allowed = max(5.0, noise)
-            results.append((off, on, allowed))
-            print(f"attempt {attempt + 1}: callers' latency at {SLOW_RATE:g} req/s over {SLOW_CONNECTIONS} "
-                  f"connections, {WINDOWS} x {WINDOW_S:g} s per condition: shadow off p50 {off.p50_ms:.2f} ms "
-                  f"p99 {off.p99_ms:.2f} ms ({off.sent} requests); shadow on (500 ms candidate) "
-                  f"p50 {on.p50_ms:.2f} ms p99 {on.p99_ms:.2f} ms ({on.sent} requests); the off "
-                  f"windows' halves differ by {noise:.2f} ms at p99: allowed {allowed:.2f} ms")
-            if on.p99_ms - off.p99_ms <= allowed:
-                break
-            routes(shadow=shadow)  # the next attempt starts as the first did: shadow on
-            time.sleep(RELOAD_S)
+        results = shadow_cost(load, lambda on: routes(shadow=shadow if on else None), RELOAD_S, WINDOWS,
+                              WINDOW_S, ATTEMPTS, f"{SLOW_RATE:g} req/s over {SLOW_CONNECTIONS} connections")
+        off, on, allowed = results[-1]
         load.mark("end")
         records = load.stop()
         windows = {r.phase: r for r in summarize(records)}
