@@ -58,8 +58,11 @@ def stream_topics(kafka) -> dict[str, str]:
     return topics
 
 
-def produce(kafka, topic: str, events: list[tuple[bytes, bytes]]) -> dict[tuple[int, int], tuple[bytes, bytes]]:
-    """Send ``(key, value)`` events; what landed where: (partition, offset) -> (key, value)."""
+def produce(kafka, topic: str, events: list[tuple[bytes, bytes]], partition: int | None = None
+            ) -> dict[tuple[int, int], tuple[bytes, bytes]]:
+    """Send ``(key, value)`` events (into ``partition``, else where their keys hash); what landed
+    where: (partition, offset) -> (key, value)."""
+    into = {} if partition is None else {"partition": partition}
     producer = Producer({"bootstrap.servers": kafka.bootstrap, "enable.idempotence": True,
                          "message.max.bytes": MAX_EVENT_RECORD})
     sent = {}
@@ -69,7 +72,7 @@ def produce(kafka, topic: str, events: list[tuple[bytes, bytes]]) -> dict[tuple[
         sent[(msg.partition(), msg.offset())] = (msg.key(), msg.value())
 
     for key, value in events:
-        producer.produce(topic, key=key, value=value, on_delivery=delivered)
+        producer.produce(topic, key=key, value=value, on_delivery=delivered, **into)
     assert producer.flush(30) == 0 and len(sent) == len(events)
     return sent
 

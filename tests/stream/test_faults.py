@@ -22,7 +22,7 @@ from rtserve.runtime.process import wait_until
 from rtserve.stream import service
 from tests.conftest import MODEL_NAME, make_archive
 from tests.helpers import keep_only, make
-from tests.stream.helpers import (StalledPath, ends, exactly_once, member_of, produce, run_options, running,
+from tests.stream.helpers import (PARTITIONS, StalledPath, ends, exactly_once, member_of, produce, run_options, running,
                                   stream_topics, valid_events, wait_until_counted, wait_written)
 
 pytestmark = pytest.mark.stream
@@ -30,8 +30,8 @@ pytestmark = pytest.mark.stream
 EVENTS = 300
 
 
-def wait_for(what: str, predicate, timeout: float, poll: float = 0.1) -> None:
-    assert wait_until(predicate, timeout, poll=poll), f"{what}: not within {timeout:.0f} s"
+def wait_for(what: str, predicate, timeout: float, poll: float = 0.1, why=lambda: "") -> None:
+    assert wait_until(predicate, timeout, poll=poll), f"{what}: not within {timeout:.0f} s {why()}"
 
 
 def test_torchserve_stopped_and_started_mid_stream(kafka, torchserve):
@@ -49,7 +49,14 @@ def test_torchserve_stopped_and_started_mid_stream(kafka, torchserve):
             second = member_of(kafka, topics, torchserve.client(), name="b")
             with running(second):
                 wait_for("the second member's partition", lambda: second.assigned, 60)
-                wait_for("a retry of each", lambda: first.counts.retries > retried and second.counts.retries, 60)
+                # Events in every partition now: whichever partitions each member holds, it has
+                # events to score (the first may have scored all of some partitions before the
+                # stop: five keys need not cover the four partitions evenly).
+                for p in range(PARTITIONS):
+                    sent.update(produce(kafka, topics["events"], valid_events(4, start=EVENTS + 4 * p), partition=p))
+                wait_for("a retry of each", lambda: first.counts.retries > retried and second.counts.retries, 60,
+                         why=lambda: f"first {first.counts}, {sorted(first.assigned)}; second {second.counts}, "
+                                     f"{sorted(second.assigned)}")
             assert (second.counts.predictions, second.counts.dead_letters, second.counts.transactions) == (0, 0, 0)
             assert (first.counts.dead_letters, first.counts.predictions) == (0, at_stop)
             retries = (first.counts.retries, second.counts.retries)
