@@ -45,6 +45,11 @@ def steps(new: str, make_vars: list[str]) -> list[tuple[str, list[list[str]]]]:
             ("k8s-rollback", [["make", "k8s-rollback", "OVERLAY=local", *make_vars]])]
 
 
+#: The most seconds a phase waits for the old pods to finish terminating (the base's grace period
+#: is 50 s: a drain's 10 s propagation, 15 s idle wait and TorchServe's 15 s stop, plus slack).
+DRAIN_WAIT_S = 60.0
+
+
 def run(deployed: Deployed, phases: list[tuple[str, list[list[str]]]], model: str = common.MODEL,
         rate: float = 40.0, concurrency: int = 4, settle: float = 3.0
         ) -> tuple[list[Record], dict[str, list[str]]]:
@@ -70,6 +75,14 @@ def run(deployed: Deployed, phases: list[tuple[str, list[list[str]]]], model: st
                 if done.returncode:
                     raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stdout[-4000:]}")
             logger.info("%s: done in %.0f s", phase, time.monotonic() - began)
+            # The phase lasts until the old pods are gone: a client's keep-alive connection stays
+            # on an old pod until it drains (kube-proxy moves new connections only), so answers
+            # from the version rolled to may come only then.
+            gone = time.monotonic() + DRAIN_WAIT_S
+            while (left := deployed.terminating()) and time.monotonic() < gone:
+                time.sleep(0.5)
+            logger.info("%s: %s after %.0f s", phase, f"{len(left)} pod(s) still terminating" if left
+                        else "no old pod left", time.monotonic() - began)
             time.sleep(settle)
     finally:
         records = load.stop()

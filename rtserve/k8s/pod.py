@@ -72,11 +72,17 @@ class Deployed:
     def get(self, *args: str) -> str:
         return self.kubectl("-n", self.namespace, "get", *args, capture=True, quiet=True)
 
+    def _items(self) -> list[dict]:
+        return json.loads(self.get("pods", "-l", f"app.kubernetes.io/name={self.app}", "-o", "json"))["items"]
+
     def pods(self) -> list[PodState]:
         """The Deployment's pods that are not terminating, by name."""
-        items = json.loads(self.get("pods", "-l", f"app.kubernetes.io/name={self.app}", "-o", "json"))["items"]
-        return sorted((PodState.of(i) for i in items if not i["metadata"].get("deletionTimestamp")),
+        return sorted((PodState.of(i) for i in self._items() if not i["metadata"].get("deletionTimestamp")),
                       key=lambda p: p.name)
+
+    def terminating(self) -> list[str]:
+        """The names of the Deployment's pods that are terminating (draining in their preStop)."""
+        return sorted(i["metadata"]["name"] for i in self._items() if i["metadata"].get("deletionTimestamp"))
 
     def service_url(self, service: str | None = None, port: int = 8080) -> str:
         ip = self.get("service", service or self.app, "-o", "jsonpath={.spec.clusterIP}")

@@ -1,7 +1,8 @@
 """`make pod`: the production pod on the local cluster's real kubelet, with the images `make image`
 builds, called as a user calls it (the Service, through kube-proxy, with the gateway token).
 
-These run after tests/cluster/test_deploy.py on the Deployment it leaves (1.0, two replicas);
+These run after tests/cluster/test_deploy.py on the Deployment it leaves (1.0, two replicas, or
+three when the autoscaler, reading the node's real CPU beside the other tiers, added one);
 `make pod-stop` comes last and removes it. What Kubernetes does for the pod (probes, restarts,
 the preStop hook, the security context) is the kubelet's own work here: the tests check what
 our manifest and image ask of it.
@@ -50,14 +51,16 @@ def predict(pod, headers=None, body=None) -> requests.Response:
 def test_make_pod_rolls_out_verifies_and_prints_how_to_call_it(pod):
     out = pod.pod_output
     assert "registry.example.com/ml/rtserve:1.0 verified on local" in out, out[-3000:]
-    assert re.search(rf"^>> 2 of 2 pods ready in namespace {NAMESPACE}, serving {MODEL_NAME} 1\.0: ", out, re.M), out[-2000:]
+    # (2 replicas, or more when the autoscaler, reading the node's real CPU, added one)
+    ready = re.search(rf"^>> (\d+) of \1 pods ready in namespace {NAMESPACE}, serving {MODEL_NAME} 1\.0: ", out, re.M)
+    assert ready and int(ready[1]) >= 2, out[-2000:]
     assert f"predictions (the Service, through kube-proxy): {pod.url}" in out, out[-2000:]
     assert pod.token_file.stat().st_mode & 0o777 == 0o600
     assert pod.token_file.read_text().strip() == pod.token
     status = make("pod-status", *pod.cluster.make_vars)
     assert status.returncode == 0, status.stdout
     lines = [line for line in status.stdout.splitlines() if line.startswith("rtserve-")]
-    assert len(lines) == 2, status.stdout
+    assert len(lines) >= 2, status.stdout
     for line in lines:
         assert re.search(r" Running +ready +1\.0 +gateway: \d+ restarts rtserve: \d+ restarts +10\.244\.0\.\d+ +Burstable$",
                          line), line
@@ -236,8 +239,9 @@ def test_cgroup_memory_agrees_with_the_metrics_server(pod):
 def test_pod_stop_drains_each_pod_and_removes_the_namespace(pod):
     out = make("pod-stop", *pod.cluster.make_vars, timeout=300)
     assert out.returncode == 0, out.stdout
-    found = re.search(r"^>> 2 pods stopped in ([\d.]+) s, each after its preStop hook \(none failed\)", out.stdout, re.M)
-    assert found, out.stdout
+    found = re.search(r"^>> (\d+) pods stopped in ([\d.]+) s, each after its preStop hook \(none failed\)",
+                      out.stdout, re.M)
+    assert found and int(found[1]) >= 2, out.stdout
     print(f"make pod-stop: {found[0]}")
     assert f"namespace {NAMESPACE} deleted" in out.stdout
     assert pod.cluster.kubectl("get", "namespace", NAMESPACE).returncode == 1
