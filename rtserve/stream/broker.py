@@ -79,8 +79,13 @@ class Layout:
 
 
 def new_cluster_id() -> str:
-    """A random cluster id as Kafka writes one: 16 bytes, URL-safe base64 without padding."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A random cluster id as Kafka writes one: 16 bytes, URL-safe base64 without padding, never
+    starting with ``-`` (as Kafka's own ``Uuid.randomUuid``): the storage tool's argument parser
+    reads ``--cluster-id -x...`` as a missing value (one id in 64 would fail the format)."""
+    while True:
+        found = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not found.startswith("-"):
+            return found
 
 
 def server_properties(layout: Layout) -> str:

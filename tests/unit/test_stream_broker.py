@@ -63,6 +63,17 @@ def test_a_cluster_id_is_sixteen_random_bytes_in_url_safe_base64():
         assert len(base64.urlsafe_b64decode(cid + "==")) == 16
 
 
+def test_a_cluster_id_never_starts_with_a_dash(monkeypatch):
+    """(The storage tool read ``--cluster-id -...`` as a missing value: a CI run's broker failed
+    to format.) An id drawn with a leading ``-`` is drawn again."""
+    import uuid
+
+    drawn = iter([uuid.UUID(bytes=b"\xf8" + bytes(15)), uuid.UUID(bytes=bytes(range(16)))])
+    monkeypatch.setattr(broker.uuid, "uuid4", lambda: next(drawn))
+    assert base64.urlsafe_b64encode(b"\xf8" + bytes(15)).decode().startswith("-")
+    assert broker.new_cluster_id() == base64.urlsafe_b64encode(bytes(range(16))).decode().rstrip("=")
+
+
 def test_ports_given_then_recorded_then_free(tmp_path):
     run_dir = tmp_path / "run"
     fresh = local.resolve_ports(run_dir, {})
