@@ -101,6 +101,12 @@ def _cluster_deps() -> subprocess.CompletedProcess:
 _CLUSTER_BUILD: Future | None = None
 
 
+def pytest_configure(config):
+    from tests.interrupts import install
+
+    install()  # SIGINT and SIGTERM tear the fixtures down (a tier in the background included)
+
+
 def pytest_collection_finish(session):
     global _CLUSTER_BUILD
     if session.config.option.collectonly:  # (nothing runs: nothing to build for)
