@@ -118,6 +118,15 @@ def test_logs_keep_access_and_model_lines_without_per_request_chatter(server):
     logs = server.log_dir
     lines = lambda name: (logs / name).read_text().splitlines()  # noqa: E731
     access = lambda: [a for a in lines("access_log.log") if f"/predictions/{MODEL_NAME} " in a]  # noqa: E731
+    # An earlier test's last batch-done line may still be on its way (written after its answer
+    # went out): count from once ts_log.log has been still for half a second (at most 5 s).
+    settled, last, still_since = time.monotonic() + 5, -1, time.monotonic()
+    while time.monotonic() < settled:
+        if (now := len(lines("ts_log.log"))) != last:
+            last, still_since = now, time.monotonic()
+        elif time.monotonic() - still_since >= 0.5:
+            break
+        time.sleep(0.05)
     ts_before, access_before, model_before = len(lines("ts_log.log")), len(access()), len(batch_log(server))
     model_log_before = len(lines("model_log.log"))
     n = 20
