@@ -336,13 +336,14 @@ def test_a_draining_pod_closes_each_client_connection_after_its_answer(pod_gatew
     drain = subprocess.Popen([sys.executable, "-m", "rtserve", "probe", "drain", "--propagation", "1",
                               "--timeout", "20", "--quiet", "1"], cwd=REPO, env=pod.env,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out, flagged = "", None
+    flagged = None  # (the answer count when the flag appeared, for a failure's message)
     try:
         deadline = time.monotonic() + 30  # bounded: 30 s or 3,000 requests
         while sum(1 for a in answers if a[2] == "close") < 5:
             if drain.poll() is not None or time.monotonic() > deadline or len(answers) >= 3000:
                 drain.kill()
-                raise AssertionError(f"{answers[-5:]} {len(answers)} answers, flag since {flagged}; the drain: {drain.communicate()[0]}")
+                raise AssertionError(f"{answers[-5:]} {len(answers)} answers, flag since {flagged}; "
+                                     f"the drain: {drain.communicate()[0]}")
             if conn is None:
                 conn, number = http.client.HTTPConnection(host, int(port), timeout=10), number + 1
             if flagged is None and flag.exists():
