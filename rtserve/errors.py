@@ -193,6 +193,18 @@ class ImageNotFound(ClusterError):
     status = 404
 
 
+class RecordsError(RtserveError):
+    """HTTP 500: a request's record is malformed, or the records' spool cannot be read or written
+    (the message names the file or the line)."""
+
+
+class StoreUnavailable(RecordsError):
+    """HTTP 503: the records store (Apache Cassandra) cannot be reached or refused a write; the
+    records stay in the spool and are sent again."""
+
+    status = 503
+
+
 class StreamError(RtserveError):
     """HTTP 503: the local Kafka broker cannot be assembled, started, reached or stopped (the
     message says which, with the end of its log)."""

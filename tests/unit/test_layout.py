@@ -22,7 +22,7 @@ LAYERS = (
     ("rtserve.client", "rtserve.model"),
     ("rtserve.server",),
     ("rtserve.observability", "rtserve.promotion", "rtserve.gateway", "rtserve.k8s",
-     "rtserve.cluster", "rtserve.stream"),
+     "rtserve.cluster", "rtserve.stream", "rtserve.records"),
     ("rtserve.container", "rtserve.testing"),
     ("rtserve.cli",),
     ("rtserve.__main__",),
