@@ -24,6 +24,8 @@ RETIRED = {
                    "program (docs/bring-your-own-model.md)",
     "quantize": "torch.ao dynamic quantization does not apply to a torch.export program; "
                 "quantize the model before packaging it",
+    "audit_log": "the per-request audit lines are the records now: the model config's "
+                 "'records:' section (enabled, inputs, required; docs/records.md)",
 }
 
 
@@ -36,7 +38,7 @@ class HandlerConfig:
         warmup_batches: forward passes run at initialize so the first request is not slow.
         feature_limit: largest accepted magnitude of a feature value.
         log_batches: log one line per batch with its size through the worker's stdout into
-            model_log.log (debugging; off by default: the audit trail's ``batch`` field and the
+            model_log.log (debugging; off by default: the records' ``batch`` field and the
             ``rtserve_batch_size`` histogram show batching without a line per batch).
         explain_steps: Integrated Gradients steps per explanation (cost grows linearly).
         explain_baseline: the reference input: ``mean`` (the training mean, zeros after
@@ -47,8 +49,6 @@ class HandlerConfig:
             requests of that batch get a 503 with ``Retry-After`` so predictions are not starved.
         metrics: export the handler's Prometheus metrics (``rtserve_*``, see
             :mod:`handler.telemetry`) and drift gauges.
-        audit_log: append one JSON line per answered or rejected request to ``audit.log`` in
-            the server's log directory.
         drift_window: recent rows scored for drift against the training distribution.
         drift_export_seconds: how often the drift gauges are refreshed.
         drift_flush_rows: rows buffered before they enter the drift window (one bulk update).
@@ -77,7 +77,6 @@ class HandlerConfig:
     explain_internal_batch_size: int = 512
     explain_max_per_batch: int = 4
     metrics: bool = True
-    audit_log: bool = True
     drift_window: int = 2000
     drift_export_seconds: float = 5.0
     drift_flush_rows: int = 256

@@ -26,6 +26,7 @@ import json
 import logging
 import math
 import os
+import re
 import time
 from functools import partial
 from typing import Any
@@ -38,12 +39,14 @@ from handler.device import choose_device, on_device
 from handler.errors import ConfigError, ExplainCapacityExceeded, InvalidInput
 from handler.explain import Explainer
 from handler.model import METADATA_FILE, PROGRAM_FILE, ModelMetadata, load_program
-from handler.protocols import (BINARY_CONTENT_TYPE, BINARY_HEADER, OIP_V2, BinaryBody, answer,
-                               detect, encode_binary, grpc_error, parse_request)
+from handler.protocols import (BINARY_CONTENT_TYPE, BINARY_HEADER, KSERVE_V1, OIP_V2, BinaryBody,
+                               answer, detect, encode_binary, grpc_error, parse_request)
 from handler import worker_io
+from handler.records import (ROUTE_HEADER, Recorder, RecordsConfig, RecordsUnavailable, Spool,
+                             spool_bytes, spool_dir)
 from handler.schema import ParsedBatch, parse_batch, prediction_document, request_body
-from handler.telemetry import (TORCHSERVE_METRICS_LOGGER, Telemetry, audit_path,
-                               quiet_torchserve_batch_lines, require_multiprocess_dir)
+from handler.telemetry import (TORCHSERVE_METRICS_LOGGER, Telemetry, quiet_torchserve_batch_lines,
+                               require_multiprocess_dir)
 from handler.warmup import is_warmup_batch, warmup_key
 
 logger = logging.getLogger(__name__)
@@ -58,6 +61,9 @@ EXPLAIN_VALUE = "True"
 PLAIN_ROUTE_HEADER = "url_path"
 #: The types of a request body TorchServe did not decode (its ``body`` parameter).
 _RAW_BODIES = frozenset((bytes, bytearray, str))
+_ROUTE_HEADER_LOWER = ROUTE_HEADER.lower()
+#: A route a client may name in :data:`handler.records.ROUTE_HEADER` (others are ignored).
+_ROUTE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,31}")
 
 
 class RealTimeHandler(BaseHandler):
@@ -92,6 +98,10 @@ class RealTimeHandler(BaseHandler):
             internal_batch_size=self.config.explain_internal_batch_size, device=self.device,
         )
         self.telemetry = self._telemetry(context) if self.config.metrics else None
+        self.records = RecordsConfig.from_model_yaml(context.model_yaml_config)
+        self.recorder = (Recorder(Spool(spool_dir(), spool_bytes()), context.model_name,
+                                  self.model_version, self.meta.labels, self.records.inputs)
+                         if self.records.enabled else None)
         self.warmup_key = warmup_key()  # rtserve.server's warm-up requests are not recorded
         quiet_torchserve_batch_lines()
         self.buffered_reads = self.config.buffered_reads and worker_io.install()
@@ -118,12 +128,13 @@ class RealTimeHandler(BaseHandler):
             context.model_name, self.model_version, self.meta.labels, self.meta.feature_names,
             self.meta.drift_reference, self.config.drift_window,
             self.config.drift_export_seconds, self.config.drift_flush_rows,
-            audit_path() if self.config.audit_log else None,
         )
 
     def handle(self, data: list, context: Any) -> list[str]:
-        """preprocess -> inference -> postprocess, timed per stage for the metrics and audit
-        (a batch of warm-up requests only, see :mod:`handler.warmup`, is answered, not recorded)."""
+        """preprocess -> inference -> postprocess, timed per stage for the metrics; then each
+        request's record into the spool, before the answers go back (a batch of warm-up requests
+        only, see :mod:`handler.warmup`, is answered, not recorded). A batch whose records do
+        not fit in the spool is answered without them, or 503 with ``records.required``."""
         self.context = context
         t0 = time.perf_counter()
         batch = self.preprocess(data)
@@ -132,12 +143,35 @@ class RealTimeHandler(BaseHandler):
         t2 = time.perf_counter()
         out = self.postprocess(result)
         t3 = time.perf_counter()
-        if self.telemetry is not None and not is_warmup_batch(context.request_processor,
-                                                              self.warmup_key):
+        if (self.telemetry is None and self.recorder is None) or is_warmup_batch(
+                context.request_processor, self.warmup_key):
+            return out
+        if self.telemetry is not None:
+            self.telemetry.record(batch, batch.classes, (t1 - t0, t2 - t1, t3 - t2))
+        if self.recorder is not None:
             ids = context.request_ids or {}
-            self.telemetry.record(batch, batch.classes, (t1 - t0, t2 - t1, t3 - t2),
-                                  [ids.get(i, "") for i in range(batch.size)])
+            lines = self.recorder.lines(batch, data, out, [ids.get(i, "") for i in range(batch.size)],
+                                        batch.routes, t3 - t0)
+            kept = self.recorder.write(lines)
+            if self.telemetry is not None:
+                counter = self.telemetry.metrics.records_written if kept else self.telemetry.metrics.records_dropped
+                counter.inc(len(lines))
+            if not kept and self.records.required:
+                return self._refuse(batch.size)
         return out
+
+    def _refuse(self, size: int) -> list[str]:
+        """A 503 for every request of the batch: its record cannot be kept (``records.required``)."""
+        error = RecordsUnavailable("the request's record cannot be kept (the records spool is full: "
+                                   "the records store has been away too long) and records.required "
+                                   "is set: retry shortly")
+        body = json.dumps(error.body())
+        for idx, rp in enumerate(self.context.request_processor[:size]):
+            self.context.set_response_status(error.status, _reason_phrase(error.message), idx)
+            for key, value in error.headers.items():
+                rp.add_response_property(key, value)
+            rp.add_response_property(CONTENT_TYPE, JSON)
+        return [body] * size
 
     def _warm_up(self) -> None:
         """Run the request path a few times so the first real request pays no one-off costs.
@@ -161,15 +195,16 @@ class RealTimeHandler(BaseHandler):
         """Never switch the whole batch to ``explain_handle``: explain is decided per request."""
         return False
 
-    def _routes(self) -> tuple[set[int], set[int], list[int]]:
+    def _routes(self) -> tuple[set[int], set[int], list[int], dict[int, str]]:
         """One pass over the batch's request headers (each request's ``RequestProcessor``
         holds them, as ``get_request_header`` reads them): the indices of the requests that came
         in on an explain route, of those that came in on ``/predictions`` or ``/explanations``,
-        and of those without an ``explain`` header (gRPC: the frontend sets it on every REST
-        inference route)."""
+        of those without an ``explain`` header (gRPC: the frontend sets it on every REST
+        inference route), and the route each client named in :data:`ROUTE_HEADER`."""
         explain: set[int] = set()
         plain_only: set[int] = set()
         no_route: list[int] = []
+        declared: dict[int, str] = {}
         for i, rp in enumerate(self.context.request_processor):
             headers = rp.get_request_properties()
             flag = headers.get(EXPLAIN_HEADER)
@@ -179,7 +214,35 @@ class RealTimeHandler(BaseHandler):
                 explain.add(i)
             if headers.get(PLAIN_ROUTE_HEADER) is not None:
                 plain_only.add(i)
-        return explain, plain_only, no_route
+            named = headers.get(ROUTE_HEADER) or headers.get(_ROUTE_HEADER_LOWER)
+            if named is not None and type(named) is str and _ROUTE_NAME.fullmatch(named):
+                declared[i] = named
+        return explain, plain_only, no_route, declared
+
+    @staticmethod
+    def _route_names(batch: ParsedBatch, explain: set[int], plain_only: set[int],
+                     no_route: list[int], declared: dict[int, str]) -> list[str]:
+        """Each request's route for its record: the one its client named; else ``predictions``
+        or ``explanations``; else the protocol (``kserve-v1``, ``oip-v2``; ``rest`` or ``grpc``
+        for rtserve's own body), with ``-grpc`` when it came over gRPC and ``-explain`` on an
+        explain route."""
+        grpc = set(no_route)
+        names = []
+        for idx in range(batch.size):
+            if idx in declared:
+                names.append(declared[idx])
+            elif idx in plain_only:
+                names.append("explanations" if idx in explain else "predictions")
+            else:
+                request = batch.protocols.get(idx)
+                if request is None and idx in batch.oip_grpc:
+                    name = "oip-v2-grpc"
+                elif request is not None:
+                    name = ("kserve-v1" if request.protocol == KSERVE_V1 else "oip-v2") + ("-grpc" if idx in grpc else "")
+                else:
+                    name = "grpc" if idx in grpc else "rest"
+                names.append(name + ("-explain" if idx in explain else ""))
+        return names
 
     @staticmethod
     def _oip_grpc_requests(data: list, no_route: list[int]) -> dict[int, str]:
@@ -213,7 +276,7 @@ class RealTimeHandler(BaseHandler):
     def preprocess(self, data: list) -> ParsedBatch:
         """Parse and validate every request of the batch (rtserve's own body, KServe v1 or v2);
         the valid rows stay raw features: the exported program does its own preprocessing."""
-        explain, plain_only, no_route = self._routes()
+        explain, plain_only, no_route, declared = self._routes()
         other = partial(parse_request, n_features=self.meta.n_features,
                         limit=self.config.feature_limit, max_instances=self.config.max_instances)
         batch = parse_batch(self._binary_bodies(data, plain_only), self.meta.n_features,
@@ -221,6 +284,8 @@ class RealTimeHandler(BaseHandler):
                             other=other, plain_only=plain_only)
         if no_route:
             batch.oip_grpc = self._oip_grpc_requests(data, no_route)
+        if self.recorder is not None:
+            batch.routes = self._route_names(batch, explain, plain_only, no_route, declared)
         if self.config.log_batches:
             logger.info("batch size=%d valid=%d explain=%d kserve=%d rows=%d",
                         batch.size, batch.size - len(batch.errors), len(batch.targets),

@@ -1,4 +1,4 @@
-"""Per-batch telemetry: handler metrics, drift, and the audit trail (no TorchServe import).
+"""Per-batch telemetry: handler metrics and drift (no TorchServe import).
 
 Nothing here goes through the worker's stdout: TorchServe's metric API writes one formatted log
 line per update, which the frontend reads back, parses and logs again (the busiest threads of
@@ -15,15 +15,13 @@ the frontend at low load, and about 16 us per request in a full batch). Instead:
   (:class:`DriftExporter`): it scores what is still buffered first, so a scrape after a burst
   and then silence shows every row of the burst, and the request path never waits for an
   export (it only takes an uncontended lock once per batch to hand its rows over).
-- **Audit** lines go straight from the worker to ``audit.log`` in the server's log directory,
-  one ``write`` of whole lines per batch on a file opened for appending (whole writes of a few
-  KiB from several workers do not interleave), formatted from preassembled parts.
+- **Records** (one per request, :mod:`handler.records`) are written by the handler itself;
+  their counters (written, dropped) live here.
 """
 
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
 import threading
@@ -33,7 +31,6 @@ from typing import Any, Callable, Sequence
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from handler.audit import AUDIT_FILE, AuditFile
 from handler.drift import DriftMonitor
 from handler.errors import ConfigError, HandlerError
 
@@ -98,6 +95,11 @@ class HandlerMetrics:
         self.stages = [stage.labels(model, version, name) for name in STAGES]
         self.batch_size = Histogram("rtserve_batch_size", "Requests per batch the handler ran",
                                     LABELS, buckets=BATCH_BUCKETS, **reg).labels(*ids)
+        self.records_written = Counter("rtserve_records_written", "Records the handler wrote to "
+                                       "its spool", LABELS, **reg).labels(*ids)
+        self.records_dropped = Counter("rtserve_records_dropped", "Records the handler could not "
+                                       "keep: the spool was full (the store away too long)",
+                                       LABELS, **reg).labels(*ids)
         # Drift gauges get their children at the first export: no series until there is a score.
         self.ids = ids
         self.feature_names = list(feature_names)
@@ -177,63 +179,6 @@ class DriftBuffer:
             self._inputs, self._classes = [], []
 
 
-class AuditLog:
-    """One JSON line per answered or rejected request, appended to ``path`` once per batch
-    (:class:`handler.audit.AuditFile`; lines preformatted in its line format).
-
-    Each line holds ``event`` (prediction, explanation, rejected), ``request_id`` (the
-    x-request-id the client got), ``model``, ``model_version``, ``batch`` (``<worker pid>-<n>``:
-    the lines of one batch share it), ``batch_size``, ``handler_ms`` and then ``class`` + ``label`` (``classes`` + ``labels`` for a request with several rows) or,
-    for a rejection, ``status`` and ``reason``.
-    """
-
-    def __init__(self, path: str, model: str, version: str, labels: Sequence[str]) -> None:
-        self.file = AuditFile(path)
-        self.labels = list(labels)
-        self.batches = 0
-        self._model = f'"model":{_js(model)},"model_version":{_js(version)},"batch":"{os.getpid()}-'
-        # "class":N,"label":"..." per class, preformatted.
-        self._answer = [f'"class":{cls},"label":{_js(label)}' for cls, label in enumerate(labels)]
-
-    def write(self, batch: Any, classes: list[int], rejected: dict, seconds: float,
-              request_ids: Sequence[str]) -> None:
-        """Append this batch's lines (``batch`` is a ``handler.schema.ParsedBatch``)."""
-        self.batches += 1
-        common = (f'{self._model}{self.batches}","batch_size":{batch.size},'
-                  f'"handler_ms":{round(seconds * 1000.0, 3)}')
-        row_classes: dict[int, list[int]] = {}  # a KServe v1 request may hold several rows
-        for idx, cls in zip(batch.rows, classes):
-            row_classes.setdefault(idx, []).append(cls)
-        lines = []
-        errors, explanations = batch.errors, batch.explanations
-        for idx in range(batch.size):
-            rid = request_ids[idx] if idx < len(request_ids) else None
-            rid = _js(rid) if rid is not None else "null"
-            if idx in rejected:
-                lines.append(f'{{"event":"rejected","request_id":{rid},{common},"status":400,'
-                             f'"reason":"{violation_reason(rejected[idx])}"}}\n')
-            elif idx in row_classes and idx not in errors:
-                found = row_classes[idx]
-                event = "explanation" if idx in explanations else "prediction"
-                if len(found) == 1:
-                    tail = self._answer[found[0]]
-                else:
-                    tail = (f'"classes":{json.dumps(found, separators=(",", ":"))},"labels":'
-                            f'{json.dumps([self.labels[c] for c in found], separators=(",", ":"))}')
-                lines.append(f'{{"event":"{event}","request_id":{rid},{common},{tail}}}\n')
-        self.file.append(lines)
-
-    def close(self) -> None:
-        self.file.close()
-
-
-def _js(value: str) -> str:
-    """A JSON string literal (plain ASCII ids, as TorchServe's UUIDs, skip the encoder)."""
-    if value.isascii() and value.isprintable() and '"' not in value and "\\" not in value:
-        return f'"{value}"'
-    return json.dumps(value)
-
-
 class _DropLine(logging.Filter):
     """Drops records whose message starts with ``prefix``."""
 
@@ -255,11 +200,6 @@ def quiet_torchserve_batch_lines() -> None:
     logging.getLogger(TORCHSERVE_METRICS_LOGGER).setLevel(logging.WARNING)
 
 
-def audit_path() -> str:
-    """Where the audit trail goes: ``audit.log`` in the server's log directory."""
-    return os.path.join(os.environ.get(LOG_DIR_ENV) or "logs", AUDIT_FILE)
-
-
 def require_multiprocess_dir() -> str:
     """The metrics directory the server gave the workers.
 
@@ -275,38 +215,35 @@ def require_multiprocess_dir() -> str:
 
 
 class Telemetry:
-    """Metrics, drift and audit for one model version in one worker.
+    """Metrics and drift for one model version in one worker.
 
     Args:
-        model: model name; version: model version (metric labels and audit fields).
+        model: model name; version: model version (metric labels).
         labels: class labels; feature_names: input feature names (drift label).
         drift_reference: ``meta.json``'s training reference; empty disables drift.
         drift_window: rows in the drift window; drift_every: seconds between drift exports
             (a :class:`DriftExporter` thread; None: no thread, :meth:`export_drift` is called
             by the owner).
         drift_flush_rows: rows buffered before the drift window is updated.
-        audit_path: append the audit trail here (None: no audit trail).
         registry: the metrics' registry (tests read values from it).
     """
 
     def __init__(
         self, model: str, version: str, labels: Sequence[str], feature_names: Sequence[str],
         drift_reference: dict, drift_window: int = 2000, drift_every: float | None = 5.0,
-        drift_flush_rows: int = 256, audit_path: str | None = None,
+        drift_flush_rows: int = 256,
         registry: CollectorRegistry | None = None,
     ) -> None:
         self.metrics = HandlerMetrics(model, version, labels, feature_names, registry)
         self.drift = DriftMonitor(drift_reference, drift_window) if drift_reference else None
         self.buffer = DriftBuffer(self.drift, min(drift_flush_rows, drift_window)) if self.drift else None
-        self.audit = AuditLog(audit_path, model, version, labels) if audit_path else None
         #: Guards the drift buffer and window between the request loop and the exporter.
         self._drift_lock = threading.Lock()
         self._drift_rows = 0  # rows handed over since the last export
         self.exporter = (DriftExporter(self.export_drift, drift_every)
                          if self.drift is not None and drift_every is not None else None)
 
-    def record(self, batch: Any, classes: Sequence[int] | None, stage_seconds: Sequence[float],
-               request_ids: Sequence[str]) -> None:
+    def record(self, batch: Any, classes: Sequence[int] | None, stage_seconds: Sequence[float]) -> None:
         """Account for one handled batch (``batch`` is a ``handler.schema.ParsedBatch``;
         ``classes`` the predicted class of each of its rows, None when it had no valid row)."""
         m = self.metrics
@@ -334,8 +271,6 @@ class Telemetry:
                 with self._drift_lock:
                     self.buffer.add(batch.inputs, classes)
                     self._drift_rows += len(classes)
-        if self.audit is not None:
-            self.audit.write(batch, classes or [], rejected, sum(stage_seconds), request_ids)
 
     def export_drift(self) -> bool:
         """Score the buffered rows, then set the drift gauges from the window, if rows arrived

@@ -14,6 +14,8 @@ Every ``RTSERVE_*`` variable is read here and nowhere else:
 - ``RTSERVE_GATEWAY_TOKENS``: the gateway's shared tokens; ``/etc/rtserve-gateway-tokens/tokens``
 - ``RTSERVE_LIVE_ROUTES``: a mounted live routes file the server copies into its run directory
   when its content changes (a pod's ConfigMap ``rtserve-live-routes``); none
+- ``RTSERVE_RECORDS_STORE``: the records store's contact points, ``host:port,...`` (a pod's
+  ConfigMap ``rtserve-records``); config.properties' ``rtserve_records_store``
 
 (and TorchServe's own ``LOG_LOCATION``, which a server started by rtserve sets for its workers).
 ``HOME`` is the checkout holding this package (``config.properties``, ``config/``, ``deploy/``,
@@ -58,6 +60,8 @@ CANARY_PID_FILE = "canary-watcher.pid"
 CANARY_WATCHER_MARKS = (b"rtserve", b"watch")
 CANARY_LOG_FILE = "canary-watcher.log"
 SHADOW_REPORT_FILE = "shadow-report.json"
+#: The records spool (kept across restarts: the shipper ships what a killed server left).
+RECORDS_DIR = "records"
 
 
 def resource(package: str, name: str) -> Path:
@@ -97,6 +101,12 @@ class RunDir:
     def audit_log(self) -> Path:
         """The audit trail: the handler's per-request lines and the gate's decisions."""
         return self.logs / "audit.log"
+
+    @property
+    def records(self) -> Path:
+        """The records spool: one JSON line per answered or rejected request
+        (:mod:`handler.records`), shipped to the store by the server's shipper."""
+        return self.path / RECORDS_DIR
 
     @property
     def drain_marker(self) -> Path:
@@ -160,6 +170,7 @@ class Settings:
     gateway_tokens: Path = DEFAULT_GATEWAY_TOKENS
     live_routes_source: Path | None = None
     log_location: Path | None = None
+    records_store: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
@@ -184,6 +195,7 @@ class Settings:
             "gateway_tokens": _path(env, "RTSERVE_GATEWAY_TOKENS") or DEFAULT_GATEWAY_TOKENS,
             "live_routes_source": _path(env, "RTSERVE_LIVE_ROUTES"),
             "log_location": _path(env, "LOG_LOCATION"),
+            "records_store": env.get("RTSERVE_RECORDS_STORE", "").strip() or None,
         }
         return cls(home=home, **values).but(**overrides)
 

@@ -46,18 +46,22 @@ def route_headers(explain: bool) -> dict:
     }
 
 
-def audit_batches(log_dir: Path) -> list[tuple[int, int, int]]:
-    """(size, valid, explanations) of every batch in the server's audit trail, in order.
+def records(spool: Path) -> list[dict]:
+    """Every record in a records spool (``RUN_DIR/records``), segment by segment in order."""
+    from rtserve.records.spool import lines_of
 
-    The handler appends each batch's lines with one write and marks them with the same
+    return [json.loads(line) for line in lines_of(Path(spool))]
+
+
+def record_batches(spool: Path) -> list[tuple[int, int, int]]:
+    """(size, valid, explanations) of every batch in a records spool (``RUN_DIR/records``),
+    in order.
+
+    The handler appends each batch's records with one write and marks them with the same
     ``batch`` id; valid = answered (not rejected) requests.
     """
-    path = Path(log_dir) / "audit.log"
-    if not path.exists():
-        return []
     batches: dict[str, list[dict]] = {}
-    for line in path.read_text().splitlines():
-        entry = json.loads(line)
+    for entry in records(spool):
         batches.setdefault(entry["batch"], []).append(entry)
     return [(lines[0]["batch_size"], sum(e["event"] != "rejected" for e in lines),
              sum(e["event"] == "explanation" for e in lines)) for lines in batches.values()]

@@ -22,6 +22,11 @@ PUBLIC_METRICS_KEY = "rtserve_metrics_address"
 #: inference port).
 OIP_KEY = "rtserve_oip_address"
 
+#: The server settings of the records (docs/records.md): the store's contact points (empty: no
+#: store, the spool is kept locally), its keyspace and the records' time to live in days.
+RECORDS_STORE_KEY = "rtserve_records_store"
+RECORDS_KEYSPACE_KEY = "rtserve_records_keyspace"
+RECORDS_TTL_KEY = "rtserve_records_ttl_days"
 
 def read_properties(path: str | Path) -> dict[str, str]:
     """Read a Java-style properties file (``key=value`` lines, ``#`` comments)."""

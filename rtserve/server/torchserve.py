@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from handler.records import DEFAULT_SPOOL_BYTES, SPOOL_BYTES_ENV, SPOOL_DIR_ENV
 from handler.warmup import KEY_ENV
 from rtserve.client.rest import Client, TorchServeError
 from rtserve.errors import ServerError, WrongAnswers
@@ -33,7 +34,8 @@ from rtserve.runtime.process import PidFile, spawn, stop_recorded, tail, termina
 from rtserve.server import drain as draining
 from rtserve.server.drain import DrainReport
 from rtserve.server.properties import (GREEDY_KEY, OIP_KEY,  # noqa: F401 - GREEDY_KEY re-exported
-                                       PUBLIC_METRICS_KEY, configured, effective_props, greedy,
+                                       PUBLIC_METRICS_KEY, RECORDS_KEYSPACE_KEY, RECORDS_STORE_KEY,
+                                       RECORDS_TTL_KEY, configured, effective_props, greedy,
                                        read_properties, write_properties)
 from rtserve.server.readiness import probe_prediction, workers_ready
 from rtserve.settings import CANARY_WATCHER_MARKS, PACKAGE_HOME, RunDir, Settings, log_config
@@ -59,6 +61,18 @@ SHARED_MEMORY = Path("/dev/shm")
 METRICS_DIR = "metrics"
 #: A model whose workers died this often during start-up is not going to load: fail fast.
 WORKER_DEATHS_FATAL = 4
+#: Seconds the records shipper has to ship what is left when the server stops.
+SHIPPER_STOP_SECONDS = 20.0
+
+
+def records_options(props: dict[str, str]) -> list[str]:
+    """The shipper's store options from the server's settings (none without a store)."""
+    store = props.get(RECORDS_STORE_KEY, "").strip()
+    if not store:
+        return ["--stop-seconds", str(SHIPPER_STOP_SECONDS)]
+    return ["--store", store, "--keyspace", props.get(RECORDS_KEYSPACE_KEY, "").strip() or "rtserve",
+            "--ttl-days", props.get(RECORDS_TTL_KEY, "").strip() or "30",
+            "--stop-seconds", str(SHIPPER_STOP_SECONDS)]
 
 
 @dataclass(frozen=True)
@@ -78,6 +92,10 @@ class Sidecar:
     pid_file: str
     log: str
     args: Callable[["TorchServe", dict[str, str]], list[str]]
+    #: It writes metrics into the workers' multiprocess directory (PROMETHEUS_MULTIPROC_DIR).
+    multiproc: bool = False
+    #: Seconds it gets to stop after SIGTERM before SIGKILL.
+    stop_timeout: float = 5.0
 
 
 #: The metrics exporter (rtserve.observability.exporter) on the public metrics address:
@@ -93,7 +111,15 @@ OIP_ROUTES = Sidecar(
     "the OIP model routes", ("server", "oip"), "oip-routes.pid", "oip_routes.log",
     lambda ts, effective: ["--listen", effective[OIP_KEY], "--run-dir", str(ts.run_dir),
                            "--model-store", str(ts.model_store), "--models", *ts.models])
-SIDECARS = (EXPORTER, OIP_ROUTES)
+#: The records shipper (rtserve.records.shipper): the spool's records to the store, when one is
+#: set (``rtserve_records_store``), else it only makes room in the spool. On SIGTERM it ships
+#: what is left; the server stops it after TorchServe, so nothing is added meanwhile.
+SHIPPER = Sidecar(
+    "the records shipper", ("records", "ship"), "records-shipper.pid", "records_shipper.log",
+    lambda ts, effective: ["--spool", str(ts.files.records), "--budget", str(ts.spool_budget),
+                           *records_options(effective)],
+    multiproc=True, stop_timeout=SHIPPER_STOP_SECONDS + 5.0)
+SIDECARS = (EXPORTER, OIP_ROUTES, SHIPPER)
 
 
 @dataclass
@@ -124,8 +150,11 @@ class TorchServe:
 
     @property
     def props(self) -> dict[str, str]:
-        """The effective configuration: the base file, then the model store, then overrides."""
-        return configured(self.config, self.model_store, self.overrides)
+        """The effective configuration: the base file, then the model store, then overrides
+        (``$RTSERVE_RECORDS_STORE`` first: the pod's ConfigMap)."""
+        store = self.settings.records_store
+        overrides = {RECORDS_STORE_KEY: store, **self.overrides} if store else self.overrides
+        return configured(self.config, self.model_store, overrides)
 
     @property
     def greedy(self) -> bool:
@@ -192,11 +221,17 @@ class TorchServe:
             return SHARED_MEMORY / f"rtserve-metrics-{os.getuid()}-{digest}"
         return self.run_dir / METRICS_DIR
 
+    @property
+    def spool_budget(self) -> int:
+        """The records spool's byte budget (the workers' ``RTSERVE_SPOOL_BYTES``)."""
+        return DEFAULT_SPOOL_BYTES
+
     def _env(self, warmup_key: str) -> dict[str, str]:
         tmp = self.run_dir / "tmp"
         env = dict(os.environ)
         env.update(TMPDIR=str(tmp), TEMP=str(tmp), LOG_LOCATION=str(self.log_dir),
                    METRICS_LOCATION=str(self.log_dir), PROMETHEUS_MULTIPROC_DIR=str(self.metrics_dir))
+        env.update({SPOOL_DIR_ENV: str(self.files.records), SPOOL_BYTES_ENV: str(self.spool_budget)})
         env[KEY_ENV] = warmup_key
         return env
 
@@ -211,20 +246,23 @@ class TorchServe:
     def start_sidecar(self, sidecar: Sidecar) -> None:
         """Start ``sidecar`` with this instance's effective config, in its own session."""
         effective = read_properties(self.files.config)
+        env = ({**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir)}
+               if sidecar.multiproc else None)
         spawn([sys.executable, "-m", "rtserve", *sidecar.command, *sidecar.args(self, effective)],
-              self.log_dir / sidecar.log, PidFile(self.run_dir / sidecar.pid_file), cwd=PACKAGE_HOME)
+              self.log_dir / sidecar.log, PidFile(self.run_dir / sidecar.pid_file), cwd=PACKAGE_HOME,
+              env=env)
 
     def start_sidecars(self) -> None:
         """Start every sidecar (:data:`SIDECARS`)."""
         for sidecar in SIDECARS:
             self.start_sidecar(sidecar)
 
-    def stop_sidecars(self, timeout: float = 5.0) -> None:
-        """SIGTERM every sidecar (SIGKILL after ``timeout``)."""
+    def stop_sidecars(self) -> None:
+        """SIGTERM every sidecar (SIGKILL after its ``stop_timeout``)."""
         for sidecar in SIDECARS:
             pid = self.sidecar_pid(sidecar)
             if pid is not None:
-                terminate(pid, timeout)
+                terminate(pid, sidecar.stop_timeout)
             PidFile(self.run_dir / sidecar.pid_file).remove()
 
     def stop_canary_watcher(self) -> None:

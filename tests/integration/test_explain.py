@@ -15,7 +15,7 @@ import requests
 from bench import explain_latency
 from rtserve.model.data import make_dataset
 from tests.conftest import MODEL_NAME
-from tests.helpers import Reference, audit_batches, bench_main, demo_eager
+from tests.helpers import Reference, bench_main, demo_eager, record_batches
 
 pytestmark = pytest.mark.integration
 
@@ -41,8 +41,8 @@ def post(server, path: str, payload) -> requests.Response:
 
 
 def batch_log(server) -> list[tuple[int, int, int]]:
-    """(size, valid, explanations) of every batch the handler ran (its audit trail)."""
-    return audit_batches(server.log_dir)
+    """(size, valid, explanations) of every batch the handler ran (its records)."""
+    return record_batches(server.files.records)
 
 
 def check_explanation(body: dict, ref: Reference, row: list[float], target: int) -> None:

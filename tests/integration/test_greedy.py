@@ -22,7 +22,7 @@ from rtserve.server.properties import GREEDY_KEY, read_properties
 from rtserve.server.torchserve import DEFAULT_CONFIG
 from rtserve.settings import Settings
 from tests.conftest import MODEL_NAME, REPO, make_archive
-from tests.helpers import audit_batches, features
+from tests.helpers import features, record_batches
 from tests.integration.conftest import start_server
 
 pytestmark = pytest.mark.integration
@@ -107,11 +107,11 @@ def test_greedy_answers_lone_requests_without_the_batch_delay_and_still_batches(
         # Without the agent each would take the whole delay (the test below); the median is
         # robust to one request slowed by other work on a shared machine.
         assert statistics.median(timings) < DELAY_MS / 2, timings
-        before = len(audit_batches(server.log_dir))
+        before = len(record_batches(server.files.records))
         with ThreadPoolExecutor(max_workers=32) as pool:
             answers = list(pool.map(lambda _: post(server), range(96)))
         assert [a.status_code for a in answers] == [200] * 96
-        batches = audit_batches(server.log_dir)[before:]
+        batches = record_batches(server.files.records)[before:]
         assert sum(size for size, _, _ in batches) == 96
         assert max(size for size, _, _ in batches) > 1, batches
     finally:

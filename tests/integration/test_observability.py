@@ -16,6 +16,7 @@ import yaml
 from rtserve.model.data import make_dataset
 from tests.conftest import MODEL_NAME, REPO, make_archive
 from tests.integration.conftest import serve
+from tests.helpers import records
 from tests.promql import metric_names, scrape_names
 from tests.unit.test_monitoring import dashboard_expressions, rule_expressions
 
@@ -135,26 +136,29 @@ def test_drift_stays_low_in_distribution_and_rises_on_shift(obs_server):
     assert max(others) < 0.2
 
 
-def test_audit_log_has_one_line_per_prediction_with_client_request_ids(obs_server):
+def test_records_have_one_line_per_request_with_client_request_ids(obs_server):
     valid = rows(make_dataset().x_test[:25])
     answers = send(obs_server, valid + [b"[]"] * 5)
     ids = {a.headers["x-request-id"]: a for a in answers}
     time.sleep(0.5)
     events = {}
-    for line in (obs_server.log_dir / "audit.log").read_text().splitlines():
-        event = json.loads(line)
+    for event in records(obs_server.files.records):
+        assert event["request_id"] not in events, f"a second record of {event['request_id']}"
         events[event["request_id"]] = event
     mine = {rid: events[rid] for rid in ids if rid in events}
-    assert len(mine) == 30, "every request has exactly one audit line"
+    assert len(mine) == 30, "every request has exactly one record"
     for rid, answer in ids.items():
         event = mine[rid]
         assert event["model"] == MODEL_NAME and event["model_version"] == "1.0"
         assert re.fullmatch(r"\d+-\d+", event["batch"]), event  # <worker pid>-<batch number>
+        assert event["status"] == answer.status_code and event["route"] == "predictions"
+        assert event["answer"] == answer.json()  # what the client received
         if answer.status_code == 200:
             assert event["event"] == "prediction" and event["class"] == answer.json()["prediction"]
-            assert event["handler_ms"] > 0
+            assert event["handler_ms"] > 0 and len(event["inputs"]) == 32
         else:
             assert event["event"] == "rejected" and event["reason"] == "not_an_object"
+            assert event["inputs"] == []
 
 
 def test_every_rule_and_panel_metric_exists_in_a_real_scrape(obs_server):

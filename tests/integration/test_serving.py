@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from tests.conftest import MODEL_NAME
-from tests.helpers import Reference, audit_batches, demo_eager, features
+from tests.helpers import Reference, demo_eager, features, record_batches
 
 pytestmark = pytest.mark.integration
 
@@ -28,12 +28,12 @@ def rows(n: int) -> list[list[float]]:
 
 
 def batch_log(server) -> list[tuple[int, int]]:
-    """(size, valid) of every batch the handler ran (its audit trail)."""
-    return [(size, valid) for size, valid, _ in audit_batches(server.log_dir)]
+    """(size, valid) of every batch the handler ran (its records)."""
+    return [(size, valid) for size, valid, _ in record_batches(server.files.records)]
 
 
 def batches_since(server, before: int, requests: int) -> list[tuple[int, int]]:
-    """The batches after the first ``before`` (the worker writes a batch's audit lines before it
+    """The batches after the first ``before`` (the worker writes a batch's records before it
     answers, so they are all there once the answers are)."""
     batches = batch_log(server)[before:]
     assert sum(size for size, _ in batches) == requests, batches
@@ -114,7 +114,7 @@ def test_inference_needs_the_token(server):
 def test_logs_keep_access_and_model_lines_without_per_request_chatter(server):
     """rtserve/server/log4j2.xml: one access line per request, and in ts_log.log only the worker
     threads' two lines per batch, written once; nothing per batch in model_log.log (the worker
-    writes no line per batch to its stdout: the audit trail has its own file)."""
+    writes no line per batch to its stdout: the records have their own files)."""
     logs = server.log_dir
     lines = lambda name: (logs / name).read_text().splitlines()  # noqa: E731
     access = lambda: [a for a in lines("access_log.log") if f"/predictions/{MODEL_NAME} " in a]  # noqa: E731

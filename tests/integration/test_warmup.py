@@ -16,6 +16,7 @@ from bench.perf import timed_post
 from handler.warmup import HEADER
 from rtserve.server.warmup import WARM_FILE, WarmupConfig
 from tests.conftest import MODEL_NAME, REPO
+from tests.helpers import records
 
 pytestmark = pytest.mark.integration
 
@@ -51,8 +52,7 @@ def scraped(server, name: str) -> float:
 
 
 def audit(server) -> list[dict]:
-    path = server.log_dir / "audit.log"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return records(server.files.records)
 
 
 def test_warm_up_answers_are_correct_and_kept_out_of_every_record(fresh):

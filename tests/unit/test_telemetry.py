@@ -1,4 +1,4 @@
-"""Handler telemetry: Prometheus metrics (read from the handler's registry), drift, audit.log."""
+"""Handler telemetry: Prometheus metrics (read from the handler's registry), drift, records."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from handler.errors import ConfigError
 from handler.rtserve_handler import RealTimeHandler
 from handler.schema import parse_batch
 from handler.telemetry import DriftBuffer, violation_reason
-from tests.helpers import MODEL_YAML, features, json_row, make_context, raw_row, start_batch
+from tests.helpers import MODEL_YAML, features, json_row, make_context, raw_row, records, start_batch
 
 pytestmark = pytest.mark.unit
 
@@ -43,11 +43,7 @@ def value(handler, name: str, **labels) -> float:
     return 0.0 if found is None else found
 
 
-def audit(server_env) -> list[dict]:
-    return [json.loads(line) for line in (server_env / "logs" / "audit.log").read_text().splitlines()]
-
-
-def test_one_batch_updates_every_metric_once_and_audits_every_request(handler_ctx, server_env):
+def test_one_batch_updates_every_metric_once_and_records_every_request(handler_ctx, server_env):
     handler, ctx = handler_ctx
     rows = [json_row({"features": features()}), raw_row(b"{x"), json_row({"features": [1.0]}),
             json_row({"instances": [features(), features(value=-40.0)]}), json_row({"features": features()})]
@@ -67,25 +63,34 @@ def test_one_batch_updates_every_metric_once_and_audits_every_request(handler_ct
     predicted = sum(value(handler, "rtserve_predictions_total", **{"class": label})
                     for label in handler.meta.labels)
     assert predicted == 4  # 2 plain + 2 v1 instances
-    lines = audit(server_env)
+    assert value(handler, "rtserve_records_written_total") == 5
+    assert value(handler, "rtserve_records_dropped_total") == 0
+    lines = records(server_env / "records")
     assert [a["request_id"] for a in lines] == [f"req-{i}" for i in range(5)]
     assert [a["event"] for a in lines] == ["prediction", "rejected", "rejected", "prediction", "prediction"]
     assert len(lines[3]["classes"]) == 2 and lines[0]["model_version"] == "1.0"
     assert {a["batch"] for a in lines} == {lines[0]["batch"]} and lines[0]["batch_size"] == 5
-    assert set(lines[0]) == {"event", "request_id", "model", "model_version", "batch",
-                             "batch_size", "handler_ms", "class", "label"}
-    assert set(lines[1]) == {"event", "request_id", "model", "model_version", "batch",
-                             "batch_size", "handler_ms", "status", "reason"}
+    assert list(lines[0]) == ["request_id", "time", "model", "model_version", "route", "status",
+                              "event", "batch", "batch_size", "handler_ms", "class", "label",
+                              "answer", "inputs"]
+    assert list(lines[1]) == ["request_id", "time", "model", "model_version", "route", "status",
+                              "event", "batch", "batch_size", "handler_ms", "reason", "answer",
+                              "inputs"]
     assert lines[1]["status"] == 400 and lines[1]["reason"] == "not_json"
+    assert lines[1]["answer"] == {"error": "request body is not valid JSON"}
+    assert lines[1]["inputs"] == "{x"  # what it sent, as text
+    assert lines[2]["answer"]["field"] == "features" and lines[2]["inputs"] == {"features": [1.0]}
     assert lines[0]["label"] == handler.meta.labels[lines[0]["class"]]
+    assert lines[0]["answer"]["label"] == lines[0]["label"] and lines[0]["inputs"] == features()
+    assert lines[3]["inputs"] == [features(), features(value=-40.0)]
 
 
-def test_audit_ids_with_quotes_stay_valid_json(handler_ctx, server_env):
+def test_record_ids_with_quotes_stay_valid_json(handler_ctx, server_env):
     handler, ctx = handler_ctx
     start_batch(ctx, 1)
     ctx.request_ids = {0: 'odd "id" \\ é'}
     handler.handle([json_row({"features": features()})], ctx)
-    assert audit(server_env)[-1]["request_id"] == 'odd "id" \\ é'
+    assert records(server_env / "records")[-1]["request_id"] == 'odd "id" \\ é'
 
 
 def drift_gauge(handler) -> float | None:

@@ -13,7 +13,7 @@ from handler.warmup import HEADER, KEY_ENV
 from rtserve.server.probe import ready
 from rtserve.server.warmup import WARM_FILE, Rows, WarmupConfig, WarmupError
 from rtserve.errors import WrongAnswers
-from tests.helpers import MODEL_YAML, audit_batches, features, json_row, make_context, route_headers, start_batch
+from tests.helpers import MODEL_YAML, features, record_batches, json_row, make_context, route_headers, start_batch
 
 pytestmark = pytest.mark.unit
 
@@ -52,7 +52,7 @@ def test_a_warm_up_batch_is_answered_but_not_recorded(warm_handler, server_env):
     assert all(len(a["probabilities"]) == 3 for a in answers)
     assert requests_seen(handler) == 0
     assert handler.telemetry.buffer._rows == 0 and handler.telemetry.drift.rows == 0
-    assert audit_batches(server_env / "logs") == []
+    assert record_batches(server_env / "records") == []
 
 
 @pytest.mark.parametrize("keys", [
@@ -65,7 +65,7 @@ def test_anything_else_is_recorded(warm_handler, server_env, keys):
     handler, ctx = warm_handler
     handle(handler, ctx, keys)
     assert requests_seen(handler) == len(keys)
-    assert audit_batches(server_env / "logs") == [(len(keys), len(keys), 0)]
+    assert record_batches(server_env / "records") == [(len(keys), len(keys), 0)]
 
 
 def test_without_a_key_from_the_server_nothing_is_a_warm_up(trained_dir, server_env, monkeypatch):
