@@ -107,8 +107,8 @@ def compile_aoti(model_dir: Path, out: Path) -> Path:
 @contextlib.contextmanager
 def worker_env():
     """What rtserve.server gives a worker: a metrics directory in prometheus_client's
-    multiprocess mode (values in memory-mapped files, as in a worker) and a log directory for
-    the audit trail; both removed afterwards."""
+    multiprocess mode (values in memory-mapped files, as in a worker) and a log directory (the
+    records spool beside it); both removed afterwards."""
     from prometheus_client import values
 
     saved = {k: os.environ.get(k) for k in ("PROMETHEUS_MULTIPROC_DIR", "LOG_LOCATION")}
@@ -129,14 +129,21 @@ def worker_env():
 
 
 def telemetry_time(handler: Any, rows: list, context: Any) -> float:
-    """Microseconds per call of the handler's telemetry (metrics, drift, audit) for ``rows``."""
+    """Microseconds per call of the handler's telemetry (metrics, drift, the records' lines and
+    their write) for ``rows``."""
     from rtserve.testing.worker import start_batch
 
     start_batch(context, len(rows))
     batch = handler.preprocess(rows)
-    handler.postprocess(handler.inference(batch))  # the predicted classes, for the telemetry
+    answers = handler.postprocess(handler.inference(batch))  # the classes and answers, as recorded
     ids = [f"{i:08d}-1111-2222-3333-444444444444" for i in range(len(rows))]
-    return best_us(lambda: handler.telemetry.record(batch, batch.classes, (1e-4, 1e-4, 1e-4), ids))
+
+    def once() -> None:
+        handler.telemetry.record(batch, batch.classes, (1e-4, 1e-4, 1e-4))
+        if handler.recorder is not None:
+            handler.recorder.write(handler.recorder.lines(batch, rows, answers, ids, batch.routes, 3e-4))
+
+    return best_us(once)
 
 
 def handler_time(model_dir: Path, model_yaml: dict, body: dict, batch: int = 32,

@@ -59,15 +59,15 @@ VARIANTS: dict[str, tuple[str, dict, dict]] = {
     "torchserve": ("rtserve as shipped (greedy batching, telemetry on)", {}, {}),
     "torchserve-stock": ("rtserve, TorchServe's own batching (rtserve_greedy_batching=false)",
                          {"rtserve_greedy_batching": "false"}, {}),
-    "torchserve-notelemetry": ("rtserve, handler metrics and audit off",
-                               {}, {"handler": {"metrics": False, "audit_log": False}}),
+    "torchserve-notelemetry": ("rtserve, handler metrics and records off",
+                               {}, {"handler": {"metrics": False}, "records": {"enabled": False}}),
     "torchserve-bs1": ("rtserve, batchSize 1 (no batching at all)", {}, {"batchSize": 1}),
     "torchserve-nowarmup": ("rtserve, no start-up warm-up (rtserve_warmup_requests=0)",
                             {"rtserve_warmup_requests": "0"}, {}),
-    "torchserve-nometrics": ("rtserve, handler metrics and drift off (audit on)", {},
+    "torchserve-nometrics": ("rtserve, handler metrics and drift off (records on)", {},
                              {"handler": {"metrics": False}}),
-    "torchserve-noaudit": ("rtserve, audit trail off (metrics and drift on)", {},
-                           {"handler": {"audit_log": False}}),
+    "torchserve-norecords": ("rtserve, records off (metrics and drift on)", {},
+                             {"records": {"enabled": False}}),
     "torchserve-unbuffered": ("rtserve, TorchServe's own worker reads (one recv per field)", {},
                               {"handler": {"buffered_reads": False}}),
     "torchserve-noroutes": ("rtserve without the live routes patch (the agent with routes=off "
@@ -81,7 +81,7 @@ VARIANTS: dict[str, tuple[str, dict, dict]] = {
 DEFAULT_SERVERS = "fastapi-1w,fastapi-2w,fastapi-2w-async," + ",".join(
     name for name in VARIANTS if name not in ("torchserve-threadperbatch", "torchserve-unbuffered",
                                               "torchserve-noroutes",
-                                              "torchserve-nometrics", "torchserve-noaudit",
+                                              "torchserve-nometrics", "torchserve-norecords",
                                               "torchserve-nowarmup"))
 #: Cumulative counters read around the c=1 point: the frontend's time per request from the
 #: request's arrival to its answer, the part of it spent queued, and the handler's stages.
@@ -525,22 +525,24 @@ class RtServe(Server):
 
     def first_request_detail(self) -> dict:
         """The timed first request's time in TorchServe (its access-log line) and in the handler
-        (its audit line), read after the second request: of the client predictions (the
-        readiness prediction, the first, the second; warm-up requests carry their query
-        parameter and are not in the audit log), the one before the last."""
+        (its record), read after the second request: of the client predictions (the readiness
+        prediction, the first, the second; warm-up requests carry their query parameter and
+        are not recorded), the one before the last."""
+        from rtserve.records.spool import lines_of
+
         out = {}
         deadline = time.monotonic() + 3
         while time.monotonic() < deadline and len(out) < 2:
             try:
                 access = (self.ts.log_dir / "access_log.log").read_text()
-                audit = (self.ts.log_dir / "audit.log").read_text().splitlines()
             except OSError:
-                access, audit = "", []
+                access = ""
+            kept = list(lines_of(self.ts.files.records))
             frontend = re.findall(r'"POST /predictions/[^\s?]+ HTTP/1.1" 200 (\d+)', access)
             if len(frontend) >= 3:
                 out["first_request_frontend_ms"] = int(frontend[-2])
-            if len(audit) >= 3:
-                out["first_request_handler_ms"] = json.loads(audit[-2])["handler_ms"]
+            if len(kept) >= 3:
+                out["first_request_handler_ms"] = json.loads(kept[-2])["handler_ms"]
             time.sleep(0.1)
         return out
 
@@ -754,7 +756,7 @@ def table(results: list[ServerResult], floor: dict | None, handler: dict | None)
                          f"{handler['postprocess_us_batch_of_1']}; handle() with telemetry "
                          f"{handler['handle_us_batch_of_1']}")
         if "telemetry_us_per_request" in handler:
-            lines.append(f"telemetry (metrics, drift, audit): {handler['telemetry_us_per_request']} us per "
+            lines.append(f"telemetry (metrics, drift, records): {handler['telemetry_us_per_request']} us per "
                          f"request in that batch, {handler['telemetry_us_batch_of_1']} us for a batch of 1")
     lines.append("")
     lines.append(f"{'server':<18} {'conc':>4} {'req/s':>8} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} "
@@ -896,7 +898,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _log_to_stdout()
     if args.quick:
-        args.servers, args.concurrency = "fastapi-2w-async,torchserve", "1,8,64"
+        if args.servers == DEFAULT_SERVERS:  # else the ones asked for (e.g. torchserve,torchserve-norecords)
+            args.servers = "fastapi-2w-async,torchserve"
+        args.concurrency = "1,8,64"
         args.duration, args.warmup, args.server_warmup, args.soak = 3.0, 1.0, 8.0, 0.0
         if args.out == RESULTS / "perf.json":
             args.out, args.plot = RESULTS / "quick.json", RESULTS / "quick.png"

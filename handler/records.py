@@ -23,7 +23,12 @@ A line's leading keys are always ``request_id``, ``time`` (UTC, ms, ``Z``), ``mo
 ``model_version``, ``route`` and ``status``; then ``event`` (prediction, explanation,
 rejected), ``batch`` (``<worker pid>-<n>``), ``batch_size``, ``handler_ms``, ``class`` and
 ``label`` (``classes`` and ``labels`` for a request of several rows) or ``reason``, then
-``answer`` (the JSON the client received; null for a binary answer) and ``inputs``.
+``answer`` (the JSON the client received; null for a binary answer) and ``inputs``: for an
+answered request the rows the model saw, as ``{"f32": <base64 of the float32 values, row-major,
+little-endian>, "shape": [features] or [rows, features]}`` (formatting 32 numbers as JSON text
+costs about ten times as much per request; ``rtserve.records.record.expand_inputs`` turns it
+into numbers), for a rejected one what it sent (its JSON, or its text), cut to
+:data:`REJECTED_INPUT_CHARS` characters.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import json
 import logging
 import os
 import time
+from binascii import b2a_base64
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping, Sequence
 
@@ -241,8 +247,8 @@ def iso_time(seconds: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + f".{int((seconds - whole) * 1000):03d}Z"
 
 
-def _compact(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
+#: Compact JSON (an encoder built once: ``json.dumps`` with separators builds one per call).
+_compact = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def rejected_inputs(row: Any) -> str:
@@ -297,7 +303,11 @@ class Recorder:
         rows_of: dict[int, list[int]] = {}
         for row, idx in enumerate(batch.rows):
             rows_of.setdefault(idx, []).append(row)
-        classes, vectors = batch.classes or [], getattr(batch, "vectors", None) or []
+        classes = batch.classes or []
+        raw, width = b"", 0
+        if self.inputs and batch.inputs is not None:  # every row's float32 bytes, once a batch
+            values = batch.inputs.numpy()
+            raw, width = values.astype("<f4", copy=False).tobytes(), 4 * values.shape[1]
         errors, explanations, ids, labels = batch.errors, batch.explanations, self._ids, self.labels
         out = []
         for idx in range(batch.size):
@@ -320,14 +330,18 @@ class Recorder:
             event = "explanation" if idx in explanations else "prediction"
             if len(rows) == 1:
                 found = self._answer[classes[rows[0]]]
-                given = vectors[rows[0]] if self.inputs and len(vectors) > rows[0] else None
             else:
                 found = (f'"classes":{_compact([classes[r] for r in rows])},'
                          f'"labels":{_compact([labels[classes[r]] for r in rows])}')
-                given = [vectors[r] for r in rows] if self.inputs and len(vectors) > rows[-1] else None
             tail = f',"answer":{answer}'
-            if self.inputs:
-                tail += f',"inputs":{_compact(given) if given is not None else "null"}'
+            if width:
+                # a request's rows are consecutive
+                encoded = b2a_base64(raw[rows[0] * width:(rows[-1] + 1) * width], newline=False)
+                shape = (f"[{width // 4}]" if len(rows) == 1 and idx not in batch.protocols
+                         else f"[{len(rows)},{width // 4}]")
+                tail += f',"inputs":{{"f32":"{encoded.decode()}","shape":{shape}}}'
+            elif self.inputs:
+                tail += ',"inputs":null'
             out.append(f'{head}200,"event":"{event}",{common},{found}{tail}}}\n')
         return out
 

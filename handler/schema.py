@@ -154,8 +154,6 @@ class ParsedBatch:
     oip_grpc: dict[int, str] = field(default_factory=dict)
     #: The predicted class of each row of ``inputs``, set when the answers are made.
     classes: list[int] | None = None
-    #: Each row of ``inputs`` as the request sent it (its record's ``inputs``).
-    vectors: list[list] = field(default_factory=list)
     #: The route each request came through (its record's ``route``), set by the handler.
     routes: list[str] = field(default_factory=list)
 
@@ -241,7 +239,6 @@ def parse_batch(
             fast_rows, fast = _check_each(fast_rows, fast, n_features, limit, batch.errors)
         vectors += fast
         batch.rows += fast_rows
-    batch.vectors = vectors
     if vectors:
         import torch  # here, not above: the stream consumer parses events with this module, without torch
 

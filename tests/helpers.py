@@ -47,10 +47,12 @@ def route_headers(explain: bool) -> dict:
 
 
 def records(spool: Path) -> list[dict]:
-    """Every record in a records spool (``RUN_DIR/records``), segment by segment in order."""
+    """Every record in a records spool (``RUN_DIR/records``), segment by segment in order, its
+    inputs as numbers."""
+    from rtserve.records.record import expand_inputs
     from rtserve.records.spool import lines_of
 
-    return [json.loads(line) for line in lines_of(Path(spool))]
+    return [expand_inputs(json.loads(line)) for line in lines_of(Path(spool))]
 
 
 def record_batches(spool: Path) -> list[tuple[int, int, int]]:

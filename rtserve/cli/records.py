@@ -52,7 +52,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     model = settings(args).model
     for record in _source(args).latest(model, since(args.since), args.version, args.limit):
-        print(record.line)
+        print(json.dumps(record.document))
     return 0
 
 
@@ -62,7 +62,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     source = _source(args)
     model = settings(args).model
-    count = export(source.window(model, since(args.since), args.version), args.out)
+    count = export(source.window(model, since(args.since), args.version), args.out, raw=args.raw)
     print(f">> {count} records of {model}{' ' + args.version if args.version else ''} since "
           f"{args.since} -> {args.out}")
     return 0
@@ -132,6 +132,8 @@ def add(groups: argparse._SubParsersAction) -> None:
             (["--since"], {"required": True, "help": "30s, 10m, 2h, 1d or an ISO 8601 time"}),
             (["--version"], {"help": "only this model version"}),
             (["--out"], {"type": Path, "required": True, "help": "the JSON lines file to write"}),
+            (["--raw"], {"action": "store_true", "help": "inputs as stored (float32 in base64, "
+                                                        "row-major), not as numbers"}),
             *where)
     command(commands, "ship", cmd_ship,
             (["--spool"], {"type": Path, "required": True, "help": "the spool directory"}),

@@ -10,6 +10,7 @@ prints exactly what the worker recorded.
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -31,8 +32,8 @@ class Record:
 
     @property
     def document(self) -> dict:
-        """The record as a JSON object."""
-        return json.loads(self.line)
+        """The record as a JSON object, its inputs as numbers (:func:`expand_inputs`)."""
+        return expand_inputs(json.loads(self.line))
 
 
 def parse_time(text: str) -> datetime:
@@ -81,3 +82,31 @@ def parse_line(line: str) -> Record:
         raise RecordsError(f"a record's request_id, model, model_version and route must be "
                            f"non-empty strings and its status an integer: {text[:200]!r}")
     return Record(request_id, when, model, version, route, status, text)
+
+
+def expand_inputs(document: dict) -> dict:
+    """``document`` with its ``inputs`` as numbers when the worker kept them as float32
+    (``{"f32": base64, "shape": [...]}``: :mod:`handler.records`); each value the float32 the
+    model saw, written as its shortest decimal form. Anything else is returned as it is.
+
+    Raises:
+        RecordsError: the float32 data does not fit its shape.
+    """
+    given = document.get("inputs")
+    if not isinstance(given, dict) or not isinstance(given.get("f32"), str):
+        return document
+    import numpy as np
+
+    try:
+        values = np.frombuffer(base64.b64decode(given["f32"], validate=True), dtype="<f4")
+        values = values.reshape([int(n) for n in given.get("shape") or [values.size]])
+    except (ValueError, TypeError) as exc:
+        raise RecordsError(f"record {document.get('request_id')}: inputs do not fit their "
+                           f"shape: {exc}") from None
+    return {**document, "inputs": _numbers(values)}
+
+
+def _numbers(values) -> list:
+    if values.ndim > 1:
+        return [_numbers(row) for row in values]
+    return [float(str(v)) for v in values]  # numpy's shortest float32 text, as a float

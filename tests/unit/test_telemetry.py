@@ -175,3 +175,33 @@ def test_metrics_without_a_metrics_directory_fail_the_load(trained_dir, monkeypa
 def test_violation_reasons_follow_the_real_messages(body, reason):
     batch = parse_batch([raw_row(body)], 32)
     assert violation_reason(batch.errors[0]) == reason
+
+
+@pytest.mark.parametrize("required", [False, True])
+def test_records_that_do_not_fit_the_spool_are_dropped_and_counted_or_refused(trained_dir, server_env,
+                                                                              monkeypatch, required):
+    monkeypatch.setenv("RTSERVE_SPOOL_BYTES", "4096")  # a spool of about five records
+    ctx = make_context(trained_dir, {**MODEL_YAML, "records": {"required": required}})
+    handler = RealTimeHandler()
+    handler.initialize(ctx)
+    try:
+        statuses = []
+        for _ in range(4):
+            start_batch(ctx, 3)
+            out = handler.handle([json_row({"features": features()})] * 3, ctx)
+            statuses.append([ctx.get_response_status(i)[0] for i in range(3)])
+            last = [json.loads(o) for o in out]
+        kept = records(server_env / "records")
+        written = value(handler, "rtserve_records_written_total")
+        dropped = value(handler, "rtserve_records_dropped_total")
+        assert written == len(kept) and 0 < written < 12 and written + dropped == 12
+        if required:
+            assert statuses[0] == [200] * 3 and statuses[-1] == [503] * 3
+            assert last == [{"error": "the request's record cannot be kept (the records spool is full: "
+                             "the records store has been away too long) and records.required is set: "
+                             "retry shortly"}] * 3
+        else:
+            assert statuses[-1] == [200] * 3  # answered anyway
+            assert all(answer["model_version"] == "1.0" for answer in last)
+    finally:
+        handler.telemetry.close()
