@@ -53,6 +53,14 @@ def dashboard() -> dict:
             {"expr": "max by (feature) (rtserve_feature_drift_psi)", "legendFormat": "{{feature}}"}], "short", 0, 32, 16),
         panel(10, "Prediction drift (PSI)", [
             {"expr": "max by (model_version) (rtserve_prediction_drift_psi)", "legendFormat": "{{model_version}}"}], "short", 16, 32, 8),
+        panel(11, "Records: written, shipped, dropped (per s)", [
+            {"expr": "sum(rate(rtserve_records_written_total[$__rate_interval]))", "legendFormat": "written"},
+            {"expr": "sum(rate(rtserve_records_shipped_total[$__rate_interval]))", "legendFormat": "shipped"},
+            {"expr": "sum(rate(rtserve_records_dropped_total[$__rate_interval]))", "legendFormat": "dropped"}],
+              "reqps", 0, 40),
+        panel(12, "Records: ship lag (p50/p99) and bytes waiting in the spool", quantiles(
+            "rtserve_records_ship_lag_seconds", "", qs=(0.5, 0.99)) + [
+            {"expr": "max(rtserve_records_pending_bytes)", "legendFormat": "pending bytes"}], "s", 12, 40),
     ]
     return {
         "title": "rtserve", "uid": "rtserve", "schemaVersion": 39, "version": 1, "editable": True,

@@ -36,6 +36,7 @@ from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPa
 from requests.adapters import HTTPAdapter
 
 from handler.errors import InvalidInput
+from handler.records import ROUTE_HEADER
 from rtserve.client.rest import Client
 from rtserve.errors import StreamError, TorchServeError
 from rtserve.stream import records
@@ -60,6 +61,8 @@ RETRY_BACKOFF_MS = 5
 #: ``id``, so this also keeps every output under the producer's 1 MB record limit.
 MAX_EVENT_BYTES = 65536
 
+#: The route of the consumer's requests in their records (:data:`handler.records.ROUTE_HEADER`).
+STREAM_ROUTE = "stream"
 
 @dataclass(frozen=True)
 class StreamConfig:
@@ -169,6 +172,7 @@ class StreamConsumer:
     @client.setter
     def client(self, client: Client) -> None:
         client.session.mount("http://", HTTPAdapter(pool_maxsize=self.config.concurrency))
+        client.session.headers[ROUTE_HEADER] = STREAM_ROUTE  # the records say where it came from
         self._client = client
 
     def _producer(self) -> Producer:

@@ -22,7 +22,7 @@ from rtserve.client.grpc_stubs import generate
 from rtserve.server.torchserve import OIP_ROUTES
 from rtserve.settings import DRAIN_FILE
 from tests.conftest import MODEL_NAME
-from tests.helpers import features
+from tests.helpers import features, records
 
 pytestmark = pytest.mark.integration
 
@@ -385,3 +385,60 @@ def test_oip_example_script_runs(server):
     assert json.loads(lines["class"]) == [expected["prediction"]]
     np.testing.assert_allclose(json.loads(lines["probabilities"]), [expected["probabilities"]],
                                rtol=0, atol=1e-6)
+
+
+# -- records ---------------------------------------------------------------------------------
+def test_every_route_keeps_a_record_of_each_request(server, keys, stubs, triton_client):
+    """One request on each route, each with features of its own: each has exactly one record,
+    naming its route, its status and what it sent; a REST request's record is found by the
+    ``x-request-id`` its client got, and holds the answer the client got."""
+    base, auth = server.props["inference_address"], bearer(keys["inference"])
+    sent: dict[str, tuple[float, object]] = {}
+
+    def post(route: str, path: str, body: dict, value: float) -> None:
+        resp = requests.post(f"{base}{path}", json=body, headers=auth, timeout=10)
+        sent[route] = (value, resp)
+
+    post("predictions", f"/predictions/{MODEL_NAME}", {"features": features(value=7.25)}, 7.25)
+    post("explanations", f"/explanations/{MODEL_NAME}", {"features": features(value=7.5)}, 7.5)
+    post("kserve-v1", f"/v1/models/{MODEL_NAME}:predict", {"instances": [features(value=7.75)] * 2}, 7.75)
+    post("oip-v2", f"/v2/models/{MODEL_NAME}/infer", {"inputs": [{
+        "name": "features", "datatype": "FP32", "shape": [1, 32], "data": features(value=8.0)}]}, 8.0)
+    post("rejected", f"/predictions/{MODEL_NAME}", {"features": [8.25] * 3}, 8.25)
+    port = server.props["grpc_inference_port"]
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        md = (("authorization", f"Bearer {keys['inference']}"),)
+        stubs.inference_pb2_grpc.InferenceAPIsServiceStub(channel).Predictions(
+            stubs.inference_pb2.PredictionsRequest(model_name=MODEL_NAME, input={
+                "data": json.dumps({"features": features(value=8.5)}).encode()}), metadata=md, timeout=10)
+        oip = stubs.open_inference_grpc_pb2
+        stubs.open_inference_grpc_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(
+            oip.ModelInferRequest(model_name=MODEL_NAME, id="rec-1", inputs=[
+                oip.ModelInferRequest.InferInputTensor(name="features", datatype="FP32", shape=[1, 32],
+                                                       contents=oip.InferTensorContents(
+                                                           fp32_contents=features(value=8.75)))]),
+            metadata=md, timeout=10)
+    grpc_values = {"grpc": 8.5, "oip-v2-grpc": 8.75}
+
+    def first_value(record: dict) -> float | None:
+        given = record.get("inputs")
+        if isinstance(given, dict):  # a rejected request keeps what it sent
+            given = given.get("features")
+        while isinstance(given, list) and given and isinstance(given[0], list):
+            given = given[0]
+        return given[0] if isinstance(given, list) and given else None
+
+    by_value: dict[float, list[dict]] = {}
+    for record in records(server.files.records):
+        by_value.setdefault(first_value(record), []).append(record)
+    for route, (value, resp) in sent.items():
+        [record] = by_value[value]
+        assert record["request_id"] == resp.headers["x-request-id"]
+        assert record["status"] == resp.status_code and record["answer"] == resp.json()
+        assert record["route"] == ("predictions" if route == "rejected" else route), record
+    assert sent["rejected"][1].status_code == 400 and by_value[8.25][0]["reason"] == "wrong_length"
+    assert by_value[7.75][0]["inputs"] == [features(value=7.75)] * 2
+    assert by_value[7.5][0]["event"] == "explanation"
+    for route, value in grpc_values.items():
+        [record] = by_value[value]
+        assert record["route"] == route and record["status"] == 200 and len(record["request_id"]) == 36
