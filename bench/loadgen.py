@@ -56,11 +56,25 @@ class Record:
     first_status: int = 0
     first_error: str = ""
     resent: bool = False
+    #: The ``x-request-id`` of the answer it ended with ("" without an answer): its record's key.
+    request_id: str = ""
+    #: It was one of the load's bad requests (answered 400 when all is well).
+    bad: bool = False
+
+    @property
+    def expected(self) -> int:
+        """The status a healthy server answers it: 200, or 400 for one of the load's bad requests."""
+        return 400 if self.bad else 200
 
     @property
     def failed_first(self) -> bool:
-        """The first try was not answered 200."""
-        return self.first_status != 200
+        """The first try was not answered as expected (200; 400 for a bad request)."""
+        return self.first_status != self.expected
+
+    @property
+    def answered(self) -> bool:
+        """It ended with the expected answer (and so with a record of it on the server)."""
+        return self.status == self.expected
 
 
 def status_key(status: int) -> str:
@@ -84,7 +98,7 @@ class Counts:
         return cls(sent=len(records), failed_first=sum(by_status.values()),
                    failed_first_by_status=dict(sorted(by_status.items())),
                    resent=sum(1 for r in records if r.resent),
-                   failed_after_resend=sum(1 for r in records if r.status != 200))
+                   failed_after_resend=sum(1 for r in records if not r.answered))
 
     @classmethod
     def read(cls, report: dict) -> "Counts":
@@ -124,10 +138,13 @@ class SteadyLoad:
         self, url: str, payload: dict, token: Callable[[], str | None], rate: float = 100.0,
         concurrency: int = 4, max_seconds: float = 600.0, max_requests: int = 200_000,
         timeout: float = 30.0, keep_alive: bool = True, gate: Callable[[], bool] | None = None,
-        resend_worker_lost: bool = True,
+        resend_worker_lost: bool = True, bad_every: int = 0, bad_payload: dict | None = None,
     ) -> None:
         self.url = url
         self.body = json.dumps(payload).encode()
+        #: Every ``bad_every``-th request of a thread sends ``bad_payload`` (0: none).
+        self.bad_every = bad_every
+        self.bad_body = json.dumps(bad_payload if bad_payload is not None else {"features": [1.0]}).encode()
         self.token = token
         self.interval = concurrency / rate
         self.concurrency = concurrency
@@ -169,9 +186,9 @@ class SteadyLoad:
             t.join(self.timeout + 5)
         return self.records
 
-    def _post(self, session: requests.Session) -> requests.Response:
+    def _post(self, session: requests.Session, bad: bool = False) -> requests.Response:
         key = self.token()
-        return session.post(self.url, data=self.body, timeout=self.timeout, headers={
+        return session.post(self.url, data=self.bad_body if bad else self.body, timeout=self.timeout, headers={
             "Content-Type": "application/json",
             **({} if self.keep_alive else {"Connection": "close"}),
             **({"Authorization": f"Bearer {key}"} if key else {})})
@@ -179,6 +196,7 @@ class SteadyLoad:
     def _run(self, index: int) -> None:
         session = requests.Session()
         next_at = time.monotonic() + index * self.interval / self.concurrency
+        sent = 0
         while not self._stop.is_set():
             now = time.monotonic()
             if now - self._t0 > self.max_seconds or len(self.records) >= self.max_requests:
@@ -189,27 +207,32 @@ class SteadyLoad:
             if self.gate is not None and not self.gate():
                 continue
             phase, start = self.phase, time.monotonic()
-            first = self._attempt(session)
-            status, version, error, refused, lost = first
+            sent += 1
+            bad = bool(self.bad_every) and sent % self.bad_every == 0
+            first = self._attempt(session, bad)
+            status, version, error, refused, lost, request_id = first
             resent = self.resend_worker_lost and lost
             if resent:  # rtserve's client policy: resend once
-                status, version, error, refused, _ = self._attempt(session)
+                status, version, error, refused, _, request_id = self._attempt(session, bad)
             record = Record(start - self._t0, time.monotonic() - start, status, version, phase,
                             error, refused, first_status=first[0], first_error=first[2],
-                            resent=resent)
+                            resent=resent, request_id=request_id, bad=bad)
             with self._lock:
                 self.records.append(record)
 
-    def _attempt(self, session: requests.Session) -> tuple[int, str | None, str, bool, bool]:
-        """One try: (status, version answered, error text, refused at connect, worker lost)."""
+    def _attempt(self, session: requests.Session, bad: bool = False
+                 ) -> tuple[int, str | None, str, bool, bool, str]:
+        """One try: (status, version answered, error text, refused at connect, worker lost,
+        the answer's x-request-id)."""
         try:
-            resp = self._post(session)
+            resp = self._post(session, bad)
         except requests.RequestException as exc:
-            return 0, None, f"{type(exc).__name__}: {exc}"[:200], connection_refused(exc), False
+            return 0, None, f"{type(exc).__name__}: {exc}"[:200], connection_refused(exc), False, ""
+        request_id = resp.headers.get("x-request-id", "")
         if resp.status_code == 200:
-            return 200, resp.json().get("model_version"), "", False, False
+            return 200, resp.json().get("model_version"), "", False, False, request_id
         return (resp.status_code, None, f"{resp.status_code}: {resp.text[:200]}", False,
-                worker_lost(resp.status_code, resp.text))
+                worker_lost(resp.status_code, resp.text), request_id)
 
 
 def connection_refused(exc: BaseException) -> bool:
@@ -243,7 +266,7 @@ def summarize(records: list[Record]) -> list[PhaseReport]:
     for phase in order:
         rs = by_phase[phase]
         lat = [r.latency * 1000 for r in rs]
-        errors = {r.first_error for r in rs if r.failed_first} | {r.error for r in rs if r.status != 200}
+        errors = {r.first_error for r in rs if r.failed_first} | {r.error for r in rs if not r.answered}
         out.append(PhaseReport(
             **vars(Counts.of(rs)), phase=phase,
             versions=dict(Counter(r.version for r in rs if r.version)),
