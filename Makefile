@@ -20,6 +20,9 @@ PYTEST_ARGS   ?=
 INFERENCE_URL ?= http://127.0.0.1:8080
 MANAGEMENT_URL ?= http://127.0.0.1:8081
 WORKERS       ?=
+# Where the server ships its records (docs/records.md): auto = the node `make cassandra` runs
+# from RUN_DIR/cassandra when it runs, else none (the spool is kept locally); or host:port[,...].
+RECORDS_STORE ?= auto
 
 # Demo training options per version; `make archive MODEL_VERSION=2.0` trains the larger model.
 TRAIN_ARGS_1.0 = --epochs 1 --hidden 64
@@ -178,7 +181,7 @@ require_archive = test -f $(MAR) || { echo "error: $(MAR) is missing: build it w
 serve: $(ARCHIVE) $(AGENT_JAR) ## Build the archive (the demo, or ARTIFACTS), start TorchServe on localhost, wait until it answers
 	@$(require_archive)
 	$(PY) -m rtserve server start --run-dir $(RUN_DIR) --model-store $(MODEL_STORE) \
-	  --models $(MODEL_NAME)=$(notdir $(MAR))
+	  --models $(MODEL_NAME)=$(notdir $(MAR)) --records-store "$(RECORDS_STORE)"
 	@echo ">> try it:"
 	@echo "   TOKEN=\$$($(PY) -m rtserve client token)"
 	@echo "   curl -s http://127.0.0.1:8080/predictions/$(MODEL_NAME) -H \"Authorization: Bearer \$$TOKEN\" \\"

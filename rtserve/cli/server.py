@@ -48,7 +48,27 @@ def options() -> argparse.ArgumentParser:
                    help="drain: seconds with no arrival, queued or running request")
     p.add_argument("--min-wait", type=float, default=0.0,
                    help="drain: wait at least this long (readiness propagation)")
+    p.add_argument("--records-store",
+                   help="start: the records store's contact points host:port[,...]; 'auto': the "
+                        "node `make cassandra` runs from RUN_DIR/cassandra, if it runs; '': none "
+                        "(the spool is kept locally). Default: config.properties' rtserve_records_store")
     return p
+
+
+def records_store(choice: str, run_dir: Path) -> str:
+    """``--records-store``: contact points as given, or for ``auto`` the address of the node
+    ``make cassandra`` runs from ``RUN_DIR/cassandra`` ("" when none runs there)."""
+    if choice != "auto":
+        return choice
+    from rtserve.errors import RtserveError
+    from rtserve.records import local
+
+    where = run_dir / "cassandra"
+    try:
+        address = local.load_state(where)["address"]
+    except (RtserveError, KeyError):
+        return ""
+    return address if local.pid(where) is not None else ""
 
 
 def _server(args: argparse.Namespace):
@@ -60,8 +80,13 @@ def _server(args: argparse.Namespace):
     config = s.config
     if config is None and args.command not in ("start", "run") and s.run.config.exists():
         config = s.run.config
+    overrides = {}
+    if args.command == "start" and args.records_store is not None:
+        from rtserve.server.properties import RECORDS_STORE_KEY
+
+        overrides[RECORDS_STORE_KEY] = records_store(args.records_store, s.run_dir)
     return TorchServe(s.run_dir, s.model_store, list(s.models), config or s.torchserve_config,
-                      settings=s)
+                      overrides, settings=s)
 
 
 def cmd_start(args: argparse.Namespace) -> int:
@@ -78,6 +103,9 @@ def cmd_start(args: argparse.Namespace) -> int:
         return 1
     props = server.props
     logger.info("TorchServe ready in %.1fs (pid %d), logs in %s", waited, server.pid(), server.log_dir)
+    store = props.get("rtserve_records_store", "").strip()
+    logger.info("  records:    %s", f"shipped to {store}" if store else
+                f"kept in {server.files.records} (no records store: make cassandra, then start again)")
     logger.info("  inference:  %s", props["inference_address"])
     logger.info("  management: %s", props["management_address"])
     logger.info("  metrics:    %s", props["metrics_address"])
