@@ -713,6 +713,9 @@ KAFKA_HOME       ?= $(CACHE_DIR)/kafka/$(KAFKA_VERSION)
 KAFKA_LIBS        = $(KAFKA_HOME)/libs
 KAFKA_STAMP      := $(KAFKA_HOME)/.complete-$(shell sha256sum < $(KAFKA_POM) | cut -c1-12)
 MVN              ?= mvn
+require_mvn = command -v $(MVN) >/dev/null || { echo ">> installing Maven (apt)"; \
+  { apt-get install -y -qq maven >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq maven; }; } \
+  || { echo "Maven ($(MVN)) is missing and cannot be installed: install Maven 3 or set MVN="; exit 1; }; }
 # Maven runs at a low priority: it shares the machine with servers and tests.
 KAFKA_NICE       ?= 10
 KAFKA_RUN_DIR    ?= $(RUN_DIR)/kafka
@@ -729,9 +732,7 @@ kafka-deps: $(KAFKA_STAMP) ## Assemble Apache Kafka KAFKA_VERSION's jars from Ma
 	@echo ">> Kafka $(KAFKA_VERSION): $$(ls $(KAFKA_LIBS) | wc -l) jars in $(KAFKA_LIBS)"
 
 $(KAFKA_STAMP):
-	@command -v $(MVN) >/dev/null || { echo ">> installing Maven (apt)"; \
-	  { apt-get install -y -qq maven >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq maven; }; } \
-	  || { echo "Maven ($(MVN)) is missing and cannot be installed: install Maven 3 or set MVN="; exit 1; }; }
+	@$(require_mvn)
 	@echo ">> assembling Apache Kafka $(KAFKA_VERSION) from Maven Central into $(KAFKA_LIBS) (cold: about 50 s)"
 	rm -rf $(KAFKA_LIBS).tmp && mkdir -p $(KAFKA_HOME)
 	nice -n $(KAFKA_NICE) $(MVN) --batch-mode -f $(KAFKA_POM) -Dkafka.version=$(KAFKA_VERSION) \
@@ -768,6 +769,53 @@ stream: | $(STAMP) ## Start the stream consumer in the background: events -> pre
 .PHONY: stream-stop
 stream-stop: ## Stop the stream consumer `make stream` started (it finishes its step and leaves its group)
 	$(PY) -m rtserve stream stop --stream-dir $(STREAM_DIR)
+
+##@ Records (Cassandra)
+# A single-node Apache Cassandra on 127.0.0.1 keeping the records (docs/records.md). No
+# distribution tarball: deploy/cassandra/pom.xml names org.apache.cassandra:cassandra-all and Maven
+# copies it and its runtime dependencies from Maven Central into CACHE_DIR, once per machine,
+# keyed by CASSANDRA_VERSION and the pom's content.
+CASSANDRA_VERSION ?= 5.0.6
+CASSANDRA_POM     ?= deploy/cassandra/pom.xml
+CASSANDRA_HOME    ?= $(CACHE_DIR)/cassandra/$(CASSANDRA_VERSION)
+CASSANDRA_LIBS     = $(CASSANDRA_HOME)/libs
+CASSANDRA_STAMP   := $(CASSANDRA_HOME)/.complete-$(shell sha256sum < $(CASSANDRA_POM) | cut -c1-12)
+CASSANDRA_RUN_DIR ?= $(RUN_DIR)/cassandra
+# The JVM's heap (-Xms and -Xmx); the CQL port (default: the one recorded in CASSANDRA_RUN_DIR by
+# the last start, else a free one).
+CASSANDRA_HEAP    ?= 768m
+CASSANDRA_PORT    ?=
+# 1: delete CASSANDRA_RUN_DIR's data (every record) before the start.
+CASSANDRA_FRESH   ?= 0
+# Maven runs at a low priority: it shares the machine with servers and tests.
+CASSANDRA_NICE    ?= 10
+
+.PHONY: cassandra-deps
+cassandra-deps: $(CASSANDRA_STAMP) ## Assemble Apache Cassandra CASSANDRA_VERSION's jars from Maven Central into CACHE_DIR (once per machine)
+	@echo ">> Cassandra $(CASSANDRA_VERSION): $$(ls $(CASSANDRA_LIBS) | wc -l) jars in $(CASSANDRA_LIBS)"
+
+$(CASSANDRA_STAMP):
+	@$(require_mvn)
+	@echo ">> assembling Apache Cassandra $(CASSANDRA_VERSION) from Maven Central into $(CASSANDRA_LIBS) (cold: about 30 s)"
+	rm -rf $(CASSANDRA_LIBS).tmp && mkdir -p $(CASSANDRA_HOME)
+	nice -n $(CASSANDRA_NICE) $(MVN) --batch-mode -f $(CASSANDRA_POM) -Dcassandra.version=$(CASSANDRA_VERSION) \
+	  dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(abspath $(CASSANDRA_LIBS)).tmp \
+	  > $(CASSANDRA_HOME)/maven.log 2>&1 || { tail -n 40 $(CASSANDRA_HOME)/maven.log; echo "error: Maven failed (all of it: $(CASSANDRA_HOME)/maven.log)"; exit 1; }
+	@test -f $(CASSANDRA_LIBS).tmp/cassandra-all-$(CASSANDRA_VERSION).jar || { echo "error: Maven copied no cassandra-all-$(CASSANDRA_VERSION).jar"; exit 1; }
+	rm -rf $(CASSANDRA_LIBS) && mv $(CASSANDRA_LIBS).tmp $(CASSANDRA_LIBS)
+	rm -f $(CASSANDRA_HOME)/.complete-* && touch $@
+
+.PHONY: cassandra
+cassandra: cassandra-deps | $(STAMP) ## Start a single-node Cassandra on 127.0.0.1 (data and logs in CASSANDRA_RUN_DIR) with the records' schema
+	$(PY) -m rtserve cassandra start --libs $(CASSANDRA_LIBS) --run-dir $(CASSANDRA_RUN_DIR) --heap $(CASSANDRA_HEAP)$(addprefix --port ,$(CASSANDRA_PORT))$(if $(filter 1,$(CASSANDRA_FRESH)), --fresh)
+
+.PHONY: cassandra-stop
+cassandra-stop: ## Stop the node `make cassandra` started (by its PID file in CASSANDRA_RUN_DIR); its data stays
+	$(PY) -m rtserve cassandra stop --run-dir $(CASSANDRA_RUN_DIR)
+
+.PHONY: cassandra-status
+cassandra-status: ## Show whether the node of CASSANDRA_RUN_DIR runs, its CQL address and memory
+	$(PY) -m rtserve cassandra status --run-dir $(CASSANDRA_RUN_DIR)
 
 ##@ Test
 .PHONY: test
