@@ -24,8 +24,8 @@ from rtserve.errors import CassandraNodeError, StoreUnavailable
 from rtserve.records import node
 from rtserve.records.node import Layout
 from rtserve.records.store import Store
-from rtserve.runtime.ports import free_ports
-from rtserve.runtime.process import PidFile, spawn, tail, terminate, wait_until
+from rtserve.runtime.process import spawn, tail, wait_until
+from rtserve.runtime.recorded import RecordedServer
 
 #: A cold first start on 2 busy cores takes 15-30 s; a node that is not up by then has failed.
 READY_TIMEOUT = 180.0
@@ -35,8 +35,9 @@ CONNECT_TIMEOUT = 10.0
 STOP_TIMEOUT = 60.0
 
 
-def _pid_file(run_dir: Path) -> PidFile:
-    return PidFile(run_dir / node.PID_FILE, check_program=True)
+def _recorded(run_dir: Path) -> RecordedServer:
+    return RecordedServer(run_dir, "Cassandra node", "cassandra", "make cassandra", node.STATE_FILE,
+                          node.PID_FILE, CassandraNodeError)
 
 
 def load_state(run_dir: Path) -> dict:
@@ -45,26 +46,18 @@ def load_state(run_dir: Path) -> dict:
     Raises:
         CassandraNodeError: no node was started from ``run_dir``.
     """
-    try:
-        return json.loads((run_dir / node.STATE_FILE).read_text())
-    except FileNotFoundError:
-        raise CassandraNodeError(f"no Cassandra node was started from {run_dir} (make cassandra)") from None
+    return _recorded(run_dir).load_state()
 
 
 def resolve_ports(run_dir: Path, wanted: dict[str, int]) -> dict[str, int]:
     """Each port: the one given; else the one recorded in ``run_dir`` (a restart keeps its
     address, so clients find it again); else a free one."""
-    try:
-        recorded = load_state(run_dir).get("ports", {})
-    except CassandraNodeError:
-        recorded = {}
-    free = iter(free_ports(len(node.PORT_NAMES)))
-    return {name: wanted.get(name) or recorded.get(name) or next(free) for name in node.PORT_NAMES}
+    return _recorded(run_dir).resolve_ports(node.PORT_NAMES, wanted)
 
 
 def pid(run_dir: Path) -> int | None:
     """The node's PID while it runs (its PID file names a live ``java``), else None."""
-    return _pid_file(run_dir).pid()
+    return _recorded(run_dir).pid()
 
 
 def start(layout: Layout, fresh: bool = False) -> dict[str, float]:
@@ -95,7 +88,7 @@ def start(layout: Layout, fresh: bool = False) -> dict[str, float]:
     layout.logback.write_text(node.logback_xml(layout))
     out = layout.logs / node.OUT_FILE
     begin = time.monotonic()
-    proc = spawn(node.argv(layout), out, _pid_file(run_dir), cwd=run_dir)
+    proc = spawn(node.argv(layout), out, _recorded(run_dir).pids(), cwd=run_dir)
     took: dict[str, float] = {}
     state = {"address": layout.address, "ports": layout.ports, "pid": proc.pid, "heap": layout.heap,
              "libs": str(layout.libs), "data": str(layout.data),
@@ -158,18 +151,7 @@ def stop(run_dir: Path, timeout: float = STOP_TIMEOUT) -> str | None:
     Raises:
         CassandraNodeError: the process is still alive after SIGKILL.
     """
-    pid_file = _pid_file(run_dir)
-    running, program = pid_file.pid(), pid_file.program()
-    if running is None:
-        pid_file.remove()
-        return None
-    begin = time.monotonic()
-    killed = terminate(running, timeout, poll=0.2, program=program)
-    if pid_file.pid() is not None:
-        raise CassandraNodeError(f"the Cassandra node (pid {running}) is still alive after SIGKILL")
-    pid_file.remove()
-    how = f"killed after {timeout:.0f} s" if killed else f"stopped in {time.monotonic() - begin:.1f} s"
-    return f"cassandra (pid {running}) {how}"
+    return _recorded(run_dir).stop(timeout)
 
 
 def rss_bytes(process_id: int) -> int | None:
@@ -187,12 +169,10 @@ def status(run_dir: Path) -> dict[str, str]:
     Raises:
         CassandraNodeError: no node was started from ``run_dir``.
     """
-    state = load_state(run_dir)
-    pid_file = _pid_file(run_dir)
-    running = pid_file.pid()
-    lines = {"cassandra": f"running (pid {running})" if running else
-             f"dead (pid {pid_file.read()})" if pid_file.read() else "stopped",
-             "address": state["address"]}
+    recorded = _recorded(run_dir)
+    state = recorded.load_state()
+    running = recorded.pid()
+    lines = {"cassandra": recorded.state(), "address": state["address"]}
     rss = rss_bytes(running) if running else None
     if rss is not None:
         lines["rss"] = f"{rss / 2**20:.0f} MiB"

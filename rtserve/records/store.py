@@ -15,6 +15,7 @@ rows: a shipper may resend a batch whose outcome it did not learn.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -329,28 +330,26 @@ class Store:
 
     def records(self, model: str, since: datetime, until: datetime | None = None,
                 version: str | None = None, limit: int | None = None) -> Iterator[Record]:
-        """The records of ``model`` from ``since`` (inclusive) to ``until`` (exclusive; None:
-        no end), oldest first; only those of ``version`` when given; at most ``limit``.
+        """The records of ``model`` from ``since`` (inclusive) to ``until`` (exclusive; None: now,
+        and :data:`CLOCK_SKEW` past it), oldest first; only those of ``version`` when given; at
+        most ``limit``.
 
         It reads one minute's partition after another (a few ahead at once), from ``since``'s
         up to ``until``'s (or now's), lazily: stop iterating to stop reading.
 
         Raises:
-            RecordsError: ``since`` or ``until`` has no time zone, or ``limit`` is below 1.
+            RecordsError: an empty ``model``, ``since`` or ``until`` without a time zone, or
+                ``limit`` below 1 (at the call, before any read).
             StoreUnavailable: the store cannot be reached.
             StoreSchemaError: the tables do not exist.
         """
-        since, end = self._window(since, until, limit)
+        since, end = _window(model, since, until, limit)
         statements = self._prepared()
         statement = statements.ascending_version if version else statements.ascending
         minutes = _minutes(bucket(since), bucket(end - timedelta(milliseconds=1)), ascending=True)
         extra = (version,) if version else ()
-        found = 0
-        for row in self._read_ahead(statement, ((model, m, since, end, *extra) for m in minutes)):
-            yield _record(row)
-            found += 1
-            if limit is not None and found >= limit:
-                return
+        rows = self._read_ahead(statement, ((model, m, since, end, *extra) for m in minutes))
+        return (_record(row) for row in itertools.islice(rows, limit))
 
     def latest(self, model: str, since: datetime, version: str | None = None,
                limit: int = 100, until: datetime | None = None) -> list[Record]:
@@ -358,11 +357,12 @@ class Store:
         ``until``, when given), only those of ``version`` when given, oldest first.
 
         Raises:
-            RecordsError: ``since`` or ``until`` has no time zone, or ``limit`` is below 1.
+            RecordsError: an empty ``model``, ``since`` or ``until`` without a time zone, or
+                ``limit`` below 1 (at the call, before any read).
             StoreUnavailable: the store cannot be reached.
             StoreSchemaError: the tables do not exist.
         """
-        since, end = self._window(since, until, limit)
+        since, end = _window(model, since, until, limit, limit_required=True)
         statements = self._prepared()
         statement = statements.descending_version if version else statements.descending
         minutes = _minutes(bucket(since), bucket(end - timedelta(milliseconds=1)), ascending=False)
@@ -374,15 +374,6 @@ class Store:
             if len(found) >= limit:
                 break
         return found[::-1]
-
-    def _window(self, since: datetime, until: datetime | None,
-                limit: int | None) -> tuple[datetime, datetime]:
-        if limit is not None and (type(limit) is not int or limit < 1):
-            raise RecordsError(f"limit: expected a positive whole number, got {limit!r}")
-        since = _aware(since, "since")
-        end = _aware(until, "until") if until is not None else \
-            datetime.now(timezone.utc) + CLOCK_SKEW
-        return since, end
 
     def _read_ahead(self, statement: PreparedStatement, params: Iterator[tuple]) -> Iterator:
         """The rows of each parameter set's query, in order, with the next :data:`READ_AHEAD`
@@ -418,6 +409,18 @@ def _batches(rows: list[tuple[int, BoundStatement]]) -> Iterator[BatchStatement]
         size += row_size
     if size:
         yield batch
+
+
+def _window(model: str, since: datetime, until: datetime | None, limit: int | None,
+            limit_required: bool = False) -> tuple[datetime, datetime]:
+    """A read's checked arguments: its start and end as aware UTC times."""
+    if not isinstance(model, str) or not model:
+        raise RecordsError(f"model: expected a non-empty string, got {model!r}")
+    if (limit is not None or limit_required) and (type(limit) is not int or limit < 1):
+        raise RecordsError(f"limit: expected a positive whole number, got {limit!r}")
+    since = _aware(since, "since")
+    end = _aware(until, "until") if until is not None else datetime.now(timezone.utc) + CLOCK_SKEW
+    return since, end
 
 
 def _minutes(first: datetime, last: datetime, ascending: bool) -> Iterator[datetime]:
