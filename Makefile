@@ -790,7 +790,7 @@ CASSANDRA_STAMP   := $(CASSANDRA_HOME)/.complete-$(shell sha256sum < $(CASSANDRA
 CASSANDRA_RUN_DIR ?= $(RUN_DIR)/cassandra
 # The JVM's heap (-Xms and -Xmx); the CQL port (default: the one recorded in CASSANDRA_RUN_DIR by
 # the last start, else a free one).
-CASSANDRA_HEAP    ?= 768m
+CASSANDRA_HEAP    ?= 512m
 CASSANDRA_PORT    ?=
 # 1: delete CASSANDRA_RUN_DIR's data (every record) before the start.
 CASSANDRA_FRESH   ?= 0

@@ -143,7 +143,7 @@ def _timed(step: Callable[[], object]) -> float:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--libs", type=Path, required=True, help="the jars make cassandra-deps assembles")
-    p.add_argument("--heap", default="768m")
+    p.add_argument("--heap", default="512m")
     p.add_argument("--records", type=int, default=20000, help="records per round and way")
     p.add_argument("--batch", type=int, default=500, help="records per Store.write call")
     p.add_argument("--rounds", type=int, default=2)

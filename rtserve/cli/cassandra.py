@@ -1,7 +1,7 @@
 """``python -m rtserve cassandra``: a single-node Apache Cassandra on 127.0.0.1 for the records (rtserve.records).
 
     python -m rtserve cassandra start --libs DIR [--run-dir .run/cassandra] [--port 9042]
-        [--storage-port 7000] [--heap 768m] [--fresh]
+        [--storage-port 7000] [--heap 512m] [--fresh]
     python -m rtserve cassandra status [--run-dir .run/cassandra]
     python -m rtserve cassandra address [--run-dir .run/cassandra]
     python -m rtserve cassandra stop [--run-dir .run/cassandra]
@@ -96,7 +96,7 @@ def add(groups: argparse._SubParsersAction) -> None:
                           "help": "the CQL port (default: the recorded one, else a free one)"}),
             (["--storage-port"], {"type": _port, "default": 0,
                                   "help": "the storage (gossip) port (default: as --port)"}),
-            (["--heap"], {"type": _heap, "default": "768m", "help": "the JVM's heap (-Xms and -Xmx)"}),
+            (["--heap"], {"type": _heap, "default": "512m", "help": "the JVM's heap (-Xms and -Xmx)"}),
             (["--java"], {"default": "java", "help": "the java program (Java 17)"}),
             (["--fresh"], {"action": "store_true", "help": "delete the node's data first"}),
             run_dir)

@@ -82,7 +82,7 @@ def start(layout: Layout, fresh: bool = False) -> dict[str, float]:
                                  "make cassandra-deps")
     if fresh:
         shutil.rmtree(layout.data, ignore_errors=True)
-    for directory in (layout.logs, *layout.directories().values()):
+    for directory in (layout.logs, layout.triggers, *layout.directories().values()):
         directory.mkdir(parents=True, exist_ok=True)
     layout.config.write_text(node.cassandra_yaml(layout))
     layout.logback.write_text(node.logback_xml(layout))

@@ -75,8 +75,10 @@ def test_the_jvm_runs_the_daemon_in_the_foreground_from_the_assembled_classpath(
         assert flag in argv
     props = dict(a[2:].split("=", 1) for a in argv if a.startswith("-D") and "=" in a)
     assert props["cassandra.config"] == f"file://{layout.config}"
-    for key in ("logback.configurationFile", "cassandra.logdir", "cassandra.storagedir"):
-        assert under(props[key], layout.run_dir), key
+    paths = {k: v.removeprefix("file://") for k, v in props.items() if v.startswith(("/", "file://"))}
+    assert set(paths) == {"cassandra.config", "logback.configurationFile", "cassandra.logdir",
+                          "cassandra.storagedir", "cassandra.triggers_dir"}
+    assert all(under(path, layout.run_dir) for path in paths.values()), paths
     assert props["cassandra.skip_wait_for_gossip_to_settle"] == "0"
     # no JMX port: the node listens on its two ports only
     assert not any("jmx" in a for a in argv)
