@@ -7,7 +7,7 @@ Two tables, one per query (each written for every record, both with the retentio
 * ``records_by_minute``: one partition per model and UTC minute, rows in time order (``records``,
   ``latest``). A minute, not an hour: at a few thousand requests a second (what one rtserve node
   answers) an hour's partition would hold gigabytes, far past the 100 MB a Cassandra partition
-  should stay under; a minute's holds a few hundred MB at worst.
+  should stay under; at 2,000 requests a second a minute's holds about 70 MB of records.
 
 A record's primary keys come from the record itself, so writing it again overwrites the same
 rows: a shipper may resend a batch whose outcome it did not learn.
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from types import TracebackType
 
-from cassandra import DriverException, RequestExecutionException, RequestValidationException
+from cassandra import DriverException, RequestValidationException
 from cassandra.cluster import (EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable,
                                Session)
 from cassandra.concurrent import execute_concurrent
@@ -42,18 +42,19 @@ SCHEMA_VERSION = 1
 BUCKET = timedelta(minutes=1)
 #: How far past now a record's time may lie (the writers' clocks): ``latest`` looks that far ahead.
 CLOCK_SKEW = timedelta(minutes=1)
-#: Write batches in flight at once (the driver's concurrent execution), and partitions read at once.
+#: Write batches in flight at once (the driver's concurrent execution).
 CONCURRENCY = 32
 #: The records in one write batch, in bytes: a batch's whole size is about 1.4 times its records'
 #: (keys, columns), so it stays under Cassandra's batch_size_fail_threshold (50 KiB by default).
 BATCH_BYTES = 24 * 1024
+#: Partition reads in flight at once while a read walks the minutes.
 READ_AHEAD = 16
 #: Rows per page of a read.
 FETCH_SIZE = 1000
-#: The errors that say the store could not do it now (unreachable, overloaded, timed out):
-#: retrying the same call later may succeed. (An invalid statement is a DriverException too,
-#: caught before these.)
-TRANSIENT = (NoHostAvailable, ConnectionException, RequestExecutionException, DriverException)
+#: The errors that say the store could not do it now (unreachable, overloaded, timed out: the
+#: driver's DriverException, its RequestExecutionException among them): retrying the same call
+#: later may succeed. (An invalid statement is a DriverException too, caught before these.)
+TRANSIENT = (NoHostAvailable, ConnectionException, DriverException)
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,47}")
 _COLUMNS = "request_id, time, model, model_version, route, status, record"
 
@@ -103,6 +104,8 @@ def _aware(when: datetime, name: str) -> datetime:
 
 
 def _endpoint(point: str) -> DefaultEndPoint:
+    if not isinstance(point, str):
+        raise RecordsError(f"contact_points: expected host:port, got {point!r}")
     host, sep, port = point.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise RecordsError(f"contact_points: expected host:port, got {point!r}")
@@ -216,7 +219,9 @@ class Store:
 
         Raises:
             StoreSchemaError: the store's schema is newer than this code knows.
-            StoreUnavailable: the store cannot be reached, or a statement failed.
+            StoreUnavailable: the store cannot be reached, or a statement failed or timed out.
+            StoreError: the node refused a statement as invalid (a user without the right to
+                create the keyspace, for one).
         """
         ks = self.keyspace
         found = self.schema_version()

@@ -5,7 +5,6 @@ ports, stopped by ``make cassandra-stop`` however the session ends."""
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,8 +12,7 @@ import psutil
 import pytest
 
 from rtserve.records import local, node
-from rtserve.runtime.process import terminate
-from tests.helpers import make
+from tests.helpers import assembled_libs, made_server
 
 #: A cold `make cassandra-deps` downloads about 66 MB of jars from Maven Central (under a minute).
 DEPS_TIMEOUT = 900
@@ -45,13 +43,7 @@ def node_processes(run_dir: Path) -> list[int]:
 @pytest.fixture(scope="session")
 def cassandra_libs() -> Path:
     """The classpath, assembled by `make cassandra-deps` (once per machine, into the user's cache)."""
-    start = time.monotonic()
-    done = make("cassandra-deps", timeout=DEPS_TIMEOUT)
-    assert done.returncode == 0, f"make cassandra-deps failed:\n{done.stdout[-4000:]}"
-    line = done.stdout.strip().splitlines()[-1]
-    assert line.startswith(">> Cassandra 5.0.6: ") and " jars in " in line, done.stdout
-    print(f"make cassandra-deps: {time.monotonic() - start:.0f} s")
-    return Path(line.rsplit(" jars in ", 1)[1])
+    return assembled_libs("cassandra-deps", "Cassandra 5.0.6: ", DEPS_TIMEOUT)
 
 
 @pytest.fixture(scope="session")
@@ -59,16 +51,7 @@ def cassandra(cassandra_libs, tmp_path_factory) -> Cassandra:
     """`make cassandra` on free ports, stopped by `make cassandra-stop` (and from its PID file if
     that fails) however the session ends; the stop must leave no process behind."""
     run_dir = tmp_path_factory.mktemp("cassandra") / "run"
-    where = [f"CASSANDRA_RUN_DIR={run_dir}"]
-    try:
-        done = make("cassandra", *where)
-        assert done.returncode == 0, f"make cassandra failed:\n{done.stdout[-6000:]}"
+    with made_server("cassandra", "cassandra-stop", [f"CASSANDRA_RUN_DIR={run_dir}"],
+                     lambda: node_processes(run_dir), lambda: local.stop(run_dir)) as output:
         state = json.loads((run_dir / node.STATE_FILE).read_text())
-        yield Cassandra(run_dir, state["address"], done.stdout)
-    finally:
-        stopped = make("cassandra-stop", *where)
-        left = node_processes(run_dir)
-        local.stop(run_dir)
-        for pid in node_processes(run_dir):  # ours: they name this session's own run directory
-            terminate(pid, 10)
-        assert stopped.returncode == 0 and not left, f"make cassandra-stop left {left}:\n{stopped.stdout}"
+        yield Cassandra(run_dir, state["address"], output)
