@@ -81,6 +81,10 @@ def test_make_cassandra_starts_a_node_with_the_records_schema(cassandra, records
     assert rss and int(rss[1]) > 100, status.stdout
     assert cli.main(["cassandra", "address", "--run-dir", str(cassandra.run_dir)]) == 0
     assert capsys.readouterr().out == f"{cassandra.address}\n"
+    twice = make("-s", "cassandra", *cassandra.make_vars)  # one node per run directory
+    assert twice.returncode != 0, twice.stdout
+    assert f"error: a Cassandra node already runs from {cassandra.run_dir} (pid {pid}): stop it first " \
+           "(make cassandra-stop)" in twice.stdout
     for name in ("data/data", "data/commitlog", "logs/system.log", "logs/cassandra.out"):
         assert (cassandra.run_dir / name).exists(), name
     assert "Startup complete" in (cassandra.run_dir / "logs" / "system.log").read_text()
@@ -221,3 +225,15 @@ def test_store_unavailable_while_the_node_is_down_and_the_same_write_after(cassa
             time.sleep(1)
     assert [records_store.find(r.request_id) for r in batch] == batch
     assert records_store.find(before.request_id) == before  # the data outlived the restart
+
+
+def test_a_fresh_start_deletes_the_records_and_keeps_the_address(cassandra, records_store):
+    kept = record(f"fresh-{uuid.uuid4().hex[:8]}", datetime.now(UTC))
+    records_store.write([kept])
+    assert make("-s", "cassandra-stop", *cassandra.make_vars).returncode == 0
+    fresh = make("-s", "cassandra", "CASSANDRA_FRESH=1", *cassandra.make_vars)
+    assert fresh.returncode == 0, fresh.stdout
+    assert f"  address:  {cassandra.address} (CQL" in fresh.stdout
+    with Store.connect([cassandra.address], timeout=30.0) as after:
+        assert after.schema_version() == store.SCHEMA_VERSION  # created again
+        assert after.find(kept.request_id) is None
