@@ -72,6 +72,8 @@ def start(layout: Layout, fresh: bool = False) -> dict[str, float]:
         CassandraNodeError: the classpath lacks Cassandra, a node already runs from the run
             directory, or the node did not start (the message ends with its log).
         StoreUnavailable: the schema could not be created (the node is stopped).
+        StoreSchemaError: the data holds a schema newer than this rtserve knows (the node is
+            stopped).
     """
     run_dir = layout.run_dir
     if pid(run_dir) is not None:
