@@ -716,6 +716,21 @@ KAFKA_HOME       ?= $(CACHE_DIR)/kafka/$(KAFKA_VERSION)
 KAFKA_LIBS        = $(KAFKA_HOME)/libs
 KAFKA_STAMP      := $(KAFKA_HOME)/.complete-$(shell sha256sum < $(KAFKA_POM) | cut -c1-12)
 MVN              ?= mvn
+require_mvn = command -v $(MVN) >/dev/null || { echo ">> installing Maven (apt)"; \
+  { apt-get install -y -qq maven >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq maven; }; } \
+  || { echo "Maven ($(MVN)) is missing and cannot be installed: install Maven 3 or set MVN="; exit 1; }; }
+# $(call maven_libs,HOME,POM,PROPERTY=VERSION,JAR,NICE): Maven (at nice NICE) copies POM's runtime
+# dependencies into HOME/libs, through HOME/libs.tmp (its log: HOME/maven.log), checks that JAR
+# is among them and drops HOME's old stamps.
+define maven_libs
+rm -rf $(1)/libs.tmp && mkdir -p $(1)
+nice -n $(5) $(MVN) --batch-mode -f $(2) -D$(3) dependency:copy-dependencies -DincludeScope=runtime \
+  -DoutputDirectory=$(abspath $(1))/libs.tmp > $(1)/maven.log 2>&1 || \
+  { tail -n 40 $(1)/maven.log; echo "error: Maven failed (all of it: $(1)/maven.log)"; exit 1; }
+@test -f $(1)/libs.tmp/$(4) || { echo "error: Maven copied no $(4)"; exit 1; }
+rm -rf $(1)/libs && mv $(1)/libs.tmp $(1)/libs
+rm -f $(1)/.complete-*
+endef
 # Maven runs at a low priority: it shares the machine with servers and tests.
 KAFKA_NICE       ?= 10
 KAFKA_RUN_DIR    ?= $(RUN_DIR)/kafka
@@ -732,17 +747,10 @@ kafka-deps: $(KAFKA_STAMP) ## Assemble Apache Kafka KAFKA_VERSION's jars from Ma
 	@echo ">> Kafka $(KAFKA_VERSION): $$(ls $(KAFKA_LIBS) | wc -l) jars in $(KAFKA_LIBS)"
 
 $(KAFKA_STAMP):
-	@command -v $(MVN) >/dev/null || { echo ">> installing Maven (apt)"; \
-	  { apt-get install -y -qq maven >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq maven; }; } \
-	  || { echo "Maven ($(MVN)) is missing and cannot be installed: install Maven 3 or set MVN="; exit 1; }; }
+	@$(require_mvn)
 	@echo ">> assembling Apache Kafka $(KAFKA_VERSION) from Maven Central into $(KAFKA_LIBS) (cold: about 50 s)"
-	rm -rf $(KAFKA_LIBS).tmp && mkdir -p $(KAFKA_HOME)
-	nice -n $(KAFKA_NICE) $(MVN) --batch-mode -f $(KAFKA_POM) -Dkafka.version=$(KAFKA_VERSION) \
-	  dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(abspath $(KAFKA_LIBS)).tmp \
-	  > $(KAFKA_HOME)/maven.log 2>&1 || { tail -n 40 $(KAFKA_HOME)/maven.log; echo "error: Maven failed (all of it: $(KAFKA_HOME)/maven.log)"; exit 1; }
-	@test -f $(KAFKA_LIBS).tmp/kafka_2.13-$(KAFKA_VERSION).jar || { echo "error: Maven copied no kafka_2.13-$(KAFKA_VERSION).jar"; exit 1; }
-	rm -rf $(KAFKA_LIBS) && mv $(KAFKA_LIBS).tmp $(KAFKA_LIBS)
-	rm -f $(KAFKA_HOME)/.complete-* && touch $@
+	$(call maven_libs,$(KAFKA_HOME),$(KAFKA_POM),kafka.version=$(KAFKA_VERSION),kafka_2.13-$(KAFKA_VERSION).jar,$(KAFKA_NICE))
+	touch $@
 
 .PHONY: kafka
 kafka: kafka-deps | $(STAMP) ## Start a single-node Kafka broker on 127.0.0.1 (data and logs in KAFKA_RUN_DIR) with the topics events, predictions, events.dlq
@@ -772,23 +780,66 @@ stream: | $(STAMP) ## Start the stream consumer in the background: events -> pre
 stream-stop: ## Stop the stream consumer `make stream` started (it finishes its step and leaves its group)
 	$(PY) -m rtserve stream stop --stream-dir $(STREAM_DIR)
 
+##@ Records (Cassandra)
+# A single-node Apache Cassandra on 127.0.0.1 keeping the records (docs/records.md). No
+# distribution tarball: deploy/cassandra/pom.xml names org.apache.cassandra:cassandra-all and Maven
+# copies it and its runtime dependencies from Maven Central into CACHE_DIR, once per machine,
+# keyed by CASSANDRA_VERSION and the pom's content.
+CASSANDRA_VERSION ?= 5.0.6
+CASSANDRA_POM     ?= deploy/cassandra/pom.xml
+CASSANDRA_HOME    ?= $(CACHE_DIR)/cassandra/$(CASSANDRA_VERSION)
+CASSANDRA_LIBS     = $(CASSANDRA_HOME)/libs
+CASSANDRA_STAMP   := $(CASSANDRA_HOME)/.complete-$(shell sha256sum < $(CASSANDRA_POM) | cut -c1-12)
+CASSANDRA_RUN_DIR ?= $(RUN_DIR)/cassandra
+# The JVM's heap (-Xms and -Xmx); the CQL port (default: the one recorded in CASSANDRA_RUN_DIR by
+# the last start, else a free one).
+CASSANDRA_HEAP    ?= 512m
+CASSANDRA_PORT    ?=
+# 1: delete CASSANDRA_RUN_DIR's data (every record) before the start.
+CASSANDRA_FRESH   ?= 0
+# Maven runs at a low priority: it shares the machine with servers and tests.
+CASSANDRA_NICE    ?= 10
+
+.PHONY: cassandra-deps
+cassandra-deps: $(CASSANDRA_STAMP) ## Assemble Apache Cassandra CASSANDRA_VERSION's jars from Maven Central into CACHE_DIR (once per machine)
+	@echo ">> Cassandra $(CASSANDRA_VERSION): $$(ls $(CASSANDRA_LIBS) | wc -l) jars in $(CASSANDRA_LIBS)"
+
+$(CASSANDRA_STAMP):
+	@$(require_mvn)
+	@echo ">> assembling Apache Cassandra $(CASSANDRA_VERSION) from Maven Central into $(CASSANDRA_LIBS) (cold: about 30 s)"
+	$(call maven_libs,$(CASSANDRA_HOME),$(CASSANDRA_POM),cassandra.version=$(CASSANDRA_VERSION),cassandra-all-$(CASSANDRA_VERSION).jar,$(CASSANDRA_NICE))
+	touch $@
+
+.PHONY: cassandra
+cassandra: cassandra-deps | $(STAMP) ## Start a single-node Cassandra on 127.0.0.1 (data and logs in CASSANDRA_RUN_DIR) with the records' schema
+	$(PY) -m rtserve cassandra start --libs $(CASSANDRA_LIBS) --run-dir $(CASSANDRA_RUN_DIR) --heap $(CASSANDRA_HEAP)$(addprefix --port ,$(CASSANDRA_PORT))$(if $(filter 1,$(CASSANDRA_FRESH)), --fresh)
+
+.PHONY: cassandra-stop
+cassandra-stop: ## Stop the node `make cassandra` started (by its PID file in CASSANDRA_RUN_DIR); its data stays
+	$(PY) -m rtserve cassandra stop --run-dir $(CASSANDRA_RUN_DIR)
+
+.PHONY: cassandra-status
+cassandra-status: ## Show whether the node of CASSANDRA_RUN_DIR runs, its CQL address and memory
+	$(PY) -m rtserve cassandra status --run-dir $(CASSANDRA_RUN_DIR)
+
 ##@ Test
 .PHONY: test
-# The cluster and stream tiers mostly wait (image builds and loads, pods starting, rollouts,
-# preStop drains; broker restarts, session timeouts), so by default they run beside the other
-# tiers, each in a pytest process of its own (TEST_CLUSTER, TEST_BESIDE), their output printed
-# after theirs; with PYTEST_ARGS (or TEST_SPLIT=0) one pytest runs with exactly those arguments.
+# The cluster, stream and records tiers mostly wait (image builds and loads, pods starting,
+# rollouts, preStop drains; broker and node restarts, session timeouts), so by default they run
+# beside the other tiers, in pytest processes of their own (TEST_CLUSTER; TEST_BESIDE: the stream
+# and records tiers together), their output printed after theirs; with PYTEST_ARGS (or
+# TEST_SPLIT=0) one pytest runs with exactly those arguments.
 # Every tool a test needs is installed first, or make test stops there saying which: no test is
 # skipped for a tool the project can install (nginx: the rehearsal and the gateway; wrk and
 # FastAPI: the perf smoke runs and the pod sizing sweep; podman: the images; containerd, runc,
-# the CNI plugins: the cluster tier's node).
+# the CNI plugins: the cluster tier's node; Apache Cassandra's jars: the records tier).
 TEST_SPLIT  ?= 1
 TEST_CLUSTER ?= tests/cluster
 # -raP: the captured output of passed tests too (the figures they print: request counts of each
 # rollout, timings, the stream faults' counts), in the tiers' logs that make test prints, and the
 # short summary of every outcome but a pass (a bare -rP would drop the failures from it).
 TEST_CLUSTER_ARGS ?= -raP
-TEST_BESIDE ?= tests/stream
+TEST_BESIDE ?= tests/stream tests/records
 TEST_BESIDE_ARGS ?= -raP
 TEST_SPLIT_ON = $(and $(filter 1,$(TEST_SPLIT)),$(if $(strip $(PYTEST_ARGS)),,split))
 # When this make started (for `make test`'s own timing: setup, i.e. what it builds and installs
@@ -802,6 +853,8 @@ test: $(STAMP) $(AGENT_JAR) $(if $(TEST_SPLIT_ON),$(WHEELHOUSE_STAMP)) ## Run th
 	  { echo "error: wrk or FastAPI could not be installed (make bench-deps): the perf smoke runs and the pod sizing sweep need them"; exit 1; }
 	@$(MAKE) --no-print-directory pod-deps  # the images the cluster tier runs (podman): it fails without
 	@$(MAKE) --no-print-directory cluster-node-deps  # the cluster tier's node (-m cluster)
+	@$(MAKE) --no-print-directory cassandra-deps >/dev/null || \
+	  { echo "error: Apache Cassandra's jars could not be assembled (make cassandra-deps): the records tier needs them"; exit 1; }
 	@if [ -z "$(TEST_SPLIT_ON)" ]; then \
 	  echo "$(PY) -m pytest $(PYTEST_ARGS)"; exec $(PY) -m pytest $(PYTEST_ARGS); fi; \
 	mkdir -p build && start=$$(date +%s); \
@@ -913,6 +966,10 @@ BENCH_STREAM_ARGS    ?=
 bench-stream: $(MAR) $(AGENT_JAR) kafka-deps ## Kafka stream consumer vs a naive one on one broker: events/s at saturation, p50/p99 at half of it, exactly once, CPU split (about 4 min)
 	$(PY) -m bench.stream --model-store $(MODEL_STORE) --version $(MODEL_VERSION) --kafka-libs $(KAFKA_LIBS) \
 	  --events $(BENCH_STREAM_EVENTS) --naive-seconds $(BENCH_STREAM_SECONDS) --seconds $(BENCH_STREAM_SECONDS) $(BENCH_STREAM_ARGS)
+
+.PHONY: bench-records-store
+bench-records-store: cassandra-deps | $(STAMP) ## One Cassandra node (CASSANDRA_HEAP): cold start, restart, RSS, records/s through Store.write vs single inserts, CPU per record (about 3 min)
+	$(PY) -m bench.records_store --libs $(CASSANDRA_LIBS) --heap $(CASSANDRA_HEAP) $(BENCH_ARGS)
 
 .PHONY: nginx-deps
 nginx-deps: ## Install nginx from Debian's packages if it is missing (the rehearsal's load balancer)

@@ -205,6 +205,28 @@ class StoreUnavailable(RecordsError):
     status = 503
 
 
+class StoreSchemaError(RecordsError):
+    """HTTP 500: the records store's tables are missing, or its schema is at a version newer than
+    this rtserve knows (``found``, ``known``: the versions); nothing was written."""
+
+    def __init__(self, message: str, found: int, known: int) -> None:
+        super().__init__(message)
+        self.found = found
+        self.known = known
+
+
+class StoreError(RecordsError):
+    """HTTP 500: the records store refused a statement as invalid (not a passing failure: the
+    same call would fail again; the message holds Cassandra's reason)."""
+
+
+class CassandraNodeError(RecordsError):
+    """HTTP 503: the local Cassandra node cannot be started or stopped (the message says which,
+    with the end of its log)."""
+
+    status = 503
+
+
 class StreamError(RtserveError):
     """HTTP 503: the local Kafka broker cannot be assembled, started, reached or stopped (the
     message says which, with the end of its log)."""

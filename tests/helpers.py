@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 import yaml
 
 from handler.model import ModelMetadata
 from rtserve.model.archive import read_archive
+from rtserve.runtime.process import terminate
 from rtserve.testing.worker import METRICS_YAML, make_context, start_batch  # noqa: F401 - shared
 
 REPO = Path(__file__).resolve().parent.parent
@@ -26,6 +28,37 @@ def make(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """``make ARGS`` in the repository with its virtualenv; output (both streams) in ``stdout``."""
     return subprocess.run(["make", "--no-print-directory", *args, f"VENV={REPO / '.venv'}"], cwd=REPO,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+
+
+def assembled_libs(target: str, banner: str, timeout: float) -> Path:
+    """``make TARGET`` (a ``*-deps`` target that assembles jars from Maven Central); the
+    directory its last line names (``>> <banner>: N jars in DIR``)."""
+    start = time.monotonic()
+    done = make(target, timeout=timeout)
+    assert done.returncode == 0, f"make {target} failed:\n{done.stdout[-4000:]}"
+    line = done.stdout.strip().splitlines()[-1]
+    assert line.startswith(f">> {banner}") and " jars in " in line, done.stdout
+    print(f"make {target}: {time.monotonic() - start:.0f} s")
+    return Path(line.rsplit(" jars in ", 1)[1])
+
+
+@contextlib.contextmanager
+def made_server(start: str, stop: str, where: list[str], processes: Callable[[], list[int]],
+                stop_recorded: Callable[[], object]) -> Iterator[str]:
+    """``make START WHERE...`` (a local server from recorded state); yields its output, then
+    ``make STOP WHERE...`` however the block ends, which must leave none of ``processes()``
+    (then ``stop_recorded()`` and SIGTERM end what is left, so nothing outlives the session)."""
+    try:
+        done = make(start, *where)
+        assert done.returncode == 0, f"make {start} failed:\n{done.stdout[-6000:]}"
+        yield done.stdout
+    finally:
+        stopped = make(stop, *where)
+        left = processes()
+        stop_recorded()
+        for pid in processes():  # ours: they name the caller's own run directory
+            terminate(pid, 10)
+        assert stopped.returncode == 0 and not left, f"make {stop} left {left}:\n{stopped.stdout}"
 
 
 def route_headers(explain: bool) -> dict:

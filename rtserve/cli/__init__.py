@@ -18,13 +18,13 @@ import argparse
 import logging
 import sys
 
-from rtserve.cli import (client, cluster, gateway, k8s, kafka, live, model, monitor, probe, records,
-                         server, stream, versions)
+from rtserve.cli import (cassandra, client, cluster, gateway, k8s, kafka, live, model, monitor,
+                         probe, records, server, stream, versions)
 from rtserve.errors import RtserveError
 
 #: The groups, in the order ``--help`` lists them.
 GROUPS = (client, versions, live, server, probe, gateway, monitor, model, k8s, cluster, kafka, stream,
-          records)
+          records, cassandra)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from rtserve.errors import StreamError
-from rtserve.runtime.ports import free_ports
-from rtserve.runtime.process import PidFile, run, spawn, tail, terminate, wait_until
+from rtserve.runtime.process import run, spawn, tail, wait_until
+from rtserve.runtime.recorded import RecordedServer
 from rtserve.stream import admin, broker
 from rtserve.stream.broker import Layout
 
@@ -29,8 +29,9 @@ STOP_TIMEOUT = 60.0
 FORMAT_TIMEOUT = 120.0
 
 
-def _pid_file(run_dir: Path) -> PidFile:
-    return PidFile(run_dir / broker.PID_FILE, check_program=True)
+def _recorded(run_dir: Path) -> RecordedServer:
+    return RecordedServer(run_dir, "Kafka broker", "kafka", "make kafka", broker.STATE_FILE,
+                          broker.PID_FILE, StreamError)
 
 
 def load_state(run_dir: Path) -> dict:
@@ -39,26 +40,18 @@ def load_state(run_dir: Path) -> dict:
     Raises:
         StreamError: no broker was started from ``run_dir``.
     """
-    try:
-        return json.loads((run_dir / broker.STATE_FILE).read_text())
-    except FileNotFoundError:
-        raise StreamError(f"no Kafka broker was started from {run_dir} (make kafka)") from None
+    return _recorded(run_dir).load_state()
 
 
 def resolve_ports(run_dir: Path, wanted: dict[str, int]) -> dict[str, int]:
     """Each port: the one given; else the one recorded in ``run_dir`` (a restart keeps its
     bootstrap address, so clients and the stream consumer find it again); else a free one."""
-    try:
-        recorded = load_state(run_dir).get("ports", {})
-    except StreamError:
-        recorded = {}
-    free = iter(free_ports(len(broker.PORT_NAMES)))
-    return {name: wanted.get(name) or recorded.get(name) or next(free) for name in broker.PORT_NAMES}
+    return _recorded(run_dir).resolve_ports(broker.PORT_NAMES, wanted)
 
 
 def pid(run_dir: Path) -> int | None:
     """The broker's PID while it runs (its PID file names a live ``java``), else None."""
-    return _pid_file(run_dir).pid()
+    return _recorded(run_dir).pid()
 
 
 def start(layout: Layout, fresh: bool = False,
@@ -90,7 +83,7 @@ def start(layout: Layout, fresh: bool = False,
              "data": str(layout.data), "log": str(log)}
     (run_dir / broker.STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
     begin = time.monotonic()
-    proc = spawn(broker.broker_argv(layout), log, _pid_file(run_dir), cwd=run_dir)
+    proc = spawn(broker.broker_argv(layout), log, _recorded(run_dir).pids(), cwd=run_dir)
     try:
         took["broker ready"] = _wait_ready(layout, proc, log, begin)
         begin = time.monotonic()
@@ -143,18 +136,7 @@ def stop(run_dir: Path, timeout: float = STOP_TIMEOUT) -> str | None:
     Raises:
         StreamError: the process is still alive after SIGKILL.
     """
-    pid_file = _pid_file(run_dir)
-    running, program = pid_file.pid(), pid_file.program()
-    if running is None:
-        pid_file.remove()
-        return None
-    begin = time.monotonic()
-    killed = terminate(running, timeout, poll=0.2, program=program)
-    if pid_file.pid() is not None:
-        raise StreamError(f"the Kafka broker (pid {running}) is still alive after SIGKILL")
-    pid_file.remove()
-    how = f"killed after {timeout:.0f} s" if killed else f"stopped in {time.monotonic() - begin:.1f} s"
-    return f"kafka (pid {running}) {how}"
+    return _recorded(run_dir).stop(timeout)
 
 
 def status(run_dir: Path) -> dict[str, str]:
@@ -164,12 +146,11 @@ def status(run_dir: Path) -> dict[str, str]:
     Raises:
         StreamError: no broker was started from ``run_dir``.
     """
-    state = load_state(run_dir)
-    pid_file = _pid_file(run_dir)
-    running = pid_file.pid()
-    lines = {"kafka": f"running (pid {running})" if running else
-             f"dead (pid {pid_file.read()})" if pid_file.read() else "stopped",
-             "bootstrap": state["bootstrap"], "data": state["data"], "log": state["log"]}
+    recorded = _recorded(run_dir)
+    state = recorded.load_state()
+    running = recorded.pid()
+    lines = {"kafka": recorded.state(), "bootstrap": state["bootstrap"], "data": state["data"],
+             "log": state["log"]}
     if running:
         found = admin.topics(state["bootstrap"]) if admin.listening(state["bootstrap"]) else {}
         lines["topics"] = ", ".join(f"{n} ({p} partitions)" for n, p in sorted(found.items())) or "(none)"

@@ -6,18 +6,16 @@ module serving the ``make archive`` build."""
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 import pytest
 
-from rtserve.runtime.process import terminate
 from rtserve.stream import broker, local
 from rtserve.testing.server import serving
 from tests.conftest import MODEL_NAME
-from tests.helpers import make
+from tests.helpers import assembled_libs, made_server
 
 #: A cold `make kafka-deps` downloads about 45 MB of jars from Maven Central (under a minute).
 DEPS_TIMEOUT = 900
@@ -51,13 +49,7 @@ def broker_processes(run_dir: Path) -> list[int]:
 @pytest.fixture(scope="session")
 def kafka_libs() -> Path:
     """The classpath, assembled by `make kafka-deps` (once per machine, into the user's cache)."""
-    start = time.monotonic()
-    done = make("kafka-deps", timeout=DEPS_TIMEOUT)
-    assert done.returncode == 0, f"make kafka-deps failed:\n{done.stdout[-4000:]}"
-    line = done.stdout.strip().splitlines()[-1]
-    assert line.startswith(">> Kafka ") and " jars in " in line, done.stdout
-    print(f"make kafka-deps: {time.monotonic() - start:.0f} s")
-    return Path(line.rsplit(" jars in ", 1)[1])
+    return assembled_libs("kafka-deps", "Kafka ", DEPS_TIMEOUT)
 
 
 @pytest.fixture(scope="session")
@@ -65,19 +57,10 @@ def kafka(kafka_libs, tmp_path_factory) -> Kafka:
     """`make kafka` on free ports, stopped by `make kafka-stop` (and from its PID file if that
     fails) however the session ends; the stop must leave no process behind."""
     run_dir = tmp_path_factory.mktemp("kafka") / "run"
-    where = [f"KAFKA_RUN_DIR={run_dir}"]
-    try:
-        done = make("kafka", *where)
-        assert done.returncode == 0, f"make kafka failed:\n{done.stdout[-6000:]}"
+    with made_server("kafka", "kafka-stop", [f"KAFKA_RUN_DIR={run_dir}"],
+                     lambda: broker_processes(run_dir), lambda: local.stop(run_dir)) as output:
         state = json.loads((run_dir / broker.STATE_FILE).read_text())
-        yield Kafka(run_dir, state["bootstrap"], done.stdout)
-    finally:
-        stopped = make("kafka-stop", *where)
-        left = broker_processes(run_dir)
-        local.stop(run_dir)
-        for pid in broker_processes(run_dir):  # ours: they name this session's own run directory
-            terminate(pid, 10)
-        assert stopped.returncode == 0 and not left, f"make kafka-stop left {left}:\n{stopped.stdout}"
+        yield Kafka(run_dir, state["bootstrap"], output)
 
 
 @pytest.fixture(scope="module")
