@@ -28,9 +28,15 @@ logger = logging.getLogger(__name__)
 NOT_FOUND = 3
 
 
+def _quiet_driver() -> None:
+    """The Cassandra driver says which data center it chose at each connect (INFO): not news."""
+    logging.getLogger("cassandra").setLevel(logging.WARNING)
+
+
 def _source(args: argparse.Namespace):
     from rtserve.records.lookup import Source
 
+    _quiet_driver()
     found = Source.of(settings(args).run_dir, args.store, args.keyspace)
     print(f"(reading {found.describe()})", file=sys.stderr)
     return found
@@ -74,6 +80,7 @@ def cmd_ship(args: argparse.Namespace) -> int:
     from rtserve.records.lookup import contact_points
     from rtserve.records.shipper import Shipper, ShipperConfig, ShipperMetrics
 
+    _quiet_driver()
     config = ShipperConfig(args.spool.resolve(), args.budget, keep=args.keep,
                            stop_seconds=args.stop_seconds)
     stopping = threading.Event()
