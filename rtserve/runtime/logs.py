@@ -81,10 +81,14 @@ class LogFollower:
     def __init__(self, path: str | Path, from_end: bool = True, tail_bytes: int = 0) -> None:
         self.path = Path(path)
         self._files: deque[BinaryIO] = deque()  # the followed file last; older ones to finish first
+        self._last: tuple[int, int] | None = None  # the last file read to its end
         self._partial = b""
         self._skip_partial = False
         if not from_end:
             self._open(backup(self.path))
+        elif (old := self._open(backup(self.path))) is not None:
+            self._last = _identity(old)  # what it held before is not new
+            self._files.pop().close()
         current = self._open(self.path)
         if from_end and current is not None:
             offset = max(0, os.fstat(current.fileno()).st_size - tail_bytes)
@@ -104,7 +108,11 @@ class LogFollower:
     def lines(self) -> list[str]:
         """Complete lines written since the previous call (oldest first)."""
         data = self._partial
-        while self._files or self._open(self.path) is not None:
+        while True:
+            if not self._files:
+                self._next()
+                if not self._files:
+                    break
             f = self._files[0]
             if f.tell() > os.fstat(f.fileno()).st_size:  # truncated in place: from its start
                 f.seek(0)
@@ -115,35 +123,37 @@ class LogFollower:
             data += f.read()  # what its writer wrote before it rotated
             if data and not data.endswith(b"\n"):
                 data += b"\n"  # a rotated file's torn last line ends with it
-            finished = _identity(f)
+            self._last = _identity(f)
             self._files.popleft().close()
-            if not self._files:
-                self._next(finished)
         *complete, self._partial = data.split(b"\n")
         if self._skip_partial and complete:
             complete, self._skip_partial = complete[1:], False
         return [line.decode("utf-8", "replace") for line in complete]
 
     def _replaced(self, f: BinaryIO) -> bool:
-        """Whether the path names another file than ``f`` now (not: no file, for now)."""
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return False
-        return (st.st_ino, st.st_dev) != _identity(f)
+        """Whether ``f`` was rotated away: the path names another file, or (while it names none,
+        in the middle of a rotation) the backup does."""
+        for name in (self.path, backup(self.path)):
+            try:
+                st = os.stat(name)
+            except OSError:
+                continue
+            return (st.st_ino, st.st_dev) != _identity(f)
+        return False
 
-    def _next(self, finished: tuple[int, int]) -> None:
-        """After the file ``finished`` was read to its end: follow the path's file, after the
-        backup when that is a file rotated away in between (neither of the two)."""
+    def _next(self) -> None:
+        """With no file open: follow the path's file, after the backup when that is a file not
+        read yet (rotated away since the last file was finished, or before any was opened)."""
         current = self._open(self.path)
         try:
             between = open(backup(self.path), "rb")
         except OSError:
             return
-        if current is not None and _identity(between) not in {finished, _identity(current)}:
-            self._files.appendleft(between)
-        else:
+        seen = {self._last} | ({_identity(current)} if current is not None else set())
+        if _identity(between) in seen:
             between.close()
+        else:
+            self._files.appendleft(between)
 
     def close(self) -> None:
         """Close the followed files."""

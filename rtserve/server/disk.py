@@ -37,8 +37,8 @@ DEFAULT_BUDGET = 512 * 10**6
 #: config.properties' units: powers of 1000 (KB, MB, GB) and of 1024 (KiB, MiB, GiB), any case.
 CONFIG_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9,
                 "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
-#: The least total the server's files fit in: each output file then has 32 KiB, each of
-#: TorchServe's log files rolls at 176 KiB.
+#: The least total the server's files fit in: each output file then has 32 KiB (with its
+#: backup), each of TorchServe's log files rolls at 160 KiB, the tmp reserve holds 896 KiB.
 MIN_TOTAL = 8 * 2**20
 
 #: What the server sets in TorchServe's environment (the workers inherit it): each TorchServe log
@@ -56,8 +56,8 @@ TS_LOGS = ("access_log.log", "model_log.log", "ts_log.log", "ts_metrics.log", "m
 LINE_MARGIN = 16 * 2**10
 
 #: Each share in 256ths of the total (they add up to 256).
-WEIGHTS = {"spool": 128, "tmp": 32, "ts_log_file": 12 * len(TS_LOGS), "live_log": 12,
-           "metrics": 12, "audit_log": 4, "output_files": 4, "state": 4}
+WEIGHTS = {"spool": 128, "tmp": 28, "ts_log_file": 11 * len(TS_LOGS), "live_log": 12,
+           "metrics": 20, "audit_log": 4, "output_files": 4, "state": 5}
 #: The output files the exporter copy-truncates (:attr:`Shares.output_file` each), relative to
 #: the run directory: the launcher's, the two sidecars' and the canary watcher's.
 OUTPUT_FILES = ("launcher.log", "logs/metrics_exporter.log", "logs/oip_routes.log",

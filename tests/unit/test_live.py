@@ -309,9 +309,12 @@ def test_watcher_ends_when_the_canary_is_stopped(tmp_path):
 def test_shadow_report_command_prints_and_saves(tmp_path):
     run = tmp_path / "run"
     (run / "logs").mkdir(parents=True)
-    (run / "live-log.jsonl").write_text("".join(
-        live_line(n=n, label="low" if n else "high") + "\n" for n in range(4)) + "torn")
-    (run / "logs" / "audit.log").write_text("".join(audit_line(n, "low") + "\n" for n in range(4)))
+    # both logs rotated once (their disk budget): the report reads each backup, then the file
+    (run / "live-log.jsonl.1").write_text("".join(
+        live_line(n=n, label="low" if n else "high") + "\n" for n in range(2)))
+    (run / "live-log.jsonl").write_text("".join(live_line(n=n) + "\n" for n in range(2, 4)) + "torn")
+    (run / "logs" / "audit.log.1").write_text(audit_line(0, "low") + "\n")
+    (run / "logs" / "audit.log").write_text("".join(audit_line(n, "low") + "\n" for n in range(1, 4)))
     done = subprocess.run([sys.executable, "-m", "rtserve", "live", "--run-dir", str(run),
                            "--model-store", str(tmp_path), "shadow-report", "m"], cwd=REPO,
                           text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
