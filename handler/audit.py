@@ -9,6 +9,7 @@ is packed into each archive without rtserve, so the writer lives here.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from pathlib import Path
@@ -42,10 +43,31 @@ class AuditFile:
         os.close(self.fd)
 
 
-def append_event(path: str | Path, event: dict[str, Any]) -> None:
-    """Append one event (see :func:`event_line`) to the audit log at ``path``."""
-    audit = AuditFile(path)
-    try:
-        audit.append([event_line(event)])
-    finally:
-        audit.close()
+def append_event(path: str | Path, event: dict[str, Any], max_bytes: int | None = None) -> None:
+    """Append one event (see :func:`event_line`) to the audit log at ``path``.
+
+    With ``max_bytes``, the log and its one backup (``audit.log.1``) stay within it: an event that
+    would take the file past half of it first renames the file to its backup (under an exclusive
+    lock on the file, so two writers never rotate twice).
+    """
+    data = event_line(event).encode()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, MODE)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            held = os.fstat(fd)
+            try:
+                now = os.stat(path)
+            except FileNotFoundError:
+                continue  # rotated away while this one waited for the lock
+            if (now.st_ino, now.st_dev) != (held.st_ino, held.st_dev):
+                continue
+            if max_bytes is not None and held.st_size and held.st_size + len(data) > max_bytes // 2:
+                os.replace(path, path.with_name(path.name + ".1"))
+                continue
+            os.write(fd, data)
+            return
+        finally:
+            os.close(fd)

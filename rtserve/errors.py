@@ -36,6 +36,11 @@ class SettingsError(RtserveError):
     status = 400
 
 
+class DiskBudgetError(SettingsError):
+    """HTTP 400: the disk budget (``rtserve_disk_budget``, ``RTSERVE_RUN_VOLUME_LIMIT``) is not a
+    size, or is too small for the server's files (the message names the setting)."""
+
+
 class ProcessError(RtserveError):
     """HTTP 500: a process could not be started, or ran past its time (the message holds the
     command)."""

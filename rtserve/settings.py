@@ -16,6 +16,9 @@ Every ``RTSERVE_*`` variable is read here and nowhere else:
   when its content changes (a pod's ConfigMap ``rtserve-live-routes``); none
 - ``RTSERVE_RECORDS_STORE``: the records store's contact points, ``host:port,...`` (a pod's
   ConfigMap ``rtserve-records``); config.properties' ``rtserve_records_store``
+- ``RTSERVE_RUN_VOLUME_LIMIT``: the run directory's volume limit, a Kubernetes quantity (``1Gi``,
+  the pod's ``run`` emptyDir ``sizeLimit``): the server's disk budget is then half of it
+  (:mod:`rtserve.server.disk`) instead of ``rtserve_disk_budget``; none
 
 (and TorchServe's own ``LOG_LOCATION``, which a server started by rtserve sets for its workers).
 ``HOME`` is the checkout holding this package (``config.properties``, ``config/``, ``deploy/``,
@@ -28,6 +31,8 @@ from __future__ import annotations
 
 import importlib.resources
 import os
+import re
+from decimal import Decimal, InvalidOperation
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
@@ -62,6 +67,40 @@ CANARY_LOG_FILE = "canary-watcher.log"
 SHADOW_REPORT_FILE = "shadow-report.json"
 #: The records spool (kept across restarts: the shipper ships what a killed server left).
 RECORDS_DIR = "records"
+
+
+#: A Kubernetes quantity's suffixes, as multiples of a byte (case matters: ``M`` is mega).
+QUANTITY_UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+                  "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+_SIZE = re.compile(r"^\s*(?P<number>[0-9]+(?:\.[0-9]*)?)\s*(?P<unit>[A-Za-z]*)\s*$")
+
+
+def byte_size(text: str, where: str, units: Mapping[str, int] = QUANTITY_UNITS,
+              ignore_case: bool = False) -> int:
+    """A size in bytes from ``text``: a number (decimals allowed) and one of ``units``.
+
+    Args:
+        text: e.g. ``1Gi``, ``48Mi``, ``512MB``, ``1048576``.
+        where: the setting's name, for the error.
+        units: suffix -> bytes (``""``: plain bytes).
+        ignore_case: suffixes match whatever their case.
+
+    Raises:
+        SettingsError: ``text`` is not a positive size in those units (the message names ``where``).
+    """
+    table = {k.lower(): v for k, v in units.items()} if ignore_case else dict(units)
+    found = _SIZE.match(text or "")
+    unit = found.group("unit") if found else ""
+    factor = table.get(unit.lower() if ignore_case else unit) if found else None
+    try:
+        size = int(Decimal(found.group("number")) * factor) if factor else 0
+    except InvalidOperation:
+        size = 0
+    if size <= 0:
+        shown = ", ".join(u for u in units if u) or "none"
+        raise SettingsError(f"{where}: {text!r} is not a size in bytes: a positive number, then "
+                            f"nothing (bytes) or one of {shown}")
+    return size
 
 
 def resource(package: str, name: str) -> Path:
@@ -171,6 +210,8 @@ class Settings:
     live_routes_source: Path | None = None
     log_location: Path | None = None
     records_store: str | None = None
+    #: ``RTSERVE_RUN_VOLUME_LIMIT`` in bytes; None: not in a pod with a sized run volume.
+    run_volume_limit: int | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
@@ -178,10 +219,11 @@ class Settings:
         override is ignored: an option the command line did not get).
 
         Raises:
-            SettingsError: an override names no setting, or ``models`` holds an entry that is
-                not ``NAME=FILE.mar``.
+            SettingsError: an override names no setting, ``models`` holds an entry that is
+                not ``NAME=FILE.mar``, or ``RTSERVE_RUN_VOLUME_LIMIT`` is not a quantity.
         """
         env = os.environ if environ is None else environ
+        limit = env.get("RTSERVE_RUN_VOLUME_LIMIT", "").strip()
         home = Path(overrides.pop("home", None) or PACKAGE_HOME).resolve()
         values: dict[str, Any] = {
             "run_dir": _path(env, "RTSERVE_RUN_DIR") or home / ".run",
@@ -196,6 +238,7 @@ class Settings:
             "live_routes_source": _path(env, "RTSERVE_LIVE_ROUTES"),
             "log_location": _path(env, "LOG_LOCATION"),
             "records_store": env.get("RTSERVE_RECORDS_STORE", "").strip() or None,
+            "run_volume_limit": byte_size(limit, "RTSERVE_RUN_VOLUME_LIMIT") if limit else None,
         }
         return cls(home=home, **values).but(**overrides)
 

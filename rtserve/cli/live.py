@@ -214,11 +214,13 @@ def cmd_watch(args: argparse.Namespace) -> None:
     """The canary watcher (`make canary` starts it in the background)."""
     from rtserve.promotion.gate import GateConfig
     from rtserve.promotion.live import Watch
+    from rtserve.server.disk import audit_cap
 
     s = settings(args)
     config = GateConfig.load(args.gate_config or s.gate_config)
     run_watcher(Watch(args.model, args.version, s.run.live_routes, s.run.live_log, s.run.audit_log,
-                      _history(args), config.live.canary), s.run.canary_pid)
+                      _history(args), config.live.canary, audit_bytes=audit_cap(s.run.path)),
+                s.run.canary_pid)
 
 
 def run_watcher(w, pid_file: Path, poll_s: float | None = None) -> dict | None:

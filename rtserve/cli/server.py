@@ -157,7 +157,8 @@ def cmd_exporter(args: argparse.Namespace) -> int:
     """Serve TorchServe's and the handler's metrics on --listen until SIGTERM (a server's sidecar)."""
     from rtserve.observability.exporter import serve
 
-    return serve(args.listen, args.upstream, args.dir, args.access_log, args.warmup_requests)
+    return serve(args.listen, args.upstream, args.dir, args.access_log, args.warmup_requests,
+                 args.outputs, args.output_bytes)
 
 
 def cmd_oip(args: argparse.Namespace) -> int:
@@ -181,6 +182,10 @@ def add(groups: argparse._SubParsersAction) -> None:
             (["--access-log"], {"type": Path, "help": "TorchServe's access_log.log (request latency)"}),
             (["--warmup-requests"], {"type": int, "default": 0,
                                      "help": "leave this many warm-up requests out of the latency histogram"}),
+            (["--outputs"], {"type": Path, "nargs": "*", "default": [],
+                             "help": "output files to keep within --output-bytes each (copy-truncate)"}),
+            (["--output-bytes"], {"type": int, "default": 0,
+                                  "help": "each output file's cap, with its one backup (0: none)"}),
             log_format="%(asctime)s %(message)s", log_stream="stderr")
     command(commands, "oip", cmd_oip, listen,
             (["--run-dir"], {"type": Path, "help": "default: $RTSERVE_RUN_DIR or .run"}),

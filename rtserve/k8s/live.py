@@ -40,32 +40,48 @@ POD_TOKEN_FILE = "/etc/rtserve-gateway-tokens/tokens"
 #: The inference port of the candidate's Service (its gateway).
 PORT = 8080
 
-#: Run in a pod: for each (file, offset) argument pair, the file's complete lines from that byte
-#: offset on (offset -1: none, only where they end), as JSON [[start, end, text], ...]; a file
-#: that shrank (a new pod's) is read from its start.
+#: Run in a pod: for each (file, inode, offset) argument triple, the complete lines the file gained
+#: since that byte offset of that file, as JSON [[inode, end, text], ...]: when the file is another
+#: now (rotated to its backup ``NAME.1``), the rest of the old one (the backup), then the new one's;
+#: inode 0 is a first read (the backup, then the file); offset -1: none, only where the file ends.
 READ_SCRIPT = """
-import json, sys
-out = []
-for path, offset in zip(sys.argv[1::2], sys.argv[2::2]):
-    offset = int(offset)
+import json, os, sys
+def opened(name):
     try:
-        with open(path, "rb") as f:
-            size = f.seek(0, 2)
-            if offset < 0 or offset > size:
-                offset = size if offset < 0 else 0
-            f.seek(offset)
-            data = f.read(size - offset)
+        return open(name, "rb")
     except FileNotFoundError:
-        offset, data = 0, b""
-    data = data[:data.rfind(b"\\n") + 1]
-    out.append([offset, offset + len(data), data.decode("utf-8", "replace")])
+        return None
+out, args = [], sys.argv[1:]
+for path, ino, offset in zip(args[0::3], map(int, args[1::3]), map(int, args[2::3])):
+    new, old, data = opened(path), opened(path + ".1"), b""
+    now = os.fstat(new.fileno()) if new else None
+    if offset < 0 or (now and now.st_ino == ino):
+        offset = (now.st_size if offset < 0 else offset if offset <= now.st_size else 0) if now else 0
+    else:
+        if old:
+            was = os.fstat(old.fileno()).st_ino
+            old.seek(offset if was == ino else 0)
+            data = old.read()
+            data += b"\\n" if data and not data.endswith(b"\\n") else b""
+            ino, offset = (0, 0) if new else (was, old.tell())
+        offset = 0 if new else offset
+    if new:
+        new.seek(offset)
+        rest = new.read()
+        rest = rest[:rest.rfind(b"\\n") + 1]
+        data, offset = data + rest, offset + len(rest)
+    out.append([now.st_ino if now else ino if old else 0, offset, data.decode("utf-8", "replace")])
 json.dump(out, sys.stdout)
 """
-#: Run in a pod: append argv[2] (an audit line) to argv[1] (the pod's audit log).
+#: Run in a pod: append argv[2] (an audit event's line) to argv[1] (the pod's audit log,
+#: ``RUN_DIR/logs/audit.log``) within the audit log's cap of the pod's budget.
 APPEND_SCRIPT = """
-import sys
-with open(sys.argv[1], "a") as f:
-    f.write(sys.argv[2])
+import json, sys
+from pathlib import Path
+from handler.audit import append_event
+from rtserve.server.disk import audit_cap
+path = Path(sys.argv[1])
+append_event(path, json.loads(sys.argv[2]), audit_cap(path.parent.parent))
 """
 #: Run in a pod: write argv[2] to argv[1] at once (a temporary file renamed over it).
 #: What the frontend's agent prints (to the container's log) each time it reads its routes file.
@@ -111,7 +127,7 @@ def configmap(namespace: str, text: str) -> dict:
 
 
 def parse_read(output: str, files: int) -> list[tuple[int, int, str]]:
-    """:data:`READ_SCRIPT`'s output: (start, end, text) per file.
+    """:data:`READ_SCRIPT`'s output: (inode, end, text) per file.
 
     Raises:
         DeployError: it is not that.
@@ -138,20 +154,22 @@ class LogCopy:
     live_log: Path
     audit_log: Path
     from_end: bool = False
-    #: pod uid -> the byte offsets read up to (live log, audit log).
-    offsets: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: pod uid -> where each log was read up to: (inode, byte offset) of the live log, of the
+    #: audit log (they rotate to one backup each).
+    offsets: dict[str, tuple[tuple[int, int], tuple[int, int]]] = field(default_factory=dict)
 
     def pull(self, cluster: "Cluster") -> int:
         """Read every ready default pod's new lines; returns how many lines were appended.
         A pod that cannot be read now (ending, restarting) is read at the next pull."""
         appended = 0
         for pod in cluster.pods():
-            start = self.offsets.get(pod.uid, (-1, -1) if self.from_end else (0, 0))
+            first = (0, -1) if self.from_end else (0, 0)
+            live_at, audit_at = self.offsets.get(pod.uid, (first, first))
             try:
                 out = cluster.exec(pod.name, "python", "-c", READ_SCRIPT,
-                                   str(POD_RUN.live_log), str(start[0]),
-                                   str(POD_RUN.audit_log), str(start[1]))
-                (_, live_end, live), (_, audit_end, audit) = parse_read(out, 2)
+                                   str(POD_RUN.live_log), *map(str, live_at),
+                                   str(POD_RUN.audit_log), *map(str, audit_at))
+                (live_ino, live_end, live), (audit_ino, audit_end, audit) = parse_read(out, 2)
             except DeployError:
                 continue
             for path, text in ((self.live_log, live), (self.audit_log, audit)):
@@ -160,7 +178,7 @@ class LogCopy:
                     with open(path, "a", encoding="utf-8") as f:
                         f.write(text)
                     appended += text.count("\n")
-            self.offsets[pod.uid] = (live_end, audit_end)
+            self.offsets[pod.uid] = ((live_ino, live_end), (audit_ino, audit_end))
         return appended
 
     def fresh(self) -> "LogCopy":

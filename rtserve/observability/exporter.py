@@ -5,10 +5,14 @@ The handler's workers write their metrics into ``prometheus_client``'s multiproc
 ``PROMETHEUS_MULTIPROC_DIR``), not through TorchServe's metric log lines (see :mod:`handler.telemetry`). This exporter listens on the configured
 ``metrics_address`` (TorchServe's own listener moves to a private loopback port) and answers
 ``GET /metrics`` with TorchServe's scrape followed by the workers' merged metrics. Counters of
-workers that died or were scaled down keep counting (their files stay); gauges show the most
-recent value any worker set. With ``--access-log`` it also serves the end-to-end request
-latency histogram it reads from TorchServe's access log
-(:mod:`rtserve.observability.request_latency`), off the request path.
+workers that died or were scaled down keep counting: every second the exporter merges their
+files into one archive per kind and deletes them, so the directory stays bounded
+(:mod:`rtserve.observability.metrics_files`); gauges show the most recent value any worker set.
+With ``--access-log`` it also serves the end-to-end request latency histogram it reads from
+TorchServe's access log (:mod:`rtserve.observability.request_latency`), off the request path.
+With ``--outputs`` it keeps those output files (the sidecars', the launcher's) within
+``--output-bytes`` each, with one backup (:func:`rtserve.runtime.logs.copy_truncate`): the one
+process that always runs beside the server does it for them all.
 :class:`rtserve.server.torchserve.TorchServe` starts and stops it with TorchServe:
 
     python -m rtserve monitor exporter --listen http://127.0.0.1:8082 --upstream http://127.0.0.1:41234 \\
@@ -24,12 +28,15 @@ import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Iterable, Sequence
 from urllib.parse import urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from rtserve.observability.metrics_files import compact
 from rtserve.observability.request_latency import RequestLatency
+from rtserve.runtime.logs import copy_truncate
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +45,8 @@ UPSTREAM_TIMEOUT = 5.0
 UP_METRIC = "rtserve_torchserve_metrics_up"
 #: Seconds between two reads of the access log (a scrape also reads it first).
 ACCESS_LOG_POLL = 1.0
+#: Seconds between two rounds of housekeeping (dead workers' metrics files, output files' caps).
+HOUSEKEEPING_S = 1.0
 
 
 class LatencySource:
@@ -64,7 +73,30 @@ class LatencySource:
                 logger.warning("reading the access log failed: %s", exc)
 
 
-def render(multiproc_dir: Path, upstream: str | None, latency: LatencySource | None = None) -> bytes:
+class WorkerMetrics:
+    """The workers' metrics directory: scraped and compacted under one lock (a scrape never
+    sees a dead worker's file and the archive that absorbed it)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        self._lock = threading.Lock()
+
+    def render(self) -> bytes:
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=str(self.directory))
+        with self._lock:
+            return generate_latest(registry)
+
+    def compact(self) -> None:
+        """Merge the dead workers' files (:func:`~rtserve.observability.metrics_files.compact`)."""
+        with self._lock:
+            done = compact(self.directory)
+        if done.merged or done.dropped:
+            logger.info("metrics of dead workers: %d files merged into the archive, %d dropped",
+                        done.merged, done.dropped)
+
+
+def render(workers: WorkerMetrics, upstream: str | None, latency: LatencySource | None = None) -> bytes:
     """TorchServe's metrics (from ``upstream``/metrics), then the workers' (from the files), then
     the request latency histogram."""
     parts = []
@@ -78,15 +110,27 @@ def render(multiproc_dir: Path, upstream: str | None, latency: LatencySource | N
             logger.warning("TorchServe's metrics (%s) did not answer: %s", upstream, exc)
     parts.append(f"# HELP {UP_METRIC} Whether TorchServe's own metrics answered this scrape.\n"
                  f"# TYPE {UP_METRIC} gauge\n{UP_METRIC} {up}\n".encode())
-    registry = CollectorRegistry()
-    MultiProcessCollector(registry, path=str(multiproc_dir))
-    parts.append(generate_latest(registry))
+    parts.append(workers.render())
     if latency is not None:
         parts.append(latency.render())
     return b"".join(p if p.endswith(b"\n") or not p else p + b"\n" for p in parts)
 
 
-def make_server(listen: str, multiproc_dir: Path, upstream: str | None,
+def housekeeping(workers: WorkerMetrics, outputs: Iterable[Path], output_bytes: int,
+                 stop: threading.Event, every: float = HOUSEKEEPING_S) -> None:
+    """Every ``every`` seconds until ``stop``: compact the workers' metrics files, and keep each of
+    ``outputs`` within ``output_bytes`` (with its backup)."""
+    while not stop.wait(every):
+        try:
+            workers.compact()
+        except (OSError, RuntimeError, ValueError) as exc:  # a torn file: tried again next round
+            logger.warning("compacting the workers' metrics files failed: %s", exc)
+        for path in outputs if output_bytes > 0 else ():
+            if copy_truncate(path, output_bytes):
+                logger.info("%s: over %d bytes, rotated to its backup", path, output_bytes // 2)
+
+
+def make_server(listen: str, workers: WorkerMetrics, upstream: str | None,
                 latency: LatencySource | None = None) -> ThreadingHTTPServer:
     """An HTTP server answering ``GET /metrics`` on ``listen`` (``http://host:port``)."""
     address = urlsplit(listen)
@@ -96,7 +140,7 @@ def make_server(listen: str, multiproc_dir: Path, upstream: str | None,
             if self.path.split("?", 1)[0] != "/metrics":
                 self.send_error(404, "only /metrics is served here")
                 return
-            body = render(multiproc_dir, upstream, latency)
+            body = render(workers, upstream, latency)
             self.send_response(200)
             self.send_header("Content-Type", CONTENT_TYPE_LATEST)
             self.send_header("Content-Length", str(len(body)))
@@ -112,14 +156,19 @@ def make_server(listen: str, multiproc_dir: Path, upstream: str | None,
 
 
 def serve(listen: str, upstream: str | None, multiproc_dir: Path,
-          access_log: Path | None = None, warmup_requests: int = 0) -> int:
+          access_log: Path | None = None, warmup_requests: int = 0,
+          outputs: Sequence[Path] = (), output_bytes: int = 0) -> int:
     """Serve ``/metrics`` on ``listen`` until SIGTERM/SIGINT (the exporter process's life);
-    the first ``warmup_requests`` warm-up lines of the access log stay out of the histogram."""
+    the first ``warmup_requests`` warm-up lines of the access log stay out of the histogram;
+    meanwhile :func:`housekeeping` (``outputs`` within ``output_bytes`` each)."""
     latency = LatencySource(access_log, warmup_requests) if access_log else None
-    server = make_server(listen, multiproc_dir, upstream, latency)
+    workers = WorkerMetrics(multiproc_dir)
+    server = make_server(listen, workers, upstream, latency)
     stop = threading.Event()
     if latency is not None:
         threading.Thread(target=latency.follow, args=(stop,), daemon=True).start()
+    threading.Thread(target=housekeeping, args=(workers, list(outputs), output_bytes, stop),
+                     daemon=True, name="rtserve-housekeeping").start()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     threading.Thread(target=server.serve_forever, daemon=True).start()

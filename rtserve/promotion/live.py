@@ -34,8 +34,9 @@ from handler.audit import append_event
 from rtserve.errors import LiveError
 from rtserve.promotion.gate import CanaryThresholds, ShadowThresholds, percentile
 from rtserve.promotion.history import History
-from rtserve.settings import CANARY_WATCHER_MARKS
+from rtserve.runtime.logs import LogFollower
 from rtserve.runtime.process import recorded_pid, stop_recorded
+from rtserve.settings import CANARY_WATCHER_MARKS
 
 #: The header whose value makes the canary share sticky (one client key, one version).
 KEY_HEADER = "x-rtserve-key"
@@ -583,32 +584,10 @@ def canary_check(thresholds: CanaryThresholds, lines: Iterable[LiveLine],
 
 
 # -- files: reading logs, the watcher ----------------------------------------------------------------
-class Tail:
-    """New complete lines of a growing file since the last call (a torn last line waits)."""
-
-    def __init__(self, path: str | Path, from_end: bool = True) -> None:
-        self.path = Path(path)
-        self.offset = self.path.stat().st_size if from_end and self.path.exists() else 0
-        self.partial = b""
-
-    def read(self) -> list[str]:
-        try:
-            with open(self.path, "rb") as f:
-                if os.fstat(f.fileno()).st_size < self.offset:  # replaced or truncated
-                    self.offset, self.partial = 0, b""
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
-            return []
-        self.offset += len(data)
-        *complete, self.partial = (self.partial + data).split(b"\n")
-        return [line.decode("utf-8", "replace") for line in complete]
-
-
 def read_audit(path: str | Path, ids: set[str] | None = None) -> dict[str, AuditAnswer]:
     """The audit log's answers by request id (only ``ids`` when given)."""
     out = {}
-    for line in Tail(path, from_end=False).read():
+    for line in LogFollower(path, from_end=False).lines():
         answer = parse_audit_line(line)
         if answer is not None and (ids is None or answer.request_id in ids):
             out[answer.request_id] = answer
@@ -619,7 +598,7 @@ def shadow_report_from_files(model: str, live_log: str | Path, audit_log: str | 
                              candidate: str, default: str | None = None,
                              candidate_labels: Sequence[str] | None = None) -> ShadowReport:
     """:func:`shadow_report` over the live log and the audit log as they are now."""
-    lines, skipped = parse_lines(Tail(live_log, from_end=False).read(), parse_live_line)
+    lines, skipped = parse_lines(LogFollower(live_log, from_end=False).lines(), parse_live_line)
     ids = {line.of for line in lines if line.kind == "shadow" and line.version == candidate}
     return shadow_report(model, lines, read_audit(audit_log, ids), candidate, default,
                          candidate_labels, skipped_lines=skipped)
@@ -627,7 +606,7 @@ def shadow_report_from_files(model: str, live_log: str | Path, audit_log: str | 
 
 def latest_shadow_version(live_log: str | Path) -> str | None:
     """The version of the live log's last shadow line."""
-    lines, _ = parse_lines(Tail(live_log, from_end=False).read(), parse_live_line)
+    lines, _ = parse_lines(LogFollower(live_log, from_end=False).lines(), parse_live_line)
     shadows = [line.version for line in lines if line.kind == "shadow"]
     return shadows[-1] if shadows else None
 
@@ -660,6 +639,8 @@ class Watch:
     thresholds: CanaryThresholds
     pull: Callable[[], object] | None = None
     publish: Callable[[Routes], object] | None = None
+    #: The audit log's cap (:func:`rtserve.server.disk.audit_cap`); None: no rotation.
+    audit_bytes: int | None = None
 
 
 def canary_route(routes: Routes | None, version: str) -> Route | None:
@@ -686,7 +667,7 @@ def abort(watch: Watch, decision: CanaryDecision) -> dict:
              "figures": {k: v for k, v in asdict(decision).items() if k != "breaches"},
              "thresholds": asdict(watch.thresholds), "at": datetime.now(timezone.utc).isoformat()}
     watch.history.append(event)
-    append_event(watch.audit_log, event)
+    append_event(watch.audit_log, event, watch.audit_bytes)
     return event
 
 
@@ -696,7 +677,7 @@ def watch(w: Watch, out: Callable[[str], None] = print, poll_s: float = POLL_S,
     judge the last window (:func:`canary_check`), and abort on a breach (:func:`abort`; returns
     its event). Returns None when the canary was stopped or changed by someone else."""
     started_ms = clock() * 1000.0
-    live, audit_tail = Tail(w.live_log), Tail(w.audit_log)
+    live, audit_tail = LogFollower(w.live_log), LogFollower(w.audit_log)
     window: deque[LiveLine] = deque()
     answers: dict[str, AuditAnswer] = {}
     seen: deque[tuple[float, str]] = deque()
@@ -710,11 +691,11 @@ def watch(w: Watch, out: Callable[[str], None] = print, poll_s: float = POLL_S,
             w.pull()
         now = clock()
         keep_ms = now * 1000.0 - w.thresholds.window_s * 1000.0
-        new, _ = parse_lines(live.read(), parse_live_line)
+        new, _ = parse_lines(live.lines(), parse_live_line)
         window.extend(line for line in new if line.version == w.version and line.at >= started_ms)
         while window and window[0].at < keep_ms:
             window.popleft()
-        for answer in parse_lines(audit_tail.read(), parse_audit_line)[0]:
+        for answer in parse_lines(audit_tail.lines(), parse_audit_line)[0]:
             answers[answer.request_id] = answer
             seen.append((now, answer.request_id))
         while seen and seen[0][0] < now - w.thresholds.window_s - 10:  # a margin for late lines

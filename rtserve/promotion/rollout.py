@@ -23,6 +23,7 @@ from rtserve.promotion.gate import (ArchiveMeta, GateConfig, GateReport, Measure
 from rtserve.promotion.history import HISTORY_FILE, History  # noqa: F401 - HISTORY_FILE re-exported
 from rtserve.promotion.live import drop_version, promote_evidence, shadow_report_from_files
 from rtserve.promotion.measure import answer_rows, check_golden, latency_burst
+from rtserve.server.disk import audit_cap
 from rtserve.settings import RunDir
 
 logger = logging.getLogger(__name__)
@@ -246,7 +247,7 @@ class Rollout:
         event = {**report.event(), "at": datetime.now(timezone.utc).isoformat()}
         self.history.append(event)
         if self.verification is not None and self.verification.audit_log is not None:
-            append_event(self.verification.audit_log, event)
+            append_event(self.verification.audit_log, event, audit_cap(self.verification.run_dir))
 
     def rollback(self) -> tuple[str, str]:
         """Return the default to the version before the last promote; returns (from, to).

@@ -90,13 +90,15 @@ def routes_file(run_dir: str | Path) -> Path:
 
 
 def effective_props(props: dict[str, str], private_metrics_port: int, oip_port: int,
-                    agent_jar: Path, run_dir: str | Path) -> dict[str, str]:
+                    agent_jar: Path, run_dir: str | Path,
+                    live_log_bytes: int | None = None) -> dict[str, str]:
     """What the frontend is started with: ``props``, with TorchServe's metrics listener moved to
     ``private_metrics_port`` on loopback (the metrics exporter serves the configured address),
     the OIP model routes on ``oip_port``, and rtserve's agent in ``vmargs``: it sends the OIP
-    model routes there, follows the live routes file of ``run_dir`` (:func:`routes_file`) and,
-    unless ``rtserve_greedy_batching=false``, makes batching greedy (no wait for further requests
-    of a batch). ``vmargs`` that load an agent already are left as they are.
+    model routes there, follows the live routes file of ``run_dir`` (:func:`routes_file`),
+    keeps its live log within ``live_log_bytes`` (with its one backup) and, unless
+    ``rtserve_greedy_batching=false``, makes batching greedy (no wait for further requests of a
+    batch). ``vmargs`` that load an agent already are left as they are.
 
     Raises:
         ServerError: the agent was not built, or the run directory's path has a comma (the
@@ -116,6 +118,7 @@ def effective_props(props: dict[str, str], private_metrics_port: int, oip_port: 
             raise ServerError(f"the run directory {Path(run_dir).resolve()} has a comma in its path: "
                               "the agent's options cannot carry it")
         options = ",".join([f"oip={props[OIP_KEY]}"] + ([] if is_greedy else ["greedy=off"])
-                           + [f"routes={routes}"])
+                           + [f"routes={routes}"]
+                           + ([f"live-log-bytes={live_log_bytes}"] if live_log_bytes else []))
         props["vmargs"] = f"{props.get('vmargs', '')} -javaagent:{agent_jar}={options}".strip()
     return props

@@ -25,13 +25,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from handler.records import DEFAULT_SPOOL_BYTES, SPOOL_BYTES_ENV, SPOOL_DIR_ENV
+from handler.records import SPOOL_DIR_ENV
 from handler.warmup import KEY_ENV
 from rtserve.client.rest import Client, TorchServeError
-from rtserve.errors import ServerError, WrongAnswers
+from rtserve.errors import DiskBudgetError, ServerError, WrongAnswers
+from rtserve.runtime.logs import backup, read_rotated
 from rtserve.runtime.ports import free_ports
-from rtserve.runtime.process import PidFile, spawn, stop_recorded, tail, terminate, wait_until
+from rtserve.runtime.process import (PidFile, last_lines, spawn, stop_recorded, tail, terminate,
+                                     wait_until)
 from rtserve.server import drain as draining
+from rtserve.server.disk import BUDGET_KEY, CONSOLE_ENV, OUTPUT_FILES, DiskBudget
 from rtserve.server.drain import DrainReport
 from rtserve.server.properties import (GREEDY_KEY, OIP_KEY,  # noqa: F401 - GREEDY_KEY re-exported
                                        PUBLIC_METRICS_KEY, RECORDS_KEYSPACE_KEY, RECORDS_STORE_KEY,
@@ -99,13 +102,16 @@ class Sidecar:
 
 
 #: The metrics exporter (rtserve.observability.exporter) on the public metrics address:
-#: TorchServe's metrics and the workers' own.
+#: TorchServe's metrics and the workers' own; it also keeps the workers' metrics directory and
+#: the output files within the disk budget.
 EXPORTER = Sidecar(
     "the metrics exporter", ("server", "exporter"), "metrics-exporter.pid", "metrics_exporter.log",
     lambda ts, effective: ["--listen", effective[PUBLIC_METRICS_KEY],
                            "--upstream", effective["metrics_address"], "--dir", str(ts.metrics_dir),
                            "--access-log", str(ts.log_dir / "access_log.log"),
-                           "--warmup-requests", str(ts.warmup_skip)])
+                           "--warmup-requests", str(ts.warmup_skip),
+                           "--output-bytes", str(ts.budget.shares().output_file),
+                           "--outputs", *map(str, ts.output_files)])
 #: The OIP model metadata and readiness routes (rtserve.server.oip) the agent sends to it.
 OIP_ROUTES = Sidecar(
     "the OIP model routes", ("server", "oip"), "oip-routes.pid", "oip_routes.log",
@@ -116,7 +122,7 @@ OIP_ROUTES = Sidecar(
 #: what is left; the server stops it after TorchServe, so nothing is added meanwhile.
 SHIPPER = Sidecar(
     "the records shipper", ("records", "ship"), "records-shipper.pid", "records_shipper.log",
-    lambda ts, effective: ["--spool", str(ts.files.records), "--budget", str(ts.spool_budget),
+    lambda ts, effective: ["--spool", str(ts.files.records), "--budget", str(ts.budget.shares().spool),
                            *records_options(effective)],
     multiproc=True, stop_timeout=SHIPPER_STOP_SECONDS + 5.0)
 SIDECARS = (EXPORTER, OIP_ROUTES, SHIPPER)
@@ -172,8 +178,26 @@ class TorchServe:
         Raises:
             ServerError: the agent was not built.
         """
-        return effective_props(self.props, private_metrics_port, oip_port, self.settings.agent_jar,
-                               self.run_dir)
+        props = effective_props(self.props, private_metrics_port, oip_port, self.settings.agent_jar,
+                                self.run_dir, self.budget.shares().live_log)
+        props[BUDGET_KEY] = str(self.budget.total)  # resolved: what later commands read back
+        return props
+
+    @property
+    def budget(self) -> DiskBudget:
+        """The disk budget of this server's files (:mod:`rtserve.server.disk`).
+
+        Raises:
+            DiskBudgetError: ``rtserve_disk_budget`` or ``RTSERVE_RUN_VOLUME_LIMIT`` is not a
+                size, or the budget is too small.
+        """
+        return DiskBudget.resolve(self.props, self.settings)
+
+    @property
+    def output_files(self) -> list[Path]:
+        """The processes' output files the exporter caps (:data:`rtserve.server.disk.OUTPUT_FILES`:
+        the launcher's, each sidecar's, the canary watcher's)."""
+        return [self.run_dir / name for name in OUTPUT_FILES]
 
     @property
     def model_names(self) -> list[str]:
@@ -221,17 +245,14 @@ class TorchServe:
             return SHARED_MEMORY / f"rtserve-metrics-{os.getuid()}-{digest}"
         return self.run_dir / METRICS_DIR
 
-    @property
-    def spool_budget(self) -> int:
-        """The records spool's byte budget (the workers' ``RTSERVE_SPOOL_BYTES``)."""
-        return DEFAULT_SPOOL_BYTES
-
-    def _env(self, warmup_key: str) -> dict[str, str]:
+    def _env(self, warmup_key: str, console: bool = False) -> dict[str, str]:
         tmp = self.run_dir / "tmp"
         env = dict(os.environ)
         env.update(TMPDIR=str(tmp), TEMP=str(tmp), LOG_LOCATION=str(self.log_dir),
                    METRICS_LOCATION=str(self.log_dir), PROMETHEUS_MULTIPROC_DIR=str(self.metrics_dir))
-        env.update({SPOOL_DIR_ENV: str(self.files.records), SPOOL_BYTES_ENV: str(self.spool_budget)})
+        env.update(self.budget.env())  # the log files' roll size, the records spool's share
+        env[SPOOL_DIR_ENV] = str(self.files.records)
+        env[CONSOLE_ENV] = "INFO" if console else "OFF"
         env[KEY_ENV] = warmup_key
         return env
 
@@ -281,13 +302,17 @@ class TorchServe:
 
         Args:
             console: TorchServe's console output goes to this process's stdout/stderr (what a
-                container runtime collects) instead of ``launcher.log`` in the run directory.
+                container runtime collects) instead of ``launcher.log`` in the run directory,
+                and ts_log.log's lines go there too (less the two per batch).
 
         Raises:
             ServerError: this run directory already has a running server, a warm-up setting is
                 invalid, or the launcher failed.
+            DiskBudgetError: the disk budget is not a size, is too small, or cannot hold the
+                archives unpacked.
         """
         warmup = self.warmup  # checked before anything starts
+        self.budget.check_tmp([self.model_store / m.split("=", 1)[1] for m in self.models if "=" in m])
         if self.pid() is not None:
             raise ServerError(f"TorchServe is already running from {self.run_dir} (pid {self.pid()})")
         socket_path = f"{(self.run_dir / 'tmp').resolve()}/.ts.sock.65535"
@@ -328,10 +353,14 @@ class TorchServe:
         if self.models:
             cmd += ["--models", *self.models]
         if console:
-            rc = subprocess.call(cmd, cwd=self.run_dir, env=self._env(warmup_key),
+            rc = subprocess.call(cmd, cwd=self.run_dir, env=self._env(warmup_key, console=True),
                                  stdin=subprocess.DEVNULL, timeout=60)
         else:
-            with open(self.run_dir / "launcher.log", "wb") as out:
+            launcher = self.run_dir / "launcher.log"
+            for old in (launcher, backup(launcher)):
+                old.unlink(missing_ok=True)
+            # appended to (O_APPEND), so that the exporter's copy-truncate leaves no hole
+            with open(launcher, "ab") as out:
                 rc = subprocess.call(cmd, cwd=self.run_dir, env=self._env(warmup_key),
                                      stdin=subprocess.DEVNULL, stdout=out,
                                      stderr=subprocess.STDOUT, timeout=60)
@@ -451,20 +480,19 @@ class TorchServe:
         return report
 
     def worker_deaths(self) -> int:
-        """How many times a backend worker died so far (from model_log.log)."""
-        path = self.log_dir / "model_log.log"
-        try:
-            return path.read_text(errors="replace").count("Backend worker process died")
-        except OSError:
-            return 0
+        """How many times a backend worker died (in what model_log.log and its backup hold)."""
+        return read_rotated(self.log_dir / "model_log.log").count("Backend worker process died")
 
     def log_tail(self, lines: int = 40) -> str:
-        """The last lines of the launcher output and TorchServe's main log."""
+        """The last lines of the launcher output and TorchServe's main logs (with their backups)."""
         parts = []
-        for path in (self.run_dir / "launcher.log", self.log_dir / "ts_log.log",
-                     self.log_dir / "model_log.log"):
-            if path.exists():
-                parts.append(f"--- {path.relative_to(self.run_dir)} ---\n" + tail(path, lines))
+        launcher = self.run_dir / "launcher.log"
+        if launcher.exists():
+            parts.append("--- launcher.log ---\n" + tail(launcher, lines))
+        for path in (self.log_dir / "ts_log.log", self.log_dir / "model_log.log"):
+            text = read_rotated(path)
+            if text:
+                parts.append(f"--- {path.relative_to(self.run_dir)} ---\n" + last_lines(text, lines))
         return "\n".join(parts) or "(no logs)"
 
 
@@ -513,7 +541,7 @@ def run_foreground(server: TorchServe, stop_timeout: float = 15.0, poll: float =
     # its emptyDir: start() clears the previous drain marker, or it would never be ready again.
     try:
         server.start(console=True)
-    except ServerError as exc:
+    except (ServerError, DiskBudgetError) as exc:
         logger.error("%s", exc)
         return 1
     logger.info("TorchServe started (pid %s) from %s", server.pid(), server.run_dir)

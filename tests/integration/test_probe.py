@@ -28,8 +28,9 @@ import psutil
 import pytest
 import yaml
 
-from rtserve.server.probe import loopback
+from rtserve.runtime.logs import read_rotated
 from rtserve.runtime.ports import free_ports
+from rtserve.server.probe import loopback
 from rtserve.server.properties import port_overrides, read_properties, write_properties
 from rtserve.server.torchserve import TorchServe
 from rtserve.settings import DRAIN_FILE
@@ -205,6 +206,20 @@ def test_server_runs_on_a_read_only_root_as_the_pods_user(pod):
                if p.stat().st_uid == pod.uid}
     assert written <= {"run", "tmp"}, written
     assert (pod.run_dir / "key_file.json").stat().st_uid == pod.uid
+
+
+def test_the_pods_output_has_ts_logs_lines_but_not_its_two_per_batch(pod):
+    """The pod's main process sends ts_log.log's lines to the container's output as well (what
+    kubectl logs shows), less the worker threads' two lines per batch; the file stays (the drain
+    and the readiness check read it) and holds those too."""
+    pod.wait_ready()
+    per_batch = ("Looping backend response at", "Backend response time")
+    ts_log = read_rotated(pod.run_dir / "logs" / "ts_log.log").splitlines()
+    assert any(mark in line for line in ts_log for mark in per_batch)  # the warm-up's batches
+    events = [line for line in ts_log if not any(mark in line for mark in per_batch)]
+    out = pod.out.read_text(errors="replace").splitlines()
+    assert events and set(events[:20]) <= set(out), (events[:20], out[-40:])
+    assert not [line for line in out if any(mark in line for mark in per_batch)]
 
 
 def test_ready_fails_for_a_model_that_is_not_served(pod):

@@ -151,3 +151,59 @@ def test_the_sticky_bucket_is_the_documented_hash_and_nested_in_the_percent():
     expected = [(int.from_bytes(sha256(k.encode()).digest()[:8], "big") >> 11) / 2**53 * 100 for k in keys]
     assert [float(b) for b in out] == pytest.approx(expected, abs=1e-6)
     assert all(0 <= b < 100 for b in expected)
+
+
+#: Appends argv[2] lines of about 170 bytes to the live log argv[0], capped at argv[1] bytes, from
+#: four threads (a test driver in the agent's package: LiveLog is package-private).
+LIVE_LOG_DRIVER = """
+package rtserve.agent;
+
+import java.nio.file.Paths;
+
+public class LiveLogDriver {
+    public static void main(String[] args) throws Exception {
+        LiveLog.cap(Long.parseLong(args[1]));
+        int n = Integer.parseInt(args[2]);
+        Thread[] threads = new Thread[4];
+        for (int t = 0; t < threads.length; t++) {
+            int first = t;
+            threads[t] = new Thread(() -> {
+                for (int i = first; i < n; i += threads.length) {
+                    LiveLog.append(Paths.get(args[0]), "shadow", "req-" + i, "cand-" + i, "2.0", 200,
+                            1.5, i, "{\\"label\\": \\"low\\"}", null);
+                }
+            });
+            threads[t].start();
+        }
+        for (Thread thread : threads) {
+            thread.join();
+        }
+        Thread.sleep(1000);  // the writer thread drains the queue (it flushes every 200 ms)
+    }
+}
+"""
+
+
+def test_the_live_log_rotates_to_one_backup_at_its_cap(tmp_path):
+    source = tmp_path / "src" / "rtserve" / "agent" / "LiveLogDriver.java"
+    source.parent.mkdir(parents=True)
+    source.write_text(LIVE_LOG_DRIVER)
+    classes = tmp_path / "classes"
+    subprocess.run(["javac", "-cp", str(agent_jar()), "-d", str(classes), str(source)], check=True,
+                   timeout=120)
+    log, cap, n = tmp_path / "live-log.jsonl", 40_000, 2_000
+    subprocess.run(["java", "-cp", f"{classes}:{agent_jar()}", "rtserve.agent.LiveLogDriver", str(log),
+                    str(cap), str(n)], check=True, timeout=120)
+    backup = log.with_name(log.name + ".1")
+    assert log.stat().st_size <= cap // 2 and backup.stat().st_size <= cap // 2
+    lines = [json.loads(line) for line in (backup.read_text() + log.read_text()).splitlines()]
+    assert len(lines) >= cap // 2 // 200  # a full backup and the current file's lines
+    kept = [int(line["of"].split("-")[1]) for line in lines]
+    assert len(set(kept)) == len(kept)  # each line once, whole
+    for thread in range(4):  # each thread's newest lines, in its order: older files were dropped
+        mine = [i for i in kept if i % 4 == thread]
+        assert mine == list(range(n - 4 + thread - 4 * (len(mine) - 1), n, 4)), mine
+    without = tmp_path / "uncapped.jsonl"
+    subprocess.run(["java", "-cp", f"{classes}:{agent_jar()}", "rtserve.agent.LiveLogDriver", str(without),
+                    "0", "500"], check=True, timeout=120)
+    assert len(without.read_text().splitlines()) == 500 and not without.with_name(without.name + ".1").exists()

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from handler.audit import event_line
 from rtserve import container
 from rtserve.errors import DeployError
 from rtserve.k8s.pod import PodState
@@ -23,6 +24,8 @@ from rtserve.k8s.live import (AGENT_READ_LINE, POD_RUN, READ_SCRIPT, ROUTES_CONF
                               LogCopy, configmap, parse_read)
 from rtserve.promotion.history import History
 from rtserve.promotion.live import Route, Routes, RoutesSync, Watch, read_routes, set_route, watch
+from rtserve.server.disk import BUDGET_KEY, audit_cap
+from rtserve.server.properties import write_properties
 from rtserve.settings import Settings
 from tests.unit.test_live import CANARY, canary_lines
 
@@ -156,6 +159,33 @@ def test_log_copy_appends_only_what_each_pod_gained(tmp_path):
     assert copy.fresh().live_log.read_text() == "" and copy.offsets == {}
 
 
+def test_log_copy_keeps_every_line_once_across_a_pods_log_rotations(tmp_path):
+    """The pods' live and audit logs rotate to one backup (their disk budget): what a pull had
+    not read of the rotated file comes from the backup, then the new file's lines."""
+    cluster = HereCluster(tmp_path / "pods")
+    cluster.listed = [Pod("rtserve-a", "uid-a")]
+    live = cluster.run_dir("rtserve-a") / "live-log.jsonl"
+    append(live, '{"n": 1}')
+    copy = LogCopy(tmp_path / "here" / "live-log.jsonl", tmp_path / "here" / "audit.log")
+    assert copy.pull(cluster) == 1
+    append(live, '{"n": 2}', torn='{"n": 3')
+    assert copy.pull(cluster) == 1
+    append(live, '}')
+    live.rename(live.with_name("live-log.jsonl.1"))  # rotated: the rest of it is in the backup
+    append(live, '{"n": 4}')
+    assert copy.pull(cluster) == 2
+    append(live, '{"n": 5}')
+    live.rename(live.with_name("live-log.jsonl.1"))
+    assert copy.pull(cluster) == 1  # in the middle of a rotation: the new file not there yet
+    append(live, '{"n": 6}')
+    assert copy.pull(cluster) == 1 and copy.pull(cluster) == 0
+    assert [json.loads(line)["n"] for line in copy.live_log.read_text().splitlines()] == [1, 2, 3, 4, 5, 6]
+    # a first read from the start takes the backup first
+    fresh = LogCopy(tmp_path / "again" / "live-log.jsonl", tmp_path / "again" / "audit.log")
+    assert fresh.pull(cluster) == 3
+    assert fresh.live_log.read_text() == '{"n": 4}\n{"n": 5}\n{"n": 6}\n'
+
+
 def test_a_pod_that_cannot_be_read_is_read_at_the_next_pull(tmp_path):
     cluster = HereCluster(tmp_path / "pods")
     append(cluster.run_dir("rtserve-a") / "live-log.jsonl", '{"n": 1}')
@@ -192,6 +222,13 @@ def test_an_abort_is_appended_to_each_pods_audit_log(tmp_path):
     assert here.audit(event) == ["rtserve-a", "rtserve-b"]
     assert audit.read_text().splitlines() == ['{"event":"prediction"}',
                                               '{"event":"canary-abort","action":"canary-abort","version":"2.0"}']
+    # within the audit log's cap of the pod's budget (its effective config records it)
+    write_properties(here.run_dir("rtserve-a") / "config.properties", {BUDGET_KEY: str(8 * 2**20)})
+    cap = audit_cap(here.run_dir("rtserve-a"))
+    append(audit, "x" * (cap // 2 - 100))
+    assert here.audit(event) == ["rtserve-a", "rtserve-b"]
+    assert audit.read_text() == event_line(event)
+    assert audit.with_name("audit.log.1").stat().st_size <= cap // 2
 
 
 def test_the_configmap_holds_the_routes_as_the_pods_mount_them():

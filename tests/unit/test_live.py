@@ -16,9 +16,10 @@ import yaml
 from rtserve.errors import GateError, LiveError
 from rtserve.promotion.gate import DEFAULT_CONFIG, CanaryThresholds, GateConfig, ShadowThresholds
 from rtserve.promotion.history import History
-from rtserve.promotion.live import (AuditAnswer, Route, Routes, Tail, Watch, canary_check, drop_version,
+from rtserve.promotion.live import (AuditAnswer, Route, Routes, Watch, canary_check, drop_version,
                                     parse_audit_line, parse_live_line, promote_evidence, read_routes,
                                     set_route, shadow_report, watch, write_routes)
+from rtserve.runtime.logs import LogFollower
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.unit
@@ -144,17 +145,17 @@ def test_live_and_audit_lines_parse():
     assert parse_audit_line('{"event":"gate","action":"gate"}') is None
 
 
-def test_tail_returns_only_complete_new_lines(tmp_path):
+def test_the_watchers_follower_returns_only_complete_new_lines(tmp_path):
     path = tmp_path / "log"
-    tail = Tail(path)
-    assert tail.read() == []
+    tail = LogFollower(path)
+    assert tail.lines() == []
     path.write_text('{"a":1}\n{"b"')
-    assert tail.read() == ['{"a":1}']
+    assert tail.lines() == ['{"a":1}']
     with open(path, "a") as f:
         f.write(':2}\n')
-    assert tail.read() == ['{"b":2}'] and tail.read() == []
+    assert tail.lines() == ['{"b":2}'] and tail.lines() == []
     path.write_text("new\n")  # replaced by a shorter file: read from its start
-    assert tail.read() == ["new"]
+    assert tail.lines() == ["new"]
 
 
 # -- shadow report -----------------------------------------------------------------------------------
@@ -308,9 +309,12 @@ def test_watcher_ends_when_the_canary_is_stopped(tmp_path):
 def test_shadow_report_command_prints_and_saves(tmp_path):
     run = tmp_path / "run"
     (run / "logs").mkdir(parents=True)
-    (run / "live-log.jsonl").write_text("".join(
-        live_line(n=n, label="low" if n else "high") + "\n" for n in range(4)) + "torn")
-    (run / "logs" / "audit.log").write_text("".join(audit_line(n, "low") + "\n" for n in range(4)))
+    # both logs rotated once (their disk budget): the report reads each backup, then the file
+    (run / "live-log.jsonl.1").write_text("".join(
+        live_line(n=n, label="low" if n else "high") + "\n" for n in range(2)))
+    (run / "live-log.jsonl").write_text("".join(live_line(n=n) + "\n" for n in range(2, 4)) + "torn")
+    (run / "logs" / "audit.log.1").write_text(audit_line(0, "low") + "\n")
+    (run / "logs" / "audit.log").write_text("".join(audit_line(n, "low") + "\n" for n in range(1, 4)))
     done = subprocess.run([sys.executable, "-m", "rtserve", "live", "--run-dir", str(run),
                            "--model-store", str(tmp_path), "shadow-report", "m"], cwd=REPO,
                           text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)

@@ -19,9 +19,11 @@ def instance(tmp_path, **overrides) -> TorchServe:
 
 
 def test_agent_is_added_to_vmargs_once_and_metrics_and_oip_get_private_ports(tmp_path):
-    props = instance(tmp_path).effective_props(41234, 41236)
+    server = instance(tmp_path)
+    props = server.effective_props(41234, 41236)
     assert props["vmargs"].endswith(f" -javaagent:{Settings.from_env().agent_jar}=oip=http://127.0.0.1:41236,"
-                                    f"routes={tmp_path.resolve()}/run/live-routes.json")
+                                    f"routes={tmp_path.resolve()}/run/live-routes.json,"
+                                    f"live-log-bytes={server.budget.shares().live_log}")
     assert routes_file(tmp_path / "run") == tmp_path.resolve() / "run" / "live-routes.json"
     assert props["vmargs"].count("-javaagent") == 1
     assert props["metrics_address"] == "http://127.0.0.1:41234"
@@ -36,10 +38,11 @@ def test_agent_is_added_to_vmargs_once_and_metrics_and_oip_get_private_ports(tmp
 
 
 def test_greedy_off_still_loads_the_agent_for_the_oip_routes(tmp_path):
-    props = instance(tmp_path, **{GREEDY_KEY: "false"}).effective_props(41234, 41236)
+    server = instance(tmp_path, **{GREEDY_KEY: "false"})
+    props = server.effective_props(41234, 41236)
     assert props["vmargs"].endswith(
         f" -javaagent:{Settings.from_env().agent_jar}=oip=http://127.0.0.1:41236,greedy=off,"
-        f"routes={routes_file(tmp_path / 'run')}")
+        f"routes={routes_file(tmp_path / 'run')},live-log-bytes={server.budget.shares().live_log}")
 
 
 def test_bad_greedy_value_and_missing_agent_are_refused(tmp_path, monkeypatch):

@@ -38,6 +38,8 @@ import java.util.Map;
  * rtserve.server.oip listens; without it the model routes stay TorchServe's 404),
  * {@code routes=<file>} (the live routes file, followed while the frontend runs; rtserve.server
  * passes {@code RUN_DIR/live-routes.json}; {@code routes=off} or no option: no live routes patch),
+ * {@code live-log-bytes=<n>} (the live log and its one backup stay within n bytes: rtserve.server
+ * passes the live log's share of its disk budget; without it, no cap),
  * {@code sha256=<hex>} (replaces Model's pinned checksum: tests), {@code sha256.<Class>=<hex>}
  * (replaces the pinned checksum of {@code Model}, {@code InferenceRequestHandler} or
  * {@code ApiUtils}: tests).
@@ -89,6 +91,13 @@ public final class Agent {
                     oip = part.substring("oip=".length()).trim();
                 } else if (part.startsWith("routes=")) {
                     routes = part.substring("routes=".length()).trim();
+                } else if (part.startsWith("live-log-bytes=")) {
+                    String value = part.substring("live-log-bytes=".length()).trim();
+                    try {
+                        LiveLog.cap(Long.parseLong(value));
+                    } catch (NumberFormatException e) {
+                        log("live log without a cap: live-log-bytes=" + value + " is not a number of bytes");
+                    }
                 } else if (!part.isBlank()) {
                     log("ignoring unknown agent option '" + part + "'");
                 }

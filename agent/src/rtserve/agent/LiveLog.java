@@ -1,10 +1,12 @@
 package rtserve.agent;
 
+import java.io.BufferedOutputStream;
 import java.io.IOException;
-import java.io.Writer;
+import java.io.OutputStream;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.nio.file.StandardCopyOption;
 import java.nio.file.StandardOpenOption;
 import java.util.ArrayList;
 import java.util.List;
@@ -27,6 +29,10 @@ import java.util.concurrent.atomic.AtomicLong;
  * <p>{@code kind} is {@code shadow} or {@code canary}; {@code status} 0 means no answer (with
  * {@code error}), -1 a mirror dropped at the in-flight limit (with {@code error}); {@code at} is
  * when the request was routed (epoch ms), {@code ms} how long the candidate took.
+ *
+ * <p>With a cap ({@link #cap}, the agent's {@code live-log-bytes} option: the server's disk budget),
+ * the file and its one backup {@code NAME.1} stay within it: a line that would take the file past
+ * half the cap first renames it to its backup (the readers follow that: backup, then the file).
  */
 final class LiveLog {
     static final int MAX_BODY = 4096;
@@ -40,6 +46,8 @@ final class LiveLog {
     private static final AtomicLong LOST = new AtomicLong();
     private static final Object WRITING = new Object();
     private static volatile boolean started;
+    /** The file and its backup together at most this many bytes; 0: no cap. */
+    private static volatile long cap;
 
     private LiveLog() {
     }
@@ -68,6 +76,11 @@ final class LiveLog {
         }
     }
 
+    /** Cap the live log and its backup at {@code bytes} together (0: no cap). */
+    static void cap(long bytes) {
+        cap = bytes;
+    }
+
     static String truncate(String body) {
         if (body == null) {
             return "";
@@ -86,9 +99,10 @@ final class LiveLog {
         Runtime.getRuntime().addShutdownHook(new Thread(LiveLog::drain, "rtserve-live-log-exit"));
     }
 
-    // The writer's state (under WRITING): the file open now, and the last one that failed.
+    // The writer's state (under WRITING): the file open now, its size, the last one that failed.
     private static Path open;
-    private static Writer out;
+    private static OutputStream out;
+    private static long size;
     private static Path failed;
 
     private static void run() {
@@ -128,13 +142,20 @@ final class LiveLog {
             }
             for (Line line : lines) {
                 try {
+                    byte[] bytes = line.json().getBytes(StandardCharsets.UTF_8);
                     if (!line.file().equals(open)) {
                         close();
-                        out = Files.newBufferedWriter(line.file(), StandardCharsets.UTF_8,
-                                StandardOpenOption.CREATE, StandardOpenOption.APPEND, StandardOpenOption.WRITE);
-                        open = line.file();
+                        openFile(line.file());
                     }
-                    out.write(line.json());
+                    long half = cap / 2;
+                    if (half > 0 && size > 0 && size + bytes.length > half) {
+                        close();
+                        Files.move(line.file(), backup(line.file()), StandardCopyOption.REPLACE_EXISTING,
+                                StandardCopyOption.ATOMIC_MOVE);
+                        openFile(line.file());
+                    }
+                    out.write(bytes);
+                    size += bytes.length;
                     failed = null;
                 } catch (IOException e) {
                     fail(line.file(), e);
@@ -148,6 +169,18 @@ final class LiveLog {
                 fail(open, e);
             }
         }
+    }
+
+    private static void openFile(Path file) throws IOException {
+        out = new BufferedOutputStream(Files.newOutputStream(file, StandardOpenOption.CREATE,
+                StandardOpenOption.APPEND, StandardOpenOption.WRITE), 1 << 16);
+        open = file;
+        size = Files.size(file);
+    }
+
+    /** The one backup of a live log: {@code NAME.1} beside it. */
+    static Path backup(Path file) {
+        return file.resolveSibling(file.getFileName() + ".1");
     }
 
     private static void fail(Path file, IOException e) {
