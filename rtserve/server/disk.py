@@ -57,7 +57,7 @@ LINE_MARGIN = 16 * 2**10
 
 #: Each share in 256ths of the total (they add up to 256).
 WEIGHTS = {"spool": 128, "tmp": 28, "ts_log_file": 11 * len(TS_LOGS), "live_log": 12,
-           "metrics": 20, "audit_log": 4, "output_files": 4, "state": 5}
+           "metrics": 20, "audit_log": 4, "output_files": 5, "state": 4}
 #: The output files the exporter copy-truncates (:attr:`Shares.output_file` each), relative to
 #: the run directory: the launcher's, the three sidecars' and the canary watcher's.
 OUTPUT_FILES = ("launcher.log", "logs/metrics_exporter.log", "logs/oip_routes.log",

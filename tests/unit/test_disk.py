@@ -15,7 +15,7 @@ from rtserve.server import disk
 from rtserve.server.disk import (BUDGET_KEY, CONSOLE_ENV, DEFAULT_BUDGET, LOG_FILE_ENV, MIN_TOTAL,
                                  OUTPUT_FILES, SPOOL_ENV, TS_LOGS, DiskBudget, audit_cap, recorded)
 from rtserve.server.properties import read_properties, write_properties
-from rtserve.server.torchserve import EXPORTER, OIP_ROUTES, SIDECARS, TorchServe
+from rtserve.server.torchserve import EXPORTER, OIP_ROUTES, SHIPPER, SIDECARS, TorchServe
 from rtserve.settings import PACKAGE_HOME, RunDir, Settings, log_config
 
 pytestmark = pytest.mark.unit
@@ -130,7 +130,7 @@ def test_the_output_files_are_the_launchers_the_sidecars_and_the_canary_watchers
     expected = {server.run_dir / "launcher.log", server.files.canary_log.resolve()}
     expected |= {server.log_dir / s.log for s in SIDECARS}
     assert set(server.output_files) == expected and len(OUTPUT_FILES) == len(expected)
-    assert {EXPORTER, OIP_ROUTES} == set(SIDECARS)
+    assert {EXPORTER, OIP_ROUTES, SHIPPER} == set(SIDECARS)
 
 
 def test_the_server_hands_the_shares_to_torchserve_the_agent_and_the_exporter(tmp_path, monkeypatch):

@@ -1,0 +1,48 @@
+"""A server within an 8 MiB disk budget ships every record to Apache Cassandra while it writes
+ten budgets: the load of the main tier's disk-budget test (tests/disk_budget.py: wrk, a 3,800-byte
+query parameter per request, a shadow to itself), with the tier's real Cassandra as the records
+store. The run directory never exceeds the budget, none of the records is dropped, and the store
+holds exactly as many records of the load's time window as the workers wrote (the shipper deletes
+shipped segments to keep the spool within its share)."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from rtserve.records.store import Store
+from rtserve.server.properties import RECORDS_STORE_KEY
+from tests.conftest import MODEL_NAME
+from tests.disk_budget import assert_within_budget, scraped, small_server, ten_budgets
+
+pytestmark = pytest.mark.records
+
+#: Seconds the shipper has to catch up once the load stops.
+CATCH_UP_S = 120.0
+
+
+def test_every_record_reaches_the_store_while_the_run_directory_keeps_its_budget(
+        build_root, cassandra, tmp_path_factory, tmp_path):
+    root = tmp_path_factory.mktemp("disk-store")
+    with small_server(build_root, root, {RECORDS_STORE_KEY: cassandra.address}) as server, \
+            Store.connect([cassandra.address]) as store:
+        before = scraped(server, "rtserve_records_written_total")  # the start's readiness probe
+        since = datetime.now(timezone.utc)
+        loaded = ten_budgets(server, tmp_path)
+        until = datetime.now(timezone.utc) + timedelta(seconds=1)
+        written = scraped(server, "rtserve_records_written_total") - before
+        dropped = scraped(server, "rtserve_records_dropped_total")
+        deadline = time.monotonic() + CATCH_UP_S
+        stored = 0
+        while time.monotonic() < deadline:
+            stored = sum(1 for _ in store.records(MODEL_NAME, since, until=until))
+            if stored >= written:
+                break
+            time.sleep(2.0)
+        print(f"\n{loaded.report()}\nrecords: {written:.0f} written during the load, {dropped:.0f} "
+              f"dropped, {stored} in the store; the spool at most {loaded.usage.max_records / 1024:.0f} KiB")
+        assert_within_budget(server, loaded)
+        assert dropped == 0 and written >= loaded.sent
+        assert stored == written, f"{stored} records in the store of {written:.0f} written"
