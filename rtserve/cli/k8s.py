@@ -107,7 +107,7 @@ def live_evidence(args: argparse.Namespace):
     live = Live(argparse.Namespace(**{**vars(args), "candidate_dir": None}))
     copy = live.pull_logs()
     store = args.model_store or Settings.from_env().model_store
-    found = report(args.model, args.version, copy.live_log, copy.audit_log, store, live.state.shadow_report,
+    found = report(args.model, args.version, copy.live_log, copy.records, store, live.state.shadow_report,
                    False)
     figures, failures = promote_evidence(config.live.shadow, found)
     event = {"action": "k8s-promote", "model": args.model, "version": args.version,
@@ -282,14 +282,14 @@ class Live:
         return candidate_url(self.namespace, self.args.model, version)
 
     def pull_logs(self):
-        """Copy what every default pod's live and audit logs hold into the state's ``report/``
+        """Copy what every default pod's live log and records hold into the state's ``report/``
         (afresh); the copy (:class:`rtserve.k8s.live.LogCopy`)."""
         from rtserve.k8s.live import LogCopy
 
         into = self.state.path / "report"
-        copy = LogCopy(into / "live-log.jsonl", into / "audit.log").fresh()
+        copy = LogCopy(into / "live-log.jsonl", into / "records.jsonl").fresh()
         lines = copy.pull(self.cluster)
-        logger.info("read %d lines of the live and audit logs of %d default pod(s)", lines, len(copy.offsets))
+        logger.info("read %d lines of the live logs and records of %d default pod(s)", lines, len(copy.offsets))
         return copy
 
     def _watched(self) -> int | None:
@@ -329,7 +329,7 @@ def cmd_shadow(args: argparse.Namespace) -> int:
 
 
 def cmd_shadow_report(args: argparse.Namespace) -> int:
-    """Read the default pods' live and audit logs and compare the shadow's answers with theirs."""
+    """Read the default pods' live logs and records and compare the shadow's answers with theirs."""
     from rtserve.cli.live import report
     from rtserve.errors import LiveError
     from rtserve.promotion.live import latest_shadow_version
@@ -343,7 +343,7 @@ def cmd_shadow_report(args: argparse.Namespace) -> int:
         raise LiveError("no shadow to report on: no shadow route and no shadow line in the pods' "
                         "live logs (`make k8s-shadow MODEL_VERSION=...` first)")
     store = args.model_store or Settings.from_env().model_store
-    report(args.model, version, copy.live_log, copy.audit_log, store, live.state.shadow_report,
+    report(args.model, version, copy.live_log, copy.records, store, live.state.shadow_report,
            args.json)
     return 0
 
@@ -401,8 +401,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
     live = Live(args, args.version)
     config = GateConfig.load(args.gate_config or Settings.from_env().gate_config)
-    copy = LogCopy(live.state.live_log, live.state.audit_log, from_end=True)
-    w = Watch(args.model, args.version, live.state.live_routes, live.state.live_log,
+    copy = LogCopy(live.state.live_log, live.state.path / "records.jsonl", from_end=True)
+    w = Watch(args.model, args.version, live.state.live_routes, live.state.live_log, copy.records,
               live.state.audit_log, live.history, config.live.canary,
               pull=lambda: copy.pull(live.cluster), publish=live.publish)
     event = run_watcher(w, live.state.canary_pid, poll_s=WATCH_POLL_S)

@@ -104,9 +104,10 @@ def cmd_shadow_stop(args: argparse.Namespace) -> None:
     logger.info("shadow of %s %s stopped", args.model, route.version)
 
 
-def report(model: str, version: str, live_log: Path, audit_log: Path, model_store: Path,
+def report(model: str, version: str, live_log: Path, records: Path, model_store: Path,
            save_to: Path, as_json: bool):
-    """The shadow report of ``version`` over the live and audit logs, printed (text or JSON),
+    """The shadow report of ``version`` over the live log and the default's records (a spool,
+    or a file copied from pods), printed (text or JSON),
     saved as JSON to ``save_to`` and returned (``make shadow-report``, ``make
     k8s-shadow-report``, and ``make k8s-deploy``'s live evidence)."""
     import json
@@ -121,7 +122,7 @@ def report(model: str, version: str, live_log: Path, audit_log: Path, model_stor
     except ArchiveError as exc:  # the gaps need the candidate's label order; the rest does not
         logger.info("(disagreements unranked: %s)", exc)
         labels = None
-    found = shadow_report_from_files(model, live_log, audit_log, version, candidate_labels=labels)
+    found = shadow_report_from_files(model, live_log, records, version, candidate_labels=labels)
     save_to.parent.mkdir(parents=True, exist_ok=True)
     save_to.write_text(json.dumps(found.json(), indent=2) + "\n")
     if as_json:
@@ -143,7 +144,7 @@ def cmd_shadow_report(args: argparse.Namespace) -> None:
     if version is None:
         raise LiveError(f"no shadow to report on: no shadow route and no shadow line in "
                         f"{s.run.live_log} (`make shadow MODEL_VERSION=...` first)")
-    report(args.model, version, s.run.live_log, s.run.audit_log, s.model_store, s.run.shadow_report,
+    report(args.model, version, s.run.live_log, s.run.records, s.model_store, s.run.shadow_report,
            args.json)
 
 
@@ -218,8 +219,9 @@ def cmd_watch(args: argparse.Namespace) -> None:
 
     s = settings(args)
     config = GateConfig.load(args.gate_config or s.gate_config)
-    run_watcher(Watch(args.model, args.version, s.run.live_routes, s.run.live_log, s.run.audit_log,
-                      _history(args), config.live.canary, audit_bytes=audit_cap(s.run.path)),
+    run_watcher(Watch(args.model, args.version, s.run.live_routes, s.run.live_log, s.run.records,
+                      s.run.audit_log, _history(args), config.live.canary,
+                      audit_bytes=audit_cap(s.run.path)),
                 s.run.canary_pid)
 
 

@@ -8,9 +8,9 @@
   into their run directory when it changes (:class:`rtserve.promotion.live.RoutesSync`), and, not
   to wait up to a minute for the kubelet to bring the update, straight into each ready default
   pod's routes file as well (``kubectl exec``): the agent reads it within 200 ms.
-- The pods' live logs and audit logs are read back through ``kubectl exec`` (only what they gained
-  since the last read) and appended to files on this machine, which the report and the canary
-  watcher read as they read a local server's.
+- The pods' live logs and records (the answers of the default, for the report's pairs) are read
+  back through ``kubectl exec`` (only what they gained since the last read) and appended to files
+  on this machine, which the report and the canary watcher read as they read a local server's.
 """
 
 from __future__ import annotations
@@ -72,6 +72,31 @@ for path, ino, offset in zip(args[0::3], map(int, args[1::3]), map(int, args[2::
         data, offset = data + rest, offset + len(rest)
     out.append([now.st_ino if now else ino if old else 0, offset, data.decode("utf-8", "replace")])
 json.dump(out, sys.stdout)
+"""
+#: Run in a pod: the complete records its spool (argv[1], ``RUN_DIR/records``) gained since the
+#: segment offsets of argv[2] (JSON {segment: offset}; ``null``: a first read, from the segments'
+#: ends when argv[3] is ``end``), as JSON [offsets, text]; each record is cut before its
+#: ``answer`` (what the report reads comes first: ids, version, class, label, handler time), so a
+#: pod's whole spool crosses the wire in a fraction of its size.
+RECORDS_SCRIPT = """
+import json, os, sys
+from pathlib import Path
+from rtserve.runtime.logs import complete_lines
+spool, known, from_end = Path(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3] == "end"
+try:
+    names = sorted(n for n in os.listdir(spool) if n.endswith(".jsonl") and not n.startswith("."))
+except FileNotFoundError:
+    names = []
+offsets, text = {}, []
+for name in names:
+    if known is None and from_end:
+        offsets[name] = (spool / name).stat().st_size
+        continue
+    lines, offsets[name] = complete_lines(spool / name, (known or {}).get(name, 0))
+    for line in lines:
+        cut = line.find(b',"answer":')
+        text.append((line[:cut] + b"}" if cut > 0 else line).decode("utf-8", "replace"))
+json.dump([offsets, "".join(t + "\\n" for t in text)], sys.stdout)
 """
 #: Run in a pod: append argv[2] (an audit event's line) to argv[1] (the pod's audit log,
 #: ``RUN_DIR/logs/audit.log``) within the audit log's cap of the pod's budget.
@@ -141,49 +166,62 @@ def parse_read(output: str, files: int) -> list[tuple[int, int, str]]:
     return found
 
 
+def parse_records(output: str) -> tuple[dict[str, int], str]:
+    """:data:`RECORDS_SCRIPT`'s output: the segments' offsets, and the records' text.
+
+    Raises:
+        DeployError: it is not that.
+    """
+    try:
+        offsets, text = json.loads(output)
+        return {str(k): int(v) for k, v in offsets.items()}, str(text)
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise DeployError(f"not what the records reader prints: {output[:200]!r} ({exc})") from exc
+
+
 @dataclass
 class LogCopy:
-    """Appends what each default pod's live log and audit log gained to ``live_log`` and
-    ``audit_log`` here (one file each for all pods; a pod is known by its uid).
+    """Appends what each default pod's live log and records gained to ``live_log`` and
+    ``records`` here (one file each for all pods; a pod is known by its uid).
 
     Args:
-        from_end: a pod seen for the first time is read from the end its logs have then (the
+        from_end: a pod seen for the first time is read from the end its files have then (the
             canary watcher looks only forward); else from their start (the shadow report).
     """
 
     live_log: Path
-    audit_log: Path
+    records: Path
     from_end: bool = False
-    #: pod uid -> where each log was read up to: (inode, byte offset) of the live log, of the
-    #: audit log (they rotate to one backup each).
-    offsets: dict[str, tuple[tuple[int, int], tuple[int, int]]] = field(default_factory=dict)
+    #: pod uid -> where its live log was read up to (inode, byte offset: it rotates to one
+    #: backup), and each segment of its records spool.
+    offsets: dict[str, tuple[tuple[int, int], dict[str, int]]] = field(default_factory=dict)
 
     def pull(self, cluster: "Cluster") -> int:
         """Read every ready default pod's new lines; returns how many lines were appended.
         A pod that cannot be read now (ending, restarting) is read at the next pull."""
         appended = 0
         for pod in cluster.pods():
-            first = (0, -1) if self.from_end else (0, 0)
-            live_at, audit_at = self.offsets.get(pod.uid, (first, first))
+            live_at, segments = self.offsets.get(pod.uid, ((0, -1) if self.from_end else (0, 0), None))
             try:
-                out = cluster.exec(pod.name, "python", "-c", READ_SCRIPT,
-                                   str(POD_RUN.live_log), *map(str, live_at),
-                                   str(POD_RUN.audit_log), *map(str, audit_at))
-                (live_ino, live_end, live), (audit_ino, audit_end, audit) = parse_read(out, 2)
+                [(live_ino, live_end, live)] = parse_read(cluster.exec(
+                    pod.name, "python", "-c", READ_SCRIPT, str(POD_RUN.live_log), *map(str, live_at)), 1)
+                segments, records = parse_records(cluster.exec(
+                    pod.name, "python", "-c", RECORDS_SCRIPT, str(POD_RUN.records), json.dumps(segments),
+                    "end" if self.from_end else "start"))
             except DeployError:
                 continue
-            for path, text in ((self.live_log, live), (self.audit_log, audit)):
+            for path, text in ((self.live_log, live), (self.records, records)):
                 if text:
                     path.parent.mkdir(parents=True, exist_ok=True)
                     with open(path, "a", encoding="utf-8") as f:
                         f.write(text)
                     appended += text.count("\n")
-            self.offsets[pod.uid] = ((live_ino, live_end), (audit_ino, audit_end))
+            self.offsets[pod.uid] = ((live_ino, live_end), segments)
         return appended
 
     def fresh(self) -> "LogCopy":
         """Empty the local files and forget the offsets (a report over everything)."""
-        for path in (self.live_log, self.audit_log):
+        for path in (self.live_log, self.records):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("")
         self.offsets.clear()

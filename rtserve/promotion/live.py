@@ -9,7 +9,8 @@ the live log::
      "version": "2.0", "status": 200, "ms": 12.34, "at": <epoch ms>, "body": "<answer body>"}
 
 (``status`` 0: no answer, with an ``error``; -1: the mirror was dropped.) For a shadow line the
-default's answer to the same request is the audit log's line whose ``request_id`` is ``of``.
+default's answer to the same request is its record (:mod:`handler.records`) whose
+``request_id`` is ``of``: in the server's records spool, or a file of records copied from pods.
 
 This module is pure but for the small file helpers at the end: :func:`shadow_report` and
 :func:`canary_check` are functions of parsed lines, so the tests drive them with synthetic logs;
@@ -34,7 +35,8 @@ from handler.audit import append_event
 from rtserve.errors import LiveError
 from rtserve.promotion.gate import CanaryThresholds, ShadowThresholds, percentile
 from rtserve.promotion.history import History
-from rtserve.runtime.logs import LogFollower
+from handler.records import SEGMENT_SUFFIX
+from rtserve.runtime.logs import LogFollower, SegmentsFollower
 from rtserve.runtime.process import recorded_pid, stop_recorded
 from rtserve.settings import CANARY_WATCHER_MARKS
 
@@ -56,7 +58,7 @@ STOP_WAIT_S = 5.0
 TOP_DISAGREEMENTS = 10
 #: What each version's latency in a shadow report is.
 LATENCY_SOURCES = {
-    "default": "handler_ms: the worker's time for the request's batch (audit log)",
+    "default": "handler_ms: the worker's time for the request's batch (its record)",
     "candidate": "ms: the frontend's round trip to the candidate (live log)",
 }
 
@@ -250,7 +252,7 @@ class RoutesSync:
         return True
 
 
-# -- the live log and the audit log ----------------------------------------------------------------
+# -- the live log and the records ------------------------------------------------------------------
 @dataclass(frozen=True)
 class LiveLine:
     """One line of the live log, with the candidate's answer decoded (label and probabilities
@@ -309,8 +311,8 @@ def _answer(body: str) -> tuple[str | None, tuple[float, ...] | None]:
 
 
 @dataclass(frozen=True)
-class AuditAnswer:
-    """The audit log's line for one request: who answered, with what (None: rejected)."""
+class Answer:
+    """The default's record of one request: who answered, with what (None: rejected)."""
 
     request_id: str
     version: str
@@ -322,8 +324,8 @@ class AuditAnswer:
         return self.label is None
 
 
-def parse_audit_line(text: str) -> AuditAnswer | None:
-    """A one-row prediction or rejection line of the audit log (None: any other line)."""
+def parse_answer_line(text: str) -> Answer | None:
+    """A one-row prediction or a rejection among the records (None: any other line)."""
     if '"request_id"' not in text:
         return None
     try:
@@ -334,7 +336,7 @@ def parse_audit_line(text: str) -> AuditAnswer | None:
             label = raw["label"]
         else:
             return None
-        return AuditAnswer(str(raw["request_id"]), str(raw["model_version"]), label,
+        return Answer(str(raw["request_id"]), str(raw["model_version"]), label,
                            float(raw["handler_ms"]))
     except (ValueError, KeyError, TypeError):
         return None
@@ -384,7 +386,7 @@ class ShadowReport:
         lines = [
             f"shadow {self.model}: candidate {self.candidate} against the default ({default})",
             f"  mirrored: {self.mirrored} requests ({self.dropped} dropped by the frontend, "
-            f"{self.unmatched} without the default's answer in the audit log)",
+            f"{self.unmatched} without the default's record)",
             f"  agreement: {pct(self.agreement)} of {self.compared} requests both versions "
             "answered gave the same class",
         ]
@@ -400,8 +402,8 @@ class ShadowReport:
             lines.append(f"  {who}: {timing} ({LATENCY_SOURCES[who]}); errors {e['errors']} of "
                          f"{e['requests']} ({pct(e['rate'])}: {e['what']})")
         if self.disagreements:
-            lines.append(f"  largest disagreements ({self.ranked_by}; the ids are the audit "
-                         "log's request_id):")
+            lines.append(f"  largest disagreements ({self.ranked_by}; the ids are the records' "
+                         "request_id: python -m rtserve records find ID):")
             for d in self.disagreements:
                 gap = "" if d["gap"] is None else f" gap {d['gap']:.3f}"
                 lines.append(f"    {d['of']}: default {d['default']}, candidate {d['candidate']}"
@@ -434,15 +436,15 @@ def _gap(line: LiveLine, default_label: str, labels: Sequence[str] | None) -> fl
     return round(line.probabilities[mine] - line.probabilities[theirs], 6)
 
 
-def pairs(lines: Iterable[LiveLine], audit: Mapping[str, AuditAnswer], candidate: str,
-          default: str | None = None) -> list[tuple[LiveLine, AuditAnswer | None]]:
+def pairs(lines: Iterable[LiveLine], answers: Mapping[str, Answer], candidate: str,
+          default: str | None = None) -> list[tuple[LiveLine, Answer | None]]:
     """The candidate's shadow lines, each with the default's answer to the same request (None:
-    not in the audit log; with ``default``, only that version's answers count)."""
+    without the default's record; with ``default``, only that version's answers count)."""
     out = []
     for line in lines:
         if line.kind != "shadow" or line.version != candidate:
             continue
-        answer = audit.get(line.of)
+        answer = answers.get(line.of)
         if answer is not None and (answer.version == candidate
                                    or (default is not None and answer.version != default)):
             answer = None
@@ -450,7 +452,7 @@ def pairs(lines: Iterable[LiveLine], audit: Mapping[str, AuditAnswer], candidate
     return out
 
 
-def agreement_of(matched: Sequence[tuple[LiveLine, AuditAnswer | None]]) -> tuple[float | None, list]:
+def agreement_of(matched: Sequence[tuple[LiveLine, Answer | None]]) -> tuple[float | None, list]:
     """The agreement over the pairs both versions answered with a class, and those pairs."""
     both = [(line, answer) for line, answer in matched
             if answer is not None and not answer.rejected and line.label is not None]
@@ -459,20 +461,20 @@ def agreement_of(matched: Sequence[tuple[LiveLine, AuditAnswer | None]]) -> tupl
     return sum(line.label == answer.label for line, answer in both) / len(both), both
 
 
-def shadow_report(model: str, lines: Iterable[LiveLine], audit: Mapping[str, AuditAnswer],
+def shadow_report(model: str, lines: Iterable[LiveLine], answers: Mapping[str, Answer],
                   candidate: str, default: str | None = None,
                   candidate_labels: Sequence[str] | None = None,
                   top: int = TOP_DISAGREEMENTS, skipped_lines: int = 0) -> ShadowReport:
     """The shadow report of ``candidate`` over the live log's shadow lines.
 
-    The default's answer to each mirrored request is its audit line (``request_id`` = the line's
+    The default's answer to each mirrored request is its record (``request_id`` = the line's
     ``of``); with ``default`` only that version's lines count (the others are ``unmatched``).
     The candidate's class is its answer body's ``label``; labels are compared by name. The
     largest disagreements are ranked by the candidate's probability of its class minus its
     probability of the default's class when its answers carry probabilities and
     ``candidate_labels`` (its archive's label order) is known, else listed in log order.
     """
-    matched = pairs(lines, audit, candidate, default)
+    matched = pairs(lines, answers, candidate, default)
     live = [(line, answer) for line, answer in matched if line.status != -1]
     agreement, both = agreement_of(live)
     disagree = [(line, answer) for line, answer in both if line.label != answer.label]
@@ -501,7 +503,7 @@ def shadow_report(model: str, lines: Iterable[LiveLine], audit: Mapping[str, Aud
                               "what": "5xx answers and no answer (status 0)"},
                 "default": {"errors": def_errors, "requests": len(defaults),
                             "rate": round(def_errors / len(defaults), 6) if defaults else None,
-                            "what": "rejected lines (400) in the audit log"}},
+                            "what": "rejected requests (400) in the records"}},
         disagreements=[{"of": line.of, "id": line.id, "default": answer.label,
                         "candidate": line.label, "gap": gap} for gap, line, answer in ranked[:top]],
         ranked_by="by the candidate's probability gap" if by_gap else "in log order",
@@ -550,7 +552,7 @@ class CanaryDecision:
 
 
 def canary_check(thresholds: CanaryThresholds, lines: Iterable[LiveLine],
-                 audit: Mapping[str, AuditAnswer], candidate: str, now_ms: float) -> CanaryDecision:
+                 answers: Mapping[str, Answer], candidate: str, now_ms: float) -> CanaryDecision:
     """Judge the candidate's canary over the last ``window_s`` before ``now_ms`` (epoch ms).
 
     The error rate (5xx and unanswered canary requests) and the p99 of the canary round trips
@@ -562,7 +564,7 @@ def canary_check(thresholds: CanaryThresholds, lines: Iterable[LiveLine],
     canary = [line for line in recent if line.kind == "canary" and line.status != -1]
     errors = sum(line.failed for line in canary)
     times = [line.ms for line in canary if line.answered]
-    agreement, both = agreement_of(pairs(recent, audit, candidate))
+    agreement, both = agreement_of(pairs(recent, answers, candidate))
     decision = CanaryDecision(
         candidate, thresholds.window_s, len(canary), errors,
         round(errors / len(canary), 6) if canary else None,
@@ -584,23 +586,32 @@ def canary_check(thresholds: CanaryThresholds, lines: Iterable[LiveLine],
 
 
 # -- files: reading logs, the watcher ----------------------------------------------------------------
-def read_audit(path: str | Path, ids: set[str] | None = None) -> dict[str, AuditAnswer]:
-    """The audit log's answers by request id (only ``ids`` when given)."""
+def answers_follower(records: str | Path, from_end: bool = True) -> LogFollower | SegmentsFollower:
+    """What reads the default's records as they come: a records spool (a directory, the server's
+    ``RUN_DIR/records``) segment by segment, or a file of records copied from pods."""
+    records = Path(records)
+    if records.is_dir():
+        return SegmentsFollower(records, SEGMENT_SUFFIX, from_end=from_end)
+    return LogFollower(records, from_end=from_end)
+
+
+def read_answers(records: str | Path, ids: set[str] | None = None) -> dict[str, Answer]:
+    """The default's answers by request id (only ``ids`` when given), from its records."""
     out = {}
-    for line in LogFollower(path, from_end=False).lines():
-        answer = parse_audit_line(line)
+    for line in answers_follower(records, from_end=False).lines():
+        answer = parse_answer_line(line)
         if answer is not None and (ids is None or answer.request_id in ids):
             out[answer.request_id] = answer
     return out
 
 
-def shadow_report_from_files(model: str, live_log: str | Path, audit_log: str | Path,
+def shadow_report_from_files(model: str, live_log: str | Path, records: str | Path,
                              candidate: str, default: str | None = None,
                              candidate_labels: Sequence[str] | None = None) -> ShadowReport:
-    """:func:`shadow_report` over the live log and the audit log as they are now."""
+    """:func:`shadow_report` over the live log and the default's records as they are now."""
     lines, skipped = parse_lines(LogFollower(live_log, from_end=False).lines(), parse_live_line)
     ids = {line.of for line in lines if line.kind == "shadow" and line.version == candidate}
-    return shadow_report(model, lines, read_audit(audit_log, ids), candidate, default,
+    return shadow_report(model, lines, read_answers(records, ids), candidate, default,
                          candidate_labels, skipped_lines=skipped)
 
 
@@ -626,14 +637,16 @@ def stop_watcher(pid_file: str | Path, timeout: float = STOP_WAIT_S) -> int | No
 class Watch:
     """What the canary watcher needs: where the files are, the thresholds, who it watches.
 
+    ``records`` are the default's (its spool, or a file); an abort's event goes to ``audit_log``.
     In a cluster (``make k8s-canary``) the files are the watcher's own copies: ``pull`` appends
-    what the pods' live and audit logs gained to them before each look, and ``publish`` takes
+    what the pods' live logs and records gained to them before each look, and ``publish`` takes
     the routes an abort wrote to the pods (:mod:`rtserve.k8s.live`)."""
 
     model: str
     version: str
     routes: Path
     live_log: Path
+    records: Path
     audit_log: Path
     history: History
     thresholds: CanaryThresholds
@@ -673,13 +686,13 @@ def abort(watch: Watch, decision: CanaryDecision) -> dict:
 
 def watch(w: Watch, out: Callable[[str], None] = print, poll_s: float = POLL_S,
           clock: Callable[[], float] = time.time, status_every_s: float = 10.0) -> dict | None:
-    """The canary watcher: every ``poll_s`` read what the live log and the audit log gained,
+    """The canary watcher: every ``poll_s`` read what the live log and the records gained,
     judge the last window (:func:`canary_check`), and abort on a breach (:func:`abort`; returns
     its event). Returns None when the canary was stopped or changed by someone else."""
     started_ms = clock() * 1000.0
-    live, audit_tail = LogFollower(w.live_log), LogFollower(w.audit_log)
+    live, records = LogFollower(w.live_log), answers_follower(w.records)
     window: deque[LiveLine] = deque()
-    answers: dict[str, AuditAnswer] = {}
+    answers: dict[str, Answer] = {}
     seen: deque[tuple[float, str]] = deque()
     last_status = 0.0
     out(f"watching canary {w.model} {w.version}: {asdict(w.thresholds)}")
@@ -695,7 +708,7 @@ def watch(w: Watch, out: Callable[[str], None] = print, poll_s: float = POLL_S,
         window.extend(line for line in new if line.version == w.version and line.at >= started_ms)
         while window and window[0].at < keep_ms:
             window.popleft()
-        for answer in parse_lines(audit_tail.lines(), parse_audit_line)[0]:
+        for answer in parse_lines(records.lines(), parse_answer_line)[0]:
             answers[answer.request_id] = answer
             seen.append((now, answer.request_id))
         while seen and seen[0][0] < now - w.thresholds.window_s - 10:  # a margin for late lines

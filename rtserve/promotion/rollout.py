@@ -209,11 +209,12 @@ class Rollout:
         live = self.verification.config.live
         if not live.require_shadow:
             return
-        run_dir, audit = self.verification.run_dir, self.verification.audit_log
+        run_dir = self.verification.run_dir
         shadow = None
-        if run_dir is not None and audit is not None:
+        if run_dir is not None:
             labels = self.verification.meta(self.model, report.candidate).labels
-            shadow = shadow_report_from_files(self.model, RunDir(run_dir).live_log, audit,
+            files = RunDir(run_dir)
+            shadow = shadow_report_from_files(self.model, files.live_log, files.records,
                                               report.candidate, report.default, labels)
         report.live, failures = promote_evidence(live.shadow, shadow)
         report.failures += failures

@@ -212,7 +212,7 @@ class SegmentsFollower:
         except FileNotFoundError:
             return []
 
-    def read(self) -> list[str]:
+    def lines(self) -> list[str]:
         """Complete lines written since the previous call."""
         out: list[str] = []
         names = self.names()

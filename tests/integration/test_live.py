@@ -35,7 +35,7 @@ from rtserve.promotion.live import Route, read_routes, set_route, watcher_pid
 from rtserve.promotion.rollout import Rollout
 from rtserve.runtime.process import alive
 from tests.conftest import MODEL_NAME, REPO, make_archive
-from tests.helpers import keep_only, random_archive
+from tests.helpers import keep_only, random_archive, records
 from tests.integration.conftest import serve
 
 pytestmark = pytest.mark.integration
@@ -103,6 +103,7 @@ def wait_for_lines(server, ids, kind="shadow", timeout=WAIT_S) -> list[dict]:
 
 
 def audit_lines(server) -> list[dict]:
+    """The audit log's events (gate decisions, canary aborts)."""
     return [json.loads(line) for line in server.files.audit_log.read_text().splitlines()]
 
 
@@ -181,7 +182,7 @@ def canary_stopped(agent):
     make(agent, "shadow-stop")
 
 
-def test_shadow_of_2_0_reports_its_agreement_and_ids_the_audit_log_finds(agent, rows, canary_stopped):
+def test_shadow_of_2_0_reports_its_agreement_and_ids_the_records_find(agent, rows, canary_stopped):
     sent, report = shadowed(agent, "2.0", rows)
     mine = [line for line in live_lines(agent) if line["kind"] == "shadow" and line["version"] == "2.0"]
     assert report["mirrored"] == len(mine) >= N and report["dropped"] == 0
@@ -190,11 +191,11 @@ def test_shadow_of_2_0_reports_its_agreement_and_ids_the_audit_log_finds(agent, 
     assert sum(report["classes"]["default"].values()) == report["compared"]
     assert report["errors"]["candidate"]["errors"] == 0
     assert report["latency_ms"]["candidate"]["p99"] > 0 and report["latency_ms"]["default"]["p99"] > 0
-    audit = {(line.get("request_id"), line.get("model_version")): line for line in audit_lines(agent)}
+    kept = {(line["request_id"], line["model_version"]): line for line in records(agent.files.records)}
     assert report["disagreements"] and report["ranked_by"] == "by the candidate's probability gap"
-    for d in report["disagreements"]:  # both answers are in the audit log under the ids given
-        assert audit[(d["of"], "1.0")]["label"] == d["default"]
-        assert audit[(d["id"], "2.0")]["label"] == d["candidate"]
+    for d in report["disagreements"]:  # both answers are records under the ids given
+        assert kept[(d["of"], "1.0")]["label"] == d["default"]
+        assert kept[(d["id"], "2.0")]["label"] == d["candidate"]
     assert [e["action"] for e in History(agent.files.history).events()][-1] == "shadow"
 
 

@@ -136,12 +136,19 @@ def append(path: Path, *lines: str, torn: str = "") -> None:
 def test_log_copy_appends_only_what_each_pod_gained(tmp_path):
     cluster = HereCluster(tmp_path / "pods")
     live = lambda pod: cluster.run_dir(pod) / "live-log.jsonl"  # noqa: E731
-    audit = lambda pod: cluster.run_dir(pod) / "logs" / "audit.log"  # noqa: E731
+    segment = lambda pod, n: cluster.run_dir(pod) / "records" / f"{n:020d}-1.jsonl"  # noqa: E731
     append(live("rtserve-a"), '{"n": "a1"}', torn='{"n": "a2 torn')
-    append(audit("rtserve-a"), '{"audit": "a1"}')
-    copy = LogCopy(tmp_path / "here" / "live-log.jsonl", tmp_path / "here" / "audit.log")
+    append(segment("rtserve-a", 1), '{"request_id":"r1","label":"low","answer":{"prediction":0},"inputs":[1]}',
+           torn='{"request_id":"r2"')
+    copy = LogCopy(tmp_path / "here" / "live-log.jsonl", tmp_path / "here" / "records.jsonl")
     assert copy.pull(cluster) == 2  # pod b has no logs yet
     assert copy.live_log.read_text() == '{"n": "a1"}\n'  # the torn line waits
+    # records come cut before their answer (the report reads the keys before it)
+    assert copy.records.read_text() == '{"request_id":"r1","label":"low"}\n'
+    append(segment("rtserve-a", 1), ',"label":"high","answer":{}}')
+    append(segment("rtserve-a", 2), '{"request_id":"r3"}')
+    assert copy.pull(cluster) == 2 and copy.records.read_text().splitlines()[1:] == [
+        '{"request_id":"r2","label":"high"}', '{"request_id":"r3"}']
     append(live("rtserve-a"), '"}', '{"n": "a3"}')
     append(live("rtserve-b"), '{"n": "b1"}')
     assert copy.pull(cluster) == 3
@@ -152,21 +159,24 @@ def test_log_copy_appends_only_what_each_pod_gained(tmp_path):
     append(live("rtserve-c"), '{"n": "new"}')
     assert copy.pull(cluster) == 1 and copy.live_log.read_text().splitlines()[-1] == '{"n": "new"}'
     # the watcher's copy starts at the end each pod's logs have when it first sees it
-    watcher = LogCopy(tmp_path / "w" / "live-log.jsonl", tmp_path / "w" / "audit.log", from_end=True)
+    watcher = LogCopy(tmp_path / "w" / "live-log.jsonl", tmp_path / "w" / "records.jsonl", from_end=True)
     assert watcher.pull(cluster) == 0
     append(live("rtserve-c"), '{"n": "after"}')
-    assert watcher.pull(cluster) == 1 and watcher.live_log.read_text() == '{"n": "after"}\n'
+    append(segment("rtserve-a", 2), '{"request_id":"r4"}')
+    append(segment("rtserve-a", 3), '{"request_id":"r5"}')  # a new segment: read from its start
+    assert watcher.pull(cluster) == 3 and watcher.live_log.read_text() == '{"n": "after"}\n'
+    assert watcher.records.read_text() == '{"request_id":"r4"}\n{"request_id":"r5"}\n'
     assert copy.fresh().live_log.read_text() == "" and copy.offsets == {}
 
 
 def test_log_copy_keeps_every_line_once_across_a_pods_log_rotations(tmp_path):
-    """The pods' live and audit logs rotate to one backup (their disk budget): what a pull had
+    """The pods' live logs rotate to one backup (their disk budget): what a pull had
     not read of the rotated file comes from the backup, then the new file's lines."""
     cluster = HereCluster(tmp_path / "pods")
     cluster.listed = [Pod("rtserve-a", "uid-a")]
     live = cluster.run_dir("rtserve-a") / "live-log.jsonl"
     append(live, '{"n": 1}')
-    copy = LogCopy(tmp_path / "here" / "live-log.jsonl", tmp_path / "here" / "audit.log")
+    copy = LogCopy(tmp_path / "here" / "live-log.jsonl", tmp_path / "here" / "records.jsonl")
     assert copy.pull(cluster) == 1
     append(live, '{"n": 2}', torn='{"n": 3')
     assert copy.pull(cluster) == 1
@@ -181,7 +191,7 @@ def test_log_copy_keeps_every_line_once_across_a_pods_log_rotations(tmp_path):
     assert copy.pull(cluster) == 1 and copy.pull(cluster) == 0
     assert [json.loads(line)["n"] for line in copy.live_log.read_text().splitlines()] == [1, 2, 3, 4, 5, 6]
     # a first read from the start takes the backup first
-    fresh = LogCopy(tmp_path / "again" / "live-log.jsonl", tmp_path / "again" / "audit.log")
+    fresh = LogCopy(tmp_path / "again" / "live-log.jsonl", tmp_path / "again" / "records.jsonl")
     assert fresh.pull(cluster) == 3
     assert fresh.live_log.read_text() == '{"n": 4}\n{"n": 5}\n{"n": 6}\n'
 
@@ -190,7 +200,7 @@ def test_a_pod_that_cannot_be_read_is_read_at_the_next_pull(tmp_path):
     cluster = HereCluster(tmp_path / "pods")
     append(cluster.run_dir("rtserve-a") / "live-log.jsonl", '{"n": 1}')
     cluster.exec = lambda pod, *cmd: (_ for _ in ()).throw(DeployError("pod is terminating"))
-    copy = LogCopy(tmp_path / "live.jsonl", tmp_path / "audit.log")
+    copy = LogCopy(tmp_path / "live.jsonl", tmp_path / "records.jsonl")
     assert copy.pull(cluster) == 0 and copy.offsets == {}
     del cluster.exec
     assert copy.pull(cluster) == 1
@@ -252,7 +262,8 @@ def test_the_watcher_pulls_before_each_look_and_publishes_its_abort(tmp_path):
             now = time.time() * 1000
             append(live_log, *canary_lines(15, at=now), *canary_lines(5, failed=5, at=now, start=50))
 
-    w = Watch("m", "2.0", routes, live_log, tmp_path / "audit.log", History(tmp_path / "history.jsonl"),
+    w = Watch("m", "2.0", routes, live_log, tmp_path / "records.jsonl", tmp_path / "audit.log",
+              History(tmp_path / "history.jsonl"),
               CANARY, pull=pull, publish=published.append)
     result = {}
     thread = threading.Thread(target=lambda: result.update(event=watch(w, lambda _: None, poll_s=0.01)))
@@ -373,7 +384,7 @@ def deploy_args(tmp_path: Path, monkeypatch, pairs: int = 0, disagree: int = 0, 
     from rtserve.cli import build_parser
     from rtserve.k8s import live as k8s_live
     from tests.conftest import REPO
-    from tests.unit.test_live import audit_line, live_line
+    from tests.unit.test_live import live_line, record_line
 
     config = yaml.safe_load((REPO / "config" / "gate.yaml").read_text())
     config["live"]["promote"]["require_shadow"] = live.pop("require", True)
@@ -385,7 +396,7 @@ def deploy_args(tmp_path: Path, monkeypatch, pairs: int = 0, disagree: int = 0, 
     pod = here.run_dir("rtserve-a")
     append(pod / "live-log.jsonl", *(live_line("shadow", n, label="high" if n < disagree else "low")
                                      for n in range(pairs)))
-    append(pod / "logs" / "audit.log", *(audit_line(n, label="low") for n in range(pairs)))
+    append(pod / "records" / "00000000000000000001-7.jsonl", *(record_line(n, label="low") for n in range(pairs)))
     monkeypatch.setattr(k8s_live, "Cluster", lambda *a, **k: here)
     return build_parser().parse_args(
         ["k8s", "deploy", "--overlay", "local", "--image", "img", "--version", "2.0", "--model", "m",

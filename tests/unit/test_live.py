@@ -1,5 +1,5 @@
 """Live traffic (rtserve.promotion.live): the live: thresholds, the routes file, the shadow report,
-the canary's decision and its watcher, over synthetic live-log and audit-log lines (no server:
+the canary's decision and its watcher, over synthetic live-log lines and records (no server:
 the agent that writes the live log is exercised in tests/integration/test_live.py)."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import yaml
 from rtserve.errors import GateError, LiveError
 from rtserve.promotion.gate import DEFAULT_CONFIG, CanaryThresholds, GateConfig, ShadowThresholds
 from rtserve.promotion.history import History
-from rtserve.promotion.live import (AuditAnswer, Route, Routes, Watch, canary_check, drop_version,
-                                    parse_audit_line, parse_live_line, promote_evidence, read_routes,
+from rtserve.promotion.live import (Answer, Route, Routes, Watch, canary_check, drop_version,
+                                    parse_answer_line, parse_live_line, promote_evidence, read_routes,
                                     set_route, shadow_report, watch, write_routes)
 from rtserve.runtime.logs import LogFollower
 from tests.conftest import REPO
@@ -43,23 +43,25 @@ def live_line(kind="shadow", n=0, label="low", status=200, ms=5.0, at=NOW, versi
     return json.dumps(line)
 
 
-def audit_line(n=0, label="low", version="1.0", handler_ms=2.0) -> str:
-    """The handler's audit line for the default's answer to request ``req-n``."""
+def record_line(n=0, label="low", version="1.0", handler_ms=2.0) -> str:
+    """The handler's record of the default's answer to request ``req-n`` (handler.records)."""
+    head = {"request_id": f"req-{n}", "time": "2026-12-01T12:00:00.000Z", "model": "m",
+            "model_version": version, "route": "predictions", "status": 400 if label is None else 200,
+            "event": "rejected" if label is None else "prediction", "batch": "1-1", "batch_size": 1,
+            "handler_ms": handler_ms}
     if label is None:
-        return json.dumps({"event": "rejected", "request_id": f"req-{n}", "model": "m",
-                           "model_version": version, "batch": "1-1", "batch_size": 1,
-                           "handler_ms": handler_ms, "status": 400, "reason": "features"})
-    return json.dumps({"event": "prediction", "request_id": f"req-{n}", "model": "m",
-                       "model_version": version, "batch": "1-1", "batch_size": 1,
-                       "handler_ms": handler_ms, "class": LABELS.index(label), "label": label})
+        return json.dumps({**head, "reason": "wrong_length", "answer": {"error": "..."}})
+    return json.dumps({**head, "class": LABELS.index(label), "label": label,
+                       "answer": {"prediction": LABELS.index(label), "label": label},
+                       "inputs": {"f32": "AAAAAA==", "shape": [1]}})
 
 
 def parsed(texts, parse):
     return [parse(t) for t in texts]
 
 
-def audit_of(texts) -> dict[str, AuditAnswer]:
-    return {a.request_id: a for a in parsed(texts, parse_audit_line)}
+def answers_of(texts) -> dict[str, Answer]:
+    return {a.request_id: a for a in parsed(texts, parse_answer_line)}
 
 
 # -- config ------------------------------------------------------------------------------------------
@@ -128,7 +130,7 @@ def test_bad_routes_file_is_named(tmp_path):
 
 
 # -- parsing -----------------------------------------------------------------------------------------
-def test_live_and_audit_lines_parse():
+def test_live_lines_and_records_parse():
     line = parse_live_line(live_line(label="high", ms=7.5))
     assert (line.kind, line.of, line.id, line.version, line.status, line.ms, line.label) == \
         ("shadow", "req-0", "cand-0", "2.0", 200, 7.5, "high")
@@ -140,9 +142,9 @@ def test_live_and_audit_lines_parse():
     assert not dropped.failed and not dropped.answered
     for torn in ('{"kind":"shadow","of":"x"', '{"kind":"other","of":"x","version":"2","status":1,"at":1}', "[]"):
         assert parse_live_line(torn) is None
-    assert parse_audit_line(audit_line(3, "medium")) == AuditAnswer("req-3", "1.0", "medium", 2.0)
-    assert parse_audit_line(audit_line(3, None)).rejected
-    assert parse_audit_line('{"event":"gate","action":"gate"}') is None
+    assert parse_answer_line(record_line(3, "medium")) == Answer("req-3", "1.0", "medium", 2.0)
+    assert parse_answer_line(record_line(3, None)).rejected
+    assert parse_answer_line('{"event":"gate","action":"gate"}') is None
 
 
 def test_the_watchers_follower_returns_only_complete_new_lines(tmp_path):
@@ -170,9 +172,9 @@ def test_shadow_report_figures():
     lines += [live_line(n=20, status=503, ms=1.0), live_line(n=21, status=0),
               live_line(n=22, status=-1), live_line(n=23, label="low"),
               live_line(n=24, version="3.0")]  # another candidate: not counted
-    audit = [audit_line(n, a, handler_ms=1.0 + n) for n, a in enumerate(answers)]
-    audit += [audit_line(20, "low"), audit_line(21, None)]  # req-23: no default answer
-    report = shadow_report("m", parsed(lines, parse_live_line), audit_of(audit), "2.0",
+    audit = [record_line(n, a, handler_ms=1.0 + n) for n, a in enumerate(answers)]
+    audit += [record_line(20, "low"), record_line(21, None)]  # req-23: no default answer
+    report = shadow_report("m", parsed(lines, parse_live_line), answers_of(audit), "2.0",
                            candidate_labels=LABELS)
     assert (report.mirrored, report.dropped, report.compared, report.unmatched) == (24, 1, 20, 1)
     assert report.agreement == 0.9 and report.default == ["1.0"]
@@ -190,17 +192,17 @@ def test_shadow_report_figures():
     assert report.ranked_by == "by the candidate's probability gap"
     text = report.text()
     assert "agreement: 90.00% of 20 requests" in text and "req-2: default medium, candidate low" in text
-    assert "the frontend's round trip to the candidate" in text and "audit log" in text
-    unranked = shadow_report("m", parsed(lines, parse_live_line), audit_of(audit), "2.0")
+    assert "the frontend's round trip to the candidate" in text and "(its record)" in text
+    unranked = shadow_report("m", parsed(lines, parse_live_line), answers_of(audit), "2.0")
     assert unranked.ranked_by == "in log order" and [d["gap"] for d in unranked.disagreements] == [None, None]
-    only = shadow_report("m", parsed(lines, parse_live_line), audit_of(audit), "2.0", default="0.9")
+    only = shadow_report("m", parsed(lines, parse_live_line), answers_of(audit), "2.0", default="0.9")
     assert only.compared == 0 and only.agreement is None and only.unmatched == 23
 
 
 def test_promote_evidence_names_the_live_figure():
     thresholds = ShadowThresholds(min_requests=10, min_agreement=0.9)
     lines = [live_line(n=n, label="low" if n < 9 else "high") for n in range(10)]
-    audit = audit_of([audit_line(n, "low") for n in range(10)])
+    audit = answers_of([record_line(n, "low") for n in range(10)])
 
     def report(k):
         return shadow_report("m", parsed(lines[:k], parse_live_line), audit, "2.0")
@@ -223,7 +225,7 @@ def canary_lines(n, failed=0, ms=5.0, at=NOW, start=0):
 
 
 def decide(texts, audit=(), now=NOW):
-    return canary_check(CANARY, parsed(texts, parse_live_line), audit_of(audit), "2.0", now)
+    return canary_check(CANARY, parsed(texts, parse_live_line), answers_of(audit), "2.0", now)
 
 
 def test_canary_waits_for_enough_requests_and_passes_at_the_limits():
@@ -241,7 +243,7 @@ def test_canary_breaches_each_figure():
     slow = decide(canary_lines(20, ms=150.0))
     assert slow.breaches == ["p99: 150.00 ms over 20 canary answers (at most 100 ms)"]
     shadow = [live_line("shadow", 100 + i, label="high" if i < 5 else "low") for i in range(20)]
-    audit = [audit_line(100 + i, "low") for i in range(20)]
+    audit = [record_line(100 + i, "low") for i in range(20)]
     wrong = decide(shadow, audit)  # no canary line needed: the shadow pairs alone
     assert wrong.breaches == ["agreement: the default's class on 75.00% of 20 shadow requests "
                               "(at least 80.00%)"]
@@ -262,8 +264,8 @@ def watch_files(tmp_path, percent=10.0) -> Watch:
     set_route(routes, "m", tmp_path / "live-log.jsonl", "canary",
               Route("2.0", percent, "http://127.0.0.1:1/predictions/m/2.0", "x-rtserve-key"))
     (tmp_path / "live-log.jsonl").write_text(live_line("canary", 999, status=503) + "\n")  # before: ignored
-    return Watch("m", "2.0", routes, tmp_path / "live-log.jsonl", tmp_path / "audit.log",
-                 History(tmp_path / "history.jsonl"), CANARY)
+    return Watch("m", "2.0", routes, tmp_path / "live-log.jsonl", tmp_path / "records",
+                 tmp_path / "audit.log", History(tmp_path / "history.jsonl"), CANARY)
 
 
 def run_watch(w: Watch) -> tuple[threading.Thread, dict, list[str]]:
@@ -308,13 +310,15 @@ def test_watcher_ends_when_the_canary_is_stopped(tmp_path):
 # -- the command line over a run directory's files ---------------------------------------------------
 def test_shadow_report_command_prints_and_saves(tmp_path):
     run = tmp_path / "run"
-    (run / "logs").mkdir(parents=True)
-    # both logs rotated once (their disk budget): the report reads each backup, then the file
+    (run / "records").mkdir(parents=True)
+    # the live log rotated once (its disk budget): the report reads the backup, then the file
     (run / "live-log.jsonl.1").write_text("".join(
         live_line(n=n, label="low" if n else "high") + "\n" for n in range(2)))
     (run / "live-log.jsonl").write_text("".join(live_line(n=n) + "\n" for n in range(2, 4)) + "torn")
-    (run / "logs" / "audit.log.1").write_text(audit_line(0, "low") + "\n")
-    (run / "logs" / "audit.log").write_text("".join(audit_line(n, "low") + "\n" for n in range(1, 4)))
+    # the default's answers: its records, in two segments of the spool
+    (run / "records" / "00000000000000000001-7.jsonl").write_text(record_line(0, "low") + "\n")
+    (run / "records" / "00000000000000000002-7.jsonl").write_text(
+        "".join(record_line(n, "low") + "\n" for n in range(1, 4)))
     done = subprocess.run([sys.executable, "-m", "rtserve", "live", "--run-dir", str(run),
                            "--model-store", str(tmp_path), "shadow-report", "m"], cwd=REPO,
                           text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
