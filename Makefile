@@ -968,7 +968,7 @@ bench-stream: $(MAR) $(AGENT_JAR) kafka-deps ## Kafka stream consumer vs a naive
 	  --events $(BENCH_STREAM_EVENTS) --naive-seconds $(BENCH_STREAM_SECONDS) --seconds $(BENCH_STREAM_SECONDS) $(BENCH_STREAM_ARGS)
 
 .PHONY: bench-records-store
-bench-records-store: cassandra-deps | $(STAMP) ## One Cassandra node (CASSANDRA_HEAP): cold start, restart, RSS, records/s through Store.write vs single inserts, CPU per record (about 3 min)
+bench-records-store: cassandra-deps | $(STAMP) ## One Cassandra node (CASSANDRA_HEAP): cold start, restart, RSS, records/s through Store.write vs single inserts and through the shipper, CPU per record (about 4 min)
 	$(PY) -m bench.records_store --libs $(CASSANDRA_LIBS) --heap $(CASSANDRA_HEAP) $(BENCH_ARGS)
 
 .PHONY: nginx-deps

@@ -14,6 +14,10 @@ loopback ports), then measures:
    same statements (``execute_concurrent``, the alternative: ``single``), each on records of its
    own, alternating ``--rounds`` times; records/s (records over wall time), the client's CPU
    (this process, the driver's threads included) and the node's, per record.
+4. **The shipper.** ``--records`` records as the worker writes them (``handler.records.Recorder``
+   on parsed batches of 32 demo-sized requests) in a spool, shipped by ``python -m rtserve records
+   ship`` as the server runs it (its own process): records/s until its checkpoint covers the
+   spool, and the shipper's CPU per record (parsing the lines, the driver) and the node's.
 
 Output: a table on stdout and JSON (default ``bench/results/records_store.json``).
 
@@ -126,12 +130,76 @@ def run(args: argparse.Namespace, run_dir: Path) -> dict:
                     found = measure(store, node, write, records, args.batch)
                     report["rounds"][name].append(found)
                     print(f"{name:8} round {round_no + 1}: {found}", flush=True)
+            report["shipper"] = ship(layout.address, node, args.records, run_dir.parent / "spool")
+            print(f"shipper: {report['shipper']}", flush=True)
         report["rss_after_writes_mib"] = rss_mib(pid)
     finally:
         local.stop(run_dir)
     report["best"] = {name: max(rounds, key=lambda r: r["records_per_s"])
                       for name, rounds in report["rounds"].items()}
     return report
+
+
+def worker_spool(spool: Path, count: int, features: int = 32) -> int:
+    """``count`` records written into ``spool`` by the worker's own writer, as batches of 32
+    requests of ``features`` numbers each; returns the bytes written."""
+    from handler.records import Recorder, Spool
+    from handler.schema import parse_batch
+
+    rng = random.Random(7)
+    recorder = Recorder(Spool(str(spool), 1 << 40), "realtime-classifier", "1.0", ["low", "medium", "high"])
+    for start in range(0, count, 32):
+        rows = [{"body": {"features": [round(rng.uniform(-100, 100), 3) for _ in range(features)]}}
+                for _ in range(min(32, count - start))]
+        batch = parse_batch(rows, features)
+        batch.classes = [rng.randrange(3) for _ in rows]
+        batch.routes = ["predictions"] * len(rows)
+        answers = [json.dumps({"prediction": c, "label": "x", "probabilities": [rng.random() for _ in range(3)],
+                               "model_version": "1.0"}) for c in batch.classes]
+        ids = [str(uuid.UUID(int=rng.getrandbits(128))) for _ in rows]
+        recorder.write(recorder.lines(batch, rows, answers, ids, batch.routes, 0.001))
+    recorder.close()
+    return sum(p.stat().st_size for p in spool.iterdir())
+
+
+def ship(address: str, node: psutil.Process, count: int, spool: Path) -> dict:
+    """Ship ``count`` worker-written records with ``python -m rtserve records ship`` (a process of
+    its own, as the server runs it) until its checkpoint covers the spool."""
+    import subprocess
+    import sys
+
+    from rtserve.records.spool import load_checkpoint, segments
+
+    spool.mkdir(parents=True, exist_ok=True)
+    size = worker_spool(spool, count)
+    sizes = {s.name: s.size for s in segments(spool)}
+    theirs = cpu_seconds(node)
+    begin = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "rtserve", "records", "ship", "--spool", str(spool),
+                             "--budget", str(4 * size), "--store", address], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    shipper = psutil.Process(proc.pid)
+    first = None  # (seconds, shipper CPU, bytes shipped) at the first checkpoint: past the start-up
+    try:
+        while (done := load_checkpoint(spool)) != sizes:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the shipper exited {proc.returncode}")
+            if done and first is None:
+                first = (time.perf_counter(), cpu_seconds(shipper), sum(done.values()))
+            mine = cpu_seconds(shipper)
+            time.sleep(0.05)
+        end = time.perf_counter()
+        theirs = cpu_seconds(node) - theirs
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    wall = end - begin
+    steady = (count * (1 - first[2] / size), end - first[0], mine - first[1]) if first else None
+    return {"records": count, "bytes_per_record": round(size / count), "seconds": round(wall, 2),
+            "records_per_s": round(count / wall),
+            "steady_records_per_s": round(steady[0] / steady[1]) if steady else None,
+            "shipper_cpu_us_per_record": round(steady[2] / steady[0] * 1e6, 1) if steady else None,
+            "node_cpu_us_per_record": round(theirs / count * 1e6, 1)}
 
 
 def _timed(step: Callable[[], object]) -> float:
@@ -163,6 +231,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:8} {found['records_per_s']:>6} records/s ({report['record_bytes']} B each, "
               f"{report['batch']} per call); CPU per record: client {found['client_cpu_us_per_record']} us, "
               f"node {found['node_cpu_us_per_record']} us")
+    shipped = report["shipper"]
+    print(f"  shipper  {shipped['records_per_s']:>6} records/s ({shipped['bytes_per_record']} B each, as the "
+          f"worker writes them; {shipped['steady_records_per_s']} past its start-up); CPU per record past "
+          f"its start-up: shipper {shipped['shipper_cpu_us_per_record']} us "
+          f"(about {round(1e6 / shipped['shipper_cpu_us_per_record']):,} records/s per core), node "
+          f"{shipped['node_cpu_us_per_record']} us")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"  (all rounds: {args.out})")
