@@ -103,13 +103,13 @@ def cmd_start(args: argparse.Namespace) -> int:
         return 1
     props = server.props
     logger.info("TorchServe ready in %.1fs (pid %d), logs in %s", waited, server.pid(), server.log_dir)
-    store = props.get("rtserve_records_store", "").strip()
-    logger.info("  records:    %s", f"shipped to {store}" if store else
-                f"kept in {server.files.records} (no records store: make cassandra, then start again)")
     logger.info("  inference:  %s", props["inference_address"])
     logger.info("  management: %s", props["management_address"])
     logger.info("  metrics:    %s", props["metrics_address"])
     logger.info("  keys:       %s", server.key_file)
+    store = props.get("rtserve_records_store", "").strip()
+    logger.info("  records:    %s", f"shipped to {store}" if store else
+                f"kept in {server.files.records} (no records store: make cassandra, then start again)")
     return 0
 
 
