@@ -252,6 +252,10 @@ class Shipper:
                 pause = min(self.config.retry_max, max(self.config.poll, pause * 2))
                 stopping.wait(pause)
                 continue
+            except Exception:  # noqa: BLE001 - a bug or a disk error: say it, keep the records, go on
+                logger.exception("records shipper: a step failed (the records stay in the spool)")
+                stopping.wait(self.config.retry_max)
+                continue
             if self._failures:
                 logger.info("records store back after %d failed write(s): shipping", self._failures)
                 self._failures = 0
