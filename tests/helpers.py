@@ -89,17 +89,19 @@ def records(spool: Path) -> list[dict]:
 
 
 def record_batches(spool: Path) -> list[tuple[int, int, int]]:
-    """(size, valid, explanations) of every batch in a records spool (``RUN_DIR/records``),
-    in order.
+    """(size, valid, explanations) of every batch in a records spool (``RUN_DIR/records``), in
+    the order they were answered (each worker writes a segment of its own: the batches are put
+    in order by their records' time).
 
     The handler appends each batch's records with one write and marks them with the same
-    ``batch`` id; valid = answered (not rejected) requests.
+    ``batch`` id (``<worker pid>-<n>``); valid = answered (not rejected) requests.
     """
     batches: dict[str, list[dict]] = {}
     for entry in records(spool):
         batches.setdefault(entry["batch"], []).append(entry)
+    ordered = sorted(batches.items(), key=lambda kv: (kv[1][0]["time"], int(kv[0].split("-")[1])))
     return [(lines[0]["batch_size"], sum(e["event"] != "rejected" for e in lines),
-             sum(e["event"] == "explanation" for e in lines)) for lines in batches.values()]
+             sum(e["event"] == "explanation" for e in lines)) for _, lines in ordered]
 
 
 def json_row(body) -> dict:

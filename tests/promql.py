@@ -8,6 +8,7 @@ FUNCTIONS = {
     "sum", "max", "min", "avg", "count", "rate", "irate", "increase", "histogram_quantile",
     "clamp_min", "clamp_max", "label_replace", "by", "without", "on", "ignoring", "unless",
     "and", "or", "group_left", "group_right", "abs", "absent", "topk", "bottomk",
+    "min_over_time", "max_over_time", "avg_over_time", "sum_over_time", "deriv",
 }
 
 

@@ -20,6 +20,8 @@ from datetime import datetime, timedelta, timezone
 
 import psutil
 import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.loadgen import SteadyLoad
 from rtserve.records.store import Store
@@ -114,6 +116,18 @@ def run_fault(server, store, fault, name: str, seconds: float = 12.0) -> dict:
     counts = check_stored(store, got, since)
     print(f"{name}: {counts}")
     return counts
+
+
+def test_the_records_metrics_show_the_shipping(server, store):
+    """What the dashboard's records panels read: records written and shipped, the ship lag."""
+    run_fault(server, store, lambda: None, "no fault", seconds=4.0)
+    text = requests.get(f"{server.props['metrics_address']}/metrics", timeout=10).text
+    found = {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples
+             if s.name.startswith("rtserve_records_")}
+    print({k: v for k, v in found.items() if not k.endswith("_bucket")})
+    assert found["rtserve_records_shipped_total"] > 0 and found["rtserve_records_ship_lag_seconds_count"] > 0
+    assert found["rtserve_records_ship_lag_seconds_count"] == found["rtserve_records_shipped_total"]
+    assert found["rtserve_records_dropped_total"] == 0 and found["rtserve_records_store_up"] == 1
 
 
 def test_the_shipper_killed_and_started_again_loses_and_repeats_nothing(server, store):
