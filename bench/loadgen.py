@@ -32,7 +32,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field, fields
-from typing import Callable
+from typing import Callable, Sequence
 
 import requests
 from urllib3.exceptions import NewConnectionError
@@ -127,7 +127,8 @@ class PhaseReport(Counts):
     errors: list[str] = field(default_factory=list)
 
 
-def _percentile(values: list[float], q: float) -> float:
+def percentile(values: Sequence[float], q: float) -> float:
+    """The nearest-rank ``q`` quantile of ``values`` (0.0 when empty)."""
     if not values:
         return 0.0
     values = sorted(values)
@@ -281,7 +282,7 @@ def summarize(records: list[Record]) -> list[PhaseReport]:
             **vars(Counts.of(rs)), phase=phase,
             versions=dict(Counter(r.version for r in rs if r.version)),
             p50_ms=round(statistics.median(lat), 2) if lat else 0.0,
-            p99_ms=round(_percentile(lat, 0.99), 2),
+            p99_ms=round(percentile(lat, 0.99), 2),
             errors=sorted(errors)[:5],
         ))
     return out

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Callable
 
 from bench import common
-from bench.loadgen import Record, SteadyLoad, status_key
+from bench.loadgen import Record, SteadyLoad, percentile, status_key
 from rtserve.errors import DeployError, RtserveError
 from rtserve.k8s.deploy import Kubectl
 from rtserve.k8s.pod import Deployed, PodState
@@ -248,7 +248,7 @@ def percentiles(values: array, qs: tuple[float, ...] = (0.5, 0.99)) -> list[floa
     if not values:
         return [None] * len(qs)
     ordered = sorted(values)
-    return [round(ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))], 2) for q in qs]
+    return [round(percentile(ordered, q), 2) for q in qs]
 
 
 @dataclass
