@@ -125,18 +125,20 @@ def parse_top(text: str) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class PodSample:
-    """One pod at one sampling: its app, phase, why it failed (``Evicted``) and its restarts."""
+    """One pod at one sampling: its app, phase, why it failed (``Evicted``), its restarts, and
+    the server container's readiness probe period (a probe is a recorded prediction)."""
 
     name: str
     app: str
     phase: str
     reason: str
     restarts: dict[str, int]
+    probe_period: float | None = None
 
     @property
     def json(self) -> dict:
         return {"name": self.name, "app": self.app, "phase": self.phase, "reason": self.reason,
-                "restarts": self.restarts}
+                "restarts": self.restarts, "probe_period": self.probe_period}
 
 
 def parse_pods(doc: dict) -> list[PodSample]:
@@ -147,8 +149,10 @@ def parse_pods(doc: dict) -> list[PodSample]:
         if state.phase == "Succeeded":
             continue
         app = item["metadata"].get("labels", {}).get("app.kubernetes.io/name", "")
+        probes = [c.get("readinessProbe", {}).get("periodSeconds", 10) for c in item["spec"]["containers"]
+                  if c["name"] == APP and "readinessProbe" in c]
         out.append(PodSample(state.name, app, state.phase, item.get("status", {}).get("reason", ""),
-                             state.restarts))
+                             state.restarts, probes[0] if probes else None))
     return sorted(out, key=lambda p: p.name)
 
 
@@ -416,6 +420,27 @@ def restarts(samples: list[dict]) -> dict[str, int]:
     return {k: latest[k] - first[k] for k in sorted(latest) if latest[k] > first[k]}
 
 
+def probe_predictions(samples: list[dict]) -> int:
+    """About how many predictions the server pods' readiness probes made (``python -m rtserve
+    probe ready`` asks the model for one; it is recorded like a client's): each running pod's
+    time between its first and last sample over its probe period."""
+    seen: dict[str, list[float]] = {}
+    period: dict[str, float] = {}
+    for sample in _with_pods(samples):
+        for pod in sample["pods"]:
+            if pod["app"] == APP and pod["phase"] == "Running" and pod.get("probe_period"):
+                seen.setdefault(pod["name"], []).append(sample["t"])
+                period[pod["name"]] = pod["probe_period"]
+    return round(sum((max(ts) - min(ts)) / period[name] for name, ts in seen.items()))
+
+
+def server_pods(samples: list[dict]) -> tuple[int, int]:
+    """The server pods running in the first and the last sample with pods (the HPA may add some)."""
+    with_pods = _with_pods(samples)
+    count = lambda s: sum(p["app"] == APP and p["phase"] == "Running" for p in s["pods"])  # noqa: E731
+    return (count(with_pods[0]), count(with_pods[-1])) if with_pods else (0, 0)
+
+
 def evictions(samples: list[dict], events: list[dict], since: str) -> list[str]:
     """The pods evicted during the run: named by an ``Evicted`` event at or after ``since``
     (ISO 8601, UTC, as the API server writes times) or whose status says ``Evicted`` (but was
@@ -634,6 +659,8 @@ def summary(report: dict) -> list[str]:
         f"  requests         {load['sent']:,} sent, {load['answered']:,} answered ({load['bad']:,} bad, "
         f"expected 400); failed on the first try: {load['failed_first']}{f' ({by})' if by else ''}; "
         f"p50 {load['p50_ms']} ms, p99 {load['p99_ms']} ms",
+        f"  server pods      {report['server_pods'][0]} at the start, {report['server_pods'][1]} at the end"
+        " (the HPA may add some)",
         f"  restarts         {sum(report['restarts'].values())}"
         + "".join(f"; {k}: {n}" for k, n in report["restarts"].items()),
         f"  evictions        {len(report['evictions'])}" + "".join(f"; {p}" for p in report["evictions"]),
@@ -650,8 +677,10 @@ def summary(report: dict) -> list[str]:
              f"{sample['version_mismatches']} version / {sample['status_mismatches']} status mismatches"
              if "sampled" in sample else f"sample not checked: {sample.get('skipped')}")
     lines += [
-        f"  records          answered {rec['answered']:,}, written {rec['written']:,}, shipped "
-        f"{rec['shipped']:,}, dropped {rec['dropped']:,}; {found}",
+        f"  records          answered {rec['answered']:,}, written {rec['written']:,} "
+        f"({rec['written'] - rec['answered']:+,}; the readiness probes' predictions: about "
+        f"{rec['probe_predictions']:,}), shipped {rec['shipped']:,}, dropped {rec['dropped']:,}",
+        f"                   {found}",
         f"  shipper lag      p50 {_seconds(lag['p50_s'])}, p99 {_seconds(lag['p99_s'])} over the run; "
         + (f"nothing pending {rec['drained_s']} s after the load" if rec["drained_s"] is not None
            else f"still pending after {report['drain_timeout']:g} s"),
@@ -681,6 +710,7 @@ def plot(report: dict, paths: list[Path]) -> None:
     ax = axes[0]
     ax.plot(mins, [r["per_second"] for r in rows], marker="o", markersize=3, label="requests/s")
     ax.set_ylabel("requests/s")
+    ax.set_ylim(bottom=0, top=max([1.0] + [r["per_second"] for r in rows]) * 1.15)
     twin = ax.twinx()
     twin.bar(mins, [r["failed_first"] for r in rows], width=0.6, color="tab:red", alpha=0.5,
              label="failed on the first try")
@@ -711,9 +741,13 @@ def plot(report: dict, paths: list[Path]) -> None:
     for key, marker in (("lag_p50_s", "o"), ("lag_p99_s", "^")):
         axes[4].plot(ts, [i[key] if i[key] is not None else float("nan") for i in intervals],
                      marker=marker, markersize=3, label=f"shipper lag {key[4:7]}")
-    axes[4].set_ylabel("shipper lag (s, log scale)")
     if any(i[key] for i in intervals for key in ("lag_p50_s", "lag_p99_s")):
         axes[4].set_yscale("log")
+        axes[4].set_ylabel("shipper lag (s, log scale)")
+    else:
+        axes[4].set_ylabel("shipper lag (s)")
+        axes[4].text(0.5, 0.75, "no record shipped (no records store)", transform=axes[4].transAxes,
+                     ha="center", fontsize=9)
     pending = axes[4].twinx()
     pending.plot(ts, [(i["pending_bytes"] or 0) / 1024 for i in intervals], color="tab:gray",
                  linestyle="--", label="pending (KiB)")
@@ -792,8 +826,9 @@ def soak(args: argparse.Namespace, deployed: Deployed, cluster: Cluster) -> dict
         "cassandra": None if cassandra_pods else (f"no {CASSANDRA_APP} pod (the records component): "
                                                   "Cassandra's memory not sampled"),
         "disk": trend(series(samples, "run_bytes"), 1 / 2**20),
+        "server_pods": server_pods(samples),
         "records": {"answered": minutes.answered, **{k: shipped[k] for k in ("written", "shipped", "dropped")},
-                    "drained_s": drained, "sample": check},
+                    "probe_predictions": probe_predictions(samples), "drained_s": drained, "sample": check},
         "lag": {"p50_s": shipped["lag_p50_s"], "p99_s": shipped["lag_p99_s"], "intervals": intervals},
         "samples": samples,
     }

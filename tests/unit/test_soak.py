@@ -80,7 +80,8 @@ def pod_item(name: str, app: str, phase: str = "Running", restarts: int = 0, rea
         status["message"] = 'Usage of EmptyDir volume "run" exceeds the limit "1Gi". '
     return {"metadata": {"name": name, "uid": f"uid-{name}", "creationTimestamp": "2026-12-01T20:00:00Z",
                          "labels": {"app.kubernetes.io/name": app, "pod-template-hash": "7c9d8f6b5d"}},
-            "spec": {"containers": [{"name": main, "image": f"registry.example.com/ml/{app}:1.0"}]},
+            "spec": {"containers": [{"name": main, "image": f"registry.example.com/ml/{app}:1.0",
+                                     "readinessProbe": {"periodSeconds": 5 if main == "rtserve" else 10}}]},
             "status": status}
 
 
@@ -119,11 +120,11 @@ def test_pods_keep_their_app_phase_eviction_and_restarts_but_not_finished_jobs()
     pods = soak.parse_pods(PODS)
     assert [p.json for p in pods] == [
         {"name": "rtserve-7c9d8f6b5d-4xk2p", "app": "rtserve", "phase": "Running", "reason": "",
-         "restarts": {"gateway": 0, "rtserve": 1}},
+         "restarts": {"gateway": 0, "rtserve": 1}, "probe_period": 5},
         {"name": "rtserve-7c9d8f6b5d-zz9kq", "app": "rtserve", "phase": "Failed", "reason": "Evicted",
-         "restarts": {"gateway": 0, "rtserve": 0}},
+         "restarts": {"gateway": 0, "rtserve": 0}, "probe_period": 5},
         {"name": "rtserve-cassandra-0", "app": "rtserve-cassandra", "phase": "Running", "reason": "",
-         "restarts": {"cassandra": 0}}]
+         "restarts": {"cassandra": 0}, "probe_period": None}]
     assert soak.parse_evictions(EVENTS)[0] == {
         "uid": "e-1", "pod": "rtserve-7c9d8f6b5d-zz9kq", "time": "2026-12-01T20:31:02Z",
         "message": 'Usage of EmptyDir volume "run" exceeds the limit "1Gi". '}
@@ -246,6 +247,17 @@ def test_restarts_and_evictions_count_from_the_baseline():
     assert soak.evictions([sample(0, {}, pods=later)], [], "2026-12-01T20:00:00Z") == []
 
 
+def test_the_readiness_probes_predictions_are_estimated_from_each_pods_time():
+    """``probe ready`` asks the model for a prediction every period: records no client caused."""
+    one, evicted, _ = (p.json for p in soak.parse_pods(PODS))
+    new = {**one, "name": "rtserve-7c9d8f6b5d-new"}
+    samples = [sample(0, {}, pods=[one, evicted]), sample(60, {}, pods=[one, new]), sample(180, {}),
+               sample(200, {}, pods=[one, new])]
+    assert soak.probe_predictions(samples) == 200 // 5 + 140 // 5  # the evicted pod never ran
+    assert soak.server_pods(samples) == (1, 2)
+    assert soak.probe_predictions([sample(0, {})]) == 0 and soak.server_pods([]) == (0, 0)
+
+
 def test_the_store_check_tells_missing_ids_and_mismatches():
     ids = [("a", 200, "1.0"), ("b", 400, None), ("c", 200, "1.0"), ("d", 200, "1.0"), ("e", 200, "1.0")]
     lines = [json.dumps(x) for x in (["a", 200, "1.0"], ["b", 400, "1.0"], ["c", None, None],
@@ -261,13 +273,13 @@ def report(samples: list[dict], minutes: soak.Minutes) -> dict:
             "minutes": 1.5, "rate": 250.0, "connections": 8, "bad_every": 20, "drain_timeout": 300.0,
             "capacity": {"seconds": 20.0, "connections": 16, "per_second": 500.2},
             "load": minutes.totals(90.0), "minutes_rows": minutes.rows(90.0),
-            "restarts": soak.restarts(samples), "evictions": [],
+            "restarts": soak.restarts(samples), "evictions": [], "server_pods": (2, 3),
             "memory_source": "working set, kubectl top pod --containers",
             "memory": soak.trend(soak.series(samples, "memory_mib")),
             "cassandra": "no rtserve-cassandra pod (the records component): Cassandra's memory not sampled",
             "disk": soak.trend(soak.series(samples, "run_bytes"), 1 / 2**20),
             "records": {"answered": minutes.answered, **{k: total[k] for k in ("written", "shipped", "dropped")},
-                        "drained_s": 2.5, "sample": soak.check_sample(minutes.ids, [])},
+                        "probe_predictions": 36, "drained_s": 2.5, "sample": soak.check_sample(minutes.ids, [])},
             "lag": {"p50_s": total["lag_p50_s"], "p99_s": total["lag_p99_s"], "intervals": intervals},
             "samples": samples}
 
@@ -286,7 +298,9 @@ def test_the_summary_and_the_plot_show_the_run(tmp_path):
     assert "6 sent, 6 answered (0 bad, expected 400); failed on the first try: 0" in text
     assert "rtserve-a/rtserve" in text and "max    906.0 MiB  slope  +240.00 MiB/h" in text
     assert "rtserve-a" in text and "max     3.00 MiB  slope   +80.00 MiB/h" in text
-    assert "answered 6, written 6, shipped 6, dropped 0; 0 of 6 sampled found, 6 missing" in text
+    assert "server pods      2 at the start, 3 at the end" in text
+    assert "answered 6, written 6 (+0; the readiness probes' predictions: about 36), shipped 6, dropped 0" in text
+    assert "0 of 6 sampled found, 6 missing" in text
     assert "p50 0.06 s, p99 2.41 s over the run; nothing pending 2.5 s after the load" in text
     assert not soak.ok(r)  # the sampled ids were not found
     png = tmp_path / "soak.png"
