@@ -19,26 +19,12 @@ import pytest
 
 from bench import soak
 from bench.loadgen import SteadyLoad
-from rtserve.server.properties import RECORDS_STORE_KEY
-from rtserve.testing.server import on_free_ports
 from tests.conftest import MODEL_NAME
 from tests.helpers import features
 
 pytestmark = pytest.mark.records
 
 SHIP_TIMEOUT = 120.0
-
-
-@pytest.fixture(scope="module")
-def server(cassandra, mar_v1, tmp_path_factory):
-    ts = on_free_ports(tmp_path_factory.mktemp("run"), mar_v1.parent,
-                       [f"{MODEL_NAME}={mar_v1.name}"], {RECORDS_STORE_KEY: cassandra.address})
-    ts.start()
-    try:
-        ts.wait_ready(180, [MODEL_NAME])
-        yield ts
-    finally:
-        ts.stop()
 
 
 def pod_sample(server) -> dict:
@@ -75,7 +61,7 @@ def test_the_pod_programs_count_every_answered_record_and_find_the_sampled_ones(
     assert after["records"]["pod"]["pending_bytes"] == 0, f"still pending after {SHIP_TIMEOUT:.0f} s"
 
     totals = minutes.totals(8)
-    assert totals["answered"] == totals["sent"] > 300 and totals["bad"] > 10
+    assert totals["answered"] == totals["sent"] > 80 and totals["bad"] > 0  # 4 threads, each a 20th bad
     intervals, run = soak.records_over_time([before, after])
     assert (run["written"], run["shipped"], run["dropped"]) == (totals["answered"],) * 2 + (0,)
     assert 0 < run["lag_p50_s"] <= run["lag_p99_s"] < 30 and intervals[0]["pending_bytes"] == 0
