@@ -540,7 +540,7 @@ def take_sample(cluster: Cluster, t: float, records_only: bool = False) -> dict:
         sample["pods"] = [p.json for p in pods]
         try:
             sample["memory_mib"] = cluster.memory()
-        except (DeployError, ValueError, AttributeError) as exc:
+        except (DeployError, ValueError) as exc:
             sample["errors"].append(f"kubectl top: {exc}")
     for pod in pods:
         if pod.app != APP or pod.phase != "Running":
@@ -586,7 +586,7 @@ class Sampler:
         while not self._stop.wait(self.every) and len(self.samples) < self.max_rounds:
             sample = self.round()
             self.samples.append(sample)
-            mem = sum(v for k, v in sample.get("memory_mib", {}).items())
+            mem = sum(sample.get("memory_mib", {}).values())
             logger.info("%5.1f min: %d pods, %.0f MiB in all, run dirs %s MiB, pending %s bytes",
                         sample["t"] / 60, len(sample.get("pods", [])), mem,
                         ", ".join(f"{(b or 0) / 2**20:.1f}" for b in sample["run_bytes"].values()),
