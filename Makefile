@@ -971,6 +971,16 @@ bench-stream: $(MAR) $(AGENT_JAR) kafka-deps ## Kafka stream consumer vs a naive
 bench-records-store: cassandra-deps | $(STAMP) ## One Cassandra node (CASSANDRA_HEAP): cold start, restart, RSS, records/s through Store.write vs single inserts and through the shipper, CPU per record (about 4 min)
 	$(PY) -m bench.records_store --libs $(CASSANDRA_LIBS) --heap $(CASSANDRA_HEAP) $(BENCH_ARGS)
 
+# The soak (bench/soak.py; after make pod): its length in minutes and its rate in requests/s
+# (empty: half the capacity it measures first through the Service).
+SOAK_MINUTES ?= 60
+SOAK_RATE    ?=
+SOAK_ARGS    ?=
+
+.PHONY: soak
+soak: $(STAMP) ## SOAK_MINUTES (60) through the local cluster's Service at half its measured capacity (after make pod): failures, restarts, evictions, memory, disk, records, shipper lag; bench/results/soak.{json,png}
+	$(PY) -m bench.soak --kubectl "$(POD_KUBECTL)" --namespace $(POD_NAMESPACE) --minutes $(SOAK_MINUTES)$(if $(SOAK_RATE), --rate $(SOAK_RATE)) $(SOAK_ARGS)
+
 .PHONY: nginx-deps
 nginx-deps: ## Install nginx from Debian's packages if it is missing (the rehearsal's load balancer)
 	@if command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx; then \

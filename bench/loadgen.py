@@ -19,6 +19,9 @@ record keeps its first answer apart from the one it ended with, and every report
   (``failed_first_by_status``; ``no answer`` for a reset, timeout or refused connect);
 * ``resent``: requests sent once more (their first try said the worker was lost);
 * ``failed_after_resend``: requests that still had no 200 at the end.
+
+A long run passes a ``sink``: each record goes to it instead of into ``records`` (a soak's
+million requests are aggregated as they come, never kept).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field, fields
-from typing import Callable
+from typing import Callable, Sequence
 
 import requests
 from urllib3.exceptions import NewConnectionError
@@ -124,7 +127,8 @@ class PhaseReport(Counts):
     errors: list[str] = field(default_factory=list)
 
 
-def _percentile(values: list[float], q: float) -> float:
+def percentile(values: Sequence[float], q: float) -> float:
+    """The nearest-rank ``q`` quantile of ``values`` (0.0 when empty)."""
     if not values:
         return 0.0
     values = sorted(values)
@@ -139,6 +143,7 @@ class SteadyLoad:
         concurrency: int = 4, max_seconds: float = 600.0, max_requests: int = 200_000,
         timeout: float = 30.0, keep_alive: bool = True, gate: Callable[[], bool] | None = None,
         resend_worker_lost: bool = True, bad_every: int = 0, bad_payload: dict | None = None,
+        sink: Callable[[Record], None] | None = None,
     ) -> None:
         self.url = url
         self.body = json.dumps(payload).encode()
@@ -155,6 +160,10 @@ class SteadyLoad:
         self.gate = gate
         self.resend_worker_lost = resend_worker_lost
         self.records: list[Record] = []
+        #: Takes each record instead of ``records`` (called under the load's lock: one at a time).
+        self.sink = sink
+        #: Requests recorded so far (in ``records`` or given to ``sink``).
+        self.done = 0
         self.phase = "start"
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -180,7 +189,8 @@ class SteadyLoad:
         self.phase = phase
 
     def stop(self) -> list[Record]:
-        """Stop sending, wait for in-flight requests, and return every record."""
+        """Stop sending, wait for in-flight requests, and return every record (none with a
+        ``sink``)."""
         self._stop.set()
         for t in self._threads:
             t.join(self.timeout + 5)
@@ -199,7 +209,7 @@ class SteadyLoad:
         sent = 0
         while not self._stop.is_set():
             now = time.monotonic()
-            if now - self._t0 > self.max_seconds or len(self.records) >= self.max_requests:
+            if now - self._t0 > self.max_seconds or self.done >= self.max_requests:
                 return
             if next_at > now:
                 time.sleep(next_at - now)
@@ -218,7 +228,8 @@ class SteadyLoad:
                             error, refused, first_status=first[0], first_error=first[2],
                             resent=resent, request_id=request_id, bad=bad)
             with self._lock:
-                self.records.append(record)
+                self.done += 1
+                (self.records.append if self.sink is None else self.sink)(record)
 
     def _attempt(self, session: requests.Session, bad: bool = False
                  ) -> tuple[int, str | None, str, bool, bool, str]:
@@ -271,7 +282,7 @@ def summarize(records: list[Record]) -> list[PhaseReport]:
             **vars(Counts.of(rs)), phase=phase,
             versions=dict(Counter(r.version for r in rs if r.version)),
             p50_ms=round(statistics.median(lat), 2) if lat else 0.0,
-            p99_ms=round(_percentile(lat, 0.99), 2),
+            p99_ms=round(percentile(lat, 0.99), 2),
             errors=sorted(errors)[:5],
         ))
     return out

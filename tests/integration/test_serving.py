@@ -9,6 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
+from bench.loadgen import SteadyLoad
+from rtserve.records.spool import find_local
+from rtserve.server.readiness import sample_payload
 from tests.conftest import MODEL_NAME
 from tests.helpers import Reference, demo_eager, features, record_batches
 
@@ -157,3 +160,27 @@ def test_the_workers_run_the_direct_forward_and_the_lean_loop(server):
     assert text.count("lean worker: retrieve_msg, predict_response, prediction_time") >= 2
     assert "lean worker: per-batch log call kept" not in text and "kept:" not in text
     assert post(server, json.dumps({"features": features()}).encode()).status_code == 200
+
+
+def test_a_load_with_a_sink_hands_it_every_request_and_keeps_none(server):
+    """bench.loadgen's ``sink`` (what bench.soak aggregates an hour with): each request reaches it
+    once, with the id the server recorded it under; ``records`` stays empty; ``max_requests``
+    still bounds the load."""
+    sunk = []
+    key = server.client().keys.get("inference")
+    load = SteadyLoad(f"{server.props['inference_address']}/predictions/{MODEL_NAME}", sample_payload(),
+                      lambda: key, rate=100, concurrency=2, max_seconds=30, max_requests=40,
+                      bad_every=4, sink=sunk.append).start()
+    deadline = time.monotonic() + 30
+    while load.done < 40 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert load.stop() == [] and load.records == []
+    assert 40 <= len(sunk) == load.done <= 41  # a thread past the check as the other reached 40
+    good, bad = [r for r in sunk if not r.bad], [r for r in sunk if r.bad]
+    assert (len(sunk) - 6) / 4 <= len(bad) <= len(sunk) / 4  # every 4th of each of the 2 threads
+    assert {(r.status, r.version) for r in good} == {(200, "1.0")}
+    assert {(r.status, r.version) for r in bad} == {(400, None)}
+    assert len({r.request_id for r in sunk}) == len(sunk)
+    for r in sunk:
+        stored = find_local(server.files.records, r.request_id)
+        assert stored is not None and (stored.status, stored.model_version) == (r.status, "1.0"), r

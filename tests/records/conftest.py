@@ -12,6 +12,9 @@ import psutil
 import pytest
 
 from rtserve.records import local, node
+from rtserve.server.properties import RECORDS_STORE_KEY
+from rtserve.testing.server import on_free_ports
+from tests.conftest import MODEL_NAME
 from tests.helpers import assembled_libs, made_server
 
 #: A cold `make cassandra-deps` downloads about 66 MB of jars from Maven Central (under a minute).
@@ -55,3 +58,17 @@ def cassandra(cassandra_libs, tmp_path_factory) -> Cassandra:
                      lambda: node_processes(run_dir), lambda: local.stop(run_dir)) as output:
         state = json.loads((run_dir / node.STATE_FILE).read_text())
         yield Cassandra(run_dir, state["address"], output)
+
+
+@pytest.fixture(scope="module")
+def server(cassandra, mar_v1, tmp_path_factory):
+    """One server per test module (as ``make serve`` starts it), shipping its records to the
+    tier's Cassandra; a test may kill it and start it again from the same run directory."""
+    ts = on_free_ports(tmp_path_factory.mktemp("run"), mar_v1.parent,
+                       [f"{MODEL_NAME}={mar_v1.name}"], {RECORDS_STORE_KEY: cassandra.address})
+    ts.start()
+    try:
+        ts.wait_ready(180, [MODEL_NAME])
+        yield ts
+    finally:
+        ts.stop()

@@ -25,9 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.loadgen import SteadyLoad
 from rtserve.records.store import Store
-from rtserve.server.properties import RECORDS_STORE_KEY
 from rtserve.server.torchserve import SHIPPER
-from rtserve.testing.server import on_free_ports
 from tests.conftest import MODEL_NAME
 from tests.helpers import features, make
 
@@ -39,20 +37,6 @@ RATE = 120.0
 SHIP_TIMEOUT = 120.0
 #: How long the store stays away in its fault (the issue's "a minute").
 STORE_AWAY_S = 60.0
-
-
-@pytest.fixture(scope="module")
-def server(cassandra, mar_v1, tmp_path_factory):
-    """One server for the module, shipping to the tier's Cassandra; a test may kill and start it
-    again from the same run directory (``restart``)."""
-    ts = on_free_ports(tmp_path_factory.mktemp("run"), mar_v1.parent,
-                       [f"{MODEL_NAME}={mar_v1.name}"], {RECORDS_STORE_KEY: cassandra.address})
-    ts.start()
-    try:
-        ts.wait_ready(180, [MODEL_NAME])
-        yield ts
-    finally:
-        ts.stop()
 
 
 @pytest.fixture(scope="module")
