@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from handler.records import ROUTE_HEADER
 from rtserve.client.rest import Client, TorchServeError
 
 
@@ -17,14 +18,20 @@ def sample_payload(n_features: int = 32) -> dict:
     return {"features": [0.0] * n_features}
 
 
+#: The route of the readiness probe's predictions in their records.
+PROBE_ROUTE = "probe"
+
 def probe_prediction(client: Client, model: str) -> dict:
     """One prediction of all-zero features from ``model``, whatever its feature count: the
     demo's 32 first; a model with another count answers 400 with the count it expects (the
     handler's ``X-Rtserve-Expected-Count``, :attr:`TorchServeError.expected`), and gets that many.
+    The client's requests are marked as the probe's from then on (their records' route is
+    ``probe``: :data:`handler.records.ROUTE_HEADER`).
 
     Raises:
         TorchServeError: the model did not answer a prediction.
     """
+    client.session.headers[ROUTE_HEADER] = PROBE_ROUTE
     try:
         return client.predict(model, sample_payload())
     except TorchServeError as exc:
