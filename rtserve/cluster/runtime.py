@@ -122,6 +122,7 @@ def start(layout: Layout) -> dict[str, float]:
     missing = [str(b) for b in binaries if not os.access(b, os.X_OK)]
     if missing:
         raise ClusterError(f"missing: {', '.join(missing)} (build and install them: make cluster-deps)")
+    reclaim(layout.run_dir)
     shutil.rmtree(layout.run_dir, ignore_errors=True)
     (layout.run_dir / "logs").mkdir(parents=True)
     (layout.run_dir / "config").mkdir()
@@ -175,6 +176,20 @@ def start_node(layout: Layout) -> dict[str, float]:
     for component in (components.coredns(layout), components.metrics_server(layout)):
         took[component.name] = _start_one(component, layout)
     return took
+
+
+def reclaim(run_dir: Path) -> list[str]:
+    """Clean up after another run directory's node whose processes are all gone (its session
+    was killed, the machine's work stopped mid-run): without it every later start on this
+    machine would refuse, naming a cluster that no longer runs. A node with any live process
+    is left alone (``host.prepare`` then refuses). Returns what the clean-up removed."""
+    held = host.owner()
+    if held is None or held == run_dir.resolve() or any(r.alive() for r in recorded(held)):
+        return []
+    removed = stop(held)
+    print(f">> reclaimed the node of {held}, whose processes were gone: {'; '.join(removed) or 'nothing left'}",
+          flush=True)
+    return removed
 
 
 def _start_one(component: Component, layout: Layout) -> float:

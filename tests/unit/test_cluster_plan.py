@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rtserve.cluster import components, gomod, node, pki, runtime
+from rtserve.cluster import components, gomod, host, node, pki, runtime
 from rtserve.cli import main
 from rtserve.errors import ClusterError
 from tests.conftest import REPO
@@ -155,6 +155,44 @@ def test_stop_ends_the_recorded_process_and_spares_a_reused_pid(tmp_path):
         for proc in (sleeper, other):
             proc.kill()
             proc.wait()
+
+
+def test_a_node_whose_processes_are_all_gone_is_reclaimed_and_a_live_one_is_not(tmp_path, monkeypatch):
+    """A session killed mid-run leaves the machine claimed (owner file, bridge, chains) by a node
+    that no longer runs: the next start cleans it up instead of refusing. Here the owner file is
+    redirected and the host's clean-up observed (the real one is run by the cluster tier)."""
+    owner, dead_dir, live_dir = tmp_path / "owner", tmp_path / "dead", tmp_path / "live"
+    monkeypatch.setattr(host, "OWNER", owner)
+    cleaned = []
+
+    def clean(run_dir, netns):  # what the real one does with the claim once the host is clean
+        cleaned.append(run_dir)
+        owner.unlink()
+        return ["removed bridge rtsl0"]
+
+    monkeypatch.setattr(host, "clean", clean)
+    dead_dir.mkdir()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (dead_dir / "kubelet.pid").write_text(f"{gone.pid}\n{sys.executable}\n")
+    owner.write_text(f"{dead_dir}\n")
+    assert runtime.reclaim(tmp_path / "new") == ["removed bridge rtsl0"]
+    assert cleaned == [dead_dir] and not list(dead_dir.glob("*.pid"))
+    assert runtime.reclaim(tmp_path / "new") == []  # the claim was given up
+    live_dir.mkdir()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        deadline = time.monotonic() + 10
+        while b"time.sleep" not in Path(f"/proc/{sleeper.pid}/cmdline").read_bytes():
+            assert time.monotonic() < deadline, "the sleeper did not start"
+            time.sleep(0.01)
+        (live_dir / "kubelet.pid").write_text(f"{sleeper.pid}\n{sys.executable}\n")
+        owner.write_text(f"{live_dir}\n")
+        cleaned.clear()
+        assert runtime.reclaim(tmp_path / "new") == [] and cleaned == [] and sleeper.poll() is None
+    finally:
+        sleeper.kill()
+        sleeper.wait()
 
 
 def test_start_names_the_missing_binaries(tmp_path, capsys):
