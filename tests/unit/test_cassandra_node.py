@@ -126,3 +126,77 @@ def test_a_bad_option_is_refused_naming_what_it_expects(option, bad, expected, c
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert option in err and expected in err
+
+
+@pytest.mark.parametrize("option, bad, expected", [
+    ("--host", "", "expected an IP address (the pod's: status.podIP)"),
+    ("--host", "rtserve-cassandra-0", "expected an IP address (the pod's: status.podIP)"),
+    ("--port", "0", "expected a port in 1-65535"),
+    ("--storage-port", "65536", "expected a port in 1-65535"),
+    ("--heap", "1t", "expected a heap size such as 768m or 1g"),
+])
+def test_a_bad_option_of_run_is_refused_naming_what_it_expects(option, bad, expected, capsys):
+    argv = {"--host": "10.244.0.7", option: bad}
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["cassandra", "run", "--libs", "/nowhere", "--run-dir", "/nowhere",
+                  *(a for pair in argv.items() for a in pair)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert option in err and expected in err
+
+
+@pytest.fixture()
+def pod_layout(tmp_path) -> Layout:
+    """A node as a pod runs it: on the pod's IP, the default ports, its log on the console too."""
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    (libs / "cassandra-all-5.0.6.jar").write_bytes(b"")  # a name only: no JVM starts here
+    return Layout(tmp_path / "volume", libs, {"native": 9042, "storage": 7000}, host="10.244.0.7",
+                  console=True)
+
+
+def test_a_pods_node_listens_and_gossips_on_the_pods_ip(pod_layout):
+    config = yaml.safe_load(node.cassandra_yaml(pod_layout))
+    assert config["listen_address"] == config["rpc_address"] == "10.244.0.7"
+    (seeds,) = config["seed_provider"]
+    assert seeds["parameters"] == [{"seeds": "10.244.0.7:7000"}]
+    assert pod_layout.address == "10.244.0.7:9042"
+    assert "127.0.0.1" not in node.cassandra_yaml(pod_layout)
+    six = Layout(pod_layout.run_dir, pod_layout.libs, pod_layout.ports, host="fd00::7")
+    assert six.address == "[fd00::7]:9042"
+    assert yaml.safe_load(node.cassandra_yaml(six))["seed_provider"][0]["parameters"] == [{"seeds": "[fd00::7]:7000"}]
+
+
+def test_a_pods_node_logs_to_its_file_and_the_console(pod_layout, layout):
+    root = ET.fromstring(node.logback_xml(pod_layout))
+    appenders = {a.get("name"): a.get("class") for a in root.findall("appender")}
+    assert appenders == {"FILE": "ch.qos.logback.core.rolling.RollingFileAppender",
+                         "STDOUT": "ch.qos.logback.core.ConsoleAppender"}
+    assert [r.get("ref") for r in root.find("root").findall("appender-ref")] == ["FILE", "STDOUT"]
+    assert {a.findtext("encoder/pattern") for a in root.findall("appender")} == {node.LOG_PATTERN}
+    quiet = ET.fromstring(node.logback_xml(layout))  # make cassandra's: the file only
+    assert [a.get("name") for a in quiet.findall("appender")] == ["FILE"]
+
+
+def test_run_writes_the_configuration_then_becomes_the_jvm(pod_layout, monkeypatch):
+    """``execv`` is a recorder: the process would become the JVM (the image's test is the cluster
+    tier, where the node's pod runs it)."""
+    became = []
+    monkeypatch.chdir(pod_layout.libs)
+    local.run(pod_layout, execv=lambda path, argv: became.append((path, argv)))
+    ((path, argv),) = became
+    assert argv == node.argv(pod_layout) and Path(path).name == "java" and Path(path).is_absolute()
+    assert yaml.safe_load(pod_layout.config.read_text())["listen_address"] == "10.244.0.7"
+    assert "STDOUT" in pod_layout.logback.read_text()
+    assert all(d.is_dir() for d in pod_layout.directories().values())
+    assert Path.cwd() == pod_layout.run_dir  # where a crash's hs_err file goes
+
+
+def test_run_without_the_jars_or_java_says_what_is_missing(pod_layout, tmp_path, monkeypatch):
+    bare = Layout(tmp_path / "other", tmp_path / "nolibs", pod_layout.ports, host="10.244.0.7")
+    with pytest.raises(CassandraNodeError, match="no Cassandra jars in .*nolibs: assemble them with"):
+        local.run(bare, execv=lambda *_: pytest.fail("no JVM without its jars"))
+    javaless = Layout(pod_layout.run_dir, pod_layout.libs, pod_layout.ports, java="no-such-java-17",
+                      host="10.244.0.7")
+    with pytest.raises(CassandraNodeError, match="no no-such-java-17 on PATH: the node needs Java 17"):
+        local.run(javaless, execv=lambda *_: pytest.fail("no JVM"))
