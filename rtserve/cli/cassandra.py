@@ -78,7 +78,7 @@ def cmd_start(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     """Run the node in the foreground on --host (a pod's IP): write its configuration under
     --run-dir, then become its JVM (the log goes to the standard output too)."""
-    from rtserve.records import local
+    from rtserve.records import foreground
     from rtserve.records.node import Layout
 
     layout = Layout(args.run_dir.resolve(), args.libs.resolve(),
@@ -86,7 +86,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                     java=args.java, host=args.host, console=True)
     print(f">> Cassandra node on {layout.address} (storage port {args.storage_port}, heap "
           f"{args.heap}); data and logs in {layout.run_dir}", flush=True)
-    local.run(layout)
+    foreground.run(layout)
     return 0  # not reached: run() replaces this process
 
 

@@ -1,5 +1,4 @@
-"""Start, wait for, stop and report the local Cassandra node of ``make cassandra`` from its recorded
-state, or run a node in the foreground (a pod's main process).
+"""Start, wait for, stop and report the local Cassandra node of ``make cassandra`` from its recorded state.
 
 ``start`` writes the node's configuration into the run directory, starts the JVM (its output
 appended to ``logs/cassandra.out``), waits until a CQL session connects and creates the records'
@@ -7,15 +6,13 @@ schema through :class:`rtserve.records.store.Store`; the data stays between star
 keeps every record. If any step fails, the node is stopped before the error is raised. ``stop``
 works only from the PID file (the process is signalled only while its command line is still the
 recorded ``java``), never by a process name. Processes are started, found and stopped through
-:mod:`rtserve.runtime.process`. ``run`` writes the same configuration and then becomes the JVM (the
-records store's container: the kubelet signals and restarts it; the records' schema is created by
-the first shipper that connects).
+:mod:`rtserve.runtime.process`. A pod's node runs in the foreground instead
+(:mod:`rtserve.records.foreground`, which writes the configuration for both).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -26,6 +23,7 @@ import psutil
 
 from rtserve.errors import CassandraNodeError, StoreUnavailable
 from rtserve.records import node
+from rtserve.records.foreground import prepare
 from rtserve.records.node import Layout
 from rtserve.records.store import Store
 from rtserve.runtime.process import spawn, tail, wait_until
@@ -104,40 +102,6 @@ def start(layout: Layout, fresh: bool = False) -> dict[str, float]:
         stop(run_dir)
         raise
     return took
-
-
-def prepare(layout: Layout, fresh: bool = False) -> None:
-    """Make the node's directories and write its configuration (cassandra.yaml, logback.xml);
-    with ``fresh``, delete its data (every record) first.
-
-    Raises:
-        CassandraNodeError: the classpath lacks Cassandra (nothing is deleted then).
-    """
-    if not any(layout.libs.glob("cassandra-all-*.jar")):
-        raise CassandraNodeError(f"no Cassandra jars in {layout.libs}: assemble them with "
-                                 "make cassandra-deps")
-    if fresh:
-        shutil.rmtree(layout.data, ignore_errors=True)
-    for directory in (layout.logs, layout.triggers, *layout.directories().values()):
-        directory.mkdir(parents=True, exist_ok=True)
-    layout.config.write_text(node.cassandra_yaml(layout))
-    layout.logback.write_text(node.logback_xml(layout))
-
-
-def run(layout: Layout, execv=os.execv) -> None:
-    """Run the node in the foreground: :func:`prepare`, then replace this process with its JVM
-    (``execv``), so that the JVM receives the container's signals itself (SIGTERM: it drains).
-
-    Raises:
-        CassandraNodeError: the classpath lacks Cassandra, or ``java`` cannot be found.
-    """
-    prepare(layout)
-    argv = node.argv(layout)
-    java = shutil.which(argv[0])
-    if java is None:
-        raise CassandraNodeError(f"no {argv[0]} on PATH: the node needs Java 17")
-    os.chdir(layout.run_dir)  # where the JVM writes a crash's hs_err file
-    execv(java, argv)
 
 
 def _listening(address: str) -> bool:

@@ -4,7 +4,10 @@ JVM here: the records tier starts the real one)."""
 
 from __future__ import annotations
 
+import ast
 import json
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -13,8 +16,9 @@ import yaml
 
 from rtserve import cli
 from rtserve.errors import CassandraNodeError
-from rtserve.records import local, node
+from rtserve.records import foreground, local, node
 from rtserve.records.node import Layout
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.unit
 
@@ -183,7 +187,7 @@ def test_run_writes_the_configuration_then_becomes_the_jvm(pod_layout, monkeypat
     tier, where the node's pod runs it)."""
     became = []
     monkeypatch.chdir(pod_layout.libs)
-    local.run(pod_layout, execv=lambda path, argv: became.append((path, argv)))
+    foreground.run(pod_layout, execv=lambda path, argv: became.append((path, argv)))
     ((path, argv),) = became
     assert argv == node.argv(pod_layout) and Path(path).name == "java" and Path(path).is_absolute()
     assert yaml.safe_load(pod_layout.config.read_text())["listen_address"] == "10.244.0.7"
@@ -195,8 +199,23 @@ def test_run_writes_the_configuration_then_becomes_the_jvm(pod_layout, monkeypat
 def test_run_without_the_jars_or_java_says_what_is_missing(pod_layout, tmp_path, monkeypatch):
     bare = Layout(tmp_path / "other", tmp_path / "nolibs", pod_layout.ports, host="10.244.0.7")
     with pytest.raises(CassandraNodeError, match="no Cassandra jars in .*nolibs: assemble them with"):
-        local.run(bare, execv=lambda *_: pytest.fail("no JVM without its jars"))
+        foreground.run(bare, execv=lambda *_: pytest.fail("no JVM without its jars"))
     javaless = Layout(pod_layout.run_dir, pod_layout.libs, pod_layout.ports, java="no-such-java-17",
                       host="10.244.0.7")
     with pytest.raises(CassandraNodeError, match="no no-such-java-17 on PATH: the node needs Java 17"):
-        local.run(javaless, execv=lambda *_: pytest.fail("no JVM"))
+        foreground.run(javaless, execv=lambda *_: pytest.fail("no JVM"))
+
+
+def test_the_pods_entry_command_needs_no_package_but_pyyaml():
+    """The records store's image holds rtserve's code and PyYAML only (deploy/cassandra/Containerfile):
+    `python -m rtserve cassandra run` imports nothing else outside the standard library."""
+    script = ("import sys, runpy\n"
+              "sys.argv = ['rtserve', 'cassandra', 'run', '--help']\n"
+              "try:\n    runpy.run_module('rtserve', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+              "import rtserve.records.foreground\n"
+              "print(sorted({n.split('.')[0] for n, m in list(sys.modules.items())\n"
+              "              if 'site-packages' in (getattr(m, '__file__', None) or '')}))")
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    installed = set(ast.literal_eval(done.stdout.splitlines()[-1]))
+    assert installed - {"_distutils_hack"} == {"yaml"}  # (setuptools' hook, which site loads)
