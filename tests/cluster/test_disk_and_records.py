@@ -7,7 +7,8 @@ rejected) is in the in-cluster Cassandra node exactly once, with its version, al
 node's pod is deleted and comes back on its volume.
 
 It runs after test_deploy.py, on the Deployment that file leaves (2.0 serving, 2 or 3 replicas),
-and leaves 2.0 serving the overlay as it is (test_live_traffic.py deploys 1.0 first). A last test
+holds the autoscaler at 2 replicas while the pods write, and leaves 2.0 serving the overlay as it
+is, the autoscaler's range restored by that last apply (test_live_traffic.py deploys 1.0 first). A last test
 releases a local volume as `make pod-stop` does and hands it to rtserve.k8s.volumes, against the
 real API server.
 """
@@ -179,6 +180,9 @@ def test_a_48mi_run_volume_takes_four_times_its_size_and_every_answer_reaches_ca
         config = served.deployed.exec(pod.name, "rtserve", "cat", f"{RUN_DIR}/config.properties")
         assert f"{BUDGET_KEY}={SIZE_LIMIT_BYTES // 2}" in config.splitlines(), (pod.name, config[-800:])
 
+    # the autoscaler held at its 2 replicas while the pods write (a third pod's start costs the
+    # shared node as much as the traffic; the rollout's apply gives it its maximum back)
+    cluster.ok("-n", NAMESPACE, "patch", "hpa", "rtserve", "-p", '{"spec": {"maxReplicas": 2}}')
     url = f"{served.url}?pad={'x' * PAD}"
     uri_bytes = len(url.split("8080", 1)[1])  # what the access log keeps of each request, at least
     watch = PodWatch(cluster).start()
