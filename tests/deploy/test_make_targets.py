@@ -174,7 +174,7 @@ GROUPS = {
     "Records (Cassandra)": lambda t: t.startswith("cassandra"),
     "Test": lambda t: t.startswith("test"),
     "Benchmarks": lambda t: t.startswith("bench"),
-    "Reliability": lambda t: t.startswith("bench-") or t == "nginx-deps",
+    "Reliability": lambda t: t.startswith("bench-") or t in ("soak", "nginx-deps"),
 }
 
 
