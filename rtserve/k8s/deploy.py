@@ -305,6 +305,7 @@ def deploy(t: Target, kubectl: Kubectl, sleep: Callable[[float], None] = time.sl
         wait_rollout(t, kubectl, sleep)
     except DeployError as exc:
         say(f">> {exc}")
+        why_stuck(t, kubectl)
         if not _undoable(kubectl, t, before):
             raise DeployError(f"the rollout of {t.tagged} to {t.overlay} failed, and there is no "
                               f"earlier revision of this apply to roll back to") from exc
@@ -365,6 +366,23 @@ def wait_rollout(t: Target, kubectl: Kubectl, sleep: Callable[[float], None] = t
             raise DeployError(f"the rollout of {t.tagged} to {t.overlay} did not finish within "
                               f"{t.rollout_timeout}")
         sleep(POLL_SECONDS)
+
+
+def why_stuck(t: Target, kubectl: Kubectl, events: int = 12) -> None:
+    """Print what a failed rollout leaves to read: the namespace's pods (ready, restarts) and its
+    latest warning events (failed probes, scheduling, evictions), the newest last. Best effort:
+    a lookup that fails is skipped, the rollout's own error stays the one raised."""
+    try:
+        kubectl("-n", t.namespace, "get", "pods", "-o", "wide", quiet=True)
+        warnings = kubectl("-n", t.namespace, "get", "events", "--field-selector", "type=Warning",
+                           "--sort-by=.lastTimestamp", "-o",
+                           "custom-columns=LAST:.lastTimestamp,COUNT:.count,OBJECT:.involvedObject.name,"
+                           "REASON:.reason,MESSAGE:.message", capture=True, quiet=True).splitlines()
+    except DeployError:
+        return
+    if len(warnings) > 1:
+        say(f">> the namespace's last {min(events, len(warnings) - 1)} warning events:")
+        say("\n".join([warnings[0], *warnings[1:][-events:]]))
 
 
 def revision(kubectl: Kubectl, t: Target) -> str | None:

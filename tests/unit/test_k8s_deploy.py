@@ -12,7 +12,7 @@ import pytest
 
 from rtserve.errors import DeployError
 from rtserve.k8s.deploy import (JOB_CONDITIONS, Kubectl, Target, crashed, deploy, deploy_kustomization,
-                                job_result, seconds, uses_image, verify, verify_kustomization)
+                                job_result, seconds, uses_image, verify, verify_kustomization, why_stuck)
 
 pytestmark = pytest.mark.unit
 
@@ -106,6 +106,21 @@ def test_verify_gives_up_after_its_timeout_and_still_shows_the_log(tmp_path):
     with pytest.raises(DeployError, match=r"failed \(no result in 7 s\)"):
         verify(t, kubectl, sleep=slept.append)
     assert kubectl.calls == verify_steps(t, polls=3) and slept == [2, 2, 2]
+
+
+def test_a_stuck_rollout_shows_the_pods_and_the_latest_warning_events(tmp_path, capsys):
+    """What CI's log lacked when two pods stayed unready past the progress deadline (a fake:
+    the events a starved node gives cannot be made at will)."""
+    events = ["LAST COUNT OBJECT REASON MESSAGE"] + [f"t{i} 1 pod-{i} Unhealthy probe timed out" for i in range(20)]
+    kubectl = FakeKubectl(f"{IMG}:2.0", conditions=("\n".join(events),))
+    why_stuck(target(tmp_path), kubectl, events=3)
+    assert [c[:4] for c in kubectl.calls] == [("-n", "rtserve-staging", "get", "pods"),
+                                              ("-n", "rtserve-staging", "get", "events")]
+    assert capsys.readouterr().out.splitlines() == [">> the namespace's last 3 warning events:", events[0],
+                                                    *events[-3:]]
+    broken = FakeKubectl(f"{IMG}:2.0", fail=(("get", "pods"),))
+    why_stuck(target(tmp_path), broken)  # a lookup that fails is skipped: the rollout's error stays
+    assert capsys.readouterr().out == ""
 
 
 def test_a_stricter_p99_for_the_verification_is_added_to_the_jobs_arguments(tmp_path):
