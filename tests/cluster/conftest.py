@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -169,6 +170,28 @@ class Served:
     def pods(self) -> list[str]:
         """The names of the pods."""
         return [p.name for p in self.deployed.pods()]
+
+
+@contextmanager
+def autoscaler_held(served, replicas: int = 2, timeout: float = 240):
+    """The autoscaler held at ``replicas`` pods (its maximum lowered), entered once exactly that
+    many run, all ready and none terminating; its maximum restored on exit. The tests' steady
+    traffic keeps the pods above the HPA's CPU target, and a pod it adds mid-test changes what a
+    test compares (the pods before and after, the replicas a drain meets)."""
+    cluster = served.cluster
+    most = cluster.ok("-n", NAMESPACE, "get", "hpa", "rtserve", "-o", "jsonpath={.spec.maxReplicas}")
+    cluster.ok("-n", NAMESPACE, "patch", "hpa", "rtserve", "-p", json.dumps({"spec": {"maxReplicas": replicas}}))
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            pods = served.deployed.pods()
+            if len(pods) == replicas and all(p.ready for p in pods) and not served.deployed.terminating():
+                break
+            assert time.monotonic() < deadline, f"not {replicas} ready pods alone within {timeout:.0f} s: {pods}"
+            time.sleep(1)
+        yield served
+    finally:
+        cluster.ok("-n", NAMESPACE, "patch", "hpa", "rtserve", "-p", json.dumps({"spec": {"maxReplicas": int(most)}}))
 
 
 def no_failures(records, what: str) -> Counts:

@@ -20,7 +20,7 @@ import pytest
 
 from bench import pod_rollout
 from bench.loadgen import Counts, SteadyLoad
-from tests.cluster.conftest import NAMESPACE, RATE, deploy, make, no_failures
+from tests.cluster.conftest import NAMESPACE, RATE, autoscaler_held, deploy, make, no_failures
 from tests.conftest import MODEL_NAME, REPO
 
 pytestmark = pytest.mark.cluster
@@ -152,18 +152,20 @@ def test_a_change_the_api_server_refuses_fails_k8s_deploy_and_the_running_versio
         "    matchLabels:\n      track: stable\n  template:\n    metadata:\n      labels:\n        track: stable\n")
     kustomization = k8s / "overlays" / "local" / "kustomization.yaml"
     kustomization.write_text(kustomization.read_text() + "  - path: selector.yaml\n")
-    pods_before = served.pods()
-    versions = served.versions()
-    load = served.load()
-    try:
-        refused = deploy(served.cluster, image_vars, "2.0", f"K8S_DIR={k8s}")
-    finally:
-        records = load.stop()
+    with autoscaler_held(served):
+        pods_before = served.pods()
+        versions = served.versions()
+        load = served.load()
+        try:
+            refused = deploy(served.cluster, image_vars, "2.0", f"K8S_DIR={k8s}")
+        finally:
+            records = load.stop()
+        pods_after = served.pods()
     assert refused.returncode != 0, refused.stdout[-3000:]
     assert 'The Deployment "rtserve" is invalid: spec.selector: Invalid value: ' in refused.stdout, refused.stdout[-3000:]
     assert "field is immutable" in refused.stdout, refused.stdout[-3000:]
     assert served.versions() == versions
-    assert served.pods() == pods_before
+    assert pods_after == pods_before
     print(f"a refused apply: {Counts.of(records).text()} of {len(records)}")
     no_failures(records, "a refused apply")
 
@@ -173,18 +175,19 @@ def test_draining_the_node_honours_the_disruption_budget(served):
     server refuses to evict the second while the first has no replacement (the node is
     cordoned). Traffic keeps being answered by the pod left."""
     cluster = served.cluster
-    ready = cluster.ok("-n", NAMESPACE, "get", "deployment", "rtserve", "-o", "jsonpath={.status.readyReplicas}")
-    assert ready == "2", f"expected 2 ready replicas before the drain, got {ready}"
-    load = served.load()
-    try:
-        drain = cluster.kubectl("drain", cluster.node, "--ignore-daemonsets", "--delete-emptydir-data",
-                                "--pod-selector=app.kubernetes.io/name=rtserve", "--timeout=45s", timeout=120)
-        pods = json.loads(cluster.ok("-n", NAMESPACE, "get", "pods", "-l", "app.kubernetes.io/name=rtserve",
-                                     "-o", "json"))
-    finally:
-        cluster.ok("uncordon", cluster.node)
-        time.sleep(2)
-        records = load.stop()
+    with autoscaler_held(served):
+        ready = cluster.ok("-n", NAMESPACE, "get", "deployment", "rtserve", "-o", "jsonpath={.status.readyReplicas}")
+        assert ready == "2", f"expected 2 ready replicas before the drain, got {ready}"
+        load = served.load()
+        try:
+            drain = cluster.kubectl("drain", cluster.node, "--ignore-daemonsets", "--delete-emptydir-data",
+                                    "--pod-selector=app.kubernetes.io/name=rtserve", "--timeout=45s", timeout=120)
+            pods = json.loads(cluster.ok("-n", NAMESPACE, "get", "pods", "-l", "app.kubernetes.io/name=rtserve",
+                                         "-o", "json"))
+        finally:
+            cluster.ok("uncordon", cluster.node)
+            time.sleep(2)
+            records = load.stop()
     assert drain.returncode != 0, drain.stdout
     assert "Cannot evict pod as it would violate the pod's disruption budget" in drain.stderr, drain.stderr
     running = [p for p in pods["items"] if p["status"].get("phase") == "Running"

@@ -28,7 +28,7 @@ from bench.loadgen import SteadyLoad
 from rtserve.k8s.deploy import Kubectl
 from rtserve.k8s.live import POD_RUN, POD_TOKEN_FILE, Cluster as LivePods, LogCopy
 from rtserve.promotion.live import KEY_HEADER, Route, Routes, sticky_bucket
-from tests.cluster.conftest import DEPLOY_TIMEOUT, NAMESPACE, RATE, deploy, make, no_failures
+from tests.cluster.conftest import DEPLOY_TIMEOUT, NAMESPACE, RATE, autoscaler_held, deploy, make, no_failures
 from tests.conftest import MODEL_NAME, REPO
 from tests.helpers import SLOW_CANDIDATE, random_archive, shadow_cost
 
@@ -109,12 +109,10 @@ def held(served, image_vars):
         assert again.returncode == 0, again.stdout[-4000:]
         print(f"k8s-deploy 1.0 first: {time.monotonic() - begin:.0f} s")
     # (after that deploy, which applies the HPA as the overlay has it)
-    most = cluster.ok("-n", NAMESPACE, "get", "hpa", "rtserve", "-o", "jsonpath={.spec.maxReplicas}")
-    cluster.ok("-n", NAMESPACE, "patch", "hpa", "rtserve", "-p", '{"spec": {"maxReplicas": 2}}')
     try:
-        yield served
+        with autoscaler_held(served):
+            yield served
     finally:
-        cluster.ok("-n", NAMESPACE, "patch", "hpa", "rtserve", "-p", json.dumps({"spec": {"maxReplicas": int(most)}}))
         served.deployed.wait_ready(2, timeout=240)
 
 
