@@ -156,7 +156,7 @@ RENAMED = {"deploy": "k8s-deploy", "rollout-status": "k8s-status", "history-vers
 
 #: `make help`'s groups, in order, and the rule every target in each follows. Cluster operations
 #: are k8s-*, the local cluster cluster*, Kafka and the stream consumer kafka*/stream*, pod and
-#: image targets image*/pod*, tool installs <group>-deps; nothing else may
+#: image targets image*/pod*, the records' node cassandra*, tool installs <group>-deps; nothing else may
 #: take those prefixes.
 GROUPS = {
     "General": lambda t: t == "help",
@@ -169,6 +169,7 @@ GROUPS = {
     "Kubernetes (cluster)": lambda t: t.startswith("k8s-"),
     "Local cluster": lambda t: t.startswith("cluster"),
     "Streaming (Kafka)": lambda t: t.startswith(("kafka", "stream")),
+    "Records (Cassandra)": lambda t: t.startswith("cassandra"),
     "Test": lambda t: t.startswith("test"),
     "Benchmarks": lambda t: t.startswith("bench"),
     "Reliability": lambda t: t.startswith("bench-") or t in ("soak", "nginx-deps"),
@@ -177,7 +178,7 @@ GROUPS = {
 
 def prefixed(target: str) -> bool:
     return target.startswith(("k8s-", "cluster", "image", "pod", "bench", "monitor", "test", "kafka", "stream",
-                              "shadow", "canary")) \
+                              "shadow", "canary", "cassandra")) \
         or target.endswith("-deps")
 
 
