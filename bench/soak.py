@@ -251,8 +251,7 @@ def percentiles(values: array, qs: tuple[float, ...] = (0.5, 0.99)) -> list[floa
     """Nearest-rank percentiles of ``values`` (as ``bench.loadgen`` reports them); None when empty."""
     if not values:
         return [None] * len(qs)
-    ordered = sorted(values)
-    return [round(percentile(ordered, q), 2) for q in qs]
+    return [round(percentile(values, q), 2) for q in qs]
 
 
 @dataclass
@@ -437,8 +436,11 @@ def probe_predictions(samples: list[dict]) -> int:
 def server_pods(samples: list[dict]) -> tuple[int, int]:
     """The server pods running in the first and the last sample with pods (the HPA may add some)."""
     with_pods = _with_pods(samples)
-    count = lambda s: sum(p["app"] == APP and p["phase"] == "Running" for p in s["pods"])  # noqa: E731
-    return (count(with_pods[0]), count(with_pods[-1])) if with_pods else (0, 0)
+    if not with_pods:
+        return 0, 0
+    first, last = ([p for p in s["pods"] if p["app"] == APP and p["phase"] == "Running"]
+                   for s in (with_pods[0], with_pods[-1]))
+    return len(first), len(last)
 
 
 def evictions(samples: list[dict], events: list[dict], since: str) -> list[str]:

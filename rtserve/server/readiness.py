@@ -21,6 +21,7 @@ def sample_payload(n_features: int = 32) -> dict:
 #: The route of the readiness probe's predictions in their records.
 PROBE_ROUTE = "probe"
 
+
 def probe_prediction(client: Client, model: str) -> dict:
     """One prediction of all-zero features from ``model``, whatever its feature count: the
     demo's 32 first; a model with another count answers 400 with the count it expects (the
