@@ -9,7 +9,9 @@ manifest the name points to in containerd is the engine's image ID (podman's and
 ID *is* that config digest, and a docker-archive keeps the config's bytes). Manifest digests are
 no test: ctr writes a manifest of its own for a docker-archive, never equal to podman's. An image
 the node holds under another name only (the CRI plugin also names every image it knows
-``sha256:<ID>``) is tagged there, without a second import.
+``sha256:<ID>``) is tagged there, without a second import. A name the node holds but whose
+layers are not unpacked (an import cut short) is imported again, and a failed import is tried
+once more (:func:`import_twice`).
 
 :func:`config_digest` and :func:`plan` are pure; :func:`load` runs the commands.
 
@@ -162,6 +164,15 @@ class NodeImages:
     def tag(self, source: str, name: str) -> None:
         self.ctr("images", "tag", "--force", source, name)
 
+    def unpacked(self, name: str) -> bool:
+        """Whether the snapshotter holds ``name``'s layers unpacked (``ctr images check``'s last
+        column). An import whose unpack failed leaves the name on the image all the same."""
+        for line in self.ctr("images", "check", f"name=={name}", timeout=QUERY_TIMEOUT).splitlines()[1:]:
+            fields = line.split()
+            if fields and fields[0] == name:
+                return fields[-1] == "true"
+        return False
+
     def import_new_layers(self, engine: str, image: Local, timeout: float = LOAD_TIMEOUT) -> float:
         """Import ``image`` sending only the layers the node lacks; returns the seconds.
 
@@ -273,11 +284,14 @@ def load(ctr: Ctr, names: list[str], engine: str = "podman",
     node = NodeImages(ctr)
     refs = ctr.images()
     done = []
+    into = node.import_new_layers if Path(engine).name == "podman" else node.import_from
     for image in images:
         action = plan(image, refs, node.config_of)
+        if action == "present" and not node.unpacked(image.name):
+            say(f">> {image.name} is on the node but not unpacked (an import cut short): importing it again")
+            action = "import"
         if action == "import":
-            into = node.import_new_layers if Path(engine).name == "podman" else node.import_from
-            loaded = Loaded(image, "imported", into(engine, image))
+            loaded = Loaded(image, "imported", import_twice(into, engine, image, say))
         elif action == "tag":
             node.tag(image.id, image.name)
             loaded = Loaded(image, "tagged")
@@ -286,3 +300,22 @@ def load(ctr: Ctr, names: list[str], engine: str = "podman",
         say(loaded.line())
         done.append(loaded)
     return done
+
+
+def import_twice(into: Callable[[str, Local], float], engine: str, image: Local,
+                 say: Callable[[str], None]) -> float:
+    """``into(engine, image)``, once more when ctr's import fails: its unpack can lose a race
+    with containerd's garbage collection ("parent snapshot ... does not exist", seen once in a
+    fresh clone's run); the second import finds the layers sent the first time and unpacks
+    again. Returns the seconds of both.
+
+    Raises:
+        ClusterError: the second import failed too.
+    """
+    start = time.monotonic()
+    try:
+        into(engine, image)
+    except ClusterError as exc:
+        say(f">> importing {image.name} failed ({last_lines(str(exc), 1)}): once more")
+        into(engine, image)
+    return time.monotonic() - start

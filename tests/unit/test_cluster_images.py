@@ -174,3 +174,59 @@ def test_the_oci_archive_of_new_layers_names_the_image_and_leaves_out_what_the_n
     entry = index["manifests"][0]
     assert entry["digest"] == f"sha256:{digest}" and entry["size"] == len(manifest)
     assert entry["annotations"]["io.containerd.image.name"] == "registry.example.com/ml/rtserve:2.0"
+
+
+class NodeCtr:
+    """A node's ``ctr`` holding IMAGE under its name, unpacked or not (``images check``)."""
+
+    def __init__(self, unpacked: bool) -> None:
+        self.unpacked, self.calls = unpacked, []
+
+    def images(self) -> dict[str, str]:
+        return {IMAGE.name: "sha256:" + "a" * 64}
+
+    def __call__(self, *args: str, stdin=None, timeout: float = 120) -> str:
+        self.calls.append(args)
+        if args[:2] == ("content", "get"):
+            return json.dumps(MANIFEST)
+        if args[:2] == ("images", "check"):
+            return (f"REF TYPE DIGEST STATUS SIZE UNPACKED\n{IMAGE.name} application/vnd.oci.image.manifest.v1+json "
+                    f"sha256:{'a' * 64} complete (12/12) 4.3 GiB/4.3 GiB {str(self.unpacked).lower()}\n")
+        raise AssertionError(f"unexpected ctr {args}")
+
+
+@pytest.mark.parametrize("unpacked", [True, False])
+def test_a_name_on_the_node_is_skipped_only_when_its_layers_are_unpacked(monkeypatch, unpacked):
+    """A fresh clone's first deploy met a name whose import had failed mid-unpack: ctr names the
+    image before it unpacks it, so the name alone says nothing about a container's start."""
+    imported, said = [], []
+    monkeypatch.setattr(images, "local_image", lambda name, engine: IMAGE)
+    monkeypatch.setattr(images.NodeImages, "import_new_layers",
+                        lambda node, engine, image: imported.append(image) or 1.0)
+    ctr = NodeCtr(unpacked)
+    (loaded,) = images.load(ctr, [IMAGE.name], "podman", said.append)
+    assert ("images", "check", f"name=={IMAGE.name}") in ctr.calls
+    if unpacked:
+        assert loaded.action == "present" and imported == []
+    else:
+        assert loaded.action == "imported" and imported == [IMAGE]
+        assert "not unpacked (an import cut short): importing it again" in said[0]
+
+
+def test_a_failed_import_is_tried_once_more_and_a_second_failure_is_raised():
+    said, calls = [], []
+
+    def flaky(failures: int):
+        def into(engine: str, image: Local) -> float:
+            calls.append(image)
+            if len(calls) <= failures:
+                raise ClusterError("ctr images import exited 1\nctr: parent snapshot sha256:ebd5 does not exist")
+            return 1.0
+        return into
+
+    assert images.import_twice(flaky(1), "podman", IMAGE, said.append) >= 0
+    assert len(calls) == 2 and "does not exist): once more" in said[0]
+    calls.clear()
+    with pytest.raises(ClusterError, match="does not exist"):
+        images.import_twice(flaky(2), "podman", IMAGE, said.append)
+    assert len(calls) == 2
