@@ -113,7 +113,8 @@ class Pod:
         return subprocess.run([sys.executable, "-m", "rtserve", "probe", *args], cwd=REPO,
                               env=self.env, capture_output=True, text=True, timeout=60)
 
-    def wait_ready(self, timeout: float = 120.0) -> subprocess.CompletedProcess:
+    def wait_ready(self, timeout: float = 300.0) -> subprocess.CompletedProcess:
+        # 300 s: on a busy machine (a fresh clone's three tiers) the warm-up took over 120 s
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, f"runner exited:\n{self.out.read_text()}"
