@@ -259,7 +259,8 @@ def test_live_fails_while_the_frontend_is_frozen(pod):
 
 
 def test_bench_probe_cost_main(pod, tmp_path):
-    """make bench-probe's command line (bench/probe_cost.py), attached to this pod's server."""
+    """make bench-probe's command line (bench/probe_cost.py), attached to this pod's server: the
+    probes pass, and neither imports requests."""
     pod.wait_ready()
     rc, report = bench_main(probe_cost.main, tmp_path / "probe_cost.json", "--attach", pod.run_dir,
                             "--runs", 1)
@@ -268,7 +269,7 @@ def test_bench_probe_cost_main(pod, tmp_path):
     assert commands["probe ready"]["output"] == f"ready: {MODEL_NAME} 1.0 answers"
     assert commands["probe live"]["output"] == "live: /ping 200"
     for name, measured in commands.items():
-        assert measured["cpu_ms"] > 0 and measured["modules"] > 0, name
+        assert measured["cpu_ms"] > 0 and measured["modules"] > 0 and not measured["requests"], name
 
 
 def test_drain_waits_for_in_flight_requests_then_sigterm_stops_cleanly(pod):
