@@ -940,6 +940,10 @@ bench-latency-histogram: $(STAMP) ## Cost of rtserve_request_duration_seconds pe
 bench-explain: $(MAR) ## Time one explanation (in-process and over HTTP on a private TorchServe); about 40 s
 	$(PY) -m bench.explain_latency --mar $(MAR)
 
+.PHONY: bench-probe
+bench-probe: $(MAR) $(AGENT_JAR) ## Wall and CPU time of the pod's exec probes (probe ready, live) on a warmed server, and their imports (about a minute)
+	$(PY) -m bench.probe_cost --model-store $(MODEL_STORE) --version $(MODEL_VERSION) $(BENCH_ARGS)
+
 ##@ Reliability
 # Worker crash, drain, rolling replacement behind nginx.
 REHEARSAL_ARGS ?=

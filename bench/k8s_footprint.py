@@ -3,7 +3,8 @@
 Starts TorchServe the way the pod does (``python -m rtserve server run`` with the cluster's
 config.properties, listeners moved to free loopback ports), sends a bounded burst of
 predictions, and prints the peak resident memory of TorchServe's process tree and how long
-``python -m rtserve probe ready`` and ``live`` take. Run it after ``make archive``:
+``python -m rtserve probe ready`` and ``live`` take, wall and CPU (:func:`bench.probe_cost.cost`;
+``make bench-probe`` has the probes' figures alone). Run it after ``make archive``:
 
     .venv/bin/python bench/k8s_footprint.py [--requests 2000]
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,6 +26,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.probe_cost import cost, precompile  # noqa: E402
 from rtserve.runtime.process import terminate, wait_until  # noqa: E402
 from rtserve.testing.server import free_port_overrides  # noqa: E402
 from rtserve.server.probe import local_client  # noqa: E402
@@ -49,16 +50,6 @@ def tree_rss(pid: int) -> int:
         except psutil.Error:
             pass
     return total
-
-
-def timed(cmd: list[str], env: dict, runs: int) -> list[float]:
-    """Wall seconds of ``runs`` executions of ``cmd`` (each must exit 0)."""
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        subprocess.run(cmd, env=env, cwd=REPO, check=True, capture_output=True, timeout=30)
-        times.append(time.perf_counter() - t)
-    return times
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,10 +110,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.requests} predictions from 16 threads in {elapsed:.1f}s")
             print(f"TorchServe process tree RSS: idle {idle / 2**20:.0f} MiB, "
                   f"peak under load {peak / 2**20:.0f} MiB")
+            precompile()
             for check in ("ready", "live"):
-                times = timed([sys.executable, "-m", "rtserve", "probe", check], env, args.probe_runs)
-                print(f"python -m rtserve probe {check}: median {statistics.median(times) * 1000:.0f} ms, "
-                      f"max {max(times) * 1000:.0f} ms ({args.probe_runs} runs)")
+                probe = cost([sys.executable, "-m", "rtserve", "probe", check], args.probe_runs, env)
+                print(f"python -m rtserve probe {check}: median {probe['wall_ms']:.0f} ms, max "
+                      f"{probe['wall_max_ms']:.0f} ms, CPU median {probe['cpu_ms']:.0f} ms "
+                      f"({args.probe_runs} runs)")
         finally:
             terminate(runner.pid, 60)
             runner.wait()

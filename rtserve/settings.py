@@ -29,10 +29,8 @@ configuration) are read as package resources (:func:`resource`), not through ``H
 
 from __future__ import annotations
 
-import importlib.resources
 import os
 import re
-from decimal import Decimal, InvalidOperation
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
@@ -51,6 +49,9 @@ EFFECTIVE_CONFIG = "config.properties"
 KEY_FILE = "key_file.json"
 #: Created by a drain: readiness is false while it exists (:mod:`rtserve.server.drain`).
 DRAIN_FILE = "draining"
+#: Written once the server answered and was warmed up since its start
+#: (:mod:`rtserve.server.warmup`); the pod's readiness probe passes only when it exists.
+WARM_FILE = "warm"
 #: The rollout history (:mod:`rtserve.promotion.history`): cleared when a server starts there.
 HISTORY_FILE = "rollout-history.jsonl"
 #: Live traffic (:mod:`rtserve.promotion.live`): the routes the frontend's agent re-reads (shadow,
@@ -88,6 +89,8 @@ def byte_size(text: str, where: str, units: Mapping[str, int] = QUANTITY_UNITS,
     Raises:
         SettingsError: ``text`` is not a positive size in those units (the message names ``where``).
     """
+    from decimal import Decimal, InvalidOperation  # here: every probe's start-up would pay for it
+
     table = {k.lower(): v for k, v in units.items()} if ignore_case else dict(units)
     found = _SIZE.match(text or "")
     unit = found.group("unit") if found else ""
@@ -109,6 +112,8 @@ def resource(package: str, name: str) -> Path:
     Raises:
         SettingsError: the package has no such file.
     """
+    import importlib.resources  # here: every probe's start-up would pay for it
+
     path = Path(str(importlib.resources.files(package) / name))
     if not path.is_file():
         raise SettingsError(f"{package} ships no {name} ({path} is missing)")
@@ -151,6 +156,11 @@ class RunDir:
     def drain_marker(self) -> Path:
         """Present while the server drains."""
         return self.path / DRAIN_FILE
+
+    @property
+    def warm(self) -> Path:
+        """Present once this start's warm-up is done."""
+        return self.path / WARM_FILE
 
     @property
     def history(self) -> Path:

@@ -6,10 +6,12 @@
     python -m rtserve probe ready
     python -m rtserve <group> --help
 
-Each group is a module of this package that parses its options and hands off to the domain
-packages, imported only when its command runs (the probes never import torch). An rtserve
-error (:class:`rtserve.errors.RtserveError`) ends any command the same way: ``error: <message>``
-on stdout (stderr for the cluster group), exit status 1.
+Each group is a module of this package, named as the group, that parses its options and hands
+off to the domain packages, imported only when its command runs (the probes never import torch).
+A command line that starts with a group's name builds that group's parser alone, so a command
+imports no other group (``--help`` builds them all). An rtserve error
+(:class:`rtserve.errors.RtserveError`) ends any command the same way: ``error: <message>`` on
+stdout (stderr for the cluster group), exit status 1.
 """
 
 from __future__ import annotations
@@ -17,29 +19,30 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from importlib import import_module
 
-from rtserve.cli import (cassandra, client, cluster, gateway, k8s, kafka, live, model, monitor,
-                         probe, records, server, stream, versions)
 from rtserve.errors import RtserveError
 
-#: The groups, in the order ``--help`` lists them.
-GROUPS = (client, versions, live, server, probe, gateway, monitor, model, k8s, cluster, kafka, stream,
-          records, cassandra)
+#: The groups (the modules of this package of the same names), in the order ``--help`` lists them.
+GROUPS = ("client", "versions", "live", "server", "probe", "gateway", "monitor", "model", "k8s",
+          "cluster", "kafka", "stream", "records", "cassandra")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser: one sub-parser per group, one per command below it."""
+def build_parser(group: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser: one sub-parser per group, one per command below it; only the
+    sub-parser of ``group`` when it names one (what a command line that starts with it needs)."""
     parser = argparse.ArgumentParser(prog="python -m rtserve", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     groups = parser.add_subparsers(dest="group", required=True, metavar="GROUP")
-    for module in GROUPS:
-        module.add(groups)
+    for name in (group,) if group in GROUPS else GROUPS:
+        import_module(f"{__name__}.{name}").add(groups)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; its exit status (an rtserve error: one ``error:`` line, then 1)."""
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv[0] if argv else None).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=getattr(args, "log_format", "%(message)s"),
                         stream=sys.stderr if getattr(args, "log_stream", "") == "stderr" else sys.stdout)
     try:

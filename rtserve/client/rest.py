@@ -3,6 +3,8 @@
 It reads the token keys TorchServe writes to ``key_file.json`` (and renews an expired one
 with the API key), sets a timeout on every call, retries only idempotent calls, and turns
 TorchServe's error bodies into :class:`~rtserve.errors.TorchServeError` subclasses with clear messages.
+``requests`` is imported only when a client is made without a session of its own (the probes'
+short-lived processes pass :class:`rtserve.client.light.Session` instead).
 """
 
 from __future__ import annotations
@@ -12,13 +14,16 @@ import logging
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
-
-import requests
+from typing import TYPE_CHECKING, Any
 
 from handler.errors import EXPECTED_HEADER, REASON_HEADER
 from rtserve.errors import (AuthError, Conflict, NotFound, Overloaded,  # noqa: F401 - the
                             Refused, TorchServeError)  # client's errors, importable from here
+
+if TYPE_CHECKING:
+    import requests
+
+    from rtserve.client.light import Session
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +114,9 @@ class Client:
         retries: extra attempts for idempotent calls on connection errors, 502/503/504 and
                 TorchServe's 500 ConcurrentModificationException (:func:`retryable`).
         token: a fixed inference token instead of ``key_file`` (a gateway's shared token).
+        session: what sends the requests (``self.session``): default a new ``requests.Session``;
+                a :class:`rtserve.client.light.Session` makes the same calls without importing
+                ``requests`` (all but :meth:`metrics`).
     """
 
     def __init__(
@@ -120,6 +128,7 @@ class Client:
         timeout: float = 10.0,
         retries: int = 2,
         token: str | None = None,
+        session: requests.Session | Session | None = None,
     ) -> None:
         self.inference_url = inference_url.rstrip("/")
         self.management_url = management_url.rstrip("/")
@@ -127,7 +136,11 @@ class Client:
         self.keys = StaticKeys(token) if token else Keys(key_file)
         self.timeout = timeout
         self.retries = retries
-        self.session = requests.Session()
+        if session is None:
+            import requests
+
+            session = requests.Session()
+        self.session = session
 
     # -- inference API -------------------------------------------------------------------
     def ping(self) -> bool:
@@ -265,7 +278,7 @@ class Client:
                     method, base + path, json=json_body, params=params, headers=headers,
                     timeout=timeout or self.timeout,
                 )
-            except requests.RequestException as exc:
+            except OSError as exc:  # no answer: requests.RequestException is an OSError too
                 if attempt < attempts:
                     time.sleep(0.2 * 2 ** (attempt - 1))
                     continue

@@ -18,6 +18,10 @@ SIGTERM.
 Every command prints one line (the kubelet keeps it in the pod's events) and exits 0 on
 success, 1 on failure. The run directory and model come from ``--run-dir`` / ``--model`` or
 ``$RTSERVE_RUN_DIR`` / ``$RTSERVE_MODEL``, the variables the container sets for the server too.
+
+``ready`` and ``live`` run as a new process every few seconds: their client sends its calls with
+http.client (:class:`rtserve.client.light.Session`), and this module imports nothing heavier,
+so a probe costs little more than a Python start-up (``make bench-probe``).
 """
 
 from __future__ import annotations
@@ -26,13 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from rtserve.client.light import Session
 from rtserve.client.rest import Client, TorchServeError
 from rtserve.server.drain import drain as drain_instance
 from rtserve.server.drain import is_draining
 from rtserve.server.properties import read_properties
 from rtserve.server.readiness import probe_prediction
 from rtserve.settings import RunDir
-from rtserve.server.warmup import WARM_FILE
 
 
 @dataclass
@@ -53,8 +57,9 @@ def loopback(address: str) -> str:
     return urlunsplit((parts.scheme or "http", netloc, "", "", ""))
 
 
-def local_client(run_dir: Path, timeout: float) -> Client:
-    """A client for the server in ``run_dir``, from its effective config and key file.
+def local_client(run_dir: Path, timeout: float, session: Session | None = None) -> Client:
+    """A client for the server in ``run_dir``, from its effective config and key file (its
+    ``session``: see :class:`Client`).
 
     Raises:
         FileNotFoundError: the server has not written its config yet.
@@ -62,7 +67,7 @@ def local_client(run_dir: Path, timeout: float) -> Client:
     files = RunDir(run_dir)
     props = read_properties(files.config)
     return Client(loopback(props["inference_address"]), loopback(props["management_address"]),
-                  key_file=files.key_file, timeout=timeout, retries=0)
+                  key_file=files.key_file, timeout=timeout, retries=0, session=session)
 
 
 def ready(run_dir: Path, model: str, timeout: float = 3.0) -> Result:
@@ -73,10 +78,10 @@ def ready(run_dir: Path, model: str, timeout: float = 3.0) -> Result:
         return Result(False, "draining: not accepting new requests")
     if not RunDir(run_dir).key_file.exists():
         return Result(False, "TorchServe has not written key_file.json yet")
-    if not (run_dir / WARM_FILE).exists():
+    if not RunDir(run_dir).warm.exists():
         return Result(False, "warming up: the server has not finished its start-up warm-up")
     try:
-        client = local_client(run_dir, timeout)
+        client = local_client(run_dir, timeout, Session())
         if not client.ping():
             return Result(False, "/ping: a model is not healthy yet")
         answer = probe_prediction(client, model)
@@ -90,7 +95,7 @@ def ready(run_dir: Path, model: str, timeout: float = 3.0) -> Result:
 def live(run_dir: Path, timeout: float = 3.0) -> Result:
     """Live when the frontend answers ``/ping`` with any HTTP status (models may be loading)."""
     try:
-        client = local_client(run_dir, timeout)
+        client = local_client(run_dir, timeout, Session())
         healthy = client.ping()
     except (OSError, KeyError) as exc:
         return Result(False, f"no config yet: {exc}")

@@ -41,9 +41,8 @@ from rtserve.server.properties import (GREEDY_KEY, OIP_KEY,  # noqa: F401 - GREE
                                        RECORDS_TTL_KEY, configured, effective_props, greedy,
                                        read_properties, write_properties)
 from rtserve.server.readiness import probe_prediction, workers_ready
-from rtserve.settings import CANARY_WATCHER_MARKS, PACKAGE_HOME, RunDir, Settings, log_config
-from rtserve.server.warmup import (KEY_FILE, WARM_FILE, Rows, WarmupConfig, WarmupError, new_key,
-                            warm_up)
+from rtserve.settings import CANARY_WATCHER_MARKS, PACKAGE_HOME, WARM_FILE, RunDir, Settings, log_config
+from rtserve.server.warmup import KEY_FILE, Rows, WarmupConfig, WarmupError, new_key, warm_up
 
 logger = logging.getLogger(__name__)
 

@@ -43,9 +43,6 @@ logger = logging.getLogger(__name__)
 #: In the run directory: this start's warm-up key (mode 0600; TorchServe gets it in its
 #: environment, see :data:`handler.warmup.KEY_ENV`).
 KEY_FILE = "warmup_key"
-#: In the run directory: written once the server answered and was warmed up since its start;
-#: the pod's readiness probe passes only when it exists.
-WARM_FILE = "warm"
 #: config.properties keys (with their defaults in :class:`WarmupConfig`).
 REQUESTS_KEY = "rtserve_warmup_requests"
 SECONDS_KEY = "rtserve_warmup_seconds"

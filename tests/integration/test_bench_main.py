@@ -1,8 +1,8 @@
 """The bench scripts' command-line paths (``main()``), run in-process with tiny, bounded settings.
 
 Scripts whose ``main()`` another test already runs: drain, overload (own servers), worker_crash,
-hostile_input, rollout_load, explain_latency (``--attach`` to their module's server), the rolling
-rehearsal (nginx) and the pod rollout (pod tier). Here: the others. ``bench/perf.py --smoke``
+hostile_input, rollout_load, explain_latency, probe_cost (``--attach`` to their module's server),
+the rolling rehearsal (nginx) and the pod rollout (pod tier). Here: the others. ``bench/perf.py --smoke``
 starts its own server, as it measures the cold start; so does ``k8s_footprint.py``, which runs
 TorchServe the way the pod does.
 """

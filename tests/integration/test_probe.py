@@ -28,6 +28,7 @@ import psutil
 import pytest
 import yaml
 
+from bench import probe_cost
 from rtserve.runtime.logs import read_rotated
 from rtserve.runtime.ports import free_ports
 from rtserve.server.probe import loopback
@@ -35,6 +36,7 @@ from rtserve.server.properties import port_overrides, read_properties, write_pro
 from rtserve.server.torchserve import TorchServe
 from rtserve.settings import DRAIN_FILE
 from tests.conftest import MODEL_NAME, REPO
+from tests.helpers import bench_main
 
 pytestmark = pytest.mark.integration
 
@@ -255,6 +257,20 @@ def test_live_fails_while_the_frontend_is_frozen(pod):
     assert frozen.returncode == 1 and frozen.stdout.startswith("frontend does not answer"), frozen.stdout
     assert took < 5 + 5, f"the probe took {took:.1f} s, past the manifest's timeoutSeconds (5)"
     assert pod.probe("live").returncode == 0
+
+
+def test_bench_probe_cost_main(pod, tmp_path):
+    """make bench-probe's command line (bench/probe_cost.py), attached to this pod's server: the
+    probes pass, and neither imports requests."""
+    pod.wait_ready()
+    rc, report = bench_main(probe_cost.main, tmp_path / "probe_cost.json", "--attach", pod.run_dir,
+                            "--runs", 1)
+    assert rc == 0
+    commands = report["commands"]
+    assert commands["probe ready"]["output"] == f"ready: {MODEL_NAME} 1.0 answers"
+    assert commands["probe live"]["output"] == "live: /ping 200"
+    for name, measured in commands.items():
+        assert measured["cpu_ms"] > 0 and measured["modules"] > 0 and not measured["requests"], name
 
 
 def test_drain_waits_for_in_flight_requests_then_sigterm_stops_cleanly(pod):

@@ -14,7 +14,8 @@ import requests
 
 from bench.perf import timed_post
 from handler.warmup import HEADER
-from rtserve.server.warmup import WARM_FILE, WarmupConfig
+from rtserve.server.warmup import WarmupConfig
+from rtserve.settings import WARM_FILE
 from tests.conftest import MODEL_NAME, REPO
 from tests.helpers import records
 

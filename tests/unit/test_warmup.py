@@ -11,8 +11,9 @@ import pytest
 from handler.rtserve_handler import RealTimeHandler
 from handler.warmup import HEADER, KEY_ENV
 from rtserve.server.probe import ready
-from rtserve.server.warmup import WARM_FILE, Rows, WarmupConfig, WarmupError
+from rtserve.server.warmup import Rows, WarmupConfig, WarmupError
 from rtserve.errors import WrongAnswers
+from rtserve.settings import WARM_FILE
 from tests.helpers import MODEL_YAML, features, record_batches, json_row, make_context, route_headers, start_batch
 
 pytestmark = pytest.mark.unit
