@@ -387,6 +387,31 @@ image-gateway: ## Build the gateway stand-in (Debian's nginx) used when the mani
 	  -f deploy/podman/gateway.Dockerfile build/image-gateway > build/image-gateway.log 2>&1 || { tail -n 30 build/image-gateway.log; exit 1; }; \
 	echo ">> built $(GATEWAY_STANDIN) on $$base"
 
+# The records store's image (deploy/cassandra/Containerfile): one Cassandra node from the jars
+# `make cassandra-deps` assembles, Debian's Java 17 and rtserve's code (its entry command), on the
+# rtserve image's base; the local overlay's in-cluster store runs it (deploy/k8s/components/cassandra).
+CASSANDRA_IMG     ?= registry.example.com/ml/rtserve-cassandra
+CASSANDRA_IMAGE    = $(CASSANDRA_IMG):$(CASSANDRA_VERSION)
+CASSANDRA_CONTEXT ?= build/image-cassandra
+
+.PHONY: image-cassandra
+image-cassandra: cassandra-deps $(WHEELHOUSE_STAMP) | $(STAMP) ## Build the records store's image CASSANDRA_IMG:CASSANDRA_VERSION (Cassandra's jars, Java 17, rtserve's code; reused while its inputs are unchanged)
+	@rm -rf $(CASSANDRA_CONTEXT) && mkdir -p $(CASSANDRA_CONTEXT)/wheelhouse
+	@cp deploy/cassandra/Containerfile $(CASSANDRA_CONTEXT)/
+	@cp -rl $(CASSANDRA_LIBS) $(CASSANDRA_CONTEXT)/libs 2>/dev/null || cp -r $(CASSANDRA_LIBS) $(CASSANDRA_CONTEXT)/libs
+	@cp $(WHEELHOUSE)/[Pp][Yy][Yy][Aa][Mm][Ll]-*.whl $(CASSANDRA_CONTEXT)/wheelhouse/
+	@tar -cf - --exclude=__pycache__ --exclude='*.pyc' rtserve | tar -xf - -C $(CASSANDRA_CONTEXT)
+	@base=$$(DOCKER=$(DOCKER) deploy/podman/base-image.sh $(BASE_IMAGE) $(LOCAL_BASE)); \
+	inputs=$$($(PY) -m deploy.podman.context_hash $(CASSANDRA_CONTEXT) \
+	  "$$($(DOCKER) image inspect --format '{{.Id}}' $$base)") || exit 1; \
+	if [ "$$($(DOCKER) image inspect --format '{{index .Config.Labels "rtserve.inputs"}}' $(CASSANDRA_IMAGE) 2>/dev/null)" = "$$inputs" ]; then \
+	  echo ">> $(CASSANDRA_IMAGE) is up to date (inputs $$inputs)"; exit 0; fi; \
+	start=$$(date +%s); mkdir -p $(CACHE_DIR); \
+	flock $(IMAGE_LOCK) $(DOCKER) build -f $(CASSANDRA_CONTEXT)/Containerfile --build-arg BASE_IMAGE=$$base \
+	  --build-arg CASSANDRA_VERSION=$(CASSANDRA_VERSION) --label rtserve.inputs=$$inputs \
+	  -t $(CASSANDRA_IMAGE) $(CASSANDRA_CONTEXT) > $(CASSANDRA_CONTEXT).log 2>&1 || { tail -n 40 $(CASSANDRA_CONTEXT).log; exit 1; }; \
+	echo ">> built $(CASSANDRA_IMAGE) in $$(( $$(date +%s) - start )) s on $$base: $$($(DOCKER) image inspect --format '{{.Size}}' $(CASSANDRA_IMAGE) | numfmt --to=si)B (log: $(CASSANDRA_CONTEXT).log)"
+
 .PHONY: image-push
 image-push: ## Push IMG:MODEL_VERSION to its registry
 	$(DOCKER) push $(IMG):$(MODEL_VERSION)
@@ -460,19 +485,21 @@ K8S_ARGS = --overlay $(OVERLAY) --image $(IMG) --version "$(DEPLOY_VERSION)" --n
   --verify-dir $(VERIFY_DIR) --verify-build-dir $(VERIFY_BUILD) --kubectl "$(KUBECTL)" --rollout-timeout $(ROLLOUT_TIMEOUT) \
   --verify-timeout $(VERIFY_TIMEOUT) $(if $(VERIFY_MAX_P99_MS),--verify-max-p99-ms $(VERIFY_MAX_P99_MS)) \
   --gate-config $(GATE_CONFIG) --state-dir $(K8S_LIVE_DIR) --model-store $(MODEL_STORE) \
-  $(if $(FORCE),--force --reason "$$REASON")
+  $(if $(FORCE),--force --reason "$$REASON") $(if $(LOCAL_CLUSTER),--local-volumes)
 
 # OVERLAY=local first: on `make cluster`'s node, the image IMG:version built when the engine lacks
-# it, the gateway stand-in (its build is skipped when up to date), both loaded into the node (the
-# verification Job runs the same image); elsewhere (kind, minikube, k3d) a reminder to load them.
-# Then the namespace, and the gateway token's Secret when it has none (a random token).
+# it, the gateway stand-in (its build is skipped when up to date) and, for k8s-deploy, the records
+# store's image (the same), all loaded into the node (the verification Job runs the same image);
+# elsewhere (kind, minikube, k3d) a reminder to load them. Then the namespace, and the gateway
+# token's Secret when it has none (a random token). $(1): more images to build (their targets)
+# and $(2) to load.
 LOCAL_IMAGE = $(IMG):$(DEPLOY_VERSION)
 define k8s_local_images
 $(if $(filter podman,$(CLUSTER_ENGINE)),@$(MAKE) --no-print-directory pod-deps)
 if [ -f $(MODEL_STORE)/$(MODEL_NAME)_$(DEPLOY_VERSION).mar ] || ! $(CLUSTER_ENGINE) image inspect $(LOCAL_IMAGE) >/dev/null 2>&1; then \
   $(MAKE) --no-print-directory image DOCKER=$(CLUSTER_ENGINE) MODEL_VERSION=$(DEPLOY_VERSION) IMAGE_TAG=$(DEPLOY_VERSION); fi
-$(MAKE) --no-print-directory image-gateway DOCKER=$(CLUSTER_ENGINE)
-$(PY) -m rtserve cluster load --run-dir $(CLUSTER_RUN_DIR) --engine $(CLUSTER_ENGINE) $(LOCAL_IMAGE) $(GATEWAY_STANDIN)
+$(MAKE) --no-print-directory image-gateway $(1) DOCKER=$(CLUSTER_ENGINE)
+$(PY) -m rtserve cluster load --run-dir $(CLUSTER_RUN_DIR) --engine $(CLUSTER_ENGINE) $(LOCAL_IMAGE) $(GATEWAY_STANDIN) $(2)
 endef
 define k8s_local_secret
 $(KUBECTL) apply -f $(K8S_DIR)/overlays/$(OVERLAY)/namespace.yaml
@@ -480,11 +507,11 @@ $(KUBECTL) -n $(NAMESPACE) get secret rtserve-gateway-tokens >/dev/null 2>&1 || 
   $(KUBECTL) -n $(NAMESPACE) create secret generic rtserve-gateway-tokens \
   --from-literal=tokens="$$($(PY) -c 'import secrets; print(secrets.token_urlsafe(32))')"
 endef
-k8s_local_reminder = @echo ">> no cluster runs from $(CLUSTER_RUN_DIR) (make cluster): the node must hold $(LOCAL_IMAGE) and $(GATEWAY_STANDIN) (kind load docker-image, minikube image load)"
+k8s_local_reminder = @echo ">> no cluster runs from $(CLUSTER_RUN_DIR) (make cluster): the node must hold $(LOCAL_IMAGE) and $(GATEWAY_STANDIN)$(if $(1), (and the records store's $(1))) (kind load docker-image, minikube image load)"
 
 .PHONY: k8s-deploy
-k8s-deploy: $(STAMP) ## Apply OVERLAY with image IMG:MODEL_VERSION (default: the overlay's pin), wait, verify (k8s-verify); undo and fail if the verification fails. OVERLAY=local: build and load the images first
-	$(if $(filter local,$(OVERLAY)),$(if $(CLUSTER_RUNS),$(k8s_local_images),$(k8s_local_reminder)))
+k8s-deploy: $(STAMP) ## Apply OVERLAY with image IMG:MODEL_VERSION (default: the overlay's pin), wait, verify (k8s-verify); undo and fail if the verification fails. OVERLAY=local: build and load the images (the records store's too) first
+	$(if $(filter local,$(OVERLAY)),$(if $(CLUSTER_RUNS),$(call k8s_local_images,image-cassandra,$(CASSANDRA_IMAGE)),$(call k8s_local_reminder,$(CASSANDRA_IMAGE))))
 	$(if $(filter local,$(OVERLAY)),$(k8s_local_secret))
 	$(PY) -m rtserve k8s deploy $(K8S_ARGS)
 

@@ -23,6 +23,7 @@ from tests.deploy.test_make_targets import IMG, deployment, plan
 pytestmark = pytest.mark.deploy
 
 GATEWAY = "localhost/rtserve-gateway-standin:nginx-bookworm"
+STORE = "registry.example.com/ml/rtserve-cassandra:5.0.6"
 BIN, KUBECONFIG = "/c/bin", "/c/admin.kubeconfig"
 LOCAL_KUBECTL = f"{BIN}/kubectl --kubeconfig {KUBECONFIG}"
 
@@ -58,9 +59,10 @@ def after(lines: list[str], marker: str) -> list[str]:
 
 
 def test_on_the_local_cluster_it_builds_loads_makes_the_token_and_uses_the_clusters_kubectl(tmp_path):
-    """MODEL_VERSION=2.0: the image is built only when podman lacks it, the gateway stand-in's
-    build is skipped when up to date, both are loaded (the Job runs the same image), the
-    namespace and the token's Secret come before the deploy, and every kubectl is the cluster's."""
+    """MODEL_VERSION=2.0: the image is built only when podman lacks it, the gateway stand-in's and
+    the records store's builds are skipped when up to date, all three are loaded (the Job runs the
+    same image), the namespace and the token's Secret come before the deploy, every kubectl is
+    the cluster's, and the deploy makes the local volumes' directories on this machine (the node)."""
     cluster = run_dir(tmp_path, os.getpid())
     lines = after(local_plan(tmp_path, "MODEL_VERSION=2.0", pid=os.getpid()), "pod-deps")
     py = f"{REPO / '.venv'}/bin/python"
@@ -69,8 +71,8 @@ def test_on_the_local_cluster_it_builds_loads_makes_the_token_and_uses_the_clust
         # Built when missing, and rebuilt (when its inputs changed) wherever its archive is here.
         f"if [ -f model_store/realtime-classifier_2.0.mar ] || ! podman image inspect {IMG}:2.0 >/dev/null 2>&1; "
         "then make --no-print-directory image DOCKER=podman MODEL_VERSION=2.0 IMAGE_TAG=2.0; fi",
-        "make --no-print-directory image-gateway DOCKER=podman",
-        f"{py} -m rtserve cluster load --run-dir {cluster} --engine podman {IMG}:2.0 {GATEWAY}",
+        "make --no-print-directory image-gateway image-cassandra DOCKER=podman",
+        f"{py} -m rtserve cluster load --run-dir {cluster} --engine podman {IMG}:2.0 {GATEWAY} {STORE}",
         f"{LOCAL_KUBECTL} apply -f deploy/k8s/overlays/local/namespace.yaml",
         f"{LOCAL_KUBECTL} -n rtserve-local get secret rtserve-gateway-tokens >/dev/null 2>&1 || "
         f"{LOCAL_KUBECTL} -n rtserve-local create secret generic rtserve-gateway-tokens "
@@ -81,11 +83,12 @@ def test_on_the_local_cluster_it_builds_loads_makes_the_token_and_uses_the_clust
                              "--namespace rtserve-local ")
     assert f'--kubectl "{LOCAL_KUBECTL}"' in deploy
     assert "--verify-dir deploy/k8s/overlays/local/verify " in deploy
+    assert deploy.endswith(" --local-volumes")
 
 
 def test_the_overlays_pin_is_built_and_loaded_without_a_version(tmp_path):
     lines = local_plan(tmp_path, pid=os.getpid())
-    assert any(f"--engine podman {IMG}:1.0 {GATEWAY}" in line for line in lines), lines
+    assert any(f"--engine podman {IMG}:1.0 {GATEWAY} {STORE}" in line for line in lines), lines
     assert any('--version "1.0"' in line for line in lines), lines
 
 
@@ -95,9 +98,11 @@ def test_without_a_running_local_cluster_it_reminds_to_load_and_uses_plain_kubec
     lines = local_plan(tmp_path, pid=dead_pid() if pid else None)
     lines = after(lines, ">> no cluster runs")
     assert lines[0] == (f'echo ">> no cluster runs from {tmp_path}/cluster-run (make cluster): the node must '
-                        f'hold {IMG}:1.0 and {GATEWAY} (kind load docker-image, minikube image load)"')
+                        f'hold {IMG}:1.0 and {GATEWAY} (and the records store\'s {STORE}) (kind load '
+                        'docker-image, minikube image load)"')
     assert lines[1] == "kubectl apply -f deploy/k8s/overlays/local/namespace.yaml"
     assert '--kubectl "kubectl"' in lines[-1] and len(lines) == 4
+    assert "--local-volumes" not in lines[-1], "this machine is not the node"
     assert not any("cluster load" in line or "image-gateway" in line for line in lines)
 
 
@@ -106,6 +111,7 @@ def test_another_overlay_never_loads_nor_uses_the_local_clusters_kubectl(tmp_pat
                  f"CLUSTER_BIN={BIN}")
     (deploy,) = [line for line in lines if "rtserve k8s deploy" in line]
     assert '--kubectl "kubectl"' in deploy and "--verify-dir deploy/k8s/verify " in deploy
+    assert "--local-volumes" not in deploy
     assert not any("cluster load" in line or "secret" in line or "podman" in line for line in lines)
     status = plan("k8s-status", "OVERLAY=local", f"CLUSTER_RUN_DIR={run_dir(tmp_path, os.getpid())}",
                   f"CLUSTER_BIN={BIN}", f"CLUSTER_KUBECONFIG={KUBECONFIG}")
@@ -128,6 +134,9 @@ def test_what_the_local_deploy_applies_takes_every_image_from_the_node(tmp_path)
     pod = deployment(rendered["local"])["spec"]["template"]["spec"]
     assert [(c["image"], c["imagePullPolicy"]) for c in pod["initContainers"] + pod["containers"]] == \
         [(GATEWAY, "IfNotPresent"), (f"{IMG}:2.0", "IfNotPresent")]
+    (store,) = [o for o in rendered["local"] if o["kind"] == "StatefulSet"]
+    assert [(c["image"], c["imagePullPolicy"]) for c in store["spec"]["template"]["spec"]["containers"]] == \
+        [(STORE, "IfNotPresent")]
     (job,) = [o for o in rendered["local-verify"] if o["kind"] == "Job"]
     (verify,) = job["spec"]["template"]["spec"]["containers"]
     assert (job["metadata"]["namespace"], verify["image"], verify["imagePullPolicy"]) == \
