@@ -64,10 +64,14 @@ def one(objects: list[dict], kind: str, name: str | None = None) -> dict:
 
 
 def lists_component(overlay: str, component: Path) -> bool:
-    """Whether the overlay's kustomization.yaml lists ``component``."""
+    """Whether the overlay's kustomization.yaml lists ``component``, or an overlay it builds on
+    (local-records lists ../local among its resources) does."""
     overlay_dir = K8S_DIR / "overlays" / overlay
     kustomization = yaml.safe_load((overlay_dir / "kustomization.yaml").read_text())
-    return any((overlay_dir / c).resolve() == component for c in kustomization.get("components", []))
+    if any((overlay_dir / c).resolve() == component for c in kustomization.get("components", [])):
+        return True
+    return any(lists_component(r.name, component) for r in (overlay_dir / p for p in kustomization.get("resources", []))
+               if r.resolve().parent == (K8S_DIR / "overlays").resolve() and (r / "kustomization.yaml").is_file())
 
 
 def records_objects(objects: list[dict]) -> list[dict]:
@@ -98,9 +102,10 @@ def rendered() -> dict[str, list[dict]]:
 
 
 def with_stream(overlay: str, into: Path) -> Path:
-    """A copy of the kustomize tree under ``into`` whose ``overlay`` lists components/stream
-    first, as docs/streaming.md tells a user to; returns that overlay's directory."""
-    tree = into / "k8s"
+    """A copy of the kustomize tree under ``into`` (one per overlay: local-records builds on
+    local, which must stay as it is) whose ``overlay`` lists components/stream first, as
+    docs/streaming.md tells a user to; returns that overlay's directory."""
+    tree = into / overlay / "k8s"
     if not tree.exists():
         shutil.copytree(K8S_DIR, tree)
     path = tree / "overlays" / overlay / "kustomization.yaml"

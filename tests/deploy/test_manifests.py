@@ -278,7 +278,7 @@ def test_hpa_and_pdb_are_consistent(rendered, overlay):
     assert metric["name"] == "cpu" and "cpu" in container(objects)["resources"]["requests"]
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("overlay", [o for o in OVERLAYS if (K8S_DIR / "overlays" / o / "hpa.yaml").is_file()])
 def test_each_overlay_pins_its_own_replica_range(rendered, overlay):
     patch = yaml.safe_load((K8S_DIR / "overlays" / overlay / "hpa.yaml").read_text())
     hpa = one(rendered[overlay], "HorizontalPodAutoscaler")["spec"]
@@ -301,7 +301,7 @@ def test_security_context_is_strict(rendered, overlay):
         assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
         requests, limits = c["resources"]["requests"], c["resources"]["limits"]
         assert set(requests) == set(limits) == {"cpu", "memory"}
-        if overlay == "local":  # Burstable on CPU only, to fit a laptop (test_local_overlay_fits...)
+        if pull_policy(overlay) == "IfNotPresent":  # local: Burstable on CPU only, to fit a laptop
             assert requests["memory"] == limits["memory"] and cpus(requests["cpu"]) < cpus(limits["cpu"])
         else:
             assert requests == limits, "Guaranteed QoS"
@@ -386,7 +386,7 @@ def test_local_overlay_fits_a_two_core_laptop(rendered):
     dep, hpa = deployment(objects)["spec"], one(objects, "HorizontalPodAutoscaler")["spec"]
     (job,) = [o for o in load(render(OWN_VERIFY["local"])) if o["kind"] == "Job"]
     (verify,) = job["spec"]["template"]["spec"]["containers"]
-    (store,) = one(objects, "StatefulSet", "rtserve-cassandra")["spec"]["template"]["spec"]["containers"]
+    (store,) = one(rendered["local-records"], "StatefulSet", "rtserve-cassandra")["spec"]["template"]["spec"]["containers"]
     pods = hpa["minReplicas"] + dep["strategy"]["rollingUpdate"]["maxSurge"]
     pod_cpu = sum(cpus(c["resources"]["requests"]["cpu"]) for c in (container(objects), sidecar(objects)))
     others = cpus(verify["resources"]["requests"]["cpu"]) + cpus(store["resources"]["requests"]["cpu"])
@@ -404,11 +404,11 @@ def test_local_overlay_fits_a_two_core_laptop(rendered):
 def test_local_images_are_taken_from_the_node_and_the_others_pulled(rendered):
     """Every container of the local overlay and of its Job: IfNotPresent; the gateway is the
     stand-in make image-gateway builds (GATEWAY_STANDIN in the Makefile and rtserve/k8s/pod.py)."""
-    assert pull_policy("local") == "IfNotPresent"
-    assert {pull_policy(o) for o in OVERLAYS if o != "local"} == {"Always"}
+    assert {o for o in OVERLAYS if pull_policy(o) == "IfNotPresent"} == {"local", "local-records"}
+    assert {pull_policy(o) for o in OVERLAYS if o not in ("local", "local-records")} == {"Always"}
     pod = pod_spec(rendered["local"])
     (job,) = [o for o in load(render(OWN_VERIFY["local"])) if o["kind"] == "Job"]
-    store = one(rendered["local"], "StatefulSet", "rtserve-cassandra")["spec"]["template"]["spec"]
+    store = one(rendered["local-records"], "StatefulSet", "rtserve-cassandra")["spec"]["template"]["spec"]
     for c in pod["containers"] + pod["initContainers"] + job["spec"]["template"]["spec"]["containers"] \
             + store["containers"]:
         assert c["imagePullPolicy"] == "IfNotPresent", c["name"]

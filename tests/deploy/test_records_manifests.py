@@ -1,7 +1,8 @@
-"""The records in every overlay, rendered by the real ``kubectl kustomize``: the pods find the store
+"""The records in every overlay but local (whose records stay in each pod's spool), rendered by the
+real ``kubectl kustomize``: the pods find the store
 through the ConfigMap rtserve-records (its hashed name, so a change rolls them), and their
 NetworkPolicies let them reach the store's port and the DNS, nothing more; the run volume's
-sizeLimit and the disk budget's RTSERVE_RUN_VOLUME_LIMIT are one value; and the local overlay's
+sizeLimit and the disk budget's RTSERVE_RUN_VOLUME_LIMIT are one value; and local-records'
 in-cluster Cassandra node (components/cassandra) is right where schemas cannot tell: its command as
 the real parser reads it, its address and port as the contact points name them, its volume bound
 to its claim on make cluster's node, the server's security conventions. (Every object is
@@ -38,8 +39,9 @@ pytestmark = pytest.mark.deploy
 STORE_ENV = "RTSERVE_RECORDS_STORE"
 CONFIGMAP = "rtserve-records"
 NODE = "rtserve-cassandra"
-#: Overlays with the in-cluster node (components/cassandra).
+#: Overlays with the in-cluster node (components/cassandra), and those that ship their records.
 WITH_NODE = [o for o in OVERLAYS if lists_component(o, CASSANDRA)]
+RECORDED = [o for o in OVERLAYS if lists_component(o, RECORDS)]
 #: A pod IP, as the kubelet puts it in $(POD_IP).
 POD_IP = "10.244.0.7"
 
@@ -113,10 +115,18 @@ def with_size_limit(overlay_dir: Path, limit: str) -> Path:
     return overlay_dir
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_local_alone_keeps_its_records_in_the_pods_and_local_records_runs_the_store(rendered):
+    """The laptop's lean overlay has no store to ship to (its records stay in each pod's spool,
+    within the disk budget: make serve's default); local-records is the same with the store."""
+    assert sorted(set(OVERLAYS) - set(RECORDED)) == ["local"] and WITH_NODE == ["local-records"]
+    assert records_objects(rendered["local"]) == []
+    assert STORE_ENV not in {e["name"] for e in server_container(rendered["local"])["env"]}
+
+
+@pytest.mark.parametrize("overlay", RECORDED)
 def test_every_overlay_ships_its_records_and_only_the_local_one_runs_the_store(rendered, overlay, tmp_path):
-    """The records component in every overlay; the in-cluster node only where it is listed. Without
-    the two components the server's objects are the same but for the one variable."""
+    """The records component in every overlay but local; the in-cluster node only where it is
+    listed. Without the two components the server's objects are the same but for the one variable."""
     objects = rendered[overlay]
     assert lists_component(overlay, RECORDS)
     added = sorted((o["kind"], o["metadata"]["name"]) for o in records_objects(objects))
@@ -149,7 +159,7 @@ def test_every_overlay_ships_its_records_and_only_the_local_one_runs_the_store(r
     assert len(after) == len(before)
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("overlay", RECORDED)
 def test_the_configmap_feeds_the_servers_store_setting(rendered, overlay, tmp_path):
     """RTSERVE_RECORDS_STORE from the generated ConfigMap's contact points, which the server hands
     its shipper; local: the in-cluster node's Service, elsewhere the overlay's records.yaml."""
@@ -187,7 +197,7 @@ def test_new_contact_points_rename_the_configmap_and_so_roll_the_pods(tmp_path):
     assert records_settings(before)[0] != records_settings(after)[0]
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("overlay", RECORDED)
 def test_the_policies_let_the_pods_reach_the_store_and_dns_and_nothing_more(rendered, overlay):
     objects = rendered[overlay]
     server = pod_labels(objects, "Deployment", "rtserve")
@@ -264,7 +274,7 @@ def test_a_patched_size_limit_takes_the_budget_with_it(tmp_path, overlay):
 def test_without_the_overlays_replacement_a_patched_limit_drifts_and_is_caught(tmp_path):
     """The check above is not vacuous: without the replacement in the overlay (only the base's,
     which runs before the overlay's patches), the volume gets 48Mi and the budget stays 1Gi's half."""
-    overlay = with_size_limit(overlay_copy(tmp_path, "local"), "48Mi")
+    overlay = with_size_limit(overlay_copy(tmp_path, "staging"), "48Mi")
     edit(overlay, lambda k: k.pop("replacements"))
     objects = load(render(overlay))
     with pytest.raises(AssertionError, match=f"{VOLUME_ENV} 1Gi is not the run volume's sizeLimit 48Mi"):

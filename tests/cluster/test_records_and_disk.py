@@ -1,16 +1,15 @@
-"""Bounded disk and records in the cluster: the local overlay with its run volume's sizeLimit
-patched to 48Mi (a copy of deploy/k8s with one patch: the disk budget follows by the overlay's
-replacement) takes steady traffic through the Service that writes four times that into the pods'
-access logs, with no pod evicted or restarted and no request failed on its first try; then a
-rollout replaces those pods under the same traffic, and every request they answered (or
-rejected) is in the in-cluster Cassandra node exactly once, with its version, also after that
-node's pod is deleted and comes back on its volume.
+"""Bounded disk and records in the cluster: the local-records overlay (the local overlay with an
+in-cluster Cassandra node) with its run volume's sizeLimit patched to 48Mi (a copy of deploy/k8s
+with one patch: the disk budget follows by the overlay's replacement) takes steady traffic through
+the Service that writes four times that into the pods' access logs, with no pod evicted or
+restarted and no request failed on its first try; then a rollout replaces those pods under the
+same traffic, and every request they answered (or rejected) is in the in-cluster Cassandra node
+exactly once, with its version, also after that node's pod is deleted and comes back on its volume.
 
-It runs after test_deploy.py, on the Deployment that file leaves (2.0 serving, 2 or 3 replicas),
-holds the autoscaler at 2 replicas while the pods write, and leaves 2.0 serving the overlay as it
-is, the autoscaler's range restored by that last apply (test_live_traffic.py deploys 1.0 first). A last test
-releases a local volume as `make pod-stop` does and hands it to rtserve.k8s.volumes, against the
-real API server.
+It runs last in the tier (after test_pod.py's `make pod-stop` removed the local overlay's
+namespace: the node's 2 cores are this overlay's alone), in its own namespace, which it deletes
+at the end. A last test releases a local volume as `make pod-stop` does and hands it to
+rtserve.k8s.volumes, against the real API server.
 """
 
 from __future__ import annotations
@@ -33,11 +32,13 @@ from rtserve.k8s.deploy import Kubectl
 from rtserve.k8s.volumes import local_volumes, prepare
 from rtserve.records.store import Store
 from rtserve.server.disk import BUDGET_KEY
-from tests.cluster.conftest import NAMESPACE, deploy, no_failures
+from tests.cluster.conftest import Served, deploy, no_failures
 from tests.conftest import MODEL_NAME, REPO
 
 pytestmark = pytest.mark.cluster
 
+#: The overlay under test and its namespace.
+OVERLAY, NAMESPACE = "local-records", "rtserve-local-records"
 #: The run volume's size limit under test, and how many times it the traffic writes.
 SIZE_LIMIT, SIZE_LIMIT_BYTES, WRITES = "48Mi", 48 * 2**20, 4
 #: A query parameter this long on every request: the access log keeps each request's URI (the
@@ -52,15 +53,16 @@ RUN_DIR = "/home/model-server/run"
 
 
 def small_volume(tmp_path: Path) -> Path:
-    """A copy of deploy/k8s whose local overlay patches the run volume's sizeLimit alone."""
+    """A copy of deploy/k8s whose local-records overlay patches the run volume's sizeLimit alone."""
     tree = tmp_path / "k8s"
     shutil.copytree(REPO / "deploy" / "k8s", tree)
-    overlay = tree / "overlays" / "local"
+    overlay = tree / "overlays" / OVERLAY
     (overlay / "run-volume.yaml").write_text(yaml.safe_dump({
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "rtserve"},
         "spec": {"template": {"spec": {"volumes": [{"name": "run", "emptyDir": {"sizeLimit": SIZE_LIMIT}}]}}}}))
     kustomization = overlay / "kustomization.yaml"
-    text = kustomization.read_text().replace("  - path: hpa.yaml\n", "  - path: hpa.yaml\n  - path: run-volume.yaml\n")
+    text = kustomization.read_text().replace("  - path: networkpolicy-records.yaml\n",
+                                             "  - path: networkpolicy-records.yaml\n  - path: run-volume.yaml\n")
     assert "run-volume.yaml" in text
     kustomization.write_text(text)
     return tree
@@ -167,13 +169,21 @@ def wait_stored(cluster, wanted: set[str], since: datetime, timeout: float = SHI
         time.sleep(5)
 
 
-def test_a_48mi_run_volume_takes_four_times_its_size_and_every_answer_reaches_cassandra(served, image_vars,
-                                                                                       tmp_path):
-    cluster, begin = served.cluster, time.monotonic()
+@pytest.fixture(scope="module")
+def namespace(cluster):
+    """The overlay's namespace, deleted when the module ends (its pods drain in the background)."""
+    yield NAMESPACE
+    cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false")
+
+
+def test_a_48mi_run_volume_takes_four_times_its_size_and_every_answer_reaches_cassandra(cluster, namespace,
+                                                                                       image_vars, tmp_path):
+    begin = time.monotonic()
     since = datetime.now(timezone.utc) - timedelta(seconds=5)
-    small = deploy(cluster, image_vars, "1.0", f"K8S_DIR={small_volume(tmp_path)}")
+    small = deploy(cluster, image_vars, "1.0", f"K8S_DIR={small_volume(tmp_path)}", overlay=OVERLAY)
     assert small.returncode == 0, small.stdout[-4000:]
     deployed = time.monotonic() - begin
+    served = Served(cluster, small.stdout, namespace)
     # the pods' server resolved half the limit as its budget (its effective config records it)
     pods = served.deployed.wait_ready(2, timeout=300)
     for pod in pods:
@@ -195,7 +205,7 @@ def test_a_48mi_run_volume_takes_four_times_its_size_and_every_answer_reaches_ca
         written = answers(load) * uri_bytes
         wrote = time.monotonic() - begin - deployed
         load.mark("rollout")
-        rolled = deploy(cluster, image_vars, "2.0")  # the overlay as it is: every 48Mi pod replaced
+        rolled = deploy(cluster, image_vars, "2.0", overlay=OVERLAY)  # as it is: every 48Mi pod replaced
     finally:
         records = load.stop()
         pods = watch.stop()
@@ -252,11 +262,10 @@ def test_a_48mi_run_volume_takes_four_times_its_size_and_every_answer_reaches_ca
           f"{len(answered)} records still there; whole test {time.monotonic() - begin:.0f} s")
 
 
-def test_a_volume_released_by_a_deleted_claim_is_made_anew_for_the_next_one(served, tmp_path):
-    """What `make k8s-deploy OVERLAY=local` meets after `make pod-stop` deleted the namespace and
-    with it the node's claim: rtserve.k8s.volumes makes the directory, deletes the Released
+def test_a_volume_released_by_a_deleted_claim_is_made_anew_for_the_next_one(cluster, tmp_path):
+    """What `make k8s-deploy OVERLAY=local-records` meets after `make pod-stop` deleted the
+    namespace and with it the node's claim: rtserve.k8s.volumes makes the directory, deletes the Released
     volume, and the volume applied anew binds the new claim, its files still there."""
-    cluster = served.cluster
     namespace, name = f"volume-check-{uuid.uuid4().hex[:6]}", f"volume-check-{uuid.uuid4().hex[:6]}"
     path = tmp_path / "volume"
     pv = {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
