@@ -322,7 +322,10 @@ IMAGE_LOCK    ?= $(CACHE_DIR)/image-build.lock
 # The image's tag: the model version (what the overlays pin); tests use their own.
 IMAGE_TAG     ?= $(MODEL_VERSION)
 POD_DIR       ?= $(RUN_DIR)/pod
-POD_NAMESPACE ?= rtserve-local
+# The overlay `make pod` runs (local, or local-records: with its records in an in-cluster
+# Cassandra node), and its namespace.
+POD_OVERLAY   ?= local
+POD_NAMESPACE ?= rtserve-$(POD_OVERLAY)
 POD_ROLLOUT_TO ?= 2.0
 GATEWAY_BASE  ?= docker.io/library/debian:bookworm-slim
 GATEWAY_STANDIN ?= localhost/rtserve-gateway-standin:nginx-bookworm
@@ -387,6 +390,31 @@ image-gateway: ## Build the gateway stand-in (Debian's nginx) used when the mani
 	  -f deploy/podman/gateway.Dockerfile build/image-gateway > build/image-gateway.log 2>&1 || { tail -n 30 build/image-gateway.log; exit 1; }; \
 	echo ">> built $(GATEWAY_STANDIN) on $$base"
 
+# The records store's image (deploy/cassandra/Containerfile): one Cassandra node from the jars
+# `make cassandra-deps` assembles, Debian's Java 17 and rtserve's code (its entry command), on the
+# rtserve image's base; the local overlay's in-cluster store runs it (deploy/k8s/components/cassandra).
+CASSANDRA_IMG     ?= registry.example.com/ml/rtserve-cassandra
+CASSANDRA_IMAGE    = $(CASSANDRA_IMG):$(CASSANDRA_VERSION)
+CASSANDRA_CONTEXT ?= build/image-cassandra
+
+.PHONY: image-cassandra
+image-cassandra: cassandra-deps $(WHEELHOUSE_STAMP) | $(STAMP) ## Build the records store's image CASSANDRA_IMG:CASSANDRA_VERSION (Cassandra's jars, Java 17, rtserve's code; reused while its inputs are unchanged)
+	@rm -rf $(CASSANDRA_CONTEXT) && mkdir -p $(CASSANDRA_CONTEXT)/wheelhouse
+	@cp deploy/cassandra/Containerfile $(CASSANDRA_CONTEXT)/
+	@cp -rl $(CASSANDRA_LIBS) $(CASSANDRA_CONTEXT)/libs 2>/dev/null || cp -r $(CASSANDRA_LIBS) $(CASSANDRA_CONTEXT)/libs
+	@cp $(WHEELHOUSE)/[Pp][Yy][Yy][Aa][Mm][Ll]-*.whl $(CASSANDRA_CONTEXT)/wheelhouse/
+	@tar -cf - --exclude=__pycache__ --exclude='*.pyc' rtserve | tar -xf - -C $(CASSANDRA_CONTEXT)
+	@base=$$(DOCKER=$(DOCKER) deploy/podman/base-image.sh $(BASE_IMAGE) $(LOCAL_BASE)); \
+	inputs=$$($(PY) -m deploy.podman.context_hash $(CASSANDRA_CONTEXT) \
+	  "$$($(DOCKER) image inspect --format '{{.Id}}' $$base)") || exit 1; \
+	if [ "$$($(DOCKER) image inspect --format '{{index .Config.Labels "rtserve.inputs"}}' $(CASSANDRA_IMAGE) 2>/dev/null)" = "$$inputs" ]; then \
+	  echo ">> $(CASSANDRA_IMAGE) is up to date (inputs $$inputs)"; exit 0; fi; \
+	start=$$(date +%s); mkdir -p $(CACHE_DIR); \
+	flock $(IMAGE_LOCK) $(DOCKER) build -f $(CASSANDRA_CONTEXT)/Containerfile --build-arg BASE_IMAGE=$$base \
+	  --build-arg CASSANDRA_VERSION=$(CASSANDRA_VERSION) --label rtserve.inputs=$$inputs \
+	  -t $(CASSANDRA_IMAGE) $(CASSANDRA_CONTEXT) > $(CASSANDRA_CONTEXT).log 2>&1 || { tail -n 40 $(CASSANDRA_CONTEXT).log; exit 1; }; \
+	echo ">> built $(CASSANDRA_IMAGE) in $$(( $$(date +%s) - start )) s on $$base: $$($(DOCKER) image inspect --format '{{.Size}}' $(CASSANDRA_IMAGE) | numfmt --to=si)B (log: $(CASSANDRA_CONTEXT).log)"
+
 .PHONY: image-push
 image-push: ## Push IMG:MODEL_VERSION to its registry
 	$(DOCKER) push $(IMG):$(MODEL_VERSION)
@@ -396,9 +424,9 @@ image-push: ## Push IMG:MODEL_VERSION to its registry
 # run by the real kubelet: its probes, preStop hook, restarts and security context are Kubernetes'
 # own. podman only builds the images (make image) here.
 .PHONY: pod
-pod: $(STAMP) ## Run the production pod on the local cluster (started when it is not running): k8s-deploy OVERLAY=local, then how to call it
+pod: $(STAMP) ## Run the production pod on the local cluster (started when it is not running): k8s-deploy OVERLAY=POD_OVERLAY (local), then how to call it
 	$(if $(CLUSTER_RUNS),,@$(MAKE) --no-print-directory cluster)
-	@$(MAKE) --no-print-directory k8s-deploy OVERLAY=local MODEL_VERSION=$(POD_VERSION)
+	@$(MAKE) --no-print-directory k8s-deploy OVERLAY=$(POD_OVERLAY) MODEL_VERSION=$(POD_VERSION)
 	@$(MAKE) --no-print-directory pod-info
 
 .PHONY: pod-info
@@ -425,7 +453,11 @@ pod-report: $(STAMP) ## Image size and breakdown, a pod's time to ready, memory 
 OVERLAY         ?= staging
 # The kubectl command (options may follow it). Not given, for OVERLAY=local while `make cluster`
 # runs: the cluster's own kubectl and kubeconfig (no kubectl need be installed).
-LOCAL_CLUSTER    = $(and $(filter local,$(OVERLAY)),$(CLUSTER_RUNS))
+# The overlays that run on this machine's cluster (their images loaded into the node, not pulled):
+# local, and local-records (local with its records in an in-cluster Cassandra node).
+LOCAL_OVERLAYS   = local local-records
+LOCAL_OVERLAY    = $(filter $(LOCAL_OVERLAYS),$(OVERLAY))
+LOCAL_CLUSTER    = $(and $(LOCAL_OVERLAY),$(CLUSTER_RUNS))
 KUBECTL         ?= $(if $(LOCAL_CLUSTER),$(CLUSTER_BIN)/kubectl --kubeconfig $(CLUSTER_KUBECONFIG),kubectl)
 NAMESPACE       ?= rtserve-$(OVERLAY)
 K8S_APP         ?= rtserve
@@ -442,7 +474,7 @@ pinned_version  = $(shell sed -n 's/^ *newTag: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1
 PINNED_VERSION  = $(call pinned_version,$(OVERLAY))
 DEPLOY_VERSION  = $(if $(filter file,$(origin MODEL_VERSION)),$(PINNED_VERSION),$(MODEL_VERSION))
 # The version `make pod` runs: MODEL_VERSION when given, else the one the local overlay pins.
-POD_VERSION     = $(if $(filter file,$(origin MODEL_VERSION)),$(call pinned_version,local),$(MODEL_VERSION))
+POD_VERSION     = $(if $(filter file,$(origin MODEL_VERSION)),$(call pinned_version,$(POD_OVERLAY)),$(MODEL_VERSION))
 # The pod targets' kubectl: the local cluster's while it runs, else the one on PATH (kind, minikube, k3d).
 POD_KUBECTL    ?= $(if $(CLUSTER_RUNS),$(CLUSTER_BIN)/kubectl --kubeconfig $(CLUSTER_KUBECONFIG),kubectl)
 POD_CLI_ARGS    = --kubectl "$(POD_KUBECTL)" --namespace $(POD_NAMESPACE) --app $(K8S_APP) --model $(MODEL_NAME)
@@ -460,19 +492,23 @@ K8S_ARGS = --overlay $(OVERLAY) --image $(IMG) --version "$(DEPLOY_VERSION)" --n
   --verify-dir $(VERIFY_DIR) --verify-build-dir $(VERIFY_BUILD) --kubectl "$(KUBECTL)" --rollout-timeout $(ROLLOUT_TIMEOUT) \
   --verify-timeout $(VERIFY_TIMEOUT) $(if $(VERIFY_MAX_P99_MS),--verify-max-p99-ms $(VERIFY_MAX_P99_MS)) \
   --gate-config $(GATE_CONFIG) --state-dir $(K8S_LIVE_DIR) --model-store $(MODEL_STORE) \
-  $(if $(FORCE),--force --reason "$$REASON")
+  $(if $(FORCE),--force --reason "$$REASON") $(if $(LOCAL_CLUSTER),--local-volumes)
 
-# OVERLAY=local first: on `make cluster`'s node, the image IMG:version built when the engine lacks
-# it, the gateway stand-in (its build is skipped when up to date), both loaded into the node (the
-# verification Job runs the same image); elsewhere (kind, minikube, k3d) a reminder to load them.
-# Then the namespace, and the gateway token's Secret when it has none (a random token).
+# OVERLAY=local (or local-records) first: on `make cluster`'s node, the image IMG:version built
+# when the engine lacks it, the gateway stand-in (its build is skipped when up to date) and, for
+# k8s-deploy OVERLAY=local-records, the records store's image (the same), all loaded into the node (the verification Job runs the same image);
+# elsewhere (kind, minikube, k3d) a reminder to load them. Then the namespace, and the gateway
+# token's Secret when it has none (a random token). $(1): more images to build (their targets)
+# and $(2) to load.
 LOCAL_IMAGE = $(IMG):$(DEPLOY_VERSION)
+RECORDS_IMAGE_TARGET = $(if $(filter local-records,$(OVERLAY)),image-cassandra)
+RECORDS_IMAGE        = $(if $(filter local-records,$(OVERLAY)),$(CASSANDRA_IMAGE))
 define k8s_local_images
 $(if $(filter podman,$(CLUSTER_ENGINE)),@$(MAKE) --no-print-directory pod-deps)
 if [ -f $(MODEL_STORE)/$(MODEL_NAME)_$(DEPLOY_VERSION).mar ] || ! $(CLUSTER_ENGINE) image inspect $(LOCAL_IMAGE) >/dev/null 2>&1; then \
   $(MAKE) --no-print-directory image DOCKER=$(CLUSTER_ENGINE) MODEL_VERSION=$(DEPLOY_VERSION) IMAGE_TAG=$(DEPLOY_VERSION); fi
-$(MAKE) --no-print-directory image-gateway DOCKER=$(CLUSTER_ENGINE)
-$(PY) -m rtserve cluster load --run-dir $(CLUSTER_RUN_DIR) --engine $(CLUSTER_ENGINE) $(LOCAL_IMAGE) $(GATEWAY_STANDIN)
+$(MAKE) --no-print-directory image-gateway $(1) DOCKER=$(CLUSTER_ENGINE)
+$(PY) -m rtserve cluster load --run-dir $(CLUSTER_RUN_DIR) --engine $(CLUSTER_ENGINE) $(LOCAL_IMAGE) $(GATEWAY_STANDIN) $(2)
 endef
 define k8s_local_secret
 $(KUBECTL) apply -f $(K8S_DIR)/overlays/$(OVERLAY)/namespace.yaml
@@ -480,12 +516,12 @@ $(KUBECTL) -n $(NAMESPACE) get secret rtserve-gateway-tokens >/dev/null 2>&1 || 
   $(KUBECTL) -n $(NAMESPACE) create secret generic rtserve-gateway-tokens \
   --from-literal=tokens="$$($(PY) -c 'import secrets; print(secrets.token_urlsafe(32))')"
 endef
-k8s_local_reminder = @echo ">> no cluster runs from $(CLUSTER_RUN_DIR) (make cluster): the node must hold $(LOCAL_IMAGE) and $(GATEWAY_STANDIN) (kind load docker-image, minikube image load)"
+k8s_local_reminder = @echo ">> no cluster runs from $(CLUSTER_RUN_DIR) (make cluster): the node must hold $(LOCAL_IMAGE) and $(GATEWAY_STANDIN)$(if $(1), (and the records store's $(1))) (kind load docker-image, minikube image load)"
 
 .PHONY: k8s-deploy
-k8s-deploy: $(STAMP) ## Apply OVERLAY with image IMG:MODEL_VERSION (default: the overlay's pin), wait, verify (k8s-verify); undo and fail if the verification fails. OVERLAY=local: build and load the images first
-	$(if $(filter local,$(OVERLAY)),$(if $(CLUSTER_RUNS),$(k8s_local_images),$(k8s_local_reminder)))
-	$(if $(filter local,$(OVERLAY)),$(k8s_local_secret))
+k8s-deploy: $(STAMP) ## Apply OVERLAY with image IMG:MODEL_VERSION (default: the overlay's pin), wait, verify (k8s-verify); undo and fail if the verification fails. OVERLAY=local (or local-records): build and load the images (the records store's too) first
+	$(if $(LOCAL_OVERLAY),$(if $(CLUSTER_RUNS),$(call k8s_local_images,$(RECORDS_IMAGE_TARGET),$(RECORDS_IMAGE)),$(call k8s_local_reminder,$(RECORDS_IMAGE))))
+	$(if $(LOCAL_OVERLAY),$(k8s_local_secret))
 	$(PY) -m rtserve k8s deploy $(K8S_ARGS)
 
 .PHONY: k8s-verify
@@ -520,7 +556,7 @@ k8s_live_usage = @test "$(origin MODEL_VERSION)" != file || { echo "usage: make 
 .PHONY: k8s-shadow
 k8s-shadow: $(STAMP) ## Deploy MODEL_VERSION as OVERLAY's candidate and mirror PERCENT (default 100) of the default pods' requests to it (OVERLAY=local: build and load its image first)
 	$(call k8s_live_usage,[PERCENT=100])
-	$(if $(filter local,$(OVERLAY)),$(if $(CLUSTER_RUNS),$(k8s_local_images),$(k8s_local_reminder)))
+	$(if $(LOCAL_OVERLAY),$(if $(CLUSTER_RUNS),$(k8s_local_images),$(k8s_local_reminder)))
 	$(PY) -m rtserve k8s shadow $(MODEL_VERSION) $(if $(PERCENT),--percent $(PERCENT)) $(K8S_LIVE_ARGS)
 
 .PHONY: k8s-shadow-report
@@ -531,7 +567,7 @@ k8s-shadow-report: $(STAMP) ## Read OVERLAY's default pods' live and audit logs:
 k8s-canary: $(STAMP) ## MODEL_VERSION (deployed as OVERLAY's candidate) answers PERCENT of requests, sticky per x-rtserve-key; a watcher here aborts it on a breach
 	$(call k8s_live_usage,PERCENT=10)
 	@test -n "$(PERCENT)" || { echo "usage: make k8s-canary OVERLAY=$(OVERLAY) MODEL_VERSION=2.0 PERCENT=10"; exit 2; }
-	$(if $(filter local,$(OVERLAY)),$(if $(CLUSTER_RUNS),$(k8s_local_images),$(k8s_local_reminder)))
+	$(if $(LOCAL_OVERLAY),$(if $(CLUSTER_RUNS),$(k8s_local_images),$(k8s_local_reminder)))
 	$(PY) -m rtserve k8s canary $(MODEL_VERSION) --percent $(PERCENT) $(K8S_LIVE_ARGS)
 
 .PHONY: k8s-live-stop
@@ -975,14 +1011,15 @@ bench-stream: $(MAR) $(AGENT_JAR) kafka-deps ## Kafka stream consumer vs a naive
 bench-records-store: cassandra-deps | $(STAMP) ## One Cassandra node (CASSANDRA_HEAP): cold start, restart, RSS, records/s through Store.write vs single inserts and through the shipper, CPU per record (about 4 min)
 	$(PY) -m bench.records_store --libs $(CASSANDRA_LIBS) --heap $(CASSANDRA_HEAP) $(BENCH_ARGS)
 
-# The soak (bench/soak.py; after make pod): its length in minutes and its rate in requests/s
+# The soak (bench/soak.py; after make pod POD_OVERLAY=local-records, whose records it checks in
+# the store, or make pod): its length in minutes and its rate in requests/s
 # (empty: half the capacity it measures first through the Service).
 SOAK_MINUTES ?= 60
 SOAK_RATE    ?=
 SOAK_ARGS    ?=
 
 .PHONY: soak
-soak: $(STAMP) ## SOAK_MINUTES (60) through the local cluster's Service at half its measured capacity (after make pod): failures, restarts, evictions, memory, disk, records, shipper lag; bench/results/soak.{json,png}
+soak: $(STAMP) ## SOAK_MINUTES (60) through POD_OVERLAY's Service at half its measured capacity (after make pod POD_OVERLAY=local-records): failures, restarts, evictions, memory, disk, records, shipper lag; bench/results/soak.{json,png}
 	$(PY) -m bench.soak --kubectl "$(POD_KUBECTL)" --namespace $(POD_NAMESPACE) --minutes $(SOAK_MINUTES)$(if $(SOAK_RATE), --rate $(SOAK_RATE)) $(SOAK_ARGS)
 
 .PHONY: nginx-deps

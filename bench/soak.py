@@ -1,10 +1,11 @@
 """A long run through the local cluster's Service at half its capacity: what drifts, fails or is lost.
 
-Runs against the pods `make pod` left on `make cluster`'s node (namespace ``rtserve-local``); it
-is a script, not a test (an hour is too long for CI):
+Runs against the pods `make pod` left on `make cluster`'s node (``--namespace``: with
+``POD_OVERLAY=local-records``, ``rtserve-local-records``, whose records go to an in-cluster
+Cassandra node); it is a script, not a test (an hour is too long for CI):
 
-    make pod && make soak                          # 60 minutes at half the measured capacity
-    make soak SOAK_MINUTES=3 SOAK_RATE=100         # 3 minutes at 100 requests/s, no burst
+    make pod POD_OVERLAY=local-records && make soak POD_OVERLAY=local-records   # 60 minutes
+    make soak POD_OVERLAY=local-records SOAK_MINUTES=3 SOAK_RATE=100   # 3 minutes at 100/s, no burst
     .venv/bin/python -m bench.soak --help          # every bound
 
 1. **Capacity**: a closed-loop burst through the Service (``--capacity-seconds`` 20, 16

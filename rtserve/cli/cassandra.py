@@ -5,14 +5,18 @@
     python -m rtserve cassandra status [--run-dir .run/cassandra]
     python -m rtserve cassandra address [--run-dir .run/cassandra]
     python -m rtserve cassandra stop [--run-dir .run/cassandra]
+    python -m rtserve cassandra run --libs DIR --run-dir DIR --host POD_IP [--port 9042]
+        [--storage-port 7000] [--heap 512m]      # in the foreground: becomes the JVM
 
 ``make cassandra``, ``make cassandra-status`` and ``make cassandra-stop`` call these;
-``make cassandra-deps`` assembles DIR from Maven Central.
+``make cassandra-deps`` assembles DIR from Maven Central. ``run`` is the records store's container
+in Kubernetes (deploy/k8s/components/cassandra, the image deploy/cassandra/Containerfile).
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import re
 import time
@@ -28,6 +32,20 @@ def _port(text: str) -> int:
     if not text.isdigit() or not 0 <= int(text) < 65536:
         raise argparse.ArgumentTypeError(f"expected a port in 0-65535 (0: a free one), got {text!r}")
     return int(text)
+
+
+def _listen_port(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"expected a port in 1-65535, got {text!r}")
+    return int(text)
+
+
+def _ip(text: str) -> str:
+    try:
+        return str(ipaddress.ip_address(text.strip()))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an IP address (the pod's: status.podIP), "
+                                         f"got {text!r}") from None
 
 
 def _heap(text: str) -> str:
@@ -55,6 +73,21 @@ def cmd_start(args: argparse.Namespace) -> int:
     print(f"  address:  {layout.address} (CQL; storage port {layout.ports['storage']})")
     print(f"  keyspace: rtserve, schema version {store.SCHEMA_VERSION} (records_by_id, records_by_minute)")
     return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run the node in the foreground on --host (a pod's IP): write its configuration under
+    --run-dir, then become its JVM (the log goes to the standard output too)."""
+    from rtserve.records import foreground
+    from rtserve.records.node import Layout
+
+    layout = Layout(args.run_dir.resolve(), args.libs.resolve(),
+                    {"native": args.port, "storage": args.storage_port}, heap=args.heap,
+                    java=args.java, host=args.host, console=True)
+    print(f">> Cassandra node on {layout.address} (storage port {args.storage_port}, heap "
+          f"{args.heap}); data and logs in {layout.run_dir}", flush=True)
+    foreground.run(layout)
+    return 0  # not reached: run() replaces this process
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
@@ -100,6 +133,17 @@ def add(groups: argparse._SubParsersAction) -> None:
             (["--java"], {"default": "java", "help": "the java program (Java 17)"}),
             (["--fresh"], {"action": "store_true", "help": "delete the node's data first"}),
             run_dir)
+    command(commands, "run", cmd_run,
+            (["--libs"], {"type": Path, "required": True, "help": "the classpath directory"}),
+            (["--run-dir"], {"type": Path, "required": True,
+                             "help": "the node's config, data and logs (its volume)"}),
+            (["--host"], {"type": _ip, "required": True,
+                          "help": "the address to listen on and give clients (the pod's IP)"}),
+            (["--port"], {"type": _listen_port, "default": 9042, "help": "the CQL port"}),
+            (["--storage-port"], {"type": _listen_port, "default": 7000,
+                                  "help": "the storage (gossip) port"}),
+            (["--heap"], {"type": _heap, "default": "512m", "help": "the JVM's heap (-Xms and -Xmx)"}),
+            (["--java"], {"default": "java", "help": "the java program (Java 17)"}))
     command(commands, "stop", cmd_stop, run_dir)
     command(commands, "status", cmd_status, run_dir)
     command(commands, "address", cmd_address, run_dir)

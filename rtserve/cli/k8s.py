@@ -56,6 +56,9 @@ def options() -> argparse.ArgumentParser:
     p.add_argument("--model-store", type=Path, help="where the candidate's archive gives its labels")
     p.add_argument("--force", action="store_true", help="deploy though the live evidence fails (with --reason)")
     p.add_argument("--reason", help="why a refused version is forced (recorded)")
+    p.add_argument("--local-volumes", action="store_true",
+                   help="this machine is the node (make cluster): make the directories of the "
+                        "overlay's local PersistentVolumes before the apply")
     return p
 
 
@@ -66,7 +69,8 @@ def _target(args: argparse.Namespace):
     return Target(args.k8s_dir, args.overlay, args.namespace or f"rtserve-{args.overlay}", args.app,
                   args.image, args.version, args.model, build,
                   args.verify_build_dir or Path(f"{build}-verify"), args.rollout_timeout,
-                  args.verify_timeout, args.verify_dir, args.verify_max_p99_ms)
+                  args.verify_timeout, args.verify_dir, args.verify_max_p99_ms,
+                  args.local_volumes)
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from rtserve.errors import DeployError
+from rtserve.k8s import volumes
 
 #: The Job's conditions that end the wait (``status: "True"``).
 JOB_CONDITIONS = 'jsonpath={.status.conditions[?(@.status=="True")].type}'
@@ -49,6 +50,9 @@ class Target:
         verify_source: the verification Job's kustomization (default: :attr:`verify_dir`).
         rollout_timeout: ``kubectl rollout status --timeout`` (e.g. ``15m``).
         verify_timeout: seconds to wait for the Job's result.
+        local_volumes: the overlay's ``local`` PersistentVolumes are on this machine (``make
+            cluster``'s node): their directories are made before the apply
+            (:mod:`rtserve.k8s.volumes`).
     """
 
     k8s_dir: Path
@@ -65,6 +69,7 @@ class Target:
     verify_source: Path | None = None
     #: A stricter p99 bound (ms) for this rollout's verification than the image's gate.yaml.
     verify_max_p99_ms: float | None = None
+    local_volumes: bool = False
 
     @property
     def overlay_dir(self) -> Path:
@@ -274,12 +279,14 @@ def verify(t: Target, kubectl: Kubectl, sleep: Callable[[float], None] = time.sl
 
 
 def deploy(t: Target, kubectl: Kubectl, sleep: Callable[[float], None] = time.sleep) -> None:
-    """Apply the overlay with this rollout's image, wait for the rollout, verify it; undo the
-    rollout (and wait for that) when the verification fails.
+    """Apply the overlay with this rollout's image (its local volumes' directories made first,
+    with ``local_volumes``), wait for the rollout, verify it; undo the rollout (and wait for
+    that) when the verification fails.
 
     Raises:
-        DeployError: no such overlay, the overlay does not use the image, the rollout did not
-            finish, or the verification failed (then after the undo).
+        DeployError: no such overlay, the overlay does not use the image, a local volume's
+            directory cannot be made, the rollout did not finish, or the verification failed
+            (then after the undo).
     """
     if not t.overlay_dir.is_dir():
         have = " ".join(sorted(p.name for p in (t.k8s_dir / "overlays").glob("*")))
@@ -288,6 +295,8 @@ def deploy(t: Target, kubectl: Kubectl, sleep: Callable[[float], None] = time.sl
     if not uses_image(manifests.read_text(), t.tagged):
         raise DeployError(f"the {t.overlay} overlay's image is not {t.image} "
                           "(set IMG to the overlay's image name)")
+    if t.local_volumes:
+        volumes.prepare(kubectl, volumes.local_volumes(manifests.read_text()), say)
     before = revision(kubectl, t)
     kubectl("apply", "-f", str(manifests))
     deployment = f"deployment/{t.app}"

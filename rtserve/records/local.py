@@ -6,7 +6,8 @@ schema through :class:`rtserve.records.store.Store`; the data stays between star
 keeps every record. If any step fails, the node is stopped before the error is raised. ``stop``
 works only from the PID file (the process is signalled only while its command line is still the
 recorded ``java``), never by a process name. Processes are started, found and stopped through
-:mod:`rtserve.runtime.process`.
+:mod:`rtserve.runtime.process`. A pod's node runs in the foreground instead
+(:mod:`rtserve.records.foreground`, which writes the configuration for both).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import psutil
 
 from rtserve.errors import CassandraNodeError, StoreUnavailable
 from rtserve.records import node
+from rtserve.records.foreground import prepare
 from rtserve.records.node import Layout
 from rtserve.records.store import Store
 from rtserve.runtime.process import spawn, tail, wait_until
@@ -79,15 +81,7 @@ def start(layout: Layout, fresh: bool = False) -> dict[str, float]:
     if pid(run_dir) is not None:
         raise CassandraNodeError(f"a Cassandra node already runs from {run_dir} (pid {pid(run_dir)}): "
                                  "stop it first (make cassandra-stop)")
-    if not any(layout.libs.glob("cassandra-all-*.jar")):
-        raise CassandraNodeError(f"no Cassandra jars in {layout.libs}: assemble them with "
-                                 "make cassandra-deps")
-    if fresh:
-        shutil.rmtree(layout.data, ignore_errors=True)
-    for directory in (layout.logs, layout.triggers, *layout.directories().values()):
-        directory.mkdir(parents=True, exist_ok=True)
-    layout.config.write_text(node.cassandra_yaml(layout))
-    layout.logback.write_text(node.logback_xml(layout))
+    prepare(layout, fresh)
     out = layout.logs / node.OUT_FILE
     begin = time.monotonic()
     proc = spawn(node.argv(layout), out, _recorded(run_dir).pids(), cwd=run_dir)

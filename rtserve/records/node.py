@@ -1,11 +1,11 @@
 """The local Apache Cassandra node as a pure builder: its layout, cassandra.yaml, logback
 configuration and the JVM's argv. Nothing here starts a process (:mod:`rtserve.records.local` does).
 
-One node, its own seed, on 127.0.0.1 only: the native protocol (CQL) port for clients and the
-storage port (gossip, unused by a ring of one, but Cassandra always binds it). No JMX port. Every
-file (data, commit log, hints, saved caches, logs) lives under the run directory. The classpath is
-the directory ``make cassandra-deps`` fills from Maven Central (``org.apache.cassandra:cassandra-all``
-and its runtime dependencies).
+One node, its own seed, on one address (127.0.0.1 for ``make cassandra``; in a pod, the pod's IP):
+the native protocol (CQL) port for clients and the storage port (gossip, unused by a ring of one,
+but Cassandra always binds it). No JMX port. Every file (data, commit log, hints, saved caches,
+logs) lives under the run directory. The classpath is the directory ``make cassandra-deps`` fills
+from Maven Central (``org.apache.cassandra:cassandra-all`` and its runtime dependencies).
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ OUT_FILE = "cassandra.out"
 LOG_FILE = "system.log"
 LOG_MAX_SIZE = "20MB"
 LOG_FILES = 3
+#: Each log line: level, thread, time, logger, message.
+LOG_PATTERN = "%-5level [%thread] %date{ISO8601} %logger{0} - %msg%n"
 #: The data directories under ``data/``, as cassandra.yaml names them.
 DIRECTORIES = {
     "data_file_directories": "data",
@@ -44,6 +46,11 @@ DIRECTORIES = {
 TRIGGERS = "triggers"
 
 
+def host_port(host: str, port: int) -> str:
+    """``host:port``, an IPv6 address in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 @dataclass(frozen=True)
 class Layout:
     """Where one node lives and how it runs.
@@ -51,11 +58,14 @@ class Layout:
     Attributes:
         run_dir: the node's directory: config, data (``data/``), logs (``logs/``), PID file, state.
         libs: the classpath directory (every jar in it).
-        ports: ``native`` and ``storage`` ports on 127.0.0.1.
+        ports: ``native`` and ``storage`` ports on ``host``.
         heap: the JVM's heap (minimum and maximum), as ``-Xmx`` takes it (``512m``: the node
             takes 100,000 records at its full write rate and reads them back; its resident
             memory is then about 1 GB, Cassandra locking all of it with mlockall).
         java: the ``java`` program (Java 17).
+        host: the address the node listens on, gives its clients and gossips as its own seed
+            (the pod's IP in a pod, where clients come from other pods).
+        console: the log goes to the standard output too (a pod's node: ``kubectl logs``).
     """
 
     run_dir: Path
@@ -63,11 +73,13 @@ class Layout:
     ports: dict[str, int]
     heap: str = "512m"
     java: str = "java"
+    host: str = HOST
+    console: bool = False
 
     @property
     def address(self) -> str:
-        """What CQL clients connect to: ``127.0.0.1:<native port>``."""
-        return f"{HOST}:{self.ports['native']}"
+        """What CQL clients connect to: ``<host>:<native port>``."""
+        return host_port(self.host, self.ports["native"])
 
     @property
     def data(self) -> Path:
@@ -95,8 +107,8 @@ class Layout:
 
 
 def cassandra_yaml(layout: Layout) -> str:
-    """The node's ``cassandra.yaml``: the settings Cassandra 5.0 refuses to start without, the
-    loopback addresses and ports, the directories, and a few single-node choices (commented)."""
+    """The node's ``cassandra.yaml``: the settings Cassandra 5.0 refuses to start without, its
+    address and ports, the directories, and a few single-node choices (commented)."""
     dirs = {key: str(path) for key, path in layout.directories().items()}
     dirs["data_file_directories"] = [dirs["data_file_directories"]]
     settings = {
@@ -107,11 +119,11 @@ def cassandra_yaml(layout: Layout) -> str:
         "commitlog_sync": "periodic",
         "commitlog_sync_period": "10000ms",
         "seed_provider": [{"class_name": "org.apache.cassandra.locator.SimpleSeedProvider",
-                           "parameters": [{"seeds": f"{HOST}:{layout.ports['storage']}"}]}],
+                           "parameters": [{"seeds": host_port(layout.host, layout.ports["storage"])}]}],
         **dirs,
-        # Loopback only, on the given ports.
-        "listen_address": HOST,
-        "rpc_address": HOST,
+        # One address (loopback for make cassandra, the pod's IP in a pod), the given ports.
+        "listen_address": layout.host,
+        "rpc_address": layout.host,
         "storage_port": layout.ports["storage"],
         "native_transport_port": layout.ports["native"],
         "start_native_transport": True,
@@ -119,7 +131,8 @@ def cassandra_yaml(layout: Layout) -> str:
         "num_tokens": 1,
         # A node that is its own seed never bootstraps (said, not inferred).
         "auto_bootstrap": False,
-        # No client authentication: the node listens on loopback only.
+        # No client authentication: the node listens on loopback only, or in a pod whose
+        # NetworkPolicy admits only the rtserve pods.
         "authenticator": "AllowAllAuthenticator",
         "authorizer": "AllowAllAuthorizer",
         # A dropped or truncated table is gone (no snapshot kept on disk).
@@ -136,8 +149,15 @@ def cassandra_yaml(layout: Layout) -> str:
 
 def logback_xml(layout: Layout) -> str:
     """The node's logback configuration: INFO and above into ``logs/system.log``, rolled over at
-    ``LOG_MAX_SIZE`` with ``LOG_FILES`` older files kept (so the logs stay bounded)."""
+    ``LOG_MAX_SIZE`` with ``LOG_FILES`` older files kept (so the logs stay bounded), and to the
+    standard output too with ``console``."""
     log = escape(str(layout.logs / LOG_FILE))
+    encoder = f"<encoder>\n      <pattern>{LOG_PATTERN}</pattern>\n    </encoder>"
+    console = (f"""
+  <appender name="STDOUT" class="ch.qos.logback.core.ConsoleAppender">
+    {encoder}
+  </appender>""" if layout.console else "")
+    console_ref = '\n    <appender-ref ref="STDOUT"/>' if layout.console else ""
     return f"""<!-- Written by rtserve (rtserve/records/node.py) at each start; edits are lost. -->
 <configuration scan="false">
   <appender name="FILE" class="ch.qos.logback.core.rolling.RollingFileAppender">
@@ -150,12 +170,10 @@ def logback_xml(layout: Layout) -> str:
     <triggeringPolicy class="ch.qos.logback.core.rolling.SizeBasedTriggeringPolicy">
       <maxFileSize>{LOG_MAX_SIZE}</maxFileSize>
     </triggeringPolicy>
-    <encoder>
-      <pattern>%-5level [%thread] %date{{ISO8601}} %logger{{0}} - %msg%n</pattern>
-    </encoder>
-  </appender>
+    {encoder}
+  </appender>{console}
   <root level="INFO">
-    <appender-ref ref="FILE"/>
+    <appender-ref ref="FILE"/>{console_ref}
   </root>
 </configuration>
 """

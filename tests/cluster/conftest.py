@@ -137,19 +137,20 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.timeout(DEPLOY_TIMEOUT + 600))
 
 
-def deploy(cluster, image_vars, version: str, *extra: str, timeout: float = DEPLOY_TIMEOUT):
-    """`make k8s-deploy OVERLAY=local MODEL_VERSION=version` against this cluster."""
-    return make("k8s-deploy", "OVERLAY=local", f"MODEL_VERSION={version}", *cluster.make_vars,
+def deploy(cluster, image_vars, version: str, *extra: str, timeout: float = DEPLOY_TIMEOUT,
+           overlay: str = "local"):
+    """`make k8s-deploy OVERLAY=overlay MODEL_VERSION=version` against this cluster."""
+    return make("k8s-deploy", f"OVERLAY={overlay}", f"MODEL_VERSION={version}", *cluster.make_vars,
                 *image_vars, *extra, timeout=timeout)
 
 
 class Served:
-    """The local overlay's Deployment and Service as a client sees them."""
+    """A local overlay's Deployment and Service (in ``namespace``) as a client sees them."""
 
-    def __init__(self, cluster, deploy_output: str) -> None:
-        self.cluster, self.deploy_output = cluster, deploy_output
+    def __init__(self, cluster, deploy_output: str, namespace: str = NAMESPACE) -> None:
+        self.cluster, self.deploy_output, self.namespace = cluster, deploy_output, namespace
         kubectl = Kubectl(f"{cluster.bin_dir / 'kubectl'} --kubeconfig {cluster.kubeconfig}", out=lambda _: None)
-        self.deployed = Deployed(kubectl, NAMESPACE)
+        self.deployed = Deployed(kubectl, namespace)
         self.token = self.deployed.token()
         self.base = self.deployed.service_url()
         self.url = f"{self.base}/predictions/{MODEL_NAME}"
@@ -178,9 +179,9 @@ def autoscaler_held(served, replicas: int = 2, timeout: float = 240):
     many run, all ready and none terminating; its maximum restored on exit. The tests' steady
     traffic keeps the pods above the HPA's CPU target, and a pod it adds mid-test changes what a
     test compares (the pods before and after, the replicas a drain meets)."""
-    cluster = served.cluster
-    most = cluster.ok("-n", NAMESPACE, "get", "hpa", "rtserve", "-o", "jsonpath={.spec.maxReplicas}")
-    cluster.ok("-n", NAMESPACE, "patch", "hpa", "rtserve", "-p", json.dumps({"spec": {"maxReplicas": replicas}}))
+    cluster, namespace = served.cluster, served.namespace
+    most = cluster.ok("-n", namespace, "get", "hpa", "rtserve", "-o", "jsonpath={.spec.maxReplicas}")
+    cluster.ok("-n", namespace, "patch", "hpa", "rtserve", "-p", json.dumps({"spec": {"maxReplicas": replicas}}))
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -191,7 +192,7 @@ def autoscaler_held(served, replicas: int = 2, timeout: float = 240):
             time.sleep(1)
         yield served
     finally:
-        cluster.ok("-n", NAMESPACE, "patch", "hpa", "rtserve", "-p", json.dumps({"spec": {"maxReplicas": int(most)}}))
+        cluster.ok("-n", namespace, "patch", "hpa", "rtserve", "-p", json.dumps({"spec": {"maxReplicas": int(most)}}))
 
 
 def no_failures(records, what: str) -> Counts:

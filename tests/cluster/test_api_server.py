@@ -41,7 +41,7 @@ def test_server_runs_node_and_rbac_authorization(cluster):
     assert denied.returncode == 1 and denied.stdout.strip() == "no", denied
 
 
-@pytest.mark.parametrize("overlay", ["production", "staging", "local"])
+@pytest.mark.parametrize("overlay", ["production", "staging", "local", "local-records"])
 def test_every_rendered_overlay_is_accepted_by_the_api_server(cluster, rendered, overlay):
     """Server-side dry run of the whole rendering (its namespace created for real first: a dry
     run creates nothing for the namespaced objects to land in), with no PodSecurity warning."""

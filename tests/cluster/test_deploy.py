@@ -151,7 +151,9 @@ def test_a_change_the_api_server_refuses_fails_k8s_deploy_and_the_running_versio
         "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: rtserve\nspec:\n  selector:\n"
         "    matchLabels:\n      track: stable\n  template:\n    metadata:\n      labels:\n        track: stable\n")
     kustomization = k8s / "overlays" / "local" / "kustomization.yaml"
-    kustomization.write_text(kustomization.read_text() + "  - path: selector.yaml\n")
+    text = kustomization.read_text().replace("  - path: hpa.yaml\n", "  - path: hpa.yaml\n  - path: selector.yaml\n")
+    assert "selector.yaml" in text, "the local overlay's patches list has moved"
+    kustomization.write_text(text)
     with autoscaler_held(served):
         pods_before = served.pods()
         versions = served.versions()

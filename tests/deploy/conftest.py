@@ -27,6 +27,12 @@ OWN_CANDIDATE = {o: K8S_DIR / "overlays" / o / "candidate" for o in OVERLAYS
 LOCAL_IMAGES = K8S_DIR / "components" / "local-images"
 #: The stream consumer's component, which an overlay enables by listing it (docs/streaming.md).
 STREAM = K8S_DIR / "components" / "stream"
+#: The records' components: the store's contact points and egress (every overlay lists it), and
+#: the in-cluster Cassandra node (the local overlay's).
+RECORDS = K8S_DIR / "components" / "records"
+CASSANDRA = K8S_DIR / "components" / "cassandra"
+#: The ``app.kubernetes.io/component`` labels of the records' objects.
+RECORDS_COMPONENTS = ("records", "records-store")
 #: The Kubernetes version the manifests are validated against (kubernetes-validate ships it).
 K8S_VERSION = "1.32.0"
 
@@ -34,10 +40,7 @@ K8S_VERSION = "1.32.0"
 def pull_policy(overlay: str) -> str:
     """The pull policy the overlay's containers must have: IfNotPresent where its images come from
     the node (it uses components/local-images), else Always (a registry's tag re-checked)."""
-    overlay_dir = K8S_DIR / "overlays" / overlay
-    kustomization = yaml.safe_load((overlay_dir / "kustomization.yaml").read_text())
-    local = any((overlay_dir / c).resolve() == LOCAL_IMAGES for c in kustomization.get("components", []))
-    return "IfNotPresent" if local else "Always"
+    return "IfNotPresent" if lists_component(overlay, LOCAL_IMAGES) else "Always"
 
 
 def render(path: Path) -> str:
@@ -60,6 +63,30 @@ def one(objects: list[dict], kind: str, name: str | None = None) -> dict:
     return found[0]
 
 
+def lists_component(overlay: str, component: Path) -> bool:
+    """Whether the overlay's kustomization.yaml lists ``component``, or an overlay it builds on
+    (local-records lists ../local among its resources) does."""
+    overlay_dir = K8S_DIR / "overlays" / overlay
+    kustomization = yaml.safe_load((overlay_dir / "kustomization.yaml").read_text())
+    if any((overlay_dir / c).resolve() == component for c in kustomization.get("components", [])):
+        return True
+    return any(lists_component(r.name, component) for r in (overlay_dir / p for p in kustomization.get("resources", []))
+               if r.resolve().parent == (K8S_DIR / "overlays").resolve() and (r / "kustomization.yaml").is_file())
+
+
+def records_objects(objects: list[dict]) -> list[dict]:
+    """The records' objects (:data:`RECORDS_COMPONENTS`): the store's ConfigMap and policy, the
+    in-cluster node's StatefulSet, Service, policy and volume."""
+    return [o for o in objects
+            if (o["metadata"].get("labels") or {}).get("app.kubernetes.io/component") in RECORDS_COMPONENTS]
+
+
+def server_objects(objects: list[dict]) -> list[dict]:
+    """The server's objects: all but :func:`records_objects`."""
+    records = records_objects(objects)
+    return [o for o in objects if o not in records]
+
+
 def pinned_tag(overlay: str) -> str:
     """The image tag an overlay's kustomization.yaml pins."""
     kustomization = yaml.safe_load((K8S_DIR / "overlays" / overlay / "kustomization.yaml").read_text())
@@ -75,9 +102,10 @@ def rendered() -> dict[str, list[dict]]:
 
 
 def with_stream(overlay: str, into: Path) -> Path:
-    """A copy of the kustomize tree under ``into`` whose ``overlay`` lists components/stream
-    first, as docs/streaming.md tells a user to; returns that overlay's directory."""
-    tree = into / "k8s"
+    """A copy of the kustomize tree under ``into`` (one per overlay: local-records builds on
+    local, which must stay as it is) whose ``overlay`` lists components/stream first, as
+    docs/streaming.md tells a user to; returns that overlay's directory."""
+    tree = into / overlay / "k8s"
     if not tree.exists():
         shutil.copytree(K8S_DIR, tree)
     path = tree / "overlays" / overlay / "kustomization.yaml"

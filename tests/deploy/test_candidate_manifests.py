@@ -39,7 +39,7 @@ def pod(objects: list[dict], name: str) -> dict:
 
 
 def test_the_local_overlay_has_its_own_candidate():
-    assert set(OWN_CANDIDATE) == {"local"}
+    assert set(OWN_CANDIDATE) == {"local", "local-records"}
 
 
 @pytest.mark.parametrize("name", ["candidate", "local-candidate"])
@@ -92,7 +92,7 @@ def test_the_candidate_pod_is_the_defaults_but_for_names_image_and_live_routes(c
     assert volume["configMap"] == {"name": ROUTES_CONFIGMAP, "optional": True}
     (rtserve,) = default["containers"]
     mount = next(m for m in rtserve["volumeMounts"] if m["name"] == "live-routes")
-    variables = {e["name"]: e["value"] for e in rtserve["env"]}
+    variables = {e["name"]: e.get("value") for e in rtserve["env"]}
     assert mount["readOnly"] is True
     assert variables["RTSERVE_LIVE_ROUTES"] == f"{mount['mountPath']}/{ROUTES_KEY}"
     assert variables["RTSERVE_RUN_DIR"] == str(POD_RUN.path)

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from rtserve.cli import build_parser
+from rtserve.cli import cassandra as cassandra_cli
 from tests.conftest import MODEL_NAME, REPO
 from tests.deploy.conftest import K8S_DIR, load, pinned_tag, render
 
@@ -323,6 +325,45 @@ def test_make_image_stages_every_file_the_dockerfile_copies(make, mar_v1, build_
     assert "RTSERVE_MODELS=${MODEL_NAME}=${MODEL_NAME}_${MODEL_VERSION}.mar" in env
     (expose,) = [a for op, a in instructions if op == "EXPOSE"]
     assert expose.split() == ["8081", "8082"]  # inference: loopback, behind the gateway sidecar
+
+
+def test_make_image_cassandra_stages_every_file_its_containerfile_copies(make, tmp_path):
+    """The records store's image: the jars make cassandra-deps assembled, rtserve's code and the
+    PyYAML wheel, nothing of torch; its entry command the CLI's foreground node."""
+    context = tmp_path / "context"
+    result = make("image-cassandra", f"CASSANDRA_CONTEXT={context}", f"VENV={REPO / '.venv'}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    (build,) = [call for call in make.calls if call[:1] == ["build"]]
+    version = re.search(r"^CASSANDRA_VERSION \?= (\S+)$", (REPO / "Makefile").read_text(), re.M)[1]
+    assert build[-3:] == ["-t", f"registry.example.com/ml/rtserve-cassandra:{version}", str(context)]
+    assert build[build.index("-f") + 1] == str(context / "Containerfile")
+    build_args = dict(build[i + 1].split("=", 1) for i, a in enumerate(build) if a == "--build-arg")
+    assert build_args == {"BASE_IMAGE": "docker.io/library/python:3.11-slim-bookworm", "CASSANDRA_VERSION": version}
+    instructions = dockerfile_instructions((context / "Containerfile").read_text())
+    froms = [args.split() for op, args in instructions if op == "FROM"]
+    assert froms == [["${BASE_IMAGE}", "AS", "builder"], ["${BASE_IMAGE}", "AS", "runtime"]]
+    for *sources, _dest in (a.split() for op, a in instructions if op == "COPY" and not a.startswith("--from=")):
+        for source in sources:
+            assert (context / source).exists(), f"COPY source missing from the context: {source}"
+    assert (context / "libs" / f"cassandra-all-{version}.jar").is_file()
+    assert [w.name.split("-")[0].lower() for w in (context / "wheelhouse").iterdir()] == ["pyyaml"]
+    assert (context / "rtserve" / "records" / "foreground.py").is_file()
+    assert not list(context.rglob("__pycache__")) and not (context / "handler").exists()
+    # The java step is the rtserve image's, so the two images share that layer.
+    def java(text: str) -> list[str]:
+        runs = [" ".join(a.split()) for op, a in dockerfile_instructions(text) if op == "RUN"]
+        return [run for run in runs if "openjdk-17-jre-headless tini" in run]
+
+    assert java((context / "Containerfile").read_text()) == java((REPO / "Dockerfile").read_text())
+    assert len(java((REPO / "Dockerfile").read_text())) == 1
+    (user,) = [a for op, a in instructions if op == "USER"]
+    assert user == "10001:10001"
+    (cmd,) = [json.loads(a) for op, a in instructions if op == "CMD"]
+    args = build_parser().parse_args(cmd[3:])
+    assert cmd[:3] == ["python", "-m", "rtserve"] and args.func is cassandra_cli.cmd_run
+    assert str(args.libs) == "/opt/cassandra/libs"
+    (expose,) = [a for op, a in instructions if op == "EXPOSE"]
+    assert expose.split() == ["9042", "7000"]
 
 
 def plan(*args: str) -> list[str]:

@@ -13,11 +13,11 @@ import yaml
 from rtserve.cli import build_parser
 from rtserve.gateway import nginx as gateway
 from rtserve.server import probe
-from rtserve.server.torchserve import TorchServe
+from rtserve.server.torchserve import SIDECARS, TorchServe
 from rtserve.k8s.pod import GATEWAY_STANDIN
 from tests.conftest import REPO
 from tests.deploy.conftest import (K8S_DIR, K8S_VERSION, OVERLAYS, OWN_VERIFY, VERIFY_DIR, load, one, pinned_tag,
-                                   pull_policy, render)
+                                   pull_policy, render, server_objects)
 
 pytestmark = pytest.mark.deploy
 
@@ -45,7 +45,8 @@ def sidecar(objects) -> dict:
 
 
 def env(objects) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in container(objects)["env"]}
+    """The container's plain variables (those taken from a ConfigMap or the pod left out)."""
+    return {e["name"]: e["value"] for e in container(objects)["env"] if "value" in e}
 
 
 def config_map(objects, volume_name: str) -> dict:
@@ -80,11 +81,11 @@ def selects(selector: dict, labels: dict) -> bool:
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_object_validates_strictly_offline(rendered, overlay):
-    kinds = set()
     for obj in rendered[overlay]:
         # strict: unknown fields fail; a missing schema raises SchemaNotFoundError and fails too.
         assert kubernetes_validate.validate(obj, K8S_VERSION, strict=True) == "1.32"
-        kinds.add(obj["kind"])
+    # (the records' objects: tests/deploy/test_records_manifests.py)
+    kinds = {obj["kind"] for obj in server_objects(rendered[overlay])}
     assert kinds == {"Namespace", "ServiceAccount", "ConfigMap", "Service", "Deployment",
                      "HorizontalPodAutoscaler", "PodDisruptionBudget", "NetworkPolicy"}
 
@@ -97,14 +98,14 @@ def test_a_missing_schema_is_a_failure():
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_selectors_match_the_pod_template_and_carry_no_version(rendered, overlay):
-    objects = rendered[overlay]
+    objects = server_objects(rendered[overlay])
     dep = deployment(objects)
     labels = dep["spec"]["template"]["metadata"]["labels"]
     assert selects(dep["spec"]["selector"]["matchLabels"], labels)
     for svc in (o for o in objects if o["kind"] == "Service"):
         assert selects(svc["spec"]["selector"], labels), svc["metadata"]["name"]
     assert selects(one(objects, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"], labels)
-    assert selects(one(objects, "NetworkPolicy")["spec"]["podSelector"]["matchLabels"], labels)
+    assert selects(one(objects, "NetworkPolicy", "rtserve")["spec"]["podSelector"]["matchLabels"], labels)
     tag = container(objects)["image"].rsplit(":", 1)[1]
     for key, value in dep["spec"]["selector"]["matchLabels"].items():
         assert "version" not in key and value != tag
@@ -112,7 +113,8 @@ def test_selectors_match_the_pod_template_and_carry_no_version(rendered, overlay
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_namespace_is_the_one_make_deploy_waits_on(rendered, overlay):
-    namespaces = {o["metadata"].get("namespace") for o in rendered[overlay] if o["kind"] != "Namespace"}
+    cluster_scoped = ("Namespace", "PersistentVolume")
+    namespaces = {o["metadata"].get("namespace") for o in rendered[overlay] if o["kind"] not in cluster_scoped}
     assert namespaces == {f"rtserve-{overlay}"}  # the Makefile's NAMESPACE ?= rtserve-$(OVERLAY)
     assert one(rendered[overlay], "Namespace")["metadata"]["labels"][
         "pod-security.kubernetes.io/enforce"] == "restricted"
@@ -172,11 +174,11 @@ def test_probes_run_real_probe_commands_against_the_configured_ports(rendered, o
     assert annotations["prometheus.io/scrape"] == "true"
     assert int(annotations["prometheus.io/port"]) == ports["metrics"]
     assert config["metrics_mode"] == "prometheus"
-    for svc in (o for o in objects if o["kind"] == "Service"):
+    services = [o for o in server_objects(objects) if o["kind"] == "Service"]
+    for svc in services:
         for port in svc["spec"]["ports"]:
             assert port["targetPort"] in pod_ports(objects), port
-    assert {svc["spec"]["ports"][0]["targetPort"] for svc in objects if svc["kind"] == "Service"} \
-        == {"inference", "management"}
+    assert {svc["spec"]["ports"][0]["targetPort"] for svc in services} == {"inference", "management"}
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -249,7 +251,10 @@ def test_drain_fits_in_the_grace_period(rendered, overlay):
     stop_timeout = float(c["args"][c["args"].index("--stop-timeout") + 1])
     grace = pod_spec(rendered[overlay])["terminationGracePeriodSeconds"]
     slack = 5  # python start-up of the hook, the last HTTP check, signal delivery
-    assert grace >= args.propagation + args.timeout + stop_timeout + slack, (grace, args)
+    # after TorchServe, the entry point stops its sidecars one by one: the records shipper last,
+    # which ships what is left of the spool (its stop timeout: the shipping, then SIGKILL)
+    sidecars = sum(sidecar.stop_timeout for sidecar in SIDECARS)
+    assert grace >= args.propagation + args.timeout + stop_timeout + sidecars + slack, (grace, args, sidecars)
     readiness = c["readinessProbe"]
     assert readiness["periodSeconds"] * readiness["failureThreshold"] <= args.propagation, \
         "readiness must turn false before the propagation wait ends"
@@ -273,7 +278,7 @@ def test_hpa_and_pdb_are_consistent(rendered, overlay):
     assert metric["name"] == "cpu" and "cpu" in container(objects)["resources"]["requests"]
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("overlay", [o for o in OVERLAYS if (K8S_DIR / "overlays" / o / "hpa.yaml").is_file()])
 def test_each_overlay_pins_its_own_replica_range(rendered, overlay):
     patch = yaml.safe_load((K8S_DIR / "overlays" / overlay / "hpa.yaml").read_text())
     hpa = one(rendered[overlay], "HorizontalPodAutoscaler")["spec"]
@@ -296,7 +301,7 @@ def test_security_context_is_strict(rendered, overlay):
         assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
         requests, limits = c["resources"]["requests"], c["resources"]["limits"]
         assert set(requests) == set(limits) == {"cpu", "memory"}
-        if overlay == "local":  # Burstable on CPU only, to fit a laptop (test_local_overlay_fits...)
+        if pull_policy(overlay) == "IfNotPresent":  # local: Burstable on CPU only, to fit a laptop
             assert requests["memory"] == limits["memory"] and cpus(requests["cpu"]) < cpus(limits["cpu"])
         else:
             assert requests == limits, "Guaranteed QoS"
@@ -343,7 +348,7 @@ def test_torchserve_writes_only_to_emptydirs(rendered, overlay):
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_network_policy_keeps_management_and_metrics_internal(rendered, overlay):
     objects = rendered[overlay]
-    policy = one(objects, "NetworkPolicy")["spec"]
+    policy = one(objects, "NetworkPolicy", "rtserve")["spec"]
     assert set(policy["policyTypes"]) == {"Ingress", "Egress"}
     assert policy["egress"] == []
     ports = pod_ports(objects)
@@ -373,16 +378,19 @@ def mebibytes(quantity: str) -> float:
 
 
 def test_local_overlay_fits_a_two_core_laptop(rendered):
-    """2 replicas, the surge pod of a rolling update and the verification Job are scheduled at once
-    on 2 CPUs, leaving half a CPU for the cluster's own pods (DNS, metrics); memory is as
-    measured (docs/image-and-pod.md: at most 1124 MiB) with room, and never overcommitted."""
+    """2 replicas, the surge pod of a rolling update, the verification Job and the records store
+    are scheduled at once on 2 CPUs, leaving half a CPU for the cluster's own pods (DNS,
+    metrics); memory is as measured (docs/image-and-pod.md: at most 1124 MiB) with room, and
+    never overcommitted."""
     objects = rendered["local"]
     dep, hpa = deployment(objects)["spec"], one(objects, "HorizontalPodAutoscaler")["spec"]
     (job,) = [o for o in load(render(OWN_VERIFY["local"])) if o["kind"] == "Job"]
     (verify,) = job["spec"]["template"]["spec"]["containers"]
+    (store,) = one(rendered["local-records"], "StatefulSet", "rtserve-cassandra")["spec"]["template"]["spec"]["containers"]
     pods = hpa["minReplicas"] + dep["strategy"]["rollingUpdate"]["maxSurge"]
     pod_cpu = sum(cpus(c["resources"]["requests"]["cpu"]) for c in (container(objects), sidecar(objects)))
-    assert pods == 3 and pods * pod_cpu + cpus(verify["resources"]["requests"]["cpu"]) <= 1.5
+    others = cpus(verify["resources"]["requests"]["cpu"]) + cpus(store["resources"]["requests"]["cpu"])
+    assert pods == 3 and pods * pod_cpu + others <= 1.5
     assert hpa["minReplicas"] == 2 and hpa["maxReplicas"] > hpa["minReplicas"], "the PDB needs 2; load adds one"
     memory = container(objects)["resources"]
     assert mebibytes(memory["limits"]["memory"]) >= 1536 and memory["requests"]["memory"] == memory["limits"]["memory"]
@@ -396,11 +404,13 @@ def test_local_overlay_fits_a_two_core_laptop(rendered):
 def test_local_images_are_taken_from_the_node_and_the_others_pulled(rendered):
     """Every container of the local overlay and of its Job: IfNotPresent; the gateway is the
     stand-in make image-gateway builds (GATEWAY_STANDIN in the Makefile and rtserve/k8s/pod.py)."""
-    assert pull_policy("local") == "IfNotPresent"
-    assert {pull_policy(o) for o in OVERLAYS if o != "local"} == {"Always"}
+    assert {o for o in OVERLAYS if pull_policy(o) == "IfNotPresent"} == {"local", "local-records"}
+    assert {pull_policy(o) for o in OVERLAYS if o not in ("local", "local-records")} == {"Always"}
     pod = pod_spec(rendered["local"])
     (job,) = [o for o in load(render(OWN_VERIFY["local"])) if o["kind"] == "Job"]
-    for c in pod["containers"] + pod["initContainers"] + job["spec"]["template"]["spec"]["containers"]:
+    store = one(rendered["local-records"], "StatefulSet", "rtserve-cassandra")["spec"]["template"]["spec"]
+    for c in pod["containers"] + pod["initContainers"] + job["spec"]["template"]["spec"]["containers"] \
+            + store["containers"]:
         assert c["imagePullPolicy"] == "IfNotPresent", c["name"]
     assert sidecar(rendered["local"])["image"] == GATEWAY_STANDIN
     makefile = (REPO / "Makefile").read_text()

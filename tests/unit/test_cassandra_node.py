@@ -4,7 +4,10 @@ JVM here: the records tier starts the real one)."""
 
 from __future__ import annotations
 
+import ast
 import json
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -13,8 +16,9 @@ import yaml
 
 from rtserve import cli
 from rtserve.errors import CassandraNodeError
-from rtserve.records import local, node
+from rtserve.records import foreground, local, node
 from rtserve.records.node import Layout
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.unit
 
@@ -113,16 +117,98 @@ def test_start_without_the_jars_names_the_target_that_assembles_them(layout):
     assert not layout.run_dir.exists()
 
 
-@pytest.mark.parametrize("option, bad, expected", [
-    ("--port", "x", "expected a port in 0-65535"),
-    ("--port", "70000", "expected a port in 0-65535"),
-    ("--storage-port", "-1", "expected a port in 0-65535"),
-    ("--heap", "lots", "expected a heap size such as 768m or 1g"),
-    ("--heap", "512", "expected a heap size such as 768m or 1g"),
+#: The options each command needs besides the one under test.
+COMMANDS = {"start": ["--libs", "/nowhere"],
+            "run": ["--libs", "/nowhere", "--run-dir", "/nowhere", "--host", "10.244.0.7"]}
+
+
+@pytest.mark.parametrize("command, option, bad, expected", [
+    ("start", "--port", "x", "expected a port in 0-65535"),
+    ("start", "--port", "70000", "expected a port in 0-65535"),
+    ("start", "--storage-port", "-1", "expected a port in 0-65535"),
+    ("start", "--heap", "lots", "expected a heap size such as 768m or 1g"),
+    ("start", "--heap", "512", "expected a heap size such as 768m or 1g"),
+    ("run", "--host", "", "expected an IP address (the pod's: status.podIP)"),
+    ("run", "--host", "rtserve-cassandra-0", "expected an IP address (the pod's: status.podIP)"),
+    ("run", "--port", "0", "expected a port in 1-65535"),
+    ("run", "--storage-port", "65536", "expected a port in 1-65535"),
+    ("run", "--heap", "1t", "expected a heap size such as 768m or 1g"),
 ])
-def test_a_bad_option_is_refused_naming_what_it_expects(option, bad, expected, capsys):
+def test_a_bad_option_is_refused_naming_what_it_expects(command, option, bad, expected, capsys):
     with pytest.raises(SystemExit) as exit_:
-        cli.main(["cassandra", "start", "--libs", "/nowhere", option, bad])
+        cli.main(["cassandra", command, *COMMANDS[command], option, bad])  # the last one counts
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert option in err and expected in err
+
+
+@pytest.fixture()
+def pod_layout(tmp_path) -> Layout:
+    """A node as a pod runs it: on the pod's IP, the default ports, its log on the console too."""
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    (libs / "cassandra-all-5.0.6.jar").write_bytes(b"")  # a name only: no JVM starts here
+    return Layout(tmp_path / "volume", libs, {"native": 9042, "storage": 7000}, host="10.244.0.7",
+                  console=True)
+
+
+def test_a_pods_node_listens_and_gossips_on_the_pods_ip(pod_layout):
+    config = yaml.safe_load(node.cassandra_yaml(pod_layout))
+    assert config["listen_address"] == config["rpc_address"] == "10.244.0.7"
+    (seeds,) = config["seed_provider"]
+    assert seeds["parameters"] == [{"seeds": "10.244.0.7:7000"}]
+    assert pod_layout.address == "10.244.0.7:9042"
+    assert "127.0.0.1" not in node.cassandra_yaml(pod_layout)
+    six = Layout(pod_layout.run_dir, pod_layout.libs, pod_layout.ports, host="fd00::7")
+    assert six.address == "[fd00::7]:9042"
+    assert yaml.safe_load(node.cassandra_yaml(six))["seed_provider"][0]["parameters"] == [{"seeds": "[fd00::7]:7000"}]
+
+
+def test_a_pods_node_logs_to_its_file_and_the_console(pod_layout, layout):
+    root = ET.fromstring(node.logback_xml(pod_layout))
+    appenders = {a.get("name"): a.get("class") for a in root.findall("appender")}
+    assert appenders == {"FILE": "ch.qos.logback.core.rolling.RollingFileAppender",
+                         "STDOUT": "ch.qos.logback.core.ConsoleAppender"}
+    assert [r.get("ref") for r in root.find("root").findall("appender-ref")] == ["FILE", "STDOUT"]
+    assert {a.findtext("encoder/pattern") for a in root.findall("appender")} == {node.LOG_PATTERN}
+    quiet = ET.fromstring(node.logback_xml(layout))  # make cassandra's: the file only
+    assert [a.get("name") for a in quiet.findall("appender")] == ["FILE"]
+
+
+def test_run_writes_the_configuration_then_becomes_the_jvm(pod_layout, monkeypatch):
+    """``execv`` is a recorder: the process would become the JVM (the image's test is the cluster
+    tier, where the node's pod runs it)."""
+    became = []
+    monkeypatch.chdir(pod_layout.libs)
+    foreground.run(pod_layout, execv=lambda path, argv: became.append((path, argv)))
+    ((path, argv),) = became
+    assert argv == node.argv(pod_layout) and Path(path).name == "java" and Path(path).is_absolute()
+    assert yaml.safe_load(pod_layout.config.read_text())["listen_address"] == "10.244.0.7"
+    assert "STDOUT" in pod_layout.logback.read_text()
+    assert all(d.is_dir() for d in pod_layout.directories().values())
+    assert Path.cwd() == pod_layout.run_dir  # where a crash's hs_err file goes
+
+
+def test_run_without_the_jars_or_java_says_what_is_missing(pod_layout, tmp_path, monkeypatch):
+    bare = Layout(tmp_path / "other", tmp_path / "nolibs", pod_layout.ports, host="10.244.0.7")
+    with pytest.raises(CassandraNodeError, match="no Cassandra jars in .*nolibs: assemble them with"):
+        foreground.run(bare, execv=lambda *_: pytest.fail("no JVM without its jars"))
+    javaless = Layout(pod_layout.run_dir, pod_layout.libs, pod_layout.ports, java="no-such-java-17",
+                      host="10.244.0.7")
+    with pytest.raises(CassandraNodeError, match="no no-such-java-17 on PATH: the node needs Java 17"):
+        foreground.run(javaless, execv=lambda *_: pytest.fail("no JVM"))
+
+
+def test_the_pods_entry_command_needs_no_package_but_pyyaml():
+    """The records store's image holds rtserve's code and PyYAML only (deploy/cassandra/Containerfile):
+    `python -m rtserve cassandra run` imports nothing else outside the standard library."""
+    script = ("import sys, runpy\n"
+              "sys.argv = ['rtserve', 'cassandra', 'run', '--help']\n"
+              "try:\n    runpy.run_module('rtserve', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+              "import rtserve.records.foreground\n"
+              "print(sorted({n.split('.')[0] for n, m in list(sys.modules.items())\n"
+              "              if 'site-packages' in (getattr(m, '__file__', None) or '')}))")
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    installed = set(ast.literal_eval(done.stdout.splitlines()[-1]))
+    assert installed - {"_distutils_hack"} == {"yaml"}  # (setuptools' hook, which site loads)
