@@ -33,8 +33,10 @@ pytestmark = pytest.mark.records
 
 #: Requests a second, over 4 connections: steady, with room for the machine's other tiers.
 RATE = 120.0
-#: Seconds every answered record has to reach the store once the load has stopped.
-SHIP_TIMEOUT = 120.0
+#: Seconds every answered record has to reach the store once the load has stopped. 120 s was
+#: too short once, at a load of 20 on 2 cores: 197 of 12,284 records of the store-away fault were
+#: still in the spool (not lost: the shipper's checkpoint later covered every segment).
+SHIP_TIMEOUT = 240.0
 #: How long the store stays away in its fault (the issue's "a minute").
 STORE_AWAY_S = 60.0
 
