@@ -32,7 +32,7 @@ def on_free_ports(run_dir: Path, model_store: Path, models: Sequence[str],
 @contextmanager
 def serving(run_dir: Path, model_store: Path, models: Sequence[str],
             overrides: dict[str, str] | None = None, ready: Sequence[str] | None = None,
-            timeout: float = 120.0, **kwargs) -> Iterator[TorchServe]:
+            timeout: float = 300.0, **kwargs) -> Iterator[TorchServe]:
     """:func:`on_free_ports`, started and ready (``ready``: the models that must answer a
     prediction, default all of ``models``), stopped when the block ends.
 
