@@ -496,13 +496,15 @@ K8S_ARGS = --overlay $(OVERLAY) --image $(IMG) --version "$(DEPLOY_VERSION)" --n
 
 # OVERLAY=local (or local-records) first: on `make cluster`'s node, the image IMG:version built
 # when the engine lacks it, the gateway stand-in (its build is skipped when up to date) and, for
-# k8s-deploy OVERLAY=local-records, the records store's image (the same), all loaded into the node (the verification Job runs the same image);
+# k8s-deploy OVERLAY=local-records, the records store's image (the same), all loaded into the node
+# (the verification Job runs the same image);
 # elsewhere (kind, minikube, k3d) a reminder to load them. Then the namespace, and the gateway
 # token's Secret when it has none (a random token). $(1): more images to build (their targets)
 # and $(2) to load.
 LOCAL_IMAGE = $(IMG):$(DEPLOY_VERSION)
-RECORDS_IMAGE_TARGET = $(if $(filter local-records,$(OVERLAY)),image-cassandra)
-RECORDS_IMAGE        = $(if $(filter local-records,$(OVERLAY)),$(CASSANDRA_IMAGE))
+RECORDS_OVERLAY      = $(filter local-records,$(OVERLAY))
+RECORDS_IMAGE_TARGET = $(if $(RECORDS_OVERLAY),image-cassandra)
+RECORDS_IMAGE        = $(if $(RECORDS_OVERLAY),$(CASSANDRA_IMAGE))
 define k8s_local_images
 $(if $(filter podman,$(CLUSTER_ENGINE)),@$(MAKE) --no-print-directory pod-deps)
 if [ -f $(MODEL_STORE)/$(MODEL_NAME)_$(DEPLOY_VERSION).mar ] || ! $(CLUSTER_ENGINE) image inspect $(LOCAL_IMAGE) >/dev/null 2>&1; then \
