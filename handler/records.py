@@ -14,9 +14,13 @@ is created under a dot name, locked, then renamed into place, so the shipper nev
 unlocked segment that is still to be written.
 
 **The budget** (``RTSERVE_SPOOL_BYTES``): the writer measures the directory (its regular files)
-every :data:`MEASURE_SECONDS` or every 1/256 of the budget it wrote, whichever comes first; a
-batch that would take the directory past the budget is not written: its records are *dropped*
-and counted (or, with ``records.required``, the batch is answered 503 instead). The shipper
+every :data:`MEASURE_SECONDS` or every 1/256 of the budget it wrote, whichever comes first. Within
+1/:data:`NEAR_SHARE` of the budget (a writer's measure found it so and left the empty file
+:data:`NEAR_MARK`, which every writer looks for before each batch) each batch measures and writes
+holding an exclusive ``flock`` on the directory, so that no writer takes room another has just
+taken; a measure below that line removes the mark. A batch that would take the directory past
+the budget is not written: its records are *dropped* and counted (or, with ``records.required``,
+the batch is answered 503 instead). The shipper
 (``rtserve.records``) makes room by deleting closed segments it has shipped.
 
 A line's leading keys are always ``request_id``, ``time`` (UTC, ms, ``Z``), ``model``,
@@ -58,6 +62,10 @@ MAX_SEGMENT_BYTES = 16 * 1024 * 1024
 #: 1/:data:`MEASURE_SHARE` of the budget written.
 MEASURE_SECONDS = 1.0
 MEASURE_SHARE = 256
+#: Within 1/NEAR_SHARE of the budget, a batch measures and writes under the directory's lock;
+#: the mark says so to every writer (empty: it takes no room; no segment's name).
+NEAR_SHARE = 8
+NEAR_MARK = ".near"
 #: While the spool is full, a batch measures again at most this often (seconds).
 FULL_RECHECK_SECONDS = 0.2
 #: A client may name the route its request came through (the stream consumer sends ``stream``).
@@ -173,6 +181,8 @@ class Spool:
         self.budget = budget
         self.segment_bytes = segment_bytes(budget)
         self.measure_bytes = max(4096, budget // MEASURE_SHARE)
+        self.near = budget - max(budget // NEAR_SHARE, 4 * self.measure_bytes)
+        self._mark = os.path.join(directory, NEAR_MARK)
         self._clock = clock
         self._fd = -1
         self._size = 0  # of the open segment
@@ -217,8 +227,34 @@ class Spool:
         """
         if not data:
             return True
-        if not self.room_for(len(data)):
-            return False
+        if self._used + len(data) <= self.near and not os.path.exists(self._mark):
+            if not self.room_for(len(data)):
+                return False
+            if self._used + len(data) <= self.near:  # still, if it measured
+                self._write(data)
+                return True
+        # near the budget: measure and write under the directory's lock (every writer's latest
+        # bytes count)
+        lock = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if self.full and self._clock() - self._measured < FULL_RECHECK_SECONDS:
+                return False
+            self._measure(self._clock())
+            if self._used + len(data) > self.near:
+                if not os.path.exists(self._mark):
+                    os.close(os.open(self._mark, os.O_WRONLY | os.O_CREAT, 0o640))
+            elif os.path.exists(self._mark):
+                os.unlink(self._mark)
+            self.full = self._used + len(data) > self.budget
+            if self.full:
+                return False
+            self._write(data)
+            return True
+        finally:
+            os.close(lock)  # releases the lock
+
+    def _write(self, data: bytes) -> None:
         if self._fd < 0:
             self._open()
         os.write(self._fd, data)
@@ -227,7 +263,6 @@ class Spool:
         self._since += len(data)
         if self._size >= self.segment_bytes:
             self._close()
-        return True
 
     def close(self) -> None:
         """Close the open segment."""

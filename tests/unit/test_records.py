@@ -306,3 +306,20 @@ def test_a_server_started_with_a_store_is_read_from_it(tmp_path):
     source = Source.of(run)
     assert source.store == ["127.0.0.1:9042"] and source.keyspace == "ks"
     assert Source.of(run, store="").store is None  # an explicit empty store: the local spool
+
+
+def test_a_writer_that_measured_long_ago_still_keeps_the_budget(tmp_path):
+    """The other writer filled the spool since this one last measured (within its second and
+    its 1/256 of the budget): near the budget each batch measures under the directory's lock,
+    so the directory never passes the budget."""
+    clock = Clock()
+    budget = 64 * 4096
+    stale, busy = Spool(str(tmp_path), budget, clock=clock), Spool(str(tmp_path), budget, clock=clock)
+    data = ("z" * 1023 + "\n").encode()
+    assert stale.append(data)  # measured: nearly empty
+    while busy.append(data):
+        pass
+    assert busy.full and usage(str(tmp_path)) <= budget
+    kept = sum(stale.append(data) for _ in range(8))  # no time passed, few bytes of its own
+    assert kept == 0 and stale.full
+    assert usage(str(tmp_path)) <= budget
