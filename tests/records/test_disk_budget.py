@@ -1,9 +1,10 @@
 """A server within an 8 MiB disk budget ships every record to Apache Cassandra while it writes
-ten budgets: the load of the main tier's disk-budget test (tests/disk_budget.py: wrk, a 3,800-byte
-query parameter per request, a shadow to itself), with the tier's real Cassandra as the records
-store. The run directory never exceeds the budget, none of the records is dropped, and the store
-holds exactly as many records of the load's time window as the workers wrote (the shipper deletes
-shipped segments to keep the spool within its share)."""
+three budgets: the load of the main tier's disk-budget test (tests/disk_budget.py: wrk, a
+3,800-byte query parameter per request, a shadow to itself; that test writes ten and rolls every
+file), with the tier's real Cassandra as the records store: more records than the spool's share,
+so the shipper must delete shipped segments to make room. The run directory never exceeds the
+budget, none of the records is dropped, and the store holds exactly as many records of the load's
+time window as the workers wrote."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from rtserve.records.store import Store
+from rtserve.server.disk import DiskBudget
 from rtserve.server.properties import RECORDS_STORE_KEY
 from tests.conftest import MODEL_NAME
-from tests.disk_budget import assert_within_budget, scraped, small_server, ten_budgets
+from tests.disk_budget import BUDGET, assert_within_budget, scraped, small_server, ten_budgets
 
 pytestmark = pytest.mark.records
 
@@ -30,19 +32,23 @@ def test_every_record_reaches_the_store_while_the_run_directory_keeps_its_budget
             Store.connect([cassandra.address]) as store:
         before = scraped(server, "rtserve_records_written_total")  # the start's readiness probe
         since = datetime.now(timezone.utc)
-        loaded = ten_budgets(server, tmp_path)
+        loaded = ten_budgets(server, tmp_path, budgets=3, rolled=("access_log.log",))
         until = datetime.now(timezone.utc) + timedelta(seconds=1)
         written = scraped(server, "rtserve_records_written_total") - before
         dropped = scraped(server, "rtserve_records_dropped_total")
         deadline = time.monotonic() + CATCH_UP_S
-        stored = 0
+        stored = stored_bytes = 0
         while time.monotonic() < deadline:
-            stored = sum(1 for _ in store.records(MODEL_NAME, since, until=until))
+            lines = [r.line for r in store.records(MODEL_NAME, since, until=until)]
+            stored, stored_bytes = len(lines), sum(len(line) + 1 for line in lines)
             if stored >= written:
                 break
             time.sleep(2.0)
         print(f"\n{loaded.report()}\nrecords: {written:.0f} written during the load, {dropped:.0f} "
-              f"dropped, {stored} in the store; the spool at most {loaded.usage.max_records / 1024:.0f} KiB")
+              f"dropped, {stored} in the store ({stored_bytes / 2**20:.1f} MiB); the spool at most "
+              f"{loaded.usage.max_records / 1024:.0f} KiB")
         assert_within_budget(server, loaded)
         assert dropped == 0 and written >= loaded.sent
         assert stored == written, f"{stored} records in the store of {written:.0f} written"
+        # more than the spool holds went through it: shipped segments were deleted to make room
+        assert stored_bytes > DiskBudget(BUDGET).shares().spool, stored_bytes

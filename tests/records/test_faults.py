@@ -39,6 +39,11 @@ RATE = 120.0
 SHIP_TIMEOUT = 240.0
 #: How long the store stays away in its fault (the issue's "a minute").
 STORE_AWAY_S = 60.0
+#: The store-away fault's rate: a minute's spool at RATE is more than a busy machine's store
+#: takes back within SHIP_TIMEOUT beside the other tiers.
+STORE_AWAY_RATE = 40.0
+#: Answered requests whose record is also looked up by id (a look each).
+SAMPLE_BY_ID = 200
 
 
 @pytest.fixture(scope="module")
@@ -47,52 +52,60 @@ def store(cassandra):
         yield found
 
 
-def load(server, seconds: float) -> SteadyLoad:
-    """Steady predictions at :data:`RATE`, one request in ten a bad one (400), for at most
+def load(server, seconds: float, rate: float = RATE) -> SteadyLoad:
+    """Steady predictions at ``rate``, one request in ten a bad one (400), for at most
     ``seconds`` (stopped earlier by the test)."""
     url = f"{server.props['inference_address']}/predictions/{MODEL_NAME}"
     return SteadyLoad(url, {"features": features()}, lambda: server.client().keys.get("inference"),
-                      rate=RATE, concurrency=4, max_seconds=seconds, timeout=10.0,
+                      rate=rate, concurrency=4, max_seconds=seconds, timeout=10.0,
                       resend_worker_lost=False, bad_every=10, bad_payload={"features": [1.0, 2.0]})
 
 
 def check_stored(store: Store, load_records, since: datetime) -> dict:
     """Wait until every answered request's record is in the store, then check each is there
-    once, with its version and status. Returns the counts (printed by the test)."""
-    answered = [r for r in load_records if r.answered]
+    once, with its version and status. Returns the counts (printed by the test).
+
+    Each look reads the model's time-ordered table from ``since`` once (a look per id costs the
+    busy store a round trip each: 20,000 of them took longer than the shipping); a sample of the
+    ids is then looked up by id, and must agree."""
+    answered = {r.request_id: r for r in load_records if r.answered}
     assert answered, "the load got no answer at all"
-    assert all(r.request_id for r in answered)
+    assert "" not in answered and None not in answered
     deadline = time.monotonic() + SHIP_TIMEOUT
-    missing = {r.request_id for r in answered}
-    while missing and time.monotonic() < deadline:
-        missing = {rid for rid in missing if store.find(rid) is None}
-        if missing:
-            time.sleep(1.0)
+    while True:
+        by_time = Counter()
+        found: dict[str, object] = {}
+        for rec in store.records(MODEL_NAME, since - timedelta(minutes=1)):
+            by_time[rec.request_id] += 1
+            found[rec.request_id] = rec
+        missing = answered.keys() - found.keys()
+        if not missing or time.monotonic() > deadline:
+            break
+        time.sleep(2.0)
     assert not missing, f"{len(missing)} of {len(answered)} answered requests have no record " \
                         f"after {SHIP_TIMEOUT:.0f} s, e.g. {sorted(missing)[:3]}"
-    for r in answered:
-        found = store.find(r.request_id)
-        assert found.status == r.status, (r, found.line)
-        assert found.model_version == (r.version or "1.0"), (r, found.line)
-    # one row per request in the time-ordered table too (a record shipped twice with another
-    # time would show there)
-    by_time = Counter(rec.request_id for rec in store.records(MODEL_NAME, since - timedelta(minutes=1)))
-    ids = {r.request_id for r in answered}
-    twice = {rid: n for rid, n in by_time.items() if rid in ids and n != 1}
+    for rid, sent in answered.items():
+        assert found[rid].status == sent.status, (sent, found[rid].line)
+        assert found[rid].model_version == (sent.version or "1.0"), (sent, found[rid].line)
+    # one row per request in the time-ordered table (a record shipped twice with another time
+    # would show there), and the table by id agrees on a sample
+    twice = {rid: n for rid, n in by_time.items() if rid in answered and n != 1}
     assert not twice, f"records stored more than once: {list(twice.items())[:3]}"
-    assert ids <= set(by_time), "a record is in records_by_id but not in its hour"
+    for rid in sorted(answered)[:: max(1, len(answered) // SAMPLE_BY_ID)]:
+        by_id = store.find(rid)
+        assert by_id is not None and by_id.line == found[rid].line, (rid, by_id)
     unanswered = [r for r in load_records if not r.answered]
     return {"sent": len(load_records), "answered": len(answered),
-            "answered_400": sum(1 for r in answered if r.status == 400),
+            "answered_400": sum(1 for r in answered.values() if r.status == 400),
             "found_once": len(answered), "not_answered": len(unanswered),
             "not_answered_with_record": sum(1 for r in unanswered
-                                            if r.request_id and store.find(r.request_id))}
+                                            if r.request_id and r.request_id in found)}
 
 
-def run_fault(server, store, fault, name: str, seconds: float = 12.0) -> dict:
+def run_fault(server, store, fault, name: str, seconds: float = 12.0, rate: float = RATE) -> dict:
     """Load for a while, ``fault()`` in the middle, load a while more; then the check."""
     since = datetime.now(timezone.utc)
-    steady = load(server, seconds * 10 + 600).start(name)
+    steady = load(server, seconds * 10 + 600, rate).start(name)
     try:
         time.sleep(seconds / 2)
         fault()
@@ -184,8 +197,8 @@ def test_the_store_away_for_a_minute_keeps_the_records_in_the_spool_then_drains(
         started = make("cassandra", *cassandra.make_vars)
         assert started.returncode == 0, started.stdout
 
-    counts = run_fault(server, store, fault, "store stopped for a minute", seconds=10.0)
-    assert counts["answered"] > RATE * STORE_AWAY_S * 0.5  # served throughout
+    counts = run_fault(server, store, fault, "store stopped for a minute", seconds=10.0, rate=STORE_AWAY_RATE)
+    assert counts["answered"] > STORE_AWAY_RATE * STORE_AWAY_S * 0.5  # served throughout
 
 
 def test_a_graceful_stop_ships_the_spool_before_the_server_exits(server, store):
