@@ -862,11 +862,12 @@ cassandra-status: ## Show whether the node of CASSANDRA_RUN_DIR runs, its CQL ad
 
 ##@ Test
 .PHONY: test
-# The cluster, stream and records tiers mostly wait (image builds and loads, pods starting,
-# rollouts, preStop drains; broker and node restarts, session timeouts), so by default they run
-# beside the other tiers, in pytest processes of their own (TEST_CLUSTER; TEST_BESIDE: the stream
-# and records tiers together), their output printed after theirs; with PYTEST_ARGS (or
-# TEST_SPLIT=0) one pytest runs with exactly those arguments.
+# The cluster tier is the longest (image builds and loads, pods starting, rollouts, preStop
+# drains), so by default it runs in a pytest process of its own (TEST_CLUSTER) beside the
+# others, its output printed after theirs; the stream and records tiers (TEST_BESIDE: broker and
+# node restarts, session timeouts, a JVM each) run after the main tier in a second pytest, so
+# that the 2 cores take two tiers at a time (three at once: CI's timeouts and 5,400 s); with
+# PYTEST_ARGS (or TEST_SPLIT=0) one pytest runs with exactly those arguments.
 # Every tool a test needs is installed first, or make test stops there saying which: no test is
 # skipped for a tool the project can install (nginx: the rehearsal and the gateway; wrk and
 # FastAPI: the perf smoke runs and the pod sizing sweep; podman: the images; containerd, runc,
@@ -896,17 +897,16 @@ test: $(STAMP) $(AGENT_JAR) $(if $(TEST_SPLIT_ON),$(WHEELHOUSE_STAMP)) ## Run th
 	@if [ -z "$(TEST_SPLIT_ON)" ]; then \
 	  echo "$(PY) -m pytest $(PYTEST_ARGS)"; exec $(PY) -m pytest $(PYTEST_ARGS); fi; \
 	mkdir -p build && start=$$(date +%s); \
-	echo ">> $(TEST_CLUSTER) and $(TEST_BESIDE) run in pytest processes of their own beside the rest; their output follows theirs"; \
+	echo ">> $(TEST_CLUSTER) runs in a pytest process of its own beside the rest (its output follows theirs); $(TEST_BESIDE) after the main tier"; \
 	$(PY) -m pytest $(TEST_CLUSTER) $(TEST_CLUSTER_ARGS) > build/test-cluster.log 2>&1 & cluster=$$!; \
-	$(PY) -m pytest $(TEST_BESIDE) $(TEST_BESIDE_ARGS) > build/test-beside.log 2>&1 & beside=$$!; \
-	trap 'kill $$cluster $$beside 2>/dev/null' INT TERM; \
+	trap 'kill $$cluster 2>/dev/null' INT TERM; \
 	rest=0; $(PY) -m pytest $(addprefix --ignore=,$(TEST_CLUSTER) $(TEST_BESIDE)) 2>&1 | tee build/test-main.log || rest=$$?; \
-	other=0; wait $$beside || other=$$?; \
+	echo ">> $(TEST_BESIDE) (build/test-beside.log):"; \
+	other=0; $(PY) -m pytest $(TEST_BESIDE) $(TEST_BESIDE_ARGS) 2>&1 | tee build/test-beside.log || other=$$?; \
 	third=0; wait $$cluster || third=$$?; \
-	echo ">> $(TEST_BESIDE) (build/test-beside.log):"; cat build/test-beside.log; \
 	echo ">> $(TEST_CLUSTER) (build/test-cluster.log):"; cat build/test-cluster.log; \
 	end=$$(date +%s); \
-	echo ">> make test: $$(( end - $(or $(TEST_T0),$$start) )) s (setup $$(( start - $(or $(TEST_T0),$$start) )) s, tests $$(( end - start )) s); exit status: $$rest, $$other beside, $$third for the cluster"; \
+	echo ">> make test: $$(( end - $(or $(TEST_T0),$$start) )) s (setup $$(( start - $(or $(TEST_T0),$$start) )) s, tests $$(( end - start )) s); exit status: $$rest, $$other after it, $$third for the cluster"; \
 	grep -hE '^(FAILED|ERROR) ' build/test-main.log build/test-beside.log build/test-cluster.log | sed 's/^/>> /' || true; \
 	[ $$rest -eq 0 ] && [ $$other -eq 0 ] && [ $$third -eq 0 ]
 
