@@ -107,15 +107,19 @@ def compile_aoti(model_dir: Path, out: Path) -> Path:
 @contextlib.contextmanager
 def worker_env():
     """What rtserve.server gives a worker: a metrics directory in prometheus_client's
-    multiprocess mode (values in memory-mapped files, as in a worker) and a log directory (the
-    records spool beside it); both removed afterwards."""
+    multiprocess mode (values in memory-mapped files, as in a worker), a log directory and the
+    records spool, all in one temporary directory removed afterwards (a spool left behind would
+    fill up over runs, and a full spool writes nothing: the records would look free)."""
     from prometheus_client import values
 
-    saved = {k: os.environ.get(k) for k in ("PROMETHEUS_MULTIPROC_DIR", "LOG_LOCATION")}
+    from handler.records import SPOOL_DIR_ENV
+
+    saved = {k: os.environ.get(k) for k in ("PROMETHEUS_MULTIPROC_DIR", "LOG_LOCATION", SPOOL_DIR_ENV)}
     value_class = values.ValueClass
     with tempfile.TemporaryDirectory(prefix="bench-worker-") as root:
         os.makedirs(os.path.join(root, "metrics"))
-        os.environ.update(PROMETHEUS_MULTIPROC_DIR=os.path.join(root, "metrics"), LOG_LOCATION=root)
+        os.environ.update(PROMETHEUS_MULTIPROC_DIR=os.path.join(root, "metrics"), LOG_LOCATION=root,
+                          **{SPOOL_DIR_ENV: os.path.join(root, "records")})
         values.ValueClass = values.MultiProcessValue()
         try:
             yield root

@@ -226,6 +226,8 @@ class RealTimeHandler(BaseHandler):
         or ``explanations``; else the protocol (``kserve-v1``, ``oip-v2``; ``rest`` or ``grpc``
         for rtserve's own body), with ``-grpc`` when it came over gRPC and ``-explain`` on an
         explain route."""
+        if not declared and not explain and len(plain_only) == batch.size:
+            return ["predictions"] * batch.size  # the common batch
         grpc = set(no_route)
         names = []
         for idx in range(batch.size):

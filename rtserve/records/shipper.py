@@ -30,8 +30,8 @@ from typing import Callable, Protocol, Sequence
 
 from rtserve.errors import RecordsError, StoreUnavailable
 from rtserve.records.record import Record, parse_line
-from rtserve.records.spool import (Segment, load_checkpoint, save_checkpoint, segments,
-                                   spool_usage)
+from rtserve.records.spool import (Segment, count_lines, load_checkpoint, save_checkpoint,
+                                   segments, spool_usage)
 from rtserve.runtime.logs import complete_lines
 
 logger = logging.getLogger(__name__)
@@ -165,28 +165,30 @@ class Shipper:
         Raises:
             StoreUnavailable: the store refused the write or never answered (nothing moved).
         """
+        if self.store is None:  # nothing to ship: only make room (the segments listed when due)
+            self.make_room(None)
+            return 0
         found = segments(self.config.spool)
         shipped = 0
-        if self.store is not None:
-            batch, advance = self._collect(found)
-            if batch:
-                try:
-                    self.store.write(batch)
-                except StoreUnavailable:
-                    self._count("store_errors", 1)
-                    if self.metrics is not None:
-                        self.metrics.store_up.set(0)
-                    raise
-                now = self.clock()
+        batch, advance = self._collect(found)
+        if batch:
+            try:
+                self.store.write(batch)
+            except StoreUnavailable:
+                self._count("store_errors", 1)
                 if self.metrics is not None:
-                    self.metrics.store_up.set(1)
-                    for record in batch:
-                        self.metrics.lag.observe(max(0.0, now - record.time.timestamp()))
-                self._count("shipped", len(batch))
-                shipped = len(batch)
-            if advance:
-                self.shipped.update(advance)
-                save_checkpoint(self.config.spool, self._known(found))
+                    self.metrics.store_up.set(0)
+                raise
+            now = self.clock()
+            if self.metrics is not None:
+                self.metrics.store_up.set(1)
+                for record in batch:
+                    self.metrics.lag.observe(max(0.0, now - record.time.timestamp()))
+            self._count("shipped", len(batch))
+            shipped = len(batch)
+        if advance:
+            self.shipped.update(advance)
+            save_checkpoint(self.config.spool, self._known(found))
         self.make_room(found)
         return shipped
 
@@ -202,12 +204,15 @@ class Shipper:
         found = segments(self.config.spool) if found is None else found
         return sum(max(0, s.size - self.shipped.get(s.name, 0)) for s in found)
 
-    def make_room(self, found: list[Segment]) -> int:
+    def make_room(self, found: list[Segment] | None) -> int:
         """Delete the oldest closed segments that are shipped (all closed ones without a store)
-        while the spool holds more than ``keep`` of its budget. Returns how many were deleted."""
+        while the spool holds more than ``keep`` of its budget (``found``: the spool's segments,
+        None: listed here when some must go). Returns how many were deleted."""
         used = spool_usage(self.config.spool)
         limit = self.config.keep * self.config.budget
         deleted = 0
+        if found is None:
+            found = segments(self.config.spool) if used > limit else []
         for segment in found:
             if used <= limit:
                 break
@@ -216,8 +221,7 @@ class Shipper:
             if self.store is not None and self.shipped.get(segment.name, 0) < segment.size:
                 continue
             if self.store is None:
-                lines, _ = complete_lines(segment.path, 0)
-                self._count("evicted", len(lines))
+                self._count("evicted", count_lines(segment.path))
             try:
                 segment.path.unlink()
             except FileNotFoundError:

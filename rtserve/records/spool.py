@@ -79,6 +79,19 @@ def segments(directory: Path) -> list[Segment]:
     return found
 
 
+def count_lines(path: Path, chunk: int = 1 << 20) -> int:
+    """How many complete lines ``path`` holds (a torn last line is not one), read a chunk at a
+    time; 0 when it is gone."""
+    count = 0
+    try:
+        with open(path, "rb") as f:
+            while data := f.read(chunk):
+                count += data.count(b"\n")
+    except FileNotFoundError:
+        return 0
+    return count
+
+
 def load_checkpoint(directory: Path) -> dict[str, int]:
     """How far each segment was shipped (empty when nothing was, or the file is unreadable:
     then everything is shipped again, which the store's key makes harmless)."""

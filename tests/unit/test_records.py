@@ -26,7 +26,8 @@ from rtserve.errors import RecordsError, StoreUnavailable
 from rtserve.records.lookup import Source, contact_points, export, since
 from rtserve.records.record import format_time, parse_line
 from rtserve.records.shipper import Shipper, ShipperConfig, ShipperMetrics
-from rtserve.records.spool import (CHECKPOINT, find_local, is_closed, load_checkpoint, segments)
+from rtserve.records.spool import (CHECKPOINT, count_lines, find_local, is_closed, load_checkpoint,
+                                   segments)
 
 pytestmark = pytest.mark.unit
 
@@ -236,6 +237,21 @@ def test_room_is_made_from_shipped_closed_segments_only_and_without_a_store_from
     local = shipper(tmp_path, None, budget=2 * (sizes[3] + 500), keep=0.5)
     local.step()
     assert [s.name for s in segments(tmp_path)] == ["0003-1.jsonl"] and local.totals["evicted"] == 100
+
+
+def test_without_a_store_a_look_lists_the_segments_only_when_room_is_due(tmp_path, monkeypatch):
+    import rtserve.records.shipper as shipper_module
+
+    size = write_segment(tmp_path, [line(n) for n in range(100)], "0001-1.jsonl").stat().st_size
+    write_segment(tmp_path, [line(100 + n) for n in range(50)] + ['{"torn'], "0002-1.jsonl")
+    listed = []
+    monkeypatch.setattr(shipper_module, "segments", lambda d: listed.append(d) or segments(d))
+    local = shipper(tmp_path, None, budget=4 * size, keep=0.5)
+    assert local.step() == 0 and not listed  # under half the budget: no listing, no lock taken
+    local = shipper(tmp_path, None, budget=2 * size, keep=0.5)
+    local.step()
+    assert listed and [s.name for s in segments(tmp_path)] == ["0002-1.jsonl"]
+    assert local.totals["evicted"] == 100 and count_lines(tmp_path / "0002-1.jsonl") == 50
 
 
 def test_drain_ships_everything_there_is_then_says_so(tmp_path):
