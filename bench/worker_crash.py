@@ -29,7 +29,7 @@ import signal
 import statistics
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 from bench import common
 from bench.loadgen import Counts, Record, summarize
@@ -52,28 +52,62 @@ def worker_died(status: int, error: str) -> bool:
     return status in (500, 507) and WORKER_DIED in error
 
 
+#: TorchServe's describe API knows two worker statuses: READY (its thread runs and the model is
+#: loaded) and UNLOADING for every other state, so also for a worker whose new process is still
+#: starting or loading the model (``ApiUtils`` in TorchServe 0.12.0).
+READY = "READY"
+
+
 def workers(client: Client, model: str) -> list[dict]:
     """The default version's workers as describe lists them: ``id``, ``pid``, ``status``."""
     return client.describe(model)[0].get("workers", [])
 
 
-def wait_replaced(client: Client, model: str, victim: dict, count: int,
-                  timeout: float) -> tuple[float | None, list[dict]]:
-    """Poll until the victim's worker id runs under a new PID and ``count`` workers are READY.
+def new_process(worker: dict, victim: dict) -> bool:
+    """Whether ``worker`` (the victim's id) runs a process other than the victim's."""
+    pid = worker.get("pid")
+    return isinstance(pid, int) and pid > 0 and pid != victim["pid"]
 
-    Returns:
-        Seconds waited (None on timeout) and the last worker list seen.
+
+@dataclass
+class Replacement:
+    """How a killed worker came back, as describe showed it.
+
+    Attributes:
+        started_s: seconds until its worker id showed a new PID (its new process runs), or None.
+        ready_s: seconds until that and ``count`` workers READY, or None (not within the timeout).
+        workers: the last worker list seen.
     """
+
+    started_s: float | None
+    ready_s: float | None
+    workers: list[dict]
+
+
+def watch_replacement(client: Client, model: str, victim: dict, count: int,
+                      timeout: float) -> Replacement:
+    """Poll until the victim's worker id runs under a new PID and ``count`` workers are READY."""
     started = time.monotonic()
+    up: float | None = None
     seen: list[dict] = []
     while time.monotonic() - started < timeout:
         seen = workers(client, model)
-        ready = [w for w in seen if w.get("status") == "READY"]
+        mine = [w for w in seen if w.get("id") == victim["id"]]
+        if up is None and mine and all(new_process(w, victim) for w in mine):
+            up = time.monotonic() - started
+        ready = [w for w in seen if w.get("status") == READY]
         if (len(ready) >= count and victim["pid"] not in {w.get("pid") for w in seen}
                 and any(w.get("id") == victim["id"] for w in ready)):
-            return time.monotonic() - started, seen
+            return Replacement(up, time.monotonic() - started, seen)
         time.sleep(0.05)
-    return None, seen
+    return Replacement(up, None, seen)
+
+
+def wait_replaced(client: Client, model: str, victim: dict, count: int,
+                  timeout: float) -> tuple[float | None, list[dict]]:
+    """:func:`watch_replacement`'s seconds until READY (None on timeout) and last worker list."""
+    replacement = watch_replacement(client, model, victim, count, timeout)
+    return replacement.ready_s, replacement.workers
 
 
 def latency_recovered_at(records: list[Record], since: float, baseline_ms: float) -> float | None:
@@ -107,7 +141,8 @@ def run(server: TorchServe, model: str, baseline: float, after: float, rate: flo
         load.mark("worker down")
         killed_at = load.now()
         os.kill(int(victim["pid"]), signal.SIGKILL)
-        replaced_s, now = wait_replaced(client, model, victim, len(before), recovery_timeout)
+        watched = watch_replacement(client, model, victim, len(before), recovery_timeout)
+        replaced_s, now = watched.ready_s, watched.workers
         load.mark("recovered")
         time.sleep(after)
     finally:
@@ -131,7 +166,10 @@ def run(server: TorchServe, model: str, baseline: float, after: float, rate: flo
         "killed": {"id": victim["id"], "pid": victim["pid"]},
         "replacement": next(({"id": w.get("id"), "pid": w.get("pid"), "status": w.get("status")}
                              for w in now if w.get("id") == victim["id"]), None),
+        "replacement_started_s": (round(watched.started_s, 2) if watched.started_s is not None
+                                  else None),
         "worker_restarted_s": round(replaced_s, 2) if replaced_s is not None else None,
+        "recovery_timeout_s": recovery_timeout,
         "latency_back_s": round(latency_at - killed_at, 2) if latency_at is not None else None,
         "full_capacity_s": (round(max(latency_at - killed_at, replaced_s), 2)
                             if latency_at is not None and replaced_s is not None else None),
@@ -142,6 +180,16 @@ def run(server: TorchServe, model: str, baseline: float, after: float, rate: flo
         "after_recovery": vars(Counts.of([r for r in records if r.phase == "recovered"])),
         "phases": [asdict(p) for p in summarize(records)],
     }
+
+
+def not_ready(report: dict) -> str:
+    """Why the run saw no recovery: no new process for the worker, or one still loading."""
+    limit = report["recovery_timeout_s"]
+    if report["replacement_started_s"] is None:
+        return f"NOT REPLACED: no new process for worker {report['killed']['id']} within {limit} s"
+    status = (report["replacement"] or {}).get("status")
+    return (f"NOT READY within {limit} s: its new process runs, status {status} (TorchServe's "
+            f"status for a worker that is not {READY}: still starting or loading the model)")
 
 
 def render(report: dict) -> str:
@@ -155,7 +203,9 @@ def render(report: dict) -> str:
         f"each a 500/507 \"Worker died.\": {report['failures_explicit']})",
         f"killed worker {report['killed']['id']} (pid {report['killed']['pid']}) with SIGKILL; "
         f"replacement: {report['replacement']}",
-        f"worker restarted and all workers READY after: {report['worker_restarted_s']} s",
+        f"replacement process running after: {report['replacement_started_s']} s; worker "
+        f"restarted and all workers READY after: {report['worker_restarted_s']} s",
+        *([not_ready(report)] if report["worker_restarted_s"] is None else []),
         f"latency back to baseline (p50 {report['baseline_p50_ms']} ms) after: "
         f"{report['latency_back_s']} s; full capacity after: {report['full_capacity_s']} s",
         f"other workers kept serving: {report['others_kept_serving']} "

@@ -107,6 +107,15 @@ class ServerError(RtserveError):
     status = 503
 
 
+class PortInUseError(ServerError):
+    """HTTP 503: TorchServe exited during start-up because a listener's port was taken by the time
+    it bound it (``address`` as it printed it, ``port``): a start on other ports can succeed."""
+
+    def __init__(self, message: str, address: str, port: int | None) -> None:
+        super().__init__(message)
+        self.address, self.port = address, port
+
+
 class WarmupError(RtserveError):
     """HTTP 503: the start-up warm-up's settings are invalid, or the server answered a warm-up
     request wrongly."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import socket
 from pathlib import Path
+from typing import Collection
 
 #: Where the kernel says its ephemeral range is, and the range assumed when it cannot be read.
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
@@ -40,9 +41,10 @@ def listening_range(ephemeral: tuple[int, int] | None = None) -> range:
     return range(high + 1, 65536)
 
 
-def free_ports(count: int, ports: range | None = None) -> list[int]:
-    """Reserve ``count`` distinct free loopback TCP ports outside the ephemeral range (each bound
-    once to prove it free, released just before use).
+def free_ports(count: int, ports: range | None = None, exclude: Collection[int] = ()) -> list[int]:
+    """Reserve ``count`` distinct free loopback TCP ports outside the ephemeral range and
+    ``exclude`` (ports handed out already, free until their process binds them), each bound
+    once to prove it free, released just before use.
 
     Raises:
         OSError: no free port was found in :data:`TRIES` candidates per port.
@@ -56,7 +58,7 @@ def free_ports(count: int, ports: range | None = None) -> list[int]:
             if len(found) == count:
                 break
             port = rng.randrange(candidates.start, candidates.stop)
-            if port in found:
+            if port in found or port in exclude:
                 continue
             sock = socket.socket()
             try:

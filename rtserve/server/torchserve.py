@@ -28,7 +28,7 @@ from typing import Callable
 from handler.records import SPOOL_DIR_ENV
 from handler.warmup import KEY_ENV
 from rtserve.client.rest import Client, TorchServeError
-from rtserve.errors import DiskBudgetError, ServerError, WrongAnswers
+from rtserve.errors import DiskBudgetError, PortInUseError, ServerError, WrongAnswers
 from rtserve.runtime.logs import backup, read_rotated
 from rtserve.runtime.ports import free_ports
 from rtserve.runtime.process import (PidFile, last_lines, spawn, stop_recorded, tail, terminate,
@@ -41,6 +41,7 @@ from rtserve.server.properties import (GREEDY_KEY, OIP_KEY,  # noqa: F401 - GREE
                                        RECORDS_TTL_KEY, configured, effective_props, greedy,
                                        read_properties, write_properties)
 from rtserve.server.readiness import probe_prediction, workers_ready
+from rtserve.server.startup import bind_failure, exit_reason, listener_ports
 from rtserve.settings import CANARY_WATCHER_MARKS, PACKAGE_HOME, WARM_FILE, RunDir, Settings, log_config
 from rtserve.server.warmup import KEY_FILE, Rows, WarmupConfig, WarmupError, new_key, warm_up
 
@@ -341,7 +342,9 @@ class TorchServe:
         with os.fdopen(fd, "w") as out:
             out.write(warmup_key)
         config = self.files.config
-        write_properties(config, self.effective_props(*free_ports(2)))
+        # the private metrics and OIP listeners on ports no configured listener uses
+        private = free_ports(2, exclude=listener_ports(self.props))
+        write_properties(config, self.effective_props(*private))
         # the exporter leaves the start's warm-up lines out of the request-duration histogram
         self.warmup_skip = warmup.requests * len(self.models)
         self.start_sidecars()
@@ -376,8 +379,8 @@ class TorchServe:
             Seconds waited.
 
         Raises:
-            ServerError: the process died, the timeout passed (the log tail is in the message)
-                or a warm-up answer was wrong.
+            ServerError: the process died (:meth:`start_failure`), the timeout passed (the log
+                tail is in the message) or a warm-up answer was wrong.
         """
         started = time.monotonic()
         client = self.client(timeout=5.0, retries=0)
@@ -386,7 +389,7 @@ class TorchServe:
 
         def ready() -> bool:
             if self.pid() is None and time.monotonic() - started > 5:
-                raise ServerError(f"TorchServe exited during start-up:\n{self.log_tail()}")
+                raise self.start_failure()
             if self.worker_deaths() >= WORKER_DEATHS_FATAL:
                 raise ServerError(f"model workers keep dying while loading:\n{self.log_tail()}")
             try:
@@ -405,6 +408,27 @@ class TorchServe:
         if wait_until(ready, timeout, poll=0.25):
             return time.monotonic() - started
         raise ServerError(f"TorchServe not ready after {timeout:.0f}s ({last[0]}):\n{self.log_tail()}")
+
+    def start_failure(self) -> ServerError:
+        """The error for a frontend that exited during start-up, saying why when its output
+        does (:func:`rtserve.server.startup.exit_reason`), with the log tail.
+
+        Returns:
+            A :class:`PortInUseError` when a listener's port was taken, else a
+            :class:`ServerError`.
+        """
+        output = read_rotated(self.run_dir / "launcher.log")
+        try:
+            props = read_properties(self.files.config)
+        except OSError:
+            props = {}
+        reason = exit_reason(output, props)
+        message = (f"TorchServe exited during start-up{': ' + reason if reason else ''}\n"
+                   f"{self.log_tail()}")
+        failure = bind_failure(output)
+        if failure is not None and failure.in_use:
+            return PortInUseError(message, failure.address, failure.port)
+        return ServerError(message)
 
     def _warm_up(self, client: Client, models: list[str]) -> None:
         """Warm up ``models`` unless this start already was; then write ``RUN_DIR/warm``.

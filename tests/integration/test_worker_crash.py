@@ -9,15 +9,24 @@ from tests.helpers import bench_main
 
 pytestmark = pytest.mark.integration
 
-#: TorchServe retries a dead worker after 1 s (its back-off table starts 0, 1, 1, 2, ...), then
-#: loads the model again (2-4 s on a busy 2-core machine). The worker must be back within this.
-RESTART_LIMIT_S = 20.0
+#: TorchServe retries a dead worker after 1 s (its back-off table starts 0, 1, 1, 2, ...); the
+#: new Python process then imports torch and loads the model, CPU-bound work that took 20 s in
+#: all (9 s to the new PID, 11 s more to READY) at a load average of 5 on 2 cores, and scales
+#: with the load (make test runs at 15-25). The worker must be back within this: a machine that
+#: busy, still well inside the 300 s a whole server gets to start (rtserve.testing.server).
+RESTART_LIMIT_S = 180.0
 
 
 def test_killed_worker_fails_only_its_batch_and_is_replaced(server, tmp_path, capsys):
     rc, report = bench_main(worker_crash.main, tmp_path / "report.json", "--attach", server.run_dir,
                             "--baseline", 1.5, "--after", 1.5, "--rate", 100, "--concurrency", 4,
                             "--recovery-timeout", RESTART_LIMIT_S)
+    # The killed worker came back (describe says UNLOADING for a worker that is not READY, a
+    # replacement still loading included): checked first, to say which of the two failed.
+    assert report["replacement_started_s"] is not None, ("the killed worker was never replaced",
+                                                         report["replacement"])
+    assert report["worker_restarted_s"] is not None, ("its replacement was not READY in time",
+                                                      report["replacement"])
     assert rc == 0, report
     assert f"killed worker {report['killed']['id']}" in capsys.readouterr().out
     # Counted on the first try (what a client without rtserve's resend sees): only the killed
@@ -35,8 +44,7 @@ def test_killed_worker_fails_only_its_batch_and_is_replaced(server, tmp_path, ca
     assert report["failed_first_by_status"].keys() <= {"500", "507"}
     assert report["resent"] == len(failures) and report["failed_after_resend"] == 0
     # The same worker id runs again under a new PID, READY, within the limit.
-    assert report["worker_restarted_s"] is not None, "the killed worker was not replaced in time"
-    assert report["worker_restarted_s"] < RESTART_LIMIT_S
+    assert report["replacement_started_s"] <= report["worker_restarted_s"] < RESTART_LIMIT_S
     assert report["replacement"]["id"] == report["killed"]["id"]
     assert report["replacement"]["pid"] != report["killed"]["pid"]
     assert report["replacement"]["status"] == "READY"

@@ -36,3 +36,12 @@ def test_a_taken_port_is_never_handed_out_and_exhaustion_is_an_error():
         taken.listen()
         with pytest.raises(OSError, match=f"no 1 free loopback ports in {port}-{port}"):
             ports.free_ports(1, range(port, port + 1))
+
+
+def test_excluded_ports_are_never_handed_out():
+    """A server's own listeners' ports are free until it binds them: never handed out again."""
+    first = ports.free_ports(6)
+    assert not set(ports.free_ports(6, exclude=first)) & set(first)
+    free = first[0]
+    with pytest.raises(OSError, match=f"no 1 free loopback ports in {free}-{free}"):
+        ports.free_ports(1, range(free, free + 1), exclude=[free])
