@@ -71,7 +71,9 @@ class Usage:
     at_max: dict[str, int] = field(default_factory=dict)
     #: The largest the records spool (``RUN_DIR/records``) was seen.
     max_records: int = 0
-    inodes: dict[str, set[int]] = field(default_factory=dict)
+    #: Each file name's (inode, size) at the last sample, and the rollovers seen on it.
+    last: dict[str, tuple[int, int]] = field(default_factory=dict)
+    rolled: dict[str, int] = field(default_factory=dict)
 
     def sample(self) -> None:
         apparent = allocated = 0
@@ -88,7 +90,10 @@ class Usage:
                     apparent += st.st_size
                     part = path.relative_to(self.root).parts[0] if path.parent != self.root / "logs" else name
                     parts[part] = parts.get(part, 0) + st.st_size
-                    self.inodes.setdefault(name, set()).add(st.st_ino)
+                    before = self.last.get(name)
+                    if before is not None and (st.st_ino != before[0] or st.st_size < before[1]):
+                        self.rolled[name] = self.rolled.get(name, 0) + 1
+                    self.last[name] = (st.st_ino, st.st_size)
         self.samples += 1
         self.max_records = max(self.max_records, parts.get("records", 0))
         self.max_allocated = max(self.max_allocated, allocated)
@@ -96,8 +101,10 @@ class Usage:
             self.max_apparent, self.at_max = apparent, parts
 
     def rolls(self, name: str) -> int:
-        """How many files the name was seen on, less one: the rollovers the sampler saw."""
-        return len(self.inodes.get(name, ())) - 1
+        """The rollovers the sampler saw: the name on another inode, or smaller, than at the
+        sample before. (A set of the inodes seen undercounts: the file made at a rollover often
+        gets the inode number the deleted backup just freed, so two inodes take turns.)"""
+        return self.rolled.get(name, 0)
 
 
 @dataclass

@@ -168,3 +168,22 @@ def test_archives_that_unpack_beyond_the_tmp_reserve_are_refused_before_the_star
     assert not (tmp_path / "run" / "config.properties").exists()
     server.overrides[BUDGET_KEY] = "32MiB"
     server.budget.check_tmp([store / "big_1.0.mar"])  # fits a larger budget
+
+
+def test_the_disk_tests_sampler_counts_rollovers_that_reuse_an_inode(tmp_path):
+    """tests/disk_budget.py's sampler: a rollover's new file often gets the inode number the
+    deleted backup just freed (two inodes take turns), so a set of inodes saw one rollover for
+    many; it counts each change of inode or shrink between samples."""
+    from tests.disk_budget import Usage
+
+    log = tmp_path / "logs" / "model_log.log"
+    log.parent.mkdir()
+    log.write_text("x" * 100)
+    usage = Usage(tmp_path)
+    usage.sample()
+    for _ in range(5):
+        log.with_name("model_log.log.1").unlink(missing_ok=True)
+        log.rename(log.with_name("model_log.log.1"))
+        log.write_text("y" * 10)
+        usage.sample()
+    assert usage.rolls("model_log.log") == 5
