@@ -16,6 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import requests
 import yaml
@@ -135,10 +136,12 @@ class Loaded:
                                               (*TS_LOGS, "live-log.jsonl") if self.usage.rolls(name) > 0))
 
 
-def ten_budgets(server, tmp_path: Path, budgets: int = 10, rolled: tuple[str, ...] = ROLLED) -> Loaded:
-    """Shadow the served version to itself, then load ``server`` with wrk in rounds until
-    ``budgets`` budgets of access-log lines are written and each file of ``rolled`` rolled twice
-    (at most :data:`ROUNDS`), sampling the run directory every :data:`SAMPLE_S`."""
+def ten_budgets(server, tmp_path: Path, budgets: int = 10, rolled: tuple[str, ...] = ROLLED,
+                round_s: int = ROUND_S, between: Callable[[], None] | None = None) -> Loaded:
+    """Shadow the served version to itself, then load ``server`` with wrk in rounds of
+    ``round_s`` until ``budgets`` budgets of access-log lines are written and each file of
+    ``rolled`` rolled twice (at most :data:`ROUNDS`; ``between()`` after each round), sampling
+    the run directory every :data:`SAMPLE_S`."""
     require("wrk")
     base = server.props["inference_address"]
     routes = {"model": MODEL_NAME, "log": str(server.files.live_log), "token_file": None, "canary": None,
@@ -167,10 +170,12 @@ def ten_budgets(server, tmp_path: Path, budgets: int = 10, rolled: tuple[str, ..
         # requests a round, and the model log takes fewer bytes a request than the access log)
         while (sent * line < budgets * BUDGET or not all(usage.rolls(name) >= 2 for name in rolled)) \
                 and rounds < ROUNDS:
-            result = run_wrk(url, 8, ROUND_S, server.client().keys.get("inference"), body=body)
+            result = run_wrk(url, 8, round_s, server.client().keys.get("inference"), body=body)
             sent += result["requests"]
             errors += sum(result["errors"].values())
             rounds += 1
+            if between is not None:
+                between()
     finally:
         done.set()
         thread.join()

@@ -24,6 +24,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.loadgen import SteadyLoad
+from rtserve.errors import StoreUnavailable
 from rtserve.records.store import Store
 from rtserve.server.torchserve import SHIPPER
 from tests.conftest import MODEL_NAME
@@ -75,9 +76,15 @@ def check_stored(store: Store, load_records, since: datetime) -> dict:
     while True:
         by_time = Counter()
         found: dict[str, object] = {}
-        for rec in store.records(MODEL_NAME, since - timedelta(minutes=1)):
-            by_time[rec.request_id] += 1
-            found[rec.request_id] = rec
+        try:
+            for rec in store.records(MODEL_NAME, since - timedelta(minutes=1)):
+                by_time[rec.request_id] += 1
+                found[rec.request_id] = rec
+        except StoreUnavailable:  # this session's driver not yet back to a restarted node
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(2.0)
+            continue
         missing = answered.keys() - found.keys()
         if not missing or time.monotonic() > deadline:
             break
