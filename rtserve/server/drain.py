@@ -134,6 +134,12 @@ def queue_state(client: Client) -> tuple[int, set[str]]:
     return pending, workers
 
 
+def without_batch_lines(text: str) -> str:
+    """``text`` (ts_log.log's) less the worker threads' two lines per batch."""
+    return "".join(line for line in text.splitlines(keepends=True)
+                   if BATCH_START not in line and BATCH_DONE not in line)
+
+
 def mark_draining(run_dir: Path, pid: int | None) -> Path:
     """Write the drain marker (readiness goes false); returns its path."""
     path = RunDir(Path(run_dir)).drain_marker

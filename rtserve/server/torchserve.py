@@ -507,13 +507,17 @@ class TorchServe:
         return read_rotated(self.log_dir / "model_log.log").count("Backend worker process died")
 
     def log_tail(self, lines: int = 40) -> str:
-        """The last lines of the launcher output and TorchServe's main logs (with their backups)."""
+        """The last lines of the launcher output and TorchServe's main logs (with their backups),
+        less ts_log.log's two lines per batch: they would fill the tail, and a pod's output (where
+        the foreground runner logs this tail) leaves them out too."""
         parts = []
         launcher = self.run_dir / "launcher.log"
         if launcher.exists():
             parts.append("--- launcher.log ---\n" + tail(launcher, lines))
         for path in (self.log_dir / "ts_log.log", self.log_dir / "model_log.log"):
             text = read_rotated(path)
+            if path.name == "ts_log.log":
+                text = draining.without_batch_lines(text)
             if text:
                 parts.append(f"--- {path.relative_to(self.run_dir)} ---\n" + last_lines(text, lines))
         return "\n".join(parts) or "(no logs)"

@@ -88,3 +88,19 @@ def test_a_bad_warm_up_setting_fails_the_start_before_anything_runs(tmp_path):
     with pytest.raises(ServerError, match="rtserve_warmup_seconds a number"):
         server.start()
     assert not (tmp_path / "run").exists()
+
+
+def test_the_log_tail_leaves_out_the_two_lines_per_batch(tmp_path):
+    """A failed start or warm-up logs this tail to the pod's output, which carries ts_log.log's
+    events but never its per-batch lines (tests/integration/test_probe.py)."""
+    server = instance(tmp_path)
+    server.log_dir.mkdir(parents=True)
+    batch = ("2026-12-02T09:49:49,179 [INFO ] W-29816-realtime-classifier_1.0 org.pytorch.serve.wlm."
+             "WorkerThread - Looping backend response at: 1796204989191\n"
+             "2026-12-02T09:49:49,183 [INFO ] W-29816-realtime-classifier_1.0 org.pytorch.serve.wlm."
+             "WorkerThread - Backend response time: 4\n")
+    event = "2026-12-02T09:49:50,001 [WARN ] pool-3-thread-1 org.pytorch.serve.wlm.ModelManager - event\n"
+    (server.log_dir / "ts_log.log").write_text(batch * 30 + event + batch * 30)
+    tail = server.log_tail()
+    assert event.strip() in tail
+    assert "Looping backend" not in tail and "Backend response time" not in tail
