@@ -241,16 +241,22 @@ def routes_lines(run_dir: Path) -> list[str]:
             if line.startswith(start)]
 
 
-def routes_applied(run_dir: Path, before: int, timeout: float = 10.0) -> str:
+def routes_applied(run_dir: Path, before: int, timeout: float = 10.0, expect: str | None = None) -> str:
     """The agent's next line of :func:`routes_lines` after ``before`` of them (``len(routes_lines())``
-    taken before the routes file changed): once it is there, requests follow the new routes.
-    The agent checks the file every 200 ms; ``timeout`` is for a loaded machine."""
+    taken before the routes file changed), or with ``expect`` the first such line that contains
+    it (the one for this change, when an earlier change's line may have come after ``before``
+    was taken): once it is there, requests follow the new routes. The agent checks the file
+    every 200 ms; ``timeout`` is for a loaded machine."""
     deadline = time.monotonic() + timeout
-    while len(lines := routes_lines(run_dir)) <= before:
-        assert time.monotonic() < deadline, \
-            f"the agent did not read the routes file within {timeout:g} s (its lines: {lines[-3:]})"
+    while True:
+        lines = routes_lines(run_dir)
+        found = [line for line in lines[before:] if expect is None or expect in line]
+        if found:
+            return found[0]
+        assert time.monotonic() < deadline, (f"the agent did not read the routes file within "
+                                             f"{timeout:g} s (expected {expect!r}; its last lines: "
+                                             f"{lines[-3:]})")
         time.sleep(0.05)
-    return lines[before]
 
 
 def settled(read: Callable[[], list], at_least: int = 0, quiet_s: float = 1.0,

@@ -90,6 +90,16 @@ def send(server, rows, keys=None, version=None) -> list[dict]:
     return sent
 
 
+def wait_for(condition: Callable[[], bool], timeout: float) -> bool:
+    """Whether ``condition()`` holds within ``timeout`` seconds (polled every 50 ms)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def routes_count(server) -> int:
     """How many 'live routes' lines the agent has written (before a change of the routes)."""
     return len(routes_lines(server.run_dir))
@@ -124,12 +134,16 @@ def agent(server, rollout, rows):
     before = routes_count(server)
     set_route(files.live_routes, MODEL_NAME, files.live_log.resolve(), "shadow",
               Route("2.0", 100.0, f"{server.props['inference_address']}/predictions/{MODEL_NAME}/2.0"))
+    found = []
     try:
-        routes_applied(server.run_dir, before, timeout=30.0)
-        sent = send(server, rows[:3])
-        found = wait_for_lines(server, [s["id"] for s in sent], timeout=30.0)
+        if wait_for(lambda: routes_count(server) > before, 30.0):  # the agent read the routes
+            sent = send(server, rows[:3])
+            found = wait_for_lines(server, [s["id"] for s in sent], timeout=30.0)
     finally:
+        before = routes_count(server)
         set_route(files.live_routes, MODEL_NAME, files.live_log.resolve(), "shadow", None)
+        if found:
+            routes_applied(server.run_dir, before, expect="shadow none")
     if not found:
         launcher = (server.run_dir / "launcher.log").read_text()
         agent_said = [line.split(":")[0].removeprefix("[rtserve-agent] ")
@@ -179,7 +193,7 @@ def shadowed(server, version: str, rows) -> tuple[list[dict], dict]:
     before = routes_count(server)
     started = make(server, "shadow", f"MODEL_VERSION={version}")
     assert started.returncode == 0, started.stdout
-    routes_applied(server.run_dir, before)
+    routes_applied(server.run_dir, before, expect=f"shadow {version} at 100.0%")
     earlier = len(shadow_lines(server, version))
     sent = send(server, rows)
     assert [s["status"] for s in sent] == [200] * len(rows)
@@ -303,7 +317,7 @@ def test_canary_of_a_disagreeing_candidate_is_aborted(agent, rows, random_candid
     started = make(agent, "canary", f"MODEL_VERSION={random_candidate}", "PERCENT=20",
                    f"GATE_CONFIG={config}")
     assert started.returncode == 0 and "watcher pid" in started.stdout, started.stdout
-    routes_applied(agent.run_dir, lines)
+    routes_applied(agent.run_dir, lines, expect=f"canary {random_candidate} at 20.0%")
     sent = send(agent, rows, keys=[f"user-{i}" for i in range(len(rows))])
     assert [s["status"] for s in sent] == [200] * len(rows)  # wrong answers, not failures
     event = wait_aborted(agent, before)
@@ -312,7 +326,7 @@ def test_canary_of_a_disagreeing_candidate_is_aborted(agent, rows, random_candid
     assert any(line.get("event") == "canary-abort" and line["failures"] == event["failures"]
                for line in audit_lines(agent))
     assert "ABORTED canary 3.2" in agent.files.canary_log.read_text()
-    assert f"canary {random_candidate} at 0.0%" in routes_applied(agent.run_dir, lines + 1)
+    routes_applied(agent.run_dir, lines, expect=f"canary {random_candidate} at 0.0%")
     after = send(agent, rows[:50], keys=[f"user-{i}" for i in range(50)])
     assert {s["version"] for s in after} == {"1.0"}
 
@@ -326,7 +340,7 @@ def test_canary_of_a_failing_candidate_is_aborted(agent, rows, rollout, tmp_path
     started = make(agent, "canary", "MODEL_VERSION=2.0", "PERCENT=30", f"GATE_CONFIG={config}")
     assert started.returncode == 0, started.stdout
     rollout.client.scale(MODEL_NAME, 0, version="2.0")
-    routes_applied(agent.run_dir, lines)
+    routes_applied(agent.run_dir, lines, expect="canary 2.0 at 30.0%")
     try:
         keys = [f"user-{i}" for i in range(len(rows))]
         rounds: list[tuple[float, list[dict]]] = []  # (when the round started, its answers)
@@ -337,7 +351,7 @@ def test_canary_of_a_failing_candidate_is_aborted(agent, rows, rollout, tmp_path
             rounds.append((time.time(), send(agent, rows[lo:lo + 50], keys=keys[lo:lo + 50])))
             if aborted_at is None and len(aborts(agent)) > before:
                 # from when the agent follows the abort's routes (share 0)
-                assert "canary 2.0 at 0.0%" in routes_applied(agent.run_dir, lines + 1)
+                routes_applied(agent.run_dir, lines, expect="canary 2.0 at 0.0%")
                 aborted_at = time.time()
         event = aborts(agent)[-1]
         assert event["version"] == "2.0" and event["failures"][0].startswith("error rate:")
@@ -401,7 +415,7 @@ def test_stop_ends_the_canary_watcher_and_a_start_clears_the_live_routes(build_r
             before = routes_count(ts)
             started = make(ts, "canary", "MODEL_VERSION=2.0", "PERCENT=100")
             assert started.returncode == 0, started.stdout
-            routes_applied(ts.run_dir, before)
+            routes_applied(ts.run_dir, before, expect="canary 2.0 at 100.0%")
             assert {s["version"] for s in send(ts, rows[:10], keys=keys)} == {"2.0"}
             pid = watcher_pid(files.canary_pid)
             assert pid is not None and alive(pid)
