@@ -229,8 +229,97 @@ def bench_main(main, out: Path, *args: object) -> tuple[int, dict | list]:
     return rc, json.loads(out.read_text())
 
 
-#: A candidate that answers every POST after 500 ms (``python -c SLOW_CANDIDATE HOST PORT``; it
-#: prints the port it listens on): a stand-in, since no real model can be told to be slow.
+def routes_lines(run_dir: Path) -> list[str]:
+    """The frontend agent's lines about the server's routes file so far (in
+    ``RUN_DIR/launcher.log``; agent/src/rtserve/agent/Router.java, ``Watch.check``): one each
+    time it read the routes file or its token file anew, after the routes it read took over (the
+    next request routed follows them), kept the previous ones, or found the file gone."""
+    from rtserve.server.properties import routes_file
+
+    start = f"[rtserve-agent] live routes: {routes_file(run_dir)}"
+    return [line for line in (Path(run_dir) / "launcher.log").read_text().splitlines()
+            if line.startswith(start)]
+
+
+def routes_applied(run_dir: Path, before: int, timeout: float = 10.0, expect: str | None = None) -> str:
+    """The agent's next line of :func:`routes_lines` after ``before`` of them (``len(routes_lines())``
+    taken before the routes file changed), or with ``expect`` the first such line that contains
+    it (the one for this change, when an earlier change's line may have come after ``before``
+    was taken): once it is there, requests follow the new routes. The agent checks the file
+    every 200 ms; ``timeout`` is for a loaded machine."""
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = routes_lines(run_dir)
+        found = [line for line in lines[before:] if expect is None or expect in line]
+        if found:
+            return found[0]
+        assert time.monotonic() < deadline, (f"the agent did not read the routes file within "
+                                             f"{timeout:g} s (expected {expect!r}; its last lines: "
+                                             f"{lines[-3:]})")
+        time.sleep(0.05)
+
+
+def settled(read: Callable[[], list], at_least: int = 0, quiet_s: float = 1.0,
+            timeout: float = 20.0) -> list:
+    """``read()`` once it holds at least ``at_least`` items and has not grown for ``quiet_s``
+    (or at ``timeout``): a log the agent appends to has stopped growing. The agent's live log
+    is flushed at least every 200 ms (LiveLog.FLUSH_MS), so 1 s without a line is quiet."""
+    deadline = time.monotonic() + timeout
+    items = read()
+    since = time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = read()
+        if len(now) != len(items):
+            items, since = now, time.monotonic()
+        elif len(items) >= at_least and time.monotonic() - since >= quiet_s:
+            break
+    return items
+
+
+#: The step of the agent's shadow draws (Routes.draw: the golden ratio less one).
+WEYL_STEP = 0.6180339887498949
+
+
+def shadow_share_range(requests: int, percent: float) -> tuple[int, int]:
+    """The fewest and the most of any ``requests`` consecutive requests that the agent mirrors
+    to a ``percent`` shadow, over every start of its draws.
+
+    Routes.draw copies the n-th request when frac(start + n * WEYL_STEP) * 100 < percent: with
+    x the first request's draw, request k of the run is copied when x lies in the arc
+    [frac(-k * WEYL_STEP), + percent/100) of the circle [0, 1). The count is how many arcs cover
+    x; a sweep over the arcs' ends finds its least and greatest value over every x.
+    """
+    p = percent / 100
+    events: list[tuple[float, int]] = []
+    covering = 0  # arcs that wrap past 1 and so cover the points just after 0
+    for k in range(requests):
+        s = (-k * WEYL_STEP) % 1.0
+        events.append((s, +1))
+        if s + p > 1.0:
+            covering += 1
+            events.append((s + p - 1.0, -1))
+        elif s + p < 1.0:
+            events.append((s + p, -1))
+    events.sort()
+    lo = hi = None
+    i = 0
+    while i < len(events):
+        at = events[i][0]
+        while i < len(events) and events[i][0] == at:
+            covering += events[i][1]
+            i += 1
+        if i == len(events) or events[i][0] > at:  # the count on [at, next event)
+            lo = covering if lo is None else min(lo, covering)
+            hi = covering if hi is None else max(hi, covering)
+    return lo, hi
+
+
+#: How long the slow stand-in (:data:`SLOW_CANDIDATE`) takes to answer, in seconds.
+SLOW_S = 0.5
+
+#: A candidate that answers every POST after :data:`SLOW_S` (``python -c SLOW_CANDIDATE HOST
+#: PORT``; it prints the port it listens on): a stand-in, since no real model can be told to be slow.
 SLOW_CANDIDATE = """
 import sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -240,7 +329,7 @@ class Slow(BaseHTTPRequestHandler):
 
     def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        time.sleep(0.5)
+        time.sleep(%s)
         body = b'{"model_version": "slow"}'
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -259,11 +348,11 @@ host, port = (sys.argv[1:] + ["127.0.0.1", "0"])[:2]
 server = Server((host, int(port)), Slow)
 print(server.server_address[1], flush=True)
 server.serve_forever()
-"""
+""" % SLOW_S
 
 
 def shadow_cost(load, switch: Callable[[bool], None], settle_s: float, windows: int, window_s: float,
-                attempts: int, what: str) -> list[tuple]:
+                attempts: int, what: str, max_allowed_ms: float | None = None) -> list[tuple]:
     """The callers' latency under steady ``load`` (a started :class:`bench.loadgen.SteadyLoad`)
     with the shadow off and on, in alternating windows (off on, on off, ...: a drift of the
     machine falls on both alike); ``switch(on)`` changes the routes, which hold ``settle_s``
@@ -273,8 +362,10 @@ def shadow_cost(load, switch: Callable[[bool], None], settle_s: float, windows: 
     machine busy with other tiers one measurement's p99 can swing by more than 5 ms either way;
     a mirror that held the callers back would fail every attempt. Each attempt's allowance is
     5 ms or the machine's own noise at p99 (the off windows' two halves against each other),
-    whichever is larger. Returns each attempt's (off, on, allowed); the last is within its
-    allowance unless every attempt failed. ``what`` names the load in the printed lines.
+    whichever is larger, and at most ``max_allowed_ms`` when given (a noisy run must not widen
+    it past what the fault under test adds). Returns each attempt's (off, on, allowed); the last
+    is within its allowance unless every attempt failed. ``what`` names the load in the printed
+    lines.
     """
     from bench.loadgen import summarize
 
@@ -296,11 +387,12 @@ def shadow_cost(load, switch: Callable[[bool], None], settle_s: float, windows: 
                              if r.phase in {f"off {attempt}.{i}" for i in range(half, windows, 2)}])[0]
                   for half in (0, 1)]
         noise = abs(halves[0].p99_ms - halves[1].p99_ms)
-        allowed = max(5.0, noise)
+        allowed = max(5.0, noise) if max_allowed_ms is None else min(max(5.0, noise), max_allowed_ms)
         results.append((off, on, allowed))
         print(f"attempt {attempt + 1}: callers' latency ({what}), {windows} x {window_s:g} s per "
               f"condition: shadow off p50 {off.p50_ms:.2f} ms p99 {off.p99_ms:.2f} ms ({off.sent} "
-              f"requests); shadow on (500 ms candidate) p50 {on.p50_ms:.2f} ms p99 {on.p99_ms:.2f} ms "
+              f"requests); shadow on ({SLOW_S * 1000:g} ms candidate) p50 {on.p50_ms:.2f} ms "
+              f"p99 {on.p99_ms:.2f} ms "
               f"({on.sent} requests); the off windows' halves differ by {noise:.2f} ms at p99: "
               f"allowed {allowed:.2f} ms")
         if on.p99_ms - off.p99_ms <= allowed:

@@ -16,13 +16,14 @@ checkout, so a probe that sees no live line fails the module's tests, naming wha
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import requests
@@ -35,7 +36,8 @@ from rtserve.promotion.live import Route, read_routes, set_route, watcher_pid
 from rtserve.promotion.rollout import Rollout
 from rtserve.runtime.process import alive
 from tests.conftest import MODEL_NAME, REPO, make_archive
-from tests.helpers import keep_only, random_archive, records
+from tests.helpers import (RandomAnswers, Reference, demo_eager, keep_only, random_archive, records,
+                           routes_applied, routes_lines)
 from tests.integration.conftest import serve
 
 pytestmark = pytest.mark.integration
@@ -44,8 +46,8 @@ pytestmark = pytest.mark.integration
 N = 300
 #: Seconds to wait for the agent's lines.
 WAIT_S = 30.0
-#: The agent re-reads the routes file every 200 ms: a change holds for requests sent after this.
-RELOAD_S = 0.5
+#: Every row this module sent, by the x-request-id its caller received.
+SENT: dict[str, list[float]] = {}
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +85,24 @@ def send(server, rows, keys=None, version=None) -> list[dict]:
                 "version": body.get("model_version") if isinstance(body, dict) else None}
 
     with ThreadPoolExecutor(4) as pool:
-        return list(pool.map(one, range(len(rows))))
+        sent = list(pool.map(one, range(len(rows))))
+    SENT.update((s["id"], row) for s, row in zip(sent, rows) if s["id"])
+    return sent
+
+
+def wait_for(condition: Callable[[], bool], timeout: float) -> bool:
+    """Whether ``condition()`` holds within ``timeout`` seconds (polled every 50 ms)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def routes_count(server) -> int:
+    """How many 'live routes' lines the agent has written (before a change of the routes)."""
+    return len(routes_lines(server.run_dir))
 
 
 def live_lines(server) -> list[dict]:
@@ -112,14 +131,19 @@ def agent(server, rollout, rows):
     """The running frontend agent follows the routes file (a first probe: a 100% shadow to 2.0
     and a few requests must show up in the live log within 30 s, on a loaded machine too)."""
     files = server.files
+    before = routes_count(server)
     set_route(files.live_routes, MODEL_NAME, files.live_log.resolve(), "shadow",
               Route("2.0", 100.0, f"{server.props['inference_address']}/predictions/{MODEL_NAME}/2.0"))
+    found = []
     try:
-        time.sleep(RELOAD_S)
-        sent = send(server, rows[:3])
-        found = wait_for_lines(server, [s["id"] for s in sent], timeout=30.0)
+        if wait_for(lambda: routes_count(server) > before, 30.0):  # the agent read the routes
+            sent = send(server, rows[:3])
+            found = wait_for_lines(server, [s["id"] for s in sent], timeout=30.0)
     finally:
+        before = routes_count(server)
         set_route(files.live_routes, MODEL_NAME, files.live_log.resolve(), "shadow", None)
+        if found:
+            routes_applied(server.run_dir, before, expect="shadow none")
     if not found:
         launcher = (server.run_dir / "launcher.log").read_text()
         agent_said = [line.split(":")[0].removeprefix("[rtserve-agent] ")
@@ -159,11 +183,18 @@ def make(server, target: str, *extra: str) -> subprocess.CompletedProcess:
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
 
 
+def shadow_lines(server, version: str) -> list[dict]:
+    return [line for line in live_lines(server) if line["kind"] == "shadow" and line["version"] == version]
+
+
 def shadowed(server, version: str, rows) -> tuple[list[dict], dict]:
-    """`make shadow` of ``version``, the rows sent, `make shadow-report`: (answers, saved report)."""
+    """`make shadow` of ``version``, the rows sent, `make shadow-report`: (answers, saved report).
+    The report counts every mirror of ``version`` in the live log: those before and this run's."""
+    before = routes_count(server)
     started = make(server, "shadow", f"MODEL_VERSION={version}")
     assert started.returncode == 0, started.stdout
-    time.sleep(RELOAD_S)
+    routes_applied(server.run_dir, before, expect=f"shadow {version} at 100.0%")
+    earlier = len(shadow_lines(server, version))
     sent = send(server, rows)
     assert [s["status"] for s in sent] == [200] * len(rows)
     assert {s["version"] for s in sent} == {"1.0"}  # callers only ever see the default
@@ -172,7 +203,58 @@ def shadowed(server, version: str, rows) -> tuple[list[dict], dict]:
     report = make(server, "shadow-report", f"MODEL_VERSION={version}")
     assert report.returncode == 0, report.stdout
     assert f"shadow {MODEL_NAME}: candidate {version} against the default (1.0)" in report.stdout
-    return sent, json.loads(server.files.shadow_report.read_text())
+    saved = json.loads(server.files.shadow_report.read_text())
+    assert saved["mirrored"] == earlier + len(rows), (saved["mirrored"], earlier)  # no more, no less
+    return sent, saved
+
+
+def all_compared(report: dict) -> None:
+    """Every mirrored request of the report is a compared pair: none dropped at the agent's
+    in-flight cap (4 callers in flight, the candidate on the same server: far below 64), none
+    without the default's record (the handler writes it before the caller's answer), none
+    failed on either side. A mirror lost, or one that never had the default's answer, fails."""
+    assert (report["dropped"], report["unmatched"]) == (0, 0), report
+    assert report["errors"]["candidate"]["errors"] == 0 and report["errors"]["default"]["errors"] == 0
+    assert report["compared"] == report["mirrored"], report
+
+
+def classes(reference: Reference, rows: list[list[float]]) -> tuple[list[str], list[float]]:
+    """Each row's class by ``reference``, and the gap between its two highest probabilities."""
+    top = reference.probabilities(rows).topk(2, dim=1)
+    return ([reference.meta.labels[i] for i in top.indices[:, 0].tolist()],
+            (top.values[:, 0] - top.values[:, 1]).tolist())
+
+
+def assert_agreement_recomputed(server, report: dict, default: Reference, candidate: Reference) -> float:
+    """The report's agreement equals the one the in-process models (the archives' own weights)
+    give on the rows of its pairs, as this module sent them; returns it. A row whose two highest
+    probabilities are within 1e-4 of each other (either model) may be classed otherwise by the
+    served export: each such row is the tolerance of one request."""
+    lines = shadow_lines(server, report["candidate"])
+    rows = [SENT[line["of"]] for line in lines]
+    assert len(rows) == report["compared"], (len(rows), report["compared"])
+    (mine, mine_gap), (theirs, theirs_gap) = classes(default, rows), classes(candidate, rows)
+    same = sum(a == b for a, b in zip(mine, theirs))
+    ties = sum(min(a, b) < 1e-4 for a, b in zip(mine_gap, theirs_gap))
+    print(f"agreement of {report['candidate']}: report {report['agreement']:.6f}, recomputed "
+          f"{same}/{len(rows)} = {same / len(rows):.6f} ({ties} near-ties)")
+    # the report rounds to 6 decimals
+    assert abs(report["agreement"] * len(rows) - same) <= ties + 1e-6 * len(rows), (report, same)
+    return same / len(rows)
+
+
+@pytest.fixture(scope="module")
+def reference(mar_v1) -> Callable[[str], Reference]:
+    """The deterministic model of a version (1.0, 2.0 or 3.2) in this process, checked against
+    its archive's golden set (the served version's weights); each made once."""
+    models = {"1.0": lambda: demo_eager("1.0"), "2.0": lambda: demo_eager("2.0"),
+              "3.2": lambda: RandomAnswers(demo_eager("1.0"))}
+
+    @functools.lru_cache(maxsize=None)
+    def of(version: str) -> Reference:
+        return Reference.from_mar(mar_v1.parent / f"{MODEL_NAME}_{version}.mar", models[version]())
+
+    return of
 
 
 @pytest.fixture()
@@ -182,11 +264,13 @@ def canary_stopped(agent):
     make(agent, "shadow-stop")
 
 
-def test_shadow_of_2_0_reports_its_agreement_and_ids_the_records_find(agent, rows, canary_stopped):
+def test_shadow_of_2_0_reports_its_agreement_and_ids_the_records_find(agent, rows, reference,
+                                                                    canary_stopped):
     sent, report = shadowed(agent, "2.0", rows)
-    mine = [line for line in live_lines(agent) if line["kind"] == "shadow" and line["version"] == "2.0"]
-    assert report["mirrored"] == len(mine) >= N and report["dropped"] == 0
-    assert report["compared"] >= N and report["default"] == ["1.0"]
+    assert report["mirrored"] == len(shadow_lines(agent, "2.0")) >= N
+    all_compared(report)
+    assert report["default"] == ["1.0"]
+    assert_agreement_recomputed(agent, report, reference("1.0"), reference("2.0"))
     assert report["agreement"] >= 0.85  # the gate measured 94.5% on the golden sets
     assert sum(report["classes"]["default"].values()) == report["compared"]
     assert report["errors"]["candidate"]["errors"] == 0
@@ -199,8 +283,10 @@ def test_shadow_of_2_0_reports_its_agreement_and_ids_the_records_find(agent, row
     assert [e["action"] for e in History(agent.files.history).events()][-1] == "shadow"
 
 
-def test_shuffled_candidate_agrees_by_chance(agent, rows, random_candidate, canary_stopped):
+def test_shuffled_candidate_agrees_by_chance(agent, rows, random_candidate, reference, canary_stopped):
     _, report = shadowed(agent, random_candidate, rows)
+    all_compared(report)
+    assert_agreement_recomputed(agent, report, reference("1.0"), reference(random_candidate))
     shares = {who: {k: v / sum(c.values()) for k, v in c.items()}
               for who, c in report["classes"].items()}
     chance = sum(p * shares["candidate"].get(k, 0.0) for k, p in shares["default"].items())
@@ -227,11 +313,11 @@ def test_canary_of_a_disagreeing_candidate_is_aborted(agent, rows, random_candid
     config = gate_config(tmp_path, canary={"window_s": 30.0, "min_requests": 20, "min_agreement": 0.8,
                                            "max_error_rate": 0.5, "max_p99_ms": 10000.0})
     assert make(agent, "shadow", f"MODEL_VERSION={random_candidate}").returncode == 0
-    before = len(aborts(agent))
+    before, lines = len(aborts(agent)), routes_count(agent)
     started = make(agent, "canary", f"MODEL_VERSION={random_candidate}", "PERCENT=20",
                    f"GATE_CONFIG={config}")
     assert started.returncode == 0 and "watcher pid" in started.stdout, started.stdout
-    time.sleep(RELOAD_S)
+    routes_applied(agent.run_dir, lines, expect=f"canary {random_candidate} at 20.0%")
     sent = send(agent, rows, keys=[f"user-{i}" for i in range(len(rows))])
     assert [s["status"] for s in sent] == [200] * len(rows)  # wrong answers, not failures
     event = wait_aborted(agent, before)
@@ -240,7 +326,7 @@ def test_canary_of_a_disagreeing_candidate_is_aborted(agent, rows, random_candid
     assert any(line.get("event") == "canary-abort" and line["failures"] == event["failures"]
                for line in audit_lines(agent))
     assert "ABORTED canary 3.2" in agent.files.canary_log.read_text()
-    time.sleep(RELOAD_S)
+    routes_applied(agent.run_dir, lines, expect=f"canary {random_candidate} at 0.0%")
     after = send(agent, rows[:50], keys=[f"user-{i}" for i in range(50)])
     assert {s["version"] for s in after} == {"1.0"}
 
@@ -250,21 +336,23 @@ def test_canary_of_a_failing_candidate_is_aborted(agent, rows, rollout, tmp_path
     failed request is one of the candidate's own answers, and none fails after the abort."""
     config = gate_config(tmp_path, canary={"window_s": 30.0, "min_requests": 10,
                                            "max_error_rate": 0.1, "max_p99_ms": 10000.0})
-    before = len(aborts(agent))
+    before, lines = len(aborts(agent)), routes_count(agent)
     started = make(agent, "canary", "MODEL_VERSION=2.0", "PERCENT=30", f"GATE_CONFIG={config}")
     assert started.returncode == 0, started.stdout
     rollout.client.scale(MODEL_NAME, 0, version="2.0")
-    time.sleep(RELOAD_S)
+    routes_applied(agent.run_dir, lines, expect="canary 2.0 at 30.0%")
     try:
         keys = [f"user-{i}" for i in range(len(rows))]
         rounds: list[tuple[float, list[dict]]] = []  # (when the round started, its answers)
         aborted_at, deadline = None, time.monotonic() + WAIT_S
-        while aborted_at is None or rounds[-1][0] < aborted_at + RELOAD_S + 2:  # 2 s past the abort
+        while aborted_at is None or rounds[-1][0] < aborted_at + 2:  # 2 s past the abort's routes
             assert time.monotonic() < deadline, f"no abort: {agent.files.canary_log.read_text()}"
             lo = 50 * len(rounds) % len(rows)
             rounds.append((time.time(), send(agent, rows[lo:lo + 50], keys=keys[lo:lo + 50])))
             if aborted_at is None and len(aborts(agent)) > before:
-                aborted_at = datetime.fromisoformat(aborts(agent)[-1]["at"]).timestamp()
+                # from when the agent follows the abort's routes (share 0)
+                routes_applied(agent.run_dir, lines, expect="canary 2.0 at 0.0%")
+                aborted_at = time.time()
         event = aborts(agent)[-1]
         assert event["version"] == "2.0" and event["failures"][0].startswith("error rate:")
         sent = [s for _, answers in rounds for s in answers]
@@ -277,7 +365,7 @@ def test_canary_of_a_failing_candidate_is_aborted(agent, rows, rollout, tmp_path
             assert s["id"] in canary and canary[s["id"]]["status"] == s["status"], s
         candidate_errors = {s["id"] for s in sent if s["id"] in canary and canary[s["id"]]["status"] >= 400}
         assert {s["id"] for s in failed} == candidate_errors
-        after = [s for t, answers in rounds if t >= aborted_at + RELOAD_S for s in answers]
+        after = [s for t, answers in rounds if t >= aborted_at for s in answers]
         print(f"{len(sent)} requests: {len(failed)} failed, each a candidate answer "
               f"({sorted({s['status'] for s in failed})}); {len(after)} sent after the abort, "
               f"{sum(s['status'] != 200 for s in after)} failed")
@@ -324,9 +412,10 @@ def test_stop_ends_the_canary_watcher_and_a_start_clears_the_live_routes(build_r
 
         def canary_of_2_0() -> int:
             Rollout(ts.client(timeout=120), History(files.history), MODEL_NAME).register("2.0", workers=1)
+            before = routes_count(ts)
             started = make(ts, "canary", "MODEL_VERSION=2.0", "PERCENT=100")
             assert started.returncode == 0, started.stdout
-            time.sleep(RELOAD_S)
+            routes_applied(ts.run_dir, before, expect="canary 2.0 at 100.0%")
             assert {s["version"] for s in send(ts, rows[:10], keys=keys)} == {"2.0"}
             pid = watcher_pid(files.canary_pid)
             assert pid is not None and alive(pid)
@@ -346,7 +435,8 @@ def test_stop_ends_the_canary_watcher_and_a_start_clears_the_live_routes(build_r
         ts.wait_ready(120, [MODEL_NAME])
         for stale in (files.live_routes, files.live_log, files.shadow_report):
             assert not stale.exists(), stale
-        time.sleep(RELOAD_S)
+        # the new frontend's agent never had routes: it has nothing to follow, nor a line to write
+        assert routes_count(ts) == 0
         after = send(ts, rows[:10], keys=keys)
         assert [(s["status"], s["version"]) for s in after] == [(200, "1.0")] * 10
         assert not files.live_log.exists()  # nothing forwarded
