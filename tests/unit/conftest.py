@@ -15,9 +15,10 @@ def _give_server_env(mp: pytest.MonkeyPatch, root) -> None:
     mp.setenv("LOG_LOCATION", str(root / "logs"))
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="package", autouse=True)
 def session_server_env(tmp_path_factory):
-    """The server environment for every unit test (module-scoped handlers included)."""
+    """The server environment for every unit test (module-scoped handlers included), undone
+    after the last one: a later tier's servers must not inherit its LOG_LOCATION."""
     with pytest.MonkeyPatch.context() as mp:
         _give_server_env(mp, tmp_path_factory.mktemp("server_env"))
         yield
