@@ -34,7 +34,7 @@ from rtserve.promotion.gate import DEFAULT_CONFIG
 from rtserve.promotion.history import History
 from rtserve.promotion.live import Route, read_routes, set_route, watcher_pid
 from rtserve.promotion.rollout import Rollout
-from rtserve.runtime.process import alive
+from rtserve.runtime.process import alive, wait_until
 from tests.conftest import MODEL_NAME, REPO, make_archive
 from tests.helpers import (RandomAnswers, Reference, demo_eager, keep_only, random_archive, records,
                            routes_applied, routes_lines)
@@ -90,16 +90,6 @@ def send(server, rows, keys=None, version=None) -> list[dict]:
     return sent
 
 
-def wait_for(condition: Callable[[], bool], timeout: float) -> bool:
-    """Whether ``condition()`` holds within ``timeout`` seconds (polled every 50 ms)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 def routes_count(server) -> int:
     """How many 'live routes' lines the agent has written (before a change of the routes)."""
     return len(routes_lines(server.run_dir))
@@ -136,7 +126,7 @@ def agent(server, rollout, rows):
               Route("2.0", 100.0, f"{server.props['inference_address']}/predictions/{MODEL_NAME}/2.0"))
     found = []
     try:
-        if wait_for(lambda: routes_count(server) > before, 30.0):  # the agent read the routes
+        if wait_until(lambda: routes_count(server) > before, 30.0, poll=0.05):  # the agent read the routes
             sent = send(server, rows[:3])
             found = wait_for_lines(server, [s["id"] for s in sent], timeout=30.0)
     finally:
