@@ -865,8 +865,9 @@ cassandra-status: ## Show whether the node of CASSANDRA_RUN_DIR runs, its CQL ad
 # The cluster tier is the longest (image builds and loads, pods starting, rollouts, preStop
 # drains), so by default it runs in a pytest process of its own (TEST_CLUSTER) beside the
 # others, its output printed after theirs; the stream and records tiers (TEST_BESIDE: broker and
-# node restarts, session timeouts, a JVM each) run after the main tier in a second pytest, so
-# that the 2 cores take two tiers at a time (three at once: CI's timeouts and 5,400 s); with
+# node restarts, session timeouts, a JVM each) run in a third pytest once the first of those two
+# ends (the cluster tier or the main tier, whichever; the lanes' lengths drift by day), so that
+# the 2 cores take two tiers at a time (three at once: CI's timeouts and 5,400 s); with
 # PYTEST_ARGS (or TEST_SPLIT=0) one pytest runs with exactly those arguments.
 # Every tool a test needs is installed first, or make test stops there saying which: no test is
 # skipped for a tool the project can install (nginx: the rehearsal and the gateway; wrk and
@@ -897,16 +898,19 @@ test: $(STAMP) $(AGENT_JAR) $(if $(TEST_SPLIT_ON),$(WHEELHOUSE_STAMP)) ## Run th
 	@if [ -z "$(TEST_SPLIT_ON)" ]; then \
 	  echo "$(PY) -m pytest $(PYTEST_ARGS)"; exec $(PY) -m pytest $(PYTEST_ARGS); fi; \
 	mkdir -p build && start=$$(date +%s); \
-	echo ">> $(TEST_CLUSTER) runs in a pytest process of its own beside the rest (its output follows theirs); $(TEST_BESIDE) after the main tier"; \
+	echo ">> $(TEST_CLUSTER) runs in a pytest process of its own beside the rest (its output follows theirs); $(TEST_BESIDE) once the first of the two ends"; \
 	$(PY) -m pytest $(TEST_CLUSTER) $(TEST_CLUSTER_ARGS) > build/test-cluster.log 2>&1 & cluster=$$!; \
-	trap 'kill $$cluster 2>/dev/null' INT TERM; \
-	rest=0; $(PY) -m pytest $(addprefix --ignore=,$(TEST_CLUSTER) $(TEST_BESIDE)) 2>&1 | tee build/test-main.log || rest=$$?; \
-	echo ">> $(TEST_BESIDE) (build/test-beside.log):"; \
-	other=0; $(PY) -m pytest $(TEST_BESIDE) $(TEST_BESIDE_ARGS) 2>&1 | tee build/test-beside.log || other=$$?; \
-	third=0; wait $$cluster || third=$$?; \
+	{ $(PY) -m pytest $(addprefix --ignore=,$(TEST_CLUSTER) $(TEST_BESIDE)) 2>&1 | tee build/test-main.log; } & main=$$!; \
+	trap 'kill $$cluster $$main $$(ps -o pid= --ppid $$main) 2>/dev/null' INT TERM; \
+	first=; firstrc=0; wait -n -p first $$cluster $$main || firstrc=$$?; \
+	echo ">> $$([ "$$first" = "$$cluster" ] && echo "$(TEST_CLUSTER)" || echo "the main tier") ended first: $(TEST_BESIDE) starts (build/test-beside.log)"; \
+	other=0; $(PY) -m pytest $(TEST_BESIDE) $(TEST_BESIDE_ARGS) > build/test-beside.log 2>&1 || other=$$?; \
+	later=0; wait $$([ "$$first" = "$$cluster" ] && echo $$main || echo $$cluster) || later=$$?; \
+	if [ "$$first" = "$$cluster" ]; then rest=$$later; third=$$firstrc; else rest=$$firstrc; third=$$later; fi; \
+	echo ">> $(TEST_BESIDE) (build/test-beside.log):"; cat build/test-beside.log; \
 	echo ">> $(TEST_CLUSTER) (build/test-cluster.log):"; cat build/test-cluster.log; \
 	end=$$(date +%s); \
-	echo ">> make test: $$(( end - $(or $(TEST_T0),$$start) )) s (setup $$(( start - $(or $(TEST_T0),$$start) )) s, tests $$(( end - start )) s); exit status: $$rest, $$other after it, $$third for the cluster"; \
+	echo ">> make test: $$(( end - $(or $(TEST_T0),$$start) )) s (setup $$(( start - $(or $(TEST_T0),$$start) )) s, tests $$(( end - start )) s); exit status: $$rest for the main tier, $$other for $(TEST_BESIDE), $$third for the cluster"; \
 	grep -hE '^(FAILED|ERROR) ' build/test-main.log build/test-beside.log build/test-cluster.log | sed 's/^/>> /' || true; \
 	[ $$rest -eq 0 ] && [ $$other -eq 0 ] && [ $$third -eq 0 ]
 
