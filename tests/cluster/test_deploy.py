@@ -3,7 +3,9 @@ reached through its Service (kube-proxy), rolled out and back under steady traff
 the real Job, undone by itself when a version fails, drained within its disruption budget.
 
 The tests run in order on one Deployment (each starts from what the one before left: 1.0
-serving with 2 replicas). Traffic goes to the Service's cluster IP from this machine, as a
+serving with 2 replicas). The accepted rollout of 2.0 and `make k8s-rollback` under traffic are
+test_live_traffic.py's promotion with the shadow's evidence (the same phases, one rollout fewer
+for the tier). Traffic goes to the Service's cluster IP from this machine, as a
 client in the cluster would; every request is counted on its first try.
 """
 
@@ -18,9 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import pod_rollout
 from bench.loadgen import Counts, SteadyLoad
-from tests.cluster.conftest import NAMESPACE, RATE, autoscaler_held, deploy, make, no_failures
+from tests.cluster.conftest import NAMESPACE, autoscaler_held, deploy, no_failures
 from tests.conftest import MODEL_NAME, REPO
 
 pytestmark = pytest.mark.cluster
@@ -69,31 +70,6 @@ def test_a_failed_verification_is_undone_by_k8s_deploy(served, image_vars):
     assert served.versions() == {"1.0"}
     print(f"failed verification of 2.0 and its undo: {Counts.of(records).text()} of {len(records)}")
     no_failures(records, "a failed verification and its undo")
-
-
-def test_rollout_and_rollbacks_under_traffic_fail_no_request(served, image_vars):
-    """`make pod-rollout`'s phases (bench/pod_rollout.py: k8s-deploy 2.0, k8s-rollback) under
-    steady traffic through the Service. (A plain `kubectl rollout undo` under traffic is what
-    k8s-deploy runs to undo a failed version: the two tests after this one.)"""
-    cluster = served.cluster
-    phases = pod_rollout.steps("2.0", [*cluster.make_vars, *image_vars])
-    records, outputs = pod_rollout.run(served.deployed, phases, rate=RATE, concurrency=4)
-    deployed = outputs["2.0 rollout"][0]
-    # The Job ran again for this version (a Job's pod template is immutable: deleted, made anew).
-    assert 'job.batch "rtserve-verify" deleted' in deployed, deployed[-3000:]
-    assert "registry.example.com/ml/rtserve:2.0 verified on local" in deployed
-    assert served.versions() == {"1.0"}  # rolled back
-    report = pod_rollout.report(records)
-    for phase in ("2.0 rollout", "k8s-rollback"):
-        no_failures([r for r in records if r.phase == phase], phase)
-    print({k: f"{v['sent']} requests, {v['failed_first']} failed" for k, v in report.items()})
-    assert set(report["2.0 rollout"]["versions"]) == {"1.0", "2.0"}, report["2.0 rollout"]
-    assert set(report["k8s-rollback"]["versions"]) == {"1.0", "2.0"}, report["k8s-rollback"]
-    history = make("k8s-history", "OVERLAY=local", *cluster.make_vars)
-    assert history.returncode == 0, history.stdout
-    assert re.search(r"realtime-classifier 1\.0 \(registry\.example\.com/ml/rtserve:1\.0\) by make k8s-deploy",
-                     history.stdout), history.stdout
-    assert "realtime-classifier 2.0 (registry.example.com/ml/rtserve:2.0) by make k8s-deploy" in history.stdout
 
 
 def wrong_archive(store: Path, version: str) -> Path:

@@ -260,7 +260,7 @@ def test_a_candidate_500ms_slower_does_not_move_the_callers_p99(held, tmp_path):
         cluster.kubectl("-n", NAMESPACE, "delete", "pod,service", SLOW, "--ignore-not-found", "--wait=false")
 
 
-def test_shadow_canary_and_abort_of_a_candidate_deployment(held, image_vars, tmp_path):
+def test_shadow_canary_abort_then_a_promotion_rolled_out_and_back_under_traffic(held, image_vars, tmp_path):
     served, cluster = held, held.cluster
     state = tmp_path / "live"
     live = live_vars(served, image_vars, state)
@@ -382,13 +382,23 @@ def test_shadow_canary_and_abort_of_a_candidate_deployment(held, image_vars, tmp
         line for line in accepted.splitlines() if "live evidence" in line or line.startswith(">>")))
     assert re.search(r"live evidence: \d+ mirrored requests, agreement (1\.0000|0\.9\d+)", accepted), accepted[-3000:]
     assert "registry.example.com/ml/rtserve:2.0 verified on local" in accepted, accepted[-3000:]
+    # The Job ran again for this version (a Job's pod template is immutable: deleted, made anew).
+    assert 'job.batch "rtserve-verify" deleted' in accepted, accepted[-3000:]
     events = evidence_events(state)
     assert [e["outcome"] for e in events] == ["deployed"] and events[0]["live"]["requests"] >= EVIDENCE_REQUESTS
     for phase in ("2.0 rollout", "k8s-rollback"):
         no_failures([r for r in records if r.phase == phase], phase)
     report = pod_rollout.report(records)
     print({k: f"{v['sent']} requests, {v['failed_first']} failed" for k, v in report.items()})
-    assert served.versions() == {"1.0"}
+    # Callers' answers switched to 2.0 during the rollout, and back to 1.0 during the rollback.
+    assert set(report["2.0 rollout"]["versions"]) == {"1.0", "2.0"}, report["2.0 rollout"]
+    assert set(report["k8s-rollback"]["versions"]) == {"1.0", "2.0"}, report["k8s-rollback"]
+    assert served.versions() == {"1.0"}  # rolled back
+    history = make("k8s-history", "OVERLAY=local", *cluster.make_vars)
+    assert history.returncode == 0, history.stdout
+    assert re.search(r"realtime-classifier 1\.0 \(registry\.example\.com/ml/rtserve:1\.0\) by make k8s-deploy",
+                     history.stdout), history.stdout
+    assert "realtime-classifier 2.0 (registry.example.com/ml/rtserve:2.0) by make k8s-deploy" in history.stdout
 
 
 def evidence_config(tmp_path: Path, min_requests: int) -> Path:
