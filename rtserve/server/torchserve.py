@@ -43,7 +43,8 @@ from rtserve.server.properties import (GREEDY_KEY, OIP_KEY,  # noqa: F401 - GREE
 from rtserve.server.readiness import probe_prediction, workers_ready
 from rtserve.server.startup import bind_failure, exit_reason, listener_ports
 from rtserve.settings import CANARY_WATCHER_MARKS, PACKAGE_HOME, WARM_FILE, RunDir, Settings, log_config
-from rtserve.server.warmup import KEY_FILE, Rows, WarmupConfig, WarmupError, new_key, warm_up
+from rtserve.server.warmup import (KEY_FILE, Rows, WarmupConfig, WarmupError, WarmupReport, new_key,
+                                   warm_up)
 
 logger = logging.getLogger(__name__)
 
@@ -146,6 +147,8 @@ class TorchServe:
     #: How many warm-up lines of the access log the exporter leaves out of the request-duration
     #: histogram: the start's (:meth:`start`); 0 for an exporter started again later.
     warmup_skip: int = field(default=0, init=False, repr=False)
+    #: What each model's warm-up of the last start did (its report), by model name.
+    warmed: dict[str, WarmupReport] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir).resolve()
@@ -456,6 +459,7 @@ class TorchServe:
                 raise
             except (WarmupError, TorchServeError, OSError) as exc:
                 raise ServerError(f"warm-up of {model} failed: {exc}\n{self.log_tail()}") from exc
+            self.warmed[model] = report
             logger.info("warmed up %s: %d requests (%d connections) in %.2fs", model,
                         report.requests, report.connections, report.seconds)
         warm.write_text(f"{time.time():.3f}\n")
