@@ -14,7 +14,7 @@ answers, through this instead. It does what the client's calls need, no more:
 - each request on a new connection, closed once its answer is read: ``http`` over a plain
   socket (HTTP/1.1, ``Connection: close``; a body by ``Content-Length``, chunked, or up to the
   close), ``https`` through ``http.client`` with the system's CA certificates (imported only
-  then: ``http.client`` brings ``email`` and ``ssl``, about a third of a probe's CPU); no proxy,
+  then: ``http.client`` brings ``email`` and ``ssl``, about a tenth of a probe's CPU); no proxy,
   redirect, retry or compressed answer;
 - a :class:`Response` with ``status_code``, ``headers`` (names in any case), ``content``,
   ``text`` and ``json()``; no ``raise_for_status`` (``Client.metrics`` needs ``requests``).

@@ -238,7 +238,7 @@ def test_a_probe_imports_neither_requests_nor_http_client_nor_the_other_command_
     assert done.returncode == 1 and done.stdout.startswith(verdict[check]), done.stdout + done.stderr
     assert "rtserve.server.probe" in modules
     assert not {"requests", "urllib3"} & modules
-    # nor http.client, which brings email and ssl (about a third of a probe's CPU): plain http
+    # nor http.client, which brings email and ssl (about a tenth of a probe's CPU): plain http
     # goes over a socket (rtserve.client.light)
     assert not {"http.client", "email.parser", "ssl"} & modules, sorted({"http.client", "email.parser", "ssl"} & modules)
     others = {f"rtserve.cli.{group}" for group in GROUPS} - {"rtserve.cli.probe"}
