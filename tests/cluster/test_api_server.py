@@ -4,9 +4,12 @@ real cluster refuses, with its own messages."""
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 import yaml
+
+from contextlib import contextmanager
 
 from tests.cluster.conftest import make
 from tests.conftest import REPO
@@ -66,8 +69,8 @@ def test_the_stream_consumers_component_is_accepted_by_the_api_server(cluster, o
     rendered = tmp_path / "rendered.yaml"
     rendered.write_text(cluster.ok("kustomize", str(with_stream(overlay, tmp_path))))
     objects = [o for o in yaml.safe_load_all(rendered.read_text()) if o]
-    cluster.ok("apply", "-f", "-", stdin=yaml.safe_dump_all([o for o in objects if o["kind"] == "Namespace"]))
-    done = cluster.kubectl("apply", "--dry-run=server", "-f", str(rendered))
+    with namespaces_of(cluster, objects):
+        done = cluster.kubectl("apply", "--dry-run=server", "-f", str(rendered))
     assert done.returncode == 0, done.stderr
     stream = {(o["kind"], o["metadata"]["name"]) for o in objects if "stream" in o["metadata"]["name"]}
     assert {"Deployment", "PodDisruptionBudget", "NetworkPolicy"} <= {kind for kind, _ in stream}, stream
@@ -80,9 +83,8 @@ def test_the_stream_consumers_component_is_accepted_by_the_api_server(cluster, o
 @pytest.mark.parametrize("overlay,job", [("staging", "verify"), ("local", "local-verify")])
 def test_the_verification_job_is_accepted_by_the_api_server(cluster, rendered, overlay, job):
     """The shared Job (rendered in staging's namespace) and the local overlay's own."""
-    namespaces = [o for o in yaml.safe_load_all(rendered[overlay].read_text()) if o and o["kind"] == "Namespace"]
-    cluster.ok("apply", "-f", "-", stdin=yaml.safe_dump_all(namespaces))
-    done = cluster.kubectl("apply", "--dry-run=server", "-f", str(rendered[job]))
+    with namespaces_of(cluster, [o for o in yaml.safe_load_all(rendered[overlay].read_text()) if o]):
+        done = cluster.kubectl("apply", "--dry-run=server", "-f", str(rendered[job]))
     assert done.returncode == 0, done.stderr
     assert "job.batch/rtserve-verify created (server dry run)" in done.stdout, done.stdout
     assert "PodSecurity" not in done.stderr, done.stderr
@@ -111,22 +113,64 @@ spec:
 """
 
 
+@contextmanager
+def namespaces_of(cluster, objects: list[dict]):
+    """The Namespace objects among ``objects`` made for real (a namespaced object's server dry
+    run needs its namespace), those this made deleted on exit: the local overlay's namespace is
+    then made by `make k8s-deploy`, as the docs say, and no test after finds one it did not make."""
+    made = []
+    for namespace in (o for o in objects if o["kind"] == "Namespace"):
+        name = namespace["metadata"]["name"]
+        if cluster.kubectl("get", "namespace", name).returncode:
+            cluster.ok("apply", "-f", "-", stdin=yaml.safe_dump(namespace))
+            made.append(name)
+    try:
+        yield
+    finally:
+        for name in made:
+            cluster.ok("delete", "namespace", name, "--wait=false")
+        for name in made:
+            gone(cluster, "namespace", name)
+
+
+def gone(cluster, *resource: str, timeout: float = 120) -> None:
+    """Wait until ``kubectl get <resource>`` finds nothing: what a test made is removed before the
+    next test starts (a pod left pulling an image, or pods left pending, cost the node's CPU)."""
+    deadline = time.monotonic() + timeout
+    while cluster.kubectl("get", *resource).returncode == 0:
+        assert time.monotonic() < deadline, f"{' '.join(resource)} still there after {timeout:.0f} s"
+        time.sleep(1)
+
+
 def test_a_restricted_namespace_refuses_a_privileged_pod(cluster):
     cluster.namespace("restricted-check", **{"pod-security.kubernetes.io/enforce": "restricted"})
-    refused = cluster.kubectl("apply", "-f", "-", stdin=PRIVILEGED_POD)
-    assert refused.returncode == 1
-    assert ('Error from server (Forbidden): error when creating "STDIN": pods "privileged" is forbidden: '
-            'violates PodSecurity "restricted:latest": ') in refused.stderr, refused.stderr
-    assert 'privileged (container "app" must not set securityContext.privileged=true)' in refused.stderr
-    assert cluster.kubectl("get", "pod", "privileged", "-n", "restricted-check").returncode == 1
-    # The same namespace takes a pod that meets the restricted level: the refusal is PodSecurity's.
-    assert cluster.ok("apply", "-f", "-", stdin=RESTRICTED_POD).strip() == "pod/conforming created"
+    try:
+        refused = cluster.kubectl("apply", "-f", "-", stdin=PRIVILEGED_POD)
+        assert refused.returncode == 1
+        assert ('Error from server (Forbidden): error when creating "STDIN": pods "privileged" is forbidden: '
+                'violates PodSecurity "restricted:latest": ') in refused.stderr, refused.stderr
+        assert 'privileged (container "app" must not set securityContext.privileged=true)' in refused.stderr
+        assert cluster.kubectl("get", "pod", "privileged", "-n", "restricted-check").returncode == 1
+        # The same namespace takes a pod that meets the restricted level: the refusal is PodSecurity's.
+        assert cluster.ok("apply", "-f", "-", stdin=RESTRICTED_POD).strip() == "pod/conforming created"
+    finally:
+        cluster.ok("delete", "namespace", "restricted-check", "--wait=false")
+    gone(cluster, "namespace", "restricted-check")
 
 
 def test_a_deployment_selector_change_is_refused_on_apply(cluster, rendered):
     """The staging overlay applied for real, then its Deployment with one more selector label
-    (and the same on its pods): the selector is immutable, and the running object stays."""
+    (and the same on its pods): the selector is immutable, and the running object stays. The
+    overlay's objects (its namespace with them) are deleted afterwards."""
     cluster.ok("apply", "-f", str(rendered["staging"]))
+    try:
+        refused_on_apply(cluster, rendered)
+    finally:
+        cluster.ok("delete", "-f", str(rendered["staging"]), "--ignore-not-found", "--wait=false")
+    gone(cluster, "namespace", "rtserve-staging")
+
+
+def refused_on_apply(cluster, rendered) -> None:
     objects = [o for o in yaml.safe_load_all(rendered["staging"].read_text()) if o]
     deployment = next(o for o in objects if o["kind"] == "Deployment")
     name, namespace = deployment["metadata"]["name"], deployment["metadata"]["namespace"]
