@@ -901,7 +901,7 @@ test: $(STAMP) $(AGENT_JAR) $(if $(TEST_SPLIT_ON),$(WHEELHOUSE_STAMP)) ## Run th
 	echo ">> $(TEST_CLUSTER) runs in a pytest process of its own beside the rest (its output follows theirs); $(TEST_BESIDE) once the first of the two ends"; \
 	$(PY) -m pytest $(TEST_CLUSTER) $(TEST_CLUSTER_ARGS) > build/test-cluster.log 2>&1 & cluster=$$!; \
 	{ $(PY) -m pytest $(addprefix --ignore=,$(TEST_CLUSTER) $(TEST_BESIDE)) 2>&1 | tee build/test-main.log; } & main=$$!; \
-	trap 'kill $$cluster $$main $$(ps -o pid= --ppid $$main) 2>/dev/null' INT TERM; \
+	trap 'kill $$cluster $$main $$(ps -o pid= --ppid $$main) 2>/dev/null; exit 143' INT TERM; \
 	first=; firstrc=0; wait -n -p first $$cluster $$main || firstrc=$$?; \
 	echo ">> $$([ "$$first" = "$$cluster" ] && echo "$(TEST_CLUSTER)" || echo "the main tier") ended first: $(TEST_BESIDE) starts (build/test-beside.log)"; \
 	other=0; $(PY) -m pytest $(TEST_BESIDE) $(TEST_BESIDE_ARGS) > build/test-beside.log 2>&1 || other=$$?; \
