@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import re
 import time
+from contextlib import contextmanager
 
 import pytest
 import yaml
-
-from contextlib import contextmanager
 
 from tests.cluster.conftest import make
 from tests.conftest import REPO
@@ -114,28 +113,36 @@ spec:
 
 
 @contextmanager
+def removed_on_exit(cluster, namespaces: list[str], *delete: str):
+    """On exit, ``kubectl delete <delete>`` (default: the ``namespaces``) without waiting; after a
+    body that passed, wait until each namespace is gone, so that the next test meets nothing this
+    one made (a pod left pulling an image, or pods left pending, cost the node's CPU)."""
+    try:
+        yield
+    finally:
+        if namespaces:
+            cluster.ok("delete", *(delete or ("namespace", *namespaces)), "--wait=false")
+    for name in namespaces:
+        gone(cluster, "namespace", name)
+
+
+@contextmanager
 def namespaces_of(cluster, objects: list[dict]):
-    """The Namespace objects among ``objects`` made for real (a namespaced object's server dry
-    run needs its namespace), those this made deleted on exit: the local overlay's namespace is
-    then made by `make k8s-deploy`, as the docs say, and no test after finds one it did not make."""
+    """The Namespace objects among ``objects`` that do not exist yet, made for real (a namespaced
+    object's server dry run needs its namespace) and removed on exit: the local overlay's namespace
+    is then made by `make k8s-deploy`, as the docs say."""
     made = []
     for namespace in (o for o in objects if o["kind"] == "Namespace"):
         name = namespace["metadata"]["name"]
         if cluster.kubectl("get", "namespace", name).returncode:
             cluster.ok("apply", "-f", "-", stdin=yaml.safe_dump(namespace))
             made.append(name)
-    try:
+    with removed_on_exit(cluster, made):
         yield
-    finally:
-        for name in made:
-            cluster.ok("delete", "namespace", name, "--wait=false")
-        for name in made:
-            gone(cluster, "namespace", name)
 
 
 def gone(cluster, *resource: str, timeout: float = 120) -> None:
-    """Wait until ``kubectl get <resource>`` finds nothing: what a test made is removed before the
-    next test starts (a pod left pulling an image, or pods left pending, cost the node's CPU)."""
+    """Wait until ``kubectl get <resource>`` finds nothing."""
     deadline = time.monotonic() + timeout
     while cluster.kubectl("get", *resource).returncode == 0:
         assert time.monotonic() < deadline, f"{' '.join(resource)} still there after {timeout:.0f} s"
@@ -144,7 +151,7 @@ def gone(cluster, *resource: str, timeout: float = 120) -> None:
 
 def test_a_restricted_namespace_refuses_a_privileged_pod(cluster):
     cluster.namespace("restricted-check", **{"pod-security.kubernetes.io/enforce": "restricted"})
-    try:
+    with removed_on_exit(cluster, ["restricted-check"]):
         refused = cluster.kubectl("apply", "-f", "-", stdin=PRIVILEGED_POD)
         assert refused.returncode == 1
         assert ('Error from server (Forbidden): error when creating "STDIN": pods "privileged" is forbidden: '
@@ -153,9 +160,6 @@ def test_a_restricted_namespace_refuses_a_privileged_pod(cluster):
         assert cluster.kubectl("get", "pod", "privileged", "-n", "restricted-check").returncode == 1
         # The same namespace takes a pod that meets the restricted level: the refusal is PodSecurity's.
         assert cluster.ok("apply", "-f", "-", stdin=RESTRICTED_POD).strip() == "pod/conforming created"
-    finally:
-        cluster.ok("delete", "namespace", "restricted-check", "--wait=false")
-    gone(cluster, "namespace", "restricted-check")
 
 
 def test_a_deployment_selector_change_is_refused_on_apply(cluster, rendered):
@@ -163,23 +167,17 @@ def test_a_deployment_selector_change_is_refused_on_apply(cluster, rendered):
     (and the same on its pods): the selector is immutable, and the running object stays. The
     overlay's objects (its namespace with them) are deleted afterwards."""
     cluster.ok("apply", "-f", str(rendered["staging"]))
-    try:
-        refused_on_apply(cluster, rendered)
-    finally:
-        cluster.ok("delete", "-f", str(rendered["staging"]), "--ignore-not-found", "--wait=false")
-    gone(cluster, "namespace", "rtserve-staging")
-
-
-def refused_on_apply(cluster, rendered) -> None:
-    objects = [o for o in yaml.safe_load_all(rendered["staging"].read_text()) if o]
-    deployment = next(o for o in objects if o["kind"] == "Deployment")
-    name, namespace = deployment["metadata"]["name"], deployment["metadata"]["namespace"]
-    before = cluster.ok("get", "deployment", name, "-n", namespace, "-o", "jsonpath={.spec.selector.matchLabels}")
-    deployment["spec"]["selector"]["matchLabels"]["track"] = "canary"
-    deployment["spec"]["template"]["metadata"]["labels"]["track"] = "canary"
-    refused = cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(deployment))
-    assert refused.returncode == 1
-    assert (f'The Deployment "{name}" is invalid: spec.selector: Invalid value: ') in refused.stderr, refused.stderr
-    assert refused.stderr.rstrip().endswith("field is immutable"), refused.stderr
-    after = cluster.ok("get", "deployment", name, "-n", namespace, "-o", "jsonpath={.spec.selector.matchLabels}")
-    assert after == before and "canary" not in after
+    with removed_on_exit(cluster, ["rtserve-staging"], "-f", str(rendered["staging"]), "--ignore-not-found"):
+        objects = [o for o in yaml.safe_load_all(rendered["staging"].read_text()) if o]
+        deployment = next(o for o in objects if o["kind"] == "Deployment")
+        name, namespace = deployment["metadata"]["name"], deployment["metadata"]["namespace"]
+        selector = ("get", "deployment", name, "-n", namespace, "-o", "jsonpath={.spec.selector.matchLabels}")
+        before = cluster.ok(*selector)
+        deployment["spec"]["selector"]["matchLabels"]["track"] = "canary"
+        deployment["spec"]["template"]["metadata"]["labels"]["track"] = "canary"
+        refused = cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(deployment))
+        assert refused.returncode == 1
+        assert f'The Deployment "{name}" is invalid: spec.selector: Invalid value: ' in refused.stderr, refused.stderr
+        assert refused.stderr.rstrip().endswith("field is immutable"), refused.stderr
+        after = cluster.ok(*selector)
+        assert after == before and "canary" not in after
