@@ -320,6 +320,8 @@ SLOW_S = 0.5
 
 #: A candidate that answers every POST after :data:`SLOW_S` (``python -c SLOW_CANDIDATE HOST
 #: PORT``; it prints the port it listens on): a stand-in, since no real model can be told to be slow.
+#: A path ending in ``/fast`` is answered at once (model_version "fast"): the same stand-in's
+#: cost without its delay, the control of a test that runs it beside the callers' pods.
 SLOW_CANDIDATE = """
 import sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -329,8 +331,10 @@ class Slow(BaseHTTPRequestHandler):
 
     def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        time.sleep(%s)
-        body = b'{"model_version": "slow"}'
+        fast = self.path.split("?")[0].endswith("/fast")
+        if not fast:
+            time.sleep(%s)
+        body = b'{"model_version": "fast"}' if fast else b'{"model_version": "slow"}'
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -352,7 +356,9 @@ server.serve_forever()
 
 
 def shadow_cost(load, switch: Callable[[bool], None], settle_s: float, windows: int, window_s: float,
-                attempts: int, what: str, max_allowed_ms: float | None = None) -> list[tuple]:
+                attempts: int, what: str, max_allowed_ms: float | None = None,
+                conditions: tuple[str, str] = ("shadow off", f"shadow on ({SLOW_S * 1000:g} ms candidate)"),
+                ) -> list[tuple]:
     """The callers' latency under steady ``load`` (a started :class:`bench.loadgen.SteadyLoad`)
     with the shadow off and on, in alternating windows (off on, on off, ...: a drift of the
     machine falls on both alike); ``switch(on)`` changes the routes, which hold ``settle_s``
@@ -364,8 +370,8 @@ def shadow_cost(load, switch: Callable[[bool], None], settle_s: float, windows: 
     5 ms or the machine's own noise at p99 (the off windows' two halves against each other),
     whichever is larger, and at most ``max_allowed_ms`` when given (a noisy run must not widen
     it past what the fault under test adds). Returns each attempt's (off, on, allowed); the last
-    is within its allowance unless every attempt failed. ``what`` names the load in the printed
-    lines.
+    is within its allowance unless every attempt failed. ``what`` names the load and
+    ``conditions`` the two conditions (``switch(False)``, ``switch(True)``) in the printed lines.
     """
     from bench.loadgen import summarize
 
@@ -390,10 +396,9 @@ def shadow_cost(load, switch: Callable[[bool], None], settle_s: float, windows: 
         allowed = max(5.0, noise) if max_allowed_ms is None else min(max(5.0, noise), max_allowed_ms)
         results.append((off, on, allowed))
         print(f"attempt {attempt + 1}: callers' latency ({what}), {windows} x {window_s:g} s per "
-              f"condition: shadow off p50 {off.p50_ms:.2f} ms p99 {off.p99_ms:.2f} ms ({off.sent} "
-              f"requests); shadow on ({SLOW_S * 1000:g} ms candidate) p50 {on.p50_ms:.2f} ms "
-              f"p99 {on.p99_ms:.2f} ms "
-              f"({on.sent} requests); the off windows' halves differ by {noise:.2f} ms at p99: "
+              f"condition: {conditions[0]} p50 {off.p50_ms:.2f} ms p99 {off.p99_ms:.2f} ms ({off.sent} "
+              f"requests); {conditions[1]} p50 {on.p50_ms:.2f} ms p99 {on.p99_ms:.2f} ms "
+              f"({on.sent} requests); the {conditions[0]} windows' halves differ by {noise:.2f} ms at p99: "
               f"allowed {allowed:.2f} ms")
         if on.p99_ms - off.p99_ms <= allowed:
             break

@@ -1,5 +1,5 @@
 """Bounded disk and records in the cluster: the local-records overlay (the local overlay with an
-in-cluster Cassandra node) with its run volume's sizeLimit patched to 48Mi (a copy of deploy/k8s
+in-cluster Cassandra node) with its run volume's sizeLimit patched to 24Mi (a copy of deploy/k8s
 with one patch: the disk budget follows by the overlay's replacement) takes steady traffic through
 the Service that writes four times that into the pods' access logs, with no pod evicted or
 restarted and no request failed on its first try; then a rollout replaces those pods under the
@@ -40,7 +40,7 @@ pytestmark = pytest.mark.cluster
 #: The overlay under test and its namespace.
 OVERLAY, NAMESPACE = "local-records", "rtserve-local-records"
 #: The run volume's size limit under test, and how many times it the traffic writes.
-SIZE_LIMIT, SIZE_LIMIT_BYTES, WRITES = "48Mi", 48 * 2**20, 4
+SIZE_LIMIT, SIZE_LIMIT_BYTES, WRITES = "24Mi", 24 * 2**20, 4
 #: A query parameter this long on every request: the access log keeps each request's URI (the
 #: integration tier's disk test does the same; TorchServe takes request lines up to 4 KiB).
 PAD = 3800
@@ -176,7 +176,7 @@ def namespace(cluster):
     cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false")
 
 
-def test_a_48mi_run_volume_takes_four_times_its_size_and_every_answer_reaches_cassandra(cluster, namespace,
+def test_a_24mi_run_volume_takes_four_times_its_size_and_every_answer_reaches_cassandra(cluster, namespace,
                                                                                        image_vars, tmp_path):
     begin = time.monotonic()
     since = datetime.now(timezone.utc) - timedelta(seconds=5)
@@ -205,14 +205,14 @@ def test_a_48mi_run_volume_takes_four_times_its_size_and_every_answer_reaches_ca
         written = answers(load) * uri_bytes
         wrote = time.monotonic() - begin - deployed
         load.mark("rollout")
-        rolled = deploy(cluster, image_vars, "2.0", overlay=OVERLAY)  # as it is: every 48Mi pod replaced
+        rolled = deploy(cluster, image_vars, "2.0", overlay=OVERLAY)  # as it is: every small-volume pod replaced
     finally:
         records = load.stop()
         pods = watch.stop()
     assert rolled.returncode == 0, rolled.stdout[-4000:]
     small_pods = {name: p for name, p in pods.items() if p["limit"] == SIZE_LIMIT}
     report = {p.phase: f"{p.sent} requests, {p.failed_first} failed, versions {p.versions}" for p in summarize(records)}
-    print(f"k8s-deploy of the 48Mi overlay {deployed:.0f} s; writing {wrote:.0f} s: {len(records)} requests, "
+    print(f"k8s-deploy of the {SIZE_LIMIT} overlay {deployed:.0f} s; writing {wrote:.0f} s: {len(records)} requests, "
           f"at least {written / 2**20:.0f} MiB into the access logs ({written / SIZE_LIMIT_BYTES:.1f} x "
           f"{SIZE_LIMIT}); {report}")
     print("pods: " + ", ".join(f"{n} ({p['limit']}) restarts {p['restarts']}, run dir at most "
