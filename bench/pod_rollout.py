@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from bench import common
@@ -45,9 +46,41 @@ def steps(new: str, make_vars: list[str]) -> list[tuple[str, list[list[str]]]]:
             ("k8s-rollback", [["make", "k8s-rollback", "OVERLAY=local", *make_vars]])]
 
 
+#: The mark of a phase's requests once it ended and its old pods are gone (:func:`settle_after`).
+SETTLED = "settled"
 #: The most seconds a phase waits for the old pods to finish terminating (the base's grace period
 #: is 50 s: a drain's 10 s propagation, 15 s idle wait and TorchServe's 15 s stop, plus slack).
 DRAIN_WAIT_S = 60.0
+
+
+def settle_after(deployed: Deployed, load: SteadyLoad, phase: str, settle: float = 3.0,
+                 drain_wait: float = DRAIN_WAIT_S) -> None:
+    """End ``phase`` under ``load``: wait until the old pods are gone, then mark the requests of
+    the next ``settle`` seconds ``PHASE settled`` (:func:`settled`: what the callers got once
+    the phase was over). The old pods must go within ``drain_wait``: a client's keep-alive
+    connection stays on an old pod until it drains (kube-proxy moves new connections only), so
+    answers from the version rolled to may come only then; a pod still terminating after that
+    raises :class:`RuntimeError` (the next phase would start on an unfinished one)."""
+    began = time.monotonic()
+    while (left := deployed.terminating()) and time.monotonic() - began < drain_wait:
+        time.sleep(0.5)
+    if left:
+        raise RuntimeError(f"{phase}: {', '.join(left)} still terminating {drain_wait:.0f} s after it ended")
+    logger.info("%s: no old pod left after %.0f s", phase, time.monotonic() - began)
+    load.mark(f"{phase} {SETTLED}")
+    time.sleep(settle)
+
+
+def settled(records: list[Record], phase: str, version: str) -> list[str]:
+    """What is wrong with ``phase``'s end (:func:`settle_after`), or nothing: its settled
+    requests must exist (the load still ran after the phase's last step) and each be answered
+    200 by ``version`` (the rollout or rollback arrived for every caller)."""
+    after = [r for r in records if r.phase == f"{phase} {SETTLED}"]
+    if not after:
+        return [f"{phase}: no request was sent after it ended (the load stopped before it)"]
+    wrong = Counter((r.status, r.version) for r in after if (r.status, r.version) != (200, version))
+    return [f"{phase}: {n} of the {len(after)} requests after it ended answered {s} by {v}, not 200 by {version}"
+            for (s, v), n in sorted(wrong.items(), key=str)]
 
 
 def run(deployed: Deployed, phases: list[tuple[str, list[list[str]]]], model: str = common.MODEL,
@@ -55,7 +88,8 @@ def run(deployed: Deployed, phases: list[tuple[str, list[list[str]]]], model: st
         ) -> tuple[list[Record], dict[str, list[str]]]:
     """Steady load on the Service while each phase's commands run in turn (``make`` ones through
     :func:`make`); the load's records (phase ``baseline`` before the first) and each phase's
-    output. A command that fails ends the run with its output."""
+    output. A command that fails ends the run with its output, and so does a phase whose old
+    pods do not go (:func:`settle_after`, which also marks each phase's settled requests)."""
     token = deployed.token()
     load = SteadyLoad(deployed.service_url() + f"/predictions/{model}", sample_payload(), lambda: token,
                       rate=rate, concurrency=concurrency, max_seconds=3600,
@@ -75,15 +109,7 @@ def run(deployed: Deployed, phases: list[tuple[str, list[list[str]]]], model: st
                 if done.returncode:
                     raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stdout[-4000:]}")
             logger.info("%s: done in %.0f s", phase, time.monotonic() - began)
-            # The phase lasts until the old pods are gone: a client's keep-alive connection stays
-            # on an old pod until it drains (kube-proxy moves new connections only), so answers
-            # from the version rolled to may come only then.
-            gone = time.monotonic() + DRAIN_WAIT_S
-            while (left := deployed.terminating()) and time.monotonic() < gone:
-                time.sleep(0.5)
-            logger.info("%s: %s after %.0f s", phase, f"{len(left)} pod(s) still terminating" if left
-                        else "no old pod left", time.monotonic() - began)
-            time.sleep(settle)
+            settle_after(deployed, load, phase, settle)
     finally:
         records = load.stop()
     return records, outputs
@@ -113,11 +139,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     common.log_to_stdout()
     deployed = Deployed(Kubectl(args.kubectl, out=logger.info), args.namespace, args.app)
-    records, _ = run(deployed, steps(args.new, args.make_var), args.model, args.rate, args.concurrency)
-    phases = report(records)
-    lines = [f"{name:<14} {p['sent']:>6} requests, {p['failed_first']} failed on the first try; "
-             f"versions {p['versions']}; p50 {p['p50_ms']} ms, p99 {p['p99_ms']} ms" for name, p in phases.items()]
-    return common.finish(phases, args.out, "\n".join(lines), Counts.of(records).failed_first == 0)
+    serving = {p.version for p in deployed.pods()}
+    if len(serving) != 1:
+        parser.error(f"{args.namespace} serves {sorted(serving) or 'nothing'}: one version must serve first (make pod)")
+    (before,) = serving
+    phases = steps(args.new, args.make_var)
+    records, _ = run(deployed, phases, args.model, args.rate, args.concurrency)
+    wrong = settled(records, phases[0][0], args.new) + settled(records, phases[1][0], before)
+    lines = [f"{name:<22} {p['sent']:>6} requests, {p['failed_first']} failed on the first try; "
+             f"versions {p['versions']}; p50 {p['p50_ms']} ms, p99 {p['p99_ms']} ms"
+             for name, p in report(records).items()] + wrong
+    return common.finish(report(records), args.out, "\n".join(lines),
+                         Counts.of(records).failed_first == 0 and not wrong)
 
 
 if __name__ == "__main__":

@@ -159,7 +159,9 @@ class Served:
     def auth(self) -> dict:
         return {"Authorization": f"Bearer {self.token}"}
 
-    def load(self, max_seconds: float = 600) -> SteadyLoad:
+    def load(self, max_seconds: float = DEPLOY_TIMEOUT + 300) -> SteadyLoad:
+        """Steady traffic through the Service for as long as a cold deploy may take and its undo
+        (:func:`bench.pod_rollout.settled` tells whether it still ran at a phase's end)."""
         payload = {"features": [0.25] * 32}
         return SteadyLoad(self.url, payload, lambda: self.token, rate=RATE, concurrency=4,
                           max_seconds=max_seconds, resend_worker_lost=False).start()

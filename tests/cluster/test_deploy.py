@@ -16,11 +16,13 @@ import re
 import shutil
 import time
 import zipfile
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from bench.loadgen import Counts, SteadyLoad
+from bench.pod_rollout import settle_after, settled
 from tests.cluster.conftest import NAMESPACE, autoscaler_held, deploy, no_failures
 from tests.conftest import MODEL_NAME, REPO
 
@@ -61,6 +63,7 @@ def test_a_failed_verification_is_undone_by_k8s_deploy(served, image_vars):
     load = served.load()
     try:
         failed = deploy(served.cluster, image_vars, "2.0", "VERIFY_MAX_P99_MS=0.001")
+        settle_after(served.deployed, load, "undo")
     finally:
         records = load.stop()
     assert failed.returncode != 0, failed.stdout[-4000:]
@@ -68,8 +71,10 @@ def test_a_failed_verification_is_undone_by_k8s_deploy(served, image_vars):
     assert re.search(r"registry\.example\.com/ml/rtserve:2\.0 failed its verification on local and was "
                      r"rolled back", failed.stdout), failed.stdout[-3000:]
     assert served.versions() == {"1.0"}
-    print(f"failed verification of 2.0 and its undo: {Counts.of(records).text()} of {len(records)}")
+    print(f"failed verification of 2.0 and its undo: {Counts.of(records).text()} of {len(records)}; "
+          f"versions answered {dict(Counter(r.version for r in records))}")
     no_failures(records, "a failed verification and its undo")
+    assert not settled(records, "undo", "1.0")  # every caller back on 1.0 once the undo ended
 
 
 def wrong_archive(store: Path, version: str) -> Path:
@@ -102,6 +107,7 @@ def test_a_version_that_answers_wrongly_is_undone_by_k8s_deploy(served, image_va
     load = served.load()
     try:
         failed = deploy(served.cluster, image_vars, "2.9")
+        settle_after(served.deployed, load, "undo")
     finally:
         records = load.stop()
     assert failed.returncode != 0, failed.stdout[-4000:]
@@ -112,6 +118,8 @@ def test_a_version_that_answers_wrongly_is_undone_by_k8s_deploy(served, image_va
     assert served.versions() == before
     print(f"bad version 2.9 undone: {Counts.of(records).text()} of {len(records)}")
     no_failures(records, "a bad version's rollout and its undo")
+    (version,) = before
+    assert not settled(records, "undo", version)
 
 
 def test_a_change_the_api_server_refuses_fails_k8s_deploy_and_the_running_version_serves(served, image_vars,
@@ -134,6 +142,7 @@ def test_a_change_the_api_server_refuses_fails_k8s_deploy_and_the_running_versio
         load = served.load()
         try:
             refused = deploy(served.cluster, image_vars, "2.0", f"K8S_DIR={k8s}")
+            settle_after(served.deployed, load, "refused")
         finally:
             records = load.stop()
         pods_after = served.pods()
@@ -144,6 +153,8 @@ def test_a_change_the_api_server_refuses_fails_k8s_deploy_and_the_running_versio
     assert pods_after == pods_before
     print(f"a refused apply: {Counts.of(records).text()} of {len(records)}")
     no_failures(records, "a refused apply")
+    (version,) = versions
+    assert not settled(records, "refused", version)
 
 
 def test_draining_the_node_honours_the_disruption_budget(served):
@@ -196,24 +207,49 @@ def wait_for(what: str, condition, timeout: float, poll: float = 3.0):
         time.sleep(poll)
 
 
+def answered_by(cluster, pod: str) -> int:
+    """How many predictions ``pod``'s gateway has answered 200 (its access log: the container's output)."""
+    logs = cluster.ok("-n", NAMESPACE, "logs", pod, "-c", "gateway", timeout=60)
+    return len(re.findall(rf'"POST /predictions/{MODEL_NAME}\S* HTTP/1\.1" 200 ', logs))
+
+
 def test_the_autoscaler_reads_real_cpu_and_scales_out_under_load_and_back(served):
-    """metrics-server scrapes the kubelet, the HPA reads the pods' CPU; under a bounded burst it
-    scales out to its maximum, and back to its minimum once the burst ends (the local overlay's
-    short scale-down window)."""
+    """metrics-server scrapes the kubelet, the HPA reads the pods' CPU: at its minimum of 2 and
+    under its target before the load; over its target under a bounded burst, it scales out to
+    its maximum, and the third pod turns ready and answers (new connections: kube-proxy picks a
+    pod per connection, so the burst's open ones stay where they are); back to its minimum once
+    the burst ends (the local overlay's short scale-down window)."""
+    import requests
+
     cluster = served.cluster
-    idle = wait_for("the HPA's CPU figure", lambda: cpu_utilization(hpa_status(cluster)) is not None
-                    and hpa_status(cluster), timeout=120)
+    target = int(cluster.ok("-n", NAMESPACE, "get", "hpa", "rtserve", "-o",
+                            "jsonpath={.spec.metrics[0].resource.target.averageUtilization}"))
+    idle = wait_for("the HPA at 2 replicas and under its target",
+                    lambda: (s := hpa_status(cluster)).get("desiredReplicas") == 2
+                    and (u := cpu_utilization(s)) is not None and u < target and s, timeout=180)
     top = cluster.ok("-n", NAMESPACE, "top", "pods", "--no-headers")
     assert re.search(r"^rtserve-\S+ +\d+m +\d+Mi\s*$", top, re.M), top
+    first = {p.name for p in served.deployed.pods()}
     load = SteadyLoad(served.url, {"features": [0.25] * 32}, lambda: served.token, rate=3000,
-                      concurrency=16, max_seconds=240, resend_worker_lost=False).start()
+                      concurrency=16, max_seconds=600, resend_worker_lost=False).start()
     try:
         busy = wait_for("a scale-out", lambda: (s := hpa_status(cluster))["desiredReplicas"] >= 3 and s,
                         timeout=180)
+        ready = wait_for("a third pod ready", lambda: [p.name for p in served.deployed.pods()
+                                                       if p.ready and p.name not in first], timeout=360, poll=1.0)
     finally:
         records = load.stop()
-    print(f"HPA: idle {cpu_utilization(idle)} %, under load {cpu_utilization(busy)} % -> "
-          f"{busy['desiredReplicas']} replicas; {Counts.of(records).text()} of {len(records)}")
+    (third,) = ready
+    before = answered_by(cluster, third)
+    fresh = [requests.post(served.url, json={"features": [0.25] * 32}, headers=served.auth, timeout=30)
+             for _ in range(60)]  # each on a connection of its own
+    assert {r.status_code for r in fresh} == {200}, {r.status_code for r in fresh}
+    answered = answered_by(cluster, third) - before
+    print(f"HPA: idle {cpu_utilization(idle)} % (target {target} %), under load {cpu_utilization(busy)} % -> "
+          f"{busy['desiredReplicas']} replicas; {Counts.of(records).text()} of {len(records)}; the third pod "
+          f"{third} answered {answered} of 60 requests on new connections")
+    assert cpu_utilization(busy) > target, busy
+    assert answered > 0, f"{third} is ready but answered none of 60 requests on new connections"
     no_failures(records, "the autoscaler's scale-out")
     wait_for("the scale-in", lambda: hpa_status(cluster)["desiredReplicas"] == 2, timeout=240)
     cluster.ok("-n", NAMESPACE, "rollout", "status", "deployment/rtserve", "--timeout=300s", timeout=320)

@@ -412,8 +412,9 @@ def test_shadow_canary_abort_then_a_promotion_rolled_out_and_back_under_traffic(
     assert 'job.batch "rtserve-verify" deleted' in accepted, accepted[-3000:]
     events = evidence_events(state)
     assert [e["outcome"] for e in events] == ["deployed"] and events[0]["live"]["requests"] >= EVIDENCE_REQUESTS
-    for phase in ("2.0 rollout", "k8s-rollback"):
-        no_failures([r for r in records if r.phase == phase], phase)
+    for phase, version in (("2.0 rollout", "2.0"), ("k8s-rollback", "1.0")):
+        no_failures([r for r in records if r.phase.startswith(phase)], phase)
+        assert not pod_rollout.settled(records, phase, version)  # every caller on it once the phase ended
     report = pod_rollout.report(records)
     print({k: f"{v['sent']} requests, {v['failed_first']} failed" for k, v in report.items()})
     # Callers' answers switched to 2.0 during the rollout, and back to 1.0 during the rollback.
