@@ -217,7 +217,8 @@ def test_pod_report_main_measures_the_running_pod(pod, tmp_path):
     (point,) = report["sweep"]
     assert point["per_second"] > 0 and point["errors"] == 0 and point["pod_cores"] > 0, point
     assert "capacity_per_second" in report["sizing"], report["sizing"]
-    assert len(pod.deployed.wait_ready(2, 300)) == 2 and predict(pod).status_code == 200
+    # the autoscaler's minimum ready again (more when it chose more under the report's load)
+    assert len(pod.deployed.wait_ready(2, 300)) >= 2 and predict(pod).status_code == 200
 
 
 def test_cgroup_memory_agrees_with_the_metrics_server(pod):
