@@ -26,6 +26,7 @@ million requests are aggregated as they come, never kept).
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 import threading
@@ -63,6 +64,8 @@ class Record:
     request_id: str = ""
     #: It was one of the load's bad requests (answered 400 when all is well).
     bad: bool = False
+    #: Which of the load's payloads it sent (their order in ``payloads``; 0 with one payload).
+    payload: int = 0
 
     @property
     def expected(self) -> int:
@@ -143,10 +146,11 @@ class SteadyLoad:
         concurrency: int = 4, max_seconds: float = 600.0, max_requests: int = 200_000,
         timeout: float = 30.0, keep_alive: bool = True, gate: Callable[[], bool] | None = None,
         resend_worker_lost: bool = True, bad_every: int = 0, bad_payload: dict | None = None,
-        sink: Callable[[Record], None] | None = None,
+        sink: Callable[[Record], None] | None = None, payloads: Sequence[dict] | None = None,
     ) -> None:
         self.url = url
-        self.body = json.dumps(payload).encode()
+        #: The good requests' bodies: ``payloads`` in turn across the senders, else ``payload``.
+        self.bodies = [json.dumps(p).encode() for p in (payloads or [payload])]
         #: Every ``bad_every``-th request of a thread sends ``bad_payload`` (0: none).
         self.bad_every = bad_every
         self.bad_body = json.dumps(bad_payload if bad_payload is not None else {"features": [1.0]}).encode()
@@ -169,6 +173,7 @@ class SteadyLoad:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._t0 = 0.0
+        self._turns = itertools.count()  # whose payload is next (next() on it is atomic)
 
     def start(self, phase: str = "baseline") -> "SteadyLoad":
         """Start the sender threads."""
@@ -196,9 +201,10 @@ class SteadyLoad:
             t.join(self.timeout + 5)
         return self.records
 
-    def _post(self, session: requests.Session, bad: bool = False) -> requests.Response:
+    def _post(self, session: requests.Session, bad: bool = False, payload: int = 0) -> requests.Response:
         key = self.token()
-        return session.post(self.url, data=self.bad_body if bad else self.body, timeout=self.timeout, headers={
+        data = self.bad_body if bad else self.bodies[payload]
+        return session.post(self.url, data=data, timeout=self.timeout, headers={
             "Content-Type": "application/json",
             **({} if self.keep_alive else {"Connection": "close"}),
             **({"Authorization": f"Bearer {key}"} if key else {})})
@@ -219,24 +225,25 @@ class SteadyLoad:
             phase, start = self.phase, time.monotonic()
             sent += 1
             bad = bool(self.bad_every) and sent % self.bad_every == 0
-            first = self._attempt(session, bad)
+            payload = 0 if bad or len(self.bodies) == 1 else next(self._turns) % len(self.bodies)
+            first = self._attempt(session, bad, payload)
             status, version, error, refused, lost, request_id = first
             resent = self.resend_worker_lost and lost
             if resent:  # rtserve's client policy: resend once
-                status, version, error, refused, _, request_id = self._attempt(session, bad)
+                status, version, error, refused, _, request_id = self._attempt(session, bad, payload)
             record = Record(start - self._t0, time.monotonic() - start, status, version, phase,
                             error, refused, first_status=first[0], first_error=first[2],
-                            resent=resent, request_id=request_id, bad=bad)
+                            resent=resent, request_id=request_id, bad=bad, payload=payload)
             with self._lock:
                 self.done += 1
                 (self.records.append if self.sink is None else self.sink)(record)
 
-    def _attempt(self, session: requests.Session, bad: bool = False
+    def _attempt(self, session: requests.Session, bad: bool = False, payload: int = 0
                  ) -> tuple[int, str | None, str, bool, bool, str]:
         """One try: (status, version answered, error text, refused at connect, worker lost,
         the answer's x-request-id)."""
         try:
-            resp = self._post(session, bad)
+            resp = self._post(session, bad, payload)
         except requests.RequestException as exc:
             return 0, None, f"{type(exc).__name__}: {exc}"[:200], connection_refused(exc), False, ""
         request_id = resp.headers.get("x-request-id", "")

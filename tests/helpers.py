@@ -213,6 +213,20 @@ class Reference:
         return attributions[0].tolist(), float(delta[0])
 
 
+def agreement(default: Reference, candidate: Reference, rows: list[list[float]]) -> tuple[int, int]:
+    """On how many ``rows`` the two in-process models give the same class, and on how many
+    either model's two highest probabilities are within 1e-4 (a served export may class such a
+    row otherwise: each is the tolerance of one request when compared with a served report)."""
+    def classes(reference: Reference) -> tuple[list[int], list[float]]:
+        top = reference.probabilities(rows).topk(2, dim=1)
+        return top.indices[:, 0].tolist(), (top.values[:, 0] - top.values[:, 1]).tolist()
+
+    (mine, mine_gap), (theirs, theirs_gap) = classes(default), classes(candidate)
+    labels = default.meta.labels, candidate.meta.labels
+    same = sum(labels[0][a] == labels[1][b] for a, b in zip(mine, theirs))
+    return same, sum(min(a, b) < 1e-4 for a, b in zip(mine_gap, theirs_gap))
+
+
 def keep_only(rollout, version: str = "1.0") -> None:
     """Leave a server as a module fixture made it: ``version`` the default and the only one."""
     for other in rollout.versions():

@@ -30,7 +30,7 @@ from rtserve.k8s.live import POD_RUN, POD_TOKEN_FILE, Cluster as LivePods, LogCo
 from rtserve.promotion.live import KEY_HEADER, Route, Routes, sticky_bucket
 from tests.cluster.conftest import DEPLOY_TIMEOUT, NAMESPACE, RATE, autoscaler_held, deploy, make, no_failures
 from tests.conftest import MODEL_NAME, REPO
-from tests.helpers import SLOW_CANDIDATE, SLOW_S, random_archive, shadow_cost
+from tests.helpers import SLOW_CANDIDATE, SLOW_S, Reference, agreement, demo_eager, random_archive, shadow_cost
 
 pytestmark = pytest.mark.cluster
 
@@ -40,6 +40,8 @@ SHADOW_PERCENT = 50.0
 SHADOWED = 2000
 #: The compared requests the shuffled candidate's report needs (and its refused promotion asks).
 EVIDENCE_FLOOR = 300
+#: The held-out rows 2.0's shadow sends in turn (the evidence of its promotion).
+HELD_OUT = 400
 #: The mirrored requests both versions answered that a promotion requires (2.0's shadow under the
 #: steady load gives about 800).
 EVIDENCE_REQUESTS = 200
@@ -286,14 +288,22 @@ def test_a_candidate_500ms_slower_does_not_move_the_callers_p99(held, tmp_path):
         cluster.kubectl("-n", NAMESPACE, "delete", "pod,service", SLOW, "--ignore-not-found", "--wait=false")
 
 
-def test_shadow_canary_abort_then_a_promotion_rolled_out_and_back_under_traffic(held, image_vars, tmp_path):
+def test_shadow_canary_abort_then_a_promotion_rolled_out_and_back_under_traffic(held, image_vars, mar_v1,
+                                                                                tmp_path):
+    """2.0 shadowed at 100 % under steady traffic of the held-out rows (its agreement with 1.0
+    recomputed here from the in-process models: the evidence its promotion rests on), a sticky
+    10 % canary, its abort when the candidate goes, then the promotion with that evidence rolled
+    out and back, every phase's last answers from the version it rolled to."""
+    from rtserve.model.data import make_dataset
+
     served, cluster = held, held.cluster
+    rows = make_dataset().x_test[:HELD_OUT].tolist()
     state = tmp_path / "live"
     live = live_vars(served, image_vars, state)
     timings: dict[str, float] = {}
     try:
         # -- shadow 100 % under steady traffic: callers see 1.0 only ------------------------------------
-        load = served.load()
+        load = served.load(rows=rows)
         begin = time.monotonic()
         shadow = make("k8s-shadow", "MODEL_VERSION=2.0", *live, timeout=DEPLOY_TIMEOUT)
         timings["k8s-shadow (image load, candidate rollout)"] = time.monotonic() - begin
@@ -319,6 +329,18 @@ def test_shadow_canary_abort_then_a_promotion_rolled_out_and_back_under_traffic(
         assert saved["compared"] == saved["mirrored"] - saved["dropped"] - saved["unmatched"]
         assert saved["compared"] >= 0.9 * len(after) and saved["agreement"] is not None
         assert saved["errors"]["candidate"]["errors"] == 0, saved["errors"]
+        # the agreement is the in-process models' on the rows of the mirrored requests
+        sent = {r.request_id: rows[r.payload] for r in records if r.request_id}
+        log = [json.loads(line) for line in (state / "report" / "live-log.jsonl").read_text().splitlines()]
+        paired = [sent[line["of"]] for line in log if line["kind"] == "shadow" and line["version"] == "2.0"
+                  and line["status"] == 200 and line["of"] in sent]
+        same, ties = agreement(*(Reference.from_mar(mar_v1.parent / f"{MODEL_NAME}_{v}.mar", demo_eager(v))
+                                 for v in ("1.0", "2.0")), paired)
+        print(f"shadow 2.0: agreement {saved['agreement']:.4f} over {saved['compared']} compared of "
+              f"{len({tuple(r) for r in paired})} held-out rows; recomputed {same}/{len(paired)} ({ties} near-ties)")
+        assert saved["compared"] <= len(paired) <= saved["compared"] + saved["unmatched"], (len(paired), saved)
+        assert abs(saved["agreement"] * saved["compared"] - same) <= ties + len(paired) - saved["compared"] + 1e-3
+        assert 0.9 <= saved["agreement"] < 1.0, saved  # the rows tell the versions apart; the gate's floor
 
         # -- canary 10 %: sticky per key, the share within 2 points over 2,000 keys (4,000 requests) -------
         gate = gate_config(tmp_path)

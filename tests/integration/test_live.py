@@ -36,7 +36,7 @@ from rtserve.promotion.live import Route, read_routes, set_route, watcher_pid
 from rtserve.promotion.rollout import Rollout
 from rtserve.runtime.process import alive, wait_until
 from tests.conftest import MODEL_NAME, REPO, make_archive
-from tests.helpers import (RandomAnswers, Reference, demo_eager, keep_only, random_archive, records,
+from tests.helpers import (RandomAnswers, Reference, agreement, demo_eager, keep_only, random_archive, records,
                            routes_applied, routes_lines)
 from tests.integration.conftest import serve
 
@@ -208,13 +208,6 @@ def all_compared(report: dict) -> None:
     assert report["compared"] == report["mirrored"], report
 
 
-def classes(reference: Reference, rows: list[list[float]]) -> tuple[list[str], list[float]]:
-    """Each row's class by ``reference``, and the gap between its two highest probabilities."""
-    top = reference.probabilities(rows).topk(2, dim=1)
-    return ([reference.meta.labels[i] for i in top.indices[:, 0].tolist()],
-            (top.values[:, 0] - top.values[:, 1]).tolist())
-
-
 def assert_agreement_recomputed(server, report: dict, default: Reference, candidate: Reference) -> float:
     """The report's agreement equals the one the in-process models (the archives' own weights)
     give on the rows of its pairs, as this module sent them; returns it. A row whose two highest
@@ -223,9 +216,7 @@ def assert_agreement_recomputed(server, report: dict, default: Reference, candid
     lines = shadow_lines(server, report["candidate"])
     rows = [SENT[line["of"]] for line in lines]
     assert len(rows) == report["compared"], (len(rows), report["compared"])
-    (mine, mine_gap), (theirs, theirs_gap) = classes(default, rows), classes(candidate, rows)
-    same = sum(a == b for a, b in zip(mine, theirs))
-    ties = sum(min(a, b) < 1e-4 for a, b in zip(mine_gap, theirs_gap))
+    same, ties = agreement(default, candidate, rows)
     print(f"agreement of {report['candidate']}: report {report['agreement']:.6f}, recomputed "
           f"{same}/{len(rows)} = {same / len(rows):.6f} ({ties} near-ties)")
     # the report rounds to 6 decimals

@@ -43,3 +43,46 @@ def test_phases_count_their_own_first_tries_and_errors():
         "down", 2, 1, 1, 0)
     assert down.failed_first_by_status == {"507": 1} and down.errors == [DIED]
     assert down.versions == {"1.0": 2}  # the resend was answered
+
+
+def test_payloads_are_sent_in_turn_and_each_record_names_its_own():
+    """A loopback server answers each body's first feature as its version: every good request's
+    record names the payload it sent, the payloads take turns across the senders, and the bad
+    requests send the bad body."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from bench.loadgen import SteadyLoad
+
+    class Echo(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):
+            features = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["features"]
+            ok = len(features) == 2
+            body = json.dumps({"model_version": f"{features[0]:g}"} if ok else {"field": "features"}).encode()
+            self.send_response(200 if ok else 400)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        load = SteadyLoad(f"http://127.0.0.1:{server.server_address[1]}/", {"features": [9.0, 9.0]},
+                          lambda: None, rate=300, concurrency=3, max_requests=90, bad_every=5,
+                          payloads=[{"features": [float(i), 0.0]} for i in range(4)]).start()
+        while load.done < 90:
+            threading.Event().wait(0.05)
+        records = load.stop()
+    finally:
+        server.shutdown()
+    good = [r for r in records if not r.bad]
+    assert len(good) >= 70 and all(r.status == 200 and r.version == str(r.payload) for r in good)
+    turns = [sum(r.payload == i for r in good) for i in range(4)]
+    assert max(turns) - min(turns) <= 1, turns
+    assert all(r.status == 400 for r in records if r.bad) and any(r.bad for r in records)
