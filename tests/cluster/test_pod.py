@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import threading
 import time
 from urllib.parse import urlparse
 
@@ -22,8 +23,9 @@ import requests
 import tritonclient.http as triton
 
 from bench import pod_report
+from bench.loadgen import SteadyLoad, summarize
 from rtserve.k8s.pod import memory_mib
-from tests.cluster.conftest import DEPLOY_TIMEOUT, NAMESPACE, make
+from tests.cluster.conftest import DEPLOY_TIMEOUT, NAMESPACE, RATE, make
 from tests.conftest import MODEL_NAME, require
 from tests.helpers import bench_main, features
 
@@ -238,8 +240,38 @@ def test_cgroup_memory_agrees_with_the_metrics_server(pod):
 
 
 def test_pod_stop_drains_each_pod_and_removes_the_namespace(pod):
-    out = make("pod-stop", *pod.cluster.make_vars, timeout=300)
+    """`make pod-stop` under steady traffic through the Service until its pods are gone: each
+    request is answered 200, or refused at connect once no pod is ready (kube-proxy rejects a
+    Service without endpoints: nothing reached a pod); none is cut, reset or timed out by a pod
+    that stopped under it. Then the namespace is gone and the address gives no prediction."""
+    gone = threading.Event()
+
+    def watch() -> None:  # the traffic ends once no pod of the Deployment is left, terminating or not
+        while not gone.is_set():
+            if not pod.deployed.get("pods", "-l", "app.kubernetes.io/name=rtserve", "-o", "name").strip():
+                gone.set()
+            time.sleep(0.5)
+
+    load = SteadyLoad(pod.url, {"features": ROW}, lambda: pod.token, rate=RATE, concurrency=4, max_seconds=600,
+                      gate=lambda: not gone.is_set(), resend_worker_lost=False).start("up")
+    watcher = threading.Thread(target=watch, daemon=True)
+    try:
+        time.sleep(2)
+        load.mark("pod-stop")
+        watcher.start()
+        out = make("pod-stop", *pod.cluster.make_vars, timeout=300)
+    finally:
+        gone.set()
+        records = load.stop()
     assert out.returncode == 0, out.stdout
+    answered = [r for r in records if r.status == 200]
+    cut = [r for r in records if r.status != 200 and not r.refused]
+    stopping = [r for r in answered if r.phase == "pod-stop"]
+    print(f"make pod-stop under {RATE:g} requests/s: {len(records)} sent, {len(answered)} answered "
+          f"({len(stopping)} after the stop began, the last {max(r.start for r in answered):.1f} s into the "
+          f"traffic), {sum(r.refused for r in records)} refused at connect once no pod was ready, {len(cut)} cut")
+    assert not cut, summarize(cut)
+    assert stopping, "no request was answered after the stop began (the drain served none)"
     found = re.search(r"^>> (\d+) pods stopped in ([\d.]+) s, each after its preStop hook \(none failed\)",
                       out.stdout, re.M)
     assert found and int(found[1]) >= 2, out.stdout
