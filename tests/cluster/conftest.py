@@ -147,13 +147,38 @@ def deploy(cluster, image_vars, version: str, *extra: str, timeout: float = DEPL
 class Served:
     """A local overlay's Deployment and Service (in ``namespace``) as a client sees them."""
 
-    def __init__(self, cluster, deploy_output: str, namespace: str = NAMESPACE) -> None:
-        self.cluster, self.deploy_output, self.namespace = cluster, deploy_output, namespace
+    def __init__(self, cluster, image_vars: list[str], deploy_output: str, namespace: str = NAMESPACE) -> None:
+        self.cluster, self.image_vars, self.namespace = cluster, image_vars, namespace
         kubectl = Kubectl(f"{cluster.bin_dir / 'kubectl'} --kubeconfig {cluster.kubeconfig}", out=lambda _: None)
         self.deployed = Deployed(kubectl, namespace)
+        self._read(deploy_output)
+
+    def _read(self, deploy_output: str) -> None:
+        self.deploy_output = deploy_output
         self.token = self.deployed.token()
         self.base = self.deployed.service_url()
         self.url = f"{self.base}/predictions/{MODEL_NAME}"
+
+    def ensure(self, timeout: float = 300) -> Served:
+        """What a test on the Deployment needs, whichever tests ran before it: the namespace there
+        (`make pod-stop` removes it) and 1.0 alone serving (a test may leave 2.0); otherwise
+        `make k8s-deploy` 1.0 again, once the namespace has gone, and the token and address read
+        anew (the Secret's token is random per namespace)."""
+        phase = self.cluster.kubectl("get", "namespace", self.namespace, "-o", "jsonpath={.status.phase}")
+        if phase.returncode == 0 and phase.stdout.strip() == "Active" and self.versions() == {"1.0"}:
+            return self
+        deadline = time.monotonic() + timeout
+        while phase.returncode == 0 and phase.stdout.strip() == "Terminating":
+            assert time.monotonic() < deadline, f"namespace {self.namespace} still terminating after {timeout:.0f} s"
+            time.sleep(2)
+            phase = self.cluster.kubectl("get", "namespace", self.namespace, "-o", "jsonpath={.status.phase}")
+        begin = time.monotonic()
+        done = deploy(self.cluster, self.image_vars, "1.0")
+        assert done.returncode == 0, done.stdout[-6000:]
+        print(f"k8s-deploy 1.0 again ({'namespace was gone' if phase.returncode else 'not 1.0 alone'}): "
+              f"{time.monotonic() - begin:.0f} s")
+        self._read(done.stdout)
+        return self
 
     @property
     def auth(self) -> dict:
@@ -216,4 +241,13 @@ def served(cluster, image_vars) -> Served:
     print(f"k8s-deploy OVERLAY=local 1.0 (image build and load included): {time.monotonic() - begin:.0f} s")
     print("\n".join(line for line in done.stdout.splitlines() if line.startswith((">> built", ">> loaded", ">> 2 image"))))
     assert "secret/rtserve-gateway-tokens created" in done.stdout, done.stdout[-6000:]
-    return Served(cluster, done.stdout)
+    return Served(cluster, image_vars, done.stdout)
+
+
+@pytest.fixture(autouse=True)
+def deployment_as_needed(request):
+    """A test that uses the Deployment finds it as :meth:`Served.ensure` leaves it, so that the
+    tier passes in any order (module fixtures built on ``served`` call it themselves: they are
+    set up before this)."""
+    if "served" in request.fixturenames:
+        request.getfixturevalue("served").ensure()

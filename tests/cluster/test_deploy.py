@@ -2,8 +2,8 @@
 reached through its Service (kube-proxy), rolled out and back under steady traffic, verified by
 the real Job, undone by itself when a version fails, drained within its disruption budget.
 
-The tests run in order on one Deployment (each starts from what the one before left: 1.0
-serving with 2 replicas). The accepted rollout of 2.0 and `make k8s-rollback` under traffic are
+The tests share one Deployment, each finding 1.0 serving whichever ran before it
+(:meth:`tests.cluster.conftest.Served.ensure`). The accepted rollout of 2.0 and `make k8s-rollback` under traffic are
 test_live_traffic.py's promotion with the shadow's evidence (the same phases, one rollout fewer
 for the tier). Traffic goes to the Service's cluster IP from this machine, as a
 client in the cluster would; every request is counted on its first try.

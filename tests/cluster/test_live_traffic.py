@@ -3,10 +3,10 @@
 (3.2, a network that answers at random as a model trained on shuffled labels does; then the
 demo's 2.0), the routes through the ConfigMap rtserve-live-routes and straight into the default pods, the
 pods' logs read back through kubectl exec. Traffic goes to the default Service's cluster IP from
-this machine, as in test_deploy.py; 1.0 is deployed first when the tier's earlier tests left
-another version serving. The autoscaler is held at its 2 replicas meanwhile (test_deploy.py proves
-it scales; test_pod.py, after this file, expects 2 pods and a quiet node), and the test ends once
-the Deployment is back at 2 ready replicas."""
+this machine, as in test_deploy.py; 1.0 is deployed first when a test before left another
+version serving or no namespace (:meth:`tests.cluster.conftest.Served.ensure`). The autoscaler is
+held at its 2 replicas meanwhile (test_deploy.py proves it scales), and the module ends once the
+Deployment is back at 2 ready replicas."""
 
 from __future__ import annotations
 
@@ -104,16 +104,11 @@ def pod_routes(served) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="module")
-def held(served, image_vars):
-    """1.0 serving (deployed again when test_deploy.py's rollouts left 2.0), the autoscaler held
-    at 2 replicas for the module; afterwards its maximum is restored and 2 replicas are ready."""
-    cluster = served.cluster
-    if served.versions() != {"1.0"}:
-        begin = time.monotonic()
-        again = deploy(cluster, image_vars, "1.0")
-        assert again.returncode == 0, again.stdout[-4000:]
-        print(f"k8s-deploy 1.0 first: {time.monotonic() - begin:.0f} s")
-    # (after that deploy, which applies the HPA as the overlay has it)
+def held(served):
+    """1.0 serving (:meth:`Served.ensure`: deployed again when a test before left 2.0 or removed
+    the namespace), the autoscaler held at 2 replicas for the module; afterwards its maximum is
+    restored and 2 replicas are ready."""
+    served.ensure()  # (before the HPA is held: a deploy applies it as the overlay has it)
     try:
         with autoscaler_held(served):
             yield served

@@ -39,6 +39,7 @@ def pod(served, image_vars, tmp_path_factory):
     """`make pod` against the test cluster: the rollout of the version the local overlay pins
     (1.0, already serving: nothing changes), verified again, then how to call it."""
     pod_dir = tmp_path_factory.mktemp("pod")
+    served.ensure()
     done = make("pod", *served.cluster.make_vars, *image_vars, f"POD_DIR={pod_dir}", timeout=DEPLOY_TIMEOUT)
     assert done.returncode == 0, done.stdout[-6000:]
     served.pod_output, served.token_file = done.stdout, pod_dir / "gateway-token"
