@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from rtserve.gateway.nginx import closing, key_sync
+from rtserve.gateway.nginx import closing, draining, key_sync
 from rtserve.promotion.live import RoutesSync
 from rtserve.server.torchserve import TorchServe, run_foreground
 from rtserve.settings import Settings
@@ -26,8 +26,9 @@ def syncs(settings: Settings) -> list[Callable[[], object]]:
     found: list[Callable[[], object]] = []
     keysync = key_sync(settings)  # the pod's nginx gateway, if it has one
     if keysync is not None:
-        # A restarted container keeps the shared directory: a drain's closing flag goes.
+        # A restarted container keeps the shared directory: a drain's flags go.
         closing(keysync.gateway_dir, False)
+        draining(keysync.gateway_dir, False)
         found.append(keysync.sync)
     if settings.live_routes_source is not None:
         found.append(RoutesSync(settings.live_routes_source, settings.run.live_routes,

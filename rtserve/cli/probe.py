@@ -67,8 +67,12 @@ def cmd_drain(args: argparse.Namespace) -> int:
         # when the drain ends have been idle since (at least its quiet seconds): the gateway
         # closes them then, before TorchServe stops. Closing a busy idle connection at once
         # would race a request the client is sending on it.
-        from rtserve.gateway.nginx import close_client_connections, closing
+        from rtserve.gateway.nginx import close_client_connections, closing, draining
 
+        # First, the gateway's /readyz answers 503: the kubelet's HTTP probe of the gateway takes
+        # the pod out of the serving endpoints (the rtserve container's exec probe cannot: the
+        # kubelet cancels exec probes once the pod terminates).
+        draining(s.gateway_dir, True)
         timer = threading.Timer(args.propagation, closing, args=(s.gateway_dir, True))
         timer.daemon = True
         timer.start()

@@ -52,6 +52,12 @@ PID_FILE = "nginx.pid"
 #: (``Connection: close``): a draining pod's clients reconnect, to a ready pod, after their
 #: answer, instead of meeting a keep-alive connection that nginx closes under them.
 CLOSING = "closing"
+#: While this file exists in the gateway directory, the kubelet's readiness check (``/readyz``)
+#: answers 503: a draining pod leaves its Service's serving endpoints. Its rtserve container's
+#: exec probe cannot say so: the kubelet cancels exec probes of a terminating pod (their result
+#: is unknown, the last one stands), and kube-proxy keeps routing to a terminating endpoint that
+#: still serves when no other is ready (as when every pod stops at once).
+DRAINING = "draining"
 #: Shared tokens: URL-safe characters only (nothing nginx or a regex could read differently),
 #: and long enough to be unguessable (``secrets.token_urlsafe(32)`` gives 43).
 TOKEN = re.compile(r"^[A-Za-z0-9_-]{32,256}$")
@@ -177,8 +183,10 @@ http {{
         listen {s.health_listen};
         access_log off;
         location = /livez {{ return 200 '{{"status": "nginx up"}}\\n'; }}
-        # TorchServe's /ping with this pod's key: the gateway can reach and authenticate.
+        # TorchServe's /ping with this pod's key: the gateway can reach and authenticate;
+        # 503 once the pod drains (the file {DRAINING} exists).
         location = /readyz {{
+            if (-f {d}/{DRAINING}) {{ return 503 '{{"status": "draining"}}\\n'; }}
             proxy_pass http://torchserve/ping;
             proxy_set_header Authorization $rtserve_upstream_authorization;
         }}
@@ -253,18 +261,31 @@ def closing(gateway_dir: Path, on: bool) -> bool:
     file :data:`CLOSING`, which nginx checks per request). A draining pod turns it on once its
     endpoints are gone; the pod's main process turns it off when it starts (a restarted
     container keeps the shared directory). Returns whether anything changed."""
-    flag = gateway_dir / CLOSING
+    return _flag(gateway_dir / CLOSING, on, "draining: every answer closes its connection",
+                 "each answer now closes its client connection (draining)",
+                 "client connections are kept alive again")
+
+
+def draining(gateway_dir: Path, on: bool) -> bool:
+    """Turn on (or off) the gateway's readiness answer of a draining pod (the file
+    :data:`DRAINING`: ``/readyz`` answers 503). The drain turns it on first; the pod's main
+    process turns it off when it starts. Returns whether anything changed."""
+    return _flag(gateway_dir / DRAINING, on, "draining: /readyz answers 503",
+                 "/readyz now answers 503 (draining)", "/readyz answers from TorchServe's /ping again")
+
+
+def _flag(flag: Path, on: bool, text: str, said_on: str, said_off: str) -> bool:
     if on:
         if flag.exists():
             return False
-        flag.write_text("draining: every answer closes its connection\n")
-        logger.info("gateway: each answer now closes its client connection (draining)")
+        flag.write_text(text + "\n")
+        logger.info("gateway: %s", said_on)
         return True
     try:
         flag.unlink()
     except FileNotFoundError:
         return False
-    logger.info("gateway: client connections are kept alive again")
+    logger.info("gateway: %s", said_off)
     return True
 
 

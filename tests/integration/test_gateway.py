@@ -319,12 +319,15 @@ def ask(conn: http.client.HTTPConnection, token: str) -> tuple[int, str | None, 
 
 def test_a_draining_pod_closes_each_client_connection_after_its_answer(pod_gateway):
     """The preStop drain (``python -m rtserve probe drain``), with a keep-alive client sending
-    through the gateway: once the propagation wait is over, each answer carries
+    through the gateway: from its start the gateway's ``/readyz`` (the kubelet's readiness check)
+    answers 503, so the pod leaves the Service's serving endpoints while it still answers every
+    request; once the propagation wait is over, each answer carries
     ``Connection: close`` (the client reconnects after it: to a ready pod, in a cluster), so no
     request meets a connection closed under it; the drain ends with nginx's reload for the idle
-    ones. A restarted server clears the flag. (Runs last here: it drains and restarts the pod.)"""
+    ones. A restarted server clears both flags. (Runs last here: it drains and restarts the pod.)"""
     pod, nginx, _, tokens_file = pod_gateway
     pod.wait_ready()
+    assert ready_through_gateway(nginx)
     token = gateway.parse_tokens(tokens_file.read_text())[0]  # (an earlier test rotated them)
     host, port = nginx.settings.listen.rsplit(":", 1)
     flag = Path(nginx.settings.gateway_dir) / gateway.CLOSING
@@ -337,6 +340,7 @@ def test_a_draining_pod_closes_each_client_connection_after_its_answer(pod_gatew
                               "--timeout", "20", "--quiet", "1"], cwd=REPO, env=pod.env,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     flagged = None  # (the answer count when the flag appeared, for a failure's message)
+    unready = None  # the answer count when /readyz first answered 503
     try:
         deadline = time.monotonic() + 30  # bounded: 30 s or 3,000 requests
         while sum(1 for a in answers if a[2] == "close") < 5:
@@ -348,6 +352,8 @@ def test_a_draining_pod_closes_each_client_connection_after_its_answer(pod_gatew
                 conn, number = http.client.HTTPConnection(host, int(port), timeout=10), number + 1
             if flagged is None and flag.exists():
                 flagged = len(answers)
+            if unready is None and not ready_through_gateway(nginx):
+                unready = len(answers)
             status, connection, body = ask(conn, token)
             assert status == 200 and body["model_version"] == "1.0", (status, body)
             answers.append((number, status, connection))
@@ -370,16 +376,19 @@ def test_a_draining_pod_closes_each_client_connection_after_its_answer(pod_gatew
     assert answers.index(closed[0]) == len(kept) and len(closed) == 5, answers[-10:]
     assert len({a[0] for a in closed}) == 5, closed
     assert flag.exists()
+    # unready first, within the propagation second, and answering every request since
+    assert unready is not None and unready < answers.index(closed[0]), (unready, len(kept))
+    assert requests.get(f"http://{nginx.settings.health_listen}/readyz", timeout=5).status_code == 503
     reloads = error_log.read_text().count("signal 1 (SIGHUP) received") - reloads_before
     assert reloads == 1, "the drain's end did not reload nginx to close the idle connections"
-    print(f"drain: {len(kept)} answers on one keep-alive connection, then {len(closed)} "
-          f"answers each closing its own")
+    print(f"drain: /readyz 503 after {unready} answers; {len(kept)} answers on one keep-alive "
+          f"connection, then {len(closed)} answers each closing its own")
 
     assert pod.terminate() == 0
     pod.start()  # the restarted container: the flag goes, connections are kept alive again
     pod.wait_ready()
     until(lambda: ready_through_gateway(nginx), what="/readyz through the gateway (the new key)")
-    assert not flag.exists()
+    assert not flag.exists() and not (Path(nginx.settings.gateway_dir) / gateway.DRAINING).exists()
     conn = http.client.HTTPConnection(host, int(port), timeout=10)
     try:
         assert [ask(conn, token)[:2] for _ in range(3)] == [(200, "keep-alive")] * 3
