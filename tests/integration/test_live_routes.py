@@ -24,11 +24,12 @@ import pytest
 import requests
 
 from bench.loadgen import SteadyLoad, summarize
+from handler.records import ROUTE_HEADER
 from rtserve.promotion.history import HISTORY_FILE, History
 from rtserve.promotion.live import sticky_bucket as bucket
 from rtserve.promotion.rollout import Rollout
 from rtserve.server.properties import routes_file
-from rtserve.server.readiness import sample_payload
+from rtserve.server.readiness import PROBE_ROUTE, sample_payload
 from tests.conftest import MODEL_NAME, make_archive
 from tests.helpers import (SLOW_CANDIDATE, SLOW_S, routes_applied, routes_lines, settled, shadow_cost,
                            shadow_share_range)
@@ -142,9 +143,10 @@ def test_shadow_100_percent_callers_see_only_the_default(live, routes):
             answer = post(live, s)
             assert version_of(answer) == "1.0"
             ids.append(answer.headers["x-request-id"])
-        # explicit versions, explanations and KServe are never copied
+        # explicit versions, explanations, KServe and the readiness probe's predictions are never copied
         assert version_of(post(live, s, path=f"/predictions/{MODEL_NAME}/1.0")) == "1.0"
         assert post(live, s, path=f"/explanations/{MODEL_NAME}").status_code == 200
+        assert version_of(post(live, s, **{ROUTE_HEADER: PROBE_ROUTE})) == "1.0"
     lines = log_lines(log, 20)
     assert len(lines) == 20, lines
     assert sorted(line["of"] for line in lines) == sorted(ids)
@@ -277,6 +279,18 @@ def test_an_unreachable_canary_leaves_the_request_to_the_default(live, routes):
     assert [(line["kind"], line["status"], line["id"]) for line in lines] == [("canary", 0, "")] * 5
     assert all("ConnectException" in line["error"] for line in lines), lines
     assert sorted(line["of"] for line in lines) == sorted(a.headers["x-request-id"] for a in answers)
+
+
+def test_the_readiness_probes_predictions_stay_with_the_pod(live, routes):
+    """The probe checks its own pod: a 100 % canary takes every other request, never the probe's."""
+    log = rerouted(live, routes, canary={"version": "2.0", "percent": 100.0, "url": candidate(live)})
+    with requests.Session() as s:
+        probes = [post(live, s, **{ROUTE_HEADER: PROBE_ROUTE}) for _ in range(5)]
+        callers = [post(live, s) for _ in range(5)]
+    assert [version_of(a) for a in probes] == ["1.0"] * 5
+    assert [version_of(a) for a in callers] == ["2.0"] * 5
+    lines = log_lines(log, 5)  # a canary's answer carries the candidate's request id
+    assert sorted(line["id"] for line in lines) == sorted(a.headers["x-request-id"] for a in callers), lines
 
 
 def test_an_invalid_file_keeps_the_previous_routes(live, routes):

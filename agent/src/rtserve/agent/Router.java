@@ -36,7 +36,8 @@ import java.util.concurrent.atomic.AtomicLong;
  *
  * <p>Only {@code POST /predictions/{model}} with no version in the path, for the routes' model
  * and with a body that is not a multipart form, is routed; every other job (explicit versions,
- * explanations, KServe, invocations) is queued as before.
+ * explanations, KServe, invocations) is queued as before, and so is a readiness probe's
+ * prediction ({@code X-Rtserve-Route: probe}): it checks this pod, and is not traffic to compare.
  *
  * <ul>
  *   <li>canary (first): a request whose sticky key ({@code key_header}'s value, else the client's
@@ -57,6 +58,9 @@ public final class Router {
     static final int MAX_MIRRORS = 64;
     static final long CHECK_MS = 200;
     static final String SHADOW_OF = "x-rtserve-shadow-of";
+    /** The header naming a request's route in its record, and the readiness probe's route. */
+    static final String ROUTE_HEADER = "X-Rtserve-Route";
+    static final String PROBE_ROUTE = "probe";
 
     private static volatile Routes routes;
     /**
@@ -180,6 +184,9 @@ public final class Router {
             }
             @SuppressWarnings("unchecked")
             Map<String, String> headers = (Map<String, String>) j.headers.invokeExact(input);
+            if (PROBE_ROUTE.equals(header(headers, ROUTE_HEADER))) {
+                return null;
+            }
             String key = null;
             if (r.canary != null) {
                 key = r.canary.keyHeader() == null ? null : header(headers, r.canary.keyHeader());
