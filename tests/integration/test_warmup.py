@@ -18,6 +18,7 @@ from rtserve.server.warmup import WarmupConfig
 from rtserve.settings import WARM_FILE
 from tests.conftest import MODEL_NAME, REPO
 from tests.helpers import records
+from tests.integration.conftest import serve
 
 pytestmark = pytest.mark.integration
 
@@ -75,32 +76,49 @@ def test_warm_up_answers_are_correct_and_kept_out_of_every_record(fresh):
     assert scraped(fresh, "rtserve_request_duration_seconds_count") == 1
 
 
-def test_the_first_request_is_served_like_the_steady_ones_and_recorded(fresh):
-    url = f"{fresh.props['inference_address']}/predictions/{MODEL_NAME}"
-    token = {"Authorization": f"Bearer {fresh.client().keys.get('inference')}"}
+def first_and_steady(server) -> tuple[int, list[int]]:
+    """One client request on a new connection, then ``STEADY`` more and one carrying the warm-up
+    header with a key of its own (served and recorded like any other): the first's server-side
+    ms and the steady ones', sorted; each is checked in the audit trail and the metrics."""
+    url = f"{server.props['inference_address']}/predictions/{MODEL_NAME}"
+    token = {"Authorization": f"Bearer {server.client().keys.get('inference')}"}
     body = (REPO / "examples" / "request.json").read_bytes()
-    before = len(access_lines(fresh, 2))
+    before = len(access_lines(server, 2))
     client_ms = []
     for _ in range(1 + STEADY):  # the first on a new connection, as each of these is
         status, seconds = timed_post(url, body, token)
         assert status == 200
         client_ms.append(seconds * 1000)
-    # a client sending the header with a key of its own is served and recorded like any other
     guess = requests.post(url, data=body, timeout=10, headers={
         **token, "Content-Type": "application/json", HEADER: "x" * 43})
     assert guess.status_code == 200
-    lines = access_lines(fresh, before + STEADY + 2)[before:]
+    lines = access_lines(server, before + STEADY + 2)[before:]
     server_ms = [int(m["ms"]) for m in lines]
     assert len(server_ms) == STEADY + 2
     steady = sorted(server_ms[1:STEADY + 1])
-    p99 = steady[int(0.99 * STEADY) - 1]
     print(f"first request: {server_ms[0]} ms in the server ({client_ms[0]:.2f} ms at the client); "
-          f"the next {STEADY}: server p50 {steady[STEADY // 2]} ms, p99 {p99} ms; client p50 "
+          f"the next {STEADY}: server p50 {steady[STEADY // 2]} ms, p99 {p99_of(steady)} ms; client p50 "
           f"{sorted(client_ms[1:])[STEADY // 2]:.2f} ms")
-    # the frontend's own time in whole ms: within one millisecond (its resolution) of 2x the
-    # steady p99 (before the warm-up the first request spent about 6 ms in the frontend)
-    assert server_ms[0] <= 2 * p99 + 1, (server_ms[0], steady)
     time.sleep(1.5)  # the exporter reads the access log every second
-    assert len(audit(fresh)) == 1 + STEADY + 2
-    assert scraped(fresh, "rtserve_handler_requests_total") == 1 + STEADY + 2
-    assert scraped(fresh, "rtserve_request_duration_seconds_count") == 1 + STEADY + 2
+    assert len(audit(server)) == 1 + STEADY + 2
+    assert scraped(server, "rtserve_handler_requests_total") == 1 + STEADY + 2
+    assert scraped(server, "rtserve_request_duration_seconds_count") == 1 + STEADY + 2
+    return server_ms[0], steady
+
+
+def p99_of(steady: list[int]) -> int:
+    return steady[int(0.99 * STEADY) - 1]
+
+
+def test_the_first_request_is_served_like_the_steady_ones_and_recorded(fresh, mar_v1, tmp_path_factory):
+    """The frontend's own time for the first request, in whole ms: within one millisecond (its
+    resolution) of 2x the steady p99 (before the warm-up it spent about 6 ms more). A single
+    first request is one sample: on a machine busy with other work (CI runs tiers side by side)
+    a scheduling stall can land on it, so a miss is measured once more on a second fresh server,
+    and the test fails when both miss: a warm-up that does not work misses every time."""
+    first, steady = first_and_steady(fresh)
+    if first > 2 * p99_of(steady) + 1:
+        print(f"{first} ms > 2 x {p99_of(steady)} + 1 ms: once more, on a second fresh server")
+        with serve(tmp_path_factory.mktemp("run"), mar_v1) as again:
+            first, steady = first_and_steady(again)
+    assert first <= 2 * p99_of(steady) + 1, (first, steady)
