@@ -183,7 +183,7 @@ def test_a_24mi_run_volume_takes_four_times_its_size_and_every_answer_reaches_ca
     small = deploy(cluster, image_vars, "1.0", f"K8S_DIR={small_volume(tmp_path)}", overlay=OVERLAY)
     assert small.returncode == 0, small.stdout[-4000:]
     deployed = time.monotonic() - begin
-    served = Served(cluster, small.stdout, namespace)
+    served = Served(cluster, image_vars, small.stdout, namespace)
     # the pods' server resolved half the limit as its budget (its effective config records it)
     pods = served.deployed.wait_ready(2, timeout=300)
     for pod in pods:
