@@ -81,9 +81,17 @@ def test_the_stream_consumers_component_is_accepted_by_the_api_server(cluster, o
 
 @pytest.mark.parametrize("overlay,job", [("staging", "verify"), ("local", "local-verify")])
 def test_the_verification_job_is_accepted_by_the_api_server(cluster, rendered, overlay, job):
-    """The shared Job (rendered in staging's namespace) and the local overlay's own."""
-    with namespaces_of(cluster, [o for o in yaml.safe_load_all(rendered[overlay].read_text()) if o]):
-        done = cluster.kubectl("apply", "--dry-run=server", "-f", str(rendered[job]))
+    """The shared Job (rendered in staging's namespace) and the local overlay's own, dry-run as
+    new objects in a namespace of their own with the overlay's namespace labels (PodSecurity):
+    in the overlay's namespace, the Job an earlier `make k8s-deploy` left would make the apply an
+    update, which the API server refuses (a Job's template is immutable)."""
+    (namespace,) = [o for o in yaml.safe_load_all(rendered[overlay].read_text()) if o and o["kind"] == "Namespace"]
+    name = f"verify-check-{overlay}"
+    objects = [o for o in yaml.safe_load_all(rendered[job].read_text()) if o]
+    for obj in objects:
+        obj["metadata"]["namespace"] = name
+    with namespaces_of(cluster, [{**namespace, "metadata": {**namespace["metadata"], "name": name}}]):
+        done = cluster.kubectl("apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump_all(objects))
     assert done.returncode == 0, done.stderr
     assert "job.batch/rtserve-verify created (server dry run)" in done.stdout, done.stdout
     assert "PodSecurity" not in done.stderr, done.stderr
