@@ -3,7 +3,8 @@
 :class:`Nginx` runs Debian's nginx as a foreground child process with its own config, PID
 file, logs and temp paths in one run directory, listening on free loopback ports, and changes
 its upstreams with ``nginx -s reload`` (confirmed: :meth:`Nginx.apply` waits until the new
-workers answer with the new config generation). It is stopped by its own PID, never by name.
+workers answer with the new config generation). It is started and stopped (by its own PID, never
+by name) through :mod:`rtserve.runtime.process`.
 
 Token authorization stays on at every hop. Each TorchServe replica writes its own random
 inference key, and an nginx upstream group cannot send a different header per member, so each
@@ -40,7 +41,9 @@ from pathlib import Path
 
 import requests
 
+from rtserve.errors import ProcessError
 from rtserve.gateway.nginx import find_nginx  # noqa: F401 - re-exported for the tests
+from rtserve.runtime.process import spawn, stop_process
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +64,9 @@ class Backend:
     hop_port: int
 
 
-def render_config(run_dir: Path, port: int, gateway_key: str, backends: list[Backend],
-                  in_rotation: list[str], generation: int) -> str:
+def render_config(
+    run_dir: Path, port: int, gateway_key: str, backends: list[Backend], in_rotation: list[str], generation: int
+) -> str:
     """The nginx config: the public listener over the hops in rotation, one hop per backend.
 
     Raises:
@@ -72,9 +76,11 @@ def render_config(run_dir: Path, port: int, gateway_key: str, backends: list[Bac
     if not in_rotation or not set(in_rotation) <= names:
         raise BalancerError(f"rotation {in_rotation} must be a non-empty subset of {sorted(names)}")
     tmp = run_dir / "tmp"
-    upstream = "\n".join(f"        server 127.0.0.1:{b.hop_port};  # {b.name}"
-                         for b in backends if b.name in in_rotation)
-    hops = "\n".join(f"""
+    upstream = "\n".join(
+        f"        server 127.0.0.1:{b.hop_port};  # {b.name}" for b in backends if b.name in in_rotation
+    )
+    hops = "\n".join(
+        f"""
     server {{  # hop to {b.name}: only this replica, with its own inference key
         listen 127.0.0.1:{b.hop_port};
         location / {{
@@ -82,7 +88,9 @@ def render_config(run_dir: Path, port: int, gateway_key: str, backends: list[Bac
             proxy_pass {b.inference_url};
             proxy_set_header Authorization "Bearer {b.key}";
         }}
-    }}""" for b in backends)
+    }}"""
+        for b in backends
+    )
     return f"""# Written by bench/balancer.py (generation {generation}); keys inside: mode 0600.
 worker_processes 1;
 daemon off;
@@ -141,7 +149,7 @@ class Nginx:
             raise BalancerError("nginx is not installed: run `make nginx-deps` (apt-get install nginx)")
         self.gateway_key = secrets.token_urlsafe(24)
         self.generation = 0
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | None = None  # nginx's master, started by spawn()
         self.backends: list[Backend] = []
         self.in_rotation: list[str] = []
 
@@ -156,22 +164,32 @@ class Nginx:
         return self.run_dir / "nginx.conf"
 
     def _cli(self, *args: str) -> subprocess.CompletedProcess:
-        cmd = [self.binary, "-p", str(self.run_dir), "-c", str(self.config_path),
-               "-e", str(self.run_dir / "error.log"), *args]
-        return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              timeout=30)
+        cmd = [
+            self.binary,
+            "-p",
+            str(self.run_dir),
+            "-c",
+            str(self.config_path),
+            "-e",
+            str(self.run_dir / "error.log"),
+            *args,
+        ]
+        return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=30)
 
     def _write(self, backends: list[Backend], in_rotation: list[str]) -> None:
         self.generation += 1
-        text = render_config(self.run_dir, self.port, self.gateway_key, backends, in_rotation,
-                             self.generation)
+        text = render_config(self.run_dir, self.port, self.gateway_key, backends, in_rotation, self.generation)
         tmp = self.config_path.with_suffix(".new")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as out:
             out.write(text)
-        test = subprocess.run([self.binary, "-t", "-p", str(self.run_dir), "-c", str(tmp),
-                               "-e", str(self.run_dir / "error.log")], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, timeout=30)
+        test = subprocess.run(
+            [self.binary, "-t", "-p", str(self.run_dir), "-c", str(tmp), "-e", str(self.run_dir / "error.log")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=30,
+        )
         if test.returncode != 0:
             raise BalancerError(f"nginx refused generation {self.generation}:\n{test.stdout}")
         os.replace(tmp, self.config_path)
@@ -190,11 +208,22 @@ class Nginx:
         with os.fdopen(fd, "w") as out:
             out.write(self.gateway_key + "\n")
         self._write(backends, in_rotation)
-        with open(self.run_dir / "nginx.out", "wb") as out:
-            self.proc = subprocess.Popen(
-                [self.binary, "-p", str(self.run_dir), "-c", str(self.config_path),
-                 "-e", str(self.run_dir / "error.log")],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+        (self.run_dir / "nginx.out").unlink(missing_ok=True)
+        try:
+            self.proc = spawn(
+                [
+                    self.binary,
+                    "-p",
+                    str(self.run_dir),
+                    "-c",
+                    str(self.config_path),
+                    "-e",
+                    str(self.run_dir / "error.log"),
+                ],
+                self.run_dir / "nginx.out",
+            )
+        except ProcessError as exc:
+            raise BalancerError(str(exc)) from exc
         self._wait_generation(timeout)
 
     def apply(self, backends: list[Backend], in_rotation: list[str], timeout: float = 20.0) -> float:
@@ -218,37 +247,24 @@ class Nginx:
             if self.proc is not None and self.proc.poll() is not None:
                 raise BalancerError(f"nginx exited ({self.proc.returncode}):\n{self.log_tail()}")
             try:  # a new connection each time: it reaches a worker of the newest generation
-                resp = requests.get(self.url + GENERATION_PATH, timeout=2,
-                                    headers={"Connection": "close"})
+                resp = requests.get(self.url + GENERATION_PATH, timeout=2, headers={"Connection": "close"})
                 if resp.text.strip() == str(self.generation):
                     return
                 last = f"generation {resp.text.strip()}"
             except requests.RequestException as exc:
                 last = str(exc)
             time.sleep(0.05)
-        raise BalancerError(f"nginx generation {self.generation} not live after {timeout:.0f}s "
-                            f"({last}):\n{self.log_tail()}")
+        raise BalancerError(
+            f"nginx generation {self.generation} not live after {timeout:.0f}s ({last}):\n{self.log_tail()}"
+        )
 
     def stop(self, timeout: float = 10.0) -> None:
         """Graceful stop (SIGQUIT to the master PID), then SIGKILL to its own workers and itself."""
         proc, self.proc = self.proc, None
         if proc is None or proc.poll() is not None:
             return
-        os.kill(proc.pid, signal.SIGQUIT)
-        try:
-            proc.wait(timeout)
-            return
-        except subprocess.TimeoutExpired:
-            logger.warning("nginx pid %d ignored SIGQUIT for %.0fs; killing it", proc.pid, timeout)
-        import psutil
-
-        try:
-            for child in psutil.Process(proc.pid).children(recursive=True):
-                child.kill()
-        except psutil.Error:
-            pass
-        proc.kill()
-        proc.wait(10)
+        if stop_process(proc.pid, timeout, signal.SIGQUIT, tree=True):
+            logger.warning("nginx pid %d ignored SIGQUIT for %.0fs; killed it", proc.pid, timeout)
 
     def log_tail(self, lines: int = 30) -> str:
         """The end of nginx's error log."""

@@ -20,25 +20,31 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from bench.loadgen import SteadyLoad
 from rtserve.errors import ServerError
-from rtserve.testing import server as local
 from rtserve.server.properties import read_properties
 from rtserve.server.readiness import sample_payload
 from rtserve.server.torchserve import TorchServe
+from rtserve.testing import server as local
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 MODEL = "realtime-classifier"
 
 
-def parser(doc: str, out: str, versions: dict[str, str] | None = None, attach: bool = True,
-           model_store: bool = True, run_root: bool = True,
-           model: bool = True) -> argparse.ArgumentParser:
+def parser(
+    doc: str,
+    out: str,
+    versions: dict[str, str] | None = None,
+    attach: bool = True,
+    model_store: bool = True,
+    run_root: bool = True,
+    model: bool = True,
+) -> argparse.ArgumentParser:
     """The options every server-driving script has; the script adds its own.
 
     Args:
@@ -59,12 +65,19 @@ def parser(doc: str, out: str, versions: dict[str, str] | None = None, attach: b
     if model_store:
         p.add_argument("--model-store", type=Path, default=REPO / "model_store")
     if run_root:
-        p.add_argument("--run-root", type=Path, default=REPO / "build",
-                       help="where a server started for the run keeps its run directory")
+        p.add_argument(
+            "--run-root",
+            type=Path,
+            default=REPO / "build",
+            help="where a server started for the run keeps its run directory",
+        )
     if attach:
-        p.add_argument("--attach", type=Path, metavar="RUN_DIR",
-                       help="use the TorchServe already running from RUN_DIR (left running) "
-                            "instead of starting one")
+        p.add_argument(
+            "--attach",
+            type=Path,
+            metavar="RUN_DIR",
+            help="use the TorchServe already running from RUN_DIR (left running) instead of starting one",
+        )
     p.add_argument("--out", type=Path, default=RESULTS / out)
     return p
 
@@ -91,8 +104,9 @@ def attached(run_dir: Path) -> TorchServe:
 
 
 @contextmanager
-def serving(args: argparse.Namespace, run_name: str, archives: list[str] | None = None,
-            overrides: dict[str, str] | None = None) -> Iterator[TorchServe]:
+def serving(
+    args: argparse.Namespace, run_name: str, archives: list[str] | None = None, overrides: dict[str, str] | None = None
+) -> Iterator[TorchServe]:
     """A ready TorchServe serving ``archives`` (default ``<model>_<version>.mar``) from
     ``args.model_store`` as ``args.model``, in ``<args.run_root>/<run_name>``, on free loopback
     ports, stopped afterwards; or, with ``args.attach``, the server running from there, left
@@ -108,9 +122,13 @@ def serving(args: argparse.Namespace, run_name: str, archives: list[str] | None 
         yield attached(args.attach)
         return
     archives = archives or [f"{args.model}_{args.version}.mar"]
-    with local.serving(args.run_root / run_name, args.model_store,
-                       [f"{args.model}={mar}" for mar in archives], overrides,
-                       ready=[args.model]) as server:
+    with local.serving(
+        args.run_root / run_name,
+        args.model_store,
+        [f"{args.model}={mar}" for mar in archives],
+        overrides,
+        ready=[args.model],
+    ) as server:
         yield server
 
 
@@ -119,32 +137,44 @@ def predictions_url(server: TorchServe, model: str, route: str = "predictions") 
     return f"{server.props['inference_address']}/{route}/{model}"
 
 
-def steady_load(server: TorchServe, model: str, rate: float, concurrency: int,
-                max_seconds: float, timeout: float = 10.0, **kwargs) -> SteadyLoad:
+def steady_load(
+    server: TorchServe, model: str, rate: float, concurrency: int, max_seconds: float, timeout: float = 10.0, **kwargs
+) -> SteadyLoad:
     """Steady predictions on ``server``'s route for ``model`` with its current inference key
     (not started); ``kwargs`` go to :class:`SteadyLoad`."""
     client = server.client(timeout=timeout)
-    return SteadyLoad(predictions_url(server, model), sample_payload(),
-                      lambda: client.keys.get("inference"), rate=rate, concurrency=concurrency,
-                      max_seconds=max_seconds, timeout=timeout, **kwargs)
+    return SteadyLoad(
+        predictions_url(server, model),
+        sample_payload(),
+        lambda: client.keys.get("inference"),
+        rate=rate,
+        concurrency=concurrency,
+        max_seconds=max_seconds,
+        timeout=timeout,
+        **kwargs,
+    )
 
 
-def phase_lines(phases: list[dict], width: int, versions: bool = True,
-                title: str = "phase") -> list[str]:
+def phase_lines(phases: list[dict], width: int, versions: bool = True, title: str = "phase") -> list[str]:
     """A per-phase table (``bench.loadgen.PhaseReport`` as dicts): sent, failed on the first
     try, resent, failed after resending, p50, p99, the versions seen, and each phase's first-try
     failures by status and its errors below it."""
-    lines = [f"{title:{width}} {'sent':>6} {'failed':>7} {'resent':>6} {'failed':>6} {'p50 ms':>7} "
-             f"{'p99 ms':>7}" + ("  versions seen" if versions else ""),
-             f"{'':{width}} {'':>6} {'1st try':>7} {'':>6} {'at end':>6}"]
+    lines = [
+        f"{title:{width}} {'sent':>6} {'failed':>7} {'resent':>6} {'failed':>6} {'p50 ms':>7} "
+        f"{'p99 ms':>7}" + ("  versions seen" if versions else ""),
+        f"{'':{width}} {'':>6} {'1st try':>7} {'':>6} {'at end':>6}",
+    ]
     for p in phases:
         seen = ", ".join(f"{v}: {n}" for v, n in sorted(p["versions"].items()))
-        lines.append(f"{p['phase']:{width}} {p['sent']:>6} {p['failed_first']:>7} {p['resent']:>6} "
-                     f"{p['failed_after_resend']:>6} {p['p50_ms']:>7} {p['p99_ms']:>7}"
-                     + (f"  {seen}" if versions else ""))
+        lines.append(
+            f"{p['phase']:{width}} {p['sent']:>6} {p['failed_first']:>7} {p['resent']:>6} "
+            f"{p['failed_after_resend']:>6} {p['p50_ms']:>7} {p['p99_ms']:>7}" + (f"  {seen}" if versions else "")
+        )
         if p["failed_first"]:
-            lines.append("    failed on the first try: " + ", ".join(
-                f"{status}: {n}" for status, n in p["failed_first_by_status"].items()))
+            lines.append(
+                "    failed on the first try: "
+                + ", ".join(f"{status}: {n}" for status, n in p["failed_first_by_status"].items())
+            )
         lines += [f"    error: {' '.join(e.split())}" for e in p["errors"]]
     return lines
 

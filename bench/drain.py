@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 from collections import Counter
+
 import requests
 
 from bench import common
@@ -73,13 +74,29 @@ def probe_stopped(url: str, n: int = 5) -> list[str]:
     return out
 
 
-def run(server: TorchServe, model: str, mode: str, hold: float = 2.0, lag: float = 0.5,
-        rate: float = 2000.0, concurrency: int = 16, quiet: float = 0.5,
-        drain_timeout: float = 30.0) -> dict:
+def run(
+    server: TorchServe,
+    model: str,
+    mode: str,
+    hold: float = 2.0,
+    lag: float = 0.5,
+    rate: float = 2000.0,
+    concurrency: int = 16,
+    quiet: float = 0.5,
+    drain_timeout: float = 30.0,
+) -> dict:
     """Load a ready ``server``, stop it in ``mode`` (``plain`` or ``drain``), return the report."""
     url = common.predictions_url(server, model)
-    load = common.steady_load(server, model, rate, concurrency, hold + drain_timeout + 120,
-                              timeout=30.0, keep_alive=False, gate=ReadinessRouter(server, lag))
+    load = common.steady_load(
+        server,
+        model,
+        rate,
+        concurrency,
+        hold + drain_timeout + 120,
+        timeout=30.0,
+        keep_alive=False,
+        gate=ReadinessRouter(server, lag),
+    )
     drain_report = None
     load.start("before stop")
     try:
@@ -102,12 +119,14 @@ def run(server: TorchServe, model: str, mode: str, hold: float = 2.0, lag: float
     answered = [r for r in records if r.first_status != 0]
     lost = [r for r in records if r.first_status == 0 and not r.refused]
     return {
-        "mode": mode, "concurrency": concurrency, "lag_s": lag, "quiet_s": quiet,
+        "mode": mode,
+        "concurrency": concurrency,
+        "lag_s": lag,
+        "quiet_s": quiet,
         "requests": len(records),
         "answered": len(answered),
         "answered_200": sum(1 for r in answered if r.first_status == 200),
-        "answered_other": dict(Counter(status_key(r.first_status) for r in answered
-                                       if r.first_status != 200)),
+        "answered_other": dict(Counter(status_key(r.first_status) for r in answered if r.first_status != 200)),
         "refused": sum(1 for r in records if r.first_status == 0 and r.refused),
         "lost": len(lost),
         "lost_errors": dict(Counter(_short(r.first_error) for r in lost)),
@@ -121,9 +140,11 @@ def run(server: TorchServe, model: str, mode: str, hold: float = 2.0, lag: float
 
 
 def _short(error: str) -> str:
-    for needle, text in (("reset by peer", "connection reset by peer"),
-                         ("without response", "connection closed without a response"),
-                         ("timed out", "read timed out")):
+    for needle, text in (
+        ("reset by peer", "connection reset by peer"),
+        ("without response", "connection closed without a response"),
+        ("timed out", "read timed out"),
+    ):
         if needle in error:
             return text
     return error[:100]
@@ -141,9 +162,11 @@ def render(report: dict) -> str:
     ]
     if report["drain"]:
         d = report["drain"]
-        lines.append(f"  drain: idle={d['drained']} after {d['seconds']} s ({d['arrivals']} arrived "
-                     f"while draining, peak {d['peak_pending']} queued, peak {d['peak_busy']} "
-                     f"workers busy)")
+        lines.append(
+            f"  drain: idle={d['drained']} after {d['seconds']} s ({d['arrivals']} arrived "
+            f"while draining, peak {d['peak_pending']} queued, peak {d['peak_busy']} "
+            f"workers busy)"
+        )
     lines += [f"  lost: {n} x {e}" for e, n in report["lost_errors"].items()]
     lines.append(f"  {Counts.read(report).text()}")
     lines.append(f"  requests sent after the stop: {', '.join(report['after_stop'])}")
@@ -162,10 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     common.log_to_stdout()
     reports = []
-    for mode in (["plain", "drain"] if args.mode == "both" else [args.mode]):
+    for mode in ["plain", "drain"] if args.mode == "both" else [args.mode]:
         with common.serving(args, f"bench-drain-{mode}") as server:
-            reports.append(run(server, args.model, mode, args.hold, args.lag, args.rate,
-                               args.concurrency, args.quiet))
+            reports.append(run(server, args.model, mode, args.hold, args.lag, args.rate, args.concurrency, args.quiet))
     ok = all(r["lost"] == 0 and r["answered_other"] == {} for r in reports if r["mode"] == "drain")
     return common.finish(reports, args.out, "\n".join(map(render, reports)), ok)
 

@@ -7,6 +7,13 @@ the archive (``artifacts/<version>``) and normalizing the same way. Its best con
 httptools (``uvicorn[standard]``), no access log, one torch thread per process, and TCP_NODELAY
 on every accepted connection.
 
+The model runs in one of three forms (``--forward``), the same weights in each (:func:`check_forms`
+compares their answers): ``eager``, the ``nn.Module`` a user trained (the demo's
+``RealTimeClassifier``, its weights loaded from the exported program); ``program``, the exported
+program's module; ``direct``, rtserve's ``handler.model.direct_forward`` of that program. A user
+who hand-rolls FastAPI serves the first; the benchmark measures all three and compares rtserve
+with the fastest.
+
 TCP_NODELAY: asyncio sets it only on sockets whose ``proto`` is ``IPPROTO_TCP``. Uvicorn's
 multi-worker mode (``--workers 2``) binds its listening socket with ``socket.socket(AF_INET)``,
 whose ``proto`` is 0, so with the asyncio loop accepted connections keep Nagle's algorithm and a
@@ -15,11 +22,13 @@ keep-alive client waits for the peer's delayed ACK on every response written in 
 uvloop sets the option itself. :class:`NoDelayHttpToolsProtocol` sets it on every connection,
 whatever the loop or the socket's ``proto``; it is passed to uvicorn as its ``http`` class.
 
-    .venv/bin/python -m bench.fastapi_seed --port 8000 --workers 2 --model-dir artifacts/1.0
+    .venv/bin/python -m bench.fastapi_seed --port 8000 --workers 2 --model-dir artifacts/1.0 \
+        --async-endpoint --forward direct
 """
 
 # No `from __future__ import annotations`: FastAPI reads the endpoint's annotations at runtime.
 import argparse
+import json
 import os
 import socket
 import sys
@@ -28,6 +37,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 MODEL_DIR_ENV = "RTSERVE_BENCH_MODEL_DIR"
 ASYNC_ENV = "RTSERVE_BENCH_ASYNC"
+FORWARD_ENV = "RTSERVE_BENCH_FORWARD"
+#: The forms the model can be served in (see the module's docstring); the first is the default.
+FORMS = ("eager", "program", "direct")
+#: Largest difference between two forms' logits that :func:`check_forms` accepts.
+FORM_TOLERANCE = 1e-5
 
 try:  # the benchmark's own dependencies (requirements-bench.txt), absent from the runtime venv
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -45,22 +59,75 @@ class NoDelayHttpToolsProtocol(HttpToolsProtocol):  # type: ignore[misc,valid-ty
         super().connection_made(transport)
 
 
-def create_app(model_dir: str | Path, async_endpoint: bool = False):
+def load_form(model_dir: str | Path, form: str):
+    """The model of ``model_dir`` as a callable of raw features ``[N, F]`` -> logits, in ``form``
+    (one of :data:`FORMS`). The eager form is the demo's ``RealTimeClassifier`` with the program's
+    weights (``load_state_dict(strict=True)``: a program of another architecture is refused)."""
+    import torch
+
+    from handler.model import load_program
+
+    path = Path(model_dir) / "model.pt2"
+    if form == "program":
+        return load_program(path)
+    if form == "direct":
+        return load_program(path, direct=True)
+    if form != "eager":
+        raise ValueError(f"unknown form {form!r}: one of {', '.join(FORMS)}")
+    from rtserve.model.package import Standardize
+    from rtserve.model.train import RealTimeClassifier
+
+    state = torch.export.load(str(path)).state_dict
+    model = RealTimeClassifier(
+        Standardize(state["norm.mean"], state["norm.std"]),
+        hidden=state["net.0.weight"].shape[0],
+        n_classes=state["net.2.weight"].shape[0],
+    )
+    model.load_state_dict(state, strict=True)
+    return model.eval()
+
+
+def check_forms(model_dir: str | Path) -> dict[str, float]:
+    """Every form's logits on the golden set's rows against the eager module's: the largest
+    absolute difference per form. Raises ValueError when one differs by more than
+    :data:`FORM_TOLERANCE` (the forms would not be the same model)."""
+    import torch
+
+    from handler.model import ModelMetadata
+
+    meta = ModelMetadata.load(Path(model_dir) / "meta.json")
+    x = torch.tensor(meta.golden["features"], dtype=torch.float32)
+    with torch.no_grad():
+        reference = load_form(model_dir, "eager")(x)
+        diffs = {form: float((load_form(model_dir, form)(x) - reference).abs().max()) for form in FORMS}
+    wrong = {form: d for form, d in diffs.items() if not d <= FORM_TOLERANCE}
+    if wrong:
+        raise ValueError(
+            f"forms answer differently from the eager module on {len(x)} golden "
+            f"rows: {wrong} (tolerance {FORM_TOLERANCE})"
+        )
+    return diffs
+
+
+def create_app(model_dir: str | Path, async_endpoint: bool = False, form: str = FORMS[0]):
     """The seed's FastAPI app serving the model in ``model_dir`` (model.pt2 + meta.json).
 
-    ``async_endpoint``: the endpoint is ``async def`` and runs on the event loop (the forward
-    pass takes tens of microseconds, so a thread-pool hop per request costs more than it saves:
-    the tuned configuration); otherwise a plain ``def`` as the seed writes it.
+    ``async_endpoint``: the tuned configuration: the endpoint is ``async def`` and runs on the
+    event loop (the forward pass takes tens of microseconds, so a thread-pool hop per request
+    costs more than it saves), and it returns its JSON already encoded, as a ``Response``
+    (FastAPI otherwise validates a returned ``dict`` against its annotation and walks it through
+    ``jsonable_encoder`` before encoding it). Otherwise a plain ``def`` returning the ``dict``,
+    as the seed writes it. ``form``: the model's form (:func:`load_form`).
     """
     import torch
-    from fastapi import FastAPI
+    from fastapi import FastAPI, Response
     from pydantic import BaseModel
 
-    from handler.model import ModelMetadata, load_program
+    from handler.model import ModelMetadata
 
     torch.set_num_threads(1)
     meta = ModelMetadata.load(Path(model_dir) / "meta.json")
-    model = load_program(Path(model_dir) / "model.pt2")  # normalizes inside
+    model = load_form(model_dir, form)  # normalizes inside
 
     class PredictRequest(BaseModel):
         features: list[float]
@@ -72,13 +139,19 @@ def create_app(model_dir: str | Path, async_endpoint: bool = False):
             x = torch.tensor([request.features])
             probabilities = torch.softmax(model(x), dim=1)[0]
         cls = int(probabilities.argmax())
-        return {"prediction": cls, "label": meta.labels[cls],
-                "probabilities": probabilities.tolist(), "model_version": meta.version}
+        return {
+            "prediction": cls,
+            "label": meta.labels[cls],
+            "probabilities": probabilities.tolist(),
+            "model_version": meta.version,
+        }
 
     if async_endpoint:
-        @app.post("/predict")
-        async def predict_async(request: PredictRequest) -> dict:
-            return predict(request)
+        encode = json.JSONEncoder(separators=(",", ":")).encode
+
+        @app.post("/predict", response_class=Response)
+        async def predict_async(request: PredictRequest) -> Response:
+            return Response(encode(predict(request)), media_type="application/json")
     else:
         app.post("/predict")(predict)
     return app
@@ -86,33 +159,48 @@ def create_app(model_dir: str | Path, async_endpoint: bool = False):
 
 def app_factory():
     """Uvicorn factory (``--factory``): each worker process builds its own app and model."""
-    return create_app(os.environ.get(MODEL_DIR_ENV, REPO / "artifacts" / "1.0"),
-                      async_endpoint=os.environ.get(ASYNC_ENV) == "1")
+    return create_app(
+        os.environ.get(MODEL_DIR_ENV, REPO / "artifacts" / "1.0"),
+        async_endpoint=os.environ.get(ASYNC_ENV) == "1",
+        form=os.environ.get(FORWARD_ENV, FORMS[0]),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the seed server with uvicorn (1 or more worker processes, TCP_NODELAY forced)."""
     import uvicorn
 
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--model-dir", type=Path, default=REPO / "artifacts" / "1.0")
-    parser.add_argument("--async-endpoint", action="store_true",
-                        help="an async def endpoint, run on the event loop (the tuned setup)")
+    parser.add_argument(
+        "--async-endpoint", action="store_true", help="an async def endpoint, run on the event loop (the tuned setup)"
+    )
+    parser.add_argument(
+        "--forward", choices=FORMS, default=FORMS[0], help="the model's form (default: the eager module a user trained)"
+    )
     parser.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")
-    parser.add_argument("--nagle", action="store_true",
-                        help="keep uvicorn's own protocol class (with --loop asyncio --workers 2: "
-                             "the Nagle delay)")
+    parser.add_argument(
+        "--nagle",
+        action="store_true",
+        help="keep uvicorn's own protocol class (with --loop asyncio --workers 2: the Nagle delay)",
+    )
     args = parser.parse_args(argv)
     os.environ[MODEL_DIR_ENV] = str(args.model_dir.resolve())
     os.environ[ASYNC_ENV] = "1" if args.async_endpoint else "0"
+    os.environ[FORWARD_ENV] = args.forward
     sys.path.insert(0, str(REPO))
     uvicorn.run(
-        "bench.fastapi_seed:app_factory", factory=True, host=args.host, port=args.port,
-        workers=args.workers, loop=args.loop, access_log=False, log_level="warning",
+        "bench.fastapi_seed:app_factory",
+        factory=True,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        loop=args.loop,
+        access_log=False,
+        log_level="warning",
         http="httptools" if args.nagle else "bench.fastapi_seed:NoDelayHttpToolsProtocol",
     )
     return 0

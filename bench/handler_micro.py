@@ -9,7 +9,8 @@ protocol code, each request with the headers the frontend passes on for ``wrk``'
 floor) at batch 1 and 32. Each for every way to run the model: the previous eager ``nn.Module``,
 the exported program as the handler runs it (direct forward), the exported module's own
 ``forward``, the exported module with its input-constraint hook, and the AOTInductor-compiled
-program (``--compiled``). One torch thread, as in a worker.
+program (``--compiled``). One torch thread, as in a worker. And the worker's parse of an
+inference batch from its socket, TorchServe's parser against the lean worker's (``batch_parse``).
 
     .venv/bin/python -m bench.handler_micro --model-dir artifacts/1.0 --compiled build/compiled/1.0.pt2
 """
@@ -25,8 +26,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import yaml
@@ -59,6 +61,44 @@ def best_us(fn: Callable[[], Any], repeat: int = 7, number: int = 200) -> float:
             fn()
         rounds.append((time.perf_counter() - start) / number * 1e6)
     return statistics.median(rounds)
+
+
+def parse_time(body: dict, batches: tuple[int, ...] = (1, 20)) -> dict[str, float]:
+    """Microseconds to parse an inference batch of ``n`` requests (each with
+    :data:`REQUEST_HEADERS`' client and frontend headers and ``body``) from a socket, by
+    TorchServe's ``_retrieve_inference_msg`` over rtserve's buffered reads and by the lean
+    worker's ``BufferedReader.inference_msg``; the frame is sent again before each parse."""
+    import socket
+    import struct
+
+    from ts.protocol import otf_message_handler as otf
+
+    from handler.worker_io import BufferedReader
+
+    def field(data: bytes) -> bytes:
+        return struct.pack("!i", len(data)) + data
+
+    end = struct.pack("!i", -1)
+    headers = [(k, v) for k, v in REQUEST_HEADERS.items() if isinstance(v, str)]
+    one = b"".join(field(k.encode()) + field(v.encode()) for k, v in headers) + end
+    one += field(b"body") + field(b"application/json") + field(json.dumps(body).encode()) + end
+    reader, stock = BufferedReader(), otf._retrieve_buffer
+    # TorchServe's own parser, also where a handler started in this process put the lean one
+    theirs_parse = getattr(otf._retrieve_inference_msg, "original", otf._retrieve_inference_msg)
+    out = {}
+    otf._retrieve_buffer = reader  # TorchServe's parser reads through it, as in a worker
+    try:
+        for n in batches:
+            frame = b"".join(field(f"{i:08x}-0000-4000-8000-000000000000".encode()) + one for i in range(n)) + end
+            for name, parse in (("torchserve", theirs_parse), ("lean", reader.inference_msg)):
+                ours, theirs = socket.socketpair()
+                with ours, theirs:
+                    out[f"{name}_us_batch_of_{n}"] = round(
+                        best_us(lambda: (theirs.sendall(frame), parse(ours)), number=100), 1
+                    )
+    finally:
+        otf._retrieve_buffer = stock
+    return out
 
 
 def variants(model_dir: Path, compiled: Path | None) -> dict[str, Callable]:
@@ -118,8 +158,11 @@ def worker_env():
     value_class = values.ValueClass
     with tempfile.TemporaryDirectory(prefix="bench-worker-") as root:
         os.makedirs(os.path.join(root, "metrics"))
-        os.environ.update(PROMETHEUS_MULTIPROC_DIR=os.path.join(root, "metrics"), LOG_LOCATION=root,
-                          **{SPOOL_DIR_ENV: os.path.join(root, "records")})
+        os.environ.update(
+            PROMETHEUS_MULTIPROC_DIR=os.path.join(root, "metrics"),
+            LOG_LOCATION=root,
+            **{SPOOL_DIR_ENV: os.path.join(root, "records")},
+        )
         values.ValueClass = values.MultiProcessValue()
         try:
             yield root
@@ -150,8 +193,7 @@ def telemetry_time(handler: Any, rows: list, context: Any) -> float:
     return best_us(once)
 
 
-def handler_time(model_dir: Path, model_yaml: dict, body: dict, batch: int = 32,
-                 model: Callable | None = None) -> dict:
+def handler_time(model_dir: Path, model_yaml: dict, body: dict, batch: int = 32, model: Callable | None = None) -> dict:
     """Microseconds per request of ``handle()`` and of each stage, on a batch of ``batch``
     (with ``model`` in place of the archive's program when given), and of the telemetry alone
     on that batch and on a batch of one (light traffic)."""
@@ -159,8 +201,7 @@ def handler_time(model_dir: Path, model_yaml: dict, body: dict, batch: int = 32,
         return _handler_time(model_dir, model_yaml, body, batch, model)
 
 
-def _handler_time(model_dir: Path, model_yaml: dict, body: dict, batch: int,
-                  model: Callable | None) -> dict:
+def _handler_time(model_dir: Path, model_yaml: dict, body: dict, batch: int, model: Callable | None) -> dict:
     from handler.rtserve_handler import RealTimeHandler
     from rtserve.testing.worker import make_context
 
@@ -213,14 +254,19 @@ def _set(model_yaml: dict, assignment: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Print (and optionally save) the forward floor and the handler time per request."""
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", type=Path, default=REPO / "artifacts" / "1.0")
     parser.add_argument("--model-config", type=Path, default=DEFAULT_MODEL_CONFIG)
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a handler: setting, e.g. explain_steps=20")
-    parser.add_argument("--compiled", type=Path,
-                        help="an AOTInductor package of the same program (compiled when missing)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a handler: setting, e.g. explain_steps=20",
+    )
+    parser.add_argument(
+        "--compiled", type=Path, help="an AOTInductor package of the same program (compiled when missing)"
+    )
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
@@ -236,10 +282,14 @@ def main(argv: list[str] | None = None) -> int:
     models = variants(args.model_dir, args.compiled)
     n_features = len(json.loads((args.model_dir / "meta.json").read_text())["feature_names"])
     body = {"features": json.loads(DEFAULT_REQUEST.read_text())["features"][:n_features]}
-    report = {"forward": forward_floor(models, n_features),
-              "handler": {name: handler_time(args.model_dir, model_yaml, body, args.batch, model)
-                          for name, model in models.items()},
-              "handler_settings": model_yaml.get("handler", {})}
+    report = {
+        "forward": forward_floor(models, n_features),
+        "handler": {
+            name: handler_time(args.model_dir, model_yaml, body, args.batch, model) for name, model in models.items()
+        },
+        "handler_settings": model_yaml.get("handler", {}),
+        "batch_parse": parse_time(body),
+    }
     sys.stdout.write(json.dumps(report, indent=2) + "\n")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -30,9 +30,24 @@ logger = logging.getLogger(__name__)
 N = 32
 JSON = "application/json"
 #: The bad kinds :func:`_bad` makes.
-KINDS = ("not-json", "truncated", "wrong-type", "missing-field", "wrong-length", "junk-element",
-         "nan-inf", "huge-number", "unicode", "enormous-array", "deep-nesting", "oversized",
-         "binary", "empty", "form-encoded", "nested-features")
+KINDS = (
+    "not-json",
+    "truncated",
+    "wrong-type",
+    "missing-field",
+    "wrong-length",
+    "junk-element",
+    "nan-inf",
+    "huge-number",
+    "unicode",
+    "enormous-array",
+    "deep-nesting",
+    "oversized",
+    "binary",
+    "empty",
+    "form-encoded",
+    "nested-features",
+)
 #: The status each bad kind must get: any other (a 401, 404, 429, 5xx ...) is a regression.
 EXPECTED = {kind: 413 if kind == "oversized" else 400 for kind in KINDS}
 
@@ -72,8 +87,9 @@ def _bad(rng: random.Random, limit: int) -> tuple[str, bytes, str]:
         feats[rng.randrange(N)] = rng.choice(["1" + "0" * 400, "1e7", "-3.4e38", str(2**64)])
         body = ('{"features": [' + ", ".join(feats) + "]}").encode()
     elif kind == "unicode":
-        body = json.dumps({"features": ["\u202e" + chr(rng.randint(0x100, 0xD7FF))] * N},
-                          ensure_ascii=rng.random() < 0.5).encode()
+        body = json.dumps(
+            {"features": ["\u202e" + chr(rng.randint(0x100, 0xD7FF))] * N}, ensure_ascii=rng.random() < 0.5
+        ).encode()
     elif kind == "enormous-array":
         body = json.dumps({"features": [1.0] * rng.randint(N + 1, limit // 6)}).encode()
     elif kind == "deep-nesting":
@@ -123,8 +139,12 @@ def run(server: TorchServe, model: str, n_bad: int, concurrency: int = 16, seed:
             local.session = requests.Session()
         session = local.session
         try:
-            resp = session.post(url, data=body, timeout=30, headers={
-                "Content-Type": ctype, "Authorization": f"Bearer {keys.get('inference')}"})
+            resp = session.post(
+                url,
+                data=body,
+                timeout=30,
+                headers={"Content-Type": ctype, "Authorization": f"Bearer {keys.get('inference')}"},
+            )
             return kind, valid, resp.status_code
         except requests.RequestException as exc:
             return kind, valid, f"{type(exc).__name__}"
@@ -136,9 +156,12 @@ def run(server: TorchServe, model: str, n_bad: int, concurrency: int = 16, seed:
     valid_failed = [(k, s) for k, v, s in results if v and s != 200]
     bad_wrong = [(k, s) for k, v, s in results if not v and s != EXPECTED[k]]
     return {
-        "sent": len(results), "bad_sent": n_bad, "valid_sent": len(results) - n_bad,
+        "sent": len(results),
+        "bad_sent": n_bad,
+        "valid_sent": len(results) - n_bad,
         "valid_ok": sum(1 for _, v, s in results if v and s == 200),
-        "valid_failed": len(valid_failed), "bad_expected_status": n_bad - len(bad_wrong),
+        "valid_failed": len(valid_failed),
+        "bad_expected_status": n_bad - len(bad_wrong),
         "bad_other_status": len(bad_wrong),
         "five_xx": sum(1 for _, _, s in results if isinstance(s, int) and s >= 500),
         "by_kind": {f"{k} -> {s}": n for (k, s), n in sorted(statuses.items(), key=str)},
@@ -158,8 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         report = run(server, args.model, args.bad, args.concurrency)
     text = json.dumps({k: v for k, v in report.items() if k != "by_kind"}, indent=2)
     text += "".join(f"\n  {key:40} {n}" for key, n in report["by_kind"].items())
-    ok = (report["valid_failed"] == 0 and report["bad_other_status"] == 0
-          and report["worker_pids_unchanged"])
+    ok = report["valid_failed"] == 0 and report["bad_other_status"] == 0 and report["worker_pids_unchanged"]
     return common.finish(report, args.out, text, ok)
 
 

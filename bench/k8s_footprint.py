@@ -27,11 +27,11 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.probe_cost import cost, precompile  # noqa: E402
-from rtserve.runtime.process import terminate, wait_until  # noqa: E402
-from rtserve.testing.server import free_port_overrides  # noqa: E402
+from rtserve.runtime.process import spawn, terminate, wait_until  # noqa: E402
 from rtserve.server.probe import local_client  # noqa: E402
 from rtserve.server.properties import read_properties, write_properties  # noqa: E402
 from rtserve.server.torchserve import TorchServe  # noqa: E402
+from rtserve.testing.server import free_port_overrides  # noqa: E402
 
 MODEL = "realtime-classifier"
 
@@ -70,19 +70,27 @@ def main(argv: list[str] | None = None) -> int:
         props = {k: v.replace("/opt/rtserve/", f"{REPO}/") for k, v in props.items()}
         write_properties(config, props)
         run_dir = Path(tmp) / "run"
-        env = dict(os.environ, RTSERVE_RUN_DIR=str(run_dir), RTSERVE_CONFIG=str(config),
-                   RTSERVE_MODEL_STORE=str(mar.parent), RTSERVE_MODEL=MODEL,
-                   RTSERVE_MODELS=f"{MODEL}={mar.name}")
-        runner = subprocess.Popen([sys.executable, "-m", "rtserve", "server", "run"], cwd=REPO, env=env,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        env = dict(
+            os.environ,
+            RTSERVE_RUN_DIR=str(run_dir),
+            RTSERVE_CONFIG=str(config),
+            RTSERVE_MODEL_STORE=str(mar.parent),
+            RTSERVE_MODEL=MODEL,
+            RTSERVE_MODELS=f"{MODEL}={mar.name}",
+        )
+        runner = spawn([sys.executable, "-m", "rtserve", "server", "run"], Path(os.devnull), cwd=REPO, env=env)
         server = TorchServe(run_dir, mar.parent, config=config)
         try:
             started = time.monotonic()
 
             def ready() -> bool:  # the startup probe passes (or the pod's main process died)
-                return runner.poll() is not None or subprocess.run(
-                    [sys.executable, "-m", "rtserve", "probe", "ready"], env=env, cwd=REPO,
-                    capture_output=True).returncode == 0
+                return (
+                    runner.poll() is not None
+                    or subprocess.run(
+                        [sys.executable, "-m", "rtserve", "probe", "ready"], env=env, cwd=REPO, capture_output=True
+                    ).returncode
+                    == 0
+                )
 
             if not wait_until(ready, 120, poll=0.5) or runner.poll() is not None:
                 sys.exit("TorchServe did not become ready:\n" + server.log_tail())
@@ -108,14 +116,15 @@ def main(argv: list[str] | None = None) -> int:
             done.set()
             sampler.join()
             print(f"{args.requests} predictions from 16 threads in {elapsed:.1f}s")
-            print(f"TorchServe process tree RSS: idle {idle / 2**20:.0f} MiB, "
-                  f"peak under load {peak / 2**20:.0f} MiB")
+            print(f"TorchServe process tree RSS: idle {idle / 2**20:.0f} MiB, peak under load {peak / 2**20:.0f} MiB")
             precompile()
             for check in ("ready", "live"):
                 probe = cost([sys.executable, "-m", "rtserve", "probe", check], args.probe_runs, env)
-                print(f"python -m rtserve probe {check}: median {probe['wall_ms']:.0f} ms, max "
-                      f"{probe['wall_max_ms']:.0f} ms, CPU median {probe['cpu_ms']:.0f} ms "
-                      f"({args.probe_runs} runs)")
+                print(
+                    f"python -m rtserve probe {check}: median {probe['wall_ms']:.0f} ms, max "
+                    f"{probe['wall_max_ms']:.0f} ms, CPU median {probe['cpu_ms']:.0f} ms "
+                    f"({args.probe_runs} runs)"
+                )
         finally:
             terminate(runner.pid, 60)
             runner.wait()

@@ -32,14 +32,13 @@ import statistics
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Callable, Sequence
 
 import requests
 from urllib3.exceptions import NewConnectionError
 
 from rtserve.client.rest import worker_lost
-
 
 #: ``failed_first_by_status`` key of a first try that got no HTTP answer at all.
 NO_ANSWER = "no answer"
@@ -99,23 +98,28 @@ class Counts:
     failed_after_resend: int = 0
 
     @classmethod
-    def of(cls, records: list[Record]) -> "Counts":
+    def of(cls, records: list[Record]) -> Counts:
         by_status = Counter(status_key(r.first_status) for r in records if r.failed_first)
-        return cls(sent=len(records), failed_first=sum(by_status.values()),
-                   failed_first_by_status=dict(sorted(by_status.items())),
-                   resent=sum(1 for r in records if r.resent),
-                   failed_after_resend=sum(1 for r in records if not r.answered))
+        return cls(
+            sent=len(records),
+            failed_first=sum(by_status.values()),
+            failed_first_by_status=dict(sorted(by_status.items())),
+            resent=sum(1 for r in records if r.resent),
+            failed_after_resend=sum(1 for r in records if not r.answered),
+        )
 
     @classmethod
-    def read(cls, report: dict) -> "Counts":
+    def read(cls, report: dict) -> Counts:
         """The counts a JSON report holds among its other keys."""
         return cls(**{f.name: report[f.name] for f in fields(cls)})
 
     def text(self) -> str:
         """``failed on the first try: 3 (507: 3), resent: 3, failed after resending: 0``."""
         by = ", ".join(f"{k}: {n}" for k, n in self.failed_first_by_status.items())
-        return (f"failed on the first try: {self.failed_first}{f' ({by})' if by else ''}, "
-                f"resent: {self.resent}, failed after resending: {self.failed_after_resend}")
+        return (
+            f"failed on the first try: {self.failed_first}{f' ({by})' if by else ''}, "
+            f"resent: {self.resent}, failed after resending: {self.failed_after_resend}"
+        )
 
 
 @dataclass
@@ -142,11 +146,22 @@ class SteadyLoad:
     """Steady prediction traffic against ``url`` with a bearer token from ``token()``."""
 
     def __init__(
-        self, url: str, payload: dict, token: Callable[[], str | None], rate: float = 100.0,
-        concurrency: int = 4, max_seconds: float = 600.0, max_requests: int = 200_000,
-        timeout: float = 30.0, keep_alive: bool = True, gate: Callable[[], bool] | None = None,
-        resend_worker_lost: bool = True, bad_every: int = 0, bad_payload: dict | None = None,
-        sink: Callable[[Record], None] | None = None, payloads: Sequence[dict] | None = None,
+        self,
+        url: str,
+        payload: dict,
+        token: Callable[[], str | None],
+        rate: float = 100.0,
+        concurrency: int = 4,
+        max_seconds: float = 600.0,
+        max_requests: int = 200_000,
+        timeout: float = 30.0,
+        keep_alive: bool = True,
+        gate: Callable[[], bool] | None = None,
+        resend_worker_lost: bool = True,
+        bad_every: int = 0,
+        bad_payload: dict | None = None,
+        sink: Callable[[Record], None] | None = None,
+        payloads: Sequence[dict] | None = None,
     ) -> None:
         self.url = url
         #: The good requests' bodies: ``payloads`` in turn across the senders, else ``payload``.
@@ -175,7 +190,7 @@ class SteadyLoad:
         self._t0 = 0.0
         self._turns = itertools.count()  # whose payload is next (next() on it is atomic)
 
-    def start(self, phase: str = "baseline") -> "SteadyLoad":
+    def start(self, phase: str = "baseline") -> SteadyLoad:
         """Start the sender threads."""
         self.phase = phase
         self._t0 = time.monotonic()
@@ -204,10 +219,16 @@ class SteadyLoad:
     def _post(self, session: requests.Session, bad: bool = False, payload: int = 0) -> requests.Response:
         key = self.token()
         data = self.bad_body if bad else self.bodies[payload]
-        return session.post(self.url, data=data, timeout=self.timeout, headers={
-            "Content-Type": "application/json",
-            **({} if self.keep_alive else {"Connection": "close"}),
-            **({"Authorization": f"Bearer {key}"} if key else {})})
+        return session.post(
+            self.url,
+            data=data,
+            timeout=self.timeout,
+            headers={
+                "Content-Type": "application/json",
+                **({} if self.keep_alive else {"Connection": "close"}),
+                **({"Authorization": f"Bearer {key}"} if key else {}),
+            },
+        )
 
     def _run(self, index: int) -> None:
         session = requests.Session()
@@ -231,15 +252,28 @@ class SteadyLoad:
             resent = self.resend_worker_lost and lost
             if resent:  # rtserve's client policy: resend once
                 status, version, error, refused, _, request_id = self._attempt(session, bad, payload)
-            record = Record(start - self._t0, time.monotonic() - start, status, version, phase,
-                            error, refused, first_status=first[0], first_error=first[2],
-                            resent=resent, request_id=request_id, bad=bad, payload=payload)
+            record = Record(
+                start - self._t0,
+                time.monotonic() - start,
+                status,
+                version,
+                phase,
+                error,
+                refused,
+                first_status=first[0],
+                first_error=first[2],
+                resent=resent,
+                request_id=request_id,
+                bad=bad,
+                payload=payload,
+            )
             with self._lock:
                 self.done += 1
                 (self.records.append if self.sink is None else self.sink)(record)
 
-    def _attempt(self, session: requests.Session, bad: bool = False, payload: int = 0
-                 ) -> tuple[int, str | None, str, bool, bool, str]:
+    def _attempt(
+        self, session: requests.Session, bad: bool = False, payload: int = 0
+    ) -> tuple[int, str | None, str, bool, bool, str]:
         """One try: (status, version answered, error text, refused at connect, worker lost,
         the answer's x-request-id)."""
         try:
@@ -249,8 +283,14 @@ class SteadyLoad:
         request_id = resp.headers.get("x-request-id", "")
         if resp.status_code == 200:
             return 200, resp.json().get("model_version"), "", False, False, request_id
-        return (resp.status_code, None, f"{resp.status_code}: {resp.text[:200]}", False,
-                worker_lost(resp.status_code, resp.text), request_id)
+        return (
+            resp.status_code,
+            None,
+            f"{resp.status_code}: {resp.text[:200]}",
+            False,
+            worker_lost(resp.status_code, resp.text),
+            request_id,
+        )
 
 
 def connection_refused(exc: BaseException) -> bool:
@@ -266,8 +306,12 @@ def connection_refused(exc: BaseException) -> bool:
             return True
         if isinstance(e, NewConnectionError) and "Connection refused" in str(e):
             return True
-        todo += [e.__cause__, e.__context__, getattr(e, "reason", None),
-                 *(a for a in getattr(e, "args", ()) if isinstance(a, BaseException))]
+        todo += [
+            e.__cause__,
+            e.__context__,
+            getattr(e, "reason", None),
+            *(a for a in getattr(e, "args", ()) if isinstance(a, BaseException)),
+        ]
     return False
 
 
@@ -285,11 +329,14 @@ def summarize(records: list[Record]) -> list[PhaseReport]:
         rs = by_phase[phase]
         lat = [r.latency * 1000 for r in rs]
         errors = {r.first_error for r in rs if r.failed_first} | {r.error for r in rs if not r.answered}
-        out.append(PhaseReport(
-            **vars(Counts.of(rs)), phase=phase,
-            versions=dict(Counter(r.version for r in rs if r.version)),
-            p50_ms=round(statistics.median(lat), 2) if lat else 0.0,
-            p99_ms=round(percentile(lat, 0.99), 2),
-            errors=sorted(errors)[:5],
-        ))
+        out.append(
+            PhaseReport(
+                **vars(Counts.of(rs)),
+                phase=phase,
+                versions=dict(Counter(r.version for r in rs if r.version)),
+                p50_ms=round(statistics.median(lat), 2) if lat else 0.0,
+                p99_ms=round(percentile(lat, 0.99), 2),
+                errors=sorted(errors)[:5],
+            )
+        )
     return out

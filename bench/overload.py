@@ -75,8 +75,7 @@ def access_log_latencies(server: TorchServe, model: str) -> list[tuple[int, int]
     return [(int(m.group(1)), int(m.group(2))) for m in map(pattern.search, text.splitlines()) if m]
 
 
-def logged_after(server: TorchServe, model: str, before: int, n: int,
-                 timeout: float = 10.0) -> list[tuple[int, int]]:
+def logged_after(server: TorchServe, model: str, before: int, n: int, timeout: float = 10.0) -> list[tuple[int, int]]:
     """The ``n`` access-log entries after the first ``before``, once the frontend's asynchronous
     appender has written them all (or what is there after ``timeout`` seconds)."""
     deadline = time.monotonic() + timeout
@@ -108,21 +107,27 @@ def run(server: TorchServe, model: str, n: int, after: int = 100) -> dict:
         after_lat.append(time.perf_counter() - start)
         after_ok += resp.status_code == 200
     return {
-        "burst": n, "queue_size": int(server.props.get("job_queue_size", 100)),
-        "workers": len(desc["workers"]), "batch_size": desc["batchSize"],
-        "ok": len(ok), "refused_503": len(refused), "other": len(other),
+        "burst": n,
+        "queue_size": int(server.props.get("job_queue_size", 100)),
+        "workers": len(desc["workers"]),
+        "batch_size": desc["batchSize"],
+        "ok": len(ok),
+        "refused_503": len(refused),
+        "other": len(other),
         "other_examples": [str(r[:2]) + r[2][:100] for r in other[:3]],
         "refusals_say_queue_full": all(QUEUE_FULL in m for m in messages),
         "refusal_message": sorted(messages)[0] if messages else "",
         "refusal_body": refused[0][2] if refused else "",
-        "ok_p50_ms": _ms([r[1] for r in ok], 0.5), "ok_max_ms": _ms([r[1] for r in ok], 1.0),
+        "ok_p50_ms": _ms([r[1] for r in ok], 0.5),
+        "ok_max_ms": _ms([r[1] for r in ok], 1.0),
         "refused_p50_ms": _ms([r[1] for r in refused], 0.5),
         "refused_max_ms": _ms([r[1] for r in refused], 1.0),
         "server_logged": len(server_ms),
         "server_refused_503": sum(1 for code, _ in server_ms if code == 503),
         "server_ok_max_ms": max((ms for code, ms in server_ms if code == 200), default=None),
         "server_refused_max_ms": max((ms for code, ms in server_ms if code == 503), default=None),
-        "after_ok": after_ok, "after_sent": after,
+        "after_ok": after_ok,
+        "after_sent": after,
         "after_p50_ms": round(statistics.median(after_lat) * 1000, 2),
     }
 
@@ -143,10 +148,15 @@ def main(argv: list[str] | None = None) -> int:
         report = run(server, args.model, args.burst, args.after)
     # The server-side figures count only if the access log holds every request of the burst,
     # its 503s the ones the client saw.
-    return common.finish(report, args.out, json.dumps(report, indent=2),
-                         report["other"] == 0 and report["after_ok"] == report["after_sent"]
-                         and report["server_logged"] == report["burst"]
-                         and report["server_refused_503"] == report["refused_503"])
+    return common.finish(
+        report,
+        args.out,
+        json.dumps(report, indent=2),
+        report["other"] == 0
+        and report["after_ok"] == report["after_sent"]
+        and report["server_logged"] == report["burst"]
+        and report["server_refused_503"] == report["refused_503"],
+    )
 
 
 if __name__ == "__main__":

@@ -65,10 +65,14 @@ def image_breakdown(image: str) -> dict:
         human, created = line.split("\t", 1)
         if human.strip() not in ("0 B", "0B"):
             layers.append({"size": human.strip(), "step": " ".join(created.split())[:90]})
-    du = podman("run", "--rm", "--entrypoint", "sh", image, "-c",
-                f"du -sm {SITE}/* /usr/lib/jvm/* | sort -rn | head -12")
-    packages = {line.split("\t")[1].removeprefix(SITE + "/"): int(line.split("\t")[0])
-                for line in du.splitlines() if "\t" in line}
+    du = podman(
+        "run", "--rm", "--entrypoint", "sh", image, "-c", f"du -sm {SITE}/* /usr/lib/jvm/* | sort -rn | head -12"
+    )
+    packages = {
+        line.split("\t")[1].removeprefix(SITE + "/"): int(line.split("\t")[0])
+        for line in du.splitlines()
+        if "\t" in line
+    }
     return {"image": image, "size_mb": round(size / 1e6), "layers": layers, "largest_mb": packages}
 
 
@@ -102,8 +106,7 @@ def cpu_limit(pod: dict) -> float | None:
     return total
 
 
-def sweep(pod: PodState, url: str, token: str, concurrencies: list[int], seconds: float,
-          body: Path) -> list[dict]:
+def sweep(pod: PodState, url: str, token: str, concurrencies: list[int], seconds: float, body: Path) -> list[dict]:
     """wrk against the pod's gateway at each concurrency: rate, latency, pod CPU (cores) and memory."""
     points = []
     run_wrk(url, max(concurrencies), 2, token, body)  # warm-up, not measured
@@ -113,19 +116,38 @@ def sweep(pod: PodState, url: str, token: str, concurrencies: list[int], seconds
         cores = (cpu_seconds(pod) - cpu0) / (time.monotonic() - t0)
         mem = memory(pod)
         errors = sum(res["errors"].values())
-        point = {"concurrency": c, "per_second": round(res["requests"] / (res["duration_us"] / 1e6), 1),
-                 "p50_ms": round(res["latency_us"]["p50"] / 1e3, 2),
-                 "p99_ms": round(res["latency_us"]["p99"] / 1e3, 2), "errors": errors,
-                 "pod_cores": round(cores, 2), "memory": mem,
-                 "memory_mib": round(sum(mem.values()))}
-        logger.info("c=%-3d %7.1f req/s  p50 %6.2f ms  p99 %6.2f ms  errors %d  pod %.2f cores  %s",
-                    c, point["per_second"], point["p50_ms"], point["p99_ms"], errors, cores, mem)
+        point = {
+            "concurrency": c,
+            "per_second": round(res["requests"] / (res["duration_us"] / 1e6), 1),
+            "p50_ms": round(res["latency_us"]["p50"] / 1e3, 2),
+            "p99_ms": round(res["latency_us"]["p99"] / 1e3, 2),
+            "errors": errors,
+            "pod_cores": round(cores, 2),
+            "memory": mem,
+            "memory_mib": round(sum(mem.values())),
+        }
+        logger.info(
+            "c=%-3d %7.1f req/s  p50 %6.2f ms  p99 %6.2f ms  errors %d  pod %.2f cores  %s",
+            c,
+            point["per_second"],
+            point["p50_ms"],
+            point["p99_ms"],
+            errors,
+            cores,
+            mem,
+        )
         points.append(point)
     return points
 
 
-def sizing(points: list[dict], p99_ms: float, cpu_limit: float, memory_idle_mib: float,
-           headroom: float, rates: tuple[int, ...] = (10_000, 100_000)) -> dict:
+def sizing(
+    points: list[dict],
+    p99_ms: float,
+    cpu_limit: float,
+    memory_idle_mib: float,
+    headroom: float,
+    rates: tuple[int, ...] = (10_000, 100_000),
+) -> dict:
     """What the sweep says: the capacity per pod, the HPA CPU target, requests and limits, pods
     and cores for ``rates``.
 
@@ -147,11 +169,16 @@ def sizing(points: list[dict], p99_ms: float, cpu_limit: float, memory_idle_mib:
     peak_mib = max([memory_idle_mib] + [p["memory_mib"] for p in points])
     request_mib = math.ceil(peak_mib * 1.5 / 256) * 256
     return {
-        "p99_limit_ms": p99_ms, "capacity_per_second": best["per_second"],
-        "at_concurrency": best["concurrency"], "p99_ms_at_capacity": best["p99_ms"],
-        "pod_cores_at_capacity": best["pod_cores"], "cpu_limit": cpu_limit,
-        "hpa_target_utilization_pct": target_pct, "per_pod_at_target": round(per_pod, 1),
-        "memory_peak_mib": round(peak_mib), "memory_request_mib": request_mib,
+        "p99_limit_ms": p99_ms,
+        "capacity_per_second": best["per_second"],
+        "at_concurrency": best["concurrency"],
+        "p99_ms_at_capacity": best["p99_ms"],
+        "pod_cores_at_capacity": best["pod_cores"],
+        "cpu_limit": cpu_limit,
+        "hpa_target_utilization_pct": target_pct,
+        "per_pod_at_target": round(per_pod, 1),
+        "memory_peak_mib": round(peak_mib),
+        "memory_request_mib": request_mib,
         "pods_for": {str(r): math.ceil(r / per_pod) for r in rates},
         "cores_for": {str(r): math.ceil(r / per_pod) * cpu_limit for r in rates},
     }
@@ -162,9 +189,11 @@ def render_sizing(s: dict) -> str:
     if not s.get("capacity_per_second"):
         return s.get("note", "no sizing")
     rows = [
-        ("per pod at its CPU limit, p99 < %g ms" % s["p99_limit_ms"],
-         f"{s['capacity_per_second']:.0f} req/s (c={s['at_concurrency']}, p99 {s['p99_ms_at_capacity']} ms, "
-         f"{s['pod_cores_at_capacity']} of {s['cpu_limit']:g} cores)"),
+        (
+            f"per pod at its CPU limit, p99 < {s['p99_limit_ms']:g} ms",
+            f"{s['capacity_per_second']:.0f} req/s (c={s['at_concurrency']}, p99 {s['p99_ms_at_capacity']} ms, "
+            f"{s['pod_cores_at_capacity']} of {s['cpu_limit']:g} cores)",
+        ),
         ("memory, most measured", f"{s['memory_peak_mib']} MiB"),
         ("pod CPU requests = limits (rtserve + gateway)", f"{s['cpu_limit']:g}"),
         ("memory requests = limits", f"{s['memory_request_mib']} Mi"),
@@ -186,8 +215,7 @@ NUMERIC_OPTIONS = (
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tag", default="1.0", help="the rtserve image tag (model version)")
     parser.add_argument("--image", default="registry.example.com/ml/rtserve")
     parser.add_argument("--kubectl", default="kubectl", help="the kubectl command, options included")
@@ -196,8 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=common.MODEL)
     for flag, kind, default, text in NUMERIC_OPTIONS:
         parser.add_argument(flag, type=kind, default=default, help=text)
-    parser.add_argument("--concurrency-sweep", default="1,2,4,8,16,32",
-                        help="wrk concurrencies of the sizing sweep ('' skips it)")
+    parser.add_argument(
+        "--concurrency-sweep", default="1,2,4,8,16,32", help="wrk concurrencies of the sizing sweep ('' skips it)"
+    )
     parser.add_argument("--no-restart", action="store_true", help="skip the time to ready (no pod is deleted)")
     parser.add_argument("--out", type=Path, default=common.RESULTS / "pod_report.json")
     args = parser.parse_args(argv)
@@ -212,18 +241,30 @@ def main(argv: list[str] | None = None) -> int:
     report["memory_idle"] = memory(pod)
     token = deployed.token()
     path = f"/predictions/{args.model}"
-    load = SteadyLoad(deployed.service_url() + path, sample_payload(), lambda: token, rate=args.rate,
-                      concurrency=args.concurrency, max_seconds=args.seconds + 30, timeout=10.0)
+    load = SteadyLoad(
+        deployed.service_url() + path,
+        sample_payload(),
+        lambda: token,
+        rate=args.rate,
+        concurrency=args.concurrency,
+        max_seconds=args.seconds + 30,
+        timeout=10.0,
+    )
     load.start("load")
     time.sleep(args.seconds)
     report["memory_load"] = memory(pod)
     (phase,) = summarize(load.stop())
-    report["load"] = {"rate_target": args.rate, "sent": phase.sent,
-                      "failed_first": phase.failed_first,
-                      "failed_first_by_status": phase.failed_first_by_status,
-                      "resent": phase.resent, "failed_after_resend": phase.failed_after_resend,
-                      "per_second": round(phase.sent / args.seconds, 1),
-                      "p50_ms": phase.p50_ms, "p99_ms": phase.p99_ms}
+    report["load"] = {
+        "rate_target": args.rate,
+        "sent": phase.sent,
+        "failed_first": phase.failed_first,
+        "failed_first_by_status": phase.failed_first_by_status,
+        "resent": phase.resent,
+        "failed_after_resend": phase.failed_after_resend,
+        "per_second": round(phase.sent / args.seconds, 1),
+        "p50_ms": phase.p50_ms,
+        "p99_ms": phase.p99_ms,
+    }
     if args.concurrency_sweep:
         spec = json.loads(deployed.get("pod", pod.name, "-o", "json"))
         limit = cpu_limit(spec)
@@ -231,15 +272,21 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             body = Path(tmp) / "request.json"
             body.write_text(json.dumps(sample_payload()))
-            points = sweep(pod, f"http://{pod.ip}:8080{path}", token,
-                           [int(c) for c in args.concurrency_sweep.split(",")], args.sweep_seconds, body)
+            points = sweep(
+                pod,
+                f"http://{pod.ip}:8080{path}",
+                token,
+                [int(c) for c in args.concurrency_sweep.split(",")],
+                args.sweep_seconds,
+                body,
+            )
         report["sweep"] = points
-        report["sizing"] = sizing(points, args.p99_ms, limit or float(os.cpu_count() or 1),
-                                  sum(report["memory_idle"].values()), args.headroom)
+        report["sizing"] = sizing(
+            points, args.p99_ms, limit or float(os.cpu_count() or 1), sum(report["memory_idle"].values()), args.headroom
+        )
     build_log = REPO / "build" / "image" / f"{args.tag}.log"
     report["build_log"] = str(build_log) if build_log.exists() else None
-    text = json.dumps(report, indent=1) + ("\n" + render_sizing(report["sizing"])
-                                          if "sizing" in report else "")
+    text = json.dumps(report, indent=1) + ("\n" + render_sizing(report["sizing"]) if "sizing" in report else "")
     return common.finish(report, args.out, text, report["load"]["failed_first"] == 0)
 
 

@@ -39,8 +39,13 @@ def probe_command(check: str, run_dir: Path, model: str) -> list[str]:
 
 def precompile() -> None:
     """Compile rtserve's and the handler's bytecode, as the image does."""
-    subprocess.run([sys.executable, "-m", "compileall", "-q", "handler", "rtserve"], cwd=REPO,
-                   check=True, stdout=subprocess.DEVNULL, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", "handler", "rtserve"],
+        cwd=REPO,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        timeout=300,
+    )
 
 
 def cost(cmd: list[str], runs: int, env: dict[str, str] | None = None) -> dict:
@@ -56,20 +61,27 @@ def cost(cmd: list[str], runs: int, env: dict[str, str] | None = None) -> dict:
         cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
         if done.returncode != 0:
             raise SystemExit(f"{' '.join(cmd[1:])} failed ({done.returncode}): {done.stdout}{done.stderr}")
-    return {"runs": runs, "wall_ms": ms(statistics.median(walls)), "wall_max_ms": ms(max(walls)),
-            "cpu_ms": ms(statistics.median(cpus)), "cpu_max_ms": ms(max(cpus)),
-            "output": done.stdout.strip()}
+    return {
+        "runs": runs,
+        "wall_ms": ms(statistics.median(walls)),
+        "wall_max_ms": ms(max(walls)),
+        "cpu_ms": ms(statistics.median(cpus)),
+        "cpu_max_ms": ms(max(cpus)),
+        "output": done.stdout.strip(),
+    }
 
 
 def imports(cmd: list[str]) -> dict:
     """One run of ``cmd`` under ``-X importtime``: the imports' own ms summed, the modules
     imported, and whether ``requests`` is one of them."""
-    done = subprocess.run([cmd[0], "-X", "importtime", *cmd[1:]], cwd=REPO, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run([cmd[0], "-X", "importtime", *cmd[1:]], cwd=REPO, capture_output=True, text=True, timeout=60)
     found = IMPORT_LINE.findall(done.stderr)
     names = {name for _, _, name in found}
-    return {"import_ms": ms(sum(int(own) for own, _, _ in found) / 1e6), "modules": len(names),
-            "requests": "requests" in names}
+    return {
+        "import_ms": ms(sum(int(own) for own, _, _ in found) / 1e6),
+        "modules": len(names),
+        "requests": "requests" in names,
+    }
 
 
 def ms(seconds: float) -> float:
@@ -89,12 +101,16 @@ def main(argv: list[str] | None = None) -> int:
             commands[f"probe {check}"] = probe_command(check, server.run_dir, args.model)
         for name, cmd in commands.items():
             report["commands"][name] = {**cost(cmd, args.runs), **imports(cmd)}
-    lines = [f"{'command':16} {'wall ms':>8} {'max':>6} {'CPU ms':>7} {'max':>6} {'imports ms':>10} "
-             f"{'modules':>7}  requests",
-             *(f"{name:16} {r['wall_ms']:>8} {r['wall_max_ms']:>6} {r['cpu_ms']:>7} {r['cpu_max_ms']:>6} "
-               f"{r['import_ms']:>10} {r['modules']:>7}  {'yes' if r['requests'] else 'no'}"
-               for name, r in report["commands"].items()),
-             f"(median of {args.runs} runs; CPU is user + system of each finished process)"]
+    lines = [
+        f"{'command':16} {'wall ms':>8} {'max':>6} {'CPU ms':>7} {'max':>6} {'imports ms':>10} "
+        f"{'modules':>7}  requests",
+        *(
+            f"{name:16} {r['wall_ms']:>8} {r['wall_max_ms']:>6} {r['cpu_ms']:>7} {r['cpu_max_ms']:>6} "
+            f"{r['import_ms']:>10} {r['modules']:>7}  {'yes' if r['requests'] else 'no'}"
+            for name, r in report["commands"].items()
+        ),
+        f"(median of {args.runs} runs; CPU is user + system of each finished process)",
+    ]
     return common.finish(report, args.out, "\n".join(lines), ok=True)
 
 

@@ -34,9 +34,9 @@ import random
 import tempfile
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Callable
 
 import psutil
 from cassandra.concurrent import execute_concurrent
@@ -54,16 +54,21 @@ def make_records(count: int, model: str, seed: int = 0) -> list[Record]:
     """``count`` records of ``model`` as the worker writes them (about 600 bytes each), 5 ms apart
     and ending now."""
     rng = random.Random(seed)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     found = []
     for i in range(count):
-        doc = {"request_id": uuid.UUID(int=rng.getrandbits(128)).hex,
-               "time": format_time(now - timedelta(milliseconds=5 * (count - i))),
-               "model": model, "model_version": "1.0", "route": "predictions", "status": 200,
-               "answer": {"class": 1, "label": "malignant",
-                          "probabilities": [round(rng.random(), 6) for _ in range(2)]},
-               "batch": {"size": 8, "index": i % 8}, "handler_ms": round(rng.uniform(0.5, 3), 3),
-               "inputs": [round(rng.uniform(-3, 3), 6) for _ in range(30)]}
+        doc = {
+            "request_id": uuid.UUID(int=rng.getrandbits(128)).hex,
+            "time": format_time(now - timedelta(milliseconds=5 * (count - i))),
+            "model": model,
+            "model_version": "1.0",
+            "route": "predictions",
+            "status": 200,
+            "answer": {"class": 1, "label": "malignant", "probabilities": [round(rng.random(), 6) for _ in range(2)]},
+            "batch": {"size": 8, "index": i % 8},
+            "handler_ms": round(rng.uniform(0.5, 3), 3),
+            "inputs": [round(rng.uniform(-3, 3), 6) for _ in range(30)],
+        }
         found.append(parse_line(json.dumps(doc, separators=(",", ":"))))
     return found
 
@@ -71,8 +76,9 @@ def make_records(count: int, model: str, seed: int = 0) -> list[Record]:
 def write_single(store: Store, records: list[Record]) -> None:
     """The alternative to ``Store.write``: each of the same inserts as a request of its own."""
     statements = [(row, None) for group in store._grouped(records).values() for _, row in group]
-    for ok, result in execute_concurrent(store._session, statements, concurrency=2 * CONCURRENCY,
-                                         raise_on_first_error=False):
+    for ok, result in execute_concurrent(
+        store._session, statements, concurrency=2 * CONCURRENCY, raise_on_first_error=False
+    ):
         if not ok:
             raise result
 
@@ -82,18 +88,23 @@ def cpu_seconds(process: psutil.Process) -> float:
     return times.user + times.system
 
 
-def measure(store: Store, node: psutil.Process, write: Callable[[Store, list[Record]], None],
-            records: list[Record], batch: int) -> dict[str, float]:
+def measure(
+    store: Store, node: psutil.Process, write: Callable[[Store, list[Record]], None], records: list[Record], batch: int
+) -> dict[str, float]:
     """Write ``records`` ``batch`` at a time; records/s and CPU per record (client, node)."""
     client = psutil.Process()
     wall, mine, theirs = time.perf_counter(), cpu_seconds(client), cpu_seconds(node)
     for i in range(0, len(records), batch):
-        write(store, records[i:i + batch])
+        write(store, records[i : i + batch])
     wall = time.perf_counter() - wall
     mine, theirs = cpu_seconds(client) - mine, cpu_seconds(node) - theirs
-    return {"records": len(records), "seconds": round(wall, 2), "records_per_s": round(len(records) / wall),
-            "client_cpu_us_per_record": round(mine / len(records) * 1e6, 1),
-            "node_cpu_us_per_record": round(theirs / len(records) * 1e6, 1)}
+    return {
+        "records": len(records),
+        "seconds": round(wall, 2),
+        "records_per_s": round(len(records) / wall),
+        "client_cpu_us_per_record": round(mine / len(records) * 1e6, 1),
+        "node_cpu_us_per_record": round(theirs / len(records) * 1e6, 1),
+    }
 
 
 def rss_mib(pid: int) -> int:
@@ -102,19 +113,21 @@ def rss_mib(pid: int) -> int:
 
 def run(args: argparse.Namespace, run_dir: Path) -> dict:
     layout = Layout(run_dir, args.libs.resolve(), local.resolve_ports(run_dir, {}), heap=args.heap)
-    report: dict = {"heap": args.heap, "records": args.records, "batch": args.batch,
-                    "record_bytes": round(sum(len(r.line) for r in make_records(100, "m")) / 100)}
+    report: dict = {
+        "heap": args.heap,
+        "records": args.records,
+        "batch": args.batch,
+        "record_bytes": round(sum(len(r.line) for r in make_records(100, "m")) / 100),
+    }
     begin = time.monotonic()
     took = local.start(layout, fresh=True)
-    report["cold_start_s"] = {"total": round(time.monotonic() - begin, 1),
-                              **{k: round(v, 1) for k, v in took.items()}}
+    report["cold_start_s"] = {"total": round(time.monotonic() - begin, 1), **{k: round(v, 1) for k, v in took.items()}}
     try:
         print(f"cold start: {report['cold_start_s']}", flush=True)
         report["stop_s"] = round(_timed(lambda: local.stop(run_dir)), 1)
         begin = time.monotonic()
         took = local.start(layout)
-        report["restart_s"] = {"total": round(time.monotonic() - begin, 1),
-                               **{k: round(v, 1) for k, v in took.items()}}
+        report["restart_s"] = {"total": round(time.monotonic() - begin, 1), **{k: round(v, 1) for k, v in took.items()}}
         print(f"restart: {report['restart_s']}", flush=True)
         pid = local.pid(run_dir)
         time.sleep(args.idle)
@@ -135,8 +148,7 @@ def run(args: argparse.Namespace, run_dir: Path) -> dict:
         report["rss_after_writes_mib"] = rss_mib(pid)
     finally:
         local.stop(run_dir)
-    report["best"] = {name: max(rounds, key=lambda r: r["records_per_s"])
-                      for name, rounds in report["rounds"].items()}
+    report["best"] = {name: max(rounds, key=lambda r: r["records_per_s"]) for name, rounds in report["rounds"].items()}
     return report
 
 
@@ -149,13 +161,24 @@ def worker_spool(spool: Path, count: int, features: int = 32) -> int:
     rng = random.Random(7)
     recorder = Recorder(Spool(str(spool), 1 << 40), "realtime-classifier", "1.0", ["low", "medium", "high"])
     for start in range(0, count, 32):
-        rows = [{"body": {"features": [round(rng.uniform(-100, 100), 3) for _ in range(features)]}}
-                for _ in range(min(32, count - start))]
+        rows = [
+            {"body": {"features": [round(rng.uniform(-100, 100), 3) for _ in range(features)]}}
+            for _ in range(min(32, count - start))
+        ]
         batch = parse_batch(rows, features)
         batch.classes = [rng.randrange(3) for _ in rows]
         batch.routes = ["predictions"] * len(rows)
-        answers = [json.dumps({"prediction": c, "label": "x", "probabilities": [rng.random() for _ in range(3)],
-                               "model_version": "1.0"}) for c in batch.classes]
+        answers = [
+            json.dumps(
+                {
+                    "prediction": c,
+                    "label": "x",
+                    "probabilities": [rng.random() for _ in range(3)],
+                    "model_version": "1.0",
+                }
+            )
+            for c in batch.classes
+        ]
         ids = [str(uuid.UUID(int=rng.getrandbits(128))) for _ in rows]
         recorder.write(recorder.lines(batch, rows, answers, ids, batch.routes, 0.001))
     recorder.close()
@@ -165,19 +188,34 @@ def worker_spool(spool: Path, count: int, features: int = 32) -> int:
 def ship(address: str, node: psutil.Process, count: int, spool: Path) -> dict:
     """Ship ``count`` worker-written records with ``python -m rtserve records ship`` (a process of
     its own, as the server runs it) until its checkpoint covers the spool."""
-    import subprocess
+    import os
     import sys
 
     from rtserve.records.spool import load_checkpoint, segments
+    from rtserve.runtime.process import spawn, terminate
 
     spool.mkdir(parents=True, exist_ok=True)
     size = worker_spool(spool, count)
     sizes = {s.name: s.size for s in segments(spool)}
     theirs = cpu_seconds(node)
     begin = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "rtserve", "records", "ship", "--spool", str(spool),
-                             "--budget", str(4 * size), "--store", address], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = spawn(
+        [
+            sys.executable,
+            "-m",
+            "rtserve",
+            "records",
+            "ship",
+            "--spool",
+            str(spool),
+            "--budget",
+            str(4 * size),
+            "--store",
+            address,
+        ],
+        Path(os.devnull),
+        cwd=REPO,
+    )
     shipper = psutil.Process(proc.pid)
     first = None  # (seconds, shipper CPU, bytes shipped) at the first checkpoint: past the start-up
     try:
@@ -191,15 +229,18 @@ def ship(address: str, node: psutil.Process, count: int, spool: Path) -> dict:
         end = time.perf_counter()
         theirs = cpu_seconds(node) - theirs
     finally:
-        proc.terminate()
-        proc.wait(30)
+        terminate(proc.pid, 30)
     wall = end - begin
     steady = (count * (1 - first[2] / size), end - first[0], mine - first[1]) if first else None
-    return {"records": count, "bytes_per_record": round(size / count), "seconds": round(wall, 2),
-            "records_per_s": round(count / wall),
-            "steady_records_per_s": round(steady[0] / steady[1]) if steady else None,
-            "shipper_cpu_us_per_record": round(steady[2] / steady[0] * 1e6, 1) if steady else None,
-            "node_cpu_us_per_record": round(theirs / count * 1e6, 1)}
+    return {
+        "records": count,
+        "bytes_per_record": round(size / count),
+        "seconds": round(wall, 2),
+        "records_per_s": round(count / wall),
+        "steady_records_per_s": round(steady[0] / steady[1]) if steady else None,
+        "shipper_cpu_us_per_record": round(steady[2] / steady[0] * 1e6, 1) if steady else None,
+        "node_cpu_us_per_record": round(theirs / count * 1e6, 1),
+    }
 
 
 def _timed(step: Callable[[], object]) -> float:
@@ -222,21 +263,29 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="records-bench-") as tmp:
         report = run(args, Path(tmp) / "cassandra")
     best = report["best"]
-    print(f"\nApache Cassandra 5.0.6, one node, heap {report['heap']}, on {psutil.cpu_count()} cores "
-          f"(load average {psutil.getloadavg()[0]:.1f})")
-    print(f"  cold start (schema included): {report['cold_start_s']['total']} s; "
-          f"restart: {report['restart_s']['total']} s; stop: {report['stop_s']} s")
+    print(
+        f"\nApache Cassandra 5.0.6, one node, heap {report['heap']}, on {psutil.cpu_count()} cores "
+        f"(load average {psutil.getloadavg()[0]:.1f})"
+    )
+    print(
+        f"  cold start (schema included): {report['cold_start_s']['total']} s; "
+        f"restart: {report['restart_s']['total']} s; stop: {report['stop_s']} s"
+    )
     print(f"  RSS idle: {report['rss_idle_mib']} MiB; after the writes: {report['rss_after_writes_mib']} MiB")
     for name, found in best.items():
-        print(f"  {name:8} {found['records_per_s']:>6} records/s ({report['record_bytes']} B each, "
-              f"{report['batch']} per call); CPU per record: client {found['client_cpu_us_per_record']} us, "
-              f"node {found['node_cpu_us_per_record']} us")
+        print(
+            f"  {name:8} {found['records_per_s']:>6} records/s ({report['record_bytes']} B each, "
+            f"{report['batch']} per call); CPU per record: client {found['client_cpu_us_per_record']} us, "
+            f"node {found['node_cpu_us_per_record']} us"
+        )
     shipped = report["shipper"]
-    print(f"  shipper  {shipped['records_per_s']:>6} records/s ({shipped['bytes_per_record']} B each, as the "
-          f"worker writes them; {shipped['steady_records_per_s']} past its start-up); CPU per record past "
-          f"its start-up: shipper {shipped['shipper_cpu_us_per_record']} us "
-          f"(about {round(1e6 / shipped['shipper_cpu_us_per_record']):,} records/s per core), node "
-          f"{shipped['node_cpu_us_per_record']} us")
+    print(
+        f"  shipper  {shipped['records_per_s']:>6} records/s ({shipped['bytes_per_record']} B each, as the "
+        f"worker writes them; {shipped['steady_records_per_s']} past its start-up); CPU per record past "
+        f"its start-up: shipper {shipped['shipper_cpu_us_per_record']} us "
+        f"(about {round(1e6 / shipped['shipper_cpu_us_per_record']):,} records/s per core), node "
+        f"{shipped['node_cpu_us_per_record']} us"
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"  (all rounds: {args.out})")

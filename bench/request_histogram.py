@@ -56,8 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     per_line = measure(args.lines, args.repeats)
     print("request-path cost: 0 (reads the access-log line TorchServe already writes)")
-    print(f"exporter CPU per request (read + parse + observe, best of {args.repeats} x {args.lines} lines): "
-          f"{per_line * 1e6:.2f} us")
+    print(
+        f"exporter CPU per request (read + parse + observe, best of {args.repeats} x {args.lines} lines): "
+        f"{per_line * 1e6:.2f} us"
+    )
     print(f"at 5,000 requests/s that is {per_line * 5000 * 100:.1f}% of one core")
     return 0
 

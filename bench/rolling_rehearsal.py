@@ -64,8 +64,7 @@ class Replica:
 class Rehearsal:
     """Replicas, the balancer and the load, with the step log."""
 
-    def __init__(self, work_dir: Path, model_store: Path, model: str, quiet: float,
-                 hold: float) -> None:
+    def __init__(self, work_dir: Path, model_store: Path, model: str, quiet: float, hold: float) -> None:
         self.work_dir = Path(work_dir)
         self.model_store = Path(model_store)
         self.model = model
@@ -83,9 +82,12 @@ class Rehearsal:
 
     def _new_replica(self, version: str) -> Replica:
         name = f"r{len(self.started) + 1}"
-        server = TorchServe(self.work_dir / name, self.model_store,
-                            [f"{self.model}={self.model}_{version}.mar"],
-                            overrides=port_overrides(free_ports(6)))
+        server = TorchServe(
+            self.work_dir / name,
+            self.model_store,
+            [f"{self.model}={self.model}_{version}.mar"],
+            overrides=port_overrides(free_ports(6)),
+        )
         replica = Replica(name, version, server, free_ports(1)[0])
         self.started.append(replica)
         server.start()
@@ -102,8 +104,7 @@ class Rehearsal:
         return self.nginx.apply([r.backend() for r in self.live], self.rotation)
 
     def _step(self, action: str, replica: str, seconds: float, **extra) -> None:
-        self.steps.append({"action": action, "replica": replica, "seconds": round(seconds, 2),
-                           **extra})
+        self.steps.append({"action": action, "replica": replica, "seconds": round(seconds, 2), **extra})
 
     def start(self, version: str, replicas: int, rate: float, concurrency: int) -> None:
         """Start the first replicas (in parallel), nginx, and the traffic."""
@@ -118,16 +119,24 @@ class Rehearsal:
         self.nginx.start([r.backend() for r in self.live], self.rotation)
         url = f"{self.nginx.url}/predictions/{self.model}"
         self.auth = self.check_auth()
-        self.load = SteadyLoad(url, sample_payload(), lambda: self.nginx.gateway_key, rate=rate,
-                               concurrency=concurrency, max_seconds=1800, timeout=30.0)
+        self.load = SteadyLoad(
+            url,
+            sample_payload(),
+            lambda: self.nginx.gateway_key,
+            rate=rate,
+            concurrency=concurrency,
+            max_seconds=1800,
+            timeout=30.0,
+        )
         self._phase(f"all on {version}")
         self.load.start(self.load.phase)
 
     def post_status(self, base: str, key: str | None) -> int:
         """The status of one prediction sent to ``base`` with bearer ``key`` (none: no header)."""
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        return requests.post(f"{base}/predictions/{self.model}", json=sample_payload(),
-                             headers=headers, timeout=10).status_code
+        return requests.post(
+            f"{base}/predictions/{self.model}", json=sample_payload(), headers=headers, timeout=10
+        ).status_code
 
     def check_auth(self) -> dict[str, int]:
         """Statuses without the right token at each hop (all refused), and with it (200)."""
@@ -183,8 +192,14 @@ class Rehearsal:
         report = old.server.drain(timeout=30.0, quiet=self.quiet)
         if not report.drained:
             raise RuntimeError(f"{old.name} did not drain: {report}")
-        self._step("drain", old.name, report.seconds, arrivals=report.arrivals,
-                   peak_pending=report.peak_pending, peak_busy=report.peak_busy)
+        self._step(
+            "drain",
+            old.name,
+            report.seconds,
+            arrivals=report.arrivals,
+            peak_pending=report.peak_pending,
+            peak_busy=report.peak_busy,
+        )
         t = time.monotonic()
         old.server.stop()
         self._step("stop", old.name, time.monotonic() - t)
@@ -206,9 +221,19 @@ class Rehearsal:
         return records
 
 
-def run(work_dir: Path, model_store: Path, model: str = "realtime-classifier", old: str = "1.0",
-        new: str = "2.0", replicas: int = 2, hold: float = 3.0, rate: float = 100.0,
-        concurrency: int = 4, quiet: float = 0.5, roll_back: bool = True) -> dict:
+def run(
+    work_dir: Path,
+    model_store: Path,
+    model: str = "realtime-classifier",
+    old: str = "1.0",
+    new: str = "2.0",
+    replicas: int = 2,
+    hold: float = 3.0,
+    rate: float = 100.0,
+    concurrency: int = 4,
+    quiet: float = 0.5,
+    roll_back: bool = True,
+) -> dict:
     """The whole rehearsal: old -> new (-> old) under traffic; returns the report."""
     rehearsal = Rehearsal(work_dir, model_store, model, quiet, hold)
     started = time.monotonic()
@@ -223,13 +248,20 @@ def run(work_dir: Path, model_store: Path, model: str = "realtime-classifier", o
     elapsed = time.monotonic() - started
     phases = summarize(records)
     steady = {f"all on {old}": old, f"all on {new}": new}
-    steady_seen = [(v, p.versions) for p in phases for k, v in steady.items()
-                   if p.phase.startswith(k + " [")]
-    timeline = [[round(t, 1), dict(Counter(r.version for r in records if t <= r.start < t + 1 and r.version))]
-                for t in range(int(max((r.start for r in records), default=0)) + 1)]
+    steady_seen = [(v, p.versions) for p in phases for k, v in steady.items() if p.phase.startswith(k + " [")]
+    timeline = [
+        [round(t, 1), dict(Counter(r.version for r in records if t <= r.start < t + 1 and r.version))]
+        for t in range(int(max((r.start for r in records), default=0)) + 1)
+    ]
     return {
-        "model": model, "old": old, "new": new, "replicas": replicas, "rate_target": rate,
-        "concurrency": concurrency, "seconds": round(elapsed, 1), "requests": len(records),
+        "model": model,
+        "old": old,
+        "new": new,
+        "replicas": replicas,
+        "rate_target": rate,
+        "concurrency": concurrency,
+        "seconds": round(elapsed, 1),
+        "requests": len(records),
         **vars(Counts.of(records)),
         "versions": dict(Counter(r.version for r in records if r.version)),
         "phases": [asdict(p) for p in phases],
@@ -244,15 +276,16 @@ def run(work_dir: Path, model_store: Path, model: str = "realtime-classifier", o
 
 def render(report: dict) -> str:
     """The report as text."""
-    lines = [f"{report['requests']} requests through nginx in {report['seconds']} s "
-             f"({report['rate_target']}/s target, {report['concurrency']} concurrent, "
-             f"{report['replicas']} replicas); {Counts.read(report).text()}",
-             *common.phase_lines(report["phases"], 44, title="phase [replicas in rotation]")]
+    lines = [
+        f"{report['requests']} requests through nginx in {report['seconds']} s "
+        f"({report['rate_target']}/s target, {report['concurrency']} concurrent, "
+        f"{report['replicas']} replicas); {Counts.read(report).text()}",
+        *common.phase_lines(report["phases"], 44, title="phase [replicas in rotation]"),
+    ]
     by_action: dict[str, list[float]] = {}
     for s in report["steps"]:
         by_action.setdefault(s["action"], []).append(s["seconds"])
-    lines.append("step seconds: " + "; ".join(
-        f"{a} {', '.join(str(x) for x in v)}" for a, v in by_action.items()))
+    lines.append("step seconds: " + "; ".join(f"{a} {', '.join(str(x) for x in v)}" for a, v in by_action.items()))
     lines.append("auth: " + ", ".join(f"{k} {v}" for k, v in report["auth"].items()))
     lines.append(f"steady phases ('all on X') saw only version X: {report['steady_ok']}")
     return "\n".join(lines)
@@ -260,30 +293,45 @@ def render(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the rehearsal; print and save the report."""
-    parser = common.parser(__doc__, "rolling_rehearsal.json", {"old": "1.0", "new": "2.0"},
-                           attach=False, run_root=False)  # it starts and stops its own replicas
+    parser = common.parser(
+        __doc__, "rolling_rehearsal.json", {"old": "1.0", "new": "2.0"}, attach=False, run_root=False
+    )  # it starts and stops its own replicas
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--hold", type=float, default=3.0, help="seconds of traffic on each steady state")
     parser.add_argument("--rate", type=float, default=100.0, help="target requests per second")
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--quiet", type=float, default=0.5, help="drain: idle seconds required")
-    parser.add_argument("--roll-back", action=argparse.BooleanOptionalAction, default=True,
-                        help="roll back to --old after the roll to --new")
+    parser.add_argument(
+        "--roll-back",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="roll back to --old after the roll to --new",
+    )
     parser.add_argument("--work-dir", type=Path, default=REPO / "build" / "rehearsal")
     args = parser.parse_args(argv)
     if args.replicas < 2:
         parser.error("--replicas must be at least 2")
     common.log_to_stdout()
-    report = run(args.work_dir, args.model_store, args.model, args.old, args.new, args.replicas,
-                 args.hold, args.rate, args.concurrency, args.quiet, args.roll_back)
+    report = run(
+        args.work_dir,
+        args.model_store,
+        args.model,
+        args.old,
+        args.new,
+        args.replicas,
+        args.hold,
+        args.rate,
+        args.concurrency,
+        args.quiet,
+        args.roll_back,
+    )
     return finish(report, args.out)
 
 
 def finish(report: dict, out: Path) -> int:
     """Print a rehearsal's report, write its JSON to ``out``; exit status 0 when no request
     failed, counted on the first try, and each steady phase saw only its version."""
-    return common.finish(report, out, render(report),
-                         report["failed_first"] == 0 and report["steady_ok"])
+    return common.finish(report, out, render(report), report["failed_first"] == 0 and report["steady_ok"])
 
 
 if __name__ == "__main__":

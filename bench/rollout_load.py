@@ -41,8 +41,13 @@ logger = logging.getLogger(__name__)
 
 #: The version each "after <step>" phase must see, given the old and new versions.
 EXPECTED_AFTER = {
-    "register": "old", "promote": "new", "rollback": "old", "retire": "old",
-    "scale to 1": "old", "scale to 4": "old", "scale to 1 again": "old",
+    "register": "old",
+    "promote": "new",
+    "rollback": "old",
+    "retire": "old",
+    "scale to 1": "old",
+    "scale to 4": "old",
+    "scale to 1 again": "old",
 }
 #: The steps that remove workers: TorchServe may interrupt a batch (the scale-down race).
 SCALE_DOWNS = ("scale to 1", "scale to 1 again")
@@ -55,17 +60,30 @@ def scale_down_race(record: Record, calls: dict[str, list[float]], concurrency: 
     after it began) and its first try was answered "Worker scaled down." / "Worker died." or not
     at all (a timeout; never a refused connect).
     """
-    explained = (worker_lost(record.first_status, record.first_error)
-                 or (record.first_status == 0 and not record.refused))
+    explained = worker_lost(record.first_status, record.first_error) or (
+        record.first_status == 0 and not record.refused
+    )
     if not explained:
         return None
-    return next((name for name in SCALE_DOWNS if name in calls
-                 and record.start <= calls[name][1] and record.start + record.latency >= calls[name][0]),
-                None)
+    return next(
+        (
+            name
+            for name in SCALE_DOWNS
+            if name in calls and record.start <= calls[name][1] and record.start + record.latency >= calls[name][0]
+        ),
+        None,
+    )
 
 
-def run(server: TorchServe, model: str, new: str, hold: float, rate: float,
-        concurrency: int, gate_config: Path | None = None) -> dict:
+def run(
+    server: TorchServe,
+    model: str,
+    new: str,
+    hold: float,
+    rate: float,
+    concurrency: int,
+    gate_config: Path | None = None,
+) -> dict:
     """Drive the rollout steps under load on a ready ``server``; return the report.
 
     Raises:
@@ -74,14 +92,19 @@ def run(server: TorchServe, model: str, new: str, hold: float, rate: float,
     client = server.client(timeout=180.0)
     history = History(server.run_dir / HISTORY_FILE)
     # Through the golden-set check and the gate, as the CLI builds them (rtserve.cli.versions._rollout).
-    verification = Verification(server.model_store, GateConfig.load(gate_config),
-                                server.log_dir / "audit.log")
+    verification = Verification(server.model_store, GateConfig.load(gate_config), server.log_dir / "audit.log")
     rollout = Rollout(client, history, model, verification)
     old = rollout.default_version()
     recorded = len(history.events())
     url = f"{server.props['inference_address']}/predictions/{model}"
-    load = SteadyLoad(url, sample_payload(), lambda: client.keys.get("inference"), rate=rate,
-                      concurrency=concurrency, max_seconds=hold * 10 + 600)
+    load = SteadyLoad(
+        url,
+        sample_payload(),
+        lambda: client.keys.get("inference"),
+        rate=rate,
+        concurrency=concurrency,
+        max_seconds=hold * 10 + 600,
+    )
     steps = [
         ("register", lambda: rollout.register(new)),
         ("promote", lambda: rollout.promote(new)),
@@ -111,15 +134,29 @@ def run(server: TorchServe, model: str, new: str, hold: float, rate: float,
     phases = summarize(records)
     gates = [e for e in history.events()[recorded:] if e["action"] == "gate"]
     expected = {f"after {k}": (old if v == "old" else new) for k, v in EXPECTED_AFTER.items()}
-    failures = [{"phase": r.phase, "start_s": round(r.start, 3), "end_s": round(r.start + r.latency, 3),
-                 "status": r.first_status, "error": r.first_error, "resent": r.resent,
-                 "status_after_resend": r.status,
-                 "scale_down": scale_down_race(r, windows, concurrency)}
-                for r in records if r.failed_first]
+    failures = [
+        {
+            "phase": r.phase,
+            "start_s": round(r.start, 3),
+            "end_s": round(r.start + r.latency, 3),
+            "status": r.first_status,
+            "error": r.first_error,
+            "resent": r.resent,
+            "status_after_resend": r.status,
+            "scale_down": scale_down_race(r, windows, concurrency),
+        }
+        for r in records
+        if r.failed_first
+    ]
     raced = Counter(f["scale_down"] for f in failures if f["scale_down"])
     return {
-        "model": model, "old": old, "new": new, "rate_target": rate, "concurrency": concurrency,
-        "seconds": round(elapsed, 1), "requests": len(records),
+        "model": model,
+        "old": old,
+        "new": new,
+        "rate_target": rate,
+        "concurrency": concurrency,
+        "seconds": round(elapsed, 1),
+        "requests": len(records),
         "achieved_rate": round(len(records) / elapsed, 1),
         **vars(Counts.of(records)),
         "failures": failures,
@@ -137,19 +174,22 @@ def run(server: TorchServe, model: str, new: str, hold: float, rate: float,
 
 def render(report: dict) -> str:
     """The report as a text table."""
-    lines = [f"{report['requests']} requests in {report['seconds']} s "
-             f"({report['achieved_rate']}/s, target {report['rate_target']}/s, "
-             f"{report['concurrency']} concurrent)",
-             Counts.read(report).text(),
-             f"first-try failures in flight during a scale-down call (allowed, at most "
-             f"{report['concurrency']} per call): {report['failed_first_in_race'] or 0}; "
-             f"any other: {report['failed_first_unexplained']}",
-             *phase_lines(report["phases"], 26)]
-    lines += [f"  failed on the first try at {f['start_s']} s ({f['phase']}): {f['error']!r}"
-              + (f"; resent: {f['status_after_resend']}" if f["resent"] else "")
-              for f in report["failures"]]
-    lines.append("management calls (s): " + ", ".join(
-        f"{k} {v}" for k, v in report["call_seconds"].items()))
+    lines = [
+        f"{report['requests']} requests in {report['seconds']} s "
+        f"({report['achieved_rate']}/s, target {report['rate_target']}/s, "
+        f"{report['concurrency']} concurrent)",
+        Counts.read(report).text(),
+        f"first-try failures in flight during a scale-down call (allowed, at most "
+        f"{report['concurrency']} per call): {report['failed_first_in_race'] or 0}; "
+        f"any other: {report['failed_first_unexplained']}",
+        *phase_lines(report["phases"], 26),
+    ]
+    lines += [
+        f"  failed on the first try at {f['start_s']} s ({f['phase']}): {f['error']!r}"
+        + (f"; resent: {f['status_after_resend']}" if f["resent"] else "")
+        for f in report["failures"]
+    ]
+    lines.append("management calls (s): " + ", ".join(f"{k} {v}" for k, v in report["call_seconds"].items()))
     lines.append(f"version timeline as expected: {report['timeline_ok']}")
     if gate := report.get("gate"):
         acc, lat, limits = gate["accuracy"], gate["latency_ms"], gate["thresholds"]
@@ -158,7 +198,8 @@ def render(report: dict) -> str:
             f"{acc['candidate']} vs {acc['default']} (max drop {limits['max_accuracy_drop']}), "
             f"agreement {gate['agreement']['value']} (min {limits['min_agreement']}), p99 "
             f"{lat['candidate']['p99']} vs {lat['default']['p99']} ms, ratio {lat['ratio']} "
-            f"(max {limits['max_latency_ratio']})")
+            f"(max {limits['max_latency_ratio']})"
+        )
     return "\n".join(lines)
 
 
@@ -178,8 +219,7 @@ def main(argv: list[str] | None = None) -> int:
 def ok(report: dict) -> bool:
     """The run's verdict: no first-try failure but the allowed scale-down race, within its
     bound, and each "after" phase answered by the expected version only."""
-    return (report["failed_first_unexplained"] == 0 and report["race_within_bound"]
-            and report["timeline_ok"])
+    return report["failed_first_unexplained"] == 0 and report["race_within_bound"] and report["timeline_ok"]
 
 
 if __name__ == "__main__":

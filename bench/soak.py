@@ -46,10 +46,10 @@ import threading
 import time
 from array import array
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Callable
 
 from bench import common
 from bench.loadgen import Record, SteadyLoad, percentile, status_key
@@ -66,9 +66,11 @@ CASSANDRA_APP = "rtserve-cassandra"
 RUN_DIR = "/home/model-server/run"
 METRICS_URL = "http://127.0.0.1:8082/metrics"
 #: Run inside a server pod: its run directory's bytes (first line), then its exporter's scrape.
-POD_SAMPLE = ("du -sb \"$1\" 2>/dev/null | tail -n 1; exec python -c "
-              "'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], "
-              "timeout=10).read().decode())' \"$2\"")
+POD_SAMPLE = (
+    'du -sb "$1" 2>/dev/null | tail -n 1; exec python -c '
+    "'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], "
+    'timeout=10).read().decode())\' "$2"'
+)
 #: Run inside a server pod (``python -c``): reads request ids on stdin, prints one JSON line per
 #: id, ``[id, status, version]`` or ``[id, null, null]`` when the store has no record of it; or
 #: one ``{"error": ...}`` line when the pod has no store.
@@ -90,8 +92,12 @@ with Store.connect(source.store, keyspace=source.keyspace) as store:
             print(json.dumps([rid, r.status, r.model_version] if r else [rid, None, None]), flush=True)
 """
 #: The records metrics a sample keeps (the counters' and the gauge's names in the scrape).
-RECORDS_METRICS = {"written": "rtserve_records_written_total", "dropped": "rtserve_records_dropped_total",
-                   "shipped": "rtserve_records_shipped_total", "pending_bytes": "rtserve_records_pending_bytes"}
+RECORDS_METRICS = {
+    "written": "rtserve_records_written_total",
+    "dropped": "rtserve_records_dropped_total",
+    "shipped": "rtserve_records_shipped_total",
+    "pending_bytes": "rtserve_records_pending_bytes",
+}
 LAG_BUCKET = "rtserve_records_ship_lag_seconds_bucket"
 _SAMPLE_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 _LE = re.compile(r'le="([^"]+)"')
@@ -138,8 +144,14 @@ class PodSample:
 
     @property
     def json(self) -> dict:
-        return {"name": self.name, "app": self.app, "phase": self.phase, "reason": self.reason,
-                "restarts": self.restarts, "probe_period": self.probe_period}
+        return {
+            "name": self.name,
+            "app": self.app,
+            "phase": self.phase,
+            "reason": self.reason,
+            "restarts": self.restarts,
+            "probe_period": self.probe_period,
+        }
 
 
 def parse_pods(doc: dict) -> list[PodSample]:
@@ -150,18 +162,36 @@ def parse_pods(doc: dict) -> list[PodSample]:
         if state.phase == "Succeeded":
             continue
         app = item["metadata"].get("labels", {}).get("app.kubernetes.io/name", "")
-        probes = [c.get("readinessProbe", {}).get("periodSeconds", 10) for c in item["spec"]["containers"]
-                  if c["name"] == APP and "readinessProbe" in c]
-        out.append(PodSample(state.name, app, state.phase, item.get("status", {}).get("reason", ""),
-                             state.restarts, probes[0] if probes else None))
+        probes = [
+            c.get("readinessProbe", {}).get("periodSeconds", 10)
+            for c in item["spec"]["containers"]
+            if c["name"] == APP and "readinessProbe" in c
+        ]
+        out.append(
+            PodSample(
+                state.name,
+                app,
+                state.phase,
+                item.get("status", {}).get("reason", ""),
+                state.restarts,
+                probes[0] if probes else None,
+            )
+        )
     return sorted(out, key=lambda p: p.name)
 
 
 def parse_evictions(doc: dict) -> list[dict]:
     """``kubectl get events -o json``'s evictions: uid, pod, time and the kubelet's message."""
-    return [{"uid": e["metadata"]["uid"], "pod": e.get("involvedObject", {}).get("name", ""),
-             "time": e.get("lastTimestamp") or e.get("eventTime") or "", "message": e.get("message", "")}
-            for e in doc.get("items", []) if e.get("reason") == "Evicted"]
+    return [
+        {
+            "uid": e["metadata"]["uid"],
+            "pod": e.get("involvedObject", {}).get("name", ""),
+            "time": e.get("lastTimestamp") or e.get("eventTime") or "",
+            "message": e.get("message", ""),
+        }
+        for e in doc.get("items", [])
+        if e.get("reason") == "Evicted"
+    ]
 
 
 def parse_metrics(text: str) -> dict:
@@ -314,12 +344,21 @@ class Minutes:
         for i, m in merged.items():
             length = min(60.0, max(1.0, seconds - 60 * i))
             p50, p99 = percentiles(m.latency_ms)
-            out.append({"minute": i, "sent": m.sent, "answered": m.answered, "bad": m.bad,
-                        "per_second": round(m.sent / length, 2),
-                        "failed_first": sum(m.failed_first.values()),
-                        "failed_first_by_status": dict(sorted(m.failed_first.items())),
-                        "resent": m.resent, "failed_after_resend": m.failed_after_resend,
-                        "p50_ms": p50, "p99_ms": p99})
+            out.append(
+                {
+                    "minute": i,
+                    "sent": m.sent,
+                    "answered": m.answered,
+                    "bad": m.bad,
+                    "per_second": round(m.sent / length, 2),
+                    "failed_first": sum(m.failed_first.values()),
+                    "failed_first_by_status": dict(sorted(m.failed_first.items())),
+                    "resent": m.resent,
+                    "failed_after_resend": m.failed_after_resend,
+                    "p50_ms": p50,
+                    "p99_ms": p99,
+                }
+            )
         return out
 
     def totals(self, seconds: float) -> dict:
@@ -331,12 +370,19 @@ class Minutes:
             failed.update(m.failed_first)
         sent = sum(m.sent for m in self.minutes.values())
         p50, p99 = percentiles(every)
-        return {"sent": sent, "answered": self.answered, "bad": sum(m.bad for m in self.minutes.values()),
-                "per_second": round(sent / seconds, 2) if seconds else 0.0,
-                "failed_first": sum(failed.values()), "failed_first_by_status": dict(sorted(failed.items())),
-                "resent": sum(m.resent for m in self.minutes.values()),
-                "failed_after_resend": sum(m.failed_after_resend for m in self.minutes.values()),
-                "versions": dict(self.versions), "p50_ms": p50, "p99_ms": p99}
+        return {
+            "sent": sent,
+            "answered": self.answered,
+            "bad": sum(m.bad for m in self.minutes.values()),
+            "per_second": round(sent / seconds, 2) if seconds else 0.0,
+            "failed_first": sum(failed.values()),
+            "failed_first_by_status": dict(sorted(failed.items())),
+            "resent": sum(m.resent for m in self.minutes.values()),
+            "failed_after_resend": sum(m.failed_after_resend for m in self.minutes.values()),
+            "versions": dict(self.versions),
+            "p50_ms": p50,
+            "p99_ms": p99,
+        }
 
 
 def records_over_time(samples: list[dict]) -> tuple[list[dict], dict]:
@@ -366,12 +412,20 @@ def records_over_time(samples: list[dict]) -> tuple[list[dict], dict]:
         for key in grown:
             run[key] += grown[key]
         run["lag"] = add_buckets(run["lag"], lag)
-        intervals.append({"t": sample["t"], **{k: int(v) for k, v in grown.items()},
-                          "lag_p50_s": _round(histogram_quantile(0.5, lag)),
-                          "lag_p99_s": _round(histogram_quantile(0.99, lag)), "pending_bytes": pending})
+        intervals.append(
+            {
+                "t": sample["t"],
+                **{k: int(v) for k, v in grown.items()},
+                "lag_p50_s": _round(histogram_quantile(0.5, lag)),
+                "lag_p99_s": _round(histogram_quantile(0.99, lag)),
+                "pending_bytes": pending,
+            }
+        )
     total = {k: int(run[k]) for k in ("written", "dropped", "shipped")}
-    total |= {"lag_p50_s": _round(histogram_quantile(0.5, run["lag"])),
-              "lag_p99_s": _round(histogram_quantile(0.99, run["lag"]))}
+    total |= {
+        "lag_p50_s": _round(histogram_quantile(0.5, run["lag"])),
+        "lag_p99_s": _round(histogram_quantile(0.99, run["lag"])),
+    }
     return intervals, total
 
 
@@ -395,9 +449,11 @@ def trend(points: dict[str, list[tuple[float, float]]], scale: float = 1.0) -> d
     out = {}
     for name, values in sorted(points.items()):
         slope = slope_per_hour(values)
-        out[name] = {"max": round(max(v for _, v in values) * scale, 2),
-                     "slope_per_hour": None if slope is None else round(slope * scale, 3),
-                     "samples": len(values)}
+        out[name] = {
+            "max": round(max(v for _, v in values) * scale, 2),
+            "slope_per_hour": None if slope is None else round(slope * scale, 3),
+            "samples": len(values),
+        }
     return out
 
 
@@ -439,8 +495,9 @@ def server_pods(samples: list[dict]) -> tuple[int, int]:
     with_pods = _with_pods(samples)
     if not with_pods:
         return 0, 0
-    first, last = ([p for p in s["pods"] if p["app"] == APP and p["phase"] == "Running"]
-                   for s in (with_pods[0], with_pods[-1]))
+    first, last = (
+        [p for p in s["pods"] if p["app"] == APP and p["phase"] == "Running"] for s in (with_pods[0], with_pods[-1])
+    )
     return len(first), len(last)
 
 
@@ -473,9 +530,14 @@ def check_sample(sample: list[tuple[str, int, str | None]], lines: list[str]) ->
             status_off.append(f"{rid}: {status} answered, {got[0]} stored")
         elif version is not None and got[1] != version:
             version_off.append(f"{rid}: {version} answered, {got[1]} stored")
-    return {"sampled": len(sample), "found": len(sample) - len(missing), "missing": len(missing),
-            "status_mismatches": len(status_off), "version_mismatches": len(version_off),
-            "examples": missing[:5] + status_off[:5] + version_off[:5]}
+    return {
+        "sampled": len(sample),
+        "found": len(sample) - len(missing),
+        "missing": len(missing),
+        "status_mismatches": len(status_off),
+        "version_mismatches": len(version_off),
+        "examples": missing[:5] + status_off[:5] + version_off[:5],
+    }
 
 
 # -- the cluster ------------------------------------------------------------------------------
@@ -508,26 +570,38 @@ class Cluster:
     timeout: float = 30.0
 
     def get(self, *args: str, stdin: str | None = None, timeout: float | None = None) -> str:
-        return run_kubectl(self.kubectl, "-n", self.namespace, *args, stdin=stdin,
-                           timeout=timeout or self.timeout)
+        return run_kubectl(self.kubectl, "-n", self.namespace, *args, stdin=stdin, timeout=timeout or self.timeout)
 
     def pods(self) -> list[PodSample]:
         return parse_pods(json.loads(self.get("get", "pods", "-o", "json")))
 
     def evictions(self) -> list[dict]:
-        return parse_evictions(json.loads(self.get("get", "events", "--field-selector", "reason=Evicted",
-                                                   "-o", "json")))
+        return parse_evictions(
+            json.loads(self.get("get", "events", "--field-selector", "reason=Evicted", "-o", "json"))
+        )
 
     def memory(self) -> dict[str, float]:
         return parse_top(self.get("top", "pod", "--containers"))
 
     def pod_sample(self, pod: str) -> tuple[int | None, dict]:
-        return parse_pod_sample(self.get("exec", pod, "-c", APP, "--", "sh", "-c", POD_SAMPLE, "sh",
-                                         RUN_DIR, METRICS_URL))
+        return parse_pod_sample(
+            self.get("exec", pod, "-c", APP, "--", "sh", "-c", POD_SAMPLE, "sh", RUN_DIR, METRICS_URL)
+        )
 
     def store_check(self, pod: str, ids: list[str], timeout: float) -> list[str]:
-        return self.get("exec", "-i", pod, "-c", APP, "--", "python", "-c", STORE_CHECK,
-                        stdin="".join(i + "\n" for i in ids), timeout=timeout).splitlines()
+        return self.get(
+            "exec",
+            "-i",
+            pod,
+            "-c",
+            APP,
+            "--",
+            "python",
+            "-c",
+            STORE_CHECK,
+            stdin="".join(i + "\n" for i in ids),
+            timeout=timeout,
+        ).splitlines()
 
 
 def take_sample(cluster: Cluster, t: float, records_only: bool = False) -> dict:
@@ -590,10 +664,14 @@ class Sampler:
             sample = self.round()
             self.samples.append(sample)
             mem = sum(sample.get("memory_mib", {}).values())
-            logger.info("%5.1f min: %d pods, %.0f MiB in all, run dirs %s MiB, pending %s bytes",
-                        sample["t"] / 60, len(sample.get("pods", [])), mem,
-                        ", ".join(f"{(b or 0) / 2**20:.1f}" for b in sample["run_bytes"].values()),
-                        ", ".join(f"{m['pending_bytes'] or 0:.0f}" for m in sample["records"].values()))
+            logger.info(
+                "%5.1f min: %d pods, %.0f MiB in all, run dirs %s MiB, pending %s bytes",
+                sample["t"] / 60,
+                len(sample.get("pods", [])),
+                mem,
+                ", ".join(f"{(b or 0) / 2**20:.1f}" for b in sample["run_bytes"].values()),
+                ", ".join(f"{m['pending_bytes'] or 0:.0f}" for m in sample["records"].values()),
+            )
 
     def stop(self) -> None:
         self._stop.set()
@@ -609,27 +687,37 @@ def precondition(deployed: Deployed) -> list[PodState]:
     try:
         ready = [p for p in deployed.pods() if p.ready]
     except (DeployError, ValueError, KeyError) as exc:
-        raise DeployError(f"the soak runs against the pods of `make pod` on the local cluster; none "
-                          f"could be read in namespace {deployed.namespace} ({exc}): start them with "
-                          "`make pod`") from exc
+        raise DeployError(
+            f"the soak runs against the pods of `make pod` on the local cluster; none "
+            f"could be read in namespace {deployed.namespace} ({exc}): start them with "
+            "`make pod`"
+        ) from exc
     if not ready:
-        raise DeployError(f"no pod of {deployed.app} is ready in namespace {deployed.namespace}: "
-                          "start them with `make pod` (the soak runs against its Service)")
+        raise DeployError(
+            f"no pod of {deployed.app} is ready in namespace {deployed.namespace}: "
+            "start them with `make pod` (the soak runs against its Service)"
+        )
     return ready
 
 
 def capacity(url: str, token: str, seconds: float, connections: int) -> dict:
     """A closed-loop burst (no pause between requests) on ``connections``: requests/s answered
     (200) of those started within ``seconds``, and its first-try failures."""
-    load = SteadyLoad(url, sample_payload(), lambda: token, rate=1e6, concurrency=connections,
-                      max_seconds=seconds + 5, timeout=10.0).start("capacity")
+    load = SteadyLoad(
+        url, sample_payload(), lambda: token, rate=1e6, concurrency=connections, max_seconds=seconds + 5, timeout=10.0
+    ).start("capacity")
     time.sleep(seconds)
     records = load.stop()
     within = [r for r in records if r.start < seconds]
     failed = Counter(status_key(r.first_status) for r in within if r.failed_first)
-    return {"seconds": seconds, "connections": connections, "sent": len(within),
-            "per_second": round(sum(r.answered for r in within) / seconds, 1),
-            "failed_first": sum(failed.values()), "failed_first_by_status": dict(failed)}
+    return {
+        "seconds": seconds,
+        "connections": connections,
+        "sent": len(within),
+        "per_second": round(sum(r.answered for r in within) / seconds, 1),
+        "failed_first": sum(failed.values()),
+        "failed_first_by_status": dict(failed),
+    }
 
 
 def wait_shipped(sampler: Sampler, timeout: float, every: float = 5.0) -> tuple[float | None, dict]:
@@ -651,8 +739,12 @@ def summary(report: dict) -> list[str]:
     """The figures a closing note quotes, as a table."""
     load, rec, lag = report["load"], report["records"], report["lag"]
     cap = report["capacity"]
-    rate = (f"{report['rate']:g} req/s (half of {cap['per_second']:g} measured, {cap['connections']} "
-            f"connections, {cap['seconds']:g} s)" if cap else f"{report['rate']:g} req/s (given)")
+    rate = (
+        f"{report['rate']:g} req/s (half of {cap['per_second']:g} measured, {cap['connections']} "
+        f"connections, {cap['seconds']:g} s)"
+        if cap
+        else f"{report['rate']:g} req/s (given)"
+    )
     by = ", ".join(f"{k}: {n}" for k, n in load["failed_first_by_status"].items())
     sample = rec["sample"]
     lines = [
@@ -669,24 +761,34 @@ def summary(report: dict) -> list[str]:
         f"  evictions        {len(report['evictions'])}" + "".join(f"; {p}" for p in report["evictions"]),
         f"  memory ({report['memory_source']})",
     ]
-    lines += [f"    {name:<48} max {v['max']:>8.1f} MiB  slope {_signed(v['slope_per_hour'])} MiB/h"
-              for name, v in report["memory"].items()]
+    lines += [
+        f"    {name:<48} max {v['max']:>8.1f} MiB  slope {_signed(v['slope_per_hour'])} MiB/h"
+        for name, v in report["memory"].items()
+    ]
     if report["cassandra"]:
         lines.append(f"    ({report['cassandra']})")
     lines.append("  run directory (du -sb)")
-    lines += [f"    {name:<48} max {v['max']:>8.2f} MiB  slope {_signed(v['slope_per_hour'])} MiB/h"
-              for name, v in report["disk"].items()]
-    found = (f"{sample['found']:,} of {sample['sampled']:,} sampled found, {sample['missing']} missing, "
-             f"{sample['version_mismatches']} version / {sample['status_mismatches']} status mismatches"
-             if "sampled" in sample else f"sample not checked: {sample.get('skipped')}")
+    lines += [
+        f"    {name:<48} max {v['max']:>8.2f} MiB  slope {_signed(v['slope_per_hour'])} MiB/h"
+        for name, v in report["disk"].items()
+    ]
+    found = (
+        f"{sample['found']:,} of {sample['sampled']:,} sampled found, {sample['missing']} missing, "
+        f"{sample['version_mismatches']} version / {sample['status_mismatches']} status mismatches"
+        if "sampled" in sample
+        else f"sample not checked: {sample.get('skipped')}"
+    )
     lines += [
         f"  records          answered {rec['answered']:,}, written {rec['written']:,} "
         f"({rec['written'] - rec['answered']:+,}; the readiness probes' predictions: about "
         f"{rec['probe_predictions']:,}), shipped {rec['shipped']:,}, dropped {rec['dropped']:,}",
         f"                   {found}",
         f"  shipper lag      p50 {_seconds(lag['p50_s'])}, p99 {_seconds(lag['p99_s'])} over the run; "
-        + (f"nothing pending {rec['drained_s']} s after the load" if rec["drained_s"] is not None
-           else f"still pending after {report['drain_timeout']:g} s"),
+        + (
+            f"nothing pending {rec['drained_s']} s after the load"
+            if rec["drained_s"] is not None
+            else f"still pending after {report['drain_timeout']:g} s"
+        ),
     ]
     return lines
 
@@ -715,48 +817,71 @@ def plot(report: dict, paths: list[Path]) -> None:
     ax.set_ylabel("requests/s")
     ax.set_ylim(bottom=0, top=max([1.0] + [r["per_second"] for r in rows]) * 1.15)
     twin = ax.twinx()
-    twin.bar(mins, [r["failed_first"] for r in rows], width=0.6, color="tab:red", alpha=0.5,
-             label="failed on the first try")
+    twin.bar(
+        mins, [r["failed_first"] for r in rows], width=0.6, color="tab:red", alpha=0.5, label="failed on the first try"
+    )
     twin.set_ylabel("first-try failures / min")
     twin.set_ylim(bottom=0, top=max([1] + [r["failed_first"] for r in rows]) * 1.2)
-    ax.legend(*[a + b for a, b in zip(ax.get_legend_handles_labels(), twin.get_legend_handles_labels())],
-              fontsize=8, loc="lower right")
-    ax.set_title(f"soak: {report['minutes']:g} min at {report['rate']:g} req/s through the Service "
-                 f"({report['started']})", fontsize=10)
+    ax.legend(
+        *[a + b for a, b in zip(ax.get_legend_handles_labels(), twin.get_legend_handles_labels())],
+        fontsize=8,
+        loc="lower right",
+    )
+    ax.set_title(
+        f"soak: {report['minutes']:g} min at {report['rate']:g} req/s through the Service ({report['started']})",
+        fontsize=10,
+    )
     axes[1].plot(mins, [r["p50_ms"] for r in rows], marker="o", markersize=3, label="p50")
     axes[1].plot(mins, [r["p99_ms"] for r in rows], marker="^", markersize=3, label="p99")
     axes[1].set_ylabel("latency per minute (ms)")
     axes[1].legend(fontsize=8)
     for name, points in series(report["samples"], "memory_mib").items():
         slope = report["memory"][name]["slope_per_hour"]
-        axes[2].plot([t / 60 for t, _ in points], [v for _, v in points],
-                     label=f"{name} ({_signed(slope).strip()} MiB/h)")
+        axes[2].plot(
+            [t / 60 for t, _ in points], [v for _, v in points], label=f"{name} ({_signed(slope).strip()} MiB/h)"
+        )
     axes[2].set_ylabel(f"memory (MiB, {report['memory_source']})", fontsize=8)
     axes[2].legend(fontsize=7)
     for name, points in series(report["samples"], "run_bytes").items():
         slope = report["disk"][name]["slope_per_hour"]
-        axes[3].plot([t / 60 for t, _ in points], [v / 2**20 for _, v in points], marker=".",
-                     label=f"{name} ({_signed(slope).strip()} MiB/h)")
+        axes[3].plot(
+            [t / 60 for t, _ in points],
+            [v / 2**20 for _, v in points],
+            marker=".",
+            label=f"{name} ({_signed(slope).strip()} MiB/h)",
+        )
     axes[3].set_ylabel("run directory (MiB)")
     axes[3].legend(fontsize=7)
     intervals = report["lag"]["intervals"]
     ts = [i["t"] / 60 for i in intervals]
     for key, marker in (("lag_p50_s", "o"), ("lag_p99_s", "^")):
-        axes[4].plot(ts, [i[key] if i[key] is not None else float("nan") for i in intervals],
-                     marker=marker, markersize=3, label=f"shipper lag {key[4:7]}")
+        axes[4].plot(
+            ts,
+            [i[key] if i[key] is not None else float("nan") for i in intervals],
+            marker=marker,
+            markersize=3,
+            label=f"shipper lag {key[4:7]}",
+        )
     if any(i[key] for i in intervals for key in ("lag_p50_s", "lag_p99_s")):
         axes[4].set_yscale("log")
         axes[4].set_ylabel("shipper lag (s, log scale)")
     else:
         axes[4].set_ylabel("shipper lag (s)")
-        axes[4].text(0.5, 0.75, "no record shipped (no records store)", transform=axes[4].transAxes,
-                     ha="center", fontsize=9)
+        axes[4].text(
+            0.5, 0.75, "no record shipped (no records store)", transform=axes[4].transAxes, ha="center", fontsize=9
+        )
     pending = axes[4].twinx()
-    pending.plot(ts, [(i["pending_bytes"] or 0) / 1024 for i in intervals], color="tab:gray",
-                 linestyle="--", label="pending (KiB)")
+    pending.plot(
+        ts,
+        [(i["pending_bytes"] or 0) / 1024 for i in intervals],
+        color="tab:gray",
+        linestyle="--",
+        label="pending (KiB)",
+    )
     pending.set_ylabel("pending KiB (all pods)")
-    axes[4].legend(*[a + b for a, b in zip(axes[4].get_legend_handles_labels(),
-                                           pending.get_legend_handles_labels())], fontsize=8)
+    axes[4].legend(
+        *[a + b for a, b in zip(axes[4].get_legend_handles_labels(), pending.get_legend_handles_labels())], fontsize=8
+    )
     axes[4].set_xlabel("minutes since the load started")
     for ax in axes:
         ax.grid(True, alpha=0.3)
@@ -777,30 +902,48 @@ def soak(args: argparse.Namespace, deployed: Deployed, cluster: Cluster) -> dict
     cap = None
     rate = args.rate
     if not rate:
-        logger.info(">> capacity: %g s closed loop on %d connections", args.capacity_seconds,
-                    args.capacity_connections)
+        logger.info(">> capacity: %g s closed loop on %d connections", args.capacity_seconds, args.capacity_connections)
         cap = capacity(url, token, args.capacity_seconds, args.capacity_connections)
         rate = round(cap["per_second"] / 2, 1)
-        logger.info("   %g req/s answered (%d failed on the first try): the soak's rate is %g",
-                    cap["per_second"], cap["failed_first"], rate)
+        logger.info(
+            "   %g req/s answered (%d failed on the first try): the soak's rate is %g",
+            cap["per_second"],
+            cap["failed_first"],
+            rate,
+        )
         if rate <= 0:
             raise DeployError(f"the capacity burst answered nothing through {url}: {cap}")
     seconds = args.minutes * 60
     began = time.monotonic()
-    sampler = Sampler(cluster, args.sample_every, lambda: time.monotonic() - began,
-                      max_rounds=int(seconds / args.sample_every) + 20)
+    sampler = Sampler(
+        cluster, args.sample_every, lambda: time.monotonic() - began, max_rounds=int(seconds / args.sample_every) + 20
+    )
     drained, _ = wait_shipped(sampler, args.drain_timeout)  # the burst's records first
     logger.info(">> the burst's records shipped (%s s)", drained)
     began = time.monotonic()
     sampler.start()
     minutes = Minutes(args.id_every)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     started, since = now.strftime("%Y-%m-%d %H:%M UTC"), now.strftime("%Y-%m-%dT%H:%M:%SZ")
-    logger.info(">> soak: %g min at %g req/s on %d connections, 1 in %d a bad request", args.minutes,
-                rate, args.connections, args.bad_every)
-    load = SteadyLoad(url, sample_payload(), lambda: token, rate=rate, concurrency=args.connections,
-                      max_seconds=seconds + 60, max_requests=int(rate * (seconds + 60)) + 1000,
-                      timeout=10.0, bad_every=args.bad_every, sink=minutes).start("soak")
+    logger.info(
+        ">> soak: %g min at %g req/s on %d connections, 1 in %d a bad request",
+        args.minutes,
+        rate,
+        args.connections,
+        args.bad_every,
+    )
+    load = SteadyLoad(
+        url,
+        sample_payload(),
+        lambda: token,
+        rate=rate,
+        concurrency=args.connections,
+        max_seconds=seconds + 60,
+        max_requests=int(rate * (seconds + 60)) + 1000,
+        timeout=10.0,
+        bad_every=args.bad_every,
+        sink=minutes,
+    ).start("soak")
     try:
         time.sleep(seconds)
     except KeyboardInterrupt:
@@ -819,26 +962,40 @@ def soak(args: argparse.Namespace, deployed: Deployed, cluster: Cluster) -> dict
     memory = trend(series(samples, "memory_mib"))
     cassandra_pods = {p["name"] for s in samples for p in s.get("pods", []) if p["app"] == CASSANDRA_APP}
     return {
-        "started": started, "url": url, "minutes": args.minutes, "rate": rate, "capacity": cap,
-        "connections": args.connections, "bad_every": args.bad_every, "sample_every_s": args.sample_every,
-        "drain_timeout": args.drain_timeout, "load": minutes.totals(elapsed),
+        "started": started,
+        "url": url,
+        "minutes": args.minutes,
+        "rate": rate,
+        "capacity": cap,
+        "connections": args.connections,
+        "bad_every": args.bad_every,
+        "sample_every_s": args.sample_every,
+        "drain_timeout": args.drain_timeout,
+        "load": minutes.totals(elapsed),
         "minutes_rows": minutes.rows(elapsed),
-        "restarts": restarts(samples), "evictions": evictions(samples, list(sampler.events.values()), since),
+        "restarts": restarts(samples),
+        "evictions": evictions(samples, list(sampler.events.values()), since),
         "eviction_events": list(sampler.events.values()),
-        "memory_source": "working set, kubectl top pod --containers", "memory": memory,
-        "cassandra": None if cassandra_pods else (f"no {CASSANDRA_APP} pod (the records component): "
-                                                  "Cassandra's memory not sampled"),
+        "memory_source": "working set, kubectl top pod --containers",
+        "memory": memory,
+        "cassandra": None
+        if cassandra_pods
+        else (f"no {CASSANDRA_APP} pod (the records component): Cassandra's memory not sampled"),
         "disk": trend(series(samples, "run_bytes"), 1 / 2**20),
         "server_pods": server_pods(samples),
-        "records": {"answered": minutes.answered, **{k: shipped[k] for k in ("written", "shipped", "dropped")},
-                    "probe_predictions": probe_predictions(samples), "drained_s": drained, "sample": check},
+        "records": {
+            "answered": minutes.answered,
+            **{k: shipped[k] for k in ("written", "shipped", "dropped")},
+            "probe_predictions": probe_predictions(samples),
+            "drained_s": drained,
+            "sample": check,
+        },
         "lag": {"p50_s": shipped["lag_p50_s"], "p99_s": shipped["lag_p99_s"], "intervals": intervals},
         "samples": samples,
     }
 
 
-def store_check(cluster: Cluster, samples: list[dict], ids: list[tuple[str, int, str | None]],
-                timeout: float) -> dict:
+def store_check(cluster: Cluster, samples: list[dict], ids: list[tuple[str, int, str | None]], timeout: float) -> dict:
     """:func:`check_sample` of ``ids`` through one exec into a running server pod."""
     running = [p["name"] for p in samples[-1].get("pods", []) if p["app"] == APP and p["phase"] == "Running"]
     if not running:
@@ -857,9 +1014,15 @@ def store_check(cluster: Cluster, samples: list[dict], ids: list[tuple[str, int,
 def ok(report: dict) -> bool:
     """Nothing failed on its first try, restarted, was evicted, dropped or missing."""
     sample = report["records"]["sample"]
-    return (report["load"]["failed_first"] == 0 and not report["restarts"] and not report["evictions"]
-            and report["records"]["dropped"] == 0 and sample.get("missing", 0) == 0
-            and sample.get("version_mismatches", 0) == 0 and sample.get("status_mismatches", 0) == 0)
+    return (
+        report["load"]["failed_first"] == 0
+        and not report["restarts"]
+        and not report["evictions"]
+        and report["records"]["dropped"] == 0
+        and sample.get("missing", 0) == 0
+        and sample.get("version_mismatches", 0) == 0
+        and sample.get("status_mismatches", 0) == 0
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

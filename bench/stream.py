@@ -45,9 +45,9 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import psutil
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
@@ -115,10 +115,14 @@ class Processes:
         """CPU seconds so far of each component, this process and the whole machine."""
         ts_total, ts_frontend = tree_cpu(self.server.pid())
         me = psutil.Process().cpu_times()
-        return {"broker": tree_cpu(self.broker)[0],
-                "consumer": tree_cpu(self.consumer)[0] if self.consumer else 0.0,
-                "torchserve frontend": ts_frontend, "torchserve workers": ts_total - ts_frontend,
-                "bench": me.user + me.system, "machine": busy_cpu()}
+        return {
+            "broker": tree_cpu(self.broker)[0],
+            "consumer": tree_cpu(self.consumer)[0] if self.consumer else 0.0,
+            "torchserve frontend": ts_frontend,
+            "torchserve workers": ts_total - ts_frontend,
+            "bench": me.user + me.system,
+            "machine": busy_cpu(),
+        }
 
 
 def split(before: dict[str, float], after: dict[str, float], seconds: float) -> tuple[dict, dict]:
@@ -127,8 +131,10 @@ def split(before: dict[str, float], after: dict[str, float], seconds: float) -> 
     used = {k: max(0.0, after[k] - before[k]) for k in before}
     machine = used.pop("machine")
     used["others"] = max(0.0, machine - sum(used.values()))
-    return ({k: round(v, 2) for k, v in used.items()},
-            {k: round(100 * v / seconds, 1) if seconds > 0 else 0.0 for k, v in used.items()})
+    return (
+        {k: round(v, 2) for k, v in used.items()},
+        {k: round(100 * v / seconds, 1) if seconds > 0 else 0.0 for k, v in used.items()},
+    )
 
 
 class Naive:
@@ -138,8 +144,7 @@ class Naive:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.log = run_dir / "naive.log"
         self.pid_file = PidFile(run_dir / "naive.pid", check_program=True)
-        proc = spawn([sys.executable, "-m", "bench.stream_naive", *options], self.log, self.pid_file,
-                     cwd=common.REPO)
+        proc = spawn([sys.executable, "-m", "bench.stream_naive", *options], self.log, self.pid_file, cwd=common.REPO)
         self.pid = proc.pid
 
         def started() -> bool:
@@ -173,16 +178,18 @@ def topics(bootstrap: str, name: str) -> dict[str, str]:
 def event_values(n: int, start: int = 0) -> list[tuple[bytes, bytes]]:
     """``n`` valid events (the example request's features, an ``id`` each), keyed by ``id``."""
     features = json.loads(REQUEST.read_text())["features"]
-    return [(f"e{i}".encode(), json.dumps({"features": features, "id": f"e{i}"}).encode())
-            for i in range(start, start + n)]
+    return [
+        (f"e{i}".encode(), json.dumps({"features": features, "id": f"e{i}"}).encode()) for i in range(start, start + n)
+    ]
 
 
 class Sender:
     """A producer whose delivered events' coordinates are kept (the exactly-once check's inputs)."""
 
     def __init__(self, bootstrap: str, linger_ms: int) -> None:
-        self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
-                                  "linger.ms": linger_ms, "log_level": 3})
+        self.producer = Producer(
+            {"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": linger_ms, "log_level": 3}
+        )
         self.sent: set[tuple[int, int]] = set()
         self.failed: list[str] = []
 
@@ -229,11 +236,21 @@ class Reader:
     transport's own latency (:meth:`Bench.transport`)."""
 
     def __init__(self, bootstrap: str, outputs: list[str], floor: str | None = None) -> None:
-        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}",
-                                  "isolation.level": "read_committed", "enable.auto.commit": False,
-                                  "enable.partition.eof": True, "fetch.wait.max.ms": 50, "log_level": 4})
-        self.consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t in outputs for p in range(PARTITIONS)]
-                             + [TopicPartition(floor, p, OFFSET_BEGINNING) for p in range(PARTITIONS) if floor])
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"bench-{uuid.uuid4().hex}",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                "fetch.wait.max.ms": 50,
+                "log_level": 4,
+            }
+        )
+        self.consumer.assign(
+            [TopicPartition(t, p, OFFSET_BEGINNING) for t in outputs for p in range(PARTITIONS)]
+            + [TopicPartition(floor, p, OFFSET_BEGINNING) for p in range(PARTITIONS) if floor]
+        )
         self.parts = len(outputs) * PARTITIONS
         self.floor_topic = floor
         self.records: list[tuple[float, str, dict]] = []
@@ -266,8 +283,9 @@ class Reader:
             got += 1
         return got
 
-    def until(self, count: int, first_timeout: float, window: float,
-              on_first: Callable[[], object] | None = None) -> tuple[float, int] | None:
+    def until(
+        self, count: int, first_timeout: float, window: float, on_first: Callable[[], object] | None = None
+    ) -> tuple[float, int] | None:
         """Read until ``count`` records came: the first within ``first_timeout``, the rest within
         ``window`` after it (``on_first`` is called as soon as the first came). Returns when the
         first poll with records returned and how many it had (None: nothing came)."""
@@ -293,15 +311,18 @@ class Reader:
         self.consumer.close()
 
 
-def exactly_once(sent: set[tuple[int, int]], records: list[tuple[float, str, dict]],
-                 output: str) -> dict:
+def exactly_once(sent: set[tuple[int, int]], records: list[tuple[float, str, dict]], output: str) -> dict:
     """The input offsets against the union of prediction and dead-letter source offsets."""
     seen = [(r["source"]["partition"], r["source"]["offset"]) for _, _, r in records]
     unique = set(seen)
-    report = {"inputs": len(sent), "predictions": sum(1 for _, t, _ in records if t == output),
-              "dead_letters": sum(1 for _, t, _ in records if t != output),
-              "duplicates": len(seen) - len(unique), "missing": len(sent - unique),
-              "unexpected": len(unique - sent)}
+    report = {
+        "inputs": len(sent),
+        "predictions": sum(1 for _, t, _ in records if t == output),
+        "dead_letters": sum(1 for _, t, _ in records if t != output),
+        "duplicates": len(seen) - len(unique),
+        "missing": len(sent - unique),
+        "unexpected": len(unique - sent),
+    }
     report["ok"] = report["duplicates"] == report["missing"] == report["unexpected"] == 0
     return report
 
@@ -340,20 +361,52 @@ class Bench:
         """Start ``who``'s consumer on ``names``; returns what stops it."""
         group = f"bench-{names['input']}"
         if who.startswith("naive"):
-            naive = Naive(self.work / names["input"], [
-                "--bootstrap", self.bootstrap, "--mar", str(self.args.model_store / f"{self.args.model}_{self.args.version}.mar"),
-                "--group", group, "--input", names["input"], "--output", names["output"],
-                *(["--flush-each"] if who == "naive-flush" else [])])
+            naive = Naive(
+                self.work / names["input"],
+                [
+                    "--bootstrap",
+                    self.bootstrap,
+                    "--mar",
+                    str(self.args.model_store / f"{self.args.model}_{self.args.version}.mar"),
+                    "--group",
+                    group,
+                    "--input",
+                    names["input"],
+                    "--output",
+                    names["output"],
+                    *(["--flush-each"] if who == "naive-flush" else []),
+                ],
+            )
             self.procs.consumer = naive.pid
             return naive.stop
         props = self.procs.server.props
         stream_dir = self.work / names["input"]
-        pid, _ = service.start(stream_dir, [
-            "--bootstrap", self.bootstrap, "--inference", props["inference_address"],
-            "--management", props["management_address"], "--key-file", str(self.procs.server.key_file),
-            "--model", self.args.model, "--group", group, "--transactional-id", group,
-            "--input", names["input"], "--output", names["output"], "--dead-letters", names["dead_letters"],
-            *self.args.stream_option])
+        pid, _ = service.start(
+            stream_dir,
+            [
+                "--bootstrap",
+                self.bootstrap,
+                "--inference",
+                props["inference_address"],
+                "--management",
+                props["management_address"],
+                "--key-file",
+                str(self.procs.server.key_file),
+                "--model",
+                self.args.model,
+                "--group",
+                group,
+                "--transactional-id",
+                group,
+                "--input",
+                names["input"],
+                "--output",
+                names["output"],
+                "--dead-letters",
+                names["dead_letters"],
+                *self.args.stream_option,
+            ],
+        )
         self.procs.consumer = pid
         return lambda: service.stop(stream_dir) or ""
 
@@ -392,8 +445,16 @@ class Bench:
             raise StreamError(f"the {who} consumer wrote nothing in 120 s")
         seconds = end - first[0]
         counted = len(reader.records) - first[1]
-        phase = Phase("saturation", who, None, events, len(reader.records), round(seconds, 2),
-                      round(counted / seconds, 1) if seconds > 0 else 0.0, load_before=load)
+        phase = Phase(
+            "saturation",
+            who,
+            None,
+            events,
+            len(reader.records),
+            round(seconds, 2),
+            round(counted / seconds, 1) if seconds > 0 else 0.0,
+            load_before=load,
+        )
         phase.cpu_s, phase.cpu_pct = split(cpu[0], after, seconds)
         phase.cpu_ms_per_event = per_event(phase.cpu_s, counted)
         return self.finish(phase, stop, reader, sender, names)
@@ -426,13 +487,22 @@ class Bench:
             raise
         values = latencies(reader.records, since_ms)
         read = len(reader.records) - WARMUP_EVENTS
-        phase = Phase("fixed rate", who, round(rate, 1), n, read, round(end - begin, 2),
-                      round(read / (end - begin), 1), quantile(values, 0.5), quantile(values, 0.99),
-                      round(max(values), 1) if values else None, load_before=load)
+        phase = Phase(
+            "fixed rate",
+            who,
+            round(rate, 1),
+            n,
+            read,
+            round(end - begin, 2),
+            round(read / (end - begin), 1),
+            quantile(values, 0.5),
+            quantile(values, 0.99),
+            round(max(values), 1) if values else None,
+            load_before=load,
+        )
         phase.cpu_s, phase.cpu_pct = split(before, after, end - begin)
         phase.cpu_ms_per_event = per_event(phase.cpu_s, read)
         return self.finish(phase, stop, reader, sender, names)
-
 
     def transport(self, rate: float, seconds: float) -> Phase:
         """The paced producer and the reader alone at ``rate`` for ``seconds`` (after a warm-up),
@@ -461,9 +531,19 @@ class Bench:
             reader.close()
         values = [arrived - stamp for stamp, arrived in reader.floor if stamp >= since_ms]
         read = len(reader.floor) - WARMUP_EVENTS
-        phase = Phase("fixed rate", "transport", round(rate, 1), n, read, round(end - begin, 2),
-                      round(read / (end - begin), 1), quantile(values, 0.5), quantile(values, 0.99),
-                      round(max(values), 1) if values else None, load_before=load)
+        phase = Phase(
+            "fixed rate",
+            "transport",
+            round(rate, 1),
+            n,
+            read,
+            round(end - begin, 2),
+            round(read / (end - begin), 1),
+            quantile(values, 0.5),
+            quantile(values, 0.99),
+            round(max(values), 1) if values else None,
+            load_before=load,
+        )
         phase.cpu_s, phase.cpu_pct = split(before, after, end - begin)
         phase.load_after = [round(x, 2) for x in os.getloadavg()]
         return phase
@@ -472,8 +552,9 @@ class Bench:
 def start_broker(args) -> Layout:
     """A fresh broker on free ports under ``--run-root`` (stopped by the caller)."""
     run_dir = args.run_root / "bench-stream" / "kafka"
-    layout = Layout(run_dir, args.kafka_libs, local.resolve_ports(run_dir, {}), heap=args.kafka_heap,
-                    partitions=PARTITIONS)
+    layout = Layout(
+        run_dir, args.kafka_libs, local.resolve_ports(run_dir, {}), heap=args.kafka_heap, partitions=PARTITIONS
+    )
     took = local.start(layout, fresh=True, topics=())
     logger.info(">> Kafka ready at %s in %.1f s", layout.bootstrap, sum(took.values()))
     return layout
@@ -485,16 +566,20 @@ HEADS = ("broker", "consumer", "TS front", "TS workers", "bench", "others")
 
 
 def render(phases: list[Phase], summary: list[str], cpus: int) -> str:
-    lines = [f"{'phase':24} {'consumer':11} {'events':>6} {'read':>6} {'s':>6} {'events/s':>9} "
-             f"{'p50 ms':>7} {'p99 ms':>7} {'CPU ms/ev':>9}  " + " ".join(f"{h:>10}" for h in HEADS) + "  load",
-             f"{'':24} {'':11} {'':>6} {'':>6} {'':>6} {'':>9} {'':>7} {'':>7} {'':>9}  "
-             + f"{'CPU % of one core over the phase (' + str(cpus) + ' cores)':^65}"]
+    lines = [
+        f"{'phase':24} {'consumer':11} {'events':>6} {'read':>6} {'s':>6} {'events/s':>9} "
+        f"{'p50 ms':>7} {'p99 ms':>7} {'CPU ms/ev':>9}  " + " ".join(f"{h:>10}" for h in HEADS) + "  load",
+        f"{'':24} {'':11} {'':>6} {'':>6} {'':>6} {'':>9} {'':>7} {'':>7} {'':>9}  "
+        + f"{'CPU % of one core over the phase (' + str(cpus) + ' cores)':^65}",
+    ]
     for p in phases:
         name = p.phase if p.offered_per_s is None else f"{p.phase} {p.offered_per_s:.0f}/s"
-        lines.append(f"{name:24} {p.consumer:11} {p.events:>6} {p.read:>6} {p.seconds:>6.1f} "
-                     f"{p.events_per_s:>9.1f} {_ms(p.p50_ms):>7} {_ms(p.p99_ms):>7} {p.cpu_ms_per_event or 0:>9.3f}  "
-                     + " ".join(f"{p.cpu_pct.get(c, 0):>10.1f}" for c in COMPONENTS)
-                     + f"  {p.load_before[0] if p.load_before else '':}")
+        lines.append(
+            f"{name:24} {p.consumer:11} {p.events:>6} {p.read:>6} {p.seconds:>6.1f} "
+            f"{p.events_per_s:>9.1f} {_ms(p.p50_ms):>7} {_ms(p.p99_ms):>7} {p.cpu_ms_per_event or 0:>9.3f}  "
+            + " ".join(f"{p.cpu_pct.get(c, 0):>10.1f}" for c in COMPONENTS)
+            + f"  {p.load_before[0] if p.load_before else '':}"
+        )
     return "\n".join(lines + [""] + summary)
 
 
@@ -511,28 +596,36 @@ def summarize(phases: list[Phase], rate_given: bool = False) -> tuple[list[str],
         if naive and naive.events_per_s:
             ratio = shipped.events_per_s / naive.events_per_s
             targets[f"throughput_ratio_{name}"] = round(ratio, 2)
-            out.append(f"throughput: shipped {shipped.events_per_s:.0f} events/s, {name} {naive.events_per_s:.0f} "
-                       f"events/s: {ratio:.2f}x (target >= {TARGET_RATIO:.0f}x: "
-                       f"{'met' if ratio >= TARGET_RATIO else 'MISSED'})")
+            out.append(
+                f"throughput: shipped {shipped.events_per_s:.0f} events/s, {name} {naive.events_per_s:.0f} "
+                f"events/s: {ratio:.2f}x (target >= {TARGET_RATIO:.0f}x: "
+                f"{'met' if ratio >= TARGET_RATIO else 'MISSED'})"
+            )
     rate = by.get(("fixed rate", "shipped"))
     if rate and rate.p99_ms is not None:
         targets["p99_ms_at_fixed_rate"] = rate.p99_ms
         why = "as given" if rate_given else "half the shipped saturation"
-        out.append(f"latency at {rate.offered_per_s:.0f} events/s ({why}): shipped p50 "
-                   f"{rate.p50_ms} ms, p99 {rate.p99_ms} ms (target < {TARGET_P99_MS:.0f} ms: "
-                   f"{'met' if rate.p99_ms < TARGET_P99_MS else 'MISSED'})")
+        out.append(
+            f"latency at {rate.offered_per_s:.0f} events/s ({why}): shipped p50 "
+            f"{rate.p50_ms} ms, p99 {rate.p99_ms} ms (target < {TARGET_P99_MS:.0f} ms: "
+            f"{'met' if rate.p99_ms < TARGET_P99_MS else 'MISSED'})"
+        )
     floor = by.get(("fixed rate", "transport"))
     if floor and floor.p99_ms is not None:
-        out.append(f"transport floor at {floor.offered_per_s:.0f} events/s (the paced producer and the reader, no "
-                   f"consumer): p50 {floor.p50_ms} ms, p99 {floor.p99_ms} ms")
+        out.append(
+            f"transport floor at {floor.offered_per_s:.0f} events/s (the paced producer and the reader, no "
+            f"consumer): p50 {floor.p50_ms} ms, p99 {floor.p99_ms} ms"
+        )
     ok = True
     for p in phases:
         if p.exactly_once is not None:
             e = p.exactly_once
             ok = ok and e["ok"]
-            out.append(f"exactly once, shipped, {p.phase}: {e['inputs']} input offsets = {e['predictions']} "
-                       f"predictions + {e['dead_letters']} dead letters, {e['duplicates']} duplicates, "
-                       f"{e['missing']} missing: {'ok' if e['ok'] else 'BROKEN'}")
+            out.append(
+                f"exactly once, shipped, {p.phase}: {e['inputs']} input offsets = {e['predictions']} "
+                f"predictions + {e['dead_letters']} dead letters, {e['duplicates']} duplicates, "
+                f"{e['missing']} missing: {'ok' if e['ok'] else 'BROKEN'}"
+            )
         if p.consumer == "shipped" and p.read < p.events:
             ok = False
             out.append(f"the shipped consumer wrote {p.read} of {p.events} events in the {p.phase} phase")
@@ -546,13 +639,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kafka-libs", type=Path, required=True, help="the jars of make kafka-deps")
     p.add_argument("--kafka-heap", default="512m")
     p.add_argument("--events", type=int, default=20000, help="events waiting for the shipped consumer")
-    p.add_argument("--naive-seconds", type=float, default=20.0,
-                   help="how long the naive consumer reads the same backlog (after its first output)")
+    p.add_argument(
+        "--naive-seconds",
+        type=float,
+        default=20.0,
+        help="how long the naive consumer reads the same backlog (after its first output)",
+    )
     p.add_argument("--seconds", type=float, default=20.0, help="length of each fixed-rate phase")
     p.add_argument("--rate", type=float, help="the fixed rate (default: half the shipped saturation)")
-    p.add_argument("--stream-option", action="append", default=[],
-                   help="an option of `rtserve stream run` for the shipped consumer (repeat: "
-                        "--stream-option=--batch --stream-option=128)")
+    p.add_argument(
+        "--stream-option",
+        action="append",
+        default=[],
+        help="an option of `rtserve stream run` for the shipped consumer (repeat: "
+        "--stream-option=--batch --stream-option=128)",
+    )
     args = p.parse_args(argv)
     load_start = [round(x, 2) for x in os.getloadavg()]
     layout = start_broker(args)
@@ -571,13 +672,25 @@ def main(argv: list[str] | None = None) -> int:
         logger.info(">> %s", local.stop(layout.run_dir))
     summary, targets, ok = summarize(phases, rate_given=args.rate is not None)
     load_end = [round(x, 2) for x in os.getloadavg()]
-    summary.append(f"load average (1, 5, 15 min): {load_start} at the start, {load_end} at the end; "
-                   f"{psutil.cpu_count()} cores shared with other work")
-    report = {"phases": [asdict(ph) for ph in phases], "targets": targets,
-              "settings": {"events": args.events, "naive_seconds": args.naive_seconds, "seconds": args.seconds,
-                           "partitions": PARTITIONS, "stream_options": args.stream_option,
-                           "latency": "output arrival at a read_committed reader minus the event's CreateTime"},
-              "load_start": load_start, "load_end": load_end, "cpus": psutil.cpu_count()}
+    summary.append(
+        f"load average (1, 5, 15 min): {load_start} at the start, {load_end} at the end; "
+        f"{psutil.cpu_count()} cores shared with other work"
+    )
+    report = {
+        "phases": [asdict(ph) for ph in phases],
+        "targets": targets,
+        "settings": {
+            "events": args.events,
+            "naive_seconds": args.naive_seconds,
+            "seconds": args.seconds,
+            "partitions": PARTITIONS,
+            "stream_options": args.stream_option,
+            "latency": "output arrival at a read_committed reader minus the event's CreateTime",
+        },
+        "load_start": load_start,
+        "load_end": load_end,
+        "cpus": psutil.cpu_count(),
+    }
     return common.finish(report, args.out, render(phases, summary, psutil.cpu_count()), ok)
 
 

@@ -59,8 +59,14 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         model, meta = load_model(args.mar, Path(tmp))
-    consumer = Consumer({"bootstrap.servers": args.bootstrap, "group.id": args.group,
-                         "auto.offset.reset": "earliest", "enable.auto.commit": True})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": args.bootstrap,
+            "group.id": args.group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": True,
+        }
+    )
     producer = Producer({"bootstrap.servers": args.bootstrap})
     running = True
 
@@ -83,10 +89,14 @@ def main(argv: list[str] | None = None) -> int:
         with torch.no_grad():
             probabilities = torch.softmax(model(torch.tensor([event["features"]])), dim=1)[0]
         cls = int(probabilities.argmax())
-        result = {"prediction": cls, "label": meta.labels[cls], "probabilities": probabilities.tolist(),
-                  "model_version": meta.version,
-                  "source": {"topic": msg.topic(), "partition": msg.partition(), "offset": msg.offset()},
-                  "event_timestamp": msg.timestamp()[1]}
+        result = {
+            "prediction": cls,
+            "label": meta.labels[cls],
+            "probabilities": probabilities.tolist(),
+            "model_version": meta.version,
+            "source": {"topic": msg.topic(), "partition": msg.partition(), "offset": msg.offset()},
+            "event_timestamp": msg.timestamp()[1],
+        }
         producer.produce(args.output, key=msg.key(), value=json.dumps(result))
         if args.flush_each:
             producer.flush()

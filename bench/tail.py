@@ -14,7 +14,7 @@ matched with the trace (``perf sched timehist``):
 - **what else ran** inside the window, per thread kind (the frontend's JIT compiler and GC
   threads, the log appenders, the worker's other threads, other processes by name), summed
   over both cores;
-- **the handler's own time** for that request (its audit line, by ``x-request-id``).
+- **the handler's own time** for that request (its record in the spool, by ``x-request-id``).
 
 The slowest 1% of requests (at or above the p99) are compared with the middle half (p25 to
 p75): what the slow ones have more of is what owns the tail. Output: a table on stdout and
@@ -47,12 +47,15 @@ import psutil
 
 from bench import common
 from bench.perf import REQUEST, BenchError, RtServe, run_wrk
+from rtserve.runtime.process import spawn, stop_process
 from rtserve.server.properties import read_properties
 from rtserve.server.torchserve import DEFAULT_CONFIG
 
 #: A ``perf sched timehist`` line: time, [cpu], name[tid/pid] or name[tid], wait, sch delay, run (ms).
-TIMEHIST = re.compile(r"^\s*(\d+\.\d+)\s+\[(\d+)\]\s+(.+?)\[(\d+)(?:/(\d+))?\]\s+"
-                      r"(\d+\.\d+)\s+(\d+\.\d+)\s+(\d+\.\d+)\s*$")
+TIMEHIST = re.compile(
+    r"^\s*(\d+\.\d+)\s+\[(\d+)\]\s+(.+?)\[(\d+)(?:/(\d+))?\]\s+"
+    r"(\d+\.\d+)\s+(\d+\.\d+)\s+(\d+\.\d+)\s*$"
+)
 #: The links of a request's chain (what the request waits on when they wait for a core).
 CHAIN = ("client", "frontend Netty", "frontend W- threads", "worker main thread")
 
@@ -90,6 +93,7 @@ def _norm(name: str) -> str:
 
 def classify(frontend: int, workers: set[int], client: int):
     """``(tid, pid, name) -> kind``: a chain link (:data:`CHAIN`) or "<process> <thread kind>"."""
+
     def kind(tid: int, pid: int | None, name: str) -> str:
         pid = pid if pid is not None else tid
         if pid == client:
@@ -103,6 +107,7 @@ def classify(frontend: int, workers: set[int], client: int):
         if pid in workers:
             return "worker main thread" if tid == pid else f"worker thread {_norm(name)}"
         return f"other: {_norm(name)}"
+
     return kind
 
 
@@ -153,7 +158,9 @@ def summarize(windows: list[Window], label: str) -> dict:
             others[k] += v / n
     handlers = [w.handler_ms for w in windows if w.handler_ms is not None]
     return {
-        "set": label, "requests": n, "latency_ms": round(mean(w.ms for w in windows), 3),
+        "set": label,
+        "requests": n,
+        "latency_ms": round(mean(w.ms for w in windows), 3),
         "handler_ms": round(mean(handlers), 3) if handlers else None,
         "delay_ms": {k: round(mean(w.delay_ms.get(k, 0.0) for w in windows), 3) for k in CHAIN},
         "others_ms": {k: round(v, 3) for k, v in sorted(others.items(), key=lambda kv: -kv[1])},
@@ -182,10 +189,12 @@ def lone_requests(url: str, token: str, count: int) -> list[Window]:
     return out
 
 
-def audit_ms(path: Path) -> dict[str, float]:
-    """request id -> the handler's time (ms) from the audit log."""
+def handler_ms(records: Path) -> dict[str, float]:
+    """request id -> the handler's time (ms), from the records in the server's spool."""
+    from rtserve.records.spool import lines_of
+
     out = {}
-    for line in path.read_text().splitlines():
+    for line in lines_of(records):
         try:
             event = json.loads(line)
         except ValueError:
@@ -197,19 +206,22 @@ def audit_ms(path: Path) -> dict[str, float]:
 
 def table(report: dict) -> str:
     sets = report["sets"]
-    rows = [f"{report['requests']} lone requests: p50 {report['p50_ms']:.3f} ms, p99 {report['p99_ms']:.3f} ms, "
-            f"p99.9 {report['p999_ms']:.3f} ms (load average {report['load_before']} before)",
-            f"{'mean per request, ms':<44}" + "".join(f"{s['set']:>16}" for s in sets)]
+    rows = [
+        f"{report['requests']} lone requests: p50 {report['p50_ms']:.3f} ms, p99 {report['p99_ms']:.3f} ms, "
+        f"p99.9 {report['p999_ms']:.3f} ms (load average {report['load_before']} before)",
+        f"{'mean per request, ms':<44}" + "".join(f"{s['set']:>16}" for s in sets),
+    ]
 
     def row(name: str, values: list) -> None:
         rows.append(f"{name:<44}" + "".join(f"{'-' if v is None else f'{v:.3f}':>16}" for v in values))
 
     row("client latency", [s["latency_ms"] for s in sets])
-    row("handler (audit)", [s["handler_ms"] for s in sets])
+    row("handler (its record)", [s["handler_ms"] for s in sets])
     for link in CHAIN:
         row(f"waited for a core: {link}", [s["delay_ms"][link] for s in sets])
-    kinds = sorted({k for s in sets for k in s["others_ms"]},
-                   key=lambda k: -max(s["others_ms"].get(k, 0.0) for s in sets))
+    kinds = sorted(
+        {k for s in sets for k in s["others_ms"]}, key=lambda k: -max(s["others_ms"].get(k, 0.0) for s in sets)
+    )
     for k in kinds[:14]:
         row(f"ran meanwhile: {k}"[:44], [s["others_ms"].get(k, 0.0) for s in sets])
     return "\n".join(rows)
@@ -219,8 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     p = common.parser(__doc__, "tail.json", attach=False, model=False)
     p.add_argument("--requests", type=int, default=5000)
     p.add_argument("--warmup", type=float, default=10.0, help="seconds of wrk at c=1 first")
-    p.add_argument("--vmargs-extra", default="", help="JVM options added to the frontend's vmargs "
-                   "(e.g. -XX:TieredStopAtLevel=1)")
+    p.add_argument(
+        "--vmargs-extra", default="", help="JVM options added to the frontend's vmargs (e.g. -XX:TieredStopAtLevel=1)"
+    )
     args = p.parse_args(argv)
     common.log_to_stdout()
     if shutil.which("perf") is None:
@@ -228,8 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     overrides = None
     if args.vmargs_extra:
         overrides = {"vmargs": f"{read_properties(DEFAULT_CONFIG)['vmargs']} {args.vmargs_extra}"}
-    server = RtServe(args.model_store, args.run_root / "tail", f"{common.MODEL}_{args.version}.mar",
-                     overrides=overrides)
+    server = RtServe(
+        args.model_store, args.run_root / "tail", f"{common.MODEL}_{args.version}.mar", overrides=overrides
+    )
     trace = args.run_root / "tail" / "sched.data"
     server.start()
     try:
@@ -237,20 +251,19 @@ def main(argv: list[str] | None = None) -> int:
         frontend = server.pid()
         workers = {c.pid for c in psutil.Process(frontend).children(recursive=True)}
         load = [round(x, 2) for x in os.getloadavg()]
-        perf = subprocess.Popen(["perf", "sched", "record", "-k", "CLOCK_MONOTONIC", "-a", "-o", str(trace)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        perf = spawn(["perf", "sched", "record", "-k", "CLOCK_MONOTONIC", "-a", "-o", str(trace)], Path(os.devnull))
         time.sleep(1.0)
         try:
             windows = lone_requests(server.url, server.token(), args.requests)
         finally:
-            perf.send_signal(signal.SIGINT)
-            perf.wait(30)
-        time.sleep(1.0)  # the audit lines of the last batches
-        ids = audit_ms(server.ts.log_dir / "audit.log")
+            stop_process(perf.pid, 30, signal.SIGINT)  # perf writes its trace out on SIGINT
+        time.sleep(1.0)  # the records of the last batches
+        ids = handler_ms(server.ts.files.records)
     finally:
         server.stop()
-    text = subprocess.run(["perf", "sched", "timehist", "-i", str(trace)], capture_output=True,
-                          text=True, check=True).stdout
+    text = subprocess.run(
+        ["perf", "sched", "timehist", "-i", str(trace)], capture_output=True, text=True, check=True
+    ).stdout
     trace.unlink(missing_ok=True)
     slices = read_trace(text, classify(frontend, workers, os.getpid()))
     longest = max((s.end - s.start for s in slices), default=0.0)
@@ -261,10 +274,14 @@ def main(argv: list[str] | None = None) -> int:
     n = len(by_ms)
     p99 = by_ms[int(n * 0.99)].ms
     report = {
-        "requests": n, "p50_ms": by_ms[n // 2].ms, "p99_ms": p99, "p999_ms": by_ms[int(n * 0.999)].ms,
-        "load_before": load, "trace_runs": len(slices), "vmargs": server.ts.props.get("vmargs"),
-        "sets": [summarize(by_ms[int(n * 0.99):], "slowest 1%"),
-                 summarize(by_ms[n // 4:3 * n // 4], "p25-p75")],
+        "requests": n,
+        "p50_ms": by_ms[n // 2].ms,
+        "p99_ms": p99,
+        "p999_ms": by_ms[int(n * 0.999)].ms,
+        "load_before": load,
+        "trace_runs": len(slices),
+        "vmargs": server.ts.props.get("vmargs"),
+        "sets": [summarize(by_ms[int(n * 0.99) :], "slowest 1%"), summarize(by_ms[n // 4 : 3 * n // 4], "p25-p75")],
     }
     return common.finish(report, args.out, table(report), ok=True)
 

@@ -24,8 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from bench.perf import (MODEL, REPO, RESULTS, RtServe, _log_to_stdout, bench_server, logger,
-                        wrk_path)
+from bench.perf import MODEL, REPO, RESULTS, RtServe, _log_to_stdout, bench_server, logger, wrk_path
 from rtserve.server.torchserve import DEFAULT_LOG_CONFIG
 
 SHIPPED_LOG_CONFIG = DEFAULT_LOG_CONFIG
@@ -39,8 +38,12 @@ VARIANTS: dict[str, tuple[str, dict, dict, object]] = {
     "delay-5": ("maxBatchDelay 5 ms (the seed's)", {"maxBatchDelay": 5}, {}, "shipped"),
     "delay-2": ("maxBatchDelay 2 ms", {"maxBatchDelay": 2}, {}, "shipped"),
     "delay-1": ("maxBatchDelay 1 ms", {"maxBatchDelay": 1}, {}, "shipped"),
-    "delay-0": ("maxBatchDelay 0 in the archive: TorchServe reads it as unset, waits 100 ms",
-                {"maxBatchDelay": 0}, {}, "shipped"),
+    "delay-0": (
+        "maxBatchDelay 0 in the archive: TorchServe reads it as unset, waits 100 ms",
+        {"maxBatchDelay": 0},
+        {},
+        "shipped",
+    ),
     "batch-8": ("batchSize 8", {"batchSize": 8}, {}, "shipped"),
     "batch-16": ("batchSize 16", {"batchSize": 16}, {}, "shipped"),
     "batch-64": ("batchSize 64", {"batchSize": 64}, {}, "shipped"),
@@ -48,24 +51,39 @@ VARIANTS: dict[str, tuple[str, dict, dict, object]] = {
     # workers and threads
     "workers-1": ("1 worker", {"minWorkers": 1, "maxWorkers": 1}, {}, "shipped"),
     "workers-3": ("3 workers", {"minWorkers": 3, "maxWorkers": 3}, {}, "shipped"),
-    "workers-1-threads-2": ("1 worker with 2 torch threads",
-                            {"minWorkers": 1, "maxWorkers": 1, "handler": {"num_threads": 2}}, {}, "shipped"),
+    "workers-1-threads-2": (
+        "1 worker with 2 torch threads",
+        {"minWorkers": 1, "maxWorkers": 1, "handler": {"num_threads": 2}},
+        {},
+        "shipped",
+    ),
     # logging
     "logs-builtin": ("TorchServe's built-in log4j2 configuration", {}, {}, None),
     "logs-no-ts-metrics": ("shipped logs without ts_metrics.log", {}, {}, {"TS_METRICS": "off"}),
     "logs-no-access": ("shipped logs without access_log.log", {}, {}, {"ACCESS_LOG": "off"}),
-    "metrics-log": ("metrics_mode=log: frontend metrics as 6 lines per request in ts_metrics.log", {},
-                    {"metrics_mode": "log"}, "shipped"),
-    "netty-1": ("one Netty server and one client thread", {},
-                {"number_of_netty_threads": "1", "netty_client_threads": "1"}, "shipped"),
+    "metrics-log": (
+        "metrics_mode=log: frontend metrics as 6 lines per request in ts_metrics.log",
+        {},
+        {"metrics_mode": "log"},
+        "shipped",
+    ),
+    "netty-1": (
+        "one Netty server and one client thread",
+        {},
+        {"number_of_netty_threads": "1", "netty_client_threads": "1"},
+        "shipped",
+    ),
     # JVM
     "jvm-default": ("no vmargs: JVM defaults (G1, heap up to 1/4 of RAM)", {}, {"vmargs": "-XX:+UseG1GC"}, "shipped"),
     "jvm-serial": ("SerialGC, 256 MiB heap", {}, {"vmargs": "-Xms64m -Xmx256m -XX:+UseSerialGC"}, "shipped"),
-    "jvm-parallel": ("ParallelGC, 256 MiB heap",
-                     {}, {"vmargs": "-Xms64m -Xmx256m -XX:+UseParallelGC"}, "shipped"),
+    "jvm-parallel": ("ParallelGC, 256 MiB heap", {}, {"vmargs": "-Xms64m -Xmx256m -XX:+UseParallelGC"}, "shipped"),
     "jvm-g1-256": ("G1, 256 MiB heap", {}, {"vmargs": "-Xms64m -Xmx256m -XX:+UseG1GC"}, "shipped"),
-    "jvm-c1": ("C1 compiler only (TieredStopAtLevel=1)", {},
-               {"vmargs": "-Xms64m -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1"}, "shipped"),
+    "jvm-c1": (
+        "C1 compiler only (TieredStopAtLevel=1)",
+        {},
+        {"vmargs": "-Xms64m -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1"},
+        "shipped",
+    ),
 }
 
 
@@ -96,20 +114,29 @@ def variant_log_config(levels: dict, out: Path) -> Path:
     return out
 
 
-def build_archive(name: str, model_config: Path, version: str, work_dir: Path,
-                  demo_artifacts: Path) -> Path:
+def build_archive(name: str, model_config: Path, version: str, work_dir: Path, demo_artifacts: Path) -> Path:
     """``make archive`` with the variant's model config into its own model store."""
     store = work_dir / name / "model_store"
-    subprocess.run(["make", "-s", "archive", f"MODEL_VERSION={version}", f"MODEL_STORE={store}",
-                    f"MODEL_CONFIG={model_config}", f"DEMO_ARTIFACTS={demo_artifacts}"], cwd=REPO,
-                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            "make",
+            "-s",
+            "archive",
+            f"MODEL_VERSION={version}",
+            f"MODEL_STORE={store}",
+            f"MODEL_CONFIG={model_config}",
+            f"DEMO_ARTIFACTS={demo_artifacts}",
+        ],
+        cwd=REPO,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     return store
 
 
 def main(argv: list[str] | None = None) -> int:
     """Build and measure the named variants; print a table and write JSON."""
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("variants", nargs="*")
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--concurrency", default="1,8,32,64")
@@ -118,15 +145,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--soak", type=float, default=0.0)
     parser.add_argument("--server-warmup", type=float, default=10.0)
     parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--retry-busy", type=int, default=0,
-                        help="measure a point again when other processes disturbed it")
-    parser.add_argument("--wait-quiet", type=float, default=0.0,
-                        help="before each server, wait up to this many seconds for a quiet machine")
+    parser.add_argument(
+        "--retry-busy", type=int, default=0, help="measure a point again when other processes disturbed it"
+    )
+    parser.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.0,
+        help="before each server, wait up to this many seconds for a quiet machine",
+    )
     parser.add_argument("--version", default="1.0")
-    parser.add_argument("--work-dir", type=Path, default=REPO / "build" / "tune",
-                        help="each variant's model config, log config, archive and run directory")
-    parser.add_argument("--demo-artifacts", type=Path, default=REPO / "artifacts",
-                        help="where `make archive` finds (or trains) the demo's artifacts")
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        default=REPO / "build" / "tune",
+        help="each variant's model config, log config, archive and run directory",
+    )
+    parser.add_argument(
+        "--demo-artifacts",
+        type=Path,
+        default=REPO / "artifacts",
+        help="where `make archive` finds (or trains) the demo's artifacts",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "tune.json")
     args = parser.parse_args(argv)
     if args.list or not args.variants:
@@ -152,26 +192,55 @@ def main(argv: list[str] | None = None) -> int:
             what, model_changes, props, logs = VARIANTS[name]
             if isinstance(logs, dict):
                 logs = variant_log_config(logs, args.work_dir / name / "log4j2.xml")
-            server = RtServe(stores[name], root / f"{name}-{rep}", f"{MODEL}_{args.version}.mar",
-                             name=name, overrides=props, log_config=logs)
-            result = bench_server(server, concurrencies, args.duration, args.warmup, args.soak,
-                                  args.wait_quiet, args.retry_busy, args.server_warmup)
+            server = RtServe(
+                stores[name],
+                root / f"{name}-{rep}",
+                f"{MODEL}_{args.version}.mar",
+                name=name,
+                overrides=props,
+                log_config=logs,
+            )
+            result = bench_server(
+                server,
+                concurrencies,
+                args.duration,
+                args.warmup,
+                args.soak,
+                args.wait_quiet,
+                args.retry_busy,
+                args.server_warmup,
+            )
             runs.append({"variant": name, "what": what, "repeat": rep, **asdict(result)})
-    lines = [f"{'variant':<22} {'run':>3} " + " ".join(f"{'c=' + str(c) + ' req/s':>11} {'p50':>6} {'p99':>6}"
-                                                       for c in concurrencies)
-             + f" {'CPU ms/req@' + str(concurrencies[-1]):>14} {'cold s':>6} {'RSS':>5} {'others%':>7}"]
+    lines = [
+        f"{'variant':<22} {'run':>3} "
+        + " ".join(f"{'c=' + str(c) + ' req/s':>11} {'p50':>6} {'p99':>6}" for c in concurrencies)
+        + f" {'CPU ms/req@' + str(concurrencies[-1]):>14} {'cold s':>6} {'RSS':>5} {'others%':>7}"
+    ]
     for run in sorted(runs, key=lambda r: (args.variants.index(r["variant"]), r["repeat"])):
         pts = {p["concurrency"]: p for p in run["points"]}
-        lines.append(f"{run['variant']:<22} {run['repeat']:>3} " + " ".join(
-            f"{pts[c]['rps']:>11.0f} {pts[c]['p50_ms']:>6.2f} {pts[c]['p99_ms']:>6.2f}" for c in concurrencies)
+        lines.append(
+            f"{run['variant']:<22} {run['repeat']:>3} "
+            + " ".join(
+                f"{pts[c]['rps']:>11.0f} {pts[c]['p50_ms']:>6.2f} {pts[c]['p99_ms']:>6.2f}" for c in concurrencies
+            )
             + f" {pts[concurrencies[-1]]['cpu_ms_per_request']:>14.3f} {run['cold_start_s']:>6.1f}"
-              f" {pts[concurrencies[-1]]['rss_mb']:>5.0f}"
-              f" {max(p['others_cpu_pct'] for p in run['points']):>7.0f}")
+            f" {pts[concurrencies[-1]]['rss_mb']:>5.0f}"
+            f" {max(p['others_cpu_pct'] for p in run['points']):>7.0f}"
+        )
     sys.stdout.write("\n" + "\n".join(lines) + "\n")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                                    "concurrency": list(concurrencies), "seconds": args.duration,
-                                    "runs": runs}, indent=2) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {
+                "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "concurrency": list(concurrencies),
+                "seconds": args.duration,
+                "runs": runs,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     logger.info("JSON: %s", args.out)
     return 0
 

@@ -84,8 +84,7 @@ class Replacement:
     workers: list[dict]
 
 
-def watch_replacement(client: Client, model: str, victim: dict, count: int,
-                      timeout: float) -> Replacement:
+def watch_replacement(client: Client, model: str, victim: dict, count: int, timeout: float) -> Replacement:
     """Poll until the victim's worker id runs under a new PID and ``count`` workers are READY."""
     started = time.monotonic()
     up: float | None = None
@@ -96,15 +95,19 @@ def watch_replacement(client: Client, model: str, victim: dict, count: int,
         if up is None and mine and all(new_process(w, victim) for w in mine):
             up = time.monotonic() - started
         ready = [w for w in seen if w.get("status") == READY]
-        if (len(ready) >= count and victim["pid"] not in {w.get("pid") for w in seen}
-                and any(w.get("id") == victim["id"] for w in ready)):
+        if (
+            len(ready) >= count
+            and victim["pid"] not in {w.get("pid") for w in seen}
+            and any(w.get("id") == victim["id"] for w in ready)
+        ):
             return Replacement(up, time.monotonic() - started, seen)
         time.sleep(0.05)
     return Replacement(up, None, seen)
 
 
-def wait_replaced(client: Client, model: str, victim: dict, count: int,
-                  timeout: float) -> tuple[float | None, list[dict]]:
+def wait_replaced(
+    client: Client, model: str, victim: dict, count: int, timeout: float
+) -> tuple[float | None, list[dict]]:
     """:func:`watch_replacement`'s seconds until READY (None on timeout) and last worker list."""
     replacement = watch_replacement(client, model, victim, count, timeout)
     return replacement.ready_s, replacement.workers
@@ -123,8 +126,15 @@ def latency_recovered_at(records: list[Record], since: float, baseline_ms: float
     return None
 
 
-def run(server: TorchServe, model: str, baseline: float, after: float, rate: float,
-        concurrency: int, recovery_timeout: float = 60.0) -> dict:
+def run(
+    server: TorchServe,
+    model: str,
+    baseline: float,
+    after: float,
+    rate: float,
+    concurrency: int,
+    recovery_timeout: float = 60.0,
+) -> dict:
     """Kill one worker of ``model`` on a ready ``server`` under load; return the report."""
     client = server.client(timeout=10.0)
     desc = client.describe(model)[0]
@@ -133,8 +143,7 @@ def run(server: TorchServe, model: str, baseline: float, after: float, rate: flo
         raise RuntimeError(f"{model} needs at least 2 workers for this test, has {len(before)}")
     victim, others = before[0], before[1:]
     bound = min(int(desc.get("batchSize", 1)), concurrency)
-    load = common.steady_load(server, model, rate, concurrency,
-                              baseline + after + recovery_timeout + 60)
+    load = common.steady_load(server, model, rate, concurrency, baseline + after + recovery_timeout + 60)
     load.start("baseline")
     try:
         time.sleep(baseline)
@@ -149,33 +158,53 @@ def run(server: TorchServe, model: str, baseline: float, after: float, rate: flo
         records = load.stop()
     base = [r.latency * 1000 for r in records if r.phase == "baseline" and r.status == 200]
     baseline_ms = statistics.median(base) if base else 0.0
-    latency_at = (latency_recovered_at(records, killed_at + replaced_s, baseline_ms)
-                  if replaced_s is not None else None)
-    failures = [{"status": r.first_status, "error": r.first_error,
-                 "at_s": round(r.start - killed_at, 3), "resent": r.resent,
-                 "status_after_resend": r.status}
-                for r in records if r.failed_first]
+    latency_at = latency_recovered_at(records, killed_at + replaced_s, baseline_ms) if replaced_s is not None else None
+    failures = [
+        {
+            "status": r.first_status,
+            "error": r.first_error,
+            "at_s": round(r.start - killed_at, 3),
+            "resent": r.resent,
+            "status_after_resend": r.status,
+        }
+        for r in records
+        if r.failed_first
+    ]
     down = [r for r in records if r.phase == "worker down"]
     others_now = {w.get("id"): w.get("pid") for w in now}
     return {
-        "model": model, "rate_target": rate, "concurrency": concurrency,
-        "batch_size": int(desc.get("batchSize", 1)), "workers": len(before),
-        "requests": len(records), **vars(Counts.of(records)), "in_flight_bound": bound,
+        "model": model,
+        "rate_target": rate,
+        "concurrency": concurrency,
+        "batch_size": int(desc.get("batchSize", 1)),
+        "workers": len(before),
+        "requests": len(records),
+        **vars(Counts.of(records)),
+        "in_flight_bound": bound,
         "failures": failures,
         "failures_explicit": all(worker_died(f["status"], f["error"]) for f in failures),
         "killed": {"id": victim["id"], "pid": victim["pid"]},
-        "replacement": next(({"id": w.get("id"), "pid": w.get("pid"), "status": w.get("status")}
-                             for w in now if w.get("id") == victim["id"]), None),
-        "replacement_started_s": (round(watched.started_s, 2) if watched.started_s is not None
-                                  else None),
+        "replacement": next(
+            (
+                {"id": w.get("id"), "pid": w.get("pid"), "status": w.get("status")}
+                for w in now
+                if w.get("id") == victim["id"]
+            ),
+            None,
+        ),
+        "replacement_started_s": (round(watched.started_s, 2) if watched.started_s is not None else None),
         "worker_restarted_s": round(replaced_s, 2) if replaced_s is not None else None,
         "recovery_timeout_s": recovery_timeout,
         "latency_back_s": round(latency_at - killed_at, 2) if latency_at is not None else None,
-        "full_capacity_s": (round(max(latency_at - killed_at, replaced_s), 2)
-                            if latency_at is not None and replaced_s is not None else None),
+        "full_capacity_s": (
+            round(max(latency_at - killed_at, replaced_s), 2)
+            if latency_at is not None and replaced_s is not None
+            else None
+        ),
         "baseline_p50_ms": round(baseline_ms, 2),
-        "others_kept_serving": (all(others_now.get(w["id"]) == w["pid"] for w in others)
-                                and sum(1 for r in down if r.status == 200) > 0),
+        "others_kept_serving": (
+            all(others_now.get(w["id"]) == w["pid"] for w in others) and sum(1 for r in down if r.status == 200) > 0
+        ),
         "ok_while_down": sum(1 for r in down if r.status == 200),
         "after_recovery": vars(Counts.of([r for r in records if r.phase == "recovered"])),
         "phases": [asdict(p) for p in summarize(records)],
@@ -188,8 +217,10 @@ def not_ready(report: dict) -> str:
     if report["replacement_started_s"] is None:
         return f"NOT REPLACED: no new process for worker {report['killed']['id']} within {limit} s"
     status = (report["replacement"] or {}).get("status")
-    return (f"NOT READY within {limit} s: its new process runs, status {status} (TorchServe's "
-            f"status for a worker that is not {READY}: still starting or loading the model)")
+    return (
+        f"NOT READY within {limit} s: its new process runs, status {status} (TorchServe's "
+        f"status for a worker that is not {READY}: still starting or loading the model)"
+    )
 
 
 def render(report: dict) -> str:
@@ -200,7 +231,7 @@ def render(report: dict) -> str:
         f"{report['batch_size']})",
         f"{Counts.read(report).text()} "
         f"(first-try bound: {report['in_flight_bound']} = min(batch size, concurrency); "
-        f"each a 500/507 \"Worker died.\": {report['failures_explicit']})",
+        f'each a 500/507 "Worker died.": {report["failures_explicit"]})',
         f"killed worker {report['killed']['id']} (pid {report['killed']['pid']}) with SIGKILL; "
         f"replacement: {report['replacement']}",
         f"replacement process running after: {report['replacement_started_s']} s; worker "
@@ -215,8 +246,10 @@ def render(report: dict) -> str:
         *common.phase_lines(report["phases"], 14, versions=False),
     ]
     for f in report["failures"]:
-        lines.append(f"  failed at {f['at_s']:+.3f} s from the kill: {f['error']!r}"
-                     + (f"; resent: {f['status_after_resend']}" if f["resent"] else ""))
+        lines.append(
+            f"  failed at {f['at_s']:+.3f} s from the kill: {f['error']!r}"
+            + (f"; resent: {f['status_after_resend']}" if f["resent"] else "")
+        )
     return "\n".join(lines)
 
 
@@ -227,16 +260,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--after", type=float, default=10.0, help="seconds of traffic after recovery")
     parser.add_argument("--rate", type=float, default=150.0, help="target requests per second")
     parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--recovery-timeout", type=float, default=60.0,
-                        help="seconds TorchServe gets to restart the worker")
+    parser.add_argument(
+        "--recovery-timeout", type=float, default=60.0, help="seconds TorchServe gets to restart the worker"
+    )
     args = parser.parse_args(argv)
     common.log_to_stdout()
     with common.serving(args, "bench-crash") as server:
-        report = run(server, args.model, args.baseline, args.after, args.rate, args.concurrency,
-                     args.recovery_timeout)
-    ok = (report["failed_first"] <= report["in_flight_bound"] and report["failures_explicit"]
-          and report["failed_after_resend"] == 0 and report["worker_restarted_s"] is not None
-          and report["after_recovery"]["failed_first"] == 0 and report["others_kept_serving"])
+        report = run(server, args.model, args.baseline, args.after, args.rate, args.concurrency, args.recovery_timeout)
+    ok = (
+        report["failed_first"] <= report["in_flight_bound"]
+        and report["failures_explicit"]
+        and report["failed_after_resend"] == 0
+        and report["worker_restarted_s"] is not None
+        and report["after_recovery"]["failed_first"] == 0
+        and report["others_kept_serving"]
+    )
     return common.finish(report, args.out, render(report), ok)
 
 

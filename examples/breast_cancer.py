@@ -33,8 +33,9 @@ class BreastCancerNet(nn.Module):
 
     model_name = "breast-cancer"
 
-    def __init__(self, norm: Standardize, hidden: tuple[int, int] = (32, 16),
-                 dropout: float = 0.2, n_classes: int = 2) -> None:
+    def __init__(
+        self, norm: Standardize, hidden: tuple[int, int] = (32, 16), dropout: float = 0.2, n_classes: int = 2
+    ) -> None:
         super().__init__()
         layers: list[nn.Module] = [norm]
         width = len(norm.mean)
@@ -56,11 +57,18 @@ def load_data(seed: int = 0, holdout_share: float = 0.2):
 
     data = load_breast_cancer()
     x_train, x_test, y_train, y_test = train_test_split(
-        data.data, data.target, test_size=holdout_share, random_state=seed, stratify=data.target)
+        data.data, data.target, test_size=holdout_share, random_state=seed, stratify=data.target
+    )
     as_x = lambda a: torch.tensor(a, dtype=torch.float32)  # noqa: E731
     as_y = lambda a: torch.tensor(a, dtype=torch.long)  # noqa: E731
-    return (as_x(x_train), as_y(y_train), as_x(x_test), as_y(y_test),
-            [str(n) for n in data.feature_names], [str(n) for n in data.target_names])
+    return (
+        as_x(x_train),
+        as_y(y_train),
+        as_x(x_test),
+        as_y(y_test),
+        [str(n) for n in data.feature_names],
+        [str(n) for n in data.target_names],
+    )
 
 
 def train(x: torch.Tensor, y: torch.Tensor, epochs: int = 60, seed: int = 0) -> BreastCancerNet:
@@ -75,7 +83,7 @@ def train(x: torch.Tensor, y: torch.Tensor, epochs: int = 60, seed: int = 0) -> 
     for _ in range(epochs):
         order = torch.randperm(len(x), generator=g)
         for start in range(0, len(order) - 1, 64):  # never a batch of 1 (batch norm)
-            idx = order[start:start + 64]
+            idx = order[start : start + 64]
             optimizer.zero_grad()
             loss_fn(model(x[idx]), y[idx]).backward()
             optimizer.step()
@@ -85,14 +93,18 @@ def train(x: torch.Tensor, y: torch.Tensor, epochs: int = 60, seed: int = 0) -> 
 def packaging(seed: int = 0) -> dict:
     """What ``python -m rtserve model export examples.breast_cancer:packaging`` packages."""
     x_train, y_train, x_test, y_test, feature_names, labels = load_data(seed)
-    return {"model": train(x_train, y_train, seed=seed), "train_features": x_train,
-            "feature_names": feature_names, "labels": labels, "holdout": (x_test, y_test)}
+    return {
+        "model": train(x_train, y_train, seed=seed),
+        "train_features": x_train,
+        "feature_names": feature_names,
+        "labels": labels,
+        "holdout": (x_test, y_test),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     """Train and export into ``--out``."""
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("artifacts/breast-cancer/1.0"))
     parser.add_argument("--version", default="1.0")
     args = parser.parse_args(argv)

@@ -29,8 +29,9 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=7070, help="grpc_inference_port")
     parser.add_argument("--key-file", type=Path, default=REPO / ".run" / "key_file.json")
     parser.add_argument("--model", default="realtime-classifier")
-    parser.add_argument("--stubs", type=Path, default=REPO / "build" / "grpc",
-                        help="cache directory of the generated stubs")
+    parser.add_argument(
+        "--stubs", type=Path, default=REPO / "build" / "grpc", help="cache directory of the generated stubs"
+    )
     args = parser.parse_args()
 
     stubs = generate(args.stubs)
@@ -41,7 +42,8 @@ def main() -> int:
         stub = stubs.inference_pb2_grpc.InferenceAPIsServiceStub(channel)
         for body in ({"features": features}, {"instances": [features]}):
             request = stubs.inference_pb2.PredictionsRequest(
-                model_name=args.model, input={"data": json.dumps(body).encode()})
+                model_name=args.model, input={"data": json.dumps(body).encode()}
+            )
             answer = stub.Predictions(request, metadata=metadata, timeout=10)
             sys.stdout.write(answer.prediction.decode() + "\n")
     return 0

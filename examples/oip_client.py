@@ -27,14 +27,21 @@ REPO = Path(__file__).resolve().parent.parent
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="127.0.0.1:8080", help="the inference address, host:port")
-    parser.add_argument("--key-file", type=Path, default=REPO / ".run" / "key_file.json",
-                        help="TorchServe's key file (its inference key is the token)")
+    parser.add_argument(
+        "--key-file",
+        type=Path,
+        default=REPO / ".run" / "key_file.json",
+        help="TorchServe's key file (its inference key is the token)",
+    )
     parser.add_argument("--token-file", type=Path, help="a file holding the token (the pod's gateway)")
     parser.add_argument("--model", default="realtime-classifier")
     args = parser.parse_args()
 
-    token = (args.token_file.read_text().split()[0] if args.token_file
-             else json.loads(args.key_file.read_text())["inference"]["key"])
+    token = (
+        args.token_file.read_text().split()[0]
+        if args.token_file
+        else json.loads(args.key_file.read_text())["inference"]["key"]
+    )
     auth = {"Authorization": f"Bearer {token}"}
     features = json.loads((REPO / "examples" / "request.json").read_text())["features"]
     client = triton.InferenceServerClient(args.url)

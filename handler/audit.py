@@ -1,10 +1,8 @@
 """The audit trail's one writer: JSON lines appended to ``audit.log`` (no TorchServe, no torch).
 
-Every line is one compact JSON object whose first key is ``event``; a writer appends whole lines
-with one ``write`` on a file opened for appending, so the lines of several writers (the
-workers' per-batch lines, :class:`handler.telemetry.AuditLog`; the promotion gate's decisions,
-``rtserve.promotion.rollout``) never interleave. rtserve imports this module too: the handler
-is packed into each archive without rtserve, so the writer lives here.
+Each line is a compact JSON object, ``event`` first, appended whole with one ``write`` so that several
+writers (the promotion gate, ``rtserve.promotion.rollout``; the live routes, also inside each pod)
+never interleave. It lives in the handler because each archive carries the handler without rtserve.
 """
 
 from __future__ import annotations
@@ -12,8 +10,9 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 AUDIT_FILE = "audit.log"
 #: The audit trail's file mode: the server's user and group only.

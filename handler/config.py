@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any
 
 from handler.device import DEVICE_SETTINGS
 from handler.errors import ConfigError
@@ -21,11 +22,11 @@ MAX_INSTANCES = 1024
 #: Settings that existed before the model contract, and why they are gone.
 RETIRED = {
     "torchscript": "TorchScript is deprecated in torch 2.13; the archive carries a torch.export "
-                   "program (docs/bring-your-own-model.md)",
+    "program (docs/bring-your-own-model.md)",
     "quantize": "torch.ao dynamic quantization does not apply to a torch.export program; "
-                "quantize the model before packaging it",
+    "quantize the model before packaging it",
     "audit_log": "the per-request audit lines are the records now: the model config's "
-                 "'records:' section (enabled, inputs, required; docs/records.md)",
+    "'records:' section (enabled, inputs, required; docs/records.md)",
 }
 
 
@@ -87,7 +88,7 @@ class HandlerConfig:
     device: str = "auto"
 
     @classmethod
-    def from_model_yaml(cls, model_yaml: Mapping[str, Any] | None) -> "HandlerConfig":
+    def from_model_yaml(cls, model_yaml: Mapping[str, Any] | None) -> HandlerConfig:
         """Build from the whole model-config YAML (TorchServe's ``context.model_yaml_config``).
 
         Raises:
@@ -100,8 +101,10 @@ class HandlerConfig:
         known = {f.name: f for f in fields(cls)}
         retired = sorted(set(section) & set(RETIRED))
         if retired:
-            raise ConfigError("model config: retired handler setting(s): " + "; ".join(
-                f"{name} ({RETIRED[name]})" for name in retired))
+            raise ConfigError(
+                "model config: retired handler setting(s): "
+                + "; ".join(f"{name} ({RETIRED[name]})" for name in retired)
+            )
         unknown = sorted(set(section) - set(known))
         if unknown:
             raise ConfigError(f"model config: unknown handler setting(s): {', '.join(unknown)}")
@@ -111,9 +114,7 @@ class HandlerConfig:
             if expected is float and type(value) is int:
                 value = float(value)
             if type(value) is not expected:
-                raise ConfigError(
-                    f"model config: handler.{name} must be {expected.__name__}, got {value!r}"
-                )
+                raise ConfigError(f"model config: handler.{name} must be {expected.__name__}, got {value!r}")
             values[name] = value
         config = cls(**values)
         config.validate()
@@ -138,22 +139,17 @@ class HandlerConfig:
         if not (math.isfinite(self.feature_limit) and self.feature_limit > 0):
             raise ConfigError("model config: handler.feature_limit must be a positive number")
         if not 2 <= self.explain_steps <= MAX_EXPLAIN_STEPS:
-            raise ConfigError(
-                f"model config: handler.explain_steps must be in [2, {MAX_EXPLAIN_STEPS}]")
+            raise ConfigError(f"model config: handler.explain_steps must be in [2, {MAX_EXPLAIN_STEPS}]")
         if self.explain_baseline not in EXPLAIN_BASELINES:
-            raise ConfigError(
-                "model config: handler.explain_baseline must be one of: "
-                + ", ".join(EXPLAIN_BASELINES))
+            raise ConfigError("model config: handler.explain_baseline must be one of: " + ", ".join(EXPLAIN_BASELINES))
         if not 1 <= self.explain_max_per_batch <= MAX_EXPLAIN_PER_BATCH:
-            raise ConfigError(
-                f"model config: handler.explain_max_per_batch must be in [1, {MAX_EXPLAIN_PER_BATCH}]")
+            raise ConfigError(f"model config: handler.explain_max_per_batch must be in [1, {MAX_EXPLAIN_PER_BATCH}]")
         if not self.explain_max_per_batch <= self.explain_internal_batch_size <= MAX_EXPLAIN_ROWS:
             raise ConfigError(
                 "model config: handler.explain_internal_batch_size must be in "
-                f"[explain_max_per_batch, {MAX_EXPLAIN_ROWS}]")
+                f"[explain_max_per_batch, {MAX_EXPLAIN_ROWS}]"
+            )
         if self.device not in DEVICE_SETTINGS:
-            raise ConfigError("model config: handler.device must be one of: "
-                              + ", ".join(DEVICE_SETTINGS))
+            raise ConfigError("model config: handler.device must be one of: " + ", ".join(DEVICE_SETTINGS))
         if not 1 <= self.max_instances <= MAX_INSTANCES:
-            raise ConfigError(
-                f"model config: handler.max_instances must be in [1, {MAX_INSTANCES}]")
+            raise ConfigError(f"model config: handler.max_instances must be in [1, {MAX_INSTANCES}]")

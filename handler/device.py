@@ -1,19 +1,14 @@
 """Where a worker runs its model: the GPU TorchServe assigned it, or the CPU (no TorchServe import).
 
-TorchServe gives each worker a ``gpu_id`` (``context.system_properties["gpu_id"]``) when its
-frontend found GPUs, and ``None`` otherwise. With ``handler.device: auto`` (the default) a worker
-uses ``cuda:<gpu_id>`` when it has one and torch can reach CUDA; in every other case it stays on
-the CPU, exactly the CPU path of a machine without a GPU (the model is not moved, inputs and
-outputs are not copied). ``handler.device: cpu`` keeps it on the CPU even where a GPU is present.
-
-On a GPU the request path stays the same: rows are parsed into a CPU tensor, copied to the
-device for the forward pass, and the logits come back to the CPU before the answers (and the
-drift window, metrics and audit trail) are made from them.
+``handler.device: auto`` uses ``cuda:<gpu_id>`` when the worker has one and torch reaches CUDA, else
+the CPU path unchanged (no copies); ``cpu`` always stays on the CPU. Rows and logits stay CPU tensors
+around the forward pass (docs/api.md).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -42,10 +37,14 @@ def choose_device(setting: str, gpu_id: Any) -> torch.device:
     return torch.device(f"cuda:{index}") if index >= 0 else CPU
 
 
-def on_device(forward: Callable[[torch.Tensor], torch.Tensor],
-              device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``forward`` for CPU inputs and outputs: on the CPU ``forward`` itself (no extra call),
-    elsewhere a wrapper that copies the inputs to ``device`` and the result back."""
+def on_device(
+    forward: Callable[[torch.Tensor], torch.Tensor], device: torch.device
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``forward`` for CPU inputs and outputs.
+
+    On the CPU ``forward`` itself (no extra call), elsewhere a wrapper that copies the inputs to
+    ``device`` and the result back.
+    """
     if device.type == "cpu":
         return forward
 

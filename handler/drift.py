@@ -1,11 +1,8 @@
 """Input and prediction drift against the training distribution (no TorchServe import).
 
-Training stores, per input feature, decile bin edges and the share of training rows in each
-bin, and the share of each predicted class. At serving time :class:`DriftMonitor` keeps the
-bins of the most recent ``window`` rows in a ring buffer with running counts (O(batch x
-features) per update, no per-row Python loop) and scores each feature and the predictions
-with the population stability index (PSI): ``sum((a - e) * ln(a / e))`` over bins.
-Common reading: < 0.1 stable, 0.1-0.2 moderate shift, > 0.2 significant shift.
+Training stores per-feature decile edges and bin shares, and the class shares; :class:`DriftMonitor`
+keeps a sliding window's bin counts in a ring buffer and scores them with the population stability
+index ``sum((a - e) * ln(a / e))``: < 0.1 stable, 0.1-0.2 moderate shift, > 0.2 significant.
 """
 
 from __future__ import annotations
@@ -18,25 +15,25 @@ import torch
 EPSILON = 1e-4
 
 
-def fit_reference(x: torch.Tensor, classes: torch.Tensor, n_classes: int, bins: int = 10) -> dict:
+def fit_reference(x: torch.Tensor, classes: torch.Tensor | None, n_classes: int, bins: int = 10) -> dict:
     """The training reference for ``meta.json``: decile edges and shares per feature, class shares.
 
     Args:
         x: ``[rows, features]`` inputs as the model sees them (normalized).
-        classes: ``[rows]`` predicted class per row.
+        classes: ``[rows]`` predicted class per row; None for a model that is not a classifier
+            (its reference has no ``class_expected``: its prediction drift is not measured yet).
         n_classes: number of classes.
         bins: bins per feature (quantile bins, so each holds about ``1/bins`` of training rows).
     """
     qs = torch.linspace(0, 1, bins + 1)[1:-1]
     edges = torch.quantile(x.T.contiguous(), qs, dim=1).T.contiguous()  # [features, bins-1]
-    idx = torch.searchsorted(edges, x.T.contiguous())                   # [features, rows]
+    idx = torch.searchsorted(edges, x.T.contiguous())  # [features, rows]
     counts = torch.zeros(x.shape[1], bins).scatter_add_(1, idx, torch.ones_like(idx, dtype=torch.float))
-    class_counts = torch.bincount(classes, minlength=n_classes).float()
-    return {
-        "edges": edges.tolist(),
-        "expected": (counts / len(x)).tolist(),
-        "class_expected": (class_counts / len(classes)).tolist(),
-    }
+    reference = {"edges": edges.tolist(), "expected": (counts / len(x)).tolist()}
+    if classes is not None:
+        class_counts = torch.bincount(classes, minlength=n_classes).float()
+        reference["class_expected"] = (class_counts / len(classes)).tolist()
+    return reference
 
 
 def psi(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
@@ -61,7 +58,9 @@ class DriftMonitor:
     def __init__(self, reference: dict, window: int = 2000) -> None:
         self.edges = torch.tensor(reference["edges"], dtype=torch.float32)
         self.expected = torch.tensor(reference["expected"], dtype=torch.float32)
-        self.class_expected = torch.tensor(reference["class_expected"], dtype=torch.float32)
+        # no class shares (a model that is not a classifier): the prediction's PSI stays 0
+        self.class_expected = torch.tensor(reference.get("class_expected", []), dtype=torch.float32)
+        self.has_classes = len(self.class_expected) > 0
         n_features, n_bins = self.expected.shape
         if self.edges.shape != (n_features, n_bins - 1):
             raise ValueError("drift reference: edges and expected shares do not match")
@@ -76,10 +75,13 @@ class DriftMonitor:
         self.rows = 0
 
     def update(self, x: torch.Tensor, classes: torch.Tensor) -> None:
-        """Add a batch: ``x`` is ``[rows, features]`` (normalized), ``classes`` is ``[rows]``."""
+        """Add a batch: ``x`` is ``[rows, features]`` (normalized), ``classes`` is ``[rows]``.
+
+        ``classes`` is ignored when the reference has no class shares (a model that is not a classifier).
+        """
         if len(x) == 0:
             return
-        x, classes = x[-self.window:], classes[-self.window:]
+        x, classes = x[-self.window :], classes[-self.window :]
         n = len(x)
         bins = torch.searchsorted(self.edges, x.T.contiguous()).T + self.offsets  # [n, features]
         slots = (self.pos + torch.arange(n)) % self.window
@@ -87,11 +89,13 @@ class DriftMonitor:
             full = min(self.rows, self.window)
             old = slots[(slots < full)] if full < self.window else slots
             self.counts.index_add_(0, self.bins[old].flatten(), torch.full((old.numel() * bins.shape[1],), -1.0))
-            self.class_counts.index_add_(0, self.classes[old], torch.full((old.numel(),), -1.0))
+            if self.has_classes:
+                self.class_counts.index_add_(0, self.classes[old], torch.full((old.numel(),), -1.0))
         self.bins[slots] = bins
-        self.classes[slots] = classes
         self.counts.index_add_(0, bins.flatten(), torch.ones(bins.numel()))
-        self.class_counts.index_add_(0, classes, torch.ones(n))
+        if self.has_classes:
+            self.classes[slots] = classes
+            self.class_counts.index_add_(0, classes, torch.ones(n))
         self.pos = int((self.pos + n) % self.window)
         self.rows = min(self.rows + n, self.window)
 
@@ -102,6 +106,6 @@ class DriftMonitor:
         shares = self.counts.view(len(self.expected), self.n_bins) / self.rows
         return DriftScores(
             features=psi(shares, self.expected).tolist(),
-            prediction=float(psi(self.class_counts / self.rows, self.class_expected)),
+            prediction=(float(psi(self.class_counts / self.rows, self.class_expected)) if self.has_classes else 0.0),
             rows=self.rows,
         )

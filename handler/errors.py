@@ -24,8 +24,19 @@ class HandlerError(Exception):
 
 
 #: Why a request was rejected, in one word (``InvalidInput.reason``).
-REASONS = ("not_json", "empty_body", "not_an_object", "missing_field", "not_a_list",
-           "wrong_length", "not_a_number", "non_finite", "out_of_range", "bad_target", "invalid")
+REASONS = (
+    "not_json",
+    "empty_body",
+    "not_an_object",
+    "missing_field",
+    "not_a_list",
+    "wrong_length",
+    "not_a_number",
+    "non_finite",
+    "out_of_range",
+    "bad_target",
+    "invalid",
+)
 #: Response headers carrying an :class:`InvalidInput`'s reason and expected count, so that a
 #: client need not read them out of the message.
 REASON_HEADER = "X-Rtserve-Reason"
@@ -36,16 +47,17 @@ class InvalidInput(HandlerError):
     """HTTP 400: the request body is not a valid prediction request.
 
     Args:
-        reason: why, one of :data:`REASONS` (the ``rtserve_schema_violations`` label, the audit
-            line's ``reason`` and the :data:`REASON_HEADER` response header).
+        reason: why, one of :data:`REASONS` (the ``rtserve_schema_violations`` label, the record's
+            ``reason`` and the :data:`REASON_HEADER` response header).
         expected: how many elements a list of the wrong length should have held
             (:data:`EXPECTED_HEADER`), when there is such a count.
     """
 
     status = 400
 
-    def __init__(self, message: str, field: str | None = None, reason: str = "invalid",
-                 expected: int | None = None) -> None:
+    def __init__(
+        self, message: str, field: str | None = None, reason: str = "invalid", expected: int | None = None
+    ) -> None:
         super().__init__(message, field)
         if reason not in REASONS:
             raise ValueError(f"unknown InvalidInput reason {reason!r}")
@@ -57,8 +69,10 @@ class InvalidInput(HandlerError):
 
 
 class ExplainCapacityExceeded(HandlerError):
-    """HTTP 503: this batch already holds as many explanations as the handler computes per
-    batch (``handler.explain_max_per_batch``); retry shortly (``Retry-After`` is set)."""
+    """HTTP 503: this batch already holds ``handler.explain_max_per_batch`` explanations.
+
+    Retry shortly (``Retry-After`` is set).
+    """
 
     status = 503
     headers = {"Retry-After": "1"}
@@ -69,3 +83,9 @@ class ConfigError(ValueError):
 
     TorchServe then fails the model load instead of serving a half-configured model.
     """
+
+
+class ExplanationUnsupported(HandlerError):
+    """HTTP 501: explanations are not offered for this model's output kind (yet)."""
+
+    status = 501

@@ -1,25 +1,18 @@
 """Per-feature explanations with Captum's Integrated Gradients (pure: no TorchServe import).
 
-What is explained: the softmax probability of one *target* class (by default the predicted
-one), the number a prediction reports. Integrated Gradients integrates the gradient along the
-straight path from a *baseline* input to the request's input; each feature's attribution is
-its share of ``p_target(input) - p_target(baseline)``, and the shares add up to that
-difference (completeness) up to Captum's ``convergence_delta``, the error of the
-``n_steps``-point integral.
-
-Which space: the raw features of the request. The exported program takes raw features and does
-its own preprocessing, so the straight path runs from the raw baseline to the raw input. For a
-model that standardizes first, these are the same numbers as attributions computed on the
-standardized input (Integrated Gradients is invariant to a per-feature affine map along the
-straight path). The ``baseline`` reported back is in raw units, like the request.
+It explains one target class's softmax probability along the straight path from a baseline to the raw
+input: each attribution is a feature's share of ``p(input) - p(baseline)``, up to ``convergence_delta``.
+Raw-space and standardized-space attributions are equal (IG is invariant to a per-feature affine map).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
+
+from handler.errors import ExplanationUnsupported
 
 #: Name of the attribution method, echoed in every explanation.
 METHOD = "integrated_gradients"
@@ -53,9 +46,15 @@ class Explainer:
     """
 
     def __init__(
-        self, model: Callable[[torch.Tensor], torch.Tensor], mean: Sequence[float],
-        feature_names: Sequence[str], labels: Sequence[str], baseline: str = "mean",
-        n_steps: int = 50, internal_batch_size: int = 512, device: torch.device | str = "cpu",
+        self,
+        model: Callable[[torch.Tensor], torch.Tensor],
+        mean: Sequence[float],
+        feature_names: Sequence[str],
+        labels: Sequence[str],
+        baseline: str = "mean",
+        n_steps: int = 50,
+        internal_batch_size: int = 512,
+        device: torch.device | str = "cpu",
     ) -> None:
         # Imported here, at worker initialize: captum.attr takes ~0.4 s and pulls in matplotlib.
         from captum.attr import IntegratedGradients
@@ -92,7 +91,10 @@ class Explainer:
         inputs = inputs.detach().to(self.device, copy=True)
         with torch.enable_grad():
             attributions, delta = self._ig.attribute(
-                inputs, baselines=self.baseline, target=list(targets), n_steps=self.n_steps,
+                inputs,
+                baselines=self.baseline,
+                target=list(targets),
+                n_steps=self.n_steps,
                 internal_batch_size=max(self.internal_batch_size, len(inputs)),
                 return_convergence_delta=True,
             )
@@ -101,13 +103,15 @@ class Explainer:
         attributions, delta = attributions.cpu(), delta.cpu()
         out = []
         for row, target in enumerate(targets):
-            out.append(Explanation(
-                target=int(target),
-                attributions=attributions[row].tolist(),
-                target_probability=float(probs[row, target]),
-                baseline_probability=float(self._baseline_probabilities[target]),
-                convergence_delta=float(delta[row]),
-            ))
+            out.append(
+                Explanation(
+                    target=int(target),
+                    attributions=attributions[row].tolist(),
+                    target_probability=float(probs[row, target]),
+                    baseline_probability=float(self._baseline_probabilities[target]),
+                    convergence_delta=float(delta[row]),
+                )
+            )
         return out
 
     def document(self, explanation: Explanation) -> dict:
@@ -124,3 +128,14 @@ class Explainer:
             "method": METHOD,
             "n_steps": self.n_steps,
         }
+
+
+def unsupported(kind: str) -> ExplanationUnsupported:
+    """The 501 an explain request gets from a model whose output is not a classification.
+
+    Integrated Gradients here explain one class's softmax probability; other kinds wait for issue 37.
+    """
+    return ExplanationUnsupported(
+        f"explanations are not available for a {kind} model yet: this server explains "
+        "classifiers only (Integrated Gradients over one class's probability); ask /predictions instead"
+    )

@@ -1,16 +1,8 @@
 """The model contract: an exported program plus ``meta.json`` (no TorchServe import).
 
-An artifact directory holds:
-
-- ``model.pt2``: the network as a ``torch.export`` program. It takes raw float32 features
-  ``[N, F]`` (any preprocessing is inside it) and returns logits ``[N, C]``; ``N`` is dynamic.
-- ``meta.json``: name, version, feature names, labels, per-feature training statistics (drift
-  reference and explanation baseline), the golden set (held-out rows with the model's own
-  outputs at packaging time), accuracy on it, and provenance. See :class:`ModelMetadata`.
-
-``rtserve.model.package.export`` writes such a directory; the handler reads it through
-:func:`load_program`, which never executes code carried by the file (see its docstring). No model
-class is imported anywhere in the handler.
+``model.pt2`` is a ``torch.export`` program from raw float32 features ``[N, F]`` (preprocessing inside, ``N``
+dynamic) to logits ``[N, C]``; ``meta.json`` (:class:`ModelMetadata`) holds names, labels, training statistics,
+the golden set and provenance. :func:`load_program` never executes code carried by the file.
 """
 
 from __future__ import annotations
@@ -18,23 +10,33 @@ from __future__ import annotations
 import io
 import json
 import math
+import operator
 import re
 import zipfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-import operator
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.export.graph_signature import InputKind, OutputKind
 
 from handler.errors import ConfigError
+from handler.signature import (
+    CLASSIFICATION,
+    EMBEDDING,
+    KINDS,
+    MULTI_LABEL,
+    REGRESSION,
+)
 
 #: Files of an artifact directory.
 PROGRAM_FILE = "model.pt2"
 METADATA_FILE = "meta.json"
-#: The contract's version, written into every ``meta.json``.
+#: The contract's version, written into every classifier's ``meta.json`` exported with ``labels=``.
 FORMAT = "rtserve-model/1"
+#: The contract with an output signature (``outputs``), written for every model exported with ``outputs=``.
+FORMAT_V2 = "rtserve-model/2"
 #: Statistics recorded per feature.
 STAT_NAMES = ("mean", "std", "min", "max")
 
@@ -56,7 +58,12 @@ class ModelMetadata:
             rows and the model's own softmax outputs at packaging time.
         accuracy: accuracy on the golden rows (``None`` when they carry no labels).
         provenance: torch version, creation time and what packed it.
-        format: the contract version, :data:`FORMAT`.
+        format: the contract version, :data:`FORMAT` or :data:`FORMAT_V2`.
+        outputs: ``rtserve-model/2`` only: the output signature, one ``{"name", "kind", "width"}``
+            (with ``labels``; ``threshold`` for multi-label; ``targets`` for regression); None in
+            ``rtserve-model/1``, which is one classification output. For a multi-label output
+            ``labels`` holds its labels; for regression and embedding it is empty, and the golden
+            set holds ``outputs`` (sigmoid probabilities, values or vectors) for ``probabilities``.
     """
 
     name: str
@@ -69,6 +76,19 @@ class ModelMetadata:
     accuracy: float | None = None
     provenance: dict = field(default_factory=dict)
     format: str = FORMAT
+    outputs: list[dict] | None = None
+
+    @property
+    def output(self) -> dict:
+        """The one output's signature (``rtserve-model/1``: the classification it implies)."""
+        if self.outputs:
+            return self.outputs[0]
+        return {"name": "probabilities", "kind": CLASSIFICATION, "labels": self.labels, "width": len(self.labels)}
+
+    @property
+    def kind(self) -> str:
+        """The output's kind, one of :data:`KINDS`."""
+        return self.outputs[0]["kind"] if self.outputs else CLASSIFICATION
 
     @property
     def n_features(self) -> int:
@@ -86,31 +106,37 @@ class ModelMetadata:
         Raises:
             ConfigError: a field is missing, of the wrong length, or not finite.
         """
-        if self.format != FORMAT:
-            raise ConfigError(f"meta.json: format must be {FORMAT!r}, got {self.format!r}")
+        if self.format not in (FORMAT, FORMAT_V2):
+            raise ConfigError(f"meta.json: format must be {FORMAT!r} or {FORMAT_V2!r}, got {self.format!r}")
+        if (self.outputs is None) != (self.format == FORMAT):
+            raise ConfigError(f"meta.json: outputs is required in {FORMAT_V2!r} and absent in {FORMAT!r}")
         for key in ("name", "version"):
             if not isinstance(getattr(self, key), str) or not getattr(self, key):
                 raise ConfigError(f"meta.json: {key} must be a non-empty string")
-        for key, least in (("feature_names", 1), ("labels", 2)):
+        if self.outputs is not None:
+            check_outputs(self.outputs, self.labels)
+        least_labels = {CLASSIFICATION: 2, MULTI_LABEL: 1}.get(self.kind, 0)
+        for key, least in (("feature_names", 1), ("labels", least_labels)):
             values = getattr(self, key)
-            if (not isinstance(values, list) or len(values) < least
-                    or not all(isinstance(v, str) and v for v in values)
-                    or len(set(values)) != len(values)):
-                raise ConfigError(
-                    f"meta.json: {key} must be at least {least} unique non-empty strings")
+            if (
+                not isinstance(values, list)
+                or len(values) < least
+                or not all(isinstance(v, str) and v for v in values)
+                or len(set(values)) != len(values)
+            ):
+                raise ConfigError(f"meta.json: {key} must be at least {least} unique non-empty strings")
         n = self.n_features
         if not isinstance(self.stats, dict):
             raise ConfigError("meta.json: stats must be an object")
         for name in STAT_NAMES:
             values = self.stats.get(name)
-            if (not isinstance(values, list) or len(values) != n
-                    or not all(_finite(v) for v in values)):
+            if not isinstance(values, list) or len(values) != n or not all(_finite(v) for v in values):
                 raise ConfigError(f"meta.json: stats.{name} must hold {n} finite numbers")
         if self.accuracy is not None and not (_finite(self.accuracy) and 0 <= self.accuracy <= 1):
             raise ConfigError("meta.json: accuracy must be a number in [0, 1] or null")
 
     @classmethod
-    def load(cls, path: str | Path) -> "ModelMetadata":
+    def load(cls, path: str | Path) -> ModelMetadata:
         """Read and validate ``meta.json``.
 
         Raises:
@@ -134,8 +160,46 @@ class ModelMetadata:
         return meta
 
     def save(self, path: str | Path) -> None:
-        """Write ``meta.json`` (sorted keys)."""
-        Path(path).write_text(json.dumps(asdict(self), indent=1, sort_keys=True) + "\n")
+        """Write ``meta.json`` (sorted keys; ``rtserve-model/1`` has no ``outputs`` key)."""
+        raw = asdict(self)
+        if raw["outputs"] is None:
+            del raw["outputs"]
+        Path(path).write_text(json.dumps(raw, indent=1, sort_keys=True) + "\n")
+
+
+def check_outputs(outputs: Any, labels: list[str]) -> None:
+    """Check ``meta.json``'s output signature (one output of a known kind, consistent fields).
+
+    Raises:
+        ConfigError: naming the field at fault.
+    """
+    if not isinstance(outputs, list) or len(outputs) != 1 or not isinstance(outputs[0], dict):
+        raise ConfigError("meta.json: outputs must be a list of exactly one output object")
+    out = outputs[0]
+    kind, width = out.get("kind"), out.get("width")
+    if not isinstance(out.get("name"), str) or not out["name"]:
+        raise ConfigError("meta.json: outputs[0].name must be a non-empty string")
+    if kind not in KINDS:
+        raise ConfigError(f"meta.json: outputs[0].kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    if type(width) is not int or width < 1:
+        raise ConfigError("meta.json: outputs[0].width must be a positive integer")
+    if kind in (CLASSIFICATION, MULTI_LABEL) and out.get("labels") != labels:
+        raise ConfigError("meta.json: outputs[0].labels must equal labels")
+    if kind in (CLASSIFICATION, MULTI_LABEL) and len(labels) != width:
+        raise ConfigError("meta.json: outputs[0].width must be the number of labels")
+    if kind == MULTI_LABEL and not (_finite(out.get("threshold")) and 0 < out["threshold"] < 1):
+        raise ConfigError("meta.json: outputs[0].threshold must be a number in (0, 1)")
+    targets = out.get("targets")
+    if (
+        kind == REGRESSION
+        and targets is not None
+        and (
+            not isinstance(targets, list) or len(targets) != width or not all(isinstance(t, str) and t for t in targets)
+        )
+    ):
+        raise ConfigError("meta.json: outputs[0].targets must name each of the width's columns")
+    if kind in (REGRESSION, EMBEDDING) and labels:
+        raise ConfigError(f"meta.json: labels must be empty for a {kind} output")
 
 
 def _finite(value: Any) -> bool:
@@ -152,9 +216,12 @@ _ALLOWED = re.compile(
     r"|models/(?P<model>[\w.-]+)\.json"
     r"|data/weights/[\w.-]+_weights_config\.json|data/weights/weight_\d+"
     r"|data/constants/[\w.-]+_constants_config\.json|data/constants/tensor_\d+"
-    r"|data/sample_inputs/[\w.-]+\.pt)")
-_PAYLOAD_CONFIGS = (("data/weights/", "_weights_config.json", r"weight_\d+"),
-                    ("data/constants/", "_constants_config.json", r"tensor_\d+"))
+    r"|data/sample_inputs/[\w.-]+\.pt)"
+)
+_PAYLOAD_CONFIGS = (
+    ("data/weights/", "_weights_config.json", r"weight_\d+"),
+    ("data/constants/", "_constants_config.json", r"tensor_\d+"),
+)
 
 
 def check_program_file(path: str | Path) -> None:
@@ -181,41 +248,49 @@ def check_program_file(path: str | Path) -> None:
         names = [n for n in zf.namelist() if not n.endswith("/")]
         roots = {n.split("/", 1)[0] for n in names}
         if len(roots) != 1 or any("/" not in n for n in names):
-            raise ConfigError(f"model program {path} is not a torch.export archive "
-                              "(one top folder expected)")
+            raise ConfigError(f"model program {path} is not a torch.export archive (one top folder expected)")
         root = roots.pop() + "/"
         models = []
         for name in names:
-            match = _ALLOWED.fullmatch(name[len(root):])
+            match = _ALLOWED.fullmatch(name[len(root) :])
             if match is None:
                 raise ConfigError(
                     f"model program {path} holds {name!r}, which a plain exported program "
-                    "never has (compiled code, pickled objects or extra files are refused)")
+                    "never has (compiled code, pickled objects or extra files are refused)"
+                )
             if match.group("model"):
                 models.append(match.group("model"))
         if _read(zf, root + "archive_format") != b"pt2" or len(models) != 1:
-            raise ConfigError(f"model program {path} is not a torch.export archive "
-                              "(archive_format pt2 with exactly one program expected)")
+            raise ConfigError(
+                f"model program {path} is not a torch.export archive "
+                "(archive_format pt2 with exactly one program expected)"
+            )
         for folder, suffix, payload in _PAYLOAD_CONFIGS:
             config_name = f"{root}{folder}{models[0]}{suffix}"
             try:
                 config = json.loads(_read(zf, config_name))["config"]
             except (KeyError, ValueError, TypeError) as exc:
-                raise ConfigError(f"model program {path}: {config_name} is missing or not "
-                                  f"a payload config: {exc}") from exc
+                raise ConfigError(
+                    f"model program {path}: {config_name} is missing or not a payload config: {exc}"
+                ) from exc
             for key, entry in config.items():
-                if (not isinstance(entry, dict) or entry.get("use_pickle") is not False
-                        or not re.fullmatch(payload, str(entry.get("path_name")))):
+                if (
+                    not isinstance(entry, dict)
+                    or entry.get("use_pickle") is not False
+                    or not re.fullmatch(payload, str(entry.get("path_name")))
+                ):
                     raise ConfigError(
                         f"model program {path}: {folder}{key} is stored pickled or under an "
-                        "unexpected name: refused (only raw tensor payloads are accepted)")
+                        "unexpected name: refused (only raw tensor payloads are accepted)"
+                    )
         sample = f"{root}data/sample_inputs/{models[0]}.pt"
         if sample in names:
             try:
                 torch.load(io.BytesIO(_read(zf, sample)), weights_only=True)
             except Exception as exc:  # an UnpicklingError names the refused global
-                raise ConfigError(f"model program {path}: its sample inputs are not plain "
-                                  f"tensors and are refused: {exc}") from exc
+                raise ConfigError(
+                    f"model program {path}: its sample inputs are not plain tensors and are refused: {exc}"
+                ) from exc
 
 
 def _read(zf: zipfile.ZipFile, name: str) -> bytes:
@@ -225,8 +300,11 @@ def _read(zf: zipfile.ZipFile, name: str) -> bytes:
         return b""
 
 
-def load_program(path: str | Path, device: torch.device | str = "cpu", direct: bool = False,
-                 ) -> Callable[[torch.Tensor], torch.Tensor]:
+def load_program(
+    path: str | Path,
+    device: torch.device | str = "cpu",
+    direct: bool = False,
+) -> Callable[[torch.Tensor], torch.Tensor]:
     """Load ``model.pt2`` after :func:`check_program_file`; return its forward function.
 
     The returned callable is the exported module's ``forward``, called directly: the module's
@@ -290,14 +368,10 @@ _PLAIN_TARGETS = (operator.getitem,)
 class DirectForward:
     """An exported program's graph run as a flat list of operator calls.
 
-    ``ExportedProgram.module()`` is an ``fx.GraphModule`` whose ``forward`` flattens and checks
-    its input, reads every weight through ``nn.Module.__getattr__``, calls each ATen operator
-    through ``OpOverload.__call__`` and rebuilds the output with pytree: about 40 us of Python
-    per call for a small network, more than its arithmetic. This runs the very same
-    ``OpOverload`` calls on the very same weight tensors, in the graph's order, with the
-    arguments resolved once at load, so its answers are the module's exactly (the tests check
-    them to 1e-6 on the archive's own model). No code is generated and nothing from the archive
-    is executed: each step is a known operator and its argument list.
+    The module's ``forward`` spends more Python per call (input checks, ``__getattr__`` per weight,
+    pytree) than a small network's arithmetic. This runs the same ``OpOverload`` calls on the same
+    weight tensors in the graph's order, arguments resolved once at load, so its answers are the
+    module's. No code is generated and nothing from the archive is executed.
     """
 
     __slots__ = ("steps", "n_slots", "result", "forward_path")
@@ -319,10 +393,12 @@ class DirectForward:
 
 
 def direct_forward(program: Any) -> tuple[DirectForward | None, str]:
-    """A :class:`DirectForward` for ``program`` (a ``torch.export.ExportedProgram``), or None and
-    why when its graph has anything beyond one tensor input, one tensor output, weights,
-    buffers and constant tensors, and calls of ATen operator overloads (and ``getitem``) whose
-    arguments are graph values, tensors or plain constants."""
+    """A :class:`DirectForward` for ``program`` (a ``torch.export.ExportedProgram``), or None and why.
+
+    None when the graph has anything beyond one tensor input, one tensor output, weights, buffers
+    and constant tensors, and calls of ATen operator overloads (and ``getitem``) whose arguments
+    are graph values, tensors or plain constants.
+    """
     signature = program.graph_signature
     tensors = {**program.state_dict, **program.constants}
     slots: dict[str, int] = {}
@@ -348,8 +424,7 @@ def direct_forward(program: Any) -> tuple[DirectForward | None, str]:
             if node.name not in slots and node.name not in constants:
                 return None, f"an unknown input {node.name!r}"
         elif node.op == "call_function":
-            if not (isinstance(node.target, torch._ops.OpOverload)
-                    or node.target in _PLAIN_TARGETS):
+            if not (isinstance(node.target, torch._ops.OpOverload) or node.target in _PLAIN_TARGETS):
                 return None, f"a call of {node.target!r}"
             args, fills = [], []
             for pos, arg in enumerate(node.args):
@@ -384,13 +459,15 @@ def direct_forward(program: Any) -> tuple[DirectForward | None, str]:
 #: :func:`_argument`'s answer for an argument it does not take.
 _REFUSED = object()
 #: Plain constants an operator argument may be.
-_PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
-          torch.memory_format)
+_PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
 
 
 def _argument(arg: Any, slots: dict[str, int], constants: dict[str, Any]) -> tuple[Any, int | None]:
-    """(value, None) for a constant argument, (None, slot) for a value computed in the graph or
-    the user input, (_REFUSED, None) for anything else (nested graph values included)."""
+    """How :class:`DirectForward` passes one operator argument.
+
+    Returns (value, None) for a constant, (None, slot) for a value computed in the graph or the
+    user input, (_REFUSED, None) for anything else (nested graph values included).
+    """
     if isinstance(arg, torch.fx.Node):
         if arg.name in constants:
             return constants[arg.name], None

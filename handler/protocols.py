@@ -1,37 +1,31 @@
 """KServe v1 and Open Inference Protocol (KServe v2) bodies: pure functions, no TorchServe import.
 
-TorchServe's frontend sends ``/v1/models/{m}:predict`` and ``/v2/models/{m}/infer`` (and gRPC
-calls) to the same handler as ``/predictions/{m}``, with nothing that names the protocol. The
-handler therefore reads it from each request's body, so one batch can mix protocols:
-
-- ``{"instances": [[n numbers], ...]}``: KServe v1, answered ``{"predictions": [...]}``, one
-  prediction per instance;
-- ``{"inputs": [{"name": "features", "datatype": "FP32", "shape": [N, n], "data": [...]}]}``:
-  Open Inference Protocol, answered with ``class`` (INT64, ``[N]``) and ``probabilities``
-  (FP32, ``[N, classes]``) output tensors; with the binary tensor data extension (what Triton's
-  clients send by default) the body is a JSON header of ``Inference-Header-Content-Length``
-  bytes followed by the raw little-endian tensor bytes (:func:`split_binary`), and outputs asked
-  for as binary are answered the same way (:func:`encode_binary`);
-- anything else: rtserve's own ``{"features": [...]}`` (see :mod:`handler.schema`).
-
-On ``/predictions`` and ``/explanations`` only rtserve's own body is accepted (the handler does
-not call :func:`parse_request` there). Errors are :class:`InvalidInput` without a ``field``, so
-their body is the protocols' ``{"error": "..."}``; the message names the field.
+TorchServe hands every protocol's route to the one handler without naming it, so the body says: ``instances``
+is KServe v1, ``inputs`` OIP (JSON or binary tensor data), anything else rtserve's own (:mod:`handler.schema`).
+Errors are :class:`InvalidInput` without a ``field``; the message names it.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, Collection, Sequence
+from typing import Any
 
 import numpy as np
 
 from handler.errors import InvalidInput
 from handler.schema import check_numbers, json_type, prediction_document, short
-from handler.signature import (CLASS_DATATYPE, CLASS_OUTPUT, INPUT_DATATYPE, INPUT_NAME,
-                               OUTPUT_NAMES, PROBABILITIES_DATATYPE, PROBABILITIES_OUTPUT)
+from handler.signature import (
+    CLASS_DATATYPE,
+    CLASS_OUTPUT,
+    INPUT_DATATYPE,
+    INPUT_NAME,
+    OUTPUT_NAMES,
+    PROBABILITIES_DATATYPE,
+    PROBABILITIES_OUTPUT,
+)
 
 KSERVE_V1 = "v1"
 OIP_V2 = "v2"
@@ -67,9 +61,11 @@ class ProtocolRequest:
 
 
 def detect(body: Any) -> str | None:
-    """The protocol of a decoded body: :data:`KSERVE_V1`, :data:`OIP_V2`, or None (rtserve's own
-    ``{"features": ...}``, also for bodies that are none of these: the plain parser names what
-    is missing)."""
+    """The protocol of a decoded body: :data:`KSERVE_V1`, :data:`OIP_V2`, or None.
+
+    None means rtserve's own ``{"features": ...}``, also for bodies that are none of these: the
+    plain parser names what is missing.
+    """
     if not isinstance(body, dict) or "features" in body:
         return None
     if "instances" in body:
@@ -81,8 +77,9 @@ def detect(body: Any) -> str | None:
 
 @dataclass(frozen=True)
 class BinaryBody:
-    """A request body sent with the binary tensor data extension, as the handler finds it: the
-    raw body and its ``Inference-Header-Content-Length`` header (:func:`parse_request` splits it).
+    """A request body sent with the binary tensor data extension, as the handler finds it.
+
+    The raw body and its ``Inference-Header-Content-Length`` header; :func:`parse_request` splits it.
 
     Attributes:
         raw: the body as TorchServe hands it over: bytes, or text for a ``text/*`` content type.
@@ -94,10 +91,16 @@ class BinaryBody:
 
 
 def parse_request(
-    body: Any, n_features: int, limit: float, max_instances: int,
+    body: Any,
+    n_features: int,
+    limit: float,
+    max_instances: int,
+    output_names: tuple[str, ...] = OUTPUT_NAMES,
 ) -> ProtocolRequest | None:
-    """Parse a KServe v1 or v2 body, or a :class:`BinaryBody`; None when the body is rtserve's
-    own form.
+    """Parse a KServe v1 or v2 body, or a :class:`BinaryBody`; None for rtserve's own form.
+
+    ``output_names`` are the model's OIP outputs (a classifier's ``class`` and ``probabilities``,
+    else its one output's name): what a v2 request may ask for.
 
     Raises:
         InvalidInput: the body is a v1 or v2 request but not a valid one for this model (more
@@ -109,13 +112,15 @@ def parse_request(
     if isinstance(body, BinaryBody):
         body, binary = split_binary(body.raw, body.header_length)
         if detect(body) != OIP_V2:
-            raise InvalidInput(f"{BINARY_HEADER} (binary tensor data) is for Open Inference "
-                               "Protocol requests only: the JSON header has no 'inputs'")
+            raise InvalidInput(
+                f"{BINARY_HEADER} (binary tensor data) is for Open Inference "
+                "Protocol requests only: the JSON header has no 'inputs'"
+            )
     protocol = detect(body)
     if protocol == KSERVE_V1:
         return ProtocolRequest(KSERVE_V1, parse_v1(body, n_features, limit, max_instances))
     if protocol == OIP_V2:
-        return parse_v2(body, n_features, limit, max_instances, binary)
+        return parse_v2(body, n_features, limit, max_instances, binary, output_names)
     return None
 
 
@@ -134,22 +139,27 @@ def split_binary(raw: Any, header_length: str) -> tuple[dict, bytes]:
     if isinstance(raw, str):
         raw = raw.encode("utf-8")
     if not isinstance(raw, (bytes, bytearray)):
-        raise InvalidInput(f"{BINARY_HEADER} is set but the body is not raw bytes: send the JSON "
-                           "header followed by the tensor bytes")
+        raise InvalidInput(
+            f"{BINARY_HEADER} is set but the body is not raw bytes: send the JSON header followed by the tensor bytes"
+        )
     value = header_length.strip()
     if not _DECIMAL.fullmatch(value) or not 0 < int(value) <= len(raw):
-        raise InvalidInput(f"{BINARY_HEADER} must be the length in bytes of the JSON header at "
-                           f"the start of the body, an integer in [1, {len(raw)}], "
-                           f"got {short(header_length)}")
+        raise InvalidInput(
+            f"{BINARY_HEADER} must be the length in bytes of the JSON header at "
+            f"the start of the body, an integer in [1, {len(raw)}], "
+            f"got {short(header_length)}"
+        )
     length = int(value)
     try:
         header = json.loads(bytes(raw[:length]).decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise InvalidInput(f"the first {length} bytes of the body ({BINARY_HEADER}) are not a "
-                           "valid UTF-8 JSON inference header") from exc
+        raise InvalidInput(
+            f"the first {length} bytes of the body ({BINARY_HEADER}) are not a valid UTF-8 JSON inference header"
+        ) from exc
     if not isinstance(header, dict):
-        raise InvalidInput(f"the first {length} bytes of the body ({BINARY_HEADER}) must be a "
-                           f"JSON object, got {json_type(header)}")
+        raise InvalidInput(
+            f"the first {length} bytes of the body ({BINARY_HEADER}) must be a JSON object, got {json_type(header)}"
+        )
     return header, bytes(raw[length:])
 
 
@@ -165,21 +175,28 @@ def parse_v1(body: dict, n_features: int, limit: float, max_instances: int) -> l
         raise InvalidInput(
             f"'instances' must be a list of 1 to {max_instances} instances "
             f"(handler.max_instances), each a list of {n_features} numbers, got {got}",
-            reason="not_a_list")
+            reason="not_a_list",
+        )
     for i, instance in enumerate(instances):
         if not isinstance(instance, list) or len(instance) != n_features:
             got = f"{len(instance)} numbers" if isinstance(instance, list) else json_type(instance)
-            raise InvalidInput(f"instances[{i}] must be a list of {n_features} numbers, got {got}",
-                               reason="not_a_list")
+            raise InvalidInput(f"instances[{i}] must be a list of {n_features} numbers, got {got}", reason="not_a_list")
         check_numbers(instance, limit, f"instances[{i}]", with_field=False)
     return instances
 
 
-def parse_v2(body: dict, n_features: int, limit: float, max_instances: int,
-             binary: bytes | None = None) -> ProtocolRequest:
-    """An Open Inference Protocol inference request holding one ``features`` FP32 tensor of shape
-    ``[N, n_features]``; ``data`` flat (row-major, as the protocol sends it) or nested by rows,
-    or, with ``parameters.binary_data_size``, the ``binary`` bytes after the JSON header.
+def parse_v2(
+    body: dict,
+    n_features: int,
+    limit: float,
+    max_instances: int,
+    binary: bytes | None = None,
+    output_names: tuple[str, ...] = OUTPUT_NAMES,
+) -> ProtocolRequest:
+    """An Open Inference Protocol request holding one ``features`` FP32 tensor ``[N, n_features]``.
+
+    ``data`` is flat (row-major, as the protocol sends it) or nested by rows, or, with
+    ``parameters.binary_data_size``, the ``binary`` bytes after the JSON header.
 
     Raises:
         InvalidInput: naming the field.
@@ -191,8 +208,8 @@ def parse_v2(body: dict, n_features: int, limit: float, max_instances: int,
     if not isinstance(inputs, list) or len(inputs) != 1:
         got = f"{len(inputs)} tensors" if isinstance(inputs, list) else json_type(inputs)
         raise InvalidInput(
-            f"'inputs' must be a list of one tensor named '{INPUT_NAME}', got {got}",
-            reason="not_a_list")
+            f"'inputs' must be a list of one tensor named '{INPUT_NAME}', got {got}", reason="not_a_list"
+        )
     tensor = inputs[0]
     if not isinstance(tensor, dict):
         raise InvalidInput(f"inputs[0] must be a tensor object, got {json_type(tensor)}")
@@ -206,18 +223,25 @@ def parse_v2(body: dict, n_features: int, limit: float, max_instances: int,
     if not isinstance(parameters, dict):
         raise InvalidInput(f"inputs[0].parameters must be an object, got {json_type(parameters)}")
     shape = tensor.get("shape")
-    if (not isinstance(shape, list) or len(shape) != 2
-            or any(type(d) is not int for d in shape)
-            or not 1 <= shape[0] <= max_instances or shape[1] != n_features):
+    if (
+        not isinstance(shape, list)
+        or len(shape) != 2
+        or any(type(d) is not int for d in shape)
+        or not 1 <= shape[0] <= max_instances
+        or shape[1] != n_features
+    ):
         raise InvalidInput(
             f"inputs[0].shape must be [N, {n_features}] with N in [1, {max_instances}] "
-            f"(handler.max_instances), got {short(shape)}")
+            f"(handler.max_instances), got {short(shape)}"
+        )
     if "binary_data_size" in parameters:
         rows = _binary_rows(tensor, parameters["binary_data_size"], binary, shape, limit)
     else:
         if binary:
-            raise InvalidInput(f"{len(binary)} bytes follow the JSON header ({BINARY_HEADER}) "
-                               "but inputs[0] has no parameters.binary_data_size")
+            raise InvalidInput(
+                f"{len(binary)} bytes follow the JSON header ({BINARY_HEADER}) "
+                "but inputs[0] has no parameters.binary_data_size"
+            )
         data = tensor.get("data")
         rows = _rows(data, shape[0], n_features)
         if rows is data:  # nested: name the row
@@ -225,13 +249,13 @@ def parse_v2(body: dict, n_features: int, limit: float, max_instances: int,
                 check_numbers(row, limit, f"inputs[0].data[{i}]", with_field=False)
         else:
             check_numbers(data, limit, "inputs[0].data", with_field=False)
-    outputs, binary_outputs = _requested_outputs(body.get("outputs"),
-                                                 _binary_data_output(body.get("parameters")))
+    outputs, binary_outputs = _requested_outputs(
+        body.get("outputs"), _binary_data_output(body.get("parameters")), output_names
+    )
     return ProtocolRequest(OIP_V2, rows, request_id, outputs, binary_outputs)
 
 
-def _binary_rows(tensor: dict, size: Any, binary: bytes | None, shape: list[int],
-                 limit: float) -> list[list[float]]:
+def _binary_rows(tensor: dict, size: Any, binary: bytes | None, shape: list[int], limit: float) -> list[list[float]]:
     """The rows of an FP32 input sent as binary tensor data (``size`` bytes of ``binary``).
 
     Raises:
@@ -240,21 +264,27 @@ def _binary_rows(tensor: dict, size: Any, binary: bytes | None, shape: list[int]
             also has ``data``, or a value is not a finite number within ``[-limit, limit]``.
     """
     if binary is None:
-        raise InvalidInput(f"inputs[0].parameters.binary_data_size needs the binary tensor data "
-                           f"extension: send the JSON header's length in the {BINARY_HEADER} "
-                           "header, or send the tensor as JSON 'data' (Triton's clients: "
-                           "binary_data=False)")
+        raise InvalidInput(
+            f"inputs[0].parameters.binary_data_size needs the binary tensor data "
+            f"extension: send the JSON header's length in the {BINARY_HEADER} "
+            "header, or send the tensor as JSON 'data' (Triton's clients: "
+            "binary_data=False)"
+        )
     dtype = BINARY_DTYPES[INPUT_DATATYPE]
     expected = shape[0] * shape[1] * dtype.itemsize
     if type(size) is not int or size != expected:
-        raise InvalidInput(f"inputs[0].parameters.binary_data_size must be {expected} (shape "
-                           f"{shape} of {INPUT_DATATYPE}, {dtype.itemsize} bytes each), got "
-                           f"{short(size) if type(size) is int else json_type(size)}")
+        raise InvalidInput(
+            f"inputs[0].parameters.binary_data_size must be {expected} (shape "
+            f"{shape} of {INPUT_DATATYPE}, {dtype.itemsize} bytes each), got "
+            f"{short(size) if type(size) is int else json_type(size)}"
+        )
     if "data" in tensor:
         raise InvalidInput("inputs[0] has both 'data' and parameters.binary_data_size: send one")
     if len(binary) != size:
-        raise InvalidInput(f"inputs[0].parameters.binary_data_size is {size} but {len(binary)} "
-                           f"bytes follow the JSON header ({BINARY_HEADER})")
+        raise InvalidInput(
+            f"inputs[0].parameters.binary_data_size is {size} but {len(binary)} "
+            f"bytes follow the JSON header ({BINARY_HEADER})"
+        )
     values = np.frombuffer(binary, dtype=dtype)
     if not (np.abs(values) <= limit).all():  # NaN compares False too
         check_numbers(values.tolist(), limit, "inputs[0] binary data", with_field=False)
@@ -273,8 +303,7 @@ def _binary_data_output(parameters: Any) -> bool:
         raise InvalidInput(f"'parameters' must be an object, got {json_type(parameters)}")
     flag = parameters.get("binary_data_output", False)
     if type(flag) is not bool:
-        raise InvalidInput(f"parameters.binary_data_output must be true or false, "
-                           f"got {json_type(flag)}")
+        raise InvalidInput(f"parameters.binary_data_output must be true or false, got {json_type(flag)}")
     return flag
 
 
@@ -285,25 +314,30 @@ def _rows(data: Any, n_rows: int, n_features: int) -> list[list[Any]]:
         InvalidInput: the data does not hold ``n_rows * n_features`` elements in either layout.
     """
     if not isinstance(data, list):
-        raise InvalidInput(f"inputs[0].data must be a list of numbers, got {json_type(data)}",
-                           reason="not_a_list")
+        raise InvalidInput(f"inputs[0].data must be a list of numbers, got {json_type(data)}", reason="not_a_list")
     if len(data) == n_rows and all(isinstance(row, list) for row in data):
         if all(len(row) == n_features for row in data):
             return data
     elif len(data) == n_rows * n_features and not any(isinstance(v, list) for v in data):
-        return [data[i * n_features:(i + 1) * n_features] for i in range(n_rows)]
+        return [data[i * n_features : (i + 1) * n_features] for i in range(n_rows)]
     raise InvalidInput(
         f"inputs[0].data must hold {n_rows * n_features} numbers for shape "
-        f"[{n_rows}, {n_features}], flat or as {n_rows} rows of {n_features}")
+        f"[{n_rows}, {n_features}], flat or as {n_rows} rows of {n_features}"
+    )
 
 
 #: Output parameters of the protocol's extensions this model does not offer.
 _UNSUPPORTED_OUTPUT_PARAMETERS = ("classification", "shared_memory_region")
 
 
-def _requested_outputs(outputs: Any, binary_default: bool) -> tuple[tuple[str, ...], frozenset[str]]:
-    """The output names a v2 request asks for (all of them when it names none), and those of
-    them to answer as binary tensor data: each output's ``parameters.binary_data``, else
+def _requested_outputs(
+    outputs: Any,
+    binary_default: bool,
+    known: tuple[str, ...] = OUTPUT_NAMES,
+) -> tuple[tuple[str, ...], frozenset[str]]:
+    """The output names a v2 request asks for, and those of them to answer as binary tensor data.
+
+    All outputs when it names none; binary per output's ``parameters.binary_data``, else
     ``binary_default`` (the request's ``binary_data_output``).
 
     Raises:
@@ -311,27 +345,25 @@ def _requested_outputs(outputs: Any, binary_default: bool) -> tuple[tuple[str, .
             or an output's parameters are not an object with a boolean ``binary_data``.
     """
     if outputs is None:
-        return OUTPUT_NAMES, frozenset(OUTPUT_NAMES) if binary_default else frozenset()
+        return known, frozenset(known) if binary_default else frozenset()
     if not isinstance(outputs, list) or not outputs:
-        raise InvalidInput(f"'outputs' must be a non-empty list of {{\"name\": ...}} objects, "
-                           f"got {json_type(outputs)}")
+        raise InvalidInput(f"'outputs' must be a non-empty list of {{\"name\": ...}} objects, got {json_type(outputs)}")
     names, binary = [], set()
     for i, out in enumerate(outputs):
         name = out.get("name") if isinstance(out, dict) else None
-        if name not in OUTPUT_NAMES:
-            raise InvalidInput(f"outputs[{i}].name must be one of "
-                               f"{', '.join(repr(n) for n in OUTPUT_NAMES)}, got {_show(name)}")
+        if name not in known:
+            raise InvalidInput(
+                f"outputs[{i}].name must be one of {', '.join(repr(n) for n in known)}, got {_show(name)}"
+            )
         parameters = out.get("parameters", {})
         if not isinstance(parameters, dict):
-            raise InvalidInput(f"outputs[{i}].parameters must be an object, "
-                               f"got {json_type(parameters)}")
+            raise InvalidInput(f"outputs[{i}].parameters must be an object, got {json_type(parameters)}")
         for key in _UNSUPPORTED_OUTPUT_PARAMETERS:
             if key in parameters:
                 raise InvalidInput(f"outputs[{i}].parameters.{key} is not supported here")
         flag = parameters.get("binary_data", binary_default)
         if type(flag) is not bool:
-            raise InvalidInput(f"outputs[{i}].parameters.binary_data must be true or false, "
-                               f"got {json_type(flag)}")
+            raise InvalidInput(f"outputs[{i}].parameters.binary_data must be true or false, got {json_type(flag)}")
         names.append(name)
         if flag:
             binary.add(name)
@@ -339,20 +371,27 @@ def _requested_outputs(outputs: Any, binary_default: bool) -> tuple[tuple[str, .
 
 
 def answer(
-    request: ProtocolRequest, classes: Sequence[int], probabilities: Sequence[Sequence[float]],
-    labels: Sequence[str], model_name: str, model_version: str,
+    request: ProtocolRequest,
+    classes: Sequence[int],
+    probabilities: Sequence[Sequence[float]],
+    labels: Sequence[str],
+    model_name: str,
+    model_version: str,
 ) -> dict:
     """The protocol's answer for one request, given each instance's class and probabilities."""
     if request.protocol == KSERVE_V1:
-        return {"predictions": [prediction_document(c, p, labels, model_version)
-                                for c, p in zip(classes, probabilities)]}
+        return {
+            "predictions": [prediction_document(c, p, labels, model_version) for c, p in zip(classes, probabilities)]
+        }
     n = len(classes)
     tensors = {
-        CLASS_OUTPUT: {"name": CLASS_OUTPUT, "datatype": CLASS_DATATYPE, "shape": [n],
-                       "data": list(classes)},
-        PROBABILITIES_OUTPUT: {"name": PROBABILITIES_OUTPUT, "datatype": PROBABILITIES_DATATYPE,
-                               "shape": [n, len(labels)],
-                               "data": [v for row in probabilities for v in row]},
+        CLASS_OUTPUT: {"name": CLASS_OUTPUT, "datatype": CLASS_DATATYPE, "shape": [n], "data": list(classes)},
+        PROBABILITIES_OUTPUT: {
+            "name": PROBABILITIES_OUTPUT,
+            "datatype": PROBABILITIES_DATATYPE,
+            "shape": [n, len(labels)],
+            "data": [v for row in probabilities for v in row],
+        },
     }
     out: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
     if request.id is not None:
@@ -361,10 +400,56 @@ def answer(
     return out
 
 
+def output_document(output: dict, values: Sequence[float], model_version: str) -> dict:
+    """The answer to one row of a model whose output is not a classification.
+
+    ``values`` is what :func:`rtserve.model.package.answer_tensor` gives for the row: sigmoid
+    probabilities (multi-label: ``labels`` are those at or over the threshold), the regression's
+    values (a number for one, a list for several, in ``targets`` order) or the embedding.
+    """
+    kind = output["kind"]
+    if kind == "multi_label":
+        threshold = output["threshold"]
+        labels = output["labels"]
+        return {
+            "labels": [label for label, p in zip(labels, values) if p >= threshold],
+            "probabilities": dict(zip(labels, values)),
+            "model_version": model_version,
+        }
+    if kind == "regression":
+        return {"prediction": values[0] if len(values) == 1 else list(values), "model_version": model_version}
+    return {"embedding": list(values), "model_version": model_version}
+
+
+def output_answer(
+    request: ProtocolRequest, output: dict, values: Sequence[Sequence[float]], model_name: str, model_version: str
+) -> dict:
+    """:func:`answer` for a model whose output is not a classification (``values``: one row per instance).
+
+    KServe v1 answers each instance's :func:`output_document`; OIP v2 the output tensor by its
+    name, FP32, shape ``[instances, width]``.
+    """
+    if request.protocol == KSERVE_V1:
+        return {"predictions": [output_document(output, row, model_version) for row in values]}
+    out: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
+    if request.id is not None:
+        out["id"] = request.id
+    out["outputs"] = [
+        {
+            "name": output["name"],
+            "datatype": "FP32",
+            "shape": [len(values), output["width"]],
+            "data": [v for row in values for v in row],
+        }
+    ]
+    return out
+
+
 def encode_binary(document: dict, binary: Collection[str]) -> tuple[bytes, int]:
-    """An Open Inference Protocol answer with the outputs named in ``binary`` as binary tensor
-    data: each such output's ``data`` becomes ``parameters.binary_data_size`` and its raw
-    little-endian bytes follow the JSON header, in the order of ``outputs``.
+    """An Open Inference Protocol answer with the outputs named in ``binary`` as binary tensor data.
+
+    Each such output's ``data`` becomes ``parameters.binary_data_size`` and its raw little-endian
+    bytes follow the JSON header, in the order of ``outputs``.
 
     Returns:
         The body, and the length of its JSON header (the answer's ``Inference-Header-Content-Length``).
@@ -390,9 +475,12 @@ def grpc_error(message: str, request_id: str, model_name: str, model_version: st
     ``outputs``); ``{"error": ...}`` makes it fail and the worker's whole batch with it. So the
     error travels as the answer's only output: a BYTES tensor named ``error``.
     """
-    return {"model_name": model_name, "model_version": model_version, "id": request_id,
-            "outputs": [{"name": ERROR_OUTPUT, "datatype": "BYTES", "shape": [1],
-                         "data": [message]}]}
+    return {
+        "model_name": model_name,
+        "model_version": model_version,
+        "id": request_id,
+        "outputs": [{"name": ERROR_OUTPUT, "datatype": "BYTES", "shape": [1], "data": [message]}],
+    }
 
 
 def _show(value: Any) -> str:

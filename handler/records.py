@@ -1,38 +1,8 @@
 """Records: one JSON line per answered or rejected request, appended by the worker to its spool.
 
-No torch and no TorchServe here (rtserve's spool reader and shipper import the constants). The
-handler is packed into each archive without rtserve, so the writer lives here.
-
-**The spool** is a directory of segment files (``RTSERVE_RECORDS_DIR``, which rtserve's server
-sets to ``RUN_DIR/records``). Each worker appends to a segment of its own, named
-``<creation time ns>-<pid>.jsonl`` (names sort in creation order), with one ``write`` of whole
-lines per batch, *before* the batch's answers go back: an answered request has its line in the
-kernel's page cache, which outlives the worker (SIGKILL included). The writer holds an exclusive
-``flock`` on its segment while it may append; a segment nobody holds is closed for good (its
-writer moved on or died), which is how the shipper knows it may delete it once shipped. A segment
-is created under a dot name, locked, then renamed into place, so the shipper never meets an
-unlocked segment that is still to be written.
-
-**The budget** (``RTSERVE_SPOOL_BYTES``): the writer measures the directory (its regular files)
-every :data:`MEASURE_SECONDS` or every 1/256 of the budget it wrote, whichever comes first. Within
-1/:data:`NEAR_SHARE` of the budget (a writer's measure found it so and left the empty file
-:data:`NEAR_MARK`, which every writer looks for before each batch) each batch measures and writes
-holding an exclusive ``flock`` on the directory, so that no writer takes room another has just
-taken; a measure below that line removes the mark. A batch that would take the directory past
-the budget is not written: its records are *dropped* and counted (or, with ``records.required``,
-the batch is answered 503 instead). The shipper
-(``rtserve.records``) makes room by deleting closed segments it has shipped.
-
-A line's leading keys are always ``request_id``, ``time`` (UTC, ms, ``Z``), ``model``,
-``model_version``, ``route`` and ``status``; then ``event`` (prediction, explanation,
-rejected), ``batch`` (``<worker pid>-<n>``), ``batch_size``, ``handler_ms``, ``class`` and
-``label`` (``classes`` and ``labels`` for a request of several rows) or ``reason``, then
-``answer`` (the JSON the client received; null for a binary answer) and ``inputs``: for an
-answered request the rows the model saw, as ``{"f32": <base64 of the float32 values, row-major,
-little-endian>, "shape": [features] or [rows, features]}`` (formatting 32 numbers as JSON text
-costs about ten times as much per request; ``rtserve.records.record.expand_inputs`` turns it
-into numbers), for a rejected one what it sent (its JSON, or its text), cut to
-:data:`REJECTED_INPUT_CHARS` characters.
+No torch and no TorchServe: rtserve's spool reader and shipper import the constants, and it lives in the
+handler because each archive carries the handler without rtserve. A line starts with ``request_id``,
+``time``, ``model``, ``model_version``, ``route``, ``status``; inputs are base64 float32 (docs/records.md).
 """
 
 from __future__ import annotations
@@ -43,8 +13,9 @@ import logging
 import os
 import time
 from binascii import b2a_base64
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from handler.errors import ConfigError, HandlerError
 
@@ -92,7 +63,7 @@ class RecordsConfig:
     required: bool = False
 
     @classmethod
-    def from_model_yaml(cls, model_yaml: Mapping[str, Any] | None) -> "RecordsConfig":
+    def from_model_yaml(cls, model_yaml: Mapping[str, Any] | None) -> RecordsConfig:
         """Build from the whole model-config YAML.
 
         Raises:
@@ -121,8 +92,11 @@ class RecordsUnavailable(HandlerError):
 
 
 def spool_dir() -> str:
-    """The spool directory: ``$RTSERVE_RECORDS_DIR``, else ``records`` beside the server's log
-    directory (``$LOG_LOCATION``), else ``./records``."""
+    """The spool directory.
+
+    ``$RTSERVE_RECORDS_DIR``, else ``records`` beside the server's log directory
+    (``$LOG_LOCATION``), else ``./records``.
+    """
     given = os.environ.get(SPOOL_DIR_ENV, "").strip()
     if given:
         return given
@@ -166,7 +140,14 @@ def usage(directory: str) -> int:
 
 
 class Spool:
-    """One worker's writer into the spool directory (see the module's docstring).
+    """One worker's writer into the spool directory.
+
+    Each batch's lines go in one ``write``, before its answers, to a segment of this worker's own
+    (``<creation ns>-<pid>.jsonl``: created under a dot name, locked, then renamed). The writer holds
+    an exclusive ``flock`` on its segment while it may append, so a segment nobody holds is closed for
+    good and the shipper may delete it once shipped. Within 1/:data:`NEAR_SHARE` of the budget (while
+    :data:`NEAR_MARK` exists) a batch measures and writes under the directory's ``flock``; a batch
+    that does not fit is not written (docs/records.md, "The spool").
 
     Args:
         directory: the spool directory (created when missing).
@@ -174,8 +155,7 @@ class Spool:
         clock: monotonic seconds (tests pass their own).
     """
 
-    def __init__(self, directory: str, budget: int,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, directory: str, budget: int, clock: Callable[[], float] = time.monotonic) -> None:
         os.makedirs(directory, exist_ok=True)
         self.directory = directory
         self.budget = budget
@@ -213,8 +193,11 @@ class Spool:
         """Whether ``n`` more bytes fit in the budget (measuring again when due)."""
         now = self._clock()
         wait = FULL_RECHECK_SECONDS if self.full else MEASURE_SECONDS
-        if now - self._measured >= wait or self._since >= self.measure_bytes \
-                or (self._used + n > self.budget and not self.full):
+        if (
+            now - self._measured >= wait
+            or self._since >= self.measure_bytes
+            or (self._used + n > self.budget and not self.full)
+        ):
             self._measure(now)
         self.full = self._used + n > self.budget
         return not self.full
@@ -287,13 +270,16 @@ _compact = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def rejected_inputs(row: Any) -> str:
-    """What a rejected request sent, for its record: its decoded JSON body, or its text, cut
-    to :data:`REJECTED_INPUT_CHARS` characters (then as a JSON string)."""
+    """What a rejected request sent, for its record, as JSON text.
+
+    Its decoded JSON body, or its text, cut to :data:`REJECTED_INPUT_CHARS` characters (then as a
+    JSON string).
+    """
     body = row.get("data") if isinstance(row, dict) else None
     if body is None and isinstance(row, dict):
         body = row.get("body")
     if isinstance(body, (bytes, bytearray)):
-        body = bytes(body[:REJECTED_INPUT_CHARS * 4]).decode("utf-8", "replace")
+        body = bytes(body[: REJECTED_INPUT_CHARS * 4]).decode("utf-8", "replace")
     if isinstance(body, str):
         return _js(body[:REJECTED_INPUT_CHARS])
     try:
@@ -303,16 +289,26 @@ def rejected_inputs(row: Any) -> str:
     return text if len(text) <= REJECTED_INPUT_CHARS else _js(text[:REJECTED_INPUT_CHARS])
 
 
-def _plain_batch(batch: Any, answers: Sequence[Any], request_ids: Sequence[str],
-                 routes: Sequence[str]) -> bool:
-    """Whether every request of ``batch`` is a plain prediction of one row (row ``i`` is request
-    ``i``: no errors, explanations or protocol requests), with its answer, its route and a
-    request id that is a plain JSON string (TorchServe's UUIDs): the common batch, which
-    :meth:`Recorder._plain_lines` formats."""
+def _plain_batch(batch: Any, answers: Sequence[Any], request_ids: Sequence[str], routes: Sequence[str]) -> bool:
+    """Whether ``batch`` is the common batch that :meth:`Recorder._plain_lines` formats.
+
+    Every request is a plain prediction of one row (row ``i`` is request ``i``: no errors,
+    explanations or protocol requests), with its answer, its route and a request id that is a plain
+    JSON string (TorchServe's UUIDs).
+    """
     size = batch.size
-    if (batch.errors or batch.explanations or batch.protocols or batch.classes is None
-            or len(batch.classes) != size or len(answers) < size or len(routes) < size
-            or len(request_ids) < size or not all(request_ids) or batch.rows != list(range(size))):
+    if (
+        batch.errors
+        or batch.explanations
+        or batch.protocols
+        or batch.classes is None
+        or len(batch.classes) != size
+        or len(answers) < size
+        or len(routes) < size
+        or len(request_ids) < size
+        or not all(request_ids)
+        or batch.rows != list(range(size))
+    ):
         return False
     ids = "".join(request_ids)
     return ids.isascii() and ids.isprintable() and '"' not in ids and "\\" not in ids
@@ -326,12 +322,24 @@ class Recorder:
         model, version: the record's ``model`` and ``model_version``.
         labels: class labels (``label`` of each class).
         inputs: keep each request's inputs.
+        kind: the model's output kind (``handler.model.KINDS``). A classifier's record names the
+            class and label beside the answer; another kind's names the kind (``"kind":
+            "regression"``), and its answer (the output's values) is the answer as sent.
     """
 
-    def __init__(self, spool: Spool, model: str, version: str, labels: Sequence[str],
-                 inputs: bool = True) -> None:
+    def __init__(
+        self,
+        spool: Spool,
+        model: str,
+        version: str,
+        labels: Sequence[str],
+        inputs: bool = True,
+        kind: str = "classification",
+    ) -> None:
         self.spool = spool
         self.labels = list(labels)
+        #: None for a classifier; else what each prediction record says in place of class and label.
+        self._kind = None if kind == "classification" else f'"kind":{_js(kind)}'
         self.inputs = inputs
         self.batches = 0
         self.dropped = 0
@@ -351,21 +359,32 @@ class Recorder:
             self._second = whole
         return f"{self._second_text}.{int((seconds - whole) * 1000):03d}Z"
 
-    def lines(self, batch: Any, data: Sequence[Any], answers: Sequence[Any],
-              request_ids: Sequence[str], routes: Sequence[str], seconds: float,
-              now: float | None = None) -> list[str]:
-        """One line per request of ``batch`` (a ``handler.schema.ParsedBatch``) that was
-        answered or rejected; ``answers`` are what the handler returns (text or bytes)."""
+    def lines(
+        self,
+        batch: Any,
+        data: Sequence[Any],
+        answers: Sequence[Any],
+        request_ids: Sequence[str],
+        routes: Sequence[str],
+        seconds: float,
+        now: float | None = None,
+    ) -> list[str]:
+        """One line per request of ``batch`` (a ``handler.schema.ParsedBatch``) answered or rejected.
+
+        ``answers`` are what the handler returns (text or bytes).
+        """
         self.batches += 1
         stamp = self._time(time.time() if now is None else now)
-        common = (f'{self._batch}{self.batches}","batch_size":{batch.size},'
-                  f'"handler_ms":{round(seconds * 1000.0, 3)}')
+        common = f'{self._batch}{self.batches}","batch_size":{batch.size},"handler_ms":{round(seconds * 1000.0, 3)}'
         if _plain_batch(batch, answers, request_ids, routes):
             return self._plain_lines(batch, answers, request_ids, routes, stamp, common)
         rows_of: dict[int, list[int]] = {}
         for row, idx in enumerate(batch.rows):
             rows_of.setdefault(idx, []).append(row)
         classes = batch.classes or []
+        kind = self._kind
+        if kind is not None and batch.inputs is not None:  # not a classifier: every row was answered
+            classes = [0] * len(batch.rows)
         raw, width = b"", 0
         if self.inputs and batch.inputs is not None:  # every row's float32 bytes, once a batch
             values = batch.inputs.numpy()
@@ -374,8 +393,10 @@ class Recorder:
         out = []
         for idx in range(batch.size):
             rid = request_ids[idx] if idx < len(request_ids) and request_ids[idx] else None
-            head = (f'{{"request_id":{_js(rid) if rid is not None else "null"},"time":"{stamp}"'
-                    f'{ids}{routes[idx] if idx < len(routes) else "unknown"}","status":')
+            head = (
+                f'{{"request_id":{_js(rid) if rid is not None else "null"},"time":"{stamp}"'
+                f'{ids}{routes[idx] if idx < len(routes) else "unknown"}","status":'
+            )
             answer = answers[idx] if idx < len(answers) else None
             answer = answer if isinstance(answer, str) and answer else "null"
             error = errors.get(idx)
@@ -390,27 +411,43 @@ class Recorder:
             if not rows or len(classes) <= rows[-1]:
                 continue  # neither answered nor rejected by the handler: nothing to record
             event = "explanation" if idx in explanations else "prediction"
-            if len(rows) == 1:
+            if kind is not None:
+                found = kind
+            elif len(rows) == 1:
                 found = self._answer[classes[rows[0]]]
             else:
-                found = (f'"classes":{_compact([classes[r] for r in rows])},'
-                         f'"labels":{_compact([labels[classes[r]] for r in rows])}')
+                found = (
+                    f'"classes":{_compact([classes[r] for r in rows])},'
+                    f'"labels":{_compact([labels[classes[r]] for r in rows])}'
+                )
             tail = f',"answer":{answer}'
             if width:
                 # a request's rows are consecutive
-                encoded = b2a_base64(raw[rows[0] * width:(rows[-1] + 1) * width], newline=False)
-                shape = (f"[{width // 4}]" if len(rows) == 1 and idx not in batch.protocols
-                         else f"[{len(rows)},{width // 4}]")
+                encoded = b2a_base64(raw[rows[0] * width : (rows[-1] + 1) * width], newline=False)
+                shape = (
+                    f"[{width // 4}]"
+                    if len(rows) == 1 and idx not in batch.protocols
+                    else f"[{len(rows)},{width // 4}]"
+                )
                 tail += f',"inputs":{{"f32":"{encoded.decode()}","shape":{shape}}}'
             elif self.inputs:
                 tail += ',"inputs":null'
             out.append(f'{head}200,"event":"{event}",{common},{found}{tail}}}\n')
         return out
 
-    def _plain_lines(self, batch: Any, answers: Sequence[Any], request_ids: Sequence[str],
-                     routes: Sequence[str], stamp: str, common: str) -> list[str]:
-        """:meth:`lines` for a batch of plain predictions (see :func:`_plain_batch`), byte for
-        byte what the general loop writes, with one f-string a request."""
+    def _plain_lines(
+        self,
+        batch: Any,
+        answers: Sequence[Any],
+        request_ids: Sequence[str],
+        routes: Sequence[str],
+        stamp: str,
+        common: str,
+    ) -> list[str]:
+        """:meth:`lines` for a batch of plain predictions (see :func:`_plain_batch`).
+
+        Byte for byte what the general loop writes, with one f-string a request.
+        """
         size = batch.size
         middle = f'","time":"{stamp}"{self._ids}'
         status = f'","status":200,"event":"prediction",{common},'
@@ -418,18 +455,24 @@ class Recorder:
             values = batch.inputs.numpy()
             raw, width = values.astype("<f4", copy=False).tobytes(), 4 * values.shape[1]
             shape = f'","shape":[{values.shape[1]}]}}}}\n'
-            tails = [f',"inputs":{{"f32":"{b2a_base64(raw[at:at + width], newline=False).decode()}{shape}'
-                     for at in range(0, size * width, width)]
+            tails = [
+                f',"inputs":{{"f32":"{b2a_base64(raw[at : at + width], newline=False).decode()}{shape}'
+                for at in range(0, size * width, width)
+            ]
         else:
             tails = ["}\n"] * size
         found = self._answer_key
-        return [f'{{"request_id":"{rid}{middle}{route}{status}{found[cls]}'
-                f'{answer if type(answer) is str and answer else "null"}{tail}'
-                for rid, route, cls, answer, tail in zip(request_ids, routes, batch.classes, answers, tails)]
+        return [
+            f'{{"request_id":"{rid}{middle}{route}{status}{found[cls]}'
+            f"{answer if type(answer) is str and answer else 'null'}{tail}"
+            for rid, route, cls, answer, tail in zip(request_ids, routes, batch.classes, answers, tails)
+        ]
 
     def write(self, lines: list[str]) -> bool:
-        """Append the lines; False (and counted in :attr:`dropped`, said in the log at most every
-        :data:`DROP_LOG_SECONDS`) when the spool has no room for them.
+        """Append the lines; False when the spool has no room for them.
+
+        Dropped lines are counted in :attr:`dropped` and said in the log at most every
+        :data:`DROP_LOG_SECONDS`.
 
         Raises:
             OSError: the spool cannot be written.
@@ -439,10 +482,14 @@ class Recorder:
         self.dropped += len(lines)
         now = time.monotonic()
         if now - self._drop_logged_at >= DROP_LOG_SECONDS:
-            logger.warning("records spool %s is full (budget %d bytes): dropped %d record(s) in "
-                           "the last %.0f s, %d since start", self.spool.directory, self.spool.budget,
-                           self.dropped - self._dropped_logged,
-                           min(now - self._drop_logged_at, 1e9), self.dropped)
+            logger.warning(
+                "records spool %s is full (budget %d bytes): dropped %d record(s) in the last %.0f s, %d since start",
+                self.spool.directory,
+                self.spool.budget,
+                self.dropped - self._dropped_logged,
+                min(now - self._drop_logged_at, 1e9),
+                self.dropped,
+            )
             self._drop_logged_at, self._dropped_logged = now, self.dropped
         return False
 

@@ -1,23 +1,8 @@
-"""TorchServe entry point: a thin ``BaseHandler`` subclass.
+"""TorchServe entry point: a thin ``BaseHandler`` subclass wiring this package's pure modules to its stages.
 
-Parsing, validation, the model and the explainer live in pure modules of this package; this
-class wires them to TorchServe's stages and reports each request's own status.
-
-Predictions and explanations share the model's queue, so one batch can hold both. TorchServe's
-frontend marks every request with an ``explain`` header: ``"True"`` on ``/explanations/{model}``
-and the KServe ``:explain`` / ``/explain`` routes, ``"False"`` on ``/predictions/{model}``.
-``BaseHandler`` reads it from request 0 only; this handler reads it per request, so each request
-gets what it asked for.
-
-The same handler answers KServe v1 (``/v1/models/{model}:predict``) and Open Inference Protocol
-(``/v2/models/{model}/infer``, gRPC ``ModelInfer``) requests, told apart per request by their
-body (see :mod:`handler.protocols`). ``/predictions`` and ``/explanations`` requests carry the
-``url_path`` header, which TorchServe's frontend sets on those routes only: they keep accepting
-``{"features": [...]}`` alone. Open Inference Protocol requests may use the binary tensor data
-extension (Triton's clients do by default): TorchServe hands such a body over as raw bytes with
-the request's headers, and the handler passes it on with its ``Inference-Header-Content-Length``
-(:class:`handler.protocols.BinaryBody`); outputs asked for as binary are answered as bytes with
-that header.
+Unlike ``BaseHandler`` (request 0 decides), each request is decided alone: explain by its ``explain`` header,
+protocol by its body (:mod:`handler.protocols`; ``url_path``-marked ``/predictions`` and ``/explanations`` take
+only ``{"features": [...]}``), binary OIP by ``Inference-Header-Content-Length``; each gets its own status.
 """
 
 from __future__ import annotations
@@ -34,19 +19,35 @@ from typing import Any
 import torch
 from ts.torch_handler.base_handler import BaseHandler
 
+from handler import worker_io
 from handler.config import HandlerConfig
 from handler.device import choose_device, on_device
 from handler.errors import ConfigError, ExplainCapacityExceeded, InvalidInput
-from handler.explain import Explainer
-from handler.model import METADATA_FILE, PROGRAM_FILE, ModelMetadata, load_program
-from handler.protocols import (BINARY_CONTENT_TYPE, BINARY_HEADER, KSERVE_V1, OIP_V2, BinaryBody,
-                               answer, detect, encode_binary, grpc_error, parse_request)
-from handler import worker_io
-from handler.records import (ROUTE_HEADER, Recorder, RecordsConfig, RecordsUnavailable, Spool,
-                             spool_bytes, spool_dir)
+from handler.explain import Explainer, unsupported
+from handler.model import CLASSIFICATION, METADATA_FILE, MULTI_LABEL, PROGRAM_FILE, ModelMetadata, load_program
+from handler.protocols import (
+    BINARY_CONTENT_TYPE,
+    BINARY_HEADER,
+    KSERVE_V1,
+    OIP_V2,
+    BinaryBody,
+    answer,
+    detect,
+    encode_binary,
+    grpc_error,
+    output_answer,
+    output_document,
+    parse_request,
+)
+from handler.records import ROUTE_HEADER, Recorder, RecordsConfig, RecordsUnavailable, Spool, spool_bytes, spool_dir
 from handler.schema import ParsedBatch, parse_batch, prediction_document, request_body
-from handler.telemetry import (TORCHSERVE_METRICS_LOGGER, Telemetry, quiet_torchserve_batch_lines,
-                               require_multiprocess_dir)
+from handler.signature import OUTPUT_NAMES
+from handler.telemetry import (
+    TORCHSERVE_METRICS_LOGGER,
+    Telemetry,
+    quiet_torchserve_batch_lines,
+    require_multiprocess_dir,
+)
 from handler.warmup import is_warmup_batch, warmup_key
 
 logger = logging.getLogger(__name__)
@@ -67,8 +68,12 @@ _ROUTE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,31}")
 
 
 class RealTimeHandler(BaseHandler):
-    """Tabular classifier handler: ``{"features": [...]}`` in, one prediction (or, on the
-    explain routes, one explanation) per request out."""
+    """Tabular model handler: ``{"features": [...]}`` in, one prediction per request out.
+
+    The answer follows the model's output kind (``meta.json``): a classifier's class and softmax
+    probabilities; a multi-label model's labels and sigmoid probabilities; a regression's values; an
+    embedding. On the explain routes a classifier's answer is an explanation; other kinds get a 501.
+    """
 
     def initialize(self, context: Any) -> None:
         """Read the config once, load the exported program safely, and warm the model up.
@@ -82,59 +87,101 @@ class RealTimeHandler(BaseHandler):
         manifest_model = (context.manifest or {}).get("model", {})
         program = manifest_model.get("serializedFile")
         if program != PROGRAM_FILE:
-            raise ConfigError(f"the archive's serialized file must be the exported program "
-                              f"{PROGRAM_FILE} (make archive packs it), got {program!r}")
+            raise ConfigError(
+                f"the archive's serialized file must be the exported program "
+                f"{PROGRAM_FILE} (make archive packs it), got {program!r}"
+            )
         self.meta = ModelMetadata.load(os.path.join(model_dir, METADATA_FILE))
         self.model_version = str(manifest_model.get("modelVersion") or self.meta.version)
         torch.set_num_threads(self.config.num_threads)
         self.device = choose_device(self.config.device, context.system_properties.get("gpu_id"))
-        program = load_program(os.path.join(model_dir, PROGRAM_FILE), self.device,
-                               direct=self.config.direct_forward)
+        program = load_program(os.path.join(model_dir, PROGRAM_FILE), self.device, direct=self.config.direct_forward)
         self.model = on_device(program, self.device)  # CPU tensors in and out
         self._json_parts = _json_parts(self.meta.labels, self.model_version)
-        self.explainer = Explainer(
-            program, self.meta.mean, self.meta.feature_names, self.meta.labels,
-            baseline=self.config.explain_baseline, n_steps=self.config.explain_steps,
-            internal_batch_size=self.config.explain_internal_batch_size, device=self.device,
+        #: The one branch per batch: a classifier takes today's path, other kinds :meth:`_outputs`.
+        self.classifier = self.meta.kind == CLASSIFICATION
+        self.output = self.meta.output
+        self._output_names = OUTPUT_NAMES if self.classifier else (self.output["name"],)
+        self.explainer = (
+            Explainer(
+                program,
+                self.meta.mean,
+                self.meta.feature_names,
+                self.meta.labels,
+                baseline=self.config.explain_baseline,
+                n_steps=self.config.explain_steps,
+                internal_batch_size=self.config.explain_internal_batch_size,
+                device=self.device,
+            )
+            if self.classifier
+            else None
         )
         self.telemetry = self._telemetry(context) if self.config.metrics else None
         self.records = RecordsConfig.from_model_yaml(context.model_yaml_config)
-        self.recorder = (Recorder(Spool(spool_dir(), spool_bytes()), context.model_name,
-                                  self.model_version, self.meta.labels, self.records.inputs)
-                         if self.records.enabled else None)
+        self.recorder = (
+            Recorder(
+                Spool(spool_dir(), spool_bytes()),
+                context.model_name,
+                self.model_version,
+                self.meta.labels,
+                self.records.inputs,
+                kind=self.meta.kind,
+            )
+            if self.records.enabled
+            else None
+        )
         self.warmup_key = warmup_key()  # rtserve.server's warm-up requests are not recorded
         quiet_torchserve_batch_lines()
         self.buffered_reads = self.config.buffered_reads and worker_io.install()
-        lean = (worker_io.install_lean(context, TORCHSERVE_METRICS_LOGGER)
-                if self.config.lean_worker else None)
+        lean = worker_io.install_lean(context, TORCHSERVE_METRICS_LOGGER) if self.config.lean_worker else None
         self._warm_up()
         self.initialized = True
-        logger.info("loaded %s version %s on %s (%s %s: %d features, %d classes, exported "
-                    "program, buffered reads=%s)", context.model_name, self.model_version,
-                    self.device, self.meta.name, self.meta.version, self.meta.n_features,
-                    len(self.meta.labels), self.buffered_reads)
+        logger.info(
+            "loaded %s version %s on %s (%s %s: %d features, %s, exported program, buffered reads=%s)",
+            context.model_name,
+            self.model_version,
+            self.device,
+            self.meta.name,
+            self.meta.version,
+            self.meta.n_features,
+            f"{len(self.meta.labels)} classes"
+            if self.classifier
+            else f"a {self.output['kind']} output of width {self.output['width']}",
+            self.buffered_reads,
+        )
         logger.info("forward pass: %s", program.forward_path)
-        logger.info("lean worker: %s", "off (handler.lean_worker)" if lean is None
-                    else ", ".join(lean) or "nothing applies (see the warnings above)")
+        logger.info(
+            "lean worker: %s",
+            "off (handler.lean_worker)"
+            if lean is None
+            else ", ".join(lean) or "nothing applies (see the warnings above)",
+        )
 
     def _telemetry(self, context: Any) -> Telemetry:
-        """Metrics, drift and audit for this worker (see :mod:`handler.telemetry`).
+        """Metrics and drift for this worker (see :mod:`handler.telemetry`).
 
         Raises:
             ConfigError: the server gave the workers no metrics directory.
         """
         require_multiprocess_dir()
         return Telemetry(
-            context.model_name, self.model_version, self.meta.labels, self.meta.feature_names,
-            self.meta.drift_reference, self.config.drift_window,
-            self.config.drift_export_seconds, self.config.drift_flush_rows,
+            context.model_name,
+            self.model_version,
+            self.meta.labels,
+            self.meta.feature_names,
+            self.meta.drift_reference,
+            self.config.drift_window,
+            self.config.drift_export_seconds,
+            self.config.drift_flush_rows,
         )
 
     def handle(self, data: list, context: Any) -> list[str]:
-        """preprocess -> inference -> postprocess, timed per stage for the metrics; then each
-        request's record into the spool, before the answers go back (a batch of warm-up requests
-        only, see :mod:`handler.warmup`, is answered, not recorded). A batch whose records do
-        not fit in the spool is answered without them, or 503 with ``records.required``."""
+        """Preprocess, inference and postprocess, timed per stage; then the records, before the answers.
+
+        A batch of warm-up requests only (:mod:`handler.warmup`) is answered, not recorded. A batch
+        whose records do not fit in the spool is answered without them, or 503 with
+        ``records.required``.
+        """
         self.context = context
         t0 = time.perf_counter()
         batch = self.preprocess(data)
@@ -144,14 +191,16 @@ class RealTimeHandler(BaseHandler):
         out = self.postprocess(result)
         t3 = time.perf_counter()
         if (self.telemetry is None and self.recorder is None) or is_warmup_batch(
-                context.request_processor, self.warmup_key):
+            context.request_processor, self.warmup_key
+        ):
             return out
         if self.telemetry is not None:
             self.telemetry.record(batch, batch.classes, (t1 - t0, t2 - t1, t3 - t2))
         if self.recorder is not None:
             ids = context.request_ids or {}
-            lines = self.recorder.lines(batch, data, out, [ids.get(i, "") for i in range(batch.size)],
-                                        batch.routes, t3 - t0)
+            lines = self.recorder.lines(
+                batch, data, out, [ids.get(i, "") for i in range(batch.size)], batch.routes, t3 - t0
+            )
             kept = self.recorder.write(lines)
             if self.telemetry is not None:
                 counter = self.telemetry.metrics.records_written if kept else self.telemetry.metrics.records_dropped
@@ -162,9 +211,11 @@ class RealTimeHandler(BaseHandler):
 
     def _refuse(self, size: int) -> list[str]:
         """A 503 for every request of the batch: its record cannot be kept (``records.required``)."""
-        error = RecordsUnavailable("the request's record cannot be kept (the records spool is full: "
-                                   "the records store has been away too long) and records.required "
-                                   "is set: retry shortly")
+        error = RecordsUnavailable(
+            "the request's record cannot be kept (the records spool is full: "
+            "the records store has been away too long) and records.required "
+            "is set: retry shortly"
+        )
         body = json.dumps(error.body())
         for idx, rp in enumerate(self.context.request_processor[:size]):
             self.context.set_response_status(error.status, _reason_phrase(error.message), idx)
@@ -184,10 +235,13 @@ class RealTimeHandler(BaseHandler):
         for _ in range(self.config.warmup_batches):
             batch = parse_batch([row, row], self.meta.n_features, self.config.feature_limit)
             _, probabilities = self.inference(batch)
+            if not self.classifier:
+                _ = [json.dumps(output_document(self.output, v, self.model_version)) for v in probabilities.tolist()]
+                continue
             classes = probabilities.argmax(dim=1).tolist()
             for cls, probs in zip(classes, probabilities.tolist()):
                 _ = heads[cls] + ", ".join(map(float.__repr__, probs)) + tail
-        if self.config.warmup_batches:
+        if self.config.warmup_batches and self.explainer is not None:
             x = torch.zeros(1, self.meta.n_features)
             self.explainer.explain(x, [0])  # Captum's first call pays one-off costs too
 
@@ -196,11 +250,13 @@ class RealTimeHandler(BaseHandler):
         return False
 
     def _routes(self) -> tuple[set[int], set[int], list[int], dict[int, str]]:
-        """One pass over the batch's request headers (each request's ``RequestProcessor``
-        holds them, as ``get_request_header`` reads them): the indices of the requests that came
-        in on an explain route, of those that came in on ``/predictions`` or ``/explanations``,
-        of those without an ``explain`` header (gRPC: the frontend sets it on every REST
-        inference route), and the route each client named in :data:`ROUTE_HEADER`."""
+        """Read the batch's request headers (each ``RequestProcessor``'s) in one pass.
+
+        Returns the indices of the requests that came in on an explain route, of those that came
+        in on ``/predictions`` or ``/explanations``, of those without an ``explain`` header (gRPC:
+        the frontend sets it on every REST inference route), and the route each client named in
+        :data:`ROUTE_HEADER`.
+        """
         explain: set[int] = set()
         plain_only: set[int] = set()
         no_route: list[int] = []
@@ -220,12 +276,15 @@ class RealTimeHandler(BaseHandler):
         return explain, plain_only, no_route, declared
 
     @staticmethod
-    def _route_names(batch: ParsedBatch, explain: set[int], plain_only: set[int],
-                     no_route: list[int], declared: dict[int, str]) -> list[str]:
-        """Each request's route for its record: the one its client named; else ``predictions``
-        or ``explanations``; else the protocol (``kserve-v1``, ``oip-v2``; ``rest`` or ``grpc``
-        for rtserve's own body), with ``-grpc`` when it came over gRPC and ``-explain`` on an
-        explain route."""
+    def _route_names(
+        batch: ParsedBatch, explain: set[int], plain_only: set[int], no_route: list[int], declared: dict[int, str]
+    ) -> list[str]:
+        """Each request's route for its record.
+
+        The one its client named; else ``predictions`` or ``explanations``; else the protocol
+        (``kserve-v1``, ``oip-v2``; ``rest`` or ``grpc`` for rtserve's own body), with ``-grpc``
+        when it came over gRPC and ``-explain`` on an explain route.
+        """
         if not declared and not explain and len(plain_only) == batch.size:
             return ["predictions"] * batch.size  # the common batch
         grpc = set(no_route)
@@ -240,7 +299,9 @@ class RealTimeHandler(BaseHandler):
                 if request is None and idx in batch.oip_grpc:
                     name = "oip-v2-grpc"
                 elif request is not None:
-                    name = ("kserve-v1" if request.protocol == KSERVE_V1 else "oip-v2") + ("-grpc" if idx in grpc else "")
+                    name = ("kserve-v1" if request.protocol == KSERVE_V1 else "oip-v2") + (
+                        "-grpc" if idx in grpc else ""
+                    )
                 else:
                     name = "grpc" if idx in grpc else "rest"
                 names.append(name + ("-explain" if idx in explain else ""))
@@ -248,8 +309,7 @@ class RealTimeHandler(BaseHandler):
 
     @staticmethod
     def _oip_grpc_requests(data: list, no_route: list[int]) -> dict[int, str]:
-        """Open Inference Protocol requests among ``no_route`` (those that came over gRPC),
-        request index -> ``id``."""
+        """Open Inference Protocol requests among ``no_route`` (gRPC): request index -> ``id``."""
         found: dict[int, str] = {}
         for i in no_route:
             try:
@@ -262,11 +322,17 @@ class RealTimeHandler(BaseHandler):
         return found
 
     def _binary_bodies(self, data: list, plain_only: set[int]) -> list:
-        """``data``, with the body of each request that carries ``Inference-Header-Content-Length``
-        (in any spelling) and that TorchServe handed over undecoded (bytes, or text) wrapped in a
-        :class:`BinaryBody` for :func:`parse_request`. Plain routes keep their bodies."""
-        raw = [i for i, row in enumerate(data)
-               if type(row) is dict and type(row.get("body")) in _RAW_BODIES and i not in plain_only]
+        """``data`` with each binary tensor data body wrapped in a :class:`BinaryBody`.
+
+        A body is wrapped when its request carries ``Inference-Header-Content-Length`` (in any
+        spelling) and TorchServe handed it over undecoded (bytes, or text), for
+        :func:`parse_request`. Plain routes keep their bodies.
+        """
+        raw = [
+            i
+            for i, row in enumerate(data)
+            if type(row) is dict and type(row.get("body")) in _RAW_BODIES and i not in plain_only
+        ]
         wrapped = None
         for i in raw:
             length = _request_header(self.context.request_processor[i], BINARY_HEADER)
@@ -276,48 +342,86 @@ class RealTimeHandler(BaseHandler):
         return data if wrapped is None else wrapped
 
     def preprocess(self, data: list) -> ParsedBatch:
-        """Parse and validate every request of the batch (rtserve's own body, KServe v1 or v2);
-        the valid rows stay raw features: the exported program does its own preprocessing."""
+        """Parse and validate every request of the batch (rtserve's own body, KServe v1 or v2).
+
+        The valid rows stay raw features: the exported program does its own preprocessing.
+        """
         explain, plain_only, no_route, declared = self._routes()
-        other = partial(parse_request, n_features=self.meta.n_features,
-                        limit=self.config.feature_limit, max_instances=self.config.max_instances)
-        batch = parse_batch(self._binary_bodies(data, plain_only), self.meta.n_features,
-                            self.config.feature_limit, explain, len(self.meta.labels),
-                            other=other, plain_only=plain_only)
+        other = partial(
+            parse_request,
+            n_features=self.meta.n_features,
+            limit=self.config.feature_limit,
+            max_instances=self.config.max_instances,
+            output_names=self._output_names,
+        )
+        batch = parse_batch(
+            self._binary_bodies(data, plain_only),
+            self.meta.n_features,
+            self.config.feature_limit,
+            explain if self.classifier else (),  # other kinds: no target to parse, a 501 (_outputs)
+            len(self.meta.labels),
+            other=other,
+            plain_only=plain_only,
+        )
+        if explain and not self.classifier:
+            batch.targets = {idx: None for idx in explain if idx not in batch.errors}
         if no_route:
             batch.oip_grpc = self._oip_grpc_requests(data, no_route)
         if self.recorder is not None:
             batch.routes = self._route_names(batch, explain, plain_only, no_route, declared)
         if self.config.log_batches:
-            logger.info("batch size=%d valid=%d explain=%d kserve=%d rows=%d",
-                        batch.size, batch.size - len(batch.errors), len(batch.targets),
-                        len(batch.protocols), len(batch.rows))
+            logger.info(
+                "batch size=%d valid=%d explain=%d kserve=%d rows=%d",
+                batch.size,
+                batch.size - len(batch.errors),
+                len(batch.targets),
+                len(batch.protocols),
+                len(batch.rows),
+            )
         return batch
 
     def inference(self, batch: ParsedBatch, *args: Any, **kwargs: Any) -> tuple:
         """Forward pass over the valid rows under ``torch.inference_mode``."""
         if batch.inputs is None:
             return batch, None
+        if not self.classifier:
+            return batch, self._outputs(batch)
         with torch.inference_mode():
             probabilities = torch.softmax(self.model(batch.inputs), dim=1)
         if batch.targets:
             self._explain(batch, probabilities)
         return batch, probabilities
 
+    def _outputs(self, batch: ParsedBatch) -> torch.Tensor:
+        """:meth:`inference` for a model that is not a classifier: what its answers carry.
+
+        Sigmoid probabilities (multi-label) or the output itself (regression, embedding); every
+        explain request of the batch gets a 501 naming the kind.
+        """
+        with torch.inference_mode():
+            raw = self.model(batch.inputs)
+            values = torch.sigmoid(raw) if self.output["kind"] == MULTI_LABEL else raw
+        for idx in batch.targets:
+            batch.errors[idx] = unsupported(self.output["kind"])
+        return values
+
     def _explain(self, batch: ParsedBatch, probabilities: torch.Tensor) -> None:
-        """Explain up to ``explain_max_per_batch`` requests, each for its own target (default:
-        its predicted class); the rest of this batch's explain requests get a 503."""
+        """Explain up to ``explain_max_per_batch`` requests, each for its own target.
+
+        The target defaults to the predicted class; the rest of this batch's explain requests get
+        a 503.
+        """
         limit = self.config.explain_max_per_batch
         chosen = list(batch.targets)[:limit]
         for idx in list(batch.targets)[limit:]:
             batch.errors[idx] = ExplainCapacityExceeded(
                 f"this batch already holds {limit} explanation(s), the most the model computes "
-                "per batch (handler.explain_max_per_batch): retry shortly")
+                "per batch (handler.explain_max_per_batch): retry shortly"
+            )
         row_of = {idx: row for row, idx in enumerate(batch.rows)}
         rows = [row_of[idx] for idx in chosen]
         predicted = probabilities[rows].argmax(dim=1).tolist()
-        targets = [batch.targets[idx] if batch.targets[idx] is not None else cls
-                   for idx, cls in zip(chosen, predicted)]
+        targets = [batch.targets[idx] if batch.targets[idx] is not None else cls for idx, cls in zip(chosen, predicted)]
         explanations = self.explainer.explain(batch.inputs[rows], targets)
         for idx, cls, explanation in zip(chosen, predicted, explanations):
             batch.explanations[idx] = {
@@ -327,21 +431,28 @@ class RealTimeHandler(BaseHandler):
             }
 
     def postprocess(self, data: tuple) -> list[str]:
-        """One answer per request, in order: a prediction, an explanation, a protocol's answer
-        (bytes when it carries binary tensor data), or the request's own error (400 for bad
-        input, 503 past the explanation ceiling)."""
+        """One answer per request, in order.
+
+        A prediction, an explanation, a protocol's answer (bytes when it carries binary tensor
+        data), or the request's own error (400 for bad input, 503 past the explanation ceiling).
+        """
         batch, probabilities = data
         out: list[str | bytes] = [""] * batch.size
         binary: set[int] = set()
         processors = self.context.request_processor
-        if probabilities is not None:
+        if probabilities is not None and not self.classifier:
+            self._encode_outputs(batch, probabilities, out, binary)
+        elif probabilities is not None:
             # A few rows of a few classes: plain Python lists cost less than tensor calls.
             probs = probabilities.tolist()
             # Plain answers are assembled from preformatted parts (byte for byte json.dumps);
             # non-finite probabilities (never seen: inputs are bounded) take json.dumps.
             fast = math.isfinite(sum(map(sum, probs)))  # NaN or infinity anywhere: not finite
-            classes = ([row.index(max(row)) for row in probs] if fast  # the first maximum,
-                       else probabilities.argmax(dim=1).tolist())     # as torch.argmax
+            classes = (
+                [row.index(max(row)) for row in probs]
+                if fast  # the first maximum,
+                else probabilities.argmax(dim=1).tolist()
+            )  # as torch.argmax
             batch.classes = classes
             labels = self.meta.labels
             explanations = batch.explanations
@@ -356,12 +467,12 @@ class RealTimeHandler(BaseHandler):
                 elif fast:
                     out[idx] = heads[classes[row]] + ", ".join(map(float.__repr__, probs[row])) + tail
                 else:
-                    out[idx] = json.dumps(prediction_document(
-                        classes[row], probs[row], labels, self.model_version))
+                    out[idx] = json.dumps(prediction_document(classes[row], probs[row], labels, self.model_version))
             for idx, request in batch.protocols.items():
                 start, stop = first_row[idx], first_row[idx] + len(request.vectors)
-                document = answer(request, classes[start:stop], probs[start:stop], labels,
-                                  self.context.model_name, self.model_version)
+                document = answer(
+                    request, classes[start:stop], probs[start:stop], labels, self.context.model_name, self.model_version
+                )
                 if request.binary:
                     out[idx], length = encode_binary(document, request.binary)
                     processors[idx].add_response_property(BINARY_HEADER, str(length))
@@ -370,8 +481,9 @@ class RealTimeHandler(BaseHandler):
                     out[idx] = json.dumps(document)
         for idx, error in batch.errors.items():
             if idx in batch.oip_grpc:
-                out[idx] = json.dumps(grpc_error(error.message, batch.oip_grpc[idx],
-                                                 self.context.model_name, self.model_version))
+                out[idx] = json.dumps(
+                    grpc_error(error.message, batch.oip_grpc[idx], self.context.model_name, self.model_version)
+                )
             else:
                 out[idx] = json.dumps(error.body())
             self.context.set_response_status(error.status, _reason_phrase(error.message), idx)
@@ -382,10 +494,38 @@ class RealTimeHandler(BaseHandler):
             rp.add_response_property(CONTENT_TYPE, BINARY_CONTENT_TYPE if idx in binary else JSON)
         return out
 
+    def _encode_outputs(self, batch: ParsedBatch, values: torch.Tensor, out: list, binary: set[int]) -> None:
+        """:meth:`postprocess`'s answers for a model that is not a classifier (``values`` from :meth:`_outputs`).
+
+        ``batch.classes`` stays None: the per-class metrics and drift do not apply.
+        """
+        rows = values.tolist()
+        output, version = self.output, self.model_version
+        first_row: dict[int, int] = {}
+        for row, idx in enumerate(batch.rows):
+            first_row.setdefault(idx, row)
+            if idx not in batch.protocols:
+                out[idx] = json.dumps(output_document(output, rows[row], version))
+        for idx, request in batch.protocols.items():
+            if idx in batch.errors:  # an explain request (501): its error is its answer
+                continue
+            start = first_row[idx]
+            document = output_answer(
+                request, output, rows[start : start + len(request.vectors)], self.context.model_name, version
+            )
+            if request.binary:
+                out[idx], length = encode_binary(document, request.binary)
+                self.context.request_processor[idx].add_response_property(BINARY_HEADER, str(length))
+                binary.add(idx)
+            else:
+                out[idx] = json.dumps(document)
+
 
 def _request_header(processor: Any, name: str) -> str | None:
-    """A request header's value, its name matched in any case (TorchServe keeps the client's
-    spelling, and a proxy may lower it); None when the request has no such header."""
+    """A request header's value, its name matched in any case; None when the request has none.
+
+    TorchServe keeps the client's spelling, and a proxy may lower it.
+    """
     value = processor.get_request_property(name)
     if value is not None:
         return value
@@ -403,8 +543,9 @@ def _json_parts(labels: list[str], version: str) -> tuple[list[str], str]:
     ``json.dumps({"prediction": cls, "label": ..., "probabilities": probs, "model_version": ...})``
     writes for finite probabilities (json writes floats with ``float.__repr__``).
     """
-    heads = [f'{{"prediction": {cls}, "label": {json.dumps(label)}, "probabilities": ['
-             for cls, label in enumerate(labels)]
+    heads = [
+        f'{{"prediction": {cls}, "label": {json.dumps(label)}, "probabilities": [' for cls, label in enumerate(labels)
+    ]
     return heads, f'], "model_version": {json.dumps(version)}}}'
 
 

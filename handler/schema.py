@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Collection, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,8 +39,9 @@ def request_body(row: Any) -> Any:
         body = row.get("body")
     if body is None:
         raise InvalidInput(
-            "request body is empty or not JSON: send a JSON object like {\"features\": [...]} "
-            "with Content-Type: application/json", reason="empty_body"
+            'request body is empty or not JSON: send a JSON object like {"features": [...]} '
+            "with Content-Type: application/json",
+            reason="empty_body",
         )
     if isinstance(body, (bytes, bytearray)):
         try:
@@ -48,8 +50,9 @@ def request_body(row: Any) -> Any:
             raise InvalidInput("request body is not valid UTF-8 JSON", reason="not_json") from exc
     if isinstance(body, str):
         if not body.strip():
-            raise InvalidInput("request body is empty: send a JSON object like {\"features\": [...]}",
-                               reason="empty_body")
+            raise InvalidInput(
+                'request body is empty: send a JSON object like {"features": [...]}', reason="empty_body"
+            )
         try:
             body = json.loads(body)
         except (ValueError, RecursionError) as exc:
@@ -67,7 +70,8 @@ def parse_features(body: Any, n_features: int, limit: float = DEFAULT_FEATURE_LI
     if not isinstance(body, dict):
         raise InvalidInput(
             f"request body must be a JSON object with a 'features' field, got {json_type(body)}",
-            field="features", reason="not_an_object",
+            field="features",
+            reason="not_an_object",
         )
     if "features" not in body:
         raise InvalidInput("missing required field 'features'", field="features", reason="missing_field")
@@ -75,12 +79,15 @@ def parse_features(body: Any, n_features: int, limit: float = DEFAULT_FEATURE_LI
     if not isinstance(features, list):
         raise InvalidInput(
             f"'features' must be a list of {n_features} numbers, got {json_type(features)}",
-            field="features", reason="not_a_list",
+            field="features",
+            reason="not_a_list",
         )
     if len(features) != n_features:
         raise InvalidInput(
             f"'features' must have exactly {n_features} numbers, got {len(features)}",
-            field="features", reason="wrong_length", expected=n_features,
+            field="features",
+            reason="wrong_length",
+            expected=n_features,
         )
     check_numbers(features, limit, "features")
     return features
@@ -90,6 +97,8 @@ def check_numbers(values: Sequence[Any], limit: float, name: str, with_field: bo
     """Check that every element of ``values`` is a finite number within ``[-limit, limit]``.
 
     Args:
+        values: the numbers to check.
+        limit: the largest magnitude allowed.
         name: the field the values came from, used as ``name[i]`` in messages.
         with_field: set the error's ``field`` (the plain route's error form has one).
 
@@ -100,8 +109,11 @@ def check_numbers(values: Sequence[Any], limit: float, name: str, with_field: bo
         kind = type(value)
         where = f"{name}[{i}]"
         if kind is not float and kind is not int:  # bool is a subclass of int: excluded here
-            raise InvalidInput(f"{where} must be a number, got {json_type(value)}",
-                               field=where if with_field else None, reason="not_a_number")
+            raise InvalidInput(
+                f"{where} must be a number, got {json_type(value)}",
+                field=where if with_field else None,
+                reason="not_a_number",
+            )
         if not -limit <= value <= limit:  # also false for NaN
             what = "a finite number" if kind is float and not math.isfinite(value) else "in range"
             raise InvalidInput(
@@ -124,7 +136,8 @@ def parse_target(body: dict, n_classes: int) -> int | None:
         raise InvalidInput(
             f"'target' must be a class index, an integer in [0, {n_classes - 1}], "
             f"got {short(target) if type(target) is int else json_type(target)}",
-            field="target", reason="bad_target",
+            field="target",
+            reason="bad_target",
         )
     return target
 
@@ -188,9 +201,13 @@ def _plain_features(row: Any, n_features: int) -> list | None:
 
 
 def parse_batch(
-    data: Sequence[Any], n_features: int, limit: float = DEFAULT_FEATURE_LIMIT,
-    explain: Collection[int] = (), n_classes: int = 0,
-    other: OtherProtocol | None = None, plain_only: Collection[int] = (),
+    data: Sequence[Any],
+    n_features: int,
+    limit: float = DEFAULT_FEATURE_LIMIT,
+    explain: Collection[int] = (),
+    n_classes: int = 0,
+    other: OtherProtocol | None = None,
+    plain_only: Collection[int] = (),
 ) -> ParsedBatch:
     """Parse every request of a batch; valid ones become rows of one float32 tensor.
 
@@ -220,8 +237,7 @@ def parse_batch(
             parsed = other(body) if other is not None and idx not in plain_only else None
             if parsed is not None:
                 if idx in explain:
-                    raise InvalidInput("explanations take a {\"features\": [...]} body, not a "
-                                       "KServe v1/v2 request")
+                    raise InvalidInput('explanations take a {"features": [...]} body, not a KServe v1/v2 request')
                 batch.protocols[idx] = parsed
                 vectors += parsed.vectors
                 batch.rows += [idx] * len(parsed.vectors)
@@ -246,11 +262,14 @@ def parse_batch(
     return batch
 
 
-def prediction_document(cls: int, probabilities: Sequence[float], labels: Sequence[str],
-                        model_version: str) -> dict:
+def prediction_document(cls: int, probabilities: Sequence[float], labels: Sequence[str], model_version: str) -> dict:
     """The answer to one ``{"features": [...]}`` request (also one KServe v1 prediction)."""
-    return {"prediction": cls, "label": labels[cls], "probabilities": list(probabilities),
-            "model_version": model_version}
+    return {
+        "prediction": cls,
+        "label": labels[cls],
+        "probabilities": list(probabilities),
+        "model_version": model_version,
+    }
 
 
 def _as_array(vectors: list[list]) -> np.ndarray | None:
@@ -262,7 +281,10 @@ def _as_array(vectors: list[list]) -> np.ndarray | None:
 
 
 def _check_each(
-    rows: list[int], vectors: list[list], n_features: int, limit: float,
+    rows: list[int],
+    vectors: list[list],
+    n_features: int,
+    limit: float,
     errors: dict[int, HandlerError],
 ) -> tuple[list[int], list[list]]:
     """The slow path: validate each vector, recording an error for each bad one."""

@@ -1,4 +1,4 @@
-"""The model's Open Inference Protocol signature: its tensors' names and datatypes.
+"""The model's Open Inference Protocol signature: its tensors' names and datatypes, and its output kinds.
 
 Shared by the handler's answers (:mod:`handler.protocols`) and the model metadata answer
 (:mod:`rtserve.server.oip`), which runs in a small process of its own: nothing is imported here.
@@ -11,3 +11,32 @@ CLASS_DATATYPE = "INT64"
 PROBABILITIES_OUTPUT = "probabilities"
 PROBABILITIES_DATATYPE = "FP32"
 OUTPUT_NAMES = (CLASS_OUTPUT, PROBABILITIES_OUTPUT)
+
+#: The output kinds: what the handler answers for an output ``[N, width]``.
+CLASSIFICATION, MULTI_LABEL, REGRESSION, EMBEDDING = "classification", "multi_label", "regression", "embedding"
+KINDS = (CLASSIFICATION, MULTI_LABEL, REGRESSION, EMBEDDING)
+
+
+def output_values(output: dict, answer: dict) -> list:
+    """The numbers an answer of ``output``'s kind carries, in output column order.
+
+    What a golden row records per kind: probabilities (classification, multi-label), values
+    (regression), the vector (embedding).
+
+    Raises:
+        KeyError, TypeError: ``answer`` is not an answer of that kind.
+    """
+    kind = output["kind"]
+    if kind == CLASSIFICATION:
+        return list(answer["probabilities"])
+    if kind == MULTI_LABEL:
+        return [answer["probabilities"][label] for label in output["labels"]]
+    if kind == REGRESSION:
+        value = answer["prediction"]
+        return list(value) if isinstance(value, list) else [value]
+    return list(answer["embedding"])
+
+
+def golden_values(golden: dict) -> list:
+    """The golden rows' recorded answers (``probabilities`` of a classifier, else ``outputs``)."""
+    return golden.get("probabilities") or golden.get("outputs") or []

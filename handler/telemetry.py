@@ -1,22 +1,8 @@
 """Per-batch telemetry: handler metrics and drift (no TorchServe import).
 
-Nothing here goes through the worker's stdout: TorchServe's metric API writes one formatted log
-line per update, which the frontend reads back, parses and logs again (the busiest threads of
-the frontend at low load, and about 16 us per request in a full batch). Instead:
-
-- **Metrics** are ``prometheus_client`` metrics in its multiprocess mode: each worker adds to
-  memory-mapped files in ``PROMETHEUS_MULTIPROC_DIR`` (``rtserve.server`` sets it to the run
-  directory's ``metrics/``), and :mod:`rtserve.observability.exporter` serves them together with TorchServe's
-  own on the metrics port. An update is a few hundred nanoseconds of memory writes.
-- **Drift** rows are buffered and scored in bulk every ``drift_flush_rows`` rows (one set of
-  tensor ops per flush instead of per batch); every row counts, so the scores are exact, only
-  up to ``drift_flush_rows`` rows late (:class:`DriftBuffer`). The gauges are set by a daemon
-  thread of the worker every ``drift_export_seconds`` when rows arrived since its last export
-  (:class:`DriftExporter`): it scores what is still buffered first, so a scrape after a burst
-  and then silence shows every row of the burst, and the request path never waits for an
-  export (it only takes an uncontended lock once per batch to hand its rows over).
-- **Records** (one per request, :mod:`handler.records`) are written by the handler itself;
-  their counters (written, dropped) live here.
+Nothing goes through the worker's stdout, which the frontend parses per line: metrics are ``prometheus_client``
+multiprocess files (served by :mod:`rtserve.observability.exporter`); drift rows are scored in bulk
+(:class:`DriftBuffer`) and exported by a daemon thread (:class:`DriftExporter`), never in the request's wait.
 """
 
 from __future__ import annotations
@@ -26,7 +12,8 @@ import logging
 import os
 import threading
 from collections import Counter as Tally
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -53,15 +40,14 @@ STAGES = ("preprocess", "inference", "postprocess")
 DRIFT_MIN_ROWS = 200
 #: Handler stage buckets, seconds: 10 us .. 1 s (a stage of this model takes 20 us .. 2 ms; an
 #: explanation tens of ms).
-STAGE_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2,
-                 5e-2, 0.1, 0.25, 1.0)
+STAGE_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1.0)
 #: Batch size buckets: powers of two up to the largest batch TorchServe forms here.
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 LABELS = ("model_name", "model_version")
 
+
 def violation_reason(error: HandlerError) -> str:
-    """A short label for why a request was rejected (the ``reason`` metric label): an
-    :class:`~handler.errors.InvalidInput`'s own ``reason``."""
+    """The ``reason`` metric label of a rejected request: an :class:`~handler.errors.InvalidInput`'s own."""
     return getattr(error, "reason", "invalid")
 
 
@@ -75,40 +61,66 @@ class HandlerMetrics:
             mode the values live in the shared files whatever the registry).
     """
 
-    def __init__(self, model: str, version: str, labels: Sequence[str],
-                 feature_names: Sequence[str], registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        version: str,
+        labels: Sequence[str],
+        feature_names: Sequence[str],
+        registry: CollectorRegistry | None = None,
+    ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         reg = {"registry": self.registry}
         ids = (model, version)
-        self.requests = Counter("rtserve_handler_requests", "Requests the handler answered or "
-                                "rejected", LABELS, **reg).labels(*ids)
-        self.batches = Counter("rtserve_handler_batches", "Batches the handler ran", LABELS,
-                               **reg).labels(*ids)
-        violations = Counter("rtserve_schema_violations", "Requests rejected with 400, by reason",
-                             LABELS + ("reason",), **reg)
+        self.requests = Counter(
+            "rtserve_handler_requests", "Requests the handler answered or rejected", LABELS, **reg
+        ).labels(*ids)
+        self.batches = Counter("rtserve_handler_batches", "Batches the handler ran", LABELS, **reg).labels(*ids)
+        violations = Counter(
+            "rtserve_schema_violations", "Requests rejected with 400, by reason", LABELS + ("reason",), **reg
+        )
         self.violations = lambda reason: violations.labels(model, version, reason)
-        predictions = Counter("rtserve_predictions", "Answered predictions by predicted class",
-                              LABELS + ("class",), **reg)
+        predictions = Counter(
+            "rtserve_predictions", "Answered predictions by predicted class", LABELS + ("class",), **reg
+        )
         self.predictions = [predictions.labels(model, version, label) for label in labels]
-        stage = Histogram("rtserve_handler_stage_seconds", "Seconds per batch in each handler "
-                          "stage", LABELS + ("stage",), buckets=STAGE_BUCKETS, **reg)
+        stage = Histogram(
+            "rtserve_handler_stage_seconds",
+            "Seconds per batch in each handler stage",
+            LABELS + ("stage",),
+            buckets=STAGE_BUCKETS,
+            **reg,
+        )
         self.stages = [stage.labels(model, version, name) for name in STAGES]
-        self.batch_size = Histogram("rtserve_batch_size", "Requests per batch the handler ran",
-                                    LABELS, buckets=BATCH_BUCKETS, **reg).labels(*ids)
-        self.records_written = Counter("rtserve_records_written", "Records the handler wrote to "
-                                       "its spool", LABELS, **reg).labels(*ids)
-        self.records_dropped = Counter("rtserve_records_dropped", "Records the handler could not "
-                                       "keep: the spool was full (the store away too long)",
-                                       LABELS, **reg).labels(*ids)
+        self.batch_size = Histogram(
+            "rtserve_batch_size", "Requests per batch the handler ran", LABELS, buckets=BATCH_BUCKETS, **reg
+        ).labels(*ids)
+        self.records_written = Counter(
+            "rtserve_records_written", "Records the handler wrote to its spool", LABELS, **reg
+        ).labels(*ids)
+        self.records_dropped = Counter(
+            "rtserve_records_dropped",
+            "Records the handler could not keep: the spool was full (the store away too long)",
+            LABELS,
+            **reg,
+        ).labels(*ids)
         # Drift gauges get their children at the first export: no series until there is a score.
         self.ids = ids
         self.feature_names = list(feature_names)
-        self.feature_drift = Gauge("rtserve_feature_drift_psi", "Population stability index of "
-                                   "each input feature over the recent window",
-                                   LABELS + ("feature",), multiprocess_mode="mostrecent", **reg)
-        self.prediction_drift = Gauge("rtserve_prediction_drift_psi", "Population stability "
-                                      "index of the predicted class over the recent window",
-                                      LABELS, multiprocess_mode="mostrecent", **reg)
+        self.feature_drift = Gauge(
+            "rtserve_feature_drift_psi",
+            "Population stability index of each input feature over the recent window",
+            LABELS + ("feature",),
+            multiprocess_mode="mostrecent",
+            **reg,
+        )
+        self.prediction_drift = Gauge(
+            "rtserve_prediction_drift_psi",
+            "Population stability index of the predicted class over the recent window",
+            LABELS,
+            multiprocess_mode="mostrecent",
+            **reg,
+        )
 
     def set_drift(self, features: Sequence[float], prediction: float) -> None:
         """Set the drift gauges (PSI per feature, and of the predicted class)."""
@@ -150,10 +162,11 @@ class DriftExporter:
 
 
 class DriftBuffer:
-    """Feeds a :class:`DriftMonitor` in bulk: rows are kept (by reference) until ``flush_rows``
-    have arrived, then scored in one update. Exact: every row is counted, at most
-    ``flush_rows`` rows late. The predicted classes are kept as plain ints and become one
-    tensor per flush."""
+    """Feeds a :class:`DriftMonitor` in bulk: rows are kept until ``flush_rows`` arrived, then scored.
+
+    Exact: every row is counted, at most ``flush_rows`` rows late. Rows are kept by reference, the
+    predicted classes as plain ints that become one tensor per flush.
+    """
 
     def __init__(self, monitor: DriftMonitor, flush_rows: int = 256) -> None:
         self.monitor = monitor
@@ -191,9 +204,11 @@ class _DropLine(logging.Filter):
 
 
 def quiet_torchserve_batch_lines() -> None:
-    """Stop the two lines TorchServe's worker writes to its stdout per batch (see
-    :data:`TORCHSERVE_BATCH_LINE`): each costs the worker a write and the frontend a read, a
-    parse and a log call, on every batch. Warnings and errors still go through."""
+    """Stop the two lines TorchServe's worker writes to its stdout per batch.
+
+    See :data:`TORCHSERVE_BATCH_LINE`: each costs the worker a write and the frontend a read, a parse
+    and a log call, on every batch. Warnings and errors still go through.
+    """
     root = logging.getLogger()
     if not any(isinstance(f, _DropLine) for f in root.filters):
         root.addFilter(_DropLine(TORCHSERVE_BATCH_LINE))
@@ -208,9 +223,11 @@ def require_multiprocess_dir() -> str:
     """
     path = os.environ.get(MULTIPROC_ENV)
     if not path or not os.path.isdir(path):
-        raise ConfigError(f"handler.metrics is on but {MULTIPROC_ENV} is not an existing directory "
-                          "(rtserve.server sets it): start the server with rtserve.server, or set "
-                          "handler.metrics: false")
+        raise ConfigError(
+            f"handler.metrics is on but {MULTIPROC_ENV} is not an existing directory "
+            "(rtserve.server sets it): start the server with rtserve.server, or set "
+            "handler.metrics: false"
+        )
     return path
 
 
@@ -229,8 +246,14 @@ class Telemetry:
     """
 
     def __init__(
-        self, model: str, version: str, labels: Sequence[str], feature_names: Sequence[str],
-        drift_reference: dict, drift_window: int = 2000, drift_every: float | None = 5.0,
+        self,
+        model: str,
+        version: str,
+        labels: Sequence[str],
+        feature_names: Sequence[str],
+        drift_reference: dict,
+        drift_window: int = 2000,
+        drift_every: float | None = 5.0,
         drift_flush_rows: int = 256,
         registry: CollectorRegistry | None = None,
     ) -> None:
@@ -240,12 +263,18 @@ class Telemetry:
         #: Guards the drift buffer and window between the request loop and the exporter.
         self._drift_lock = threading.Lock()
         self._drift_rows = 0  # rows handed over since the last export
-        self.exporter = (DriftExporter(self.export_drift, drift_every)
-                         if self.drift is not None and drift_every is not None else None)
+        self.exporter = (
+            DriftExporter(self.export_drift, drift_every)
+            if self.drift is not None and drift_every is not None
+            else None
+        )
 
     def record(self, batch: Any, classes: Sequence[int] | None, stage_seconds: Sequence[float]) -> None:
-        """Account for one handled batch (``batch`` is a ``handler.schema.ParsedBatch``;
-        ``classes`` the predicted class of each of its rows, None when it had no valid row)."""
+        """Account for one handled batch.
+
+        ``batch`` is a ``handler.schema.ParsedBatch``; ``classes`` the predicted class of each of its
+        rows, None when it had no valid row.
+        """
         m = self.metrics
         for stage, seconds in zip(m.stages, stage_seconds):
             stage.observe(seconds)
@@ -259,9 +288,13 @@ class Telemetry:
                 m.violations(reason).inc(n)
         if classes:
             skip = errors or batch.explanations
-            answered = classes if not skip else [
-                cls for idx, cls in zip(batch.rows, classes)
-                if idx not in errors and idx not in batch.explanations]
+            answered = (
+                classes
+                if not skip
+                else [
+                    cls for idx, cls in zip(batch.rows, classes) if idx not in errors and idx not in batch.explanations
+                ]
+            )
             if len(answered) == 1:
                 m.predictions[answered[0]].inc()
             else:
@@ -273,8 +306,9 @@ class Telemetry:
                     self._drift_rows += len(classes)
 
     def export_drift(self) -> bool:
-        """Score the buffered rows, then set the drift gauges from the window, if rows arrived
-        since the last export (the :class:`DriftExporter` thread calls this).
+        """Score the buffered rows and set the drift gauges, if rows arrived since the last export.
+
+        The :class:`DriftExporter` thread calls this.
 
         Returns:
             Whether the gauges were set (the window holds enough rows to score).

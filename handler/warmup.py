@@ -1,24 +1,16 @@
-"""Warm-up requests: answered like any other, kept out of metrics, drift and the audit trail.
+"""Warm-up requests: answered like any other, kept out of metrics, drift and records.
 
-Before ``rtserve.server`` reports a server ready it sends a few hundred real predictions through
-the inference port, so that the frontend's JIT-compiled code, its connection handling and the
-workers are warm when the first client arrives (:mod:`rtserve.server.warmup`). Those requests are not
-traffic: the handler answers them but records nothing for them.
-
-A warm-up request carries :data:`HEADER` with this start's secret key, which ``rtserve.server``
-generates at each start and hands to TorchServe (and so to every worker) in :data:`KEY_ENV`. A
-client without the key cannot hide its requests from the audit trail. A batch is left out only
-when *every* request in it is a warm-up request (the server sends none once it reports ready;
-a client request that shares a batch with one is recorded, with the warm-up rows beside it).
-
-No TorchServe import (the constants are shared with :mod:`rtserve.server.warmup`).
+``rtserve.server`` warms the server with real predictions before it reports ready (:mod:`rtserve.server.warmup`),
+each with :data:`HEADER` set to the start's secret key (:data:`KEY_ENV`), so no client can hide its requests.
+A batch is left out only when *every* request in it is a warm-up request. No TorchServe import.
 """
 
 from __future__ import annotations
 
 import hmac
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 #: The request header of a warm-up request; its value is the start's key. TorchServe's frontend
 #: hands a request's headers to the worker with the spelling the client sent.
@@ -33,8 +25,10 @@ MIN_KEY_LENGTH = 16
 
 
 def warmup_key() -> bytes | None:
-    """This start's warm-up key from the environment; None when there is none (a server not
-    started by ``rtserve.server``: then no request is a warm-up request)."""
+    """This start's warm-up key from the environment; None when there is none.
+
+    None for a server not started by ``rtserve.server``: then no request is a warm-up request.
+    """
     key = os.environ.get(KEY_ENV, "")
     return key.encode() if len(key) >= MIN_KEY_LENGTH else None
 

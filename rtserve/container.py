@@ -1,19 +1,17 @@
-"""The pod's main process (``python -m rtserve server run``): TorchServe in the foreground and, when
-the pod has a gateway (``$RTSERVE_GATEWAY_DIR``), the key sync that feeds it; when it mounts live
-routes (``$RTSERVE_LIVE_ROUTES``), the copy of them that the frontend's agent follows.
+"""The pod's main process (``python -m rtserve server run``): TorchServe in the foreground, plus its side loops.
 
-Composed here, above both, so that :mod:`rtserve.server` never imports the gateway's pieces
-(:mod:`rtserve.gateway.nginx`) nor the promotion's (:mod:`rtserve.promotion.live`), which only
-import the server's.
+With ``$RTSERVE_GATEWAY_DIR`` set it runs the gateway's key sync; with ``$RTSERVE_LIVE_ROUTES`` set, the copy of the
+live routes the frontend's agent follows. Composed here, above both, so that :mod:`rtserve.server` never imports
+:mod:`rtserve.gateway.nginx` nor :mod:`rtserve.promotion.live` (which import the server's pieces).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 from rtserve.gateway.nginx import closing, draining, key_sync
-from rtserve.promotion.live import RoutesSync
+from rtserve.promotion.live.routes import RoutesSync
 from rtserve.server.torchserve import TorchServe, run_foreground
 from rtserve.settings import Settings
 
@@ -21,8 +19,10 @@ logger = logging.getLogger(__name__)
 
 
 def syncs(settings: Settings) -> list[Callable[[], object]]:
-    """What the pod keeps in step every second: the gateway's keys (when the pod has a gateway)
-    and the live routes (when it mounts them: the ConfigMap rtserve-live-routes)."""
+    """What the pod keeps in step every second: the gateway's keys (when the pod has a gateway) and the live routes.
+
+    When it mounts them: the ConfigMap rtserve-live-routes.
+    """
     found: list[Callable[[], object]] = []
     keysync = key_sync(settings)  # the pod's nginx gateway, if it has one
     if keysync is not None:
@@ -31,8 +31,7 @@ def syncs(settings: Settings) -> list[Callable[[], object]]:
         draining(keysync.gateway_dir, False)
         found.append(keysync.sync)
     if settings.live_routes_source is not None:
-        found.append(RoutesSync(settings.live_routes_source, settings.run.live_routes,
-                                logger.info).sync)
+        found.append(RoutesSync(settings.live_routes_source, settings.run.live_routes, logger.info).sync)
     return found
 
 
@@ -52,12 +51,14 @@ def each(hooks: list[Callable[[], object]]) -> Callable[[], None] | None:
 
 
 def run(settings: Settings, stop_timeout: float = 15.0) -> int:
-    """Run the server of ``settings`` until SIGTERM (:func:`~rtserve.server.torchserve.run_foreground`)
-    with the pod's syncs (:func:`syncs`) every second.
+    """Run the server of ``settings`` until SIGTERM, with the pod's syncs (:func:`syncs`) every second.
+
+    The server runs through :func:`~rtserve.server.torchserve.run_foreground`.
 
     Returns:
         The process exit status.
     """
-    server = TorchServe(settings.run_dir, settings.model_store, list(settings.models),
-                        settings.torchserve_config, settings=settings)
+    server = TorchServe(
+        settings.run_dir, settings.model_store, list(settings.models), settings.torchserve_config, settings=settings
+    )
     return run_foreground(server, stop_timeout, on_poll=each(syncs(settings)))

@@ -1,39 +1,18 @@
-"""Where rtserve finds its files and keeps its state: resolved once, from the environment and the
-command line, into one typed :class:`Settings`.
+"""Where rtserve finds its files and keeps its state: resolved once into one typed :class:`Settings`.
 
-Every ``RTSERVE_*`` variable is read here and nowhere else:
-
-- ``RTSERVE_RUN_DIR``: a server's run directory (keys, effective config, logs); ``HOME/.run``;
-- ``RTSERVE_MODEL_STORE``: the model store (``<name>_<version>.mar``); ``HOME/model_store``;
-- ``RTSERVE_CONFIG``: the ``config.properties`` a server starts from; ``HOME/config.properties``;
-- ``RTSERVE_MODELS``: ``NAME=FILE.mar ...`` loaded at start; none;
-- ``RTSERVE_MODEL``: the model the probes ask; ``realtime-classifier``;
-- ``RTSERVE_AGENT_JAR``: the frontend's agent; ``HOME/build/agent/rtserve-agent.jar``;
-- ``RTSERVE_METRICS_DIR``: the workers' metrics files; shared memory, else ``RUN_DIR/metrics``;
-- ``RTSERVE_GATEWAY_DIR``: the pod's gateway directory (set: the pod has a gateway); none;
-- ``RTSERVE_GATEWAY_TOKENS``: the gateway's shared tokens; ``/etc/rtserve-gateway-tokens/tokens``
-- ``RTSERVE_LIVE_ROUTES``: a mounted live routes file the server copies into its run directory
-  when its content changes (a pod's ConfigMap ``rtserve-live-routes``); none
-- ``RTSERVE_RECORDS_STORE``: the records store's contact points, ``host:port,...`` (a pod's
-  ConfigMap ``rtserve-records``); config.properties' ``rtserve_records_store``
-- ``RTSERVE_RUN_VOLUME_LIMIT``: the run directory's volume limit, a Kubernetes quantity (``1Gi``,
-  the pod's ``run`` emptyDir ``sizeLimit``): the server's disk budget is then half of it
-  (:mod:`rtserve.server.disk`) instead of ``rtserve_disk_budget``; none
-
-(and TorchServe's own ``LOG_LOCATION``, which a server started by rtserve sets for its workers).
-``HOME`` is the checkout holding this package (``config.properties``, ``config/``, ``deploy/``,
-``build/``), found once from this file; in the image it is ``/opt/rtserve``.
-An empty variable counts as unset. Files shipped inside the package (the frontend's log
-configuration) are read as package resources (:func:`resource`), not through ``HOME``.
+Every ``RTSERVE_*`` variable is read here and nowhere else (docs/configuration.md lists them with their defaults); an
+empty variable counts as unset. ``HOME`` is the checkout holding this package (``/opt/rtserve`` in the image); files
+shipped inside the package are read as package resources (:func:`resource`), not through ``HOME``.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from rtserve.errors import SettingsError
 
@@ -44,9 +23,13 @@ DEFAULT_MODEL = "realtime-classifier"
 #: Where the pod's gateway tokens are mounted (the Secret rtserve-gateway-tokens).
 DEFAULT_GATEWAY_TOKENS = Path("/etc/rtserve-gateway-tokens/tokens")
 
-#: The files a server keeps in its run directory (see :class:`RunDir`).
+#: The files a server keeps in its run directory (see :class:`RunDir`, which names every one).
 EFFECTIVE_CONFIG = "config.properties"
-KEY_FILE = "key_file.json"
+#: TorchServe's token keys (it writes them into its working directory, the run directory).
+TORCHSERVE_KEY_FILE = "key_file.json"
+#: This start's warm-up key (mode 0600; TorchServe's workers get it in their environment, see
+#: :data:`handler.warmup.KEY_ENV`; :mod:`rtserve.server.warmup`).
+WARMUP_KEY_FILE = "warmup_key"
 #: Created by a drain: readiness is false while it exists (:mod:`rtserve.server.drain`).
 DRAIN_FILE = "draining"
 #: Written once the server answered and was warmed up since its start
@@ -68,16 +51,30 @@ CANARY_LOG_FILE = "canary-watcher.log"
 SHADOW_REPORT_FILE = "shadow-report.json"
 #: The records spool (kept across restarts: the shipper ships what a killed server left).
 RECORDS_DIR = "records"
+#: TorchServe's log files (rtserve/server/log4j2.xml names them), in ``logs/``.
+ACCESS_LOG = "access_log.log"
+MODEL_LOG = "model_log.log"
+TS_LOG = "ts_log.log"
+TS_METRICS_LOG = "ts_metrics.log"
+TORCHSERVE_LOGS = (ACCESS_LOG, MODEL_LOG, TS_LOG, TS_METRICS_LOG, "model_metrics.log")
 
 
 #: A Kubernetes quantity's suffixes, as multiples of a byte (case matters: ``M`` is mega).
-QUANTITY_UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-                  "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+QUANTITY_UNITS = {
+    "": 1,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+}
 _SIZE = re.compile(r"^\s*(?P<number>[0-9]+(?:\.[0-9]*)?)\s*(?P<unit>[A-Za-z]*)\s*$")
 
 
-def byte_size(text: str, where: str, units: Mapping[str, int] = QUANTITY_UNITS,
-              ignore_case: bool = False) -> int:
+def byte_size(text: str, where: str, units: Mapping[str, int] = QUANTITY_UNITS, ignore_case: bool = False) -> int:
     """A size in bytes from ``text``: a number (decimals allowed) and one of ``units``.
 
     Args:
@@ -101,8 +98,9 @@ def byte_size(text: str, where: str, units: Mapping[str, int] = QUANTITY_UNITS,
         size = 0
     if size <= 0:
         shown = ", ".join(u for u in units if u) or "none"
-        raise SettingsError(f"{where}: {text!r} is not a size in bytes: a positive number, then "
-                            f"nothing (bytes) or one of {shown}")
+        raise SettingsError(
+            f"{where}: {text!r} is not a size in bytes: a positive number, then nothing (bytes) or one of {shown}"
+        )
     return size
 
 
@@ -134,12 +132,100 @@ class RunDir:
     @property
     def key_file(self) -> Path:
         """TorchServe's token keys."""
-        return self.path / KEY_FILE
+        return self.path / TORCHSERVE_KEY_FILE
+
+    @property
+    def warmup_key(self) -> Path:
+        """This start's warm-up key (mode 0600)."""
+        return self.path / WARMUP_KEY_FILE
+
+    @property
+    def tmp(self) -> Path:
+        """The frontend's private temp directory (its PID file, the workers' sockets)."""
+        return self.path / "tmp"
+
+    @property
+    def frontend_pid(self) -> Path:
+        """The frontend's PID file (TorchServe writes it into its temp directory)."""
+        return self.tmp / ".model_server.pid"
+
+    @property
+    def metrics(self) -> Path:
+        """The workers' metrics files when neither ``RTSERVE_METRICS_DIR`` nor shared memory is there."""
+        return self.path / "metrics"
+
+    @property
+    def launcher_log(self) -> Path:
+        """The ``torchserve`` launcher's output (a background start)."""
+        return self.path / "launcher.log"
 
     @property
     def logs(self) -> Path:
         """TorchServe's logs (and the metrics exporter's)."""
         return self.path / "logs"
+
+    @property
+    def torchserve_logs(self) -> tuple[Path, ...]:
+        """TorchServe's log files (:data:`TORCHSERVE_LOGS`), each rolled to one backup ``NAME.1``."""
+        return tuple(self.logs / name for name in TORCHSERVE_LOGS)
+
+    @property
+    def access_log(self) -> Path:
+        """The frontend's access log: one line per request."""
+        return self.logs / ACCESS_LOG
+
+    @property
+    def ts_log(self) -> Path:
+        """The frontend's own log (workers' states, batches)."""
+        return self.logs / TS_LOG
+
+    @property
+    def ts_metrics_log(self) -> Path:
+        """The frontend's metrics log (one line per accepted inference request)."""
+        return self.logs / TS_METRICS_LOG
+
+    @property
+    def model_log(self) -> Path:
+        """The workers' output."""
+        return self.logs / MODEL_LOG
+
+    @property
+    def exporter_pid(self) -> Path:
+        """The metrics exporter's PID (:mod:`rtserve.observability.exporter`)."""
+        return self.path / "metrics-exporter.pid"
+
+    @property
+    def exporter_log(self) -> Path:
+        """The metrics exporter's output."""
+        return self.logs / "metrics_exporter.log"
+
+    @property
+    def oip_pid(self) -> Path:
+        """The OIP model routes' PID (:mod:`rtserve.server.oip`)."""
+        return self.path / "oip-routes.pid"
+
+    @property
+    def oip_log(self) -> Path:
+        """The OIP model routes' output."""
+        return self.logs / "oip_routes.log"
+
+    @property
+    def shipper_pid(self) -> Path:
+        """The records shipper's PID (:mod:`rtserve.records.shipper`)."""
+        return self.path / "records-shipper.pid"
+
+    @property
+    def shipper_log(self) -> Path:
+        """The records shipper's output."""
+        return self.logs / "records_shipper.log"
+
+    @property
+    def output_files(self) -> tuple[Path, ...]:
+        """The processes' output files the metrics exporter caps.
+
+        The launcher's, the three sidecars' and the canary watcher's.
+        """
+        return (self.launcher_log, self.exporter_log, self.oip_log, self.shipper_log, self.canary_log)
 
     @property
     def audit_log(self) -> Path:
@@ -148,8 +234,10 @@ class RunDir:
 
     @property
     def records(self) -> Path:
-        """The records spool: one JSON line per answered or rejected request
-        (:mod:`handler.records`), shipped to the store by the server's shipper."""
+        """The records spool: one JSON line per answered or rejected request (:mod:`handler.records`).
+
+        The server's shipper sends them to the store.
+        """
         return self.path / RECORDS_DIR
 
     @property
@@ -161,6 +249,19 @@ class RunDir:
     def warm(self) -> Path:
         """Present once this start's warm-up is done."""
         return self.path / WARM_FILE
+
+    @property
+    def monitor(self) -> Path:
+        """``make monitor``'s Prometheus and Alertmanager: configs, data, logs, PID files."""
+        return self.path / "monitor"
+
+    @property
+    def cassandra(self) -> Path:
+        """``make cassandra``'s local records store node (the Makefile's CASSANDRA_RUN_DIR).
+
+        ``--records-store auto`` looks for it there.
+        """
+        return self.path / "cassandra"
 
     @property
     def history(self) -> Path:
@@ -224,9 +325,10 @@ class Settings:
     run_volume_limit: int | None = None
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
-        """The settings from ``environ`` (default ``os.environ``), then ``overrides`` (a None
-        override is ignored: an option the command line did not get).
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """The settings from ``environ`` (default ``os.environ``), then ``overrides``.
+
+        A None override is ignored: an option the command line did not get.
 
         Raises:
             SettingsError: an override names no setting, ``models`` holds an entry that is
@@ -252,7 +354,7 @@ class Settings:
         }
         return cls(home=home, **values).but(**overrides)
 
-    def but(self, **changes: Any) -> "Settings":
+    def but(self, **changes: Any) -> Settings:
         """These settings with some values replaced (a None change is ignored).
 
         Raises:
@@ -263,8 +365,18 @@ class Settings:
         if unknown:
             raise SettingsError(f"no such setting: {', '.join(sorted(unknown))}")
         changes = {k: v for k, v in changes.items() if v is not None}
-        for name in ("home", "run_dir", "model_store", "config", "agent_jar", "metrics_dir",
-                     "gateway_dir", "gateway_tokens", "live_routes_source", "log_location"):
+        for name in (
+            "home",
+            "run_dir",
+            "model_store",
+            "config",
+            "agent_jar",
+            "metrics_dir",
+            "gateway_dir",
+            "gateway_tokens",
+            "live_routes_source",
+            "log_location",
+        ):
             if name in changes:
                 changes[name] = Path(changes[name])
         if "models" in changes:
@@ -310,5 +422,5 @@ class Settings:
 #: The frontend's log configuration rtserve ships (access, model, metrics and error logs without
 #: TorchServe's per-request chatter; see the file's header): a resource of rtserve.server.
 def log_config() -> Path:
-    """rtserve's log4j2 configuration for TorchServe's frontend (a package resource)."""
+    """Rtserve's log4j2 configuration for TorchServe's frontend (a package resource)."""
     return resource("rtserve.server", "log4j2.xml")

@@ -16,6 +16,16 @@ from rtserve.model.train import package
 from tests.helpers import demo_eager, make
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def go_pin(gomod: Path, module: str) -> str:
+    """The version ``gomod`` requires ``module`` at, as make reads it (scripts/cluster pin)."""
+    done = subprocess.run(
+        [str(REPO / "scripts" / "cluster"), "pin", str(gomod), module], capture_output=True, text=True, check=True
+    )
+    return done.stdout.strip()
+
+
 MODEL_NAME = "realtime-classifier"
 
 
@@ -24,8 +34,7 @@ MODEL_NAME = "realtime-classifier"
 TOOLS = {
     "nginx": ("make nginx-deps", lambda: find_nginx() is not None),
     "wrk": ("make bench-deps", lambda: shutil.which("wrk") is not None),
-    "fastapi": ("make bench-deps",
-                lambda: all(importlib.util.find_spec(m) for m in ("fastapi", "uvicorn"))),
+    "fastapi": ("make bench-deps", lambda: all(importlib.util.find_spec(m) for m in ("fastapi", "uvicorn"))),
 }
 
 
@@ -62,11 +71,21 @@ def make_archive(build_root: Path, version: str, store: Path | None = None, **va
     or the artifact directory given as ``ARTIFACTS=`` (with ``MODEL_NAME=``), into ``store``
     (default ``build_root/model_store``)."""
     store = store or build_root / "model_store"
-    args = [f"MODEL_VERSION={version}", f"MODEL_STORE={store}",
-            f"DEMO_ARTIFACTS={build_root / 'artifacts'}", f"VENV={REPO / '.venv'}"]
+    args = [
+        f"MODEL_VERSION={version}",
+        f"MODEL_STORE={store}",
+        f"DEMO_ARTIFACTS={build_root / 'artifacts'}",
+        f"VENV={REPO / '.venv'}",
+    ]
     args += [f"{k}={v}" for k, v in variables.items()]
-    done = subprocess.run(["make", "-s", "archive", *args], cwd=REPO, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, env=dict(os.environ), text=True)
+    done = subprocess.run(
+        ["make", "-s", "archive", *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=dict(os.environ),
+        text=True,
+    )
     assert done.returncode == 0, f"make archive failed:\n{done.stdout[-3000:]}"
     mar = store / f"{variables.get('MODEL_NAME', MODEL_NAME)}_{version}.mar"
     assert mar.is_file(), f"make archive did not produce {mar}"
@@ -84,8 +103,12 @@ def image_vars(build_root, mar_v1) -> list[str]:
     """Make variables that point the image and pod targets at this session's archives."""
     assert shutil.which("podman"), "podman is missing: `make test` installs it (make pod-deps)"
     make_archive(build_root, "2.0")
-    return [f"MODEL_STORE={mar_v1.parent}", f"DEMO_ARTIFACTS={build_root / 'artifacts'}",
-            f"VENV={REPO / '.venv'}", "DOCKER=podman"]
+    return [
+        f"MODEL_STORE={mar_v1.parent}",
+        f"DEMO_ARTIFACTS={build_root / 'artifacts'}",
+        f"VENV={REPO / '.venv'}",
+        "DOCKER=podman",
+    ]
 
 
 #: A cold `make cluster-deps` compiles Kubernetes, etcd and the add-ons (tens of minutes on 2 cores).
@@ -148,8 +171,9 @@ def monitoring_binary(*names: str) -> str:
             if found:
                 return found
         if attempt == 0:
-            subprocess.run(["make", "-s", "monitor-deps"], cwd=REPO, check=False,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            subprocess.run(
+                ["make", "-s", "monitor-deps"], cwd=REPO, check=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            )
     pytest.fail(f"{names[0]} is missing and `make monitor-deps` could not install it")
 
 

@@ -14,9 +14,9 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import requests
 import yaml
@@ -45,8 +45,7 @@ ROLLED = ("access_log.log", "ts_log.log", "model_log.log", "live-log.jsonl")
 def scraped(server, name: str) -> float:
     """A counter of the server's summed over its labels (the exporter's merged view)."""
     text = requests.get(f"{server.props['metrics_address']}/metrics", timeout=10).text
-    return sum(s.value for family in text_string_to_metric_families(text)
-               for s in family.samples if s.name == name)
+    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples if s.name == name)
 
 
 def small_server(build_root: Path, root: Path, overrides: dict[str, str] | None = None):
@@ -124,35 +123,53 @@ class Loaded:
 
     def report(self) -> str:
         budget = DiskBudget(BUDGET)
-        return (f"{self.sent} requests in {self.seconds:.0f} s ({self.rounds} rounds of wrk -c8, "
-                f"{self.errors} errors): at least {self.written / MiB:.1f} MiB written "
-                f"({self.written / BUDGET:.1f} budgets: the access log alone); run directory at most "
-                f"{self.usage.max_apparent / MiB:.2f} MiB in files, {self.usage.max_allocated / MiB:.2f} "
-                f"MiB allocated, of a {BUDGET / MiB:.0f} MiB budget (the spool's share "
-                f"{budget.shares().spool / MiB:.0f} MiB; {self.usage.samples} samples every {SAMPLE_S} s)\n"
-                "at the largest: " + ", ".join(f"{k} {v / 1024:.0f} KiB" for k, v in sorted(
-                    self.usage.at_max.items(), key=lambda kv: -kv[1])) + "\n"
-                "rollovers seen: " + ", ".join(f"{name} {self.usage.rolls(name)}" for name in
-                                              (*TS_LOGS, "live-log.jsonl") if self.usage.rolls(name) > 0))
+        return (
+            f"{self.sent} requests in {self.seconds:.0f} s ({self.rounds} rounds of wrk -c8, "
+            f"{self.errors} errors): at least {self.written / MiB:.1f} MiB written "
+            f"({self.written / BUDGET:.1f} budgets: the access log alone); run directory at most "
+            f"{self.usage.max_apparent / MiB:.2f} MiB in files, {self.usage.max_allocated / MiB:.2f} "
+            f"MiB allocated, of a {BUDGET / MiB:.0f} MiB budget (the spool's share "
+            f"{budget.shares().spool / MiB:.0f} MiB; {self.usage.samples} samples every {SAMPLE_S} s)\n"
+            "at the largest: "
+            + ", ".join(f"{k} {v / 1024:.0f} KiB" for k, v in sorted(self.usage.at_max.items(), key=lambda kv: -kv[1]))
+            + "\n"
+            "rollovers seen: "
+            + ", ".join(
+                f"{name} {self.usage.rolls(name)}"
+                for name in (*TS_LOGS, "live-log.jsonl")
+                if self.usage.rolls(name) > 0
+            )
+        )
 
 
-def ten_budgets(server, tmp_path: Path, budgets: int = 10, rolled: tuple[str, ...] = ROLLED,
-                round_s: int = ROUND_S, between: Callable[[], None] | None = None) -> Loaded:
+def ten_budgets(
+    server,
+    tmp_path: Path,
+    budgets: int = 10,
+    rolled: tuple[str, ...] = ROLLED,
+    round_s: int = ROUND_S,
+    between: Callable[[], None] | None = None,
+) -> Loaded:
     """Shadow the served version to itself, then load ``server`` with wrk in rounds of
     ``round_s`` until ``budgets`` budgets of access-log lines are written and each file of
     ``rolled`` rolled twice (at most :data:`ROUNDS`; ``between()`` after each round), sampling
     the run directory every :data:`SAMPLE_S`."""
     require("wrk")
     base = server.props["inference_address"]
-    routes = {"model": MODEL_NAME, "log": str(server.files.live_log), "token_file": None, "canary": None,
-              "shadow": {"version": "1.0", "percent": 100.0, "url": f"{base}/predictions/{MODEL_NAME}/1.0"}}
+    routes = {
+        "model": MODEL_NAME,
+        "log": str(server.files.live_log),
+        "token_file": None,
+        "canary": None,
+        "shadow": {"version": "1.0", "percent": 100.0, "url": f"{base}/predictions/{MODEL_NAME}/1.0"},
+    }
     server.files.live_routes.with_suffix(".tmp").write_text(json.dumps(routes))
     os.replace(server.files.live_routes.with_suffix(".tmp"), server.files.live_routes)
     body = tmp_path / "body.json"
     body.write_text(json.dumps(sample_payload()))
     url = f"{base}/predictions/{MODEL_NAME}?pad={'x' * PAD}"
     # the access log line of one request: date, client, the request line, status and time
-    line = len("2026-12-01T00:00:00,000 - /127.0.0.1:1 \"POST ") + len(url) - len(base) + len(" HTTP/1.1\" 200 0\n")
+    line = len('2026-12-01T00:00:00,000 - /127.0.0.1:1 "POST ') + len(url) - len(base) + len(' HTTP/1.1" 200 0\n')
     usage = Usage(server.run_dir)
     done = threading.Event()
 
@@ -168,8 +185,9 @@ def ten_budgets(server, tmp_path: Path, budgets: int = 10, rolled: tuple[str, ..
     try:
         # ten budgets, and every kind of file rolled twice (a busy machine answers fewer
         # requests a round, and the model log takes fewer bytes a request than the access log)
-        while (sent * line < budgets * BUDGET or not all(usage.rolls(name) >= 2 for name in rolled)) \
-                and rounds < ROUNDS:
+        while (
+            sent * line < budgets * BUDGET or not all(usage.rolls(name) >= 2 for name in rolled)
+        ) and rounds < ROUNDS:
             result = run_wrk(url, 8, round_s, server.client().keys.get("inference"), body=body)
             sent += result["requests"]
             errors += sum(result["errors"].values())
@@ -189,8 +207,9 @@ def assert_within_budget(server, loaded: Loaded) -> None:
     shares = DiskBudget(BUDGET).shares()
     assert server.budget == DiskBudget(BUDGET)
     assert loaded.errors == 0
-    assert loaded.written >= loaded.budgets * BUDGET, \
+    assert loaded.written >= loaded.budgets * BUDGET, (
         f"only {loaded.written / BUDGET:.1f} budgets written in {ROUNDS} rounds"
+    )
     assert loaded.usage.max_apparent <= BUDGET and loaded.usage.max_allocated <= BUDGET
     assert loaded.usage.max_records <= shares.spool, loaded.usage.max_records
     for name in loaded.rolled:

@@ -7,9 +7,9 @@ import functools
 import json
 import subprocess
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Iterator
 
 import torch
 import yaml
@@ -26,8 +26,14 @@ MODEL_YAML = yaml.safe_load((REPO / "model" / "model-config.yaml").read_text())
 
 def make(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """``make ARGS`` in the repository with its virtualenv; output (both streams) in ``stdout``."""
-    return subprocess.run(["make", "--no-print-directory", *args, f"VENV={REPO / '.venv'}"], cwd=REPO,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    return subprocess.run(
+        ["make", "--no-print-directory", *args, f"VENV={REPO / '.venv'}"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def assembled_libs(target: str, banner: str, timeout: float) -> Path:
@@ -43,8 +49,9 @@ def assembled_libs(target: str, banner: str, timeout: float) -> Path:
 
 
 @contextlib.contextmanager
-def made_server(start: str, stop: str, where: list[str], processes: Callable[[], list[int]],
-                stop_recorded: Callable[[], object]) -> Iterator[str]:
+def made_server(
+    start: str, stop: str, where: list[str], processes: Callable[[], list[int]], stop_recorded: Callable[[], object]
+) -> Iterator[str]:
     """``make START WHERE...`` (a local server from recorded state); yields its output, then
     ``make STOP WHERE...`` however the block ends, which must leave none of ``processes()``
     (then ``stop_recorded()`` and SIGTERM end what is left, so nothing outlives the session)."""
@@ -100,8 +107,14 @@ def record_batches(spool: Path) -> list[tuple[int, int, int]]:
     for entry in records(spool):
         batches.setdefault(entry["batch"], []).append(entry)
     ordered = sorted(batches.items(), key=lambda kv: (kv[1][0]["time"], int(kv[0].split("-")[1])))
-    return [(lines[0]["batch_size"], sum(e["event"] != "rejected" for e in lines),
-             sum(e["event"] == "explanation" for e in lines)) for _, lines in ordered]
+    return [
+        (
+            lines[0]["batch_size"],
+            sum(e["event"] != "rejected" for e in lines),
+            sum(e["event"] == "explanation" for e in lines),
+        )
+        for _, lines in ordered
+    ]
 
 
 def json_row(body) -> dict:
@@ -119,7 +132,7 @@ def features(n: int = 32, value: float = 0.5) -> list[float]:
     return [value + i for i in range(n)]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def demo_eager(version: str = "1.0") -> torch.nn.Module:
     """The demo model trained in this process (eager, eval mode), once per session. Training is
     deterministic, so it has the weights of the archive `make archive` builds for ``version``."""
@@ -143,8 +156,9 @@ class RandomAnswers(torch.nn.Module):
 
         super().__init__()
         self.norm = base.norm
-        self.register_buffer("weight", torch.randn(len(FEATURE_NAMES), len(LABELS),
-                                                   generator=torch.Generator().manual_seed(7)))
+        self.register_buffer(
+            "weight", torch.randn(len(FEATURE_NAMES), len(LABELS), generator=torch.Generator().manual_seed(7))
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return 4.0 * torch.sin(3.0 * (self.norm(x) @ self.weight))
@@ -159,8 +173,15 @@ def random_archive(build_root: Path, work: Path, version: str, store: Path | Non
 
     out = work / version
     data = make_dataset()
-    export(RandomAnswers(demo_eager("1.0")), data.x_train, feature_names=FEATURE_NAMES,
-           labels=LABELS, version=version, out_dir=out, holdout=(data.x_test, data.y_test))
+    export(
+        RandomAnswers(demo_eager("1.0")),
+        data.x_train,
+        feature_names=FEATURE_NAMES,
+        labels=LABELS,
+        version=version,
+        out_dir=out,
+        holdout=(data.x_test, data.y_test),
+    )
     return make_archive(build_root, version, store, ARTIFACTS=str(out))
 
 
@@ -173,20 +194,21 @@ class Reference:
         self.model = model
 
     @classmethod
-    def demo(cls, model_dir: Path, version: str = "1.0") -> "Reference":
+    def demo(cls, model_dir: Path, version: str = "1.0") -> Reference:
         """The in-process eager demo model with the metadata of an artifact directory."""
         return cls(demo_eager(version), ModelMetadata.load(Path(model_dir) / "meta.json"))
 
     @classmethod
-    def from_mar(cls, mar: Path, model) -> "Reference":
+    def from_mar(cls, mar: Path, model) -> Reference:
         """``model`` (eager, in-process) with the metadata packed inside a ``.mar`` archive; the
         archive's golden set must be ``model``'s own answers (so it packs the same weights)."""
         raw = read_archive(mar).meta
         meta = ModelMetadata(**{k: raw[k] for k in ModelMetadata.__dataclass_fields__ if k in raw})
         ref = cls(model, meta)
         golden = ref.probabilities(meta.golden["features"])
-        assert torch.allclose(golden, torch.tensor(meta.golden["probabilities"]), atol=1e-5), \
+        assert torch.allclose(golden, torch.tensor(meta.golden["probabilities"]), atol=1e-5), (
             f"{mar.name} does not pack the weights of the in-process model"
+        )
         return ref
 
     def probabilities(self, rows: list[list[float]]) -> torch.Tensor:
@@ -195,7 +217,11 @@ class Reference:
             return torch.softmax(self.model(torch.tensor(rows, dtype=torch.float32)), dim=1)
 
     def integrated_gradients(
-        self, row: list[float], target: int, n_steps: int = 50, baseline: str = "mean",
+        self,
+        row: list[float],
+        target: int,
+        n_steps: int = 50,
+        baseline: str = "mean",
     ) -> tuple[list[float], float]:
         """Captum run directly on ``softmax(model(x))`` for one row alone, from a raw baseline
         (training mean or zeros): (attributions, delta)."""
@@ -208,8 +234,8 @@ class Reference:
         mean = torch.tensor(self.meta.mean, dtype=torch.float32)
         base = mean if baseline == "mean" else torch.zeros_like(mean)
         attributions, delta = IntegratedGradients(forward).attribute(
-            x, baselines=base.unsqueeze(0), target=target, n_steps=n_steps,
-            return_convergence_delta=True)
+            x, baselines=base.unsqueeze(0), target=target, n_steps=n_steps, return_convergence_delta=True
+        )
         return attributions[0].tolist(), float(delta[0])
 
 
@@ -217,6 +243,7 @@ def agreement(default: Reference, candidate: Reference, rows: list[list[float]])
     """On how many ``rows`` the two in-process models give the same class, and on how many
     either model's two highest probabilities are within 1e-4 (a served export may class such a
     row otherwise: each is the tolerance of one request when compared with a served report)."""
+
     def classes(reference: Reference) -> tuple[list[int], list[float]]:
         top = reference.probabilities(rows).topk(2, dim=1)
         return top.indices[:, 0].tolist(), (top.values[:, 0] - top.values[:, 1]).tolist()
@@ -251,8 +278,7 @@ def routes_lines(run_dir: Path) -> list[str]:
     from rtserve.server.properties import routes_file
 
     start = f"[rtserve-agent] live routes: {routes_file(run_dir)}"
-    return [line for line in (Path(run_dir) / "launcher.log").read_text().splitlines()
-            if line.startswith(start)]
+    return [line for line in (Path(run_dir) / "launcher.log").read_text().splitlines() if line.startswith(start)]
 
 
 def routes_applied(run_dir: Path, before: int, timeout: float = 10.0, expect: str | None = None) -> str:
@@ -267,14 +293,15 @@ def routes_applied(run_dir: Path, before: int, timeout: float = 10.0, expect: st
         found = [line for line in lines[before:] if expect is None or expect in line]
         if found:
             return found[0]
-        assert time.monotonic() < deadline, (f"the agent did not read the routes file within "
-                                             f"{timeout:g} s (expected {expect!r}; its last lines: "
-                                             f"{lines[-3:]})")
+        assert time.monotonic() < deadline, (
+            f"the agent did not read the routes file within "
+            f"{timeout:g} s (expected {expect!r}; its last lines: "
+            f"{lines[-3:]})"
+        )
         time.sleep(0.05)
 
 
-def settled(read: Callable[[], list], at_least: int = 0, quiet_s: float = 1.0,
-            timeout: float = 20.0) -> list:
+def settled(read: Callable[[], list], at_least: int = 0, quiet_s: float = 1.0, timeout: float = 20.0) -> list:
     """``read()`` once it holds at least ``at_least`` items and has not grown for ``quiet_s``
     (or at ``timeout``): a log the agent appends to has stopped growing. The agent's live log
     is flushed at least every 200 ms (LiveLog.FLUSH_MS), so 1 s without a line is quiet."""
@@ -336,7 +363,8 @@ SLOW_S = 0.5
 #: PORT``; it prints the port it listens on): a stand-in, since no real model can be told to be slow.
 #: A path ending in ``/fast`` is answered at once (model_version "fast"): the same stand-in's
 #: cost without its delay, the control of a test that runs it beside the callers' pods.
-SLOW_CANDIDATE = """
+SLOW_CANDIDATE = (
+    """
 import sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -366,13 +394,22 @@ host, port = (sys.argv[1:] + ["127.0.0.1", "0"])[:2]
 server = Server((host, int(port)), Slow)
 print(server.server_address[1], flush=True)
 server.serve_forever()
-""" % SLOW_S
+"""
+    % SLOW_S
+)
 
 
-def shadow_cost(load, switch: Callable[[bool], None], settle_s: float, windows: int, window_s: float,
-                attempts: int, what: str, max_allowed_ms: float | None = None,
-                conditions: tuple[str, str] = ("shadow off", f"shadow on ({SLOW_S * 1000:g} ms candidate)"),
-                ) -> list[tuple]:
+def shadow_cost(
+    load,
+    switch: Callable[[bool], None],
+    settle_s: float,
+    windows: int,
+    window_s: float,
+    attempts: int,
+    what: str,
+    max_allowed_ms: float | None = None,
+    conditions: tuple[str, str] = ("shadow off", f"shadow on ({SLOW_S * 1000:g} ms candidate)"),
+) -> list[tuple]:
     """The callers' latency under steady ``load`` (a started :class:`bench.loadgen.SteadyLoad`)
     with the shadow off and on, in alternating windows (off on, on off, ...: a drift of the
     machine falls on both alike); ``switch(on)`` changes the routes, which hold ``settle_s``
@@ -401,19 +438,30 @@ def shadow_cost(load, switch: Callable[[bool], None], settle_s: float, windows: 
         load.mark("switch")
         time.sleep(0.5)  # the last window's requests answered
         records = list(load.records)
-        off, on = ([summarize([replace(r, phase=c) for r in records
-                               if r.phase.startswith(f"{c} {attempt}.")])[0] for c in ("off", "on")])
-        halves = [summarize([replace(r, phase="off") for r in records
-                             if r.phase in {f"off {attempt}.{i}" for i in range(half, windows, 2)}])[0]
-                  for half in (0, 1)]
+        off, on = [
+            summarize([replace(r, phase=c) for r in records if r.phase.startswith(f"{c} {attempt}.")])[0]
+            for c in ("off", "on")
+        ]
+        halves = [
+            summarize(
+                [
+                    replace(r, phase="off")
+                    for r in records
+                    if r.phase in {f"off {attempt}.{i}" for i in range(half, windows, 2)}
+                ]
+            )[0]
+            for half in (0, 1)
+        ]
         noise = abs(halves[0].p99_ms - halves[1].p99_ms)
         allowed = max(5.0, noise) if max_allowed_ms is None else min(max(5.0, noise), max_allowed_ms)
         results.append((off, on, allowed))
-        print(f"attempt {attempt + 1}: callers' latency ({what}), {windows} x {window_s:g} s per "
-              f"condition: {conditions[0]} p50 {off.p50_ms:.2f} ms p99 {off.p99_ms:.2f} ms ({off.sent} "
-              f"requests); {conditions[1]} p50 {on.p50_ms:.2f} ms p99 {on.p99_ms:.2f} ms "
-              f"({on.sent} requests); the {conditions[0]} windows' halves differ by {noise:.2f} ms at p99: "
-              f"allowed {allowed:.2f} ms")
+        print(
+            f"attempt {attempt + 1}: callers' latency ({what}), {windows} x {window_s:g} s per "
+            f"condition: {conditions[0]} p50 {off.p50_ms:.2f} ms p99 {off.p99_ms:.2f} ms ({off.sent} "
+            f"requests); {conditions[1]} p50 {on.p50_ms:.2f} ms p99 {on.p99_ms:.2f} ms "
+            f"({on.sent} requests); the {conditions[0]} windows' halves differ by {noise:.2f} ms at p99: "
+            f"allowed {allowed:.2f} ms"
+        )
         if on.p99_ms - off.p99_ms <= allowed:
             break
         switch(True)  # the next attempt starts as the first did: shadow on

@@ -6,12 +6,9 @@
     python -m rtserve probe ready
     python -m rtserve <group> --help
 
-Each group is a module of this package, named as the group, that parses its options and hands
-off to the domain packages, imported only when its command runs (the probes never import torch).
-A command line that starts with a group's name builds that group's parser alone, so a command
-imports no other group (``--help`` builds them all). An rtserve error
-(:class:`rtserve.errors.RtserveError`) ends any command the same way: ``error: <message>`` on
-stdout (stderr for the cluster group), exit status 1.
+Each group is the module of this package of its name; a command line builds only its group's parser,
+and the domain packages are imported when the command runs. An :class:`rtserve.errors.RtserveError`
+ends any command with ``error: <message>`` on stderr and exit status 1; a parse error exits 2.
 """
 
 from __future__ import annotations
@@ -21,18 +18,35 @@ import logging
 import sys
 from importlib import import_module
 
-from rtserve.errors import RtserveError
+from rtserve.errors import EXIT_ERROR, RtserveError
 
 #: The groups (the modules of this package of the same names), in the order ``--help`` lists them.
-GROUPS = ("client", "versions", "live", "server", "probe", "gateway", "monitor", "model", "k8s",
-          "cluster", "kafka", "stream", "records", "cassandra")
+GROUPS = (
+    "client",
+    "versions",
+    "live",
+    "server",
+    "probe",
+    "gateway",
+    "monitor",
+    "model",
+    "k8s",
+    "cluster",
+    "kafka",
+    "stream",
+    "records",
+    "cassandra",
+)
 
 
 def build_parser(group: str | None = None) -> argparse.ArgumentParser:
-    """The argument parser: one sub-parser per group, one per command below it; only the
-    sub-parser of ``group`` when it names one (what a command line that starts with it needs)."""
-    parser = argparse.ArgumentParser(prog="python -m rtserve", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    """The argument parser: one sub-parser per group, one per command below it.
+
+    Only the sub-parser of ``group`` when it names one (what a command line that starts with it needs).
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m rtserve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     groups = parser.add_subparsers(dest="group", required=True, metavar="GROUP")
     for name in (group,) if group in GROUPS else GROUPS:
         import_module(f"{__name__}.{name}").add(groups)
@@ -40,15 +54,21 @@ def build_parser(group: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; its exit status (an rtserve error: one ``error:`` line, then 1)."""
+    """Run one command and return its exit status.
+
+    An rtserve error prints one ``error:`` line on stderr and returns :data:`~rtserve.errors.EXIT_ERROR`.
+    """
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv[0] if argv else None).parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format=getattr(args, "log_format", "%(message)s"),
-                        stream=sys.stderr if getattr(args, "log_stream", "") == "stderr" else sys.stdout)
+    logging.basicConfig(
+        level=logging.INFO,
+        format=getattr(args, "log_format", "%(message)s"),
+        stream=sys.stderr if getattr(args, "log_stream", "") == "stderr" else sys.stdout,
+    )
     try:
         return args.func(args) or 0
     except RtserveError as exc:
-        stream = sys.stderr if getattr(args, "error_stream", "") == "stderr" else sys.stdout
-        stream.write(f"error: {exc}\n")
-        stream.flush()
-        return 1
+        sys.stdout.flush()  # what the command printed comes first where both streams meet
+        sys.stderr.write(f"error: {exc}\n")
+        sys.stderr.flush()
+        return EXIT_ERROR

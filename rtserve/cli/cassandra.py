@@ -8,9 +8,7 @@
     python -m rtserve cassandra run --libs DIR --run-dir DIR --host POD_IP [--port 9042]
         [--storage-port 7000] [--heap 512m]      # in the foreground: becomes the JVM
 
-``make cassandra``, ``make cassandra-status`` and ``make cassandra-stop`` call these;
-``make cassandra-deps`` assembles DIR from Maven Central. ``run`` is the records store's container
-in Kubernetes (deploy/k8s/components/cassandra, the image deploy/cassandra/Containerfile).
+``make cassandra-deps`` assembles DIR; ``run`` is the store's container in Kubernetes (deploy/k8s/components/cassandra).
 """
 
 from __future__ import annotations
@@ -23,6 +21,8 @@ import time
 from pathlib import Path
 
 from rtserve.cli.common import command, group
+from rtserve.records import foreground
+from rtserve.records.node import Layout
 from rtserve.settings import PACKAGE_HOME
 
 RUN_DIR = PACKAGE_HOME / ".run" / "cassandra"
@@ -44,8 +44,7 @@ def _ip(text: str) -> str:
     try:
         return str(ipaddress.ip_address(text.strip()))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an IP address (the pod's: status.podIP), "
-                                         f"got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected an IP address (the pod's: status.podIP), got {text!r}") from None
 
 
 def _heap(text: str) -> str:
@@ -55,17 +54,17 @@ def _heap(text: str) -> str:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    """Start the node (its data stays from the last start unless --fresh), wait until a CQL
-    session connects, create the records' schema."""
+    """Start the node, wait until a CQL session connects, create the records' schema.
+
+    Its data stays from the last start unless --fresh.
+    """
     from rtserve.records import local, store
-    from rtserve.records.node import Layout
 
     # The driver's INFO lines (the data center it chose) are not this command's output.
     logging.getLogger("cassandra").setLevel(logging.WARNING)
     run_dir = args.run_dir.resolve()
     wanted = {"native": args.port, "storage": args.storage_port}
-    layout = Layout(run_dir, args.libs.resolve(), local.resolve_ports(run_dir, wanted),
-                    heap=args.heap, java=args.java)
+    layout = Layout(run_dir, args.libs.resolve(), local.resolve_ports(run_dir, wanted), heap=args.heap, java=args.java)
     begin = time.monotonic()
     took = local.start(layout, fresh=args.fresh)
     steps = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in took.items())
@@ -76,16 +75,24 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Run the node in the foreground on --host (a pod's IP): write its configuration under
-    --run-dir, then become its JVM (the log goes to the standard output too)."""
-    from rtserve.records import foreground
-    from rtserve.records.node import Layout
+    """Run the node in the foreground on --host (a pod's IP).
 
-    layout = Layout(args.run_dir.resolve(), args.libs.resolve(),
-                    {"native": args.port, "storage": args.storage_port}, heap=args.heap,
-                    java=args.java, host=args.host, console=True)
-    print(f">> Cassandra node on {layout.address} (storage port {args.storage_port}, heap "
-          f"{args.heap}); data and logs in {layout.run_dir}", flush=True)
+    Writes its configuration under --run-dir, then becomes its JVM (the log goes to the standard output too).
+    """
+    layout = Layout(
+        args.run_dir.resolve(),
+        args.libs.resolve(),
+        {"native": args.port, "storage": args.storage_port},
+        heap=args.heap,
+        java=args.java,
+        host=args.host,
+        console=True,
+    )
+    print(
+        f">> Cassandra node on {layout.address} (storage port {args.storage_port}, heap "
+        f"{args.heap}); data and logs in {layout.run_dir}",
+        flush=True,
+    )
     foreground.run(layout)
     return 0  # not reached: run() replaces this process
 
@@ -95,8 +102,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
     from rtserve.records import local
 
     stopped = local.stop(args.run_dir)
-    print(f">> {stopped}; data kept in {args.run_dir}" if stopped else
-          f">> no Cassandra node runs from {args.run_dir}")
+    print(f">> {stopped}; data kept in {args.run_dir}" if stopped else f">> no Cassandra node runs from {args.run_dir}")
     return 0
 
 
@@ -120,30 +126,37 @@ def cmd_address(args: argparse.Namespace) -> int:
 
 def add(groups: argparse._SubParsersAction) -> None:
     commands = group(groups, "cassandra", __doc__)
-    run_dir = (["--run-dir"], {"type": Path, "default": RUN_DIR,
-                               "help": "the node's config, data, logs and PID file"})
-    command(commands, "start", cmd_start,
-            (["--libs"], {"type": Path, "required": True,
-                          "help": "the classpath directory make cassandra-deps fills"}),
-            (["--port"], {"type": _port, "default": 0,
-                          "help": "the CQL port (default: the recorded one, else a free one)"}),
-            (["--storage-port"], {"type": _port, "default": 0,
-                                  "help": "the storage (gossip) port (default: as --port)"}),
-            (["--heap"], {"type": _heap, "default": "512m", "help": "the JVM's heap (-Xms and -Xmx)"}),
-            (["--java"], {"default": "java", "help": "the java program (Java 17)"}),
-            (["--fresh"], {"action": "store_true", "help": "delete the node's data first"}),
-            run_dir)
-    command(commands, "run", cmd_run,
-            (["--libs"], {"type": Path, "required": True, "help": "the classpath directory"}),
-            (["--run-dir"], {"type": Path, "required": True,
-                             "help": "the node's config, data and logs (its volume)"}),
-            (["--host"], {"type": _ip, "required": True,
-                          "help": "the address to listen on and give clients (the pod's IP)"}),
-            (["--port"], {"type": _listen_port, "default": 9042, "help": "the CQL port"}),
-            (["--storage-port"], {"type": _listen_port, "default": 7000,
-                                  "help": "the storage (gossip) port"}),
-            (["--heap"], {"type": _heap, "default": "512m", "help": "the JVM's heap (-Xms and -Xmx)"}),
-            (["--java"], {"default": "java", "help": "the java program (Java 17)"}))
+    run_dir = (["--run-dir"], {"type": Path, "default": RUN_DIR, "help": "the node's config, data, logs and PID file"})
+    command(
+        commands,
+        "start",
+        cmd_start,
+        (["--libs"], {"type": Path, "required": True, "help": "the classpath directory make cassandra-deps fills"}),
+        (
+            ["--port"],
+            {"type": _port, "default": 0, "help": "the CQL port (default: the recorded one, else a free one)"},
+        ),
+        (["--storage-port"], {"type": _port, "default": 0, "help": "the storage (gossip) port (default: as --port)"}),
+        (["--heap"], {"type": _heap, "default": "512m", "help": "the JVM's heap (-Xms and -Xmx)"}),
+        (["--java"], {"default": "java", "help": "the java program (Java 17)"}),
+        (["--fresh"], {"action": "store_true", "help": "delete the node's data first"}),
+        run_dir,
+    )
+    command(
+        commands,
+        "run",
+        cmd_run,
+        (["--libs"], {"type": Path, "required": True, "help": "the classpath directory"}),
+        (["--run-dir"], {"type": Path, "required": True, "help": "the node's config, data and logs (its volume)"}),
+        (
+            ["--host"],
+            {"type": _ip, "required": True, "help": "the address to listen on and give clients (the pod's IP)"},
+        ),
+        (["--port"], {"type": _listen_port, "default": 9042, "help": "the CQL port"}),
+        (["--storage-port"], {"type": _listen_port, "default": 7000, "help": "the storage (gossip) port"}),
+        (["--heap"], {"type": _heap, "default": "512m", "help": "the JVM's heap (-Xms and -Xmx)"}),
+        (["--java"], {"default": "java", "help": "the java program (Java 17)"}),
+    )
     command(commands, "stop", cmd_stop, run_dir)
     command(commands, "status", cmd_status, run_dir)
     command(commands, "address", cmd_address, run_dir)

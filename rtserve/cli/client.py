@@ -1,8 +1,8 @@
 """``python -m rtserve client``: call a running server's inference API (and print a token for curl).
 
-    python -m rtserve client token                 # the inference key, for curl
-    python -m rtserve client predict realtime-classifier examples/request.json
-    python -m rtserve client explain realtime-classifier examples/request.json --target 0
+python -m rtserve client token                 # the inference key, for curl
+python -m rtserve client predict realtime-classifier examples/request.json
+python -m rtserve client explain realtime-classifier examples/request.json --target 0
 """
 
 from __future__ import annotations
@@ -13,12 +13,11 @@ import sys
 from pathlib import Path
 
 from rtserve.cli.common import client, client_options, command, emit, group
+from rtserve.errors import TorchServeError
 
 
 def cmd_token(args: argparse.Namespace) -> None:
     """Print a token key from the key file (for curl)."""
-    from rtserve.errors import TorchServeError
-
     api = client(args)
     key = api.keys.get(args.kind)
     if not key:
@@ -42,8 +41,19 @@ def cmd_explain(args: argparse.Namespace) -> None:
 
 def add(groups: argparse._SubParsersAction) -> None:
     commands = group(groups, "client", __doc__, parents=(client_options(),))
-    command(commands, "token", cmd_token, (["kind"], {"nargs": "?", "default": "inference",
-                                                       "choices": ["inference", "management", "API"]}))
+    command(
+        commands,
+        "token",
+        cmd_token,
+        (["kind"], {"nargs": "?", "default": "inference", "choices": ["inference", "management", "API"]}),
+    )
     command(commands, "predict", cmd_predict, (["model"], {}), (["file"], {}), (["--version"], {}))
-    command(commands, "explain", cmd_explain, (["model"], {}), (["file"], {}), (["--version"], {}),
-            (["--target"], {"type": int, "help": "class index to explain (default: the prediction)"}))
+    command(
+        commands,
+        "explain",
+        cmd_explain,
+        (["model"], {}),
+        (["file"], {}),
+        (["--version"], {}),
+        (["--target"], {"type": int, "help": "class index to explain (default: the prediction)"}),
+    )

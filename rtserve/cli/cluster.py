@@ -8,8 +8,7 @@
     python -m rtserve cluster stop [--run-dir .run/cluster]
     python -m rtserve cluster load [--run-dir .run/cluster] [--engine podman] IMAGE [IMAGE ...]
 
-``make cluster-modules``, ``make cluster-addon-modules``, ``make cluster``, ``make cluster-status``,
-``make cluster-stop`` and ``make cluster-load`` call these. An error is one line on stderr.
+``make cluster``, ``make cluster-status``, ``make cluster-load``, ... call these.
 """
 
 from __future__ import annotations
@@ -19,6 +18,8 @@ import time
 from pathlib import Path
 
 from rtserve.cli.common import command, group, named_port
+from rtserve.cluster import gomod, images, runtime
+from rtserve.cluster.components import PORT_NAMES, Layout
 from rtserve.settings import PACKAGE_HOME
 
 RUN_DIR = PACKAGE_HOME / ".run" / "cluster"
@@ -27,15 +28,11 @@ CONTAINERD_ROOT = Path.home() / ".cache" / "rtserve" / "cluster" / "containerd"
 
 
 def _port(text: str) -> tuple[str, int]:
-    from rtserve.cluster.components import PORT_NAMES
-
     return named_port(text, PORT_NAMES)
 
 
 def cmd_modules(args: argparse.Namespace) -> int:
     """Regenerate deploy/cluster's go.mod and go.sum files."""
-    from rtserve.cluster import gomod
-
     for written in gomod.write_modules(args.dir, args.kubernetes, args.etcd, args.go):
         print(f">> wrote {written} and its go.sum")
     return 0
@@ -43,23 +40,22 @@ def cmd_modules(args: argparse.Namespace) -> int:
 
 def cmd_addon_modules(args: argparse.Namespace) -> int:
     """Regenerate deploy/cluster/addons' go.mod and go.sum files (CoreDNS, metrics-server)."""
-    from rtserve.cluster import gomod
-
     for written in gomod.write_addon_modules(args.dir, args.coredns, args.metrics_server, args.go):
         print(f">> wrote {written} and its go.sum")
     return 0
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    """Start etcd, the API server, the controller manager, the scheduler and the node (containerd,
-    kubelet, kube-proxy)."""
-    from rtserve.cluster import runtime
-    from rtserve.cluster.components import Layout
-
-    layout = Layout(args.run_dir.resolve(), args.bin_dir.resolve(), args.kubeconfig.resolve(),
-                    runtime.resolve_ports(dict(args.port)), args.containerd_root.resolve(),
-                    args.pause.resolve() if args.pause else None,
-                    args.addons_bin_dir.resolve() if args.addons_bin_dir else None)
+    """Start etcd, the API server, controller manager, scheduler and node (containerd, kubelet, kube-proxy)."""
+    layout = Layout(
+        args.run_dir.resolve(),
+        args.bin_dir.resolve(),
+        args.kubeconfig.resolve(),
+        runtime.resolve_ports(dict(args.port)),
+        args.containerd_root.resolve(),
+        args.pause.resolve() if args.pause else None,
+        args.addons_bin_dir.resolve() if args.addons_bin_dir else None,
+    )
     begin = time.monotonic()
     took = runtime.start(layout)
     steps = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in took.items())
@@ -72,8 +68,6 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 def cmd_stop(args: argparse.Namespace) -> int:
     """Stop the cluster of --run-dir (by its PID files)."""
-    from rtserve.cluster import runtime
-
     stopped = runtime.stop(args.run_dir)
     print(f">> stopped {args.run_dir}:" if stopped else f">> no cluster runs from {args.run_dir}")
     for line in stopped:
@@ -83,8 +77,6 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Say whether each component of the cluster of --run-dir runs (exit 3 when one does not)."""
-    from rtserve.cluster import runtime
-
     states = runtime.status(args.run_dir)
     if not states:
         print(f">> no cluster was started from {args.run_dir} (make cluster)")
@@ -97,10 +89,10 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_load(args: argparse.Namespace) -> int:
-    """Load images built here into the cluster's node (podman save | ctr images import), skipping
-    those it holds already."""
-    from rtserve.cluster import images
+    """Load images built here into the cluster's node (podman save | ctr images import).
 
+    Images the node holds already are skipped.
+    """
     begin = time.monotonic()
     done = images.load(images.node_ctr(args.run_dir, args.ctr), args.image, args.engine)
     imported = sum(1 for d in done if d.action == "imported")
@@ -111,33 +103,67 @@ def cmd_load(args: argparse.Namespace) -> int:
 def add(groups: argparse._SubParsersAction) -> None:
     commands = group(groups, "cluster", __doc__)
     run_dir = (["--run-dir"], {"type": Path, "default": RUN_DIR})
-    errors = {"error_stream": "stderr"}
-    command(commands, "modules", cmd_modules,
-            (["--dir"], {"type": Path, "default": Path("deploy/cluster")}),
-            (["--kubernetes"], {"required": True, "help": "k8s.io/kubernetes version, e.g. v1.36.3"}),
-            (["--etcd"], {"required": True, "help": "go.etcd.io/etcd/server/v3 version, e.g. v3.6.16"}),
-            (["--go"], {"default": "go", "help": "the go command"}), **errors)
-    command(commands, "addon-modules", cmd_addon_modules,
-            (["--dir"], {"type": Path, "default": Path("deploy/cluster/addons")}),
-            (["--coredns"], {"required": True, "help": "github.com/coredns/coredns version, e.g. v1.15.0"}),
-            (["--metrics-server"], {"required": True, "help": "sigs.k8s.io/metrics-server version, e.g. v0.8.0"}),
-            (["--go"], {"default": "go", "help": "the go command"}), **errors)
-    command(commands, "start", cmd_start,
-            (["--bin-dir"], {"type": Path, "required": True,
-                             "help": "where make cluster-deps built the binaries"}),
-            (["--kubeconfig"], {"type": Path, "default": KUBECONFIG}),
-            (["--containerd-root"], {"type": Path, "default": CONTAINERD_ROOT,
-                                     "help": "containerd's root: the node's images, kept between starts"}),
-            (["--pause"], {"type": Path, "help": "the pause program (default: BIN_DIR/pause)"}),
-            (["--addons-bin-dir"], {"type": Path, "help": "where CoreDNS and metrics-server are (default: BIN_DIR)"}),
-            (["--port"], {"type": _port, "action": "append", "default": [], "metavar": "NAME=PORT",
-                          "help": "a fixed port (default: free ones)"}),
-            run_dir, **errors)
-    command(commands, "stop", cmd_stop, run_dir, **errors)
-    command(commands, "status", cmd_status, run_dir, **errors)
-    command(commands, "load", cmd_load,
-            (["image"], {"nargs": "+", "metavar": "IMAGE",
-                         "help": "an image as the engine names it, e.g. registry.example.com/ml/rtserve:1.0"}),
-            (["--engine"], {"default": "podman", "help": "the engine whose images are saved (podman or docker)"}),
-            (["--ctr"], {"default": "ctr", "help": "containerd's client"}),
-            run_dir, **errors)
+    command(
+        commands,
+        "modules",
+        cmd_modules,
+        (["--dir"], {"type": Path, "default": Path("deploy/cluster")}),
+        (["--kubernetes"], {"required": True, "help": "k8s.io/kubernetes version, e.g. v1.36.3"}),
+        (["--etcd"], {"required": True, "help": "go.etcd.io/etcd/server/v3 version, e.g. v3.6.16"}),
+        (["--go"], {"default": "go", "help": "the go command"}),
+    )
+    command(
+        commands,
+        "addon-modules",
+        cmd_addon_modules,
+        (["--dir"], {"type": Path, "default": Path("deploy/cluster/addons")}),
+        (["--coredns"], {"required": True, "help": "github.com/coredns/coredns version, e.g. v1.15.0"}),
+        (["--metrics-server"], {"required": True, "help": "sigs.k8s.io/metrics-server version, e.g. v0.8.0"}),
+        (["--go"], {"default": "go", "help": "the go command"}),
+    )
+    command(
+        commands,
+        "start",
+        cmd_start,
+        (["--bin-dir"], {"type": Path, "required": True, "help": "where make cluster-deps built the binaries"}),
+        (["--kubeconfig"], {"type": Path, "default": KUBECONFIG}),
+        (
+            ["--containerd-root"],
+            {
+                "type": Path,
+                "default": CONTAINERD_ROOT,
+                "help": "containerd's root: the node's images, kept between starts",
+            },
+        ),
+        (["--pause"], {"type": Path, "help": "the pause program (default: BIN_DIR/pause)"}),
+        (["--addons-bin-dir"], {"type": Path, "help": "where CoreDNS and metrics-server are (default: BIN_DIR)"}),
+        (
+            ["--port"],
+            {
+                "type": _port,
+                "action": "append",
+                "default": [],
+                "metavar": "NAME=PORT",
+                "help": "a fixed port (default: free ones)",
+            },
+        ),
+        run_dir,
+    )
+    command(commands, "stop", cmd_stop, run_dir)
+    command(commands, "status", cmd_status, run_dir)
+    command(
+        commands,
+        "load",
+        cmd_load,
+        (
+            ["image"],
+            {
+                "nargs": "+",
+                "metavar": "IMAGE",
+                "help": "an image as the engine names it, e.g. registry.example.com/ml/rtserve:1.0",
+            },
+        ),
+        (["--engine"], {"default": "podman", "help": "the engine whose images are saved (podman or docker)"}),
+        (["--ctr"], {"default": "ctr", "help": "containerd's client"}),
+        run_dir,
+    )

@@ -6,7 +6,8 @@ import argparse
 import json
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from rtserve.settings import Settings
 
@@ -14,22 +15,31 @@ from rtserve.settings import Settings
 SETTING_OPTIONS = ("run_dir", "model_store", "config", "models", "model")
 
 
-def group(groups: argparse._SubParsersAction, name: str, doc: str,
-          parents: tuple[argparse.ArgumentParser, ...] = ()) -> argparse._SubParsersAction:
+def group(
+    groups: argparse._SubParsersAction, name: str, doc: str, parents: tuple[argparse.ArgumentParser, ...] = ()
+) -> argparse._SubParsersAction:
     """Add the group ``name`` (its ``--help`` is ``doc``); returns where its commands go."""
     summary = doc.strip().split("\n\n", 1)[0].replace("\n", " ")
-    parser = groups.add_parser(name, help=summary.split("``: ", 1)[-1], description=doc,
-                               parents=list(parents),
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = groups.add_parser(
+        name,
+        help=summary.split("``: ", 1)[-1],
+        description=doc,
+        parents=list(parents),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     return parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
 
-def command(commands: argparse._SubParsersAction, name: str, func: Callable[[argparse.Namespace], Any],
-            *arguments: tuple[list[str], dict], parents: tuple[argparse.ArgumentParser, ...] = (),
-            **defaults: Any) -> argparse.ArgumentParser:
+def command(
+    commands: argparse._SubParsersAction,
+    name: str,
+    func: Callable[[argparse.Namespace], Any],
+    *arguments: tuple[list[str], dict],
+    parents: tuple[argparse.ArgumentParser, ...] = (),
+    **defaults: Any,
+) -> argparse.ArgumentParser:
     """Add the command ``name``, run by ``func(args)`` (its docstring is the help)."""
-    parser = commands.add_parser(name, help=func.__doc__, description=func.__doc__,
-                                 parents=list(parents))
+    parser = commands.add_parser(name, help=func.__doc__, description=func.__doc__, parents=list(parents))
     for names, options in arguments:
         parser.add_argument(*names, **options)
     parser.set_defaults(func=func, **defaults)
@@ -45,7 +55,8 @@ def named_port(text: str, names: tuple[str, ...]) -> tuple[str, int]:
     name, _, port = text.partition("=")
     if name not in names or not port.isdigit() or not 0 <= int(port) < 65536:
         raise argparse.ArgumentTypeError(
-            f"expected NAME=PORT with NAME one of {', '.join(names)} (0: a free port), got {text!r}")
+            f"expected NAME=PORT with NAME one of {', '.join(names)} (0: a free port), got {text!r}"
+        )
     return name, int(port)
 
 
@@ -60,12 +71,17 @@ def client_options() -> argparse.ArgumentParser:
     p.add_argument("--inference", default="http://127.0.0.1:8080", help="inference API URL")
     p.add_argument("--management", default="http://127.0.0.1:8081", help="management API URL")
     # $RTSERVE_RUN_DIR is set in the container image: `kubectl exec` finds the pod's keys.
-    p.add_argument("--run-dir", help="the server's run directory (key_file.json, rollout history; "
-                                     "default: $RTSERVE_RUN_DIR or .run)")
+    p.add_argument(
+        "--run-dir",
+        help="the server's run directory (key_file.json, rollout history; default: $RTSERVE_RUN_DIR or .run)",
+    )
     p.add_argument("--key-file", help="TorchServe's key_file.json (default: RUN_DIR/key_file.json)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds per HTTP call")
-    p.add_argument("--model-store", help="the server's model store: archives' golden sets are read "
-                                         "there (default: $RTSERVE_MODEL_STORE or model_store)")
+    p.add_argument(
+        "--model-store",
+        help="the server's model store: archives' golden sets are read "
+        "there (default: $RTSERVE_MODEL_STORE or model_store)",
+    )
     p.add_argument("--gate-config", help="the gate's thresholds (default: config/gate.yaml)")
     return p
 

@@ -1,7 +1,7 @@
 """``python -m rtserve gateway``: the pod's nginx gateway (rtserve.gateway).
 
-    python -m rtserve gateway conf            # the pod's nginx.conf (deploy/k8s/base/gateway-nginx.conf)
-    python -m rtserve gateway sync            # write the map files once, reload nginx if needed
+python -m rtserve gateway conf            # the pod's nginx.conf (deploy/k8s/base/gateway-nginx.conf)
+python -m rtserve gateway sync            # write the map files once, reload nginx if needed
 """
 
 from __future__ import annotations
@@ -12,22 +12,19 @@ import sys
 from pathlib import Path
 
 from rtserve.cli.common import command, group, settings
+from rtserve.gateway.nginx import POD, UPSTREAM_KEY, key_sync, render_nginx_conf
 
 logger = logging.getLogger(__name__)
 
 
 def cmd_conf(args: argparse.Namespace) -> int:
     """Print the pod's nginx.conf."""
-    from rtserve.gateway.nginx import POD, render_nginx_conf
-
     sys.stdout.write(render_nginx_conf(POD))
     return 0
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
     """Write the gateway's map files once (reload nginx if it runs)."""
-    from rtserve.gateway.nginx import UPSTREAM_KEY, key_sync
-
     keysync = key_sync(settings(args))
     if keysync is None:
         logger.error("RTSERVE_GATEWAY_DIR is not set: no gateway in this container")

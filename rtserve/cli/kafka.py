@@ -5,8 +5,7 @@
     python -m rtserve kafka status [--run-dir .run/kafka]
     python -m rtserve kafka stop [--run-dir .run/kafka]
 
-``make kafka``, ``make kafka-status`` and ``make kafka-stop`` call these; ``make kafka-deps``
-assembles DIR from Maven Central.
+``make kafka``, ``make kafka-status`` and ``make kafka-stop`` call these; ``make kafka-deps`` assembles DIR.
 """
 
 from __future__ import annotations
@@ -17,13 +16,12 @@ from pathlib import Path
 
 from rtserve.cli.common import command, group, named_port
 from rtserve.settings import PACKAGE_HOME
+from rtserve.stream.broker import PORT_NAMES, TOPICS, Layout
 
 RUN_DIR = PACKAGE_HOME / ".run" / "kafka"
 
 
 def _port(text: str) -> tuple[str, int]:
-    from rtserve.stream.broker import PORT_NAMES
-
     return named_port(text, PORT_NAMES)
 
 
@@ -34,14 +32,21 @@ def _positive(text: str) -> int:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    """Format the node's storage (the first time), start the broker and controller, wait until
-    it answers metadata, create the topics."""
+    """Start the broker and controller, wait until it answers metadata, create the topics.
+
+    The node's storage is formatted the first time.
+    """
     from rtserve.stream import local
-    from rtserve.stream.broker import TOPICS, Layout
 
     run_dir = args.run_dir.resolve()
-    layout = Layout(run_dir, args.libs.resolve(), local.resolve_ports(run_dir, dict(args.port)),
-                    heap=args.heap, partitions=args.partitions, java=args.java)
+    layout = Layout(
+        run_dir,
+        args.libs.resolve(),
+        local.resolve_ports(run_dir, dict(args.port)),
+        heap=args.heap,
+        partitions=args.partitions,
+        java=args.java,
+    )
     begin = time.monotonic()
     took = local.start(layout, fresh=args.fresh)
     steps = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in took.items())
@@ -56,8 +61,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
     from rtserve.stream import local
 
     stopped = local.stop(args.run_dir)
-    print(f">> {stopped}; data kept in {args.run_dir}" if stopped else
-          f">> no Kafka broker runs from {args.run_dir}")
+    print(f">> {stopped}; data kept in {args.run_dir}" if stopped else f">> no Kafka broker runs from {args.run_dir}")
     return 0
 
 
@@ -73,17 +77,27 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def add(groups: argparse._SubParsersAction) -> None:
     commands = group(groups, "kafka", __doc__)
-    run_dir = (["--run-dir"], {"type": Path, "default": RUN_DIR,
-                               "help": "the node's config, data, logs and PID file"})
-    command(commands, "start", cmd_start,
-            (["--libs"], {"type": Path, "required": True,
-                          "help": "the classpath directory make kafka-deps fills"}),
-            (["--port"], {"type": _port, "action": "append", "default": [], "metavar": "NAME=PORT",
-                          "help": "a fixed port (default: the recorded one, else a free one)"}),
-            (["--partitions"], {"type": _positive, "default": 4, "help": "partitions per topic"}),
-            (["--heap"], {"default": "512m", "help": "the JVM's maximum heap (-Xmx)"}),
-            (["--java"], {"default": "java", "help": "the java program (Java 17 or later)"}),
-            (["--fresh"], {"action": "store_true", "help": "delete the run directory's data first"}),
-            run_dir)
+    run_dir = (["--run-dir"], {"type": Path, "default": RUN_DIR, "help": "the node's config, data, logs and PID file"})
+    command(
+        commands,
+        "start",
+        cmd_start,
+        (["--libs"], {"type": Path, "required": True, "help": "the classpath directory make kafka-deps fills"}),
+        (
+            ["--port"],
+            {
+                "type": _port,
+                "action": "append",
+                "default": [],
+                "metavar": "NAME=PORT",
+                "help": "a fixed port (default: the recorded one, else a free one)",
+            },
+        ),
+        (["--partitions"], {"type": _positive, "default": 4, "help": "partitions per topic"}),
+        (["--heap"], {"default": "512m", "help": "the JVM's maximum heap (-Xmx)"}),
+        (["--java"], {"default": "java", "help": "the java program (Java 17 or later)"}),
+        (["--fresh"], {"action": "store_true", "help": "delete the run directory's data first"}),
+        run_dir,
+    )
     command(commands, "stop", cmd_stop, run_dir)
     command(commands, "status", cmd_status, run_dir)

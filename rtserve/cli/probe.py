@@ -4,32 +4,40 @@
     python -m rtserve probe live    # the frontend answers HTTP at all (any status)
     python -m rtserve probe drain --propagation 10 --timeout 15   # preStop hook
 
-Every command prints one line (the kubelet keeps it in the pod's events) and exits 0 on
-success, 1 on failure. The run directory and model come from ``--run-dir`` / ``--model`` or
-``$RTSERVE_RUN_DIR`` / ``$RTSERVE_MODEL``, the variables the container sets for the server too.
+Every command prints one line (kept in the pod's events) and exits 0 on success, 1 on failure.
+The run directory and model: ``--run-dir`` / ``--model``, else ``$RTSERVE_RUN_DIR`` / ``$RTSERVE_MODEL``.
 """
 
 from __future__ import annotations
 
 import argparse
-import threading
 import sys
+import threading
 from pathlib import Path
 
 from rtserve.cli.common import command, group, settings
+from rtserve.server.probe import drain, live, ready
 
 
 def options() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--run-dir", type=Path, help="the server's run directory (default: $RTSERVE_RUN_DIR)")
     p.add_argument("--model", help="model that must answer (default: $RTSERVE_MODEL)")
-    p.add_argument("--timeout", type=float, default=None,
-                   help="ready/live: seconds per HTTP call (3); drain: most seconds to wait "
-                        "for idleness after --propagation (15)")
-    p.add_argument("--propagation", type=float, default=10.0,
-                   help="drain: seconds between readiness turning false and the idle wait")
-    p.add_argument("--quiet", type=float, default=2.0,
-                   help="drain: idle means nothing arrived, queued or running for this long")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="ready/live: seconds per HTTP call (3); drain: most seconds to wait for idleness after --propagation (15)",
+    )
+    p.add_argument(
+        "--propagation",
+        type=float,
+        default=10.0,
+        help="drain: seconds between readiness turning false and the idle wait",
+    )
+    p.add_argument(
+        "--quiet", type=float, default=2.0, help="drain: idle means nothing arrived, queued or running for this long"
+    )
     return p
 
 
@@ -40,33 +48,24 @@ def _verdict(result) -> int:
 
 def cmd_ready(args: argparse.Namespace) -> int:
     """Ready: not draining, /ping healthy, and the model answers a prediction."""
-    from rtserve.server.probe import ready
-
     s = settings(args)
     return _verdict(ready(s.run_dir, s.model, args.timeout or 3.0))
 
 
 def cmd_live(args: argparse.Namespace) -> int:
     """Live: the frontend answers /ping with any HTTP status (models may be loading)."""
-    from rtserve.server.probe import live
-
     return _verdict(live(settings(args).run_dir, args.timeout or 3.0))
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
     """Readiness false, then wait for traffic to move away and in-flight work to finish."""
-    from rtserve.server.probe import drain
-
     s = settings(args)
     timeout = 15.0 if args.timeout is None else args.timeout
     timer = None
     if s.gateway_dir is not None:
-        # Once the endpoints are gone (no new connection comes), each answer of the pod's gateway
-        # closes its client's keep-alive connection, so the client reconnects to a ready pod
-        # after its answer (kube-proxy routes only new connections). The connections still open
-        # when the drain ends have been idle since (at least its quiet seconds): the gateway
-        # closes them then, before TorchServe stops. Closing a busy idle connection at once
-        # would race a request the client is sending on it.
+        # Once the endpoints are gone, each gateway answer closes its client's keep-alive connection, so the
+        # client reconnects to a ready pod (kube-proxy routes only new connections). Connections still open
+        # when the drain ends are closed then: closing one at once would race a request sent on it.
         from rtserve.gateway.nginx import close_client_connections, closing, draining
 
         # First, the gateway's /readyz answers 503: the kubelet's HTTP probe of the gateway takes

@@ -5,9 +5,8 @@
     python -m rtserve records export --version V --since 1d --out FILE    # JSON lines for training
     python -m rtserve records ship --spool DIR --budget BYTES [--store HOST:PORT,...]
 
-The lookups read the store the server of ``--run-dir`` was started with (its effective
-config.properties' ``rtserve_records_store``, or ``--store``), else its local spool. ``ship`` is
-the shipper the server runs beside TorchServe (it starts it; for a look by hand).
+The lookups read the store the server of ``--run-dir`` was started with (or ``--store``), else its
+local spool. ``ship`` is the shipper the server runs beside TorchServe (here for a look by hand).
 """
 
 from __future__ import annotations
@@ -21,6 +20,9 @@ import threading
 from pathlib import Path
 
 from rtserve.cli.common import command, group, settings
+from rtserve.errors import StoreUnavailable
+from rtserve.records.lookup import Source, contact_points, export, since
+from rtserve.records.shipper import Shipper, ShipperConfig, ShipperMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +36,6 @@ def _quiet_driver() -> None:
 
 
 def _source(args: argparse.Namespace):
-    from rtserve.records.lookup import Source
-
     _quiet_driver()
     found = Source.of(settings(args).run_dir, args.store, args.keyspace)
     print(f"(reading {found.describe()})", file=sys.stderr)
@@ -54,8 +54,6 @@ def cmd_find(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     """Print the newest --limit records since --since (of --version), one JSON line each, oldest first."""
-    from rtserve.records.lookup import since
-
     model = settings(args).model
     for record in _source(args).latest(model, since(args.since), args.version, args.limit):
         print(json.dumps(record.document))
@@ -64,25 +62,17 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Write every record since --since (of --version) to --out as JSON lines, oldest first."""
-    from rtserve.records.lookup import export, since
-
     source = _source(args)
     model = settings(args).model
     count = export(source.window(model, since(args.since), args.version), args.out, raw=args.raw)
-    print(f">> {count} records of {model}{' ' + args.version if args.version else ''} since "
-          f"{args.since} -> {args.out}")
+    print(f">> {count} records of {model}{' ' + args.version if args.version else ''} since {args.since} -> {args.out}")
     return 0
 
 
 def cmd_ship(args: argparse.Namespace) -> int:
     """Ship the spool's records to the store until SIGTERM, then ship what is left (the server runs it)."""
-    from rtserve.errors import StoreUnavailable
-    from rtserve.records.lookup import contact_points
-    from rtserve.records.shipper import Shipper, ShipperConfig, ShipperMetrics
-
     _quiet_driver()
-    config = ShipperConfig(args.spool.resolve(), args.budget, keep=args.keep,
-                           stop_seconds=args.stop_seconds)
+    config = ShipperConfig(args.spool.resolve(), args.budget, keep=args.keep, stop_seconds=args.stop_seconds)
     stopping = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stopping.set())
@@ -96,16 +86,20 @@ def cmd_ship(args: argparse.Namespace) -> int:
                 store = Store.connect(points, keyspace=args.keyspace, ttl_seconds=int(args.ttl_days * 86400))
                 store.ensure_schema()
             except StoreUnavailable as exc:
-                logger.warning("records store %s not reachable yet (the spool keeps the records): %s",
-                               args.store, exc)
+                logger.warning("records store %s not reachable yet (the spool keeps the records): %s", args.store, exc)
                 store = None
                 stopping.wait(5.0)
         if store is None:
             return 0
     shipper = Shipper(config, store, ShipperMetrics())
-    logger.info("records shipper: spool %s (budget %d bytes), %s", config.spool, config.budget,
-                f"store {args.store} (keyspace {args.keyspace}, TTL {args.ttl_days:g} days)" if store
-                else "no store: the spool is kept locally")
+    logger.info(
+        "records shipper: spool %s (budget %d bytes), %s",
+        config.spool,
+        config.budget,
+        f"store {args.store} (keyspace {args.keyspace}, TTL {args.ttl_days:g} days)"
+        if store
+        else "no store: the spool is kept locally",
+    )
     try:
         shipper.run(stopping)
     finally:
@@ -123,33 +117,58 @@ def _positive(text: str) -> int:
 
 def add(groups: argparse._SubParsersAction) -> None:
     commands = group(groups, "records", __doc__)
-    where = [(["--run-dir"], {"type": Path, "help": "the server's run directory (default: "
-                                                   "$RTSERVE_RUN_DIR or .run)"}),
-             (["--store"], {"help": "the store's contact points host:port[,...] (default: the "
-                                    "server's, else its local spool)"}),
-             (["--keyspace"], {"help": "the store's keyspace (default: the server's, else rtserve)"}),
-             (["--model"], {"help": "the model (default: $RTSERVE_MODEL or realtime-classifier)"})]
+    where = [
+        (["--run-dir"], {"type": Path, "help": "the server's run directory (default: $RTSERVE_RUN_DIR or .run)"}),
+        (
+            ["--store"],
+            {"help": "the store's contact points host:port[,...] (default: the server's, else its local spool)"},
+        ),
+        (["--keyspace"], {"help": "the store's keyspace (default: the server's, else rtserve)"}),
+        (["--model"], {"help": "the model (default: $RTSERVE_MODEL or realtime-classifier)"}),
+    ]
     command(commands, "find", cmd_find, (["request_id"], {"metavar": "REQUEST_ID"}), *where)
-    command(commands, "list", cmd_list,
-            (["--since"], {"required": True, "help": "30s, 10m, 2h, 1d or an ISO 8601 time"}),
-            (["--version"], {"help": "only this model version"}),
-            (["--limit"], {"type": _positive, "default": 100, "help": "at most this many (the newest)"}),
-            *where)
-    command(commands, "export", cmd_export,
-            (["--since"], {"required": True, "help": "30s, 10m, 2h, 1d or an ISO 8601 time"}),
-            (["--version"], {"help": "only this model version"}),
-            (["--out"], {"type": Path, "required": True, "help": "the JSON lines file to write"}),
-            (["--raw"], {"action": "store_true", "help": "inputs as stored (float32 in base64, "
-                                                        "row-major), not as numbers"}),
-            *where)
-    command(commands, "ship", cmd_ship,
-            (["--spool"], {"type": Path, "required": True, "help": "the spool directory"}),
-            (["--budget"], {"type": _positive, "required": True, "help": "the spool's byte budget"}),
-            (["--store"], {"help": "the store's contact points host:port[,...] (none: keep locally)"}),
-            (["--keyspace"], {"default": "rtserve"}),
-            (["--ttl-days"], {"type": float, "default": 30.0, "help": "the records' time to live"}),
-            (["--keep"], {"type": float, "default": 0.5,
-                          "help": "keep shipped segments while the spool holds at most this share of its budget"}),
-            (["--stop-seconds"], {"type": float, "default": 20.0,
-                                  "help": "most seconds to ship what is left after SIGTERM"}),
-            log_format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    command(
+        commands,
+        "list",
+        cmd_list,
+        (["--since"], {"required": True, "help": "30s, 10m, 2h, 1d or an ISO 8601 time"}),
+        (["--version"], {"help": "only this model version"}),
+        (["--limit"], {"type": _positive, "default": 100, "help": "at most this many (the newest)"}),
+        *where,
+    )
+    command(
+        commands,
+        "export",
+        cmd_export,
+        (["--since"], {"required": True, "help": "30s, 10m, 2h, 1d or an ISO 8601 time"}),
+        (["--version"], {"help": "only this model version"}),
+        (["--out"], {"type": Path, "required": True, "help": "the JSON lines file to write"}),
+        (
+            ["--raw"],
+            {"action": "store_true", "help": "inputs as stored (float32 in base64, row-major), not as numbers"},
+        ),
+        *where,
+    )
+    command(
+        commands,
+        "ship",
+        cmd_ship,
+        (["--spool"], {"type": Path, "required": True, "help": "the spool directory"}),
+        (["--budget"], {"type": _positive, "required": True, "help": "the spool's byte budget"}),
+        (["--store"], {"help": "the store's contact points host:port[,...] (none: keep locally)"}),
+        (["--keyspace"], {"default": "rtserve"}),
+        (["--ttl-days"], {"type": float, "default": 30.0, "help": "the records' time to live"}),
+        (
+            ["--keep"],
+            {
+                "type": float,
+                "default": 0.5,
+                "help": "keep shipped segments while the spool holds at most this share of its budget",
+            },
+        ),
+        (
+            ["--stop-seconds"],
+            {"type": float, "default": 20.0, "help": "most seconds to ship what is left after SIGTERM"},
+        ),
+        log_format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )

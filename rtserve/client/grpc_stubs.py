@@ -1,17 +1,8 @@
-"""Python gRPC stubs for TorchServe's APIs, generated from the ``.proto`` files inside the
-installed TorchServe frontend jar (``ts/frontend/model-server.jar``), so that the client speaks
-exactly what the installed server speaks. No protocol file is copied into this repository.
+"""Python gRPC stubs for TorchServe's APIs, generated from the ``.proto`` files in the installed frontend jar.
 
-The jar holds TorchServe's ``inference.proto``, ``management.proto`` and
-``open_inference_grpc.proto`` at its root (and the same bytes again under ``proto/``), and
-googleapis' ``google/rpc/status.proto`` that ``inference.proto`` imports. They are extracted and
-compiled with ``grpcio-tools``' protoc into ``<cache_dir>/<key>/``, where the key is the jar's
-SHA-256 and the grpcio-tools version: done once per installed server and compiler; a later call
-only imports. ``google/protobuf/*.proto`` come from grpcio-tools (the protobuf runtime ships
-their generated modules).
-
-Needs ``grpcio`` and ``grpcio-tools`` (test tools, in requirements-dev.txt; the image has
-neither and uses no stub). Nothing is generated at import time.
+So the client speaks exactly what the installed server speaks, and no protocol file is copied here. They are compiled
+once per jar (its SHA-256) and grpcio-tools version into ``<cache_dir>/<key>/``; later calls only import. Needs
+``grpcio`` and ``grpcio-tools`` (requirements-dev.txt; the image has neither); nothing is generated at import time.
 """
 
 from __future__ import annotations
@@ -32,18 +23,25 @@ from rtserve.errors import StubError
 from rtserve.settings import Settings
 
 #: The jar entries compiled: TorchServe's three APIs and the googleapis file they import.
-PROTOS = ("inference.proto", "management.proto", "open_inference_grpc.proto",
-          "google/rpc/status.proto")
+PROTOS = ("inference.proto", "management.proto", "open_inference_grpc.proto", "google/rpc/status.proto")
 #: The modules :func:`generate` returns.
-MODULES = ("inference_pb2", "inference_pb2_grpc", "management_pb2", "management_pb2_grpc",
-           "open_inference_grpc_pb2", "open_inference_grpc_pb2_grpc")
+MODULES = (
+    "inference_pb2",
+    "inference_pb2_grpc",
+    "management_pb2",
+    "management_pb2_grpc",
+    "open_inference_grpc_pb2",
+    "open_inference_grpc_pb2_grpc",
+)
 _DONE = ".complete"
 
 
 def default_cache_dir() -> Path:
-    """Where the stubs are generated unless the caller names another directory: ``build/grpc``
-    of the checkout (git-ignored)."""
-    return Settings.from_env().build_dir / "grpc"
+    """Where the stubs are generated unless the caller names another directory: ``build/grpc`` of the checkout.
+
+    Git-ignored.
+    """
+    return Settings().build_dir / "grpc"
 
 
 def frontend_jar() -> Path:
@@ -106,15 +104,24 @@ def compile_protos(jar: Path, out: Path) -> None:
     sources = out / "proto"
     paths = extract(jar, sources)
     well_known = importlib.resources.files("grpc_tools") / "_proto"
-    rc = protoc.main(["protoc", f"-I{sources}", f"-I{well_known}", f"--python_out={out}",
-                      f"--grpc_python_out={out}", *(str(p) for p in paths)])
+    rc = protoc.main(
+        [
+            "protoc",
+            f"-I{sources}",
+            f"-I{well_known}",
+            f"--python_out={out}",
+            f"--grpc_python_out={out}",
+            *(str(p) for p in paths),
+        ]
+    )
     if rc != 0:
         raise StubError(f"protoc exited {rc} compiling the protos of {jar}")
 
 
 def stub_dir(cache_dir: str | Path | None = None, jar: Path | None = None) -> Path:
-    """The directory holding the stubs for ``jar`` (default: the installed one); generated
-    there first unless a previous call did.
+    """The directory holding the stubs for ``jar`` (default: the installed one).
+
+    Generated there first unless a previous call did.
 
     Raises:
         StubError: as :func:`frontend_jar` and :func:`compile_protos`.

@@ -1,27 +1,16 @@
-"""A stand-in for ``requests.Session`` on the standard library's ``http.client``, for
-:class:`rtserve.client.rest.Client` in a process that makes a few calls and exits.
+"""A stand-in for ``requests.Session`` on the standard library's ``http.client``, for short-lived processes.
 
-The pod's exec probes (``python -m rtserve probe ready|live``) start a new Python every few
-seconds; importing ``requests`` (and urllib3, charset_normalizer, ...) was most of a probe's CPU.
-``Client(..., session=Session())`` makes the same calls, with the same key handling and error
-answers, through this instead. It does what the client's calls need, no more:
-
-- ``session.headers`` go with every request (a request's own ``headers`` win);
-- ``request(method, url, json=, params=, headers=, timeout=)`` and ``get(url, ...)``: ``json``
-  is sent as requests sends it (``allow_nan=False``, UTF-8, ``Content-Type: application/json``),
-  the path percent-encoded as requests does, ``params`` as the URL's query, ``timeout`` seconds
-  for the connection and for each read;
-- each request on a new connection (``http``, or ``https`` with the system's CA certificates),
-  closed once its answer is read; no proxy, redirect, retry or compressed answer;
-- a :class:`Response` with ``status_code``, ``headers`` (names in any case), ``content``,
-  ``text`` and ``json()``; no ``raise_for_status`` (``Client.metrics`` needs ``requests``).
+The pod's exec probes start a new Python every few seconds, and importing ``requests`` was most of a
+probe's CPU: ``Client(..., session=Session())`` (:class:`rtserve.client.rest.Client`) makes the same
+calls, with the same key handling and error answers, through this instead.
 """
 
 from __future__ import annotations
 
 import http.client
 import json as jsonlib
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
 #: What a path keeps as it is; anything else is percent-encoded (as requests' ``requote_uri``).
@@ -51,7 +40,15 @@ class Response:
 
 
 class Session:
-    """Sends requests with http.client (see the module's docstring for what it covers)."""
+    """Sends requests with http.client: what the client's calls need, no more.
+
+    ``headers`` go with every request (a request's own win); ``json`` is sent as requests sends it
+    (``allow_nan=False``, UTF-8, ``Content-Type: application/json``), the path percent-encoded as
+    requests does, ``params`` as the query. Each request opens a new connection (``http``, or
+    ``https`` with the system's CA certificates), closed once its answer is read; no proxy,
+    redirect, retry or compressed answer, and no ``raise_for_status`` (``Client.metrics`` needs
+    ``requests``).
+    """
 
     def __init__(self) -> None:
         self.headers: dict[str, str] = {}
@@ -60,9 +57,16 @@ class Session:
         """A GET request: :meth:`request`."""
         return self.request("GET", url, **kwargs)
 
-    def request(self, method: str, url: str, *, json: Any = None,
-                params: Mapping[str, Any] | None = None, headers: Mapping[str, str] | None = None,
-                timeout: float | None = None) -> Response:
+    def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> Response:
         """Send one request and read its whole answer, whatever its status.
 
         Raises:
@@ -77,8 +81,9 @@ class Session:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http or https URL: {url!r}")
         target = quote(parts.path or "/", safe=PATH_SAFE)
-        query = "&".join(q for q in (parts.query, urlencode(
-            [(k, v) for k, v in (params or {}).items() if v is not None])) if q)
+        query = "&".join(
+            q for q in (parts.query, urlencode([(k, v) for k, v in (params or {}).items() if v is not None])) if q
+        )
         if query:
             target += f"?{query}"
         sent = {**self.headers, **(headers or {})}

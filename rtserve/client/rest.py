@@ -1,10 +1,8 @@
 """A small ``requests`` client for TorchServe's inference and management APIs.
 
-It reads the token keys TorchServe writes to ``key_file.json`` (and renews an expired one
-with the API key), sets a timeout on every call, retries only idempotent calls, and turns
-TorchServe's error bodies into :class:`~rtserve.errors.TorchServeError` subclasses with clear messages.
-``requests`` is imported only when a client is made without a session of its own (the probes'
-short-lived processes pass :class:`rtserve.client.light.Session` instead).
+It reads the tokens in ``key_file.json`` (renewing an expired one), times out every call, retries only
+idempotent ones, and raises :class:`~rtserve.errors.TorchServeError` subclasses. ``requests`` is imported only
+for a client made without a session (the probes pass :class:`rtserve.client.light.Session`).
 """
 
 from __future__ import annotations
@@ -12,13 +10,19 @@ from __future__ import annotations
 import json
 import logging
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from handler.errors import EXPECTED_HEADER, REASON_HEADER
-from rtserve.errors import (AuthError, Conflict, NotFound, Overloaded,  # noqa: F401 - the
-                            Refused, TorchServeError)  # client's errors, importable from here
+from rtserve.errors import (  # noqa: F401 - the
+    AuthError,
+    Conflict,
+    NotFound,
+    Overloaded,
+    Refused,  # client's errors, importable from here
+    TorchServeError,
+)
 
 if TYPE_CHECKING:
     import requests
@@ -42,11 +46,13 @@ def worker_lost(status: int, body: str) -> bool:
 
 
 def retryable(status: int, body: str) -> bool:
-    """Whether an idempotent call's error answer is worth sending again: a gateway or overload
-    status, or TorchServe 0.12's ``500 ConcurrentModificationException``, which a management
-    call such as a scale-down can meet when a worker's batch changes under it (its
-    ``WorkerThread.shutdown`` iterates the batch while the worker thread edits it)."""
+    """Whether an idempotent call's error answer is worth sending again.
+
+    A gateway or overload status, or TorchServe 0.12's ``500 ConcurrentModificationException``,
+    which a management call such as a scale-down can meet when a worker's batch changes under it.
+    """
     return status in RETRY_STATUSES or (status == 500 and '"ConcurrentModificationException"' in body)
+
 
 #: The handler's 503 for an explanation past ``handler.explain_max_per_batch`` in its batch.
 EXPLAIN_CEILING = "handler.explain_max_per_batch"
@@ -88,7 +94,7 @@ class Keys:
             when = datetime.fromisoformat(raw.replace("Z", "+00:00"))
         except ValueError:
             return False
-        return when <= datetime.now(timezone.utc)
+        return when <= datetime.now(UTC)
 
 
 class StaticKeys(Keys):
@@ -163,9 +169,12 @@ class Client:
         return self._predict(f"/predictions/{model}" + (f"/{version}" if version else ""), payload)
 
     def predict_instances(self, model: str, instances: list[list[float]]) -> list[dict]:
-        """POST several rows as one KServe v1 request (``/v1/models/{model}:predict``, which
-        rtserve's frontend agent serves; at most the model's ``handler.max_instances`` rows);
-        returns one answer per row, with the fields of :meth:`predict`'s. Resent like it."""
+        """POST several rows as one KServe v1 request; returns one answer per row.
+
+        ``/v1/models/{model}:predict`` (served by rtserve's frontend agent) takes at most the
+        model's ``handler.max_instances`` rows; each answer has :meth:`predict`'s fields, and the
+        request is resent like it.
+        """
         return self._predict(f"/v1/models/{model}:predict", {"instances": instances})["predictions"]
 
     def _predict(self, path: str, payload: Any) -> Any:
@@ -185,8 +194,7 @@ class Client:
         short back-off.
         """
         path = f"/explanations/{model}" + (f"/{version}" if version else "")
-        return self._call("POST", self.inference_url, path, "inference", json_body=payload,
-                          idempotent=True)
+        return self._call("POST", self.inference_url, path, "inference", json_body=payload, idempotent=True)
 
     # -- management API ------------------------------------------------------------------
     def list_models(self) -> list[dict]:
@@ -195,8 +203,7 @@ class Client:
         token = None
         while True:
             query = {"limit": 100, **({"next_page_token": token} if token else {})}
-            page = self._call("GET", self.management_url, "/models", "management",
-                              params=query, idempotent=True)
+            page = self._call("GET", self.management_url, "/models", "management", params=query, idempotent=True)
             models += page.get("models", [])
             token = page.get("nextPageToken")
             if not token:
@@ -208,35 +215,50 @@ class Client:
         return self._call("GET", self.management_url, path, "management", idempotent=True)
 
     def register(
-        self, url: str, model_name: str | None = None, initial_workers: int = 1,
-        synchronous: bool = True, timeout: float | None = None,
+        self,
+        url: str,
+        model_name: str | None = None,
+        initial_workers: int = 1,
+        synchronous: bool = True,
+        timeout: float | None = None,
     ) -> dict:
         """Register an archive from the model store; with ``synchronous`` workers are up on return."""
-        params: dict[str, Any] = {"url": url, "initial_workers": initial_workers,
-                                  "synchronous": str(synchronous).lower()}
+        params: dict[str, Any] = {
+            "url": url,
+            "initial_workers": initial_workers,
+            "synchronous": str(synchronous).lower(),
+        }
         if model_name:
             params["model_name"] = model_name
-        return self._call("POST", self.management_url, "/models", "management", params=params,
-                          timeout=timeout)
+        return self._call("POST", self.management_url, "/models", "management", params=params, timeout=timeout)
 
     def scale(
-        self, model: str, min_worker: int, max_worker: int | None = None,
-        version: str | None = None, synchronous: bool = True, timeout: float | None = None,
+        self,
+        model: str,
+        min_worker: int,
+        max_worker: int | None = None,
+        version: str | None = None,
+        synchronous: bool = True,
+        timeout: float | None = None,
     ) -> dict:
         """Set the worker count of a model (or one version); idempotent, so retried."""
         path = f"/models/{model}" + (f"/{version}" if version else "")
-        params = {"min_worker": min_worker, "max_worker": max_worker or min_worker,
-                  "synchronous": str(synchronous).lower()}
-        return self._call("PUT", self.management_url, path, "management", params=params,
-                          idempotent=True, timeout=timeout)
+        params = {
+            "min_worker": min_worker,
+            "max_worker": max_worker or min_worker,
+            "synchronous": str(synchronous).lower(),
+        }
+        return self._call(
+            "PUT", self.management_url, path, "management", params=params, idempotent=True, timeout=timeout
+        )
 
     def set_default(self, model: str, version: str) -> dict:
         """Make ``version`` the default of ``model``."""
-        return self._call("PUT", self.management_url, f"/models/{model}/{version}/set-default",
-                          "management", idempotent=True)
+        return self._call(
+            "PUT", self.management_url, f"/models/{model}/{version}/set-default", "management", idempotent=True
+        )
 
-    def unregister(self, model: str, version: str | None = None,
-                   timeout: float | None = None) -> dict:
+    def unregister(self, model: str, version: str | None = None, timeout: float | None = None) -> dict:
         """Unregister a model version (TorchServe refuses the default while others remain)."""
         path = f"/models/{model}" + (f"/{version}" if version else "")
         return self._call("DELETE", self.management_url, path, "management", timeout=timeout)
@@ -254,15 +276,27 @@ class Client:
         api_key = self.keys.get("API")
         if not api_key:
             raise AuthError("cannot renew the token: no API key in the key file")
-        resp = self.session.get(self.management_url + "/token", params={"type": kind},
-                                headers={"Authorization": f"Bearer {api_key}"}, timeout=self.timeout)
+        resp = self.session.get(
+            self.management_url + "/token",
+            params={"type": kind},
+            headers={"Authorization": f"Bearer {api_key}"},
+            timeout=self.timeout,
+        )
         if resp.status_code != 200:
             raise AuthError(f"renewing the {kind} token failed ({resp.status_code})", resp.status_code)
 
     # -- plumbing ------------------------------------------------------------------------
     def _call(
-        self, method: str, base: str, path: str, key_kind: str, *, json_body: Any = None,
-        params: dict | None = None, idempotent: bool = False, timeout: float | None = None,
+        self,
+        method: str,
+        base: str,
+        path: str,
+        key_kind: str,
+        *,
+        json_body: Any = None,
+        params: dict | None = None,
+        idempotent: bool = False,
+        timeout: float | None = None,
     ) -> Any:
         attempts = 1 + (self.retries if idempotent else 0)
         renewed = False
@@ -275,7 +309,11 @@ class Client:
                 headers["Authorization"] = f"Bearer {key}"
             try:
                 resp = self.session.request(
-                    method, base + path, json=json_body, params=params, headers=headers,
+                    method,
+                    base + path,
+                    json=json_body,
+                    params=params,
+                    headers=headers,
                     timeout=timeout or self.timeout,
                 )
             except OSError as exc:  # no answer: requests.RequestException is an OSError too
@@ -305,8 +343,11 @@ def _decode(resp: requests.Response) -> Any:
 
 
 def _error(method: str, path: str, resp: requests.Response) -> TorchServeError:
-    """Turn an error answer (TorchServe's ``{"code","type","message"}`` or the handler's
-    ``{"error"}``, with its reason headers) into an exception with a clear message."""
+    """Turn an error answer into an exception with a clear message.
+
+    The answer is TorchServe's ``{"code","type","message"}`` or the handler's ``{"error"}``, with its
+    reason headers.
+    """
     error = _classify(method, path, resp)
     error.reason = resp.headers.get(REASON_HEADER)
     expected = resp.headers.get(EXPECTED_HEADER, "")
@@ -324,18 +365,22 @@ def _classify(method: str, path: str, resp: requests.Response) -> TorchServeErro
         kind = body.get("type", "")
     message = f"{method} {path} -> {status}: {detail}"
     if kind == "InvalidKeyException" or status == 401:
-        return AuthError(
-            f"{message} (token missing, wrong or expired: check the key file)", status, body)
+        return AuthError(f"{message} (token missing, wrong or expired: check the key file)", status, body)
     if status == 405 and path.startswith("/models") and method in ("POST", "DELETE"):
         return Refused(
             f"{message} (the model API is disabled on this server: registering and unregistering "
-            "need enable_model_api=true)", status, body)
+            "need enable_model_api=true)",
+            status,
+            body,
+        )
     if status in (403, 405):
         return Refused(message, status, body)
     if status == 503 and QUEUE_FULL in str(detail):
         return Overloaded(
-            f"{method} {path} -> 503: the model's job queue is full (TorchServe says: {detail}); "
-            "retry with backoff", status, body)
+            f"{method} {path} -> 503: the model's job queue is full (TorchServe says: {detail}); retry with backoff",
+            status,
+            body,
+        )
     if status == 503 and EXPLAIN_CEILING in str(detail):
         return Overloaded(f"{message} (retry with backoff)", status, body)
     if status == 404:

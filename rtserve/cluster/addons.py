@@ -1,13 +1,8 @@
-"""The local cluster's add-ons as pure builders: CoreDNS, the cluster DNS, and metrics-server, the
-resource metrics API (``metrics.k8s.io``) the HorizontalPodAutoscaler and ``kubectl top`` read.
+"""Pure builders for the local cluster's add-ons on the host: CoreDNS and metrics-server (``metrics.k8s.io``).
 
-Both run on the host as processes, not as pods, built by ``make cluster-deps`` from their
-official Go modules (``deploy/cluster/addons/``). Each talks to the API server with a kubeconfig
-of its own, a client certificate of the cluster's CA (made by :mod:`rtserve.cluster.pki`) whose
-user the RBAC objects here name. metrics-server is reached through the API server's aggregation layer: its
-APIService points at a Service without a selector whose EndpointSlice holds the node's address
-and port (the API server needs ``--enable-aggregator-routing=true`` to use it rather than the
-Service's virtual IP). Nothing here starts a process or talks to a cluster.
+Each gets argv, config and RBAC for its own client-certificate user (:mod:`rtserve.cluster.pki`). metrics-server
+is reached through a selector-less Service whose EndpointSlice holds the node's address, so the API server needs
+``--enable-aggregator-routing=true``. Nothing here starts a process or talks to a cluster.
 """
 
 from __future__ import annotations
@@ -41,8 +36,9 @@ _RBAC = "rbac.authorization.k8s.io"
 
 
 def _ip(value: str, what: str, routable: bool = False) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
-    """``value`` as an IP address; ``routable``: one an EndpointSlice may hold (not loopback or
-    link-local, which the API server refuses there).
+    """Parse ``value`` as an IP address.
+
+    ``routable``: one an EndpointSlice may hold (not loopback or link-local, which the API server refuses).
 
     Raises:
         ClusterError: not an IP address, or not a routable one where one is needed.
@@ -52,8 +48,10 @@ def _ip(value: str, what: str, routable: bool = False) -> ipaddress.IPv4Address 
     except ValueError:
         raise ClusterError(f"{what} must be an IP address, got {value!r}") from None
     if routable and (ip.is_loopback or ip.is_link_local or ip.is_unspecified):
-        raise ClusterError(f"{what} must be a node address other pods and the API server reach "
-                           f"(not loopback, link-local or unspecified), got {value}")
+        raise ClusterError(
+            f"{what} must be a node address other pods and the API server reach "
+            f"(not loopback, link-local or unspecified), got {value}"
+        )
     return ip
 
 
@@ -66,6 +64,7 @@ def _port(value: int, what: str) -> int:
 
 # --- CoreDNS -----------------------------------------------------------------------------------
 
+
 def _quoted(path: Path) -> str:
     """A Corefile token for ``path`` (quoted: a path may hold spaces)."""
     text = str(path)
@@ -74,11 +73,19 @@ def _quoted(path: Path) -> str:
     return f'"{text}"'
 
 
-def corefile(listen_ip: str, kubeconfig: Path, health_port: int, ready_port: int, port: int = DNS_PORT,
-             domain: str = CLUSTER_DOMAIN, log_queries: bool = False) -> str:
-    """The Corefile of the cluster DNS: ``domain`` and the reverse zones answered from the API
-    server's Services and EndpointSlices on ``listen_ip``:``port``, ``/health`` and ``/ready`` on
-    loopback ports. No other zone is served and nothing is forwarded (no outside resolver is
+def corefile(
+    listen_ip: str,
+    kubeconfig: Path,
+    health_port: int,
+    ready_port: int,
+    port: int = DNS_PORT,
+    domain: str = CLUSTER_DOMAIN,
+    log_queries: bool = False,
+) -> str:
+    """The Corefile of the cluster DNS, served on ``listen_ip``:``port``.
+
+    ``domain`` and the reverse zones are answered from the API server's Services and EndpointSlices;
+    ``/health`` and ``/ready`` are on loopback ports. Nothing is forwarded (no outside resolver is
     reachable): another name is refused at once.
 
     Raises:
@@ -114,8 +121,7 @@ def coredns_argv(binary: Path, corefile_path: Path) -> tuple[str, ...]:
 
 
 def coredns_ready_url(ready_port: int) -> str:
-    """The URL that answers 200 once CoreDNS serves the cluster's names (the kubernetes plugin
-    has listed the Services)."""
+    """The URL that answers 200 once CoreDNS serves the cluster's names (its Services are listed)."""
     return f"http://{LOOPBACK}:{_port(ready_port, 'ready_port')}/ready"
 
 
@@ -135,31 +141,48 @@ def _rule(groups: list[str], resources: list[str], verbs: list[str]) -> dict:
     return {"apiGroups": groups, "resources": resources, "verbs": verbs}
 
 
-def _binding(kind: str, name: str, app: str, role_kind: str, role: str, user: str,
-             namespace: str | None = None) -> dict:
+def _binding(
+    kind: str, name: str, app: str, role_kind: str, role: str, user: str, namespace: str | None = None
+) -> dict:
     """A ClusterRoleBinding or RoleBinding of ``role`` to the certificate user ``user``."""
-    return {"apiVersion": f"{_RBAC}/v1", "kind": kind, "metadata": _meta(name, app, namespace),
-            "roleRef": {"apiGroup": _RBAC, "kind": role_kind, "name": role},
-            "subjects": [{"apiGroup": _RBAC, "kind": "User", "name": user}]}
+    return {
+        "apiVersion": f"{_RBAC}/v1",
+        "kind": kind,
+        "metadata": _meta(name, app, namespace),
+        "roleRef": {"apiGroup": _RBAC, "kind": role_kind, "name": role},
+        "subjects": [{"apiGroup": _RBAC, "kind": "User", "name": user}],
+    }
 
 
 def _host_service(name: str, node_ip: str, ports: list[dict], cluster_ip: str | None = None) -> list[dict]:
-    """A Service without a selector in kube-system and the EndpointSlice that sends it to a
-    process on the host at ``node_ip`` (each of ``ports``: name, protocol, the Service's port and
-    the process's ``targetPort``)."""
+    """A selector-less Service in kube-system and the EndpointSlice sending it to a process at ``node_ip``.
+
+    Each of ``ports`` holds name, protocol, the Service's port and the process's ``targetPort``.
+    """
     ip = _ip(node_ip, "node_ip", routable=True)
-    spec: dict = {"ports": [{"name": p["name"], "protocol": p["protocol"], "port": p["port"],
-                             "targetPort": p["targetPort"]} for p in ports]}
+    spec: dict = {
+        "ports": [
+            {"name": p["name"], "protocol": p["protocol"], "port": p["port"], "targetPort": p["targetPort"]}
+            for p in ports
+        ]
+    }
     if cluster_ip:
         spec = {"clusterIP": cluster_ip, **spec}
     return [
         {"apiVersion": "v1", "kind": "Service", "metadata": _meta(name, name, NAMESPACE), "spec": spec},
-        {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-         "metadata": _meta(f"{name}-host", name, NAMESPACE, **{
-             "kubernetes.io/service-name": name, "endpointslice.kubernetes.io/managed-by": MANAGED_BY}),
-         "addressType": f"IPv{ip.version}",
-         "endpoints": [{"addresses": [node_ip], "conditions": {"ready": True}}],
-         "ports": [{"name": p["name"], "protocol": p["protocol"], "port": p["targetPort"]} for p in ports]},
+        {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": _meta(
+                f"{name}-host",
+                name,
+                NAMESPACE,
+                **{"kubernetes.io/service-name": name, "endpointslice.kubernetes.io/managed-by": MANAGED_BY},
+            ),
+            "addressType": f"IPv{ip.version}",
+            "endpoints": [{"addresses": [node_ip], "conditions": {"ready": True}}],
+            "ports": [{"name": p["name"], "protocol": p["protocol"], "port": p["targetPort"]} for p in ports],
+        },
     ]
 
 
@@ -168,56 +191,83 @@ def _dump(docs: list[dict]) -> str:
 
 
 def coredns_manifests() -> str:
-    """CoreDNS's RBAC (multi-document YAML): its user lists and watches the Services,
-    EndpointSlices and namespaces it answers from."""
-    role = {"apiVersion": f"{_RBAC}/v1", "kind": "ClusterRole", "metadata": _meta(COREDNS_USER, "coredns"),
-            "rules": [_rule([""], ["services", "namespaces"], ["list", "watch"]),
-                      _rule(["discovery.k8s.io"], ["endpointslices"], ["list", "watch"])]}
-    return _dump([role, _binding("ClusterRoleBinding", COREDNS_USER, "coredns", "ClusterRole",
-                                 COREDNS_USER, COREDNS_USER)])
+    """CoreDNS's RBAC (multi-document YAML): list and watch Services, EndpointSlices and namespaces."""
+    role = {
+        "apiVersion": f"{_RBAC}/v1",
+        "kind": "ClusterRole",
+        "metadata": _meta(COREDNS_USER, "coredns"),
+        "rules": [
+            _rule([""], ["services", "namespaces"], ["list", "watch"]),
+            _rule(["discovery.k8s.io"], ["endpointslices"], ["list", "watch"]),
+        ],
+    }
+    return _dump(
+        [role, _binding("ClusterRoleBinding", COREDNS_USER, "coredns", "ClusterRole", COREDNS_USER, COREDNS_USER)]
+    )
 
 
 def dns_service_manifests(service_ip: str, node_ip: str, port: int = DNS_PORT) -> str:
-    """The ``kube-dns`` Service at ``service_ip`` (the kubelets' ``--cluster-dns``) sent to
-    CoreDNS on the host at ``node_ip``:``port`` (UDP and TCP); multi-document YAML. Needed only
-    when pods are to use a Service address rather than ``node_ip`` itself.
+    """The ``kube-dns`` Service at ``service_ip`` sent to CoreDNS at ``node_ip``:``port``; multi-document YAML.
+
+    UDP and TCP. Needed only when pods use a Service address (the kubelets' ``--cluster-dns``) rather than
+    ``node_ip`` itself.
 
     Raises:
         ClusterError: a bad address or port.
     """
     _ip(service_ip, "service_ip")
     _port(port, "port")
-    return _dump(_host_service("kube-dns", node_ip, [
-        {"name": "dns", "protocol": "UDP", "port": DNS_PORT, "targetPort": port},
-        {"name": "dns-tcp", "protocol": "TCP", "port": DNS_PORT, "targetPort": port}], service_ip))
+    return _dump(
+        _host_service(
+            "kube-dns",
+            node_ip,
+            [
+                {"name": "dns", "protocol": "UDP", "port": DNS_PORT, "targetPort": port},
+                {"name": "dns-tcp", "protocol": "TCP", "port": DNS_PORT, "targetPort": port},
+            ],
+            service_ip,
+        )
+    )
 
 
 # --- metrics-server ----------------------------------------------------------------------------
 
-def metrics_server_argv(binary: Path, kubeconfig: Path, listen_ip: str, port: int, cert: Path, key: Path,
-                        kubelet_ca: Path) -> tuple[str, ...]:
-    """The command that runs metrics-server on ``listen_ip``:``port`` with its serving
-    certificate ``cert``/``key``. ``kubeconfig`` is its client identity for everything: the API
-    server (lists nodes and pods), delegated authentication and authorization of its callers,
-    and the kubelets, whose serving certificates ``kubelet_ca`` verifies. It scrapes each node's
-    InternalIP at the port the node reports.
+
+def metrics_server_argv(
+    binary: Path, kubeconfig: Path, listen_ip: str, port: int, cert: Path, key: Path, kubelet_ca: Path
+) -> tuple[str, ...]:
+    """The command that runs metrics-server on ``listen_ip``:``port`` with serving certificate ``cert``/``key``.
+
+    ``kubeconfig`` is its client identity for everything: the API server, delegated authentication and
+    authorization of its callers, and the kubelets, whose serving certificates ``kubelet_ca`` verifies.
+    It scrapes each node's InternalIP at the port the node reports.
 
     Raises:
         ClusterError: a bad address or port.
     """
     _ip(listen_ip, "listen_ip")
     _port(port, "port")
-    return (str(binary), f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
-            f"--authorization-kubeconfig={kubeconfig}", f"--bind-address={listen_ip}", f"--secure-port={port}",
-            f"--tls-cert-file={cert}", f"--tls-private-key-file={key}",
-            f"--kubelet-certificate-authority={kubelet_ca}", "--kubelet-preferred-address-types=InternalIP",
-            "--kubelet-use-node-status-port", f"--metric-resolution={METRIC_RESOLUTION}")
+    return (
+        str(binary),
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        f"--bind-address={listen_ip}",
+        f"--secure-port={port}",
+        f"--tls-cert-file={cert}",
+        f"--tls-private-key-file={key}",
+        f"--kubelet-certificate-authority={kubelet_ca}",
+        "--kubelet-preferred-address-types=InternalIP",
+        "--kubelet-use-node-status-port",
+        f"--metric-resolution={METRIC_RESOLUTION}",
+    )
 
 
 def metrics_server_health_url(listen_ip: str, port: int, check: str = "readyz") -> str:
-    """metrics-server's health check URL (HTTPS, served without a client certificate): ``livez``
-    answers 200 once it serves; ``readyz`` only once it holds metrics, after its first scrape of
-    a node's kubelet (until then: 500, ``metric-storage-ready ... no metrics to serve``).
+    """The URL of metrics-server's health check ``check`` (HTTPS, no client certificate needed).
+
+    ``livez`` answers 200 once it serves; ``readyz`` only once it holds metrics, after its first scrape
+    of a kubelet (until then: 500, ``metric-storage-ready ... no metrics to serve``).
 
     Raises:
         ClusterError: a bad address or port, or ``check`` is none of livez, readyz, healthz.
@@ -229,10 +279,10 @@ def metrics_server_health_url(listen_ip: str, port: int, check: str = "readyz") 
 
 
 def metrics_server_manifests(node_ip: str, port: int, ca_pem: str) -> str:
-    """What the API server needs to serve ``metrics.k8s.io`` from metrics-server on the host at
-    ``node_ip``:``port`` (multi-document YAML): its RBAC, a selector-less Service with its
-    EndpointSlice, and the APIService, which trusts ``ca_pem`` (the cluster CA's certificate, PEM)
-    for metrics-server's serving certificate.
+    """What the API server needs to serve ``metrics.k8s.io`` from metrics-server at ``node_ip``:``port``.
+
+    Multi-document YAML: its RBAC, a selector-less Service with its EndpointSlice, and the APIService,
+    which trusts ``ca_pem`` (the cluster CA's certificate, PEM) for metrics-server's serving certificate.
 
     Raises:
         ClusterError: a bad address or port, or ``ca_pem`` is no PEM certificate.
@@ -243,24 +293,51 @@ def metrics_server_manifests(node_ip: str, port: int, ca_pem: str) -> str:
     app, user = METRICS_SERVER_SERVICE, METRICS_SERVER_USER
     read = ["get", "list", "watch"]
     docs = [
-        {"apiVersion": f"{_RBAC}/v1", "kind": "ClusterRole", "metadata": _meta(user, app),
-         "rules": [_rule([""], ["nodes/metrics"], ["get"]), _rule([""], ["pods", "nodes"], read)]},
+        {
+            "apiVersion": f"{_RBAC}/v1",
+            "kind": "ClusterRole",
+            "metadata": _meta(user, app),
+            "rules": [_rule([""], ["nodes/metrics"], ["get"]), _rule([""], ["pods", "nodes"], read)],
+        },
         # Who may read the metrics API: folded into the view, edit and admin roles.
-        {"apiVersion": f"{_RBAC}/v1", "kind": "ClusterRole",
-         "metadata": _meta("system:aggregated-metrics-reader", app, **{
-             f"{_RBAC}/aggregate-to-{role}": "true" for role in ("view", "edit", "admin")}),
-         "rules": [_rule([METRICS_API_GROUP], ["pods", "nodes"], read)]},
+        {
+            "apiVersion": f"{_RBAC}/v1",
+            "kind": "ClusterRole",
+            "metadata": _meta(
+                "system:aggregated-metrics-reader",
+                app,
+                **{f"{_RBAC}/aggregate-to-{role}": "true" for role in ("view", "edit", "admin")},
+            ),
+            "rules": [_rule([METRICS_API_GROUP], ["pods", "nodes"], read)],
+        },
         _binding("ClusterRoleBinding", user, app, "ClusterRole", user, user),
         # Delegated authentication and authorization of its callers (TokenReview, SubjectAccessReview).
-        _binding("ClusterRoleBinding", f"{app}:system:auth-delegator", app, "ClusterRole",
-                 "system:auth-delegator", user),
+        _binding(
+            "ClusterRoleBinding", f"{app}:system:auth-delegator", app, "ClusterRole", "system:auth-delegator", user
+        ),
         # The API server's client and front-proxy CAs (the extension-apiserver-authentication ConfigMap).
-        _binding("RoleBinding", f"{app}-auth-reader", app, "Role", "extension-apiserver-authentication-reader",
-                 user, NAMESPACE),
+        _binding(
+            "RoleBinding",
+            f"{app}-auth-reader",
+            app,
+            "Role",
+            "extension-apiserver-authentication-reader",
+            user,
+            NAMESPACE,
+        ),
         *_host_service(app, node_ip, [{"name": "https", "protocol": "TCP", "port": 443, "targetPort": port}]),
-        {"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService", "metadata": _meta(METRICS_API, app),
-         "spec": {"group": METRICS_API_GROUP, "version": "v1beta1", "groupPriorityMinimum": 100,
-                  "versionPriority": 100, "service": {"name": app, "namespace": NAMESPACE, "port": 443},
-                  "caBundle": base64.b64encode(ca_pem.encode()).decode()}},
+        {
+            "apiVersion": "apiregistration.k8s.io/v1",
+            "kind": "APIService",
+            "metadata": _meta(METRICS_API, app),
+            "spec": {
+                "group": METRICS_API_GROUP,
+                "version": "v1beta1",
+                "groupPriorityMinimum": 100,
+                "versionPriority": 100,
+                "service": {"name": app, "namespace": NAMESPACE, "port": 443},
+                "caBundle": base64.b64encode(ca_pem.encode()).decode(),
+            },
+        },
     ]
     return _dump(docs)

@@ -1,6 +1,6 @@
-"""The control plane's components as pure builders: each turns a :class:`Layout` into its argv,
-the files it reads and the URL that says it is ready. Nothing here starts a process
-(rtserve/cluster/runtime.py does).
+"""Pure builders of the cluster's components: a :class:`Layout` in, each one's argv, files and ready URL out.
+
+Nothing here starts a process (:mod:`rtserve.cluster.runtime` does).
 """
 
 from __future__ import annotations
@@ -22,9 +22,20 @@ CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-sche
 NODE = ("containerd", "kubelet", "kube-proxy")
 ADDONS = ("coredns", "metrics-server")
 NAMES = CONTROL_PLANE + NODE + ADDONS
-PORT_NAMES = ("etcd", "etcd-peer", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
-              "kubelet", "kubelet-healthz", "kube-proxy-healthz", "kube-proxy-metrics",
-              "coredns-health", "coredns-ready", "metrics-server")
+PORT_NAMES = (
+    "etcd",
+    "etcd-peer",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubelet",
+    "kubelet-healthz",
+    "kube-proxy-healthz",
+    "kube-proxy-metrics",
+    "coredns-health",
+    "coredns-ready",
+    "metrics-server",
+)
 
 
 @dataclass(frozen=True)
@@ -70,9 +81,11 @@ class Layout:
 
 @dataclass(frozen=True)
 class Component:
-    """One process of the cluster: how to run it and how to tell it is ready (``ready_url``: an
-    ``https://`` URL asked with the admin's certificate, an ``http://`` one on loopback, or
-    ``unix://`` + a socket containerd answers on)."""
+    """One process of the cluster: how to run it and how to tell it is ready.
+
+    ``ready_url``: an ``https://`` URL asked with the admin's certificate, an ``http://`` one on
+    loopback, or ``unix://`` + a socket containerd answers on.
+    """
 
     name: str
     argv: tuple[str, ...]
@@ -81,8 +94,10 @@ class Component:
 
 
 def kubeconfig(layout: Layout, user: str, embed: bool = False) -> str:
-    """A kubeconfig for the API server as ``user`` (a certificate in the PKI: ``<user>.crt``);
-    ``embed``: the certificates inside it (one self-contained file), else their paths."""
+    """A kubeconfig for the API server as ``user`` (a certificate in the PKI: ``<user>.crt``).
+
+    ``embed``: the certificates inside it (one self-contained file), else their paths.
+    """
     pki = layout.pki
 
     def ref(key: str, path: Path) -> dict[str, str]:
@@ -91,11 +106,22 @@ def kubeconfig(layout: Layout, user: str, embed: bool = False) -> str:
         return {key: str(path)}
 
     doc = {
-        "apiVersion": "v1", "kind": "Config", "current-context": "rtserve-local", "preferences": {},
-        "clusters": [{"name": "rtserve-local", "cluster": {
-            "server": layout.api_url, **ref("certificate-authority", pki / "ca.crt")}}],
-        "users": [{"name": user, "user": {**ref("client-certificate", pki / f"{user}.crt"),
-                                          **ref("client-key", pki / f"{user}.key")}}],
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "rtserve-local",
+        "preferences": {},
+        "clusters": [
+            {
+                "name": "rtserve-local",
+                "cluster": {"server": layout.api_url, **ref("certificate-authority", pki / "ca.crt")},
+            }
+        ],
+        "users": [
+            {
+                "name": user,
+                "user": {**ref("client-certificate", pki / f"{user}.crt"), **ref("client-key", pki / f"{user}.key")},
+            }
+        ],
         "contexts": [{"name": "rtserve-local", "context": {"cluster": "rtserve-local", "user": user}}],
     }
     return yaml.safe_dump(doc, sort_keys=False)
@@ -104,78 +130,124 @@ def kubeconfig(layout: Layout, user: str, embed: bool = False) -> str:
 def etcd(layout: Layout) -> Component:
     pki, client, peer = layout.pki, layout.ports["etcd"], layout.ports["etcd-peer"]
     url = f"https://{HOST}:{client}"
-    return Component("etcd", (
-        str(layout.binary("etcd")), "--name=rtserve-local", f"--data-dir={layout.run_dir / 'etcd'}",
-        f"--listen-client-urls={url}", f"--advertise-client-urls={url}",
-        f"--listen-peer-urls=http://{HOST}:{peer}", f"--initial-advertise-peer-urls=http://{HOST}:{peer}",
-        f"--initial-cluster=rtserve-local=http://{HOST}:{peer}",
-        f"--cert-file={pki / 'etcd.crt'}", f"--key-file={pki / 'etcd.key'}",
-        "--client-cert-auth=true", f"--trusted-ca-file={pki / 'ca.crt'}", "--log-level=warn",
-    ), f"{url}/health")
+    return Component(
+        "etcd",
+        (
+            str(layout.binary("etcd")),
+            "--name=rtserve-local",
+            f"--data-dir={layout.run_dir / 'etcd'}",
+            f"--listen-client-urls={url}",
+            f"--advertise-client-urls={url}",
+            f"--listen-peer-urls=http://{HOST}:{peer}",
+            f"--initial-advertise-peer-urls=http://{HOST}:{peer}",
+            f"--initial-cluster=rtserve-local=http://{HOST}:{peer}",
+            f"--cert-file={pki / 'etcd.crt'}",
+            f"--key-file={pki / 'etcd.key'}",
+            "--client-cert-auth=true",
+            f"--trusted-ca-file={pki / 'ca.crt'}",
+            "--log-level=warn",
+        ),
+        f"{url}/health",
+    )
 
 
 def kube_apiserver(layout: Layout) -> Component:
     pki, port = layout.pki, layout.ports["kube-apiserver"]
-    return Component("kube-apiserver", (
-        str(layout.binary("kube-apiserver")), f"--bind-address={HOST}", f"--advertise-address={HOST}",
-        f"--secure-port={port}", f"--etcd-servers=https://{HOST}:{layout.ports['etcd']}",
-        f"--etcd-cafile={pki / 'ca.crt'}", f"--etcd-certfile={pki / 'apiserver-etcd-client.crt'}",
-        f"--etcd-keyfile={pki / 'apiserver-etcd-client.key'}",
-        f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
-        f"--client-ca-file={pki / 'ca.crt'}",
-        f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
-        f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
-        # The node's kubelet is reached at its address, with a certificate of the cluster's CA.
-        "--kubelet-preferred-address-types=InternalIP", f"--kubelet-certificate-authority={pki / 'ca.crt'}",
-        # Aggregated APIs (metrics-server on the node's address) are reached at their endpoints.
-        "--enable-aggregator-routing=true",
-        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-        f"--service-account-key-file={pki / 'sa.pub'}", f"--service-account-signing-key-file={pki / 'sa.key'}",
-        f"--service-cluster-ip-range={SERVICE_CIDR}", "--authorization-mode=Node,RBAC",
-        # The default admission plugins (PodSecurity among them) stay on; NodeRestriction goes
-        # with the Node authorizer. Privileged pods are allowed by the server, so that what
-        # refuses one is the namespace's PodSecurity level, as in a real cluster.
-        "--enable-admission-plugins=NodeRestriction", "--allow-privileged=true",
-        f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
-        f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}", "--requestheader-username-headers=X-Remote-User",
-        "--requestheader-group-headers=X-Remote-Group", "--requestheader-extra-headers-prefix=X-Remote-Extra-",
-        f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
-        f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
-        # The API server listens on loopback only, an address the `kubernetes` Service's
-        # endpoints may not hold: it gets none (in-cluster clients need a node address).
-        "--endpoint-reconciler-type=none", "--profiling=false",
-    ), f"{layout.api_url}/readyz")
+    return Component(
+        "kube-apiserver",
+        (
+            str(layout.binary("kube-apiserver")),
+            f"--bind-address={HOST}",
+            f"--advertise-address={HOST}",
+            f"--secure-port={port}",
+            f"--etcd-servers=https://{HOST}:{layout.ports['etcd']}",
+            f"--etcd-cafile={pki / 'ca.crt'}",
+            f"--etcd-certfile={pki / 'apiserver-etcd-client.crt'}",
+            f"--etcd-keyfile={pki / 'apiserver-etcd-client.key'}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}",
+            f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+            # The node's kubelet is reached at its address, with a certificate of the cluster's CA.
+            "--kubelet-preferred-address-types=InternalIP",
+            f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+            # Aggregated APIs (metrics-server on the node's address) are reached at their endpoints.
+            "--enable-aggregator-routing=true",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--authorization-mode=Node,RBAC",
+            # The default admission plugins (PodSecurity among them) stay on; NodeRestriction goes
+            # with the Node authorizer. Privileged pods are allowed by the server, so that what
+            # refuses one is the namespace's PodSecurity level, as in a real cluster.
+            "--enable-admission-plugins=NodeRestriction",
+            "--allow-privileged=true",
+            f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
+            f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+            f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+            # The API server listens on loopback only, an address the `kubernetes` Service's
+            # endpoints may not hold: it gets none (in-cluster clients need a node address).
+            "--endpoint-reconciler-type=none",
+            "--profiling=false",
+        ),
+        f"{layout.api_url}/readyz",
+    )
 
 
 def _controller_args(layout: Layout, name: str, user: str) -> tuple[str, ...]:
-    """The flags the controller manager and the scheduler share: their kubeconfig and a TLS
-    listener on loopback with a certificate of the cluster's CA."""
+    """The flags the controller manager and the scheduler share.
+
+    Their kubeconfig and a TLS listener on loopback with a certificate of the cluster's CA.
+    """
     kubecfg = layout.config(f"{name}.kubeconfig")
     pki = layout.pki
-    return (f"--kubeconfig={kubecfg}", f"--authentication-kubeconfig={kubecfg}",
-            f"--authorization-kubeconfig={kubecfg}", f"--bind-address={HOST}",
-            f"--secure-port={layout.ports[name]}", f"--tls-cert-file={pki / f'{user}.crt'}",
-            f"--tls-private-key-file={pki / f'{user}.key'}", f"--client-ca-file={pki / 'ca.crt'}",
-            "--leader-elect=false")
+    return (
+        f"--kubeconfig={kubecfg}",
+        f"--authentication-kubeconfig={kubecfg}",
+        f"--authorization-kubeconfig={kubecfg}",
+        f"--bind-address={HOST}",
+        f"--secure-port={layout.ports[name]}",
+        f"--tls-cert-file={pki / f'{user}.crt'}",
+        f"--tls-private-key-file={pki / f'{user}.key'}",
+        f"--client-ca-file={pki / 'ca.crt'}",
+        "--leader-elect=false",
+    )
 
 
 def kube_controller_manager(layout: Layout) -> Component:
     pki, name = layout.pki, "kube-controller-manager"
-    return Component(name, (
-        str(layout.binary(name)), *_controller_args(layout, name, "controller-manager"),
-        f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
-        f"--cluster-signing-cert-file={pki / 'ca.crt'}", f"--cluster-signing-key-file={pki / 'ca.key'}",
-        "--use-service-account-credentials=true", f"--service-cluster-ip-range={SERVICE_CIDR}",
-        "--controllers=*,bootstrapsigner,tokencleaner",
-    ), f"https://{HOST}:{layout.ports[name]}/healthz",
-        {layout.config(f"{name}.kubeconfig"): kubeconfig(layout, "controller-manager")})
+    return Component(
+        name,
+        (
+            str(layout.binary(name)),
+            *_controller_args(layout, name, "controller-manager"),
+            f"--service-account-private-key-file={pki / 'sa.key'}",
+            f"--root-ca-file={pki / 'ca.crt'}",
+            f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+            f"--cluster-signing-key-file={pki / 'ca.key'}",
+            "--use-service-account-credentials=true",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--controllers=*,bootstrapsigner,tokencleaner",
+        ),
+        f"https://{HOST}:{layout.ports[name]}/healthz",
+        {layout.config(f"{name}.kubeconfig"): kubeconfig(layout, "controller-manager")},
+    )
 
 
 def kube_scheduler(layout: Layout) -> Component:
     name = "kube-scheduler"
-    return Component(name, (str(layout.binary(name)), *_controller_args(layout, name, "scheduler")),
-                     f"https://{HOST}:{layout.ports[name]}/healthz",
-                     {layout.config(f"{name}.kubeconfig"): kubeconfig(layout, "scheduler")})
+    return Component(
+        name,
+        (str(layout.binary(name)), *_controller_args(layout, name, "scheduler")),
+        f"https://{HOST}:{layout.ports[name]}/healthz",
+        {layout.config(f"{name}.kubeconfig"): kubeconfig(layout, "scheduler")},
+    )
 
 
 def control_plane(layout: Layout) -> list[Component]:
@@ -185,43 +257,67 @@ def control_plane(layout: Layout) -> list[Component]:
 
 def containerd(layout: Layout, sandbox_image: str) -> Component:
     paths = layout.node
-    return Component("containerd", (node.CONTAINERD, f"--config={paths.containerd_config}"),
-                     f"unix://{paths.containerd_socket}",
-                     {paths.containerd_config: node.containerd_config(paths, sandbox_image),
-                      paths.cni_conf_dir / "10-rtserve.conflist": node.cni_network(paths)})
+    return Component(
+        "containerd",
+        (node.CONTAINERD, f"--config={paths.containerd_config}"),
+        f"unix://{paths.containerd_socket}",
+        {
+            paths.containerd_config: node.containerd_config(paths, sandbox_image),
+            paths.cni_conf_dir / "10-rtserve.conflist": node.cni_network(paths),
+        },
+    )
 
 
 def kubelet(layout: Layout) -> Component:
     config, kubecfg = layout.config("kubelet.yaml"), layout.config("kubelet.kubeconfig")
-    return Component("kubelet", node.kubelet_argv(layout.binary("kubelet"), layout.node, config, kubecfg),
-                     f"http://127.0.0.1:{layout.ports['kubelet-healthz']}/healthz",
-                     {config: node.kubelet_config(layout.node, layout.pki, layout.node_ports),
-                      kubecfg: kubeconfig(layout, "node")})
+    return Component(
+        "kubelet",
+        node.kubelet_argv(layout.binary("kubelet"), layout.node, config, kubecfg),
+        f"http://127.0.0.1:{layout.ports['kubelet-healthz']}/healthz",
+        {config: node.kubelet_config(layout.node, layout.pki, layout.node_ports), kubecfg: kubeconfig(layout, "node")},
+    )
 
 
 def kube_proxy(layout: Layout) -> Component:
     config, kubecfg = layout.config("kube-proxy.yaml"), layout.config("kube-proxy.kubeconfig")
-    return Component("kube-proxy", node.kube_proxy_argv(layout.binary("kube-proxy"), config),
-                     f"http://127.0.0.1:{layout.ports['kube-proxy-healthz']}/healthz",
-                     {config: node.kube_proxy_config(kubecfg, layout.node_ports),
-                      kubecfg: kubeconfig(layout, "kube-proxy")})
+    return Component(
+        "kube-proxy",
+        node.kube_proxy_argv(layout.binary("kube-proxy"), config),
+        f"http://127.0.0.1:{layout.ports['kube-proxy-healthz']}/healthz",
+        {config: node.kube_proxy_config(kubecfg, layout.node_ports), kubecfg: kubeconfig(layout, "kube-proxy")},
+    )
 
 
 def coredns(layout: Layout) -> Component:
     """The cluster DNS on the node's address (port 53), answering from the API server."""
     corefile, kubecfg = layout.config("Corefile"), layout.config("coredns.kubeconfig")
-    return Component("coredns", addons.coredns_argv(layout.binary("coredns"), corefile),
-                     addons.coredns_ready_url(layout.ports["coredns-ready"]),
-                     {corefile: addons.corefile(node.NODE_IP, kubecfg, layout.ports["coredns-health"],
-                                                layout.ports["coredns-ready"]),
-                      kubecfg: kubeconfig(layout, "coredns")})
+    return Component(
+        "coredns",
+        addons.coredns_argv(layout.binary("coredns"), corefile),
+        addons.coredns_ready_url(layout.ports["coredns-ready"]),
+        {
+            corefile: addons.corefile(
+                node.NODE_IP, kubecfg, layout.ports["coredns-health"], layout.ports["coredns-ready"]
+            ),
+            kubecfg: kubeconfig(layout, "coredns"),
+        },
+    )
 
 
 def metrics_server(layout: Layout) -> Component:
     """metrics-server on the node's address, scraping the kubelet (``kubectl top``, the HPA)."""
     kubecfg, pki = layout.config("metrics-server.kubeconfig"), layout.pki
-    return Component("metrics-server", addons.metrics_server_argv(
-        layout.binary("metrics-server"), kubecfg, node.NODE_IP, layout.ports["metrics-server"],
-        pki / "metrics-server.crt", pki / "metrics-server.key", pki / "ca.crt"),
+    return Component(
+        "metrics-server",
+        addons.metrics_server_argv(
+            layout.binary("metrics-server"),
+            kubecfg,
+            node.NODE_IP,
+            layout.ports["metrics-server"],
+            pki / "metrics-server.crt",
+            pki / "metrics-server.key",
+            pki / "ca.crt",
+        ),
         addons.metrics_server_health_url(node.NODE_IP, layout.ports["metrics-server"], "livez"),
-        {kubecfg: kubeconfig(layout, "metrics-server")})
+        {kubecfg: kubeconfig(layout, "metrics-server")},
+    )

@@ -1,6 +1,7 @@
-"""The node's containerd through its ``ctr`` client: the images it holds, an import, and the
-removal of every container the kubelet left (before containerd stops, so that no shim, mount
-or network namespace outlives the node)."""
+"""The node's containerd through its ``ctr`` client: list and import images, remove leftover containers.
+
+:meth:`Ctr.remove_all` runs before containerd stops, so that no shim, mount or network namespace outlives the node.
+"""
 
 from __future__ import annotations
 
@@ -35,18 +36,23 @@ class Ctr:
         """
         argv = self.argv(*args)
         try:
-            done = subprocess.run(argv, input=stdin if isinstance(stdin, bytes) else None,
-                                  stdin=None if stdin is None or isinstance(stdin, bytes) else stdin,
-                                  capture_output=True, timeout=timeout)
+            done = subprocess.run(
+                argv,
+                input=stdin if isinstance(stdin, bytes) else None,
+                stdin=None if stdin is None or isinstance(stdin, bytes) else stdin,
+                capture_output=True,
+                timeout=timeout,
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise ClusterError(f"{shlex.join(argv)}: {exc}") from exc
         if done.returncode:
-            raise ClusterError(f"{shlex.join(argv)} exited {done.returncode}: "
-                               f"{done.stderr.decode(errors='replace').strip()}")
+            raise ClusterError(
+                f"{shlex.join(argv)} exited {done.returncode}: {done.stderr.decode(errors='replace').strip()}"
+            )
         return done.stdout.decode(errors="replace")
 
     def answers(self) -> bool:
-        """containerd answers on its socket."""
+        """Whether containerd answers on its socket."""
         try:
             self("version", timeout=10)
         except ClusterError:
@@ -77,8 +83,11 @@ class Ctr:
         return None
 
     def remove_all(self, timeout: float = 30) -> list[str]:
-        """Kill and delete every task and container (the kubelet already stopped); returns the
-        network namespace files the pods held (for the host's clean-up)."""
+        """Kill and delete every task and container (the kubelet already stopped).
+
+        Returns:
+            The network namespace files the pods held (for the host's clean-up).
+        """
         ids = self.container_ids()
         netns = sorted({p for p in map(self.network_namespace, ids) if p})
         for cid in ids:

@@ -1,14 +1,8 @@
 """What the local cluster's node changes on this machine, and how it is put back.
 
-A node changes the host: a bridge with the node's address, iptables chains (kube-proxy's and
-the kubelet's, all named ``KUBE-*``), mounts under its run directory (the pods' secrets, the
-containers' root filesystems), the pods' network namespaces, control groups (``kubepods``) and
-a few kernel settings. :func:`prepare` makes the bridge and records the kernel settings;
-:func:`clean` removes everything else the node left, idempotently, so that ``make cluster-stop``
-works after a crash too, without the processes' PID files.
-
-There is one node per machine: the bridge, its address and the ``KUBE-*`` chains are the
-machine's. :func:`owner` says which run directory holds them.
+:func:`prepare` makes the bridge and records the kernel settings; :func:`clean` removes the mounts, network
+namespaces, bridge, ``KUBE-*`` iptables chains and ``kubepods`` cgroups idempotently, so ``make cluster-stop``
+works after a crash too. One node per machine: :func:`owner` says which run directory holds it.
 """
 
 from __future__ import annotations
@@ -50,19 +44,24 @@ def bridge_exists() -> bool:
 
 
 def prepare(run_dir: Path) -> None:
-    """Claim the machine for ``run_dir``'s node, record the kernel settings a node may change,
-    and make the bridge with the pods' gateway and the node's address.
+    """Claim the machine for ``run_dir``'s node and make its bridge.
+
+    Records the kernel settings a node may change; the bridge holds the pods' gateway and the node's address.
 
     Raises:
         ClusterError: another run directory's node holds the machine, or the bridge exists.
     """
     held = owner()
     if held is not None and held != run_dir:
-        raise ClusterError(f"this machine's node belongs to the cluster of {held} (one node per machine): "
-                           f"stop it first (make cluster-stop CLUSTER_RUN_DIR={held})")
+        raise ClusterError(
+            f"this machine's node belongs to the cluster of {held} (one node per machine): "
+            f"stop it first (make cluster-stop CLUSTER_RUN_DIR={held})"
+        )
     if bridge_exists():
-        raise ClusterError(f"the bridge {node.BRIDGE} exists: a node ran here and was not cleaned up "
-                           f"(make cluster-stop CLUSTER_RUN_DIR={held or run_dir})")
+        raise ClusterError(
+            f"the bridge {node.BRIDGE} exists: a node ran here and was not cleaned up "
+            f"(make cluster-stop CLUSTER_RUN_DIR={held or run_dir})"
+        )
     OWNER.parent.mkdir(parents=True, exist_ok=True)
     OWNER.write_text(f"{run_dir}\n")
     share_netns_dir()
@@ -76,12 +75,12 @@ def prepare(run_dir: Path) -> None:
 
 
 def share_netns_dir(directory: Path = NETNS_DIR) -> None:
-    """Make the network namespaces' directory a shared mount point of its own before the node's
-    first pod, as ``ip netns`` and podman do when they find it is not one. containerd mounts each
-    pod's namespace there without that; podman, run later (an image build), then bound the
-    directory onto itself, which covered every pod's namespace mount: the kubelet could no longer
-    tear those pods down (pod-stop waited past 180 s for pods stuck terminating) and the stop met
-    EBUSY. Left in place after the stop, as those tools leave it."""
+    """Make the network namespaces' directory a shared mount point of its own before the node's first pod.
+
+    As ``ip netns`` and podman do when it is not one: otherwise a later podman binds the directory onto
+    itself and covers every pod's namespace mount, so the kubelet cannot tear the pods down. Left in place
+    after the stop, as those tools leave it.
+    """
     path = directory.resolve()  # (/var/run is /run)
     path.mkdir(parents=True, exist_ok=True)
     if str(path) not in mounts_under(path):
@@ -108,8 +107,12 @@ def mounts_under(root: Path) -> list[str]:
 
 
 def kube_rules(save: str) -> tuple[list[tuple[str, list[str]]], list[tuple[str, str]]]:
-    """From ``iptables-save`` output: the rules of the built-in chains that jump to a ``KUBE-*``
-    chain (table, rule arguments after ``-A``) and the ``KUBE-*`` chains (table, name)."""
+    """Parse ``iptables-save`` output ``save`` for what the node added.
+
+    Returns:
+        The built-in chains' rules that jump to a ``KUBE-*`` chain (table, rule arguments after
+        ``-A``) and the ``KUBE-*`` chains (table, name).
+    """
     rules, chains, table = [], [], ""
     for line in save.splitlines():
         if line.startswith("*"):
@@ -124,8 +127,11 @@ def kube_rules(save: str) -> tuple[list[tuple[str, list[str]]], list[tuple[str, 
 
 
 def remove_iptables() -> list[str]:
-    """Delete every ``KUBE-*`` chain and every jump to one, in both address families; returns
-    what was removed (``iptables -t nat -X KUBE-SERVICES`` and so on)."""
+    """Delete every ``KUBE-*`` chain and every jump to one, in both address families.
+
+    Returns:
+        What was removed (``iptables -t nat -X KUBE-SERVICES`` and so on).
+    """
     removed = []
     for family in FAMILIES:
         save = _run(f"{family}-save", check=False)
@@ -163,10 +169,12 @@ def remove_cgroups() -> None:
 
 
 def _remove_netns(paths: list[str], report: list[str]) -> list[str]:
-    """Unmount and delete the network namespace files ``paths``; those that stay, named. A file
-    that is busy though it is not mounted where we look is covered: its directory was bound onto
-    itself (as CNI's and ``ip netns``'s code does to share it) after the namespace was mounted,
-    so the directory's own bind (the node's doing) is undone and the file tried again."""
+    """Unmount and delete the network namespace files ``paths``; returns those that stay, named.
+
+    A busy file that is not mounted where we look is covered by its directory bound onto itself after
+    the namespace was mounted: that bind is undone and the file tried again.
+    """
+
     def removed(path: str) -> OSError | None:
         if _run("umount", path, check=False).returncode:  # busy: a process still in it
             _run("umount", "-l", path, check=False)
@@ -187,10 +195,13 @@ def _remove_netns(paths: list[str], report: list[str]) -> list[str]:
 
 
 def clean(run_dir: Path, netns: list[str]) -> list[str]:
-    """Undo what the node changed on the host (its processes already stopped): the mounts under
-    ``run_dir``, the network namespaces ``netns`` (the pods'), the bridge, the ``KUBE-*``
-    iptables chains, the ``kubepods`` control groups and the kernel settings; returns what was
-    left behind before (one line each), for the stop's report.
+    """Undo what the node changed on the host (its processes already stopped).
+
+    Removes the mounts under ``run_dir``, the pods' network namespaces ``netns``, the bridge, the ``KUBE-*``
+    iptables chains, the ``kubepods`` control groups, and restores the kernel settings.
+
+    Returns:
+        What was left behind before (one line each), for the stop's report.
 
     Raises:
         ClusterError: a mount, the bridge or a chain could not be removed.

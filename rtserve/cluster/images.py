@@ -1,21 +1,8 @@
-"""Load images built on this machine into the local cluster's node, as ``kind load`` does, into
-``ctr images import`` on the node's containerd (:class:`rtserve.cluster.containerd.Ctr`, the CRI
-plugin's namespace ``k8s.io``). No registry. With podman, only the layers the node lacks are
-sent (:meth:`NodeImages.import_new_layers`: a new build of a version sends its top layers, not
-the 4 GB virtualenv again); with Docker, its ``save`` (a docker-archive) is streamed whole.
+"""Load images built on this machine into the local cluster's node (``ctr images import``, no registry).
 
-An image is skipped when the node already holds it under the same name: the config digest of the
-manifest the name points to in containerd is the engine's image ID (podman's and Docker's image
-ID *is* that config digest, and a docker-archive keeps the config's bytes). Manifest digests are
-no test: ctr writes a manifest of its own for a docker-archive, never equal to podman's. An image
-the node holds under another name only (the CRI plugin also names every image it knows
-``sha256:<ID>``) is tagged there, without a second import. A name the node holds but whose
-layers are not unpacked (an import cut short) is imported again, and a failed import is tried
-once more (:func:`import_twice`).
-
-:func:`config_digest` and :func:`plan` are pure; :func:`load` runs the commands.
-
-    python -m rtserve cluster load --run-dir .run/cluster registry.example.com/ml/rtserve:1.0
+With podman only the layers the node lacks are sent; with Docker its ``save`` is streamed whole. An image the
+node holds is skipped: compared by config digest (the engine's image ID), never manifest digest, which ctr
+rewrites. :func:`config_digest` and :func:`plan` are pure; :func:`load` runs the commands.
 """
 
 from __future__ import annotations
@@ -29,13 +16,14 @@ import subprocess
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO
 
 from rtserve.cluster.containerd import Ctr
-from rtserve.cluster.sandbox import architecture
 from rtserve.cluster.runtime import load_state
+from rtserve.cluster.sandbox import architecture
 from rtserve.errors import ClusterError, CommandError, ImageNotFound, ProcessError
 from rtserve.runtime.process import last_lines, run
 
@@ -44,8 +32,7 @@ ADDRESS_KEY = "containerd_address"
 #: Seconds for one image's save and import (4.6 GB: about two minutes here), and for a query.
 LOAD_TIMEOUT = 1800.0
 QUERY_TIMEOUT = 60.0
-INDEX_TYPES = ("application/vnd.oci.image.index.v1+json",
-               "application/vnd.docker.distribution.manifest.list.v2+json")
+INDEX_TYPES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json")
 #: The exit status of a process killed by SIGPIPE (its reader went away).
 SIGPIPE_EXIT = -13
 
@@ -61,8 +48,10 @@ class Local:
 
 @dataclass(frozen=True)
 class Loaded:
-    """What :func:`load` did with one image: ``imported`` (in ``seconds``), ``tagged`` (the node
-    held its ID under another name) or ``present``."""
+    """What :func:`load` did with one image.
+
+    ``action``: ``imported`` (in ``seconds``), ``tagged`` (the node held its ID under another name) or ``present``.
+    """
 
     image: Local
     action: str
@@ -71,8 +60,9 @@ class Loaded:
     def line(self) -> str:
         short = self.image.id.removeprefix("sha256:")[:12]
         if self.action == "imported":
-            return (f">> loaded {self.image.name} ({self.image.size / 1e9:.2f} GB, image {short}) "
-                    f"in {self.seconds:.1f} s")
+            return (
+                f">> loaded {self.image.name} ({self.image.size / 1e9:.2f} GB, image {short}) in {self.seconds:.1f} s"
+            )
         if self.action == "tagged":
             return f">> tagged {self.image.name} on the node: it held image {short} already"
         return f">> {self.image.name} is on the node already (image {short}): skipped"
@@ -87,44 +77,54 @@ def node_ctr(run_dir: Path, binary: str = "ctr") -> Ctr:
     """
     address = load_state(run_dir).get(ADDRESS_KEY)
     if not address:
-        raise ClusterError(f"the cluster of {run_dir} has no node: its state file records no "
-                           f"{ADDRESS_KEY} (start it with make cluster)")
+        raise ClusterError(
+            f"the cluster of {run_dir} has no node: its state file records no "
+            f"{ADDRESS_KEY} (start it with make cluster)"
+        )
     try:
         is_socket = stat.S_ISSOCK(os.stat(address).st_mode)
     except OSError:
         is_socket = False
     if not is_socket:
-        raise ClusterError(f"the node's containerd does not run: no socket at {address} "
-                           "(start the cluster with make cluster)")
+        raise ClusterError(
+            f"the node's containerd does not run: no socket at {address} (start the cluster with make cluster)"
+        )
     return Ctr(Path(address), binary)
 
 
 def local_image(name: str, engine: str = "podman") -> Local:
-    """The engine's image ``name``, a name exactly as the engine lists it (the name the node and
-    the pod spec use).
+    """The engine's image ``name``, a name exactly as the engine lists it.
+
+    That is the name the node and the pod spec use.
 
     Raises:
         ImageNotFound: the engine has no image of that name, or knows it only by another name.
     """
     done = run([engine, "image", "inspect", name], QUERY_TIMEOUT, check=False, apart=True)
     if done.returncode != 0:
-        raise ImageNotFound(f"{engine} has no image {name}: build it first (make image "
-                            f"MODEL_VERSION=... DOCKER={engine}, or make image-gateway DOCKER={engine}); "
-                            f"{engine} said: {done.stderr.strip()}")
+        raise ImageNotFound(
+            f"{engine} has no image {name}: build it first (make image "
+            f"MODEL_VERSION=... DOCKER={engine}, or make image-gateway DOCKER={engine}); "
+            f"{engine} said: {done.stderr.strip()}"
+        )
     (info,) = json.loads(done.stdout)
     tags = info.get("RepoTags") or []
     if name not in tags:
-        raise ImageNotFound(f"{engine} knows {name} as {', '.join(tags) or 'no name'}: give the full "
-                            "name (the one the pod spec uses), e.g. registry.example.com/ml/rtserve:1.0")
+        raise ImageNotFound(
+            f"{engine} knows {name} as {', '.join(tags) or 'no name'}: give the full "
+            "name (the one the pod spec uses), e.g. registry.example.com/ml/rtserve:1.0"
+        )
     image_id = info["Id"] if info["Id"].startswith("sha256:") else f"sha256:{info['Id']}"
     return Local(name, image_id, int(info.get("Size") or 0))
 
 
-def config_digest(target: str, fetch: Callable[[str], dict],
-                  platform: tuple[str, str] = ("linux", "amd64")) -> str | None:
-    """The config digest (the image ID) of the manifest ``target`` names, through an index to
-    ``platform``'s manifest; None when it has none for ``platform``. ``fetch`` reads a blob as
-    JSON."""
+def config_digest(
+    target: str, fetch: Callable[[str], dict], platform: tuple[str, str] = ("linux", "amd64")
+) -> str | None:
+    """The config digest (the image ID) of the manifest ``target`` names, or None.
+
+    An index is followed to ``platform``'s manifest (None when it has none). ``fetch`` reads a blob as JSON.
+    """
     doc = fetch(target)
     if doc.get("mediaType") in INDEX_TYPES or ("manifests" in doc and "config" not in doc):
         for entry in doc.get("manifests", []):
@@ -136,16 +136,16 @@ def config_digest(target: str, fetch: Callable[[str], dict],
 
 
 def plan(image: Local, refs: dict[str, str], config_of: Callable[[str], str | None]) -> str:
-    """What to do with ``image`` on a node whose names point as ``refs`` says: ``present`` (its
-    name points to the same image), ``tag`` (``sha256:<ID>``, the CRI plugin's name for an
-    image it holds, does), else ``import``."""
+    """What to do with ``image`` on a node whose names point as ``refs`` says.
+
+    ``present`` (its name points to the same image), ``tag`` (``sha256:<ID>``, the CRI plugin's name
+    for an image it holds, does), else ``import``.
+    """
     if image.name in refs and config_of(refs[image.name]) == image.id:
         return "present"
     if image.id in refs and config_of(refs[image.id]) == image.id:
         return "tag"
     return "import"
-
-
 
 
 class NodeImages:
@@ -156,8 +156,7 @@ class NodeImages:
 
     def config_of(self, target: str) -> str | None:
         try:
-            return config_digest(target, lambda d: json.loads(self.ctr("content", "get", d)),
-                                 ("linux", architecture()))
+            return config_digest(target, lambda d: json.loads(self.ctr("content", "get", d)), ("linux", architecture()))
         except (ClusterError, ValueError):
             return None  # a blob not (or no longer) in the content store: not this image
 
@@ -165,8 +164,10 @@ class NodeImages:
         self.ctr("images", "tag", "--force", source, name)
 
     def unpacked(self, name: str) -> bool:
-        """Whether the snapshotter holds ``name``'s layers unpacked (``ctr images check``'s last
-        column). An import whose unpack failed leaves the name on the image all the same."""
+        """Whether the snapshotter holds ``name``'s layers unpacked (``ctr images check``'s last column).
+
+        An import whose unpack failed leaves the name on the image all the same.
+        """
         for line in self.ctr("images", "check", f"name=={name}", timeout=QUERY_TIMEOUT).splitlines()[1:]:
             fields = line.split()
             if fields and fields[0] == name:
@@ -176,11 +177,9 @@ class NodeImages:
     def import_new_layers(self, engine: str, image: Local, timeout: float = LOAD_TIMEOUT) -> float:
         """Import ``image`` sending only the layers the node lacks; returns the seconds.
 
-        podman writes the image's uncompressed layers (``push dir:``, digests = the layers'
-        diff IDs, which containerd holds them under once imported); the OCI archive streamed
-        into ``ctr images import`` carries the manifest, the config and the missing layers
-        only. A new build of a version shares all but its top layers with the one before: the
-        4 GB virtualenv layer is read once per machine, not once per build.
+        podman writes the image's uncompressed layers (``push dir:``, digests = the layers' diff IDs,
+        which containerd holds them under once imported); the OCI archive streamed into
+        ``ctr images import`` carries the manifest, the config and the missing layers only.
         """
         start = time.monotonic()
         have = set(self.ctr("content", "ls", "-q", timeout=QUERY_TIMEOUT).split())
@@ -246,18 +245,31 @@ class NodeImages:
 
 
 def oci_archive(name: str, manifest: bytes, blobs: dict[str, Path]) -> Callable[[IO[bytes]], None]:
-    """A writer of the OCI archive of one image named ``name``: its ``manifest`` and the blobs
-    given (digest -> file); the manifest may name blobs the node holds already, which the
-    archive then leaves out."""
+    """A writer of the OCI archive of one image named ``name``: its ``manifest`` and ``blobs`` (digest -> file).
+
+    The manifest may name blobs the node holds already, which the archive then leaves out.
+    """
     digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
-    index = json.dumps({"schemaVersion": 2, "manifests": [{
-        "mediaType": json.loads(manifest).get("mediaType", "application/vnd.oci.image.manifest.v1+json"),
-        "digest": digest, "size": len(manifest),
-        "annotations": {"io.containerd.image.name": name,
-                        "org.opencontainers.image.ref.name": name.rsplit(":", 1)[-1]}}]}).encode()
+    index = json.dumps(
+        {
+            "schemaVersion": 2,
+            "manifests": [
+                {
+                    "mediaType": json.loads(manifest).get("mediaType", "application/vnd.oci.image.manifest.v1+json"),
+                    "digest": digest,
+                    "size": len(manifest),
+                    "annotations": {
+                        "io.containerd.image.name": name,
+                        "org.opencontainers.image.ref.name": name.rsplit(":", 1)[-1],
+                    },
+                }
+            ],
+        }
+    ).encode()
 
     def write(out: IO[bytes]) -> None:
         with tarfile.open(fileobj=out, mode="w|") as tar:
+
             def add(member: str, data: bytes) -> None:
                 info = tarfile.TarInfo(member)
                 info.size = len(data)
@@ -268,13 +280,14 @@ def oci_archive(name: str, manifest: bytes, blobs: dict[str, Path]) -> Callable[
             add(f"blobs/sha256/{digest.removeprefix('sha256:')}", manifest)
             for blob, path in blobs.items():
                 tar.add(path, arcname=f"blobs/sha256/{blob.removeprefix('sha256:')}")
+
     return write
 
 
-def load(ctr: Ctr, names: list[str], engine: str = "podman",
-         say: Callable[[str], None] = print) -> list[Loaded]:
-    """Load each image of ``names`` from ``engine`` into the node ``ctr`` reaches, unless it holds
-    it already; one line said per image.
+def load(ctr: Ctr, names: list[str], engine: str = "podman", say: Callable[[str], None] = print) -> list[Loaded]:
+    """Load each image of ``names`` from ``engine`` into the node ``ctr`` reaches, unless it holds it already.
+
+    One line is said per image.
 
     Raises:
         ImageNotFound: the engine lacks one of the images (all are checked before any import).
@@ -302,12 +315,11 @@ def load(ctr: Ctr, names: list[str], engine: str = "podman",
     return done
 
 
-def import_twice(into: Callable[[str, Local], float], engine: str, image: Local,
-                 say: Callable[[str], None]) -> float:
-    """``into(engine, image)``, once more when ctr's import fails: its unpack can lose a race
-    with containerd's garbage collection ("parent snapshot ... does not exist", seen once in a
-    fresh clone's run); the second import finds the layers sent the first time and unpacks
-    again. Returns the seconds of both.
+def import_twice(into: Callable[[str, Local], float], engine: str, image: Local, say: Callable[[str], None]) -> float:
+    """Run ``into(engine, image)``, once more when ctr's import fails; returns the seconds of both.
+
+    Its unpack can lose a race with containerd's garbage collection ("parent snapshot ... does not
+    exist"); the second import finds the layers sent the first time and unpacks again.
 
     Raises:
         ClusterError: the second import failed too.

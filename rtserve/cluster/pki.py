@@ -1,12 +1,8 @@
 """The cluster's certificates and keys, made with the ``openssl`` command.
 
-The cluster's certificate authority (``ca``) signs the API server's serving certificate, the
-clients' (admin, controller manager, scheduler, the API server towards etcd and kubelets) and
-the serving certificates of etcd, the controller manager and the scheduler. A second one
-(``front-proxy-ca``), as in kubeadm's clusters, signs only the API server's client certificate
-towards aggregated API servers (the request-header authentication they and the controllers
-trust). The service-account tokens are signed with their own key pair. Keys are ECDSA P-256 (fast to make, accepted by every
-component). :func:`commands` is pure; :func:`make` runs them.
+``ca`` signs every serving and client certificate; ``front-proxy-ca`` (as in kubeadm) only the API server's
+client certificate towards aggregated API servers. Service-account tokens have their own key pair. Keys are
+ECDSA P-256 (fast to make, accepted by every component). :func:`commands` is pure; :func:`make` runs them.
 """
 
 from __future__ import annotations
@@ -44,12 +40,24 @@ class Cert:
 
 
 def certificates(service_ip: str, node: str, node_ip: str) -> tuple[Cert, ...]:
-    """Every certificate the cluster uses (``service_ip``: the ``kubernetes`` Service's; ``node``
-    and ``node_ip``: the node's name and address)."""
+    """Every certificate the cluster uses.
+
+    ``service_ip``: the ``kubernetes`` Service's; ``node`` and ``node_ip``: the node's name and address.
+    """
     node_sans = (f"IP:{node_ip}",) + LOCAL_SANS
-    api_sans = LOCAL_SANS + (f"IP:{service_ip}",) + tuple(
-        f"DNS:{n}" for n in ("kubernetes", "kubernetes.default", "kubernetes.default.svc",
-                             "kubernetes.default.svc.cluster.local"))
+    api_sans = (
+        LOCAL_SANS
+        + (f"IP:{service_ip}",)
+        + tuple(
+            f"DNS:{n}"
+            for n in (
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            )
+        )
+    )
     return (
         Cert("etcd", "etcd", sans=LOCAL_SANS),
         Cert("apiserver", "kube-apiserver", sans=api_sans),
@@ -76,20 +84,61 @@ def _new_key(out: Path) -> list[str]:
 
 def commands(pki: Path, certs: tuple[Cert, ...]) -> list[list[str]]:
     """The openssl commands that make the CAs, the service-account key pair and ``certs`` in ``pki``."""
-    argv = [["openssl", "req", "-x509", *_new_key(pki / f"{ca}.key"), "-out", str(pki / f"{ca}.crt"),
-             "-days", str(DAYS), "-subj", f"/CN=rtserve-local-cluster-{ca}",
-             "-addext", "basicConstraints=critical,CA:TRUE",
-             "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature"] for ca in CAS]
-    argv += [["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-              "-out", str(pki / "sa.key")],
-             ["openssl", "pkey", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub")]]
+    argv = [
+        [
+            "openssl",
+            "req",
+            "-x509",
+            *_new_key(pki / f"{ca}.key"),
+            "-out",
+            str(pki / f"{ca}.crt"),
+            "-days",
+            str(DAYS),
+            "-subj",
+            f"/CN=rtserve-local-cluster-{ca}",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
+        ]
+        for ca in CAS
+    ]
+    argv += [
+        [
+            "openssl",
+            "genpkey",
+            "-algorithm",
+            "EC",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-out",
+            str(pki / "sa.key"),
+        ],
+        ["openssl", "pkey", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub")],
+    ]
     for cert in certs:
-        one = ["openssl", "req", "-x509", "-CA", str(pki / f"{cert.ca}.crt"), "-CAkey", str(pki / f"{cert.ca}.key"),
-               *_new_key(pki / f"{cert.name}.key"), "-out", str(pki / f"{cert.name}.crt"),
-               "-days", str(DAYS), "-subj", cert.subject,
-               "-addext", "basicConstraints=critical,CA:FALSE",
-               "-addext", "keyUsage=critical,digitalSignature,keyEncipherment",
-               "-addext", f"extendedKeyUsage={cert.usage}"]
+        one = [
+            "openssl",
+            "req",
+            "-x509",
+            "-CA",
+            str(pki / f"{cert.ca}.crt"),
+            "-CAkey",
+            str(pki / f"{cert.ca}.key"),
+            *_new_key(pki / f"{cert.name}.key"),
+            "-out",
+            str(pki / f"{cert.name}.crt"),
+            "-days",
+            str(DAYS),
+            "-subj",
+            cert.subject,
+            "-addext",
+            "basicConstraints=critical,CA:FALSE",
+            "-addext",
+            "keyUsage=critical,digitalSignature,keyEncipherment",
+            "-addext",
+            f"extendedKeyUsage={cert.usage}",
+        ]
         if cert.sans:
             one += ["-addext", "subjectAltName=" + ",".join(cert.sans)]
         argv.append(one)

@@ -1,11 +1,8 @@
-"""Start, wait for, stop and report the control plane from its recorded state.
+"""Start, wait for, stop and report the local cluster from its recorded state.
 
-``start`` makes the run directory afresh (PKI, configs, data), starts each component in order,
-waits until it answers ready and records its PID file; if one fails, every component already
-started is stopped before the error is raised. ``stop`` works only from the PID files (a process
-is signalled only while its command line is still the recorded binary's), never from a
-re-derived plan or a process name. Processes are started, found and stopped through
-:mod:`rtserve.runtime.process`.
+:func:`start` makes the run directory afresh and starts each component in order, waiting until it is ready; if
+one fails, all already started are stopped before the error is raised. :func:`stop` works only from the PID
+files (a process is signalled only while it still runs the recorded binary), never from a process name.
 """
 
 from __future__ import annotations
@@ -22,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rtserve.cluster import addons, components, host, node, pki, sandbox
-from rtserve.cluster.containerd import Ctr
 from rtserve.cluster.components import Component, Layout
+from rtserve.cluster.containerd import Ctr
 from rtserve.errors import ClusterError
 from rtserve.runtime.ports import free_ports
 from rtserve.runtime.process import PidFile, alive, pids_with_argument, spawn, tail, terminate, wait_until
@@ -42,7 +39,7 @@ class Running:
     binary: str
 
     def alive(self) -> bool:
-        """The PID is alive and still runs the recorded binary (not a reused PID)."""
+        """Whether the PID is alive and still runs the recorded binary (not a reused PID)."""
         return alive(self.pid, self.binary)
 
 
@@ -74,8 +71,9 @@ def _tls(layout: Layout) -> ssl.SSLContext:
     return ctx
 
 
-def wait_ready(component: Component, proc: subprocess.Popen, layout: Layout, log: Path,
-               timeout: float = READY_TIMEOUT) -> float:
+def wait_ready(
+    component: Component, proc: subprocess.Popen, layout: Layout, log: Path, timeout: float = READY_TIMEOUT
+) -> float:
     """Poll ``component``'s ready URL until it answers 200; returns the seconds waited.
 
     Raises:
@@ -85,14 +83,14 @@ def wait_ready(component: Component, proc: subprocess.Popen, layout: Layout, log
 
     def ready() -> bool:
         if proc.poll() is not None:
-            raise ClusterError(f"{component.name} exited with {proc.returncode} at start; "
-                               f"the end of {log}:\n{_tail(log)}")
+            raise ClusterError(
+                f"{component.name} exited with {proc.returncode} at start; the end of {log}:\n{_tail(log)}"
+            )
         url = component.ready_url
         if url.startswith("unix://"):
             return Ctr(Path(url.removeprefix("unix://"))).answers()
         try:
-            with urllib.request.urlopen(url, context=ctx if url.startswith("https:") else None,
-                                        timeout=5) as answer:
+            with urllib.request.urlopen(url, context=ctx if url.startswith("https:") else None, timeout=5) as answer:
                 return answer.status == 200
         except (urllib.error.URLError, OSError) as err:
             last[0] = str(err)
@@ -100,8 +98,10 @@ def wait_ready(component: Component, proc: subprocess.Popen, layout: Layout, log
 
     if wait_until(ready, timeout, poll=0.5):
         return time.monotonic() - start
-    raise ClusterError(f"{component.name} not ready at {component.ready_url} within {timeout:.0f} s "
-                       f"({last[0]}); the end of {log}:\n{_tail(log)}")
+    raise ClusterError(
+        f"{component.name} not ready at {component.ready_url} within {timeout:.0f} s "
+        f"({last[0]}); the end of {log}:\n{_tail(log)}"
+    )
 
 
 def _tail(log: Path, lines: int = 25) -> str:
@@ -127,10 +127,16 @@ def start(layout: Layout) -> dict[str, float]:
     (layout.run_dir / "logs").mkdir(parents=True)
     (layout.run_dir / "config").mkdir()
     pki.make(layout.pki, pki.certificates(components.SERVICE_IP, node.NODE_NAME, node.NODE_IP))
-    state = {"api_url": layout.api_url, "kubeconfig": str(layout.kubeconfig), "ports": layout.ports,
-             "bin_dir": str(layout.bin_dir), "node": node.NODE_NAME, "node_ip": node.NODE_IP,
-             "containerd_address": str(layout.node.containerd_socket),
-             "containerd_root": str(layout.containerd_root)}
+    state = {
+        "api_url": layout.api_url,
+        "kubeconfig": str(layout.kubeconfig),
+        "ports": layout.ports,
+        "bin_dir": str(layout.bin_dir),
+        "node": node.NODE_NAME,
+        "node_ip": node.NODE_IP,
+        "containerd_address": str(layout.node.containerd_socket),
+        "containerd_root": str(layout.containerd_root),
+    }
     (layout.run_dir / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
     layout.kubeconfig.parent.mkdir(parents=True, exist_ok=True)
     layout.kubeconfig.write_text(components.kubeconfig(layout, "admin", embed=True))
@@ -147,8 +153,13 @@ def start(layout: Layout) -> dict[str, float]:
 
 
 def start_node(layout: Layout) -> dict[str, float]:
-    """The node on this machine: its bridge, containerd (with the sandbox image imported), the
-    kubelet and kube-proxy; returns each one's seconds to ready, and the node's to ``Ready``."""
+    """Start the node on this machine: its bridge, containerd, the kubelet, kube-proxy and the add-ons.
+
+    containerd gets the sandbox image imported.
+
+    Returns:
+        Each one's seconds to ready, and the node's to ``Ready``.
+    """
     took: dict[str, float] = {}
     host.prepare(layout.run_dir)
     for path in (layout.node.cni_ipam_dir, layout.node.kubelet_root, layout.containerd_root):
@@ -162,14 +173,24 @@ def start_node(layout: Layout) -> dict[str, float]:
         took[component.name] = _start_one(component, layout)
     begin = time.monotonic()
     kubectl = [str(layout.binary("kubectl")), f"--kubeconfig={layout.kubeconfig}"]
-    wait = subprocess.run([*kubectl, "wait", f"node/{node.NODE_NAME}", "--for=condition=Ready",
-                           f"--timeout={READY_TIMEOUT:.0f}s"], capture_output=True, text=True)
+    wait = subprocess.run(
+        [*kubectl, "wait", f"node/{node.NODE_NAME}", "--for=condition=Ready", f"--timeout={READY_TIMEOUT:.0f}s"],
+        capture_output=True,
+        text=True,
+    )
     if wait.returncode:
-        raise ClusterError(f"node {node.NODE_NAME} not Ready: {wait.stderr.strip()}; the end of "
-                           f"{layout.run_dir / 'logs' / 'kubelet.log'}:\n{_tail(layout.run_dir / 'logs' / 'kubelet.log')}")
+        raise ClusterError(
+            f"node {node.NODE_NAME} not Ready: {wait.stderr.strip()}; the end of "
+            f"{layout.run_dir / 'logs' / 'kubelet.log'}:\n{_tail(layout.run_dir / 'logs' / 'kubelet.log')}"
+        )
     took["node Ready"] = time.monotonic() - begin
-    manifests = addons.coredns_manifests() + "---\n" + addons.metrics_server_manifests(
-        node.NODE_IP, layout.ports["metrics-server"], (layout.pki / "ca.crt").read_text())
+    manifests = (
+        addons.coredns_manifests()
+        + "---\n"
+        + addons.metrics_server_manifests(
+            node.NODE_IP, layout.ports["metrics-server"], (layout.pki / "ca.crt").read_text()
+        )
+    )
     apply = subprocess.run([*kubectl, "apply", "-f", "-"], input=manifests, capture_output=True, text=True)
     if apply.returncode:
         raise ClusterError(f"the add-ons' objects were refused: {apply.stderr.strip()}")
@@ -179,16 +200,22 @@ def start_node(layout: Layout) -> dict[str, float]:
 
 
 def reclaim(run_dir: Path) -> list[str]:
-    """Clean up after another run directory's node whose processes are all gone (its session
-    was killed, the machine's work stopped mid-run): without it every later start on this
-    machine would refuse, naming a cluster that no longer runs. A node with any live process
-    is left alone (``host.prepare`` then refuses). Returns what the clean-up removed."""
+    """Clean up after another run directory's node whose processes are all gone.
+
+    Without it every later start on this machine would refuse, naming a cluster that no longer runs. A node
+    with any live process is left alone (``host.prepare`` then refuses).
+
+    Returns:
+        What the clean-up removed.
+    """
     held = host.owner()
     if held is None or held == run_dir.resolve() or any(r.alive() for r in recorded(held)):
         return []
     removed = stop(held)
-    print(f">> reclaimed the node of {held}, whose processes were gone: {'; '.join(removed) or 'nothing left'}",
-          flush=True)
+    print(
+        f">> reclaimed the node of {held}, whose processes were gone: {'; '.join(removed) or 'nothing left'}",
+        flush=True,
+    )
     return removed
 
 
@@ -202,10 +229,13 @@ def _start_one(component: Component, layout: Layout) -> float:
 
 
 def stop(run_dir: Path, timeout: float = STOP_TIMEOUT) -> list[str]:
-    """Stop the components the PID files in ``run_dir`` record, in reverse start order
-    (SIGTERM, then SIGKILL after ``timeout``), removing the node's containers before containerd
-    stops; then undo what the node changed on the host (:func:`host.clean`, also when no PID
-    file is left). Returns the names stopped and what the clean-up removed.
+    """Stop the components the PID files in ``run_dir`` record, in reverse start order.
+
+    SIGTERM, then SIGKILL after ``timeout``; the node's containers are removed before containerd stops. Then
+    what the node changed on the host is undone (:func:`host.clean`, also when no PID file is left).
+
+    Returns:
+        The names stopped and what the clean-up removed.
 
     Raises:
         ClusterError: a process is still alive after SIGKILL, or the host could not be cleaned.
@@ -236,8 +266,10 @@ def _state_or_empty(run_dir: Path) -> dict:
 
 
 def _stop_shims(address: str, timeout: float) -> list[str]:
-    """Stop the containerd shims still serving this node's containerd (found by the socket in
-    their command line: ``-address SOCKET``); none is left after :meth:`Ctr.remove_all`."""
+    """Stop the containerd shims still serving this node's containerd; none is left after :meth:`Ctr.remove_all`.
+
+    They are found by the socket in their command line (``-address SOCKET``).
+    """
     stopped = []
     for pid in pids_with_argument("-address", address):
         terminate(pid, timeout, poll=0.2)

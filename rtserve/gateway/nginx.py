@@ -1,30 +1,9 @@
 """The pod's authenticating gateway: nginx in front of TorchServe's loopback inference listener.
 
-TorchServe 0.12 draws its token keys at random in every pod and cannot be given one, so a key
-read from one pod is refused by the others behind a Service. Token authorization stays on in
-TorchServe; instead each pod runs an nginx sidecar on the Service's inference port that
-
-- answers ``401`` unless the request carries ``Authorization: Bearer <shared token>``, one of the
-  tokens in the cluster Secret (one per line, so a rotation can accept old and new at once);
-- passes only the inference routes (:data:`ROUTES`: ``/ping``, ``/predictions/``,
-  ``/explanations/``, KServe v1 ``/v1/models/``, Open Inference Protocol ``/v2``); ``404`` otherwise;
-- proxies to TorchServe on ``127.0.0.1`` with ``Authorization: Bearer <this pod's inference key>``,
-  replacing whatever the client sent (a pod's own key is not accepted from outside).
-
-nginx's main config is static (:func:`render_nginx_conf`, shipped as a ConfigMap). The two
-secrets it needs live in small map files in a directory both containers share (an emptyDir),
-which nginx includes by glob, so it starts before they exist and refuses everyone until then:
-
-- ``client-tokens.map``: ``"Bearer <token>" 1;`` per shared token (from the Secret's file);
-- ``upstream-key.map``: ``default "Bearer <inference key>";`` (from TorchServe's key_file.json).
-
-:class:`KeySync` writes them (mode 0600) whenever the Secret or the pod's key changes, and then
-sends SIGHUP to the nginx master (its PID file is in the shared directory; the pod shares one
-process namespace and both containers run as the same user). The pod's main process
-(:mod:`rtserve.container`) calls it every second when ``$RTSERVE_GATEWAY_DIR`` is set.
-
-    python -m rtserve gateway conf            # the pod's nginx.conf (deploy/k8s/base/gateway-nginx.conf)
-    python -m rtserve gateway sync            # write the map files once, reload nginx if needed
+TorchServe 0.12 draws a random token key per pod, so nginx checks a shared token instead (``401`` otherwise), passes
+only :data:`ROUTES` (``404`` otherwise) and proxies with this pod's inference key. Its config is static
+(:func:`render_nginx_conf`); :class:`KeySync` writes the two secret map files it includes and sends nginx SIGHUP
+when they change. docs/kubernetes.md describes the setup.
 """
 
 from __future__ import annotations
@@ -41,6 +20,7 @@ from pathlib import Path
 
 from rtserve.errors import GatewayError
 from rtserve.runtime.process import PidFile, run
+from rtserve.server.routes import gateway_locations
 from rtserve.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -63,10 +43,11 @@ DRAINING = "draining"
 TOKEN = re.compile(r"^[A-Za-z0-9_-]{32,256}$")
 #: TorchServe's keys are base64 of 6 random bytes (``TokenAuthorization.generateKey``).
 POD_KEY = re.compile(r"^[A-Za-z0-9_+/=-]{4,256}$")
-#: The routes the gateway passes on: TorchServe's inference API, KServe v1
-#: (``/v1/models/{m}:predict|:explain``) and the Open Inference Protocol REST routes (``/v2...``,
-#: the model metadata and readiness routes included: rtserve's agent answers them in TorchServe).
-ROUTES = ("= /ping", "/predictions/", "/explanations/", "/v1/models/", "= /v2", "/v2/")
+#: The nginx locations the gateway passes on, declared in :data:`rtserve.server.routes.ROUTES`:
+#: TorchServe's inference API, KServe v1 (``/v1/models/{m}:predict|:explain``) and the Open
+#: Inference Protocol REST routes (``/v2...``, the model metadata and readiness routes included:
+#: rtserve's agent answers them in TorchServe).
+ROUTES = gateway_locations()
 
 
 @dataclass(frozen=True)
@@ -98,14 +79,17 @@ POD = GatewaySettings()
 
 
 def render_nginx_conf(s: GatewaySettings) -> str:
-    """nginx's main config for the gateway (no secrets in it: those come from the map files)."""
+    """Nginx's main config for the gateway (no secrets in it: those come from the map files)."""
     d, t = s.gateway_dir.rstrip("/"), s.tmp_dir.rstrip("/")
     proxy = """proxy_pass http://torchserve;
             proxy_set_header Authorization $rtserve_upstream_authorization;"""
-    routes = "\n".join(f"""        location {route} {{
+    routes = "\n".join(
+        f"""        location {route} {{
             if (-f {d}/{CLOSING}) {{ return 418; }}
             {proxy}
-        }}""" for route in ROUTES)
+        }}"""
+        for route in ROUTES
+    )
     return f"""# rtserve gateway: written by `python -m rtserve gateway conf` (rtserve/gateway/nginx.py); no
 # secrets in here. The shared tokens and this pod's TorchServe key are in the map files that
 # rtserve writes to {d}/ and reloads nginx for.
@@ -208,9 +192,11 @@ def parse_tokens(text: str) -> list[str]:
         if not line or line.startswith("#"):
             continue
         if not TOKEN.match(line):
-            raise GatewayError(f"tokens line {number}: a token is 32-256 characters of "
-                               "A-Z a-z 0-9 _ - (e.g. python -c 'import secrets; "
-                               "print(secrets.token_urlsafe(32))')")
+            raise GatewayError(
+                f"tokens line {number}: a token is 32-256 characters of "
+                "A-Z a-z 0-9 _ - (e.g. python -c 'import secrets; "
+                "print(secrets.token_urlsafe(32))')"
+            )
         tokens.append(line)
     if not tokens:
         raise GatewayError("tokens: no token in the file: the gateway would refuse everyone")
@@ -223,7 +209,8 @@ def render_client_tokens(tokens: list[str]) -> str:
         if not TOKEN.match(token):
             raise GatewayError("not a valid token")
     return "# shared gateway tokens (from the Secret); written by rtserve.gateway\n" + "".join(
-        f'"Bearer {token}" 1;\n' for token in tokens)
+        f'"Bearer {token}" 1;\n' for token in tokens
+    )
 
 
 def render_upstream_key(key: str) -> str:
@@ -257,21 +244,34 @@ def write_private(path: Path, text: str) -> bool:
 
 
 def closing(gateway_dir: Path, on: bool) -> bool:
-    """Turn on (or off) the gateway's closing of each client connection after its answer (the
-    file :data:`CLOSING`, which nginx checks per request). A draining pod turns it on once its
+    """Turn on (or off) the gateway's closing of each client connection after its answer.
+
+    The switch is the file :data:`CLOSING`, which nginx checks per request. A draining pod turns it on once its
     endpoints are gone; the pod's main process turns it off when it starts (a restarted
-    container keeps the shared directory). Returns whether anything changed."""
-    return _flag(gateway_dir / CLOSING, on, "draining: every answer closes its connection",
-                 "each answer now closes its client connection (draining)",
-                 "client connections are kept alive again")
+    container keeps the shared directory). Returns whether anything changed.
+    """
+    return _flag(
+        gateway_dir / CLOSING,
+        on,
+        "draining: every answer closes its connection",
+        "each answer now closes its client connection (draining)",
+        "client connections are kept alive again",
+    )
 
 
 def draining(gateway_dir: Path, on: bool) -> bool:
-    """Turn on (or off) the gateway's readiness answer of a draining pod (the file
-    :data:`DRAINING`: ``/readyz`` answers 503). The drain turns it on first; the pod's main
-    process turns it off when it starts. Returns whether anything changed."""
-    return _flag(gateway_dir / DRAINING, on, "draining: /readyz answers 503",
-                 "/readyz now answers 503 (draining)", "/readyz answers from TorchServe's /ping again")
+    """Turn on (or off) the gateway's readiness answer of a draining pod.
+
+    The switch is the file :data:`DRAINING` (``/readyz`` answers 503). The drain turns it on first; the pod's main
+    process turns it off when it starts. Returns whether anything changed.
+    """
+    return _flag(
+        gateway_dir / DRAINING,
+        on,
+        "draining: /readyz answers 503",
+        "/readyz now answers 503 (draining)",
+        "/readyz answers from TorchServe's /ping again",
+    )
 
 
 def _flag(flag: Path, on: bool, text: str, said_on: str, said_off: str) -> bool:
@@ -290,12 +290,13 @@ def _flag(flag: Path, on: bool, text: str, said_on: str, said_off: str) -> bool:
 
 
 def close_client_connections(gateway_dir: Path) -> int | None:
-    """Make the gateway's nginx close its clients' idle keep-alive connections: a graceful
-    reload (SIGHUP to the master named by the PID file in ``gateway_dir``), whose old workers
-    finish the requests in flight and close the idle connections. A draining pod calls it once
-    its endpoints are gone: a client's connection opened before would otherwise keep reaching
-    this pod (kube-proxy routes only new connections) until TorchServe stops, and get 502s.
-    Returns the PID signalled, or None (no gateway running)."""
+    """Make the gateway's nginx close its clients' idle keep-alive connections.
+
+    A graceful reload (SIGHUP to the master named by the PID file in ``gateway_dir``), whose old workers finish the
+    requests in flight and close the idle connections. A draining pod calls it once its endpoints are gone: a
+    client's connection opened before would otherwise keep reaching this pod (kube-proxy routes only new
+    connections) until TorchServe stops, and get 502s. Returns the PID signalled, or None (no gateway running).
+    """
     pid = PidFile(gateway_dir / PID_FILE).read()
     if pid is None or not reload(pid, "to close its idle client connections"):
         return None
@@ -303,8 +304,10 @@ def close_client_connections(gateway_dir: Path) -> int | None:
 
 
 def reload(pid: int, why: str) -> bool:
-    """SIGHUP the nginx master ``pid`` (a graceful reload); whether it was signalled (``why``
-    says what for, in the log)."""
+    """SIGHUP the nginx master ``pid`` (a graceful reload); whether it was signalled.
+
+    ``why`` says what for, in the log.
+    """
     try:
         os.kill(pid, signal.SIGHUP)
     except OSError as exc:
@@ -365,17 +368,14 @@ class KeySync:
 
 
 def key_sync(settings: Settings) -> KeySync | None:
-    """The pod's :class:`KeySync` when the settings name a gateway directory
-    (``$RTSERVE_GATEWAY_DIR``; tokens from ``$RTSERVE_GATEWAY_TOKENS``), else None (no
-    gateway: local ``make serve``)."""
+    """The pod's :class:`KeySync` when the settings name a gateway directory, else None.
+
+    The directory is ``$RTSERVE_GATEWAY_DIR``, the tokens ``$RTSERVE_GATEWAY_TOKENS``; none is set for a local
+    ``make serve``, which has no gateway.
+    """
     if settings.gateway_dir is None:
         return None
     return KeySync(settings.gateway_dir, settings.run.key_file, settings.gateway_tokens)
-
-
-def from_env(run_dir: Path) -> KeySync | None:
-    """:func:`key_sync` of the environment's settings, for the server in ``run_dir``."""
-    return key_sync(Settings.from_env(run_dir=run_dir))
 
 
 def find_nginx() -> str | None:
@@ -391,5 +391,4 @@ def nginx_check(conf: Path, binary: str | None = None) -> subprocess.CompletedPr
     binary = binary or find_nginx()
     if not binary:
         raise FileNotFoundError("nginx is not installed: run `make nginx-deps`")
-    return run([binary, "-t", "-c", str(conf), "-e", str(conf.with_suffix(".err"))], timeout=30,
-               check=False)
+    return run([binary, "-t", "-c", str(conf), "-e", str(conf.with_suffix(".err"))], timeout=30, check=False)

@@ -1,12 +1,7 @@
-"""``make k8s-deploy`` and ``make k8s-verify``: apply an overlay with one rollout's image, wait for
-the rollout, run the verification Job, and undo the rollout when the Job fails.
+"""``make k8s-deploy`` and ``make k8s-verify``: apply an overlay's rollout, verify it, undo it if verification fails.
 
-The kustomizations each step renders are pure functions (:func:`deploy_kustomization`,
-:func:`verify_kustomization`); :class:`Kubectl` runs the commands (each one printed as it runs,
-kubectl's own output passed through); :func:`deploy` and :func:`verify` are the ordered steps.
-
-    python -m rtserve k8s deploy --overlay staging --image registry.example.com/ml/rtserve --version 2.0
-    python -m rtserve k8s verify --overlay staging --image registry.example.com/ml/rtserve --version 2.0
+The kustomizations are pure functions (:func:`deploy_kustomization`, :func:`verify_kustomization`);
+:class:`Kubectl` runs and prints each command; :func:`deploy` and :func:`verify` are the ordered steps.
 """
 
 from __future__ import annotations
@@ -19,9 +14,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from rtserve.errors import DeployError
 from rtserve.k8s import volumes
@@ -77,8 +72,11 @@ class Target:
 
     @property
     def verify_dir(self) -> Path:
-        """``verify_source``, else the overlay's own ``verify/`` when it has one (the local
-        overlay's: its images taken from the node), else ``k8s_dir/verify``."""
+        """The verification Job's kustomization directory.
+
+        ``verify_source``, else the overlay's own ``verify/`` when it has one (the local overlay's: its images
+        taken from the node), else ``k8s_dir/verify``.
+        """
         if self.verify_source is not None:
             return self.verify_source
         own = self.overlay_dir / "verify"
@@ -96,57 +94,76 @@ def relative(path: Path, start: Path) -> str:
 
 def deploy_kustomization(t: Target) -> str:
     """The kustomization that applies the overlay with this rollout's image and change cause."""
-    return "\n".join([
-        "# Written by make k8s-deploy: the overlay with this rollout's image and change cause.",
-        "apiVersion: kustomize.config.k8s.io/v1beta1",
-        "kind: Kustomization",
-        "resources:",
-        f"  - {relative(t.overlay_dir, t.build_dir)}",
-        "images:",
-        f"  - name: {t.image}",
-        f'    newTag: "{t.version}"',
-        "patches:",
-        "  - patch: |-",
-        "      apiVersion: apps/v1",
-        "      kind: Deployment",
-        "      metadata:",
-        f"        name: {t.app}",
-        "        annotations:",
-        f'          kubernetes.io/change-cause: "{t.model} {t.version} ({t.tagged}) by make k8s-deploy"',
-    ]) + "\n"
+    return (
+        "\n".join(
+            [
+                "# Written by make k8s-deploy: the overlay with this rollout's image and change cause.",
+                "apiVersion: kustomize.config.k8s.io/v1beta1",
+                "kind: Kustomization",
+                "resources:",
+                f"  - {relative(t.overlay_dir, t.build_dir)}",
+                "images:",
+                f"  - name: {t.image}",
+                f'    newTag: "{t.version}"',
+                "patches:",
+                "  - patch: |-",
+                "      apiVersion: apps/v1",
+                "      kind: Deployment",
+                "      metadata:",
+                f"        name: {t.app}",
+                "        annotations:",
+                f'          kubernetes.io/change-cause: "{t.model} {t.version} ({t.tagged}) by make k8s-deploy"',
+            ]
+        )
+        + "\n"
+    )
 
 
 def standalone_kustomization(t: Target, source: Path, build_dir: Path, what: str) -> str:
-    """The kustomization that renders ``source`` (applied on its own, beside the overlay's
-    objects: the verification Job, a candidate) with the rollout's namespace and image tag."""
-    return "\n".join([
-        f"# Written by {what}.",
-        "apiVersion: kustomize.config.k8s.io/v1beta1",
-        "kind: Kustomization",
-        f"namespace: {t.namespace}",
-        "resources:",
-        f"  - {relative(source, build_dir)}",
-        "images:",
-        f"  - name: {t.image}",
-        f'    newTag: "{t.version}"',
-    ]) + "\n"
+    """The kustomization that renders ``source`` with the rollout's namespace and image tag.
+
+    ``source`` is applied on its own, beside the overlay's objects (the verification Job, a candidate).
+    """
+    return (
+        "\n".join(
+            [
+                f"# Written by {what}.",
+                "apiVersion: kustomize.config.k8s.io/v1beta1",
+                "kind: Kustomization",
+                f"namespace: {t.namespace}",
+                "resources:",
+                f"  - {relative(source, build_dir)}",
+                "images:",
+                f"  - name: {t.image}",
+                f'    newTag: "{t.version}"',
+            ]
+        )
+        + "\n"
+    )
 
 
 def verify_kustomization(t: Target) -> str:
     """The kustomization of the verification Job for this rollout (its namespace and image)."""
-    text = standalone_kustomization(t, t.verify_dir, t.verify_build_dir,
-                                    "make k8s-verify: the verification Job for this rollout")
+    text = standalone_kustomization(
+        t, t.verify_dir, t.verify_build_dir, "make k8s-verify: the verification Job for this rollout"
+    )
     if t.verify_max_p99_ms is None:
         return text
-    return text + "\n".join([
-        "patches:",
-        "  - target:",
-        "      kind: Job",
-        "    patch: |-",
-        "      - op: add",
-        "        path: /spec/template/spec/containers/0/args/-",
-        f'        value: "--max-p99-ms={t.verify_max_p99_ms:g}"',
-    ]) + "\n"
+    return (
+        text
+        + "\n".join(
+            [
+                "patches:",
+                "  - target:",
+                "      kind: Job",
+                "    patch: |-",
+                "      - op: add",
+                "        path: /spec/template/spec/containers/0/args/-",
+                f'        value: "--max-p99-ms={t.verify_max_p99_ms:g}"',
+            ]
+        )
+        + "\n"
+    )
 
 
 def seconds(duration: str) -> float:
@@ -158,9 +175,11 @@ def seconds(duration: str) -> float:
 
 
 def crashed_container(pods: dict, template_hash: str) -> tuple[str, str, str] | None:
-    """The first container of a pod of the revision ``template_hash`` that has failed (it exited
-    with an error and restarted :data:`CRASH_RESTARTS` times), from ``kubectl get pods -o json``:
-    (pod, container, why); None while none has."""
+    """The first failed container of a pod of the revision ``template_hash``: (pod, container, why), or None.
+
+    Failed: it exited with an error and restarted :data:`CRASH_RESTARTS` times. ``pods`` is
+    ``kubectl get pods -o json``'s output.
+    """
     for pod in pods.get("items", []):
         if pod["metadata"].get("labels", {}).get("pod-template-hash") != template_hash:
             continue
@@ -169,9 +188,15 @@ def crashed_container(pods: dict, template_hash: str) -> tuple[str, str, str] | 
             last = (c.get("lastState") or {}).get("terminated") or {}
             if c.get("restartCount", 0) >= CRASH_RESTARTS and last.get("exitCode", 0) != 0:
                 name = pod["metadata"]["name"]
-                return name, c["name"], (f"container {c['name']} of pod {name} exited "
-                                         f"{last.get('exitCode')} ({last.get('reason', 'Error')}) "
-                                         f"and restarted {c['restartCount']} time(s)")
+                return (
+                    name,
+                    c["name"],
+                    (
+                        f"container {c['name']} of pod {name} exited "
+                        f"{last.get('exitCode')} ({last.get('reason', 'Error')}) "
+                        f"and restarted {c['restartCount']} time(s)"
+                    ),
+                )
     return None
 
 
@@ -195,9 +220,11 @@ def job_result(conditions: str) -> str | None:
 
 
 class Kubectl:
-    """Runs ``kubectl`` (or a stand-in): each command printed first, its output passed through
-    unless captured. ``command`` is a command line, options included (the local cluster's is
-    ``.../kubectl --kubeconfig build/cluster/admin.kubeconfig``)."""
+    """Runs ``kubectl`` (or a stand-in): each command printed first, its output passed through unless captured.
+
+    ``command`` is a command line, options included (the local cluster's is
+    ``.../kubectl --kubeconfig build/cluster/admin.kubeconfig``).
+    """
 
     def __init__(self, command: str = "kubectl", out: Callable[[str], None] | None = None) -> None:
         self.command = shlex.split(command)
@@ -210,12 +237,13 @@ class Kubectl:
         """``kubectl args`` as a shell would run it (the command's options included)."""
         return shlex.join([*self.command, *args])
 
-    def __call__(self, *args: str, capture: bool = False, into: Path | None = None,
-                 quiet: bool = False, errors: bool = True) -> str:
-        """Run ``kubectl args``; returns its stdout when ``capture`` (written to ``into`` when
-        given); ``quiet``: the command is not printed (the polls of a wait); ``errors``: its
-        stderr is shown (else kept out: an expected refusal, such as a lookup of what may not
-        exist yet).
+    def __call__(
+        self, *args: str, capture: bool = False, into: Path | None = None, quiet: bool = False, errors: bool = True
+    ) -> str:
+        """Run ``kubectl args``; returns its stdout when ``capture`` (written to ``into`` when given).
+
+        ``quiet``: the command is not printed (the polls of a wait); ``errors``: its stderr is shown (else kept
+        out: an expected refusal, such as a lookup of what may not exist yet).
 
         Raises:
             DeployError: it exited non-zero (its stderr was shown), or cannot be run.
@@ -224,8 +252,12 @@ class Kubectl:
         if not quiet:
             self.out(self.shown(*args) + (f" > {into}" if into else ""))
         try:
-            done = subprocess.run(cmd, stdout=subprocess.PIPE if capture or into else None,
-                                  stderr=None if errors else subprocess.DEVNULL, text=True)
+            done = subprocess.run(
+                cmd,
+                stdout=subprocess.PIPE if capture or into else None,
+                stderr=None if errors else subprocess.DEVNULL,
+                text=True,
+            )
         except OSError as exc:
             raise DeployError(f"cannot run {self.binary}: {exc}") from exc
         if done.returncode != 0:
@@ -242,7 +274,7 @@ def say(line: str) -> None:
 
 
 def render(kubectl: Kubectl, build_dir: Path, kustomization: str) -> Path:
-    """Write ``kustomization`` into a fresh ``build_dir`` and render it; the manifests' path."""
+    """Write ``kustomization`` into a fresh ``build_dir`` and render it; returns the manifests' path."""
     shutil.rmtree(build_dir, ignore_errors=True)
     build_dir.mkdir(parents=True)
     (build_dir / "kustomization.yaml").write_text(kustomization)
@@ -263,8 +295,7 @@ def verify(t: Target, kubectl: Kubectl, sleep: Callable[[float], None] = time.sl
     kubectl("apply", "-f", str(manifests))
     result = None
     for _ in range(t.verify_timeout // 2):
-        result = job_result(kubectl("-n", t.namespace, "get", job, "-o", JOB_CONDITIONS,
-                                    capture=True))
+        result = job_result(kubectl("-n", t.namespace, "get", job, "-o", JOB_CONDITIONS, capture=True))
         if result:
             break
         sleep(2)
@@ -279,9 +310,9 @@ def verify(t: Target, kubectl: Kubectl, sleep: Callable[[float], None] = time.sl
 
 
 def deploy(t: Target, kubectl: Kubectl, sleep: Callable[[float], None] = time.sleep) -> None:
-    """Apply the overlay with this rollout's image (its local volumes' directories made first,
-    with ``local_volumes``), wait for the rollout, verify it; undo the rollout (and wait for
-    that) when the verification fails.
+    """Apply the overlay with this rollout's image, wait for the rollout, verify it; undo it if either fails.
+
+    With ``local_volumes``, the local volumes' directories are made first. The undo is waited for too.
 
     Raises:
         DeployError: no such overlay, the overlay does not use the image, a local volume's
@@ -293,8 +324,7 @@ def deploy(t: Target, kubectl: Kubectl, sleep: Callable[[float], None] = time.sl
         raise DeployError(f"no overlay {t.overlay_dir} (have: {have})")
     manifests = render(kubectl, t.build_dir, deploy_kustomization(t))
     if not uses_image(manifests.read_text(), t.tagged):
-        raise DeployError(f"the {t.overlay} overlay's image is not {t.image} "
-                          "(set IMG to the overlay's image name)")
+        raise DeployError(f"the {t.overlay} overlay's image is not {t.image} (set IMG to the overlay's image name)")
     if t.local_volumes:
         volumes.prepare(kubectl, volumes.local_volumes(manifests.read_text()), say)
     before = revision(kubectl, t)
@@ -307,8 +337,10 @@ def deploy(t: Target, kubectl: Kubectl, sleep: Callable[[float], None] = time.sl
         say(f">> {exc}")
         why_stuck(t, kubectl)
         if not _undoable(kubectl, t, before):
-            raise DeployError(f"the rollout of {t.tagged} to {t.overlay} failed, and there is no "
-                              f"earlier revision of this apply to roll back to") from exc
+            raise DeployError(
+                f"the rollout of {t.tagged} to {t.overlay} failed, and there is no "
+                f"earlier revision of this apply to roll back to"
+            ) from exc
         say(f">> the rollout of {t.tagged} to {t.overlay} failed: rolling back")
         kubectl("-n", t.namespace, "rollout", "undo", deployment)
         kubectl(*status)
@@ -318,18 +350,23 @@ def deploy(t: Target, kubectl: Kubectl, sleep: Callable[[float], None] = time.sl
     except DeployError as exc:
         say(f">> {exc}")
         if not _undoable(kubectl, t, before):
-            raise DeployError(f"{t.tagged} failed its verification on {t.overlay}, and there is no "
-                              f"earlier revision of this apply to roll back to (its first "
-                              f"revision, or an apply that changed nothing)") from exc
+            raise DeployError(
+                f"{t.tagged} failed its verification on {t.overlay}, and there is no "
+                f"earlier revision of this apply to roll back to (its first "
+                f"revision, or an apply that changed nothing)"
+            ) from exc
         say(f">> {t.tagged} failed its verification on {t.overlay}: rolling back")
         kubectl("-n", t.namespace, "rollout", "undo", deployment)
         kubectl(*status)
-        raise DeployError(f"{t.tagged} failed its verification on {t.overlay} and was rolled "
-                          "back") from exc
+        raise DeployError(f"{t.tagged} failed its verification on {t.overlay} and was rolled back") from exc
 
 
-def wait_rollout(t: Target, kubectl: Kubectl, sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+def wait_rollout(
+    t: Target,
+    kubectl: Kubectl,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
     """Wait until the Deployment's rollout completes.
 
     Raises:
@@ -338,22 +375,36 @@ def wait_rollout(t: Target, kubectl: Kubectl, sleep: Callable[[float], None] = t
     """
     deployment = f"deployment/{t.app}"
     deadline, said = clock() + seconds(t.rollout_timeout), ""
-    say(kubectl.shown("-n", t.namespace, "rollout", "status", deployment,
-                      f"--timeout={t.rollout_timeout}") + " (and the new pods' restarts)")
+    say(
+        kubectl.shown("-n", t.namespace, "rollout", "status", deployment, f"--timeout={t.rollout_timeout}")
+        + " (and the new pods' restarts)"
+    )
     while True:
-        done = kubectl("-n", t.namespace, "rollout", "status", deployment, "--watch=false",
-                       capture=True, quiet=True).rstrip()
+        done = kubectl(
+            "-n", t.namespace, "rollout", "status", deployment, "--watch=false", capture=True, quiet=True
+        ).rstrip()
         if done != said:
             say(done)
             said = done
         if "successfully rolled out" in done:
             return
-        revision = json.loads(kubectl("-n", t.namespace, "get", deployment, "-o", "json",
-                                      capture=True, quiet=True))
+        revision = json.loads(kubectl("-n", t.namespace, "get", deployment, "-o", "json", capture=True, quiet=True))
         new = _newest_replicaset(kubectl, t, revision)
         if new:
-            pods = json.loads(kubectl("-n", t.namespace, "get", "pods", "-l", f"pod-template-hash={new}",
-                                      "-o", "json", capture=True, quiet=True))
+            pods = json.loads(
+                kubectl(
+                    "-n",
+                    t.namespace,
+                    "get",
+                    "pods",
+                    "-l",
+                    f"pod-template-hash={new}",
+                    "-o",
+                    "json",
+                    capture=True,
+                    quiet=True,
+                )
+            )
             found = crashed_container(pods, new)
             if found:
                 pod, container, why = found
@@ -363,21 +414,32 @@ def wait_rollout(t: Target, kubectl: Kubectl, sleep: Callable[[float], None] = t
                     pass  # no earlier log kept: the reason says enough
                 raise DeployError(f"{t.tagged} on {t.overlay}: {why}")
         if clock() > deadline:
-            raise DeployError(f"the rollout of {t.tagged} to {t.overlay} did not finish within "
-                              f"{t.rollout_timeout}")
+            raise DeployError(f"the rollout of {t.tagged} to {t.overlay} did not finish within {t.rollout_timeout}")
         sleep(POLL_SECONDS)
 
 
 def why_stuck(t: Target, kubectl: Kubectl, events: int = 12) -> None:
-    """Print what a failed rollout leaves to read: the namespace's pods (ready, restarts) and its
-    latest warning events (failed probes, scheduling, evictions), the newest last. Best effort:
-    a lookup that fails is skipped, the rollout's own error stays the one raised."""
+    """Print what a failed rollout leaves to read: the namespace's pods and its latest warning events.
+
+    Events newest last (failed probes, scheduling, evictions). Best effort: a lookup that fails is skipped, the
+    rollout's own error stays the one raised.
+    """
     try:
         kubectl("-n", t.namespace, "get", "pods", "-o", "wide", quiet=True)
-        warnings = kubectl("-n", t.namespace, "get", "events", "--field-selector", "type=Warning",
-                           "--sort-by=.lastTimestamp", "-o",
-                           "custom-columns=LAST:.lastTimestamp,COUNT:.count,OBJECT:.involvedObject.name,"
-                           "REASON:.reason,MESSAGE:.message", capture=True, quiet=True).splitlines()
+        warnings = kubectl(
+            "-n",
+            t.namespace,
+            "get",
+            "events",
+            "--field-selector",
+            "type=Warning",
+            "--sort-by=.lastTimestamp",
+            "-o",
+            "custom-columns=LAST:.lastTimestamp,COUNT:.count,OBJECT:.involvedObject.name,"
+            "REASON:.reason,MESSAGE:.message",
+            capture=True,
+            quiet=True,
+        ).splitlines()
     except DeployError:
         return
     if len(warnings) > 1:
@@ -386,19 +448,31 @@ def why_stuck(t: Target, kubectl: Kubectl, events: int = 12) -> None:
 
 
 def revision(kubectl: Kubectl, t: Target) -> str | None:
-    """The Deployment's current revision number (``deployment.kubernetes.io/revision``), or None
-    when there is no such Deployment yet."""
+    """The Deployment's current revision number (``deployment.kubernetes.io/revision``), or None if none yet."""
     try:
-        return kubectl("-n", t.namespace, "get", f"deployment/{t.app}", "-o",
-                       r"jsonpath={.metadata.annotations.deployment\.kubernetes\.io/revision}",
-                       capture=True, quiet=True, errors=False).strip() or None
+        return (
+            kubectl(
+                "-n",
+                t.namespace,
+                "get",
+                f"deployment/{t.app}",
+                "-o",
+                r"jsonpath={.metadata.annotations.deployment\.kubernetes\.io/revision}",
+                capture=True,
+                quiet=True,
+                errors=False,
+            ).strip()
+            or None
+        )
     except DeployError:
         return None
 
 
 def _undoable(kubectl: Kubectl, t: Target, before: str | None) -> bool:
-    """Whether ``rollout undo`` returns to what ran before this apply: there was a Deployment,
-    and the apply made a new revision of it."""
+    """Whether ``rollout undo`` returns to what ran before this apply.
+
+    True when there was a Deployment and the apply made a new revision of it.
+    """
     return before is not None and revision(kubectl, t) not in (None, before)
 
 
@@ -406,8 +480,9 @@ def _newest_replicaset(kubectl: Kubectl, t: Target, deployment: dict) -> str | N
     """The ``pod-template-hash`` of the Deployment's current revision (its newest ReplicaSet)."""
     revision = deployment["metadata"].get("annotations", {}).get("deployment.kubernetes.io/revision")
     selector = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
-    sets = json.loads(kubectl("-n", t.namespace, "get", "replicasets", "-l", selector, "-o", "json",
-                              capture=True, quiet=True))
+    sets = json.loads(
+        kubectl("-n", t.namespace, "get", "replicasets", "-l", selector, "-o", "json", capture=True, quiet=True)
+    )
     for rs in sets.get("items", []):
         meta = rs["metadata"]
         if meta.get("annotations", {}).get("deployment.kubernetes.io/revision") == revision:

@@ -1,7 +1,8 @@
-"""The production pod on a cluster, for a person at a terminal: how to call it, its pods, and its
-removal (`make pod`, `make pod-status`, `make pod-stop`; the rollout itself is
-:mod:`rtserve.k8s.deploy`). On `make cluster`'s node the pods' cgroups are this machine's, so
-:func:`cgroup_dir` finds them for bench/pod_report.py.
+"""The production pod on a cluster, for a person at a terminal.
+
+How to call it, its pods, and its removal (`make pod`, `make pod-status`, `make pod-stop`; the rollout itself is
+:mod:`rtserve.k8s.deploy`). On `make cluster`'s node the pods' cgroups are this machine's, so :func:`cgroup_dir` finds
+them for bench/pod_report.py.
 """
 
 from __future__ import annotations
@@ -15,14 +16,17 @@ from pathlib import Path
 
 from rtserve.errors import DeployError
 from rtserve.k8s.deploy import Kubectl
+from rtserve.settings import RunDir
 
 #: The gateway image of the local overlay (deploy/k8s/components/local-images): Debian's nginx,
 #: built here by `make image-gateway` (the Makefile's GATEWAY_STANDIN) where the manifest's cannot be pulled.
 GATEWAY_STANDIN = "localhost/rtserve-gateway-standin:nginx-bookworm"
 #: The gateway token's Secret (README: ``--from-literal=tokens=...``) and its key.
 TOKEN_SECRET = "rtserve-gateway-tokens"
-#: Where the rtserve container keeps TorchServe's key file (the ``run`` emptyDir).
-KEY_FILE = "/home/model-server/run/key_file.json"
+#: The rtserve container's run directory (its ``run`` emptyDir: the manifests' RTSERVE_RUN_DIR).
+POD_RUN_DIR = RunDir(Path("/home/model-server/run"))
+#: Where that container keeps TorchServe's key file.
+POD_KEY_FILE_PATH = str(POD_RUN_DIR.key_file)
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
@@ -51,12 +55,19 @@ class PodState:
         statuses = (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or [])
         ready = any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions") or [])
         (image,) = [c["image"] for c in item["spec"]["containers"] if c["name"] == "rtserve"] or [""]
-        return cls(item["metadata"]["name"], item["metadata"]["uid"], status.get("podIP", ""),
-                   status.get("phase", "Unknown"), status.get("qosClass", ""), ready, image,
-                   {c["name"]: c.get("restartCount", 0) for c in statuses},
-                   {c["name"]: c["containerID"].split("://", 1)[1] for c in statuses if c.get("containerID")},
-                   item["metadata"]["creationTimestamp"],
-                   any(c["name"] == "rtserve" and "running" in (c.get("state") or {}) for c in statuses))
+        return cls(
+            item["metadata"]["name"],
+            item["metadata"]["uid"],
+            status.get("podIP", ""),
+            status.get("phase", "Unknown"),
+            status.get("qosClass", ""),
+            ready,
+            image,
+            {c["name"]: c.get("restartCount", 0) for c in statuses},
+            {c["name"]: c["containerID"].split("://", 1)[1] for c in statuses if c.get("containerID")},
+            item["metadata"]["creationTimestamp"],
+            any(c["name"] == "rtserve" and "running" in (c.get("state") or {}) for c in statuses),
+        )
 
     @property
     def version(self) -> str:
@@ -77,12 +88,27 @@ class Deployed:
 
     def pods(self) -> list[PodState]:
         """The Deployment's pods that are not terminating, by name."""
-        return sorted((PodState.of(i) for i in self._items() if not i["metadata"].get("deletionTimestamp")),
-                      key=lambda p: p.name)
+        return sorted(
+            (PodState.of(i) for i in self._items() if not i["metadata"].get("deletionTimestamp")), key=lambda p: p.name
+        )
 
     def terminating(self) -> list[str]:
         """The names of the Deployment's pods that are terminating (draining in their preStop)."""
         return sorted(i["metadata"]["name"] for i in self._items() if i["metadata"].get("deletionTimestamp"))
+
+    def grace_seconds(self) -> float:
+        """The longest grace period the terminating pods were given (0 when none terminates).
+
+        Kubernetes kills each pod once its own has passed.
+        """
+        return max(
+            (
+                float(i["metadata"].get("deletionGracePeriodSeconds") or 0)
+                for i in self._items()
+                if i["metadata"].get("deletionTimestamp")
+            ),
+            default=0.0,
+        )
 
     def service_url(self, service: str | None = None, port: int = 8080) -> str:
         ip = self.get("service", service or self.app, "-o", "jsonpath={.spec.clusterIP}")
@@ -95,12 +121,11 @@ class Deployed:
 
     def exec(self, pod: str, container: str, *cmd: str) -> str:
         """``cmd``'s stdout in ``container`` of ``pod``."""
-        return self.kubectl("-n", self.namespace, "exec", pod, "-c", container, "--", *cmd,
-                            capture=True, quiet=True)
+        return self.kubectl("-n", self.namespace, "exec", pod, "-c", container, "--", *cmd, capture=True, quiet=True)
 
     def keys(self, pod: str) -> dict[str, str]:
         """TorchServe's keys in ``pod`` (random per start)."""
-        data = json.loads(self.exec(pod, "rtserve", "cat", KEY_FILE))
+        data = json.loads(self.exec(pod, "rtserve", "cat", POD_KEY_FILE_PATH))
         return {kind: data[kind]["key"] for kind in ("inference", "management")}
 
     def wait_ready(self, replicas: int, timeout: float) -> list[PodState]:
@@ -111,8 +136,9 @@ class Deployed:
             if len(pods) >= replicas:
                 return pods
             if time.monotonic() > deadline:
-                raise DeployError(f"{len(pods)} of {replicas} pods of {self.app} ready in {self.namespace} "
-                                  f"after {timeout:.0f} s")
+                raise DeployError(
+                    f"{len(pods)} of {replicas} pods of {self.app} ready in {self.namespace} after {timeout:.0f} s"
+                )
             time.sleep(0.5)
 
 
@@ -152,18 +178,30 @@ def status(deployed: Deployed) -> list[str]:
     pods = deployed.pods()
     if not pods:
         return [f">> no pod of {deployed.app} in namespace {deployed.namespace} (make pod)"]
-    return [f"{p.name}  {p.phase:<9} {'ready' if p.ready else 'not ready':<9} {p.version:<6} "
-            + " ".join(f"{c}: {n} restarts" for c, n in sorted(p.restarts.items()))
-            + f"  {p.ip}  {p.qos}" for p in pods]
+    return [
+        f"{p.name}  {p.phase:<9} {'ready' if p.ready else 'not ready':<9} {p.version:<6} "
+        + " ".join(f"{c}: {n} restarts" for c, n in sorted(p.restarts.items()))
+        + f"  {p.ip}  {p.qos}"
+        for p in pods
+    ]
 
 
 def stop(deployed: Deployed, timeout: float = 180) -> list[str]:
-    """Delete the Deployment (each pod's preStop hook drains it within its grace period), wait
-    for its pods to go, report a preStop hook that failed, then delete the namespace."""
+    """Delete the Deployment, wait for its pods to go, then delete the namespace.
+
+    Each pod's preStop hook drains it within its grace period; a hook that failed is reported.
+    """
     began = time.monotonic()
     names = [p.name for p in deployed.pods()]
-    deployed.kubectl("-n", deployed.namespace, "delete", "deployment", deployed.app, "--ignore-not-found",
-                     f"--timeout={int(timeout)}s")
+    deployed.kubectl(
+        "-n",
+        deployed.namespace,
+        "delete",
+        "deployment",
+        deployed.app,
+        "--ignore-not-found",
+        f"--timeout={int(timeout)}s",
+    )
     while deployed.get("pods", "-l", f"app.kubernetes.io/name={deployed.app}", "-o", "name").strip():
         if time.monotonic() - began > timeout:
             raise DeployError(f"pods of {deployed.app} still terminating after {timeout:.0f} s")
@@ -172,17 +210,21 @@ def stop(deployed: Deployed, timeout: float = 180) -> list[str]:
     events = json.loads(deployed.get("events", "--field-selector", "reason=FailedPreStopHook", "-o", "json"))
     failed = [e.get("message", "") for e in events["items"] if e["involvedObject"].get("name") in names]
     deployed.kubectl("delete", "namespace", deployed.namespace, "--ignore-not-found", f"--timeout={int(timeout)}s")
-    lines = [f">> {len(names)} pods stopped in {seconds:.1f} s, each after its preStop hook"
-             + (f"; the hook failed: {'; '.join(failed)}" if failed else " (none failed)"),
-             f">> namespace {deployed.namespace} deleted (the cluster keeps running: make cluster-stop)"]
+    lines = [
+        f">> {len(names)} pods stopped in {seconds:.1f} s, each after its preStop hook"
+        + (f"; the hook failed: {'; '.join(failed)}" if failed else " (none failed)"),
+        f">> namespace {deployed.namespace} deleted (the cluster keeps running: make cluster-stop)",
+    ]
     if failed:
         raise DeployError("\n".join(lines))
     return lines
 
 
 def cgroup_dir(pod: PodState, controller: str, container: str | None = None) -> Path:
-    """``pod``'s (or one of its containers') cgroup directory for ``controller`` on this machine
-    (cgroup v1, the cgroupfs driver: ``kubepods[/burstable|/besteffort]/pod<uid>[/<id>]``)."""
+    """``pod``'s (or one of its containers') cgroup directory for ``controller`` on this machine.
+
+    Cgroup v1, the cgroupfs driver: ``kubepods[/burstable|/besteffort]/pod<uid>[/<id>]``.
+    """
     qos = {"Guaranteed": "", "Burstable": "burstable", "BestEffort": "besteffort"}[pod.qos]
     path = CGROUP_ROOT / controller / "kubepods" / qos / f"pod{pod.uid}"
     return path / pod.container_ids[container] if container else path

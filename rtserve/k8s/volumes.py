@@ -1,22 +1,15 @@
-"""The local PersistentVolumes an overlay applies on ``make cluster``'s node (this machine): their
-directories made before the apply, and one a deleted claim left released made available again.
+"""Prepare the ``local`` PersistentVolumes an overlay applies on ``make cluster``'s node (this machine).
 
-A cluster without a dynamic provisioner (``make cluster``'s) gets its volumes from the overlay
-itself: the local overlay's records store keeps its data on a ``local`` PersistentVolume, a
-directory of the node that outlives the pod. The kubelet mounts it only when the directory exists,
-and sets its group to the pod's ``fsGroup`` (so it is created here root-owned, mode 0750). A claim
-deleted with its namespace (``make pod-stop``) leaves the volume ``Released``, which no new claim
-binds: the volume object is deleted, and the apply that follows makes it anew on the same
-directory, whose data stays.
-
+Each volume's directory is made before the apply (the kubelet mounts only an existing one), and a volume left
+``Released`` by a deleted claim is deleted so the apply makes it anew on the same directory, data kept.
 :func:`local_volumes` is pure; :func:`prepare` runs the steps.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import yaml
 
@@ -55,8 +48,9 @@ def local_volumes(manifests: str) -> list[LocalVolume]:
 
 
 def prepare(kubectl, volumes: list[LocalVolume], say: Callable[[str], None] = print) -> None:
-    """Make each volume's directory on this machine, and delete a volume object that is
-    ``Released`` (the apply then makes it anew, available to the new claim; its data stays).
+    """Make each volume's directory on this machine, and delete a volume object that is ``Released``.
+
+    The apply then makes it anew, available to the new claim; its data stays.
 
     Args:
         kubectl: a :class:`rtserve.k8s.deploy.Kubectl` of the cluster.
@@ -70,14 +64,26 @@ def prepare(kubectl, volumes: list[LocalVolume], say: Callable[[str], None] = pr
         try:
             volume.path.mkdir(mode=MODE, parents=True, exist_ok=True)
         except OSError as exc:
-            raise DeployError(f"PersistentVolume {volume.name}: cannot make its directory "
-                              f"{volume.path} on this machine (the node): {exc}") from exc
+            raise DeployError(
+                f"PersistentVolume {volume.name}: cannot make its directory "
+                f"{volume.path} on this machine (the node): {exc}"
+            ) from exc
         try:
-            phase = kubectl("get", "persistentvolume", volume.name, "-o", "jsonpath={.status.phase}",
-                            capture=True, quiet=True, errors=False).strip()
+            phase = kubectl(
+                "get",
+                "persistentvolume",
+                volume.name,
+                "-o",
+                "jsonpath={.status.phase}",
+                capture=True,
+                quiet=True,
+                errors=False,
+            ).strip()
         except DeployError:
             phase = ""  # none yet: the apply makes it
         if phase == "Released":
-            say(f">> PersistentVolume {volume.name} was released by a deleted claim: deleting it, "
-                f"the apply makes it anew (its data stays in {volume.path})")
+            say(
+                f">> PersistentVolume {volume.name} was released by a deleted claim: deleting it, "
+                f"the apply makes it anew (its data stays in {volume.path})"
+            )
             kubectl("delete", "persistentvolume", volume.name, "--wait=true")

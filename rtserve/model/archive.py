@@ -1,20 +1,17 @@
 """What a model archive (``.mar``) says about its model, read without loading the model (no torch).
 
-rtserve's one reader of an archive's ``MAR-INF/MANIFEST.json`` and the ``meta.json`` that
-:func:`rtserve.model.package.export` wrote: the promotion gate takes the golden set and labels
-from it (:class:`rtserve.promotion.gate.ArchiveMeta`), the OIP model routes the tensor shapes
-(:mod:`rtserve.server.oip`), the start-up warm-up the golden rows (:mod:`rtserve.server.warmup`);
-:func:`golden_mismatches` compares answers with a golden set. The handler reads ``meta.json`` itself, inside the worker, through
-``handler.model.ModelMetadata`` (the archive carries the handler, not rtserve).
+rtserve's one reader of an archive's ``MAR-INF/MANIFEST.json`` and ``meta.json`` (for the promotion gate, the
+OIP routes, the warm-up); :func:`golden_mismatches` compares answers with a golden set. Inside the worker the
+handler reads ``meta.json`` itself (``handler.model.ModelMetadata``): the archive carries no rtserve.
 """
 
 from __future__ import annotations
 
 import json
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from rtserve.errors import ArchiveError
 
@@ -59,8 +56,9 @@ class Archive:
 
 
 def read_meta(mar: str | Path) -> dict:
-    """The ``meta.json`` of ``mar``, with the fields every rtserve archive has (version, labels,
-    feature names).
+    """The ``meta.json`` of ``mar``, with the fields every rtserve archive has.
+
+    Those fields are the version, the labels and the feature names.
 
     Raises:
         ArchiveError: the file cannot be read, is not an archive, or lacks its metadata.
@@ -90,13 +88,15 @@ def read_archive(mar: str | Path) -> Archive:
         raise ArchiveError(f"{mar}: not a usable rtserve archive ({type(exc).__name__}: {exc})") from exc
 
 
-def golden_mismatches(expected: Sequence[Sequence[float]], got: Sequence[Sequence[float]],
-                      tolerance: float) -> list[int]:
-    """Indices of rows whose probabilities differ by more than ``tolerance`` (absolute plus
-    relative, like ``torch.isclose``) or have another length."""
+def golden_mismatches(
+    expected: Sequence[Sequence[float]], got: Sequence[Sequence[float]], tolerance: float
+) -> list[int]:
+    """Indices of rows whose probabilities differ by more than ``tolerance`` or have another length.
+
+    The tolerance is absolute plus relative, like ``torch.isclose``.
+    """
     bad = []
     for i, (want, have) in enumerate(zip(expected, got)):
-        if len(want) != len(have) or any(abs(a - b) > tolerance + tolerance * abs(a)
-                                          for a, b in zip(want, have)):
+        if len(want) != len(have) or any(abs(a - b) > tolerance + tolerance * abs(a) for a, b in zip(want, have)):
             bad.append(i)
     return bad + list(range(min(len(expected), len(got)), max(len(expected), len(got))))

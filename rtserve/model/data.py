@@ -26,9 +26,7 @@ class Dataset:
     y_test: torch.Tensor
 
 
-def make_dataset(
-    n_train: int = 20_000, n_test: int = 5_000, seed: int = 0, label_noise: float = 0.03
-) -> Dataset:
+def make_dataset(n_train: int = 20_000, n_test: int = 5_000, seed: int = 0, label_noise: float = 0.03) -> Dataset:
     """Generate the data set; every draw comes from one seeded generator."""
     g = torch.Generator().manual_seed(seed)
     n = n_train + n_test

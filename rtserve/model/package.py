@@ -1,19 +1,10 @@
-"""Package any tabular classifier as an rtserve model artifact (the contract in handler/model.py).
+"""Package any tabular model as an rtserve model artifact (the contract in handler/model.py).
 
-    from rtserve.model.package import export
-    export(model, train_features, feature_names=[...], labels=[...], version="1.0",
-           out_dir="artifacts/my-model/1.0", holdout=(x_test, y_test))
-
-writes ``model.pt2`` (a ``torch.export`` program with a dynamic batch dimension) and
-``meta.json``. ``make archive MODEL_NAME=my-model MODEL_VERSION=1.0 ARTIFACTS=<dir>`` packs the
-directory into a TorchServe archive. The command-line form packages a model that a function in
-your own module builds:
-
-    python -m rtserve model export my_module:packaging --version 1.0 --out artifacts/my-model/1.0
-    python -m rtserve model check artifacts/my-model/1.0 --version 1.0
-
-``my_module.packaging()`` returns a dict with ``model``, ``train_features``, ``feature_names``,
-``labels`` and optionally ``holdout``. See docs/bring-your-own-model.md.
+:func:`export` writes ``model.pt2`` (a ``torch.export`` program, dynamic batch) and ``meta.json``;
+``python -m rtserve model export my_module:packaging`` does it for a function returning ``model``,
+``train_features``, ``feature_names``, ``labels`` or ``outputs``, and optionally ``holdout``
+(docs/bring-your-own-model.md). ``labels`` means one classification output (``rtserve-model/1``);
+``outputs`` names one output of any kind (``rtserve-model/2``).
 """
 
 from __future__ import annotations
@@ -25,8 +16,9 @@ import platform
 import re
 import sys
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import yaml
@@ -36,8 +28,20 @@ import rtserve
 from handler.config import HandlerConfig
 from handler.drift import fit_reference
 from handler.errors import ConfigError
-from handler.model import (FORMAT, METADATA_FILE, PROGRAM_FILE, ModelMetadata,
-                           load_program)
+from handler.model import (
+    CLASSIFICATION,
+    EMBEDDING,
+    FORMAT,
+    FORMAT_V2,
+    KINDS,
+    METADATA_FILE,
+    MULTI_LABEL,
+    PROGRAM_FILE,
+    REGRESSION,
+    ModelMetadata,
+    load_program,
+)
+from handler.signature import golden_values
 from rtserve.errors import PackagingError
 from rtserve.settings import PACKAGE_HOME
 
@@ -56,8 +60,10 @@ _VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 class Standardize(nn.Module):
-    """``(x - mean) / std`` with the statistics as buffers: put it first in a model so the
-    exported program takes raw features (``Standardize.fit(train_features)``)."""
+    """``(x - mean) / std`` with the statistics as buffers (``Standardize.fit(train_features)``).
+
+    Put it first in a model so the exported program takes raw features.
+    """
 
     def __init__(self, mean: torch.Tensor, std: torch.Tensor) -> None:
         super().__init__()
@@ -65,7 +71,7 @@ class Standardize(nn.Module):
         self.register_buffer("std", torch.as_tensor(std, dtype=torch.float32).clone())
 
     @classmethod
-    def fit(cls, train_features: torch.Tensor) -> "Standardize":
+    def fit(cls, train_features: torch.Tensor) -> Standardize:
         """Per-column mean and standard deviation of ``train_features`` (a zero std becomes 1)."""
         x = torch.as_tensor(train_features, dtype=torch.float32)
         std = x.std(dim=0)
@@ -81,7 +87,8 @@ def export(
     train_features: Any,
     *,
     feature_names: Sequence[str],
-    labels: Sequence[str],
+    labels: Sequence[str] | None = None,
+    outputs: dict | None = None,
     version: str,
     out_dir: str | Path,
     holdout: tuple[Any, Any] | None = None,
@@ -96,11 +103,17 @@ def export(
         train_features: the training rows ``[rows, F]`` (tensor, array or nested lists): the
             statistics (explanation baseline, drift reference) come from them.
         feature_names: ``F`` unique names, the keys of explanations and drift metrics.
-        labels: ``C`` unique class labels, in output column order.
+        labels: ``C`` unique class labels, in output column order: one classification output
+            (``meta.json`` format ``rtserve-model/1``). Give this or ``outputs``.
+        outputs: ``{name: {"kind": ...}}``, exactly one output, its kind one of
+            ``{"kind": "classification", "labels": [...]}``, ``{"kind": "multi_label", "labels":
+            [...], "threshold": 0.5}``, ``{"kind": "regression"}`` (optionally ``"targets":
+            [names]``, one per column) or ``{"kind": "embedding"}`` (format ``rtserve-model/2``).
         version: the model version (letters, digits, ``.``, ``_``, ``-``).
         out_dir: the artifact directory (created; ``model.pt2`` and ``meta.json`` replaced).
-        holdout: ``(features, labels)`` held out from training: the golden set and its accuracy.
-            Without it the golden set is a sample of ``train_features`` and no accuracy is kept.
+        holdout: ``(features, labels)`` held out from training: the golden set and its accuracy
+            (classification only; other kinds keep only the features). Without it the golden set
+            is a sample of ``train_features`` and no accuracy is kept.
         model_config: the model config the archive will carry (``make archive MODEL_CONFIG=``):
             the exported program is checked on the batch sizes it lets TorchServe form
             (default :data:`MODEL_CONFIG`, the demo's).
@@ -109,29 +122,33 @@ def export(
         The metadata written to ``meta.json``.
 
     Raises:
-        PackagingError: bad names, labels that do not match the output width, non-finite
-            statistics, a model that cannot be exported, or an exported program that differs
+        PackagingError: bad names, labels (or targets) that do not match the output width, a bad
+            output kind or threshold, several outputs, non-finite outputs or statistics, a model
+            that cannot be exported, or an exported program that differs
             from the eager model by more than :data:`TOLERANCE`.
     """
     if not isinstance(model, nn.Module):
         raise PackagingError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(version, str) or not _VERSION.fullmatch(version):
-        raise PackagingError(f"version must be 1-64 letters, digits, '.', '_' or '-' "
-                             f"starting with a letter or digit, got {version!r}")
+        raise PackagingError(
+            f"version must be 1-64 letters, digits, '.', '_' or '-' starting with a letter or digit, got {version!r}"
+        )
     x = _matrix(train_features, "train_features")
     feature_names = _names(feature_names, "feature_names")
-    labels = _names(labels, "labels")
+    signature = _output_signature(labels, outputs)
+    kind = signature["kind"]
+    labels = signature.get("labels", [])
     if len(feature_names) != x.shape[1]:
-        raise PackagingError(f"feature_names has {len(feature_names)} names but train_features "
-                             f"has {x.shape[1]} columns: give one name per column")
-    if len(labels) < 2:
-        raise PackagingError("labels must name at least two classes")
+        raise PackagingError(
+            f"feature_names has {len(feature_names)} names but train_features "
+            f"has {x.shape[1]} columns: give one name per column"
+        )
     stats = _stats(x, feature_names)
     model = model.eval()
     sample = x[:SAMPLE_ROWS]
-    with torch.inference_mode():
-        _logits(model, sample, len(labels))  # a clear error for a wrong output, before export
-    holdout_x, holdout_y = _holdout(holdout, x.shape[1], len(labels))
+    with torch.inference_mode():  # a clear error for a wrong output, before export
+        signature["width"] = _logits(model, sample, signature).shape[1]
+    holdout_x, holdout_y = _holdout(holdout, x.shape[1], len(labels), kind)
 
     program = _export(model, x[:8].clone())  # the sample inputs saved with it: keep them small
     sizes = _check_sizes(Path(model_config or MODEL_CONFIG))
@@ -150,15 +167,19 @@ def export(
     _compare(model, forward, sample, "the saved and reloaded program")
 
     if holdout_x is not None:
-        golden_x, golden_y = holdout_x[:GOLDEN_ROWS], holdout_y[:GOLDEN_ROWS]
+        golden_x = holdout_x[:GOLDEN_ROWS]
+        golden_y = None if holdout_y is None else holdout_y[:GOLDEN_ROWS]
     else:
         golden_x = x[torch.randperm(len(x), generator=g)[:GOLDEN_ROWS]]
         golden_y = None
     with torch.inference_mode():
-        golden_p = torch.softmax(forward(golden_x), dim=1)
-        predicted = forward(x).argmax(dim=1)
-    accuracy = (None if golden_y is None
-                else round(float((golden_p.argmax(dim=1) == golden_y).float().mean()), 6))
+        golden_p = answer_tensor(kind, forward(golden_x))
+        predicted = forward(x).argmax(dim=1) if kind == CLASSIFICATION else None
+    if not bool(torch.isfinite(golden_p).all()):
+        raise PackagingError(f"the model's {kind} outputs are not finite on the golden rows")
+    accuracy = None if golden_y is None else round(float((golden_p.argmax(dim=1) == golden_y).float().mean()), 6)
+    golden = {"features": golden_x.tolist(), "labels": None if golden_y is None else golden_y.tolist()}
+    golden["probabilities" if kind == CLASSIFICATION else "outputs"] = golden_p.tolist()
     meta = ModelMetadata(
         name=str(getattr(model, "model_name", "") or _kebab(type(model).__name__)),
         version=version,
@@ -166,28 +187,34 @@ def export(
         labels=labels,
         stats=stats,
         drift_reference=fit_reference(x, predicted, len(labels)),
-        golden={"features": golden_x.tolist(),
-                "labels": None if golden_y is None else golden_y.tolist(),
-                "probabilities": golden_p.tolist()},
+        golden=golden,
         accuracy=accuracy,
         provenance={
             "torch": torch.__version__,
             "python": platform.python_version(),
             "rtserve": rtserve.__version__,
-            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "packed_by": "rtserve.model.package.export",
             "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
             "train_rows": len(x),
             "checked_batch_sizes": sizes,
             "tolerance": TOLERANCE,
         },
-        format=FORMAT,
+        format=FORMAT if outputs is None else FORMAT_V2,
+        outputs=None if outputs is None else [signature],
     )
     meta.validate()
     meta.save(out / METADATA_FILE)
-    logger.info("exported %s %s (%d features, %d classes%s) -> %s", meta.name, version,
-                len(feature_names), len(labels),
-                "" if accuracy is None else f", golden-set accuracy {accuracy:.4f}", out)
+    logger.info(
+        "exported %s %s (%d features, %s output of width %d%s) -> %s",
+        meta.name,
+        version,
+        len(feature_names),
+        kind,
+        signature["width"],
+        "" if accuracy is None else f", golden-set accuracy {accuracy:.4f}",
+        out,
+    )
     return meta
 
 
@@ -205,22 +232,104 @@ def check(artifact_dir: str | Path, version: str | None = None) -> ModelMetadata
     except ConfigError as exc:
         raise PackagingError(str(exc)) from exc
     if version is not None and version != meta.version:
-        raise PackagingError(f"{directory}/{METADATA_FILE} is version {meta.version!r}, not "
-                             f"{version!r}: set MODEL_VERSION={meta.version} or export again")
+        raise PackagingError(
+            f"{directory}/{METADATA_FILE} is version {meta.version!r}, not "
+            f"{version!r}: set MODEL_VERSION={meta.version} or export again"
+        )
     golden = meta.golden or {}
     rows = golden.get("features") or []
     if rows:
         with torch.inference_mode():
-            got = torch.softmax(forward(torch.tensor(rows, dtype=torch.float32)), dim=1)
-        want = torch.tensor(golden["probabilities"], dtype=torch.float32)
+            got = answer_tensor(meta.kind, forward(torch.tensor(rows, dtype=torch.float32)))
+        want = torch.tensor(golden_values(golden), dtype=torch.float32)
         bad = (~torch.isclose(got, want, rtol=TOLERANCE, atol=TOLERANCE)).any(dim=1)
         if got.shape != want.shape or bool(bad.any()):
-            raise PackagingError(f"{directory}: the program's answers differ from the golden set "
-                                 f"recorded at packaging time (rows {bad.nonzero().flatten().tolist()[:10]})")
+            raise PackagingError(
+                f"{directory}: the program's answers differ from the golden set "
+                f"recorded at packaging time (rows {bad.nonzero().flatten().tolist()[:10]})"
+            )
     return meta
 
 
+def answer_tensor(kind: str, raw: torch.Tensor) -> torch.Tensor:
+    """What an answer of ``kind`` carries for the model's raw output ``[N, width]``.
+
+    Softmax probabilities (classification), sigmoid probabilities (multi-label), the values
+    themselves (regression, embedding).
+    """
+    if kind == CLASSIFICATION:
+        return torch.softmax(raw, dim=1)
+    if kind == MULTI_LABEL:
+        return torch.sigmoid(raw)
+    return raw
+
+
 # --------------------------------------------------------------------------- checks
+
+#: The keys each output kind takes in ``outputs=`` (``kind`` included).
+_OUTPUT_KEYS = {
+    CLASSIFICATION: {"kind", "labels"},
+    MULTI_LABEL: {"kind", "labels", "threshold"},
+    REGRESSION: {"kind", "targets"},
+    EMBEDDING: {"kind"},
+}
+
+
+def _output_signature(labels: Any, outputs: Any) -> dict:
+    """The one output's signature (without its width) from ``labels=`` or ``outputs=``.
+
+    Raises:
+        PackagingError: neither or both given, several outputs, an unknown kind or key, bad labels,
+            targets or threshold (the field named).
+    """
+    if (labels is None) == (outputs is None):
+        raise PackagingError(
+            'give either labels (one classification output) or outputs ({name: {"kind": ...}}), not both or neither'
+        )
+    if outputs is None:
+        labels = _names(labels, "labels")
+        if len(labels) < 2:
+            raise PackagingError("labels must name at least two classes")
+        return {"name": "probabilities", "kind": CLASSIFICATION, "labels": labels}
+    if not isinstance(outputs, dict) or not outputs:
+        raise PackagingError('outputs must be a dict {name: {"kind": ...}} naming one output')
+    if len(outputs) > 1:
+        raise PackagingError(
+            f"outputs names {len(outputs)} outputs ({', '.join(map(repr, outputs))}): "
+            "several outputs are not supported yet; give exactly one"
+        )
+    ((name, spec),) = outputs.items()
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}", name):
+        raise PackagingError(
+            f"outputs: the output's name must be 1-64 letters, digits, '_', '.' or '-' "
+            f"starting with a letter or '_', got {name!r}"
+        )
+    where = f"outputs[{name!r}]"
+    if not isinstance(spec, dict) or spec.get("kind") not in KINDS:
+        got = spec.get("kind") if isinstance(spec, dict) else spec
+        raise PackagingError(f"{where}.kind must be one of {', '.join(KINDS)}, got {got!r}")
+    kind = spec["kind"]
+    unknown = sorted(set(spec) - _OUTPUT_KEYS[kind])
+    if unknown:
+        raise PackagingError(
+            f"{where}: {', '.join(map(repr, unknown))} is not a key of a {kind} output "
+            f"(it takes {', '.join(sorted(_OUTPUT_KEYS[kind]))})"
+        )
+    signature = {"name": name, "kind": kind}
+    if kind in (CLASSIFICATION, MULTI_LABEL):
+        if "labels" not in spec:
+            raise PackagingError(f"{where}.labels is required for a {kind} output")
+        signature["labels"] = _names(spec["labels"], f"{where}.labels")
+        if kind == CLASSIFICATION and len(signature["labels"]) < 2:
+            raise PackagingError(f"{where}.labels must name at least two classes")
+    if kind == MULTI_LABEL:
+        threshold = spec.get("threshold", 0.5)
+        if not isinstance(threshold, (int, float)) or isinstance(threshold, bool) or not 0 < threshold < 1:
+            raise PackagingError(f"{where}.threshold must be a number in (0, 1), got {threshold!r}")
+        signature["threshold"] = float(threshold)
+    if kind == REGRESSION and spec.get("targets") is not None:
+        signature["targets"] = _names(spec["targets"], f"{where}.targets")
+    return signature
 
 
 def _matrix(values: Any, what: str) -> torch.Tensor:
@@ -229,8 +338,9 @@ def _matrix(values: Any, what: str) -> torch.Tensor:
     except (TypeError, ValueError, RuntimeError) as exc:
         raise PackagingError(f"{what} must be a 2-D array of numbers: {exc}") from exc
     if x.dim() != 2 or x.shape[0] < 2 or x.shape[1] < 1:
-        raise PackagingError(f"{what} must be a 2-D array [rows, features] with at least two "
-                             f"rows, got shape {list(x.shape)}")
+        raise PackagingError(
+            f"{what} must be a 2-D array [rows, features] with at least two rows, got shape {list(x.shape)}"
+        )
     return x.contiguous()
 
 
@@ -243,56 +353,70 @@ def _names(values: Any, what: str) -> list[str]:
         raise PackagingError(f"{what} must be non-empty strings, got {bad[0]!r}")
     repeated = sorted(n for n, count in Counter(names).items() if count > 1)
     if repeated:
-        raise PackagingError(f"{what} must be unique: {', '.join(map(repr, repeated))} "
-                             "appear more than once")
+        raise PackagingError(f"{what} must be unique: {', '.join(map(repr, repeated))} appear more than once")
     return names
 
 
 def _stats(x: torch.Tensor, names: list[str]) -> dict:
     x64 = x.double()
-    stats = {"mean": x64.mean(dim=0), "std": x64.std(dim=0),
-             "min": x64.min(dim=0).values, "max": x64.max(dim=0).values}
-    finite = torch.stack([v.isfinite() & (v.abs() < torch.finfo(torch.float32).max)
-                          for v in stats.values()]).all(dim=0)
+    stats = {"mean": x64.mean(dim=0), "std": x64.std(dim=0), "min": x64.min(dim=0).values, "max": x64.max(dim=0).values}
+    finite = torch.stack([v.isfinite() & (v.abs() < torch.finfo(torch.float32).max) for v in stats.values()]).all(dim=0)
     if not bool(finite.all()):
         bad = [names[i] for i in (~finite).nonzero().flatten().tolist()]
         raise PackagingError(
             f"training statistics are not finite for feature(s) {', '.join(map(repr, bad[:5]))}"
             f"{' ...' if len(bad) > 5 else ''}: train_features holds NaN or infinite values (or "
-            "values beyond float32); drop or impute those rows before packaging")
+            "values beyond float32); drop or impute those rows before packaging"
+        )
     return {k: v.tolist() for k, v in stats.items()}
 
 
-def _logits(model: nn.Module | Any, x: torch.Tensor, n_classes: int) -> torch.Tensor:
+def _logits(model: nn.Module | Any, x: torch.Tensor, signature: dict) -> torch.Tensor:
+    """The model's output on ``x``, checked against the output ``signature``."""
     try:
         out = model(x)
     except Exception as exc:
-        raise PackagingError(f"the model fails on train_features rows of shape "
-                             f"{list(x.shape)}: {exc}") from exc
+        raise PackagingError(f"the model fails on train_features rows of shape {list(x.shape)}: {exc}") from exc
     if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != len(x):
         shape = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise PackagingError(f"the model must return one tensor of logits [N, C], got {shape}")
-    if out.shape[1] != n_classes:
-        raise PackagingError(f"labels has {n_classes} entries but the model returns "
-                             f"{out.shape[1]} logits per row: give one label per output column")
+        raise PackagingError(f"the model must return one tensor [N, C], got {shape}")
+    for key in ("labels", "targets"):
+        names = signature.get(key)
+        if names is not None and out.shape[1] != len(names):
+            v1 = signature["name"] == "probabilities" and key == "labels"  # labels=, as before
+            where = "labels" if v1 else f"outputs[{signature['name']!r}].{key}"
+            raise PackagingError(
+                f"{where} has {len(names)} entries but the model returns {out.shape[1]} "
+                f"{'logits' if v1 else 'values'} per row: give one {'label' if v1 else 'name'} per output column"
+            )
     if not bool(torch.isfinite(out).all()):
-        raise PackagingError("the model returns non-finite logits on training rows")
+        raise PackagingError(f"the model returns non-finite outputs on training rows (output {signature['name']!r})")
     return out
 
 
-def _holdout(holdout: Any, n_features: int, n_classes: int) -> tuple:
+def _holdout(holdout: Any, n_features: int, n_classes: int, kind: str = CLASSIFICATION) -> tuple:
+    """The holdout's rows, and their class indices (None for other kinds: not kept yet)."""
     if holdout is None:
         return None, None
     if not isinstance(holdout, (tuple, list)) or len(holdout) != 2:
         raise PackagingError("holdout must be a pair (features, labels)")
     hx = _matrix(holdout[0], "holdout features")
+    if kind != CLASSIFICATION:
+        if hx.shape[1] != n_features or len(holdout[1]) != len(hx):
+            raise PackagingError(
+                f"holdout must hold [rows, {n_features}] features and one target per "
+                f"row, got {list(hx.shape)} and {len(holdout[1])} targets"
+            )
+        return hx, None
     try:
         hy = torch.as_tensor(holdout[1]).long().flatten()
     except (TypeError, ValueError, RuntimeError) as exc:
         raise PackagingError(f"holdout labels must be class indices: {exc}") from exc
     if hx.shape[1] != n_features or len(hy) != len(hx):
-        raise PackagingError(f"holdout must hold [rows, {n_features}] features and one label per "
-                             f"row, got {list(hx.shape)} and {len(hy)} labels")
+        raise PackagingError(
+            f"holdout must hold [rows, {n_features}] features and one label per "
+            f"row, got {list(hx.shape)} and {len(hy)} labels"
+        )
     if len(hy) and not (0 <= int(hy.min()) and int(hy.max()) < n_classes):
         raise PackagingError(f"holdout labels must be class indices in [0, {n_classes - 1}]")
     return hx, hy
@@ -308,14 +432,16 @@ def _export(model: nn.Module, sample: torch.Tensor) -> torch.export.ExportedProg
             f"the model cannot be exported with torch.export ({type(exc).__name__}: {first}). "
             "The forward pass must take one [N, F] float tensor and return one [N, C] tensor, "
             "with no Python control flow that depends on tensor values or on N; see "
-            "https://pytorch.org/docs/stable/export.html") from exc
+            "https://pytorch.org/docs/stable/export.html"
+        ) from exc
 
 
 def _check_sizes(model_config: Path) -> list[int]:
-    """Batch sizes the exported program is checked on: 1, the server's batchSize, and the most
-    rows one batch can hold (batchSize requests of ``handler.max_instances`` instances), from
-    ``model_config``. A config the handler refuses is the archive's problem, not the export's
-    (the worker refuses it at load, naming the setting): the demo's sizes are checked instead.
+    """Batch sizes the exported program is checked on, from ``model_config``.
+
+    1, the server's batchSize, and the most rows one batch can hold (batchSize requests of
+    ``handler.max_instances`` instances). A config the handler refuses is the archive's problem,
+    not the export's (the worker refuses it at load): the demo's sizes are checked instead.
 
     Raises:
         PackagingError: the model config cannot be read.
@@ -330,8 +456,12 @@ def _check_sizes(model_config: Path) -> list[int]:
     except (ConfigError, AttributeError, TypeError, ValueError) as exc:
         if Path(model_config).resolve() == MODEL_CONFIG.resolve():
             raise
-        logger.warning("%s: %s: checking the demo's batch sizes instead (the handler will refuse "
-                       "this model config when the archive loads)", model_config, exc)
+        logger.warning(
+            "%s: %s: checking the demo's batch sizes instead (the handler will refuse "
+            "this model config when the archive loads)",
+            model_config,
+            exc,
+        )
         return _check_sizes(MODEL_CONFIG)
     return sorted({1, batch, rows})
 
@@ -342,9 +472,11 @@ def _compare(model: nn.Module, forward: Any, x: torch.Tensor, what: str) -> None
         got = forward(x)
     if got.shape != want.shape or not torch.allclose(got, want, rtol=TOLERANCE, atol=TOLERANCE):
         diff = (got - want).abs().max().item() if got.shape == want.shape else "shape"
-        raise PackagingError(f"the exported program differs from the eager model on {what} "
-                             f"(max |difference| {diff}, tolerance {TOLERANCE}): make the forward "
-                             "pass deterministic and independent of the batch size")
+        raise PackagingError(
+            f"the exported program differs from the eager model on {what} "
+            f"(max |difference| {diff}, tolerance {TOLERANCE}): make the forward "
+            "pass deterministic and independent of the batch size"
+        )
 
 
 def _kebab(name: str) -> str:

@@ -1,8 +1,8 @@
 """Deterministic training of the demo classifier, packaged through ``rtserve.model.package.export``.
 
 ``python -m rtserve model train --version 1.0 --out artifacts/1.0`` trains, prints each epoch and the
-held-out accuracy, and writes the artifact directory (``model.pt2`` + ``meta.json``) like any
-user's model: the normalization is the first layer of the exported module.
+held-out accuracy, and writes ``model.pt2`` and ``meta.json`` like any user's model (the
+normalization is the exported module's first layer).
 """
 
 from __future__ import annotations
@@ -47,8 +47,10 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
 def train(
     version: str, epochs: int, hidden: int, seed: int = 0, lr: float = 1e-3, batch_size: int = 64
 ) -> RealTimeClassifier:
-    """Train the demo model (eval mode); same arguments, same weights (single-threaded,
-    seeded, deterministic ops)."""
+    """Train the demo model (returned in eval mode).
+
+    Same arguments, same weights: single-threaded, seeded, deterministic ops.
+    """
     torch.manual_seed(seed)
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
@@ -62,34 +64,51 @@ def train(
         order = torch.randperm(len(data.x_train), generator=g)
         total = 0.0
         for start in range(0, len(order), batch_size):
-            idx = order[start:start + batch_size]
+            idx = order[start : start + batch_size]
             optimizer.zero_grad()
             loss = loss_fn(model(data.x_train[idx]), data.y_train[idx])
             loss.backward()
             optimizer.step()
             total += loss.item() * len(idx)
         model.eval()
-        logger.info("epoch %d/%d  loss %.4f  held-out accuracy %.4f", epoch, epochs,
-                    total / len(order), accuracy(model, data.x_test, data.y_test))
+        logger.info(
+            "epoch %d/%d  loss %.4f  held-out accuracy %.4f",
+            epoch,
+            epochs,
+            total / len(order),
+            accuracy(model, data.x_test, data.y_test),
+        )
     return model.eval()
 
 
-def package(model: RealTimeClassifier, version: str, out: Path, seed: int = 0,
-            model_config: Path | None = None):
+def package(model: RealTimeClassifier, version: str, out: Path, seed: int = 0, model_config: Path | None = None):
     """Export the trained demo model with its training rows and held-out set."""
     data = make_dataset(seed=seed)
-    return export(model, data.x_train, feature_names=FEATURE_NAMES, labels=LABELS,
-                  version=version, out_dir=out, holdout=(data.x_test, data.y_test),
-                  model_config=model_config)
+    return export(
+        model,
+        data.x_train,
+        feature_names=FEATURE_NAMES,
+        labels=LABELS,
+        version=version,
+        out_dir=out,
+        holdout=(data.x_test, data.y_test),
+        model_config=model_config,
+    )
 
 
-def train_and_package(version: str, out: Path, epochs: int = 1, hidden: int = 64, seed: int = 0,
-                      lr: float = 1e-3, model_config: Path | None = None) -> float:
+def train_and_package(
+    version: str,
+    out: Path,
+    epochs: int = 1,
+    hidden: int = 64,
+    seed: int = 0,
+    lr: float = 1e-3,
+    model_config: Path | None = None,
+) -> float:
     """Train the demo model, write its artifact directory; returns its held-out accuracy."""
     model = train(version, epochs, hidden, seed, lr)
     data = make_dataset(seed=seed)
     held_out = accuracy(model, data.x_test, data.y_test)
     package(model, version, out, seed, model_config)
-    logger.info("model %s: hidden=%d epochs=%d held-out accuracy %.4f -> %s",
-                version, hidden, epochs, held_out, out)
+    logger.info("model %s: hidden=%d epochs=%d held-out accuracy %.4f -> %s", version, hidden, epochs, held_out, out)
     return held_out

@@ -1,22 +1,8 @@
 """One Prometheus scrape for the whole server: TorchServe's frontend metrics plus the handler's.
 
-The handler's workers write their metrics into ``prometheus_client``'s multiprocess files
-(in shared memory, see ``rtserve.server.torchserve.TorchServe.metrics_dir``; passed to them as
-``PROMETHEUS_MULTIPROC_DIR``), not through TorchServe's metric log lines (see :mod:`handler.telemetry`). This exporter listens on the configured
-``metrics_address`` (TorchServe's own listener moves to a private loopback port) and answers
-``GET /metrics`` with TorchServe's scrape followed by the workers' merged metrics. Counters of
-workers that died or were scaled down keep counting: every second the exporter merges their
-files into one archive per kind and deletes them, so the directory stays bounded
-(:mod:`rtserve.observability.metrics_files`); gauges show the most recent value any worker set.
-With ``--access-log`` it also serves the end-to-end request latency histogram it reads from
-TorchServe's access log (:mod:`rtserve.observability.request_latency`), off the request path.
-With ``--outputs`` it keeps those output files (the sidecars', the launcher's) within
-``--output-bytes`` each, with one backup (:func:`rtserve.runtime.logs.copy_truncate`): the one
-process that always runs beside the server does it for them all.
-:class:`rtserve.server.torchserve.TorchServe` starts and stops it with TorchServe:
-
-    python -m rtserve monitor exporter --listen http://127.0.0.1:8082 --upstream http://127.0.0.1:41234 \\
-        --dir .run/metrics --access-log .run/logs/access_log.log
+``GET /metrics`` on ``metrics_address`` (TorchServe's listener moves to a loopback port) answers TorchServe's
+scrape, the workers' multiprocess files (dead ones compacted, :mod:`~rtserve.observability.metrics_files`) and the
+access log's latency histogram; it also caps the sidecars' outputs. ``server.torchserve.TorchServe`` runs it.
 """
 
 from __future__ import annotations
@@ -26,9 +12,9 @@ import signal
 import threading
 import urllib.error
 import urllib.request
+from collections.abc import Iterable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Iterable, Sequence
 from urllib.parse import urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -50,8 +36,10 @@ HOUSEKEEPING_S = 1.0
 
 
 class LatencySource:
-    """The request latency histogram in its own registry, read under a lock (the poller thread
-    and scrapes both catch up on the access log)."""
+    """The request latency histogram in its own registry, read under a lock.
+
+    The poller thread and scrapes both catch up on the access log.
+    """
 
     def __init__(self, access_log: Path, warmup_requests: int = 0) -> None:
         self.registry = CollectorRegistry()
@@ -74,8 +62,10 @@ class LatencySource:
 
 
 class WorkerMetrics:
-    """The workers' metrics directory: scraped and compacted under one lock (a scrape never
-    sees a dead worker's file and the archive that absorbed it)."""
+    """The workers' metrics directory, scraped and compacted under one lock.
+
+    So a scrape never sees a dead worker's file and the archive that absorbed it.
+    """
 
     def __init__(self, directory: Path) -> None:
         self.directory = Path(directory)
@@ -92,13 +82,16 @@ class WorkerMetrics:
         with self._lock:
             done = compact(self.directory)
         if done.merged or done.dropped:
-            logger.info("metrics of dead workers: %d files merged into the archive, %d dropped",
-                        done.merged, done.dropped)
+            logger.info(
+                "metrics of dead workers: %d files merged into the archive, %d dropped", done.merged, done.dropped
+            )
 
 
 def render(workers: WorkerMetrics, upstream: str | None, latency: LatencySource | None = None) -> bytes:
-    """TorchServe's metrics (from ``upstream``/metrics), then the workers' (from the files), then
-    the request latency histogram."""
+    """The scrape's body: TorchServe's metrics, the workers', then the request latency histogram.
+
+    TorchServe's come from ``upstream``/metrics, the workers' from their files.
+    """
     parts = []
     up = 0
     if upstream:
@@ -108,18 +101,27 @@ def render(workers: WorkerMetrics, upstream: str | None, latency: LatencySource 
                 up = 1
         except (OSError, urllib.error.URLError) as exc:
             logger.warning("TorchServe's metrics (%s) did not answer: %s", upstream, exc)
-    parts.append(f"# HELP {UP_METRIC} Whether TorchServe's own metrics answered this scrape.\n"
-                 f"# TYPE {UP_METRIC} gauge\n{UP_METRIC} {up}\n".encode())
+    parts.append(
+        f"# HELP {UP_METRIC} Whether TorchServe's own metrics answered this scrape.\n"
+        f"# TYPE {UP_METRIC} gauge\n{UP_METRIC} {up}\n".encode()
+    )
     parts.append(workers.render())
     if latency is not None:
         parts.append(latency.render())
     return b"".join(p if p.endswith(b"\n") or not p else p + b"\n" for p in parts)
 
 
-def housekeeping(workers: WorkerMetrics, outputs: Iterable[Path], output_bytes: int,
-                 stop: threading.Event, every: float = HOUSEKEEPING_S) -> None:
-    """Every ``every`` seconds until ``stop``: compact the workers' metrics files, and keep each of
-    ``outputs`` within ``output_bytes`` (with its backup)."""
+def housekeeping(
+    workers: WorkerMetrics,
+    outputs: Iterable[Path],
+    output_bytes: int,
+    stop: threading.Event,
+    every: float = HOUSEKEEPING_S,
+) -> None:
+    """Compact the workers' metrics files and cap ``outputs``, every ``every`` seconds until ``stop``.
+
+    Each of ``outputs`` stays within ``output_bytes`` (with its backup).
+    """
     while not stop.wait(every):
         try:
             workers.compact()
@@ -130,8 +132,9 @@ def housekeeping(workers: WorkerMetrics, outputs: Iterable[Path], output_bytes: 
                 logger.info("%s: over %d bytes, rotated to its backup", path, output_bytes // 2)
 
 
-def make_server(listen: str, workers: WorkerMetrics, upstream: str | None,
-                latency: LatencySource | None = None) -> ThreadingHTTPServer:
+def make_server(
+    listen: str, workers: WorkerMetrics, upstream: str | None, latency: LatencySource | None = None
+) -> ThreadingHTTPServer:
     """An HTTP server answering ``GET /metrics`` on ``listen`` (``http://host:port``)."""
     address = urlsplit(listen)
 
@@ -155,25 +158,33 @@ def make_server(listen: str, workers: WorkerMetrics, upstream: str | None,
     return server
 
 
-def serve(listen: str, upstream: str | None, multiproc_dir: Path,
-          access_log: Path | None = None, warmup_requests: int = 0,
-          outputs: Sequence[Path] = (), output_bytes: int = 0) -> int:
-    """Serve ``/metrics`` on ``listen`` until SIGTERM/SIGINT (the exporter process's life);
-    the first ``warmup_requests`` warm-up lines of the access log stay out of the histogram;
-    meanwhile :func:`housekeeping` (``outputs`` within ``output_bytes`` each)."""
+def serve(
+    listen: str,
+    upstream: str | None,
+    multiproc_dir: Path,
+    access_log: Path | None = None,
+    warmup_requests: int = 0,
+    outputs: Sequence[Path] = (),
+    output_bytes: int = 0,
+) -> int:
+    """Serve ``/metrics`` on ``listen`` until SIGTERM/SIGINT (the exporter process's life).
+
+    The first ``warmup_requests`` warm-up lines of the access log stay out of the histogram;
+    meanwhile :func:`housekeeping` runs (``outputs`` within ``output_bytes`` each).
+    """
     latency = LatencySource(access_log, warmup_requests) if access_log else None
     workers = WorkerMetrics(multiproc_dir)
     server = make_server(listen, workers, upstream, latency)
     stop = threading.Event()
     if latency is not None:
         threading.Thread(target=latency.follow, args=(stop,), daemon=True).start()
-    threading.Thread(target=housekeeping, args=(workers, list(outputs), output_bytes, stop),
-                     daemon=True, name="rtserve-housekeeping").start()
+    threading.Thread(
+        target=housekeeping, args=(workers, list(outputs), output_bytes, stop), daemon=True, name="rtserve-housekeeping"
+    ).start()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    logger.info("serving metrics on %s (TorchServe's from %s, workers' from %s)",
-                listen, upstream, multiproc_dir)
+    logger.info("serving metrics on %s (TorchServe's from %s, workers' from %s)", listen, upstream, multiproc_dir)
     stop.wait()
     server.shutdown()
     server.server_close()

@@ -1,21 +1,8 @@
 """The workers' metrics directory kept bounded: the files of dead workers merged into one archive.
 
-Each worker writes its metrics into ``prometheus_client``'s multiprocess files in
-``PROMETHEUS_MULTIPROC_DIR``, one file per metric kind and process (``counter_<pid>.db``,
-``histogram_<pid>.db``, ``gauge_<mode>_<pid>.db``), and a worker TorchServe restarts gets a new
-PID: the dead one's files would stay forever. :func:`compact` merges them into one archive file
-per kind (``counter_archive.db``, ...), which ``MultiProcessCollector`` reads like any other, and
-deletes them, so the directory holds the live workers' files and the archives only:
-
-- counters, histograms, summaries and ``sum`` gauges are added up (totals stay monotonic);
-- ``max``/``min`` gauges keep the largest/smallest value, ``mostrecent`` the latest one;
-- ``live*`` and ``all`` gauges of dead workers are dropped (``mark_process_dead`` drops the
-  ``live*`` ones; an ``all`` gauge's value is labelled with the dead PID).
-
-A scrape of the directory sees the same figures before and after (the dropped gauges aside), as
-long as it does not run during a compaction (the exporter holds one lock for both). A compaction
-is committed by one rename (a manifest naming the staged archives and the files they absorbed),
-so one interrupted at any point is finished, or forgotten, by the next: nothing is counted twice.
+:func:`compact` merges dead PIDs' multiprocess files into one ``<kind>_archive.db`` per kind (sums add up;
+``max``, ``min`` and ``mostrecent`` gauges keep theirs; ``live*`` and ``all`` gauges drop), so scrapes see the
+same figures. A manifest's rename commits it: an interrupted one is finished or forgotten, never counted twice.
 """
 
 from __future__ import annotations
@@ -23,9 +10,9 @@ from __future__ import annotations
 import json
 import os
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 from prometheus_client.mmap_dict import MmapedDict
 
@@ -54,8 +41,10 @@ class Compaction:
 
 
 def kind_and_pid(name: str) -> tuple[str, str] | None:
-    """(kind, pid) of a multiprocess file's name (``gauge_max_12.db`` -> ``("gauge_max", "12")``);
-    None for any other file."""
+    """(kind, pid) of a multiprocess file's name; None for any other file.
+
+    ``gauge_max_12.db`` -> ``("gauge_max", "12")``.
+    """
     if not name.endswith(".db"):
         return None
     kind, _, pid = name[:-3].rpartition("_")
@@ -63,8 +52,10 @@ def kind_and_pid(name: str) -> tuple[str, str] | None:
 
 
 def merge(kind: str, files: Iterable[Path]) -> dict[str, tuple[float, float]]:
-    """The values of ``files`` (all of metric file ``kind``) as one file would hold them:
-    key -> (value, timestamp)."""
+    """The values of ``files`` (all of metric file ``kind``) as one file would hold them.
+
+    Returns key -> (value, timestamp).
+    """
     mode = kind.split("_", 1)[1] if kind.startswith("gauge_") else None
     merged: dict[str, tuple[float, float]] = {}
     for path in files:
@@ -131,8 +122,11 @@ def _write(path: Path, values: dict[str, tuple[float, float]]) -> None:
 
 
 def _finish(directory: Path) -> None:
-    """End a committed compaction (its manifest exists: put its archives in place, delete what
-    they absorbed); forget one that was not committed (its staged archives)."""
+    """End a committed compaction; forget one that was not committed.
+
+    A committed one (its manifest exists) puts its archives in place and deletes what they
+    absorbed; an uncommitted one's staged archives are deleted.
+    """
     manifest = directory / MANIFEST
     try:
         done = json.loads(manifest.read_text())

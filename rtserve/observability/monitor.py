@@ -1,15 +1,8 @@
-"""Prometheus and Alertmanager on loopback for a server started by ``rtserve server start``.
+"""Prometheus and Alertmanager on loopback (9090, 9093) for a server started by ``rtserve server start``.
 
-``make monitor`` runs ``python -m rtserve monitor start``: Debian's ``prometheus`` and
-``prometheus-alertmanager`` on 127.0.0.1 (9090 and 9093), Prometheus scraping the server's
-metrics listener with the shipped rules (``deploy/monitoring/rtserve-alerts.yml``) and sending
-alerts to the Alertmanager. The scrape configuration is generated from the shipped one
-(``deploy/monitoring/prometheus.yml``): same global settings and rule files, its Kubernetes
-discovery replaced by the one local target. Everything (configs, data, logs, PID files) lives in
-``RUN_DIR/monitor``; ``stop`` ends the two processes by their PID files.
-
-    python -m rtserve monitor start --run-dir .run
-    python -m rtserve monitor stop --run-dir .run
+Prometheus scrapes the server's metrics listener with the shipped rules; its config is the shipped one
+(``deploy/monitoring/prometheus.yml``) with the Kubernetes discovery replaced by the one local target. Everything
+(configs, data, logs, PID files) lives in ``RUN_DIR/monitor``; ``stop`` ends both processes by their PID files.
 """
 
 from __future__ import annotations
@@ -28,7 +21,7 @@ from rtserve.server.properties import PUBLIC_METRICS_KEY, read_properties
 from rtserve.settings import RunDir, Settings
 
 #: The shipped Prometheus config and rules (``deploy/monitoring`` of the checkout).
-MONITORING = Settings.from_env().monitoring_dir
+MONITORING = Settings().monitoring_dir
 SHIPPED_CONFIG = MONITORING / "prometheus.yml"
 PROMETHEUS = ("prometheus",)
 ALERTMANAGER = ("prometheus-alertmanager", "alertmanager")  # Debian's name, upstream's name
@@ -68,8 +61,7 @@ class MonitorConfig:
 
 
 def prometheus_config(shipped: dict, cfg: MonitorConfig) -> dict:
-    """The shipped scrape config made local: one static target, rules as absolute paths, and
-    the local Alertmanager."""
+    """The shipped scrape config made local: one static target, rules as absolute paths, and the local Alertmanager."""
     glob = dict(shipped.get("global") or {})
     if cfg.interval:
         glob.update(scrape_interval=cfg.interval, evaluation_interval=cfg.interval)
@@ -78,10 +70,10 @@ def prometheus_config(shipped: dict, cfg: MonitorConfig) -> dict:
     return {
         "global": glob,
         "rule_files": [str(Path(r).resolve()) for r in rules],
-        "alerting": {"alertmanagers": [
-            {"static_configs": [{"targets": [f"127.0.0.1:{cfg.alertmanager_port}"]}]}]},
-        "scrape_configs": [{"job_name": job, "metrics_path": "/metrics",
-                            "static_configs": [{"targets": [cfg.target]}]}],
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{cfg.alertmanager_port}"]}]}]},
+        "scrape_configs": [
+            {"job_name": job, "metrics_path": "/metrics", "static_configs": [{"targets": [cfg.target]}]}
+        ],
     }
 
 
@@ -91,9 +83,13 @@ def alertmanager_config(cfg: MonitorConfig) -> dict:
     if cfg.webhook:
         receiver["webhook_configs"] = [{"url": cfg.webhook, "send_resolved": True}]
     return {
-        "route": {"receiver": "rtserve", "group_by": ["alertname", "model_name", "model_version"],
-                  "group_wait": cfg.group_wait, "group_interval": cfg.group_interval,
-                  "repeat_interval": "4h"},
+        "route": {
+            "receiver": "rtserve",
+            "group_by": ["alertname", "model_name", "model_version"],
+            "group_wait": cfg.group_wait,
+            "group_interval": cfg.group_interval,
+            "repeat_interval": "4h",
+        },
         "receivers": [receiver],
     }
 
@@ -111,16 +107,17 @@ def find_binary(names: tuple[str, ...]) -> str:
     raise MonitorError(f"{names[0]} is not installed: run `make monitor-deps` (Debian's packages)")
 
 
-def metrics_target(run_dir: Path, default_config: Path | None = None) -> str:
-    """``host:port`` of the metrics listener of the server started from ``run_dir`` (of
-    ``default_config``, the checkout's config.properties by default, when none was)."""
+def metrics_target(run_dir: Path, default_config: Path) -> str:
+    """``host:port`` of the metrics listener of the server started from ``run_dir``.
+
+    Of ``default_config``, the settings' :attr:`~rtserve.settings.Settings.torchserve_config`, when none was.
+    """
     effective = RunDir(run_dir).config
     if effective.is_file():
         props = read_properties(effective)
         address = props.get(PUBLIC_METRICS_KEY) or props["metrics_address"]
     else:
-        config = default_config or Settings.from_env().torchserve_config
-        address = read_properties(config)["metrics_address"]
+        address = read_properties(default_config)["metrics_address"]
     return address.split("://", 1)[-1].rstrip("/")
 
 
@@ -151,13 +148,19 @@ class Monitor:
     def commands(self, prom: Path, am: Path) -> dict[str, list[str]]:
         d = self.cfg.dir
         return {
-            "alertmanager": [find_binary(ALERTMANAGER), f"--config.file={am}",
-                             f"--storage.path={d / 'alertmanager-data'}",
-                             f"--web.listen-address=127.0.0.1:{self.cfg.alertmanager_port}",
-                             "--cluster.listen-address="],  # no gossip port: one instance
-            "prometheus": [find_binary(PROMETHEUS), f"--config.file={prom}",
-                           f"--storage.tsdb.path={d / 'prometheus-data'}",
-                           f"--web.listen-address=127.0.0.1:{self.cfg.prometheus_port}"],
+            "alertmanager": [
+                find_binary(ALERTMANAGER),
+                f"--config.file={am}",
+                f"--storage.path={d / 'alertmanager-data'}",
+                f"--web.listen-address=127.0.0.1:{self.cfg.alertmanager_port}",
+                "--cluster.listen-address=",
+            ],  # no gossip port: one instance
+            "prometheus": [
+                find_binary(PROMETHEUS),
+                f"--config.file={prom}",
+                f"--storage.tsdb.path={d / 'prometheus-data'}",
+                f"--web.listen-address=127.0.0.1:{self.cfg.prometheus_port}",
+            ],
         }
 
     def start(self, timeout: float = 60.0) -> None:
@@ -168,14 +171,12 @@ class Monitor:
         """
         running = [n for n in self.NAMES if self.pid(n) is not None]
         if running:
-            raise MonitorError(f"already running from {self.cfg.dir}: {', '.join(running)} "
-                               "(make monitor-stop)")
+            raise MonitorError(f"already running from {self.cfg.dir}: {', '.join(running)} (make monitor-stop)")
         commands = self.commands(*self.write_configs())
         for name in self.NAMES:
             spawn(commands[name], self.cfg.dir / f"{name}.log", self._pid_file(name))
         try:
-            for name, url in (("alertmanager", self.cfg.alertmanager_url),
-                              ("prometheus", self.cfg.prometheus_url)):
+            for name, url in (("alertmanager", self.cfg.alertmanager_url), ("prometheus", self.cfg.prometheus_url)):
                 self._wait_ready(name, url, timeout)
         except MonitorError:
             self.stop()

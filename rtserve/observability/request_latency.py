@@ -1,27 +1,8 @@
 """End-to-end request latency from TorchServe's access log: ``rtserve_request_duration_seconds``.
 
-TorchServe's frontend writes one access-log line per HTTP request when it sends the answer
-(``access_log.log``, rtserve's log4j2 configuration, through an asynchronous appender)::
-
-    2026-11-30T04:54:27,940 - /127.0.0.1:56108 "POST /predictions/realtime-classifier HTTP/1.1" 200 7
-
-The last field is the frontend's own time for the request in whole milliseconds: from the moment
-Netty has the whole request decoded (arrival) to the moment the answer is handed to the socket,
-so it includes routing, token check, the job queue, the batch in the worker, the handler and the
-answer's encoding; it leaves out only the TCP/HTTP bytes on the wire before and after. The value
-is the difference of two ``System.currentTimeMillis()`` readings, so a request of true duration
-``t`` reads ``floor(t)`` or ``ceil(t)`` ms: unbiased on average, at most 1 ms off. The histogram's
-bounds therefore sit half-way between whole milliseconds (``0.5 ms``, ``1.5 ms``, ...): every
-whole-millisecond reading lands inside a bucket, never on its edge, and ``histogram_quantile``'s
-interpolation spreads it over the millisecond around it.
-
-:mod:`rtserve.observability.exporter` (a separate process) tails the file and feeds the histogram, so the
-request path pays nothing beyond the line TorchServe writes anyway. Only inference routes count
-(``/predictions``, ``/explanations``, KServe ``/v1/models``, ``/v2/models``; not ``/ping``,
-management or metrics calls), and not the warm-up requests ``rtserve.server`` sends before it
-reports ready: their URL carries the query parameter ``rtserve_warmup``, and the start's first
-``warmup_requests`` lines so marked are left out (:mod:`rtserve.server.warmup`; a client that marks
-its own requests so is counted once the start's budget is spent).
+The log's last field is the frontend's time from a decoded request to its answer in whole ms (the true time's
+floor or ceil), so the bucket bounds sit half-way between whole ms. Only inference routes count, not the start's
+warm-up requests (``rtserve_warmup`` in the URL). The exporter tails the log off the request path.
 """
 
 from __future__ import annotations
@@ -39,12 +20,13 @@ from handler.warmup import QUERY_PARAMETER
 from rtserve.runtime.logs import LogFollower
 
 METRIC = "rtserve_request_duration_seconds"
-#: Bucket bounds in seconds: whole milliseconds + 0.5 ms (see the module docstring), from
+#: Bucket bounds in seconds: whole milliseconds + 0.5 ms (never on a reading's edge), from
 #: sub-millisecond answers to 10 s (TorchServe's default response timeout is 120 s: anything
 #: above 10 s is +Inf).
-BUCKETS = tuple(round((ms + 0.5) / 1000.0, 4) for ms in
-                (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 50, 75, 100, 150, 250, 500, 1000, 2500,
-                 5000, 10000))
+BUCKETS = tuple(
+    round((ms + 0.5) / 1000.0, 4)
+    for ms in (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 50, 75, 100, 150, 250, 500, 1000, 2500, 5000, 10000)
+)
 LABELS = ("model_name", "model_version", "status_class")
 #: The frontend's route when a request names no version (as TorchServe's own metrics label it).
 DEFAULT_VERSION = "default"
@@ -60,8 +42,10 @@ UNTRUSTED_STATUS = frozenset({401, 403, 404, 405})
 _LINE = re.compile(r'"(?P<method>[A-Z]+) (?P<uri>\S+) HTTP/[0-9.]+" (?P<status>\d{3}) (?P<ms>\d+)\s*$')
 _ROUTES = (
     re.compile(r"^/(?:predictions|explanations)/(?P<model>[^/?]+)(?:/(?P<version>[^/?]+))?/?$"),
-    re.compile(r"^/v[12]/models/(?P<model>[^/:?]+)(?:/versions/(?P<version>[^/:?]+))?"
-               r"(?::predict|:explain|/infer|/explain)$"),
+    re.compile(
+        r"^/v[12]/models/(?P<model>[^/:?]+)(?:/versions/(?P<version>[^/:?]+))?"
+        r"(?::predict|:explain|/infer|/explain)$"
+    ),
 )
 
 
@@ -126,11 +110,11 @@ class RequestLatency:
         warmup_requests: leave out this many lines of warm-up requests (the start's warm-up).
     """
 
-    HELP = ("Inference requests from arrival at the frontend to the answer (TorchServe's "
-            "access log, whole ms)")
+    HELP = "Inference requests from arrival at the frontend to the answer (TorchServe's access log, whole ms)"
 
-    def __init__(self, access_log: Path, registry: CollectorRegistry, from_end: bool = True,
-                 warmup_requests: int = 0) -> None:
+    def __init__(
+        self, access_log: Path, registry: CollectorRegistry, from_end: bool = True, warmup_requests: int = 0
+    ) -> None:
         self.follower = LogFollower(access_log, from_end=from_end)
         self.warmup_left = warmup_requests
         self._counts: dict[tuple[str, str, str], dict[int, int]] = {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from rtserve.errors import RolloutError
@@ -44,8 +44,9 @@ class History:
             try:
                 event = json.loads(line)
             except ValueError as exc:
-                raise RolloutError(f"{self.path}:{number}: not a JSON line ({exc}); move the file "
-                                   "away to start a new history") from exc
+                raise RolloutError(
+                    f"{self.path}:{number}: not a JSON line ({exc}); move the file away to start a new history"
+                ) from exc
             if not isinstance(event, dict):
                 raise RolloutError(f"{self.path}:{number}: not a JSON object")
             events.append(event)
@@ -53,8 +54,9 @@ class History:
 
     def append(self, event: dict) -> None:
         """Record one event as one line (``at``: now, unless the event has its own time)."""
-        line = json.dumps({**event, "at": event.get("at") or datetime.now(timezone.utc).isoformat()},
-                          separators=(",", ":")) + "\n"
+        line = (
+            json.dumps({**event, "at": event.get("at") or datetime.now(UTC).isoformat()}, separators=(",", ":")) + "\n"
+        )
         data = line.encode()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -63,8 +65,9 @@ class History:
         finally:
             os.close(fd)
         if written != len(data):
-            raise RolloutError(f"{self.path}: only {written} of {len(data)} bytes of a history "
-                               "line were written (disk full?)")
+            raise RolloutError(
+                f"{self.path}: only {written} of {len(data)} bytes of a history line were written (disk full?)"
+            )
 
     def previous_default(self, model: str) -> str | None:
         """The version ``rollback`` returns to: promotes push their previous default, rollbacks pop."""

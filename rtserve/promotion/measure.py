@@ -8,57 +8,66 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Sequence
 
+from handler.signature import golden_values, output_values
 from rtserve.client.rest import Client
 from rtserve.errors import GateError, GoldenMismatch
 from rtserve.model.archive import golden_mismatches
 from rtserve.promotion.gate import ArchiveMeta, GateConfig, percentile
 
 
-def answer_rows(client: Client, model: str, version: str | None, rows: Sequence[Sequence[float]],
-                concurrency: int) -> list[dict]:
+def answer_rows(
+    client: Client, model: str, version: str | None, rows: Sequence[Sequence[float]], concurrency: int
+) -> list[dict]:
     """Each row's answer (``prediction``, ``label``, ``probabilities``), in row order."""
     local = threading.local()
 
     def one(row):
         if not hasattr(local, "client"):  # one HTTP session per thread
-            local.client = Client(client.inference_url, client.management_url,
-                                  key_file=client.keys.path, timeout=client.timeout,
-                                  token=client.keys.get("inference") if client.keys.path is None
-                                  else None)
+            local.client = Client(
+                client.inference_url,
+                client.management_url,
+                key_file=client.keys.path,
+                timeout=client.timeout,
+                token=client.keys.get("inference") if client.keys.path is None else None,
+            )
         return local.client.predict(model, {"features": list(row)}, version)
 
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         return list(pool.map(one, rows))
 
 
-def check_golden(client: Client, model: str, version: str | None, meta: ArchiveMeta,
-                 config: GateConfig) -> int:
+def check_golden(client: Client, model: str, version: str | None, meta: ArchiveMeta, config: GateConfig) -> int:
     """Replay ``meta``'s golden set through the server; returns the number of rows checked.
 
     Raises:
         GoldenMismatch: rows whose served probabilities differ from the packaging-time ones.
     """
     answers = answer_rows(client, model, version, meta.golden["features"], config.concurrency)
-    got = [a["probabilities"] for a in answers]
-    bad = golden_mismatches(meta.golden["probabilities"], got, config.golden_tolerance)
+    output = meta.output or {"kind": "classification"}
+    got = [output_values(output, a) for a in answers]  # probabilities, values or vectors per kind
+    want = golden_values(meta.golden)
+    bad = golden_mismatches(want, got, config.golden_tolerance)
     if bad:
-        worst = max(max((abs(a - b) for a, b in zip(meta.golden["probabilities"][i], got[i])),
-                        default=float("inf")) for i in bad)
+        worst = max(max((abs(a - b) for a, b in zip(want[i], got[i])), default=float("inf")) for i in bad)
         raise GoldenMismatch(
             f"{model} {version or '(default)'} answers {len(bad)} of {len(got)} golden rows "
             f"differently from its archive (rows {bad[:10]}{' ...' if len(bad) > 10 else ''}; max "
             f"|difference| {worst:.3g}, tolerance {config.golden_tolerance}): the served model is "
-            "not the one packaged (handler, preprocessing or a corrupt archive)")
+            "not the one packaged (handler, preprocessing or a corrupt archive)"
+        )
     return len(got)
 
 
-def latency_burst(client: Client, model: str, versions: Sequence[str | None],
-                  row: Sequence[float], config: GateConfig) -> dict:
-    """Milliseconds per request for each version: sequential requests alternating between the
-    versions (so both see the same machine), after ``warmup_requests`` each."""
+def latency_burst(
+    client: Client, model: str, versions: Sequence[str | None], row: Sequence[float], config: GateConfig
+) -> dict:
+    """Milliseconds per request for each version, after ``warmup_requests`` each.
+
+    Requests are sequential, alternating between the versions so both see the same machine.
+    """
     times: dict = {v: [] for v in versions}
     body = {"features": list(row)}
     for i in range(config.warmup_requests + config.burst_requests):
@@ -71,12 +80,12 @@ def latency_burst(client: Client, model: str, versions: Sequence[str | None],
 
 
 def verify_served(client: Client, model: str, meta: ArchiveMeta, config: GateConfig) -> dict:
-    """What ``make k8s-verify`` checks of the version a Service serves (no second version to
-    compare with): its answers equal its archive's golden set, and its p99 over a burst is at
-    most ``max_p99_ms``. A burst over the limit is measured again, up to ``latency_attempts``
-    bursts in all, and the lowest p99 counts (as in the gate: one stall of a busy node does not
-    roll a good version back; a slow one fails every burst). Returns the figures, with each
-    burst's p99 under ``attempts_p99_ms``.
+    """What ``make k8s-verify`` checks of the version a Service serves (no second version to compare).
+
+    Its answers equal its archive's golden set, and its p99 over a burst is at most ``max_p99_ms``.
+    A burst over the limit is measured again, up to ``latency_attempts`` bursts in all, and the
+    lowest p99 counts (as in the gate: one stall of a busy node does not roll a good version back;
+    a slow one fails every burst). Returns the figures, each burst's p99 under ``attempts_p99_ms``.
 
     Raises:
         GoldenMismatch: the answers differ (rows named).
@@ -89,12 +98,20 @@ def verify_served(client: Client, model: str, meta: ArchiveMeta, config: GateCon
         if percentile(bursts[-1], 99) <= config.max_p99_ms:
             break
     burst = min(bursts, key=lambda b: percentile(b, 99))
-    figures = {"model": model, "version": meta.version, "golden_rows": rows,
-               "requests": len(burst), "p50_ms": round(percentile(burst, 50), 3),
-               "p99_ms": round(percentile(burst, 99), 3), "max_p99_ms": config.max_p99_ms,
-               "attempts_p99_ms": [round(percentile(b, 99), 3) for b in bursts]}
+    figures = {
+        "model": model,
+        "version": meta.version,
+        "golden_rows": rows,
+        "requests": len(burst),
+        "p50_ms": round(percentile(burst, 50), 3),
+        "p99_ms": round(percentile(burst, 99), 3),
+        "max_p99_ms": config.max_p99_ms,
+        "attempts_p99_ms": [round(percentile(b, 99), 3) for b in bursts],
+    }
     if figures["p99_ms"] > config.max_p99_ms:
-        raise GateError(f"{model} {meta.version}: p99 {figures['p99_ms']} ms over {len(burst)} "
-                        f"requests is above max_p99_ms {config.max_p99_ms} ms in each of "
-                        f"{len(bursts)} bursts ({figures})")
+        raise GateError(
+            f"{model} {meta.version}: p99 {figures['p99_ms']} ms over {len(burst)} "
+            f"requests is above max_p99_ms {config.max_p99_ms} ms in each of "
+            f"{len(bursts)} bursts ({figures})"
+        )
     return figures

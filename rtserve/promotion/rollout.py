@@ -1,8 +1,8 @@
 """Model versions on a running TorchServe: register, promote, roll back, retire, scale.
 
-TorchServe keeps no record of which version was the default before a ``set-default``, so
-:class:`~rtserve.promotion.history.History` keeps one (a JSON-lines file beside the server's key
-file: one event per line, gate decisions included) and ``rollback`` reads it. Every operation checks its preconditions first and changes nothing when they fail.
+TorchServe keeps no record of the default before a ``set-default``, so
+:class:`~rtserve.promotion.history.History` keeps one (gate decisions included) and ``rollback`` reads it.
+Every operation checks its preconditions first and changes nothing when they fail.
 """
 
 from __future__ import annotations
@@ -12,16 +12,25 @@ import logging
 import os
 import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from handler.audit import append_event
 from rtserve.client.rest import Client, NotFound, TorchServeError
 from rtserve.errors import ArchiveError, GateError, GateRefused, RolloutError
-from rtserve.promotion.gate import (ArchiveMeta, GateConfig, GateReport, Measured, decide,
-                                    gate_rows, p99_ratio, read_requests)
+from rtserve.promotion.gate import (
+    ArchiveMeta,
+    GateConfig,
+    GateReport,
+    Measured,
+    decide,
+    gate_rows,
+    p99_ratio,
+    read_requests,
+)
 from rtserve.promotion.history import HISTORY_FILE, History  # noqa: F401 - HISTORY_FILE re-exported
-from rtserve.promotion.live import drop_version, promote_evidence, shadow_report_from_files
+from rtserve.promotion.live.evidence import promote_evidence, shadow_report_from_files
+from rtserve.promotion.live.routes import drop_version
 from rtserve.promotion.measure import answer_rows, check_golden, latency_burst
 from rtserve.server.disk import audit_cap
 from rtserve.settings import RunDir
@@ -82,8 +91,7 @@ class VersionStatus:
 class Rollout:
     """Version operations for one model name."""
 
-    def __init__(self, client: Client, history: History, model: str,
-                 verification: Verification | None = None) -> None:
+    def __init__(self, client: Client, history: History, model: str, verification: Verification | None = None) -> None:
         self.client = client
         self.history = history
         self.model = model
@@ -100,13 +108,18 @@ class Rollout:
         for desc in self.client.describe(self.model, "all"):
             workers = desc.get("workers", [])
             queue = desc.get("jobQueueStatus", {})
-            out.append(VersionStatus(
-                version=desc["modelVersion"], default=desc["modelVersion"] == default,
-                workers_ready=sum(1 for w in workers if w.get("status") == "READY"),
-                workers=len(workers), min_workers=desc.get("minWorkers", 0),
-                max_workers=desc.get("maxWorkers", 0), pending=queue.get("pendingRequests", 0),
-                queue_capacity=queue.get("remainingCapacity", 0),
-            ))
+            out.append(
+                VersionStatus(
+                    version=desc["modelVersion"],
+                    default=desc["modelVersion"] == default,
+                    workers_ready=sum(1 for w in workers if w.get("status") == "READY"),
+                    workers=len(workers),
+                    min_workers=desc.get("minWorkers", 0),
+                    max_workers=desc.get("maxWorkers", 0),
+                    pending=queue.get("pendingRequests", 0),
+                    queue_capacity=queue.get("remainingCapacity", 0),
+                )
+            )
         return sorted(out, key=lambda s: s.version)
 
     def versions(self) -> list[str]:
@@ -145,12 +158,18 @@ class Rollout:
             raise TorchServeError(f"{self.model} {version} registered but no worker became ready")
         if self.verification is not None:
             try:
-                check_golden(self.client, self.model, version,
-                             self.verification.meta(self.model, version), self.verification.config)
+                check_golden(
+                    self.client,
+                    self.model,
+                    version,
+                    self.verification.meta(self.model, version),
+                    self.verification.config,
+                )
             except (ArchiveError, GateError, TorchServeError) as exc:
                 self._discard_failed(version)
-                raise exc.reworded(f"{exc}; {self.model} {version} was unregistered again, the "
-                                   "default is unchanged") from exc
+                raise exc.reworded(
+                    f"{exc}; {self.model} {version} was unregistered again, the default is unchanged"
+                ) from exc
         return result.get("status", "")
 
     def _discard_failed(self, version: str) -> None:
@@ -160,8 +179,13 @@ class Rollout:
         except TorchServeError as exc:
             logger.warning("could not clean up failed version %s: %s", version, exc)
 
-    def promote(self, version: str, force_reason: str | None = None,
-                requests_file: str | Path | None = None, forced_by: str | None = None) -> str:
+    def promote(
+        self,
+        version: str,
+        force_reason: str | None = None,
+        requests_file: str | Path | None = None,
+        forced_by: str | None = None,
+    ) -> str:
         """Make ``version`` the default and record the previous default; returns the previous one.
 
         With a :class:`Verification`, the gate runs first (:meth:`gate`) and its decision is
@@ -176,13 +200,14 @@ class Rollout:
         if version not in status:
             raise RolloutError(
                 f"{self.model} {version} is not registered (registered: {', '.join(sorted(status))}); "
-                "run `make register` first; nothing changed")
+                "run `make register` first; nothing changed"
+            )
         if version == current:
             raise RolloutError(f"{self.model} {version} is already the default; nothing changed")
         if status[version].workers_ready == 0:
             raise RolloutError(f"{self.model} {version} has no ready worker; nothing changed")
         if force_reason is not None and not force_reason.strip():
-            raise RolloutError("a forced promotion needs a reason (REASON=\"...\"); nothing changed")
+            raise RolloutError('a forced promotion needs a reason (REASON="..."); nothing changed')
         if self.verification is not None:
             report = self.gate(current, version, requests_file)
             self._live_evidence(report)
@@ -199,13 +224,16 @@ class Rollout:
         if self.verification is not None and self.verification.run_dir is not None:
             dropped = drop_version(RunDir(self.verification.run_dir).live_routes, version)
             if dropped:
-                logger.info("%s %s is the default now: its %s route turned off", self.model,
-                            version, " and ".join(dropped))
+                logger.info(
+                    "%s %s is the default now: its %s route turned off", self.model, version, " and ".join(dropped)
+                )
         return current
 
     def _live_evidence(self, report: GateReport) -> None:
-        """With ``live.promote.require_shadow``: add the shadow report's figures to ``report``,
-        and its failures (each names the live figure)."""
+        """Add the shadow report's figures and failures to ``report`` (``live.promote.require_shadow``).
+
+        Each failure names the live figure.
+        """
         live = self.verification.config.live
         if not live.require_shadow:
             return
@@ -214,21 +242,20 @@ class Rollout:
         if run_dir is not None:
             labels = self.verification.meta(self.model, report.candidate).labels
             files = RunDir(run_dir)
-            shadow = shadow_report_from_files(self.model, files.live_log, files.records,
-                                              report.candidate, report.default, labels)
+            shadow = shadow_report_from_files(
+                self.model, files.live_log, files.records, report.candidate, report.default, labels
+            )
         report.live, failures = promote_evidence(live.shadow, shadow)
         report.failures += failures
         report.passed = not report.failures
 
-    def gate(self, default: str, candidate: str,
-             requests_file: str | Path | None = None) -> GateReport:
+    def gate(self, default: str, candidate: str, requests_file: str | Path | None = None) -> GateReport:
         """Measure both versions on the same rows and bursts and decide (changes nothing)."""
         if self.verification is None:
             raise RolloutError("the gate needs the model store (a Verification)")
         metas = [self.verification.meta(self.model, v) for v in (default, candidate)]
         config = self.verification.config
-        requests = (read_requests(requests_file, metas[1].n_features, config.max_rows)
-                    if requests_file else [])
+        requests = read_requests(requests_file, metas[1].n_features, config.max_rows) if requests_file else []
         rows = gate_rows(metas[0], metas[1], requests)
         features = [r.features for r in rows]
         burst = latency_burst(self.client, self.model, (default, candidate), features[0], config)
@@ -238,14 +265,17 @@ class Rollout:
             again = latency_burst(self.client, self.model, (default, candidate), features[0], config)
             if p99_ratio(again[candidate], again[default]) < p99_ratio(burst[candidate], burst[default]):
                 burst = again
-        measured = [Measured(v, [a["label"] for a in answer_rows(
-            self.client, self.model, v, features, config.concurrency)], burst[v])
-            for v in (default, candidate)]
+        measured = [
+            Measured(
+                v, [a["label"] for a in answer_rows(self.client, self.model, v, features, config.concurrency)], burst[v]
+            )
+            for v in (default, candidate)
+        ]
         return decide(config, self.model, rows, *measured)
 
     def _record(self, report: GateReport) -> None:
         """One event in the rollout history and one line in the audit log."""
-        event = {**report.event(), "at": datetime.now(timezone.utc).isoformat()}
+        event = {**report.event(), "at": datetime.now(UTC).isoformat()}
         self.history.append(event)
         if self.verification is not None and self.verification.audit_log is not None:
             append_event(self.verification.audit_log, event, audit_cap(self.verification.run_dir))
@@ -264,7 +294,8 @@ class Rollout:
         if target not in status:
             raise RolloutError(
                 f"previous default {self.model} {target} is no longer registered "
-                f"(register it again first); nothing changed")
+                f"(register it again first); nothing changed"
+            )
         self.client.set_default(self.model, target)
         self.history.append({"action": "rollback", "model": self.model, "from": current, "to": target})
         return current, target
@@ -280,8 +311,8 @@ class Rollout:
             raise RolloutError(f"{self.model} {version} is not registered; nothing changed")
         if status[version].default:
             raise RolloutError(
-                f"{self.model} {version} is the default: promote another version before retiring "
-                "it; nothing changed")
+                f"{self.model} {version} is the default: promote another version before retiring it; nothing changed"
+            )
         self.client.unregister(self.model, version, timeout=timeout)
 
     def scale(self, workers: int, version: str | None = None, timeout: float = 180.0) -> None:

@@ -1,1 +1,1 @@
-"""Records: every answered or rejected request kept, from the worker's spool to Apache Cassandra, and looked up by id."""
+"""Records: every answered or rejected request kept, from the worker's spool to Cassandra, looked up by id."""

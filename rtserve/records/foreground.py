@@ -1,12 +1,8 @@
-"""Run one Cassandra node in the foreground, a pod's main process: its configuration written for its
-address (the pod's IP), then the process becomes the node's JVM.
+"""Run one Cassandra node in the foreground as a pod's main process: write its configuration, become its JVM.
 
-The records store's container (deploy/k8s/components/cassandra) runs ``python -m rtserve cassandra
-run``: the kubelet signals the JVM itself (SIGTERM: it drains, flushing its memtables) and restarts
-it; the records' keyspace and tables are created by the first shipper that connects. Only the
-standard library and the pure builder (:mod:`rtserve.records.node`) are imported here: the image
-holds no driver. ``make cassandra``'s node (:mod:`rtserve.records.local`) writes its configuration
-with :func:`prepare` too.
+``python -m rtserve cassandra run`` in deploy/k8s/components/cassandra; the kubelet then signals the JVM itself.
+Imports only the standard library and :mod:`rtserve.records.node` (the image holds no driver); ``make
+cassandra`` (:mod:`rtserve.records.local`) uses :func:`prepare` too.
 """
 
 from __future__ import annotations
@@ -20,15 +16,15 @@ from rtserve.records.node import Layout
 
 
 def prepare(layout: Layout, fresh: bool = False) -> None:
-    """Make the node's directories and write its configuration (cassandra.yaml, logback.xml);
-    with ``fresh``, delete its data (every record) first.
+    """Make the node's directories and write its configuration (cassandra.yaml, logback.xml).
+
+    With ``fresh``, delete its data (every record) first.
 
     Raises:
         CassandraNodeError: the classpath lacks Cassandra (nothing is deleted then).
     """
     if not any(layout.libs.glob("cassandra-all-*.jar")):
-        raise CassandraNodeError(f"no Cassandra jars in {layout.libs}: assemble them with "
-                                 "make cassandra-deps")
+        raise CassandraNodeError(f"no Cassandra jars in {layout.libs}: assemble them with make cassandra-deps")
     if fresh:
         shutil.rmtree(layout.data, ignore_errors=True)
     for directory in (layout.logs, layout.triggers, *layout.directories().values()):
@@ -38,8 +34,9 @@ def prepare(layout: Layout, fresh: bool = False) -> None:
 
 
 def run(layout: Layout, execv=os.execv) -> None:
-    """Run the node in the foreground: :func:`prepare`, then replace this process with its JVM
-    (``execv``), so that the JVM receives the container's signals itself (SIGTERM: it drains).
+    """Run the node in the foreground: :func:`prepare`, then replace this process with its JVM (``execv``).
+
+    So the JVM receives the container's signals itself (SIGTERM: it drains).
 
     Raises:
         CassandraNodeError: the classpath lacks Cassandra, or ``java`` cannot be found.

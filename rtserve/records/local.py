@@ -1,19 +1,13 @@
 """Start, wait for, stop and report the local Cassandra node of ``make cassandra`` from its recorded state.
 
-``start`` writes the node's configuration into the run directory, starts the JVM (its output
-appended to ``logs/cassandra.out``), waits until a CQL session connects and creates the records'
-schema through :class:`rtserve.records.store.Store`; the data stays between starts, so a restart
-keeps every record. If any step fails, the node is stopped before the error is raised. ``stop``
-works only from the PID file (the process is signalled only while its command line is still the
-recorded ``java``), never by a process name. Processes are started, found and stopped through
-:mod:`rtserve.runtime.process`. A pod's node runs in the foreground instead
-(:mod:`rtserve.records.foreground`, which writes the configuration for both).
+:func:`start` waits for a CQL session and creates the records' schema; the data stays between starts. If a step
+fails the node is stopped. :func:`stop` works only from the PID file, never by a process name. A pod's node runs
+in the foreground instead (:mod:`rtserve.records.foreground`).
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import subprocess
 import time
@@ -38,8 +32,9 @@ STOP_TIMEOUT = 60.0
 
 
 def _recorded(run_dir: Path) -> RecordedServer:
-    return RecordedServer(run_dir, "Cassandra node", "cassandra", "make cassandra", node.STATE_FILE,
-                          node.PID_FILE, CassandraNodeError)
+    return RecordedServer(
+        run_dir, "Cassandra node", "cassandra", "make cassandra", node.STATE_FILE, node.PID_FILE, CassandraNodeError
+    )
 
 
 def load_state(run_dir: Path) -> dict:
@@ -52,8 +47,10 @@ def load_state(run_dir: Path) -> dict:
 
 
 def resolve_ports(run_dir: Path, wanted: dict[str, int]) -> dict[str, int]:
-    """Each port: the one given; else the one recorded in ``run_dir`` (a restart keeps its
-    address, so clients find it again); else a free one."""
+    """Each port: the one given; else the one recorded in ``run_dir``; else a free one.
+
+    A restart keeps its address, so clients find it again.
+    """
     return _recorded(run_dir).resolve_ports(node.PORT_NAMES, wanted)
 
 
@@ -63,12 +60,14 @@ def pid(run_dir: Path) -> int | None:
 
 
 def start(layout: Layout, fresh: bool = False) -> dict[str, float]:
-    """Start the node of ``layout`` and create the records' schema; returns each step's seconds
-    (``node ready``: until a CQL session connects; ``schema``).
+    """Start the node of ``layout`` and create the records' schema.
 
     Args:
         layout: the node.
         fresh: delete the run directory's data (every record) first.
+
+    Returns:
+        Each step's seconds: ``node ready`` (until a CQL session connects) and ``schema``.
 
     Raises:
         CassandraNodeError: the classpath lacks Cassandra, a node already runs from the run
@@ -79,16 +78,25 @@ def start(layout: Layout, fresh: bool = False) -> dict[str, float]:
     """
     run_dir = layout.run_dir
     if pid(run_dir) is not None:
-        raise CassandraNodeError(f"a Cassandra node already runs from {run_dir} (pid {pid(run_dir)}): "
-                                 "stop it first (make cassandra-stop)")
+        raise CassandraNodeError(
+            f"a Cassandra node already runs from {run_dir} (pid {pid(run_dir)}): stop it first (make cassandra-stop)"
+        )
     prepare(layout, fresh)
     out = layout.logs / node.OUT_FILE
     begin = time.monotonic()
     proc = spawn(node.argv(layout), out, _recorded(run_dir).pids(), cwd=run_dir)
     took: dict[str, float] = {}
-    state = {"address": layout.address, "ports": layout.ports, "pid": proc.pid, "heap": layout.heap,
-             "libs": str(layout.libs), "data": str(layout.data),
-             "log": str(layout.logs / node.LOG_FILE), "out": str(out), "start_seconds": took}
+    state = {
+        "address": layout.address,
+        "ports": layout.ports,
+        "pid": proc.pid,
+        "heap": layout.heap,
+        "libs": str(layout.libs),
+        "data": str(layout.data),
+        "log": str(layout.logs / node.LOG_FILE),
+        "out": str(out),
+        "start_seconds": took,
+    }
     state_file = run_dir / node.STATE_FILE
     state_file.write_text(json.dumps(state, indent=2) + "\n")
     try:
@@ -115,16 +123,18 @@ def _listening(address: str) -> bool:
 
 def _wait_ready(layout: Layout, proc: subprocess.Popen) -> Store:
     """A store connected to the started node, as soon as a CQL session connects."""
+
     def ended() -> str:
-        return (f"the end of {layout.logs / node.LOG_FILE}:\n"
-                f"{tail(layout.logs / node.LOG_FILE, 30) or '(no log)'}\n"
-                f"the end of {layout.logs / node.OUT_FILE}:\n"
-                f"{tail(layout.logs / node.OUT_FILE, 15) or '(no output)'}")
+        return (
+            f"the end of {layout.logs / node.LOG_FILE}:\n"
+            f"{tail(layout.logs / node.LOG_FILE, 30) or '(no log)'}\n"
+            f"the end of {layout.logs / node.OUT_FILE}:\n"
+            f"{tail(layout.logs / node.OUT_FILE, 15) or '(no output)'}"
+        )
 
     def connected() -> Store | None:
         if proc.poll() is not None:
-            raise CassandraNodeError(f"the Cassandra node exited with {proc.returncode} at start; "
-                                     f"{ended()}")
+            raise CassandraNodeError(f"the Cassandra node exited with {proc.returncode} at start; {ended()}")
         if not _listening(layout.address):
             return None
         try:
@@ -134,15 +144,19 @@ def _wait_ready(layout: Layout, proc: subprocess.Popen) -> Store:
 
     store = wait_until(connected, READY_TIMEOUT, poll=0.5)
     if store is None:
-        raise CassandraNodeError(f"no CQL session connected to {layout.address} within "
-                                 f"{READY_TIMEOUT:.0f} s; {ended()}")
+        raise CassandraNodeError(
+            f"no CQL session connected to {layout.address} within {READY_TIMEOUT:.0f} s; {ended()}"
+        )
     return store
 
 
 def stop(run_dir: Path, timeout: float = STOP_TIMEOUT) -> str | None:
-    """Stop the node the PID file in ``run_dir`` names (SIGTERM: it drains, flushing its
-    memtables; SIGKILL after ``timeout``); returns what was done, None when none ran. The data
-    stays.
+    """Stop the node the PID file in ``run_dir`` names; the data stays.
+
+    SIGTERM (it drains, flushing its memtables), SIGKILL after ``timeout``.
+
+    Returns:
+        What was done, None when none ran.
 
     Raises:
         CassandraNodeError: the process is still alive after SIGKILL.
@@ -159,8 +173,9 @@ def rss_bytes(process_id: int) -> int | None:
 
 
 def status(run_dir: Path) -> dict[str, str]:
-    """The node's state (``running (pid N)``, ``dead (pid N)``, ``stopped``), its address,
-    resident memory while it runs, data directory and log.
+    """The node's state (``running (pid N)``, ``dead (pid N)``, ``stopped``), address, memory, data and log.
+
+    The resident memory is shown only while it runs.
 
     Raises:
         CassandraNodeError: no node was started from ``run_dir``.

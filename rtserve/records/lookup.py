@@ -1,18 +1,17 @@
-"""Looking records up: by request id, by time and version, or all of a window for a training job;
-from the store when the server has one, else from the local spool (the embedded default).
+"""Look records up by request id, by time and version, or a whole window for a training job.
 
-The server's run directory says which: its effective ``config.properties`` names the store
-(``rtserve_records_store``) when it was started with one. An explicit store overrides it.
+They are read from the store the server's effective ``config.properties`` names (``rtserve_records_store``),
+else from its local spool; an explicit store overrides both.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Iterator
 
 from rtserve.errors import RecordsError
 from rtserve.records.record import Record, parse_time
@@ -25,21 +24,21 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def since(text: str, now: datetime | None = None) -> datetime:
-    """A window's start: a span back from now (``30s``, ``10m``, ``2h``, ``1d``) or an ISO 8601
-    time with its offset.
+    """A window's start: a span back from now (``30s``, ``10m``, ``2h``, ``1d``) or an ISO 8601 time with offset.
 
     Raises:
         RecordsError: neither.
     """
     found = _SPAN.match(text.strip())
     if found:
-        now = now or datetime.now(timezone.utc)
+        now = now or datetime.now(UTC)
         return now - timedelta(seconds=float(found.group(1)) * _UNITS[found.group(2)])
     try:
         return parse_time(text)
     except RecordsError:
-        raise RecordsError(f"--since must be a span back from now (30s, 10m, 2h, 1d) or an ISO "
-                           f"8601 time with its offset, got {text!r}") from None
+        raise RecordsError(
+            f"--since must be a span back from now (30s, 10m, 2h, 1d) or an ISO 8601 time with its offset, got {text!r}"
+        ) from None
 
 
 def contact_points(text: str) -> list[str]:
@@ -52,8 +51,9 @@ def contact_points(text: str) -> list[str]:
     for point in points:
         host, _, port = point.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise RecordsError(f"the records store's contact points must be host:port[,host:port...], "
-                               f"got {point!r} in {text!r}")
+            raise RecordsError(
+                f"the records store's contact points must be host:port[,host:port...], got {point!r} in {text!r}"
+            )
     if not points:
         raise RecordsError("no contact point given for the records store")
     return points
@@ -74,9 +74,10 @@ class Source:
     spool: Path
 
     @classmethod
-    def of(cls, run_dir: Path, store: str | None = None, keyspace: str | None = None) -> "Source":
-        """The source for the server of ``run_dir``: ``store`` when given, else the store its
-        effective config names, else its spool.
+    def of(cls, run_dir: Path, store: str | None = None, keyspace: str | None = None) -> Source:
+        """The source for the server of ``run_dir``.
+
+        ``store`` when given, else the store its effective config names, else its spool.
 
         Raises:
             RecordsError: a contact point is not ``host:port``.
@@ -110,8 +111,7 @@ class Source:
             return store.find(request_id)
 
     def latest(self, model: str, start: datetime, version: str | None, limit: int) -> list[Record]:
-        """The newest ``limit`` records of ``model`` (and ``version``) since ``start``, in time
-        order.
+        """The newest ``limit`` records of ``model`` (and ``version``) since ``start``, in time order.
 
         Raises:
             StoreUnavailable: the store cannot be reached.
@@ -121,10 +121,10 @@ class Source:
         with self._store() as store:
             return list(store.latest(model, start, version=version, limit=limit))
 
-    def window(self, model: str, start: datetime, version: str | None,
-               until: datetime | None = None) -> Iterator[Record]:
-        """Every record of ``model`` (and ``version``) from ``start`` (to ``until``), in time
-        order.
+    def window(
+        self, model: str, start: datetime, version: str | None, until: datetime | None = None
+    ) -> Iterator[Record]:
+        """Every record of ``model`` (and ``version``) from ``start`` (to ``until``), in time order.
 
         Raises:
             StoreUnavailable: the store cannot be reached.
@@ -137,9 +137,14 @@ class Source:
 
 
 def export(records: Iterator[Record], out: Path, raw: bool = False) -> int:
-    """Write ``records`` as JSON lines to ``out`` (a temporary file renamed over it when
-    complete), their inputs as numbers, or with ``raw`` as stored (float32, base64: faster to
-    write and to read with numpy). Returns how many."""
+    """Write ``records`` as JSON lines to ``out``, via a temporary file renamed over it when complete.
+
+    Inputs are written as numbers, or with ``raw`` as stored (float32, base64: faster to write and to read
+    with numpy).
+
+    Returns:
+        How many were written.
+    """
     out = Path(out)
     tmp = out.with_name(out.name + ".part")
     count = 0

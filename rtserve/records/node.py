@@ -1,11 +1,8 @@
-"""The local Apache Cassandra node as a pure builder: its layout, cassandra.yaml, logback
-configuration and the JVM's argv. Nothing here starts a process (:mod:`rtserve.records.local` does).
+"""Pure builders of one Cassandra node: its layout, cassandra.yaml, logback configuration and JVM argv.
 
-One node, its own seed, on one address (127.0.0.1 for ``make cassandra``; in a pod, the pod's IP):
-the native protocol (CQL) port for clients and the storage port (gossip, unused by a ring of one,
-but Cassandra always binds it). No JMX port. Every file (data, commit log, hints, saved caches,
-logs) lives under the run directory. The classpath is the directory ``make cassandra-deps`` fills
-from Maven Central (``org.apache.cassandra:cassandra-all`` and its runtime dependencies).
+One node, its own seed, on one address (127.0.0.1, or the pod's IP) with a CQL and a storage port, no JMX;
+every file lives under the run directory, the classpath is what ``make cassandra-deps`` fills. Nothing here
+starts a process (:mod:`rtserve.records.local` and :mod:`rtserve.records.foreground` do).
 """
 
 from __future__ import annotations
@@ -107,8 +104,11 @@ class Layout:
 
 
 def cassandra_yaml(layout: Layout) -> str:
-    """The node's ``cassandra.yaml``: the settings Cassandra 5.0 refuses to start without, its
-    address and ports, the directories, and a few single-node choices (commented)."""
+    """The node's ``cassandra.yaml``.
+
+    The settings Cassandra 5.0 refuses to start without, its address and ports, the directories, and a few
+    single-node choices (commented).
+    """
     dirs = {key: str(path) for key, path in layout.directories().items()}
     dirs["data_file_directories"] = [dirs["data_file_directories"]]
     settings = {
@@ -118,8 +118,12 @@ def cassandra_yaml(layout: Layout) -> str:
         "endpoint_snitch": "SimpleSnitch",
         "commitlog_sync": "periodic",
         "commitlog_sync_period": "10000ms",
-        "seed_provider": [{"class_name": "org.apache.cassandra.locator.SimpleSeedProvider",
-                           "parameters": [{"seeds": host_port(layout.host, layout.ports["storage"])}]}],
+        "seed_provider": [
+            {
+                "class_name": "org.apache.cassandra.locator.SimpleSeedProvider",
+                "parameters": [{"seeds": host_port(layout.host, layout.ports["storage"])}],
+            }
+        ],
         **dirs,
         # One address (loopback for make cassandra, the pod's IP in a pod), the given ports.
         "listen_address": layout.host,
@@ -143,20 +147,26 @@ def cassandra_yaml(layout: Layout) -> str:
         "batch_size_warn_threshold": "64KiB",
         "unlogged_batch_across_partitions_warn_threshold": 1000,
     }
-    return ("# Written by rtserve (rtserve/records/node.py) at each start; edits are lost.\n"
-            + yaml.safe_dump(settings, sort_keys=False))
+    return "# Written by rtserve (rtserve/records/node.py) at each start; edits are lost.\n" + yaml.safe_dump(
+        settings, sort_keys=False
+    )
 
 
 def logback_xml(layout: Layout) -> str:
-    """The node's logback configuration: INFO and above into ``logs/system.log``, rolled over at
-    ``LOG_MAX_SIZE`` with ``LOG_FILES`` older files kept (so the logs stay bounded), and to the
-    standard output too with ``console``."""
+    """The node's logback configuration: INFO and above into ``logs/system.log``, and to stdout with ``console``.
+
+    The log rolls over at ``LOG_MAX_SIZE`` with ``LOG_FILES`` older files kept, so the logs stay bounded.
+    """
     log = escape(str(layout.logs / LOG_FILE))
     encoder = f"<encoder>\n      <pattern>{LOG_PATTERN}</pattern>\n    </encoder>"
-    console = (f"""
+    console = (
+        f"""
   <appender name="STDOUT" class="ch.qos.logback.core.ConsoleAppender">
     {encoder}
-  </appender>""" if layout.console else "")
+  </appender>"""
+        if layout.console
+        else ""
+    )
     console_ref = '\n    <appender-ref ref="STDOUT"/>' if layout.console else ""
     return f"""<!-- Written by rtserve (rtserve/records/node.py) at each start; edits are lost. -->
 <configuration scan="false">
@@ -179,9 +189,8 @@ def logback_xml(layout: Layout) -> str:
 """
 
 
-#: What Java 17 must open to Cassandra 5.0's unnamed module, found by starting it without
-#: any and adding each one its start refused (FileUtils' direct buffer cleaner, NativeLibrary's
-#: file descriptors): a start without them exits at once naming the package.
+#: What Java 17 must open to Cassandra 5.0's unnamed module (FileUtils' direct buffer cleaner,
+#: NativeLibrary's file descriptors): a start without them exits at once naming the package.
 JDK17_ACCESS = (
     "--add-exports=java.base/sun.nio.ch=ALL-UNNAMED",
     "--add-exports=java.base/jdk.internal.ref=ALL-UNNAMED",
@@ -200,17 +209,28 @@ FAST_START = (
 
 
 def argv(layout: Layout) -> list[str]:
-    """The node's JVM: a fixed heap, G1, Java 17's module access, the fast-start properties, its
-    config and logback files and its directories, then the main class in the foreground."""
-    return [layout.java, f"-Xms{layout.heap}", f"-Xmx{layout.heap}", "-XX:+UseG1GC",
-            # A node out of memory stops (Cassandra warns at start without one of these).
-            "-XX:+ExitOnOutOfMemoryError",
-            "-Djava.awt.headless=true",
-            *JDK17_ACCESS, *FAST_START,
-            "-Dcassandra-foreground=yes",
-            f"-Dcassandra.config=file://{layout.config}",
-            f"-Dlogback.configurationFile={layout.logback}",
-            f"-Dcassandra.logdir={layout.logs}",
-            f"-Dcassandra.storagedir={layout.data}",
-            f"-Dcassandra.triggers_dir={layout.triggers}",
-            "-cp", str(layout.libs / "*"), MAIN_CLASS]
+    """The node's JVM command line, the main class in the foreground.
+
+    A fixed heap, G1, Java 17's module access, the fast-start properties, its config and logback files and
+    its directories.
+    """
+    return [
+        layout.java,
+        f"-Xms{layout.heap}",
+        f"-Xmx{layout.heap}",
+        "-XX:+UseG1GC",
+        # A node out of memory stops (Cassandra warns at start without one of these).
+        "-XX:+ExitOnOutOfMemoryError",
+        "-Djava.awt.headless=true",
+        *JDK17_ACCESS,
+        *FAST_START,
+        "-Dcassandra-foreground=yes",
+        f"-Dcassandra.config=file://{layout.config}",
+        f"-Dlogback.configurationFile={layout.logback}",
+        f"-Dcassandra.logdir={layout.logs}",
+        f"-Dcassandra.storagedir={layout.data}",
+        f"-Dcassandra.triggers_dir={layout.triggers}",
+        "-cp",
+        str(layout.libs / "*"),
+        MAIN_CLASS,
+    ]

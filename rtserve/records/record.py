@@ -1,11 +1,8 @@
 """One request's record as the store keeps it: the keys it is found by, and its JSON line whole.
 
-The worker writes each record as one compact JSON line into its spool (``handler.records``);
-the line's leading keys are always ``request_id``, ``time`` (UTC, ISO 8601 with milliseconds and
-a ``Z``), ``model``, ``model_version``, ``route`` and ``status``; the answer (class, label,
-probabilities; or the 4xx reason and field), the batch, the handler's time and the inputs follow.
-The store indexes the leading keys and keeps the line as it was written (``line``), so a lookup
-prints exactly what the worker recorded.
+The worker's line (``handler.records``) always leads with ``request_id``, ``time`` (UTC, ISO 8601, milliseconds,
+``Z``), ``model``, ``model_version``, ``route`` and ``status``. The store indexes those and keeps the ``line`` as
+written, so a lookup prints exactly what the worker recorded.
 """
 
 from __future__ import annotations
@@ -13,7 +10,7 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from rtserve.errors import RecordsError
 
@@ -48,12 +45,12 @@ def parse_time(text: str) -> datetime:
         raise RecordsError(f"not an ISO 8601 time: {text!r}") from None
     if found.tzinfo is None:
         raise RecordsError(f"a record's time needs its offset (Z for UTC): {text!r}")
-    return found.astimezone(timezone.utc)
+    return found.astimezone(UTC)
 
 
 def format_time(when: datetime) -> str:
     """An aware time as the records write it: UTC, milliseconds, ``Z``."""
-    utc = when.astimezone(timezone.utc)
+    utc = when.astimezone(UTC)
     return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
 
 
@@ -71,23 +68,24 @@ def parse_line(line: str) -> Record:
     if not isinstance(doc, dict):
         raise RecordsError(f"not a JSON object: {text[:200]!r}")
     try:
-        request_id, model, version, route = (doc["request_id"], doc["model"], doc["model_version"],
-                                             doc["route"])
+        request_id, model, version, route = (doc["request_id"], doc["model"], doc["model_version"], doc["route"])
         status = doc["status"]
         when = parse_time(doc["time"])
     except KeyError as exc:
         raise RecordsError(f"a record without {exc.args[0]!r}: {text[:200]!r}") from None
-    if not all(isinstance(v, str) and v for v in (request_id, model, version, route)) \
-            or type(status) is not int:
-        raise RecordsError(f"a record's request_id, model, model_version and route must be "
-                           f"non-empty strings and its status an integer: {text[:200]!r}")
+    if not all(isinstance(v, str) and v for v in (request_id, model, version, route)) or type(status) is not int:
+        raise RecordsError(
+            f"a record's request_id, model, model_version and route must be "
+            f"non-empty strings and its status an integer: {text[:200]!r}"
+        )
     return Record(request_id, when, model, version, route, status, text)
 
 
 def expand_inputs(document: dict) -> dict:
-    """``document`` with its ``inputs`` as numbers when the worker kept them as float32
-    (``{"f32": base64, "shape": [...]}``: :mod:`handler.records`); each value the float32 the
-    model saw, written as its shortest decimal form. Anything else is returned as it is.
+    """``document`` with its ``inputs`` as numbers when the worker kept them as float32.
+
+    Float32 inputs are ``{"f32": base64, "shape": [...]}`` (:mod:`handler.records`); each value becomes the
+    float32 the model saw, in its shortest decimal form. Anything else is returned as it is.
 
     Raises:
         RecordsError: the float32 data does not fit its shape.
@@ -101,8 +99,7 @@ def expand_inputs(document: dict) -> dict:
         values = np.frombuffer(base64.b64decode(given["f32"], validate=True), dtype="<f4")
         values = values.reshape([int(n) for n in given.get("shape") or [values.size]])
     except (ValueError, TypeError) as exc:
-        raise RecordsError(f"record {document.get('request_id')}: inputs do not fit their "
-                           f"shape: {exc}") from None
+        raise RecordsError(f"record {document.get('request_id')}: inputs do not fit their shape: {exc}") from None
     return {**document, "inputs": _numbers(values)}
 
 

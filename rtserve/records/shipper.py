@@ -1,22 +1,8 @@
-"""The shipper: sends the spool's records to the store in batches, remembers how far it got, and
-makes room in the spool; the request path never waits for it.
+"""The shipper: sends the spool's records to the store in batches and makes room; the request path never waits.
 
-One shipper runs per server, beside TorchServe (a sidecar of :mod:`rtserve.server.torchserve`,
-``python -m rtserve records ship``). Each step reads the complete lines after each segment's
-checkpoint (:mod:`rtserve.records.spool`), writes them to the store, and only then moves the
-checkpoint: a record is never lost to a crash of the shipper, and one sent twice is the same
-row again (the store's key is the request id). While the store is away the records wait in the
-spool; the shipper tries again with a growing pause, and the workers drop (and count) what no
-longer fits in the spool's budget.
-
-Without a store the spool is the store (``make serve`` alone): nothing is sent, and the shipper
-only makes room. Either way it keeps closed segments (shipped ones, with a store) while the spool
-holds at most :attr:`ShipperConfig.keep` of its budget, oldest deleted first, so the last records
-stay readable on the machine (``records find`` without a store, the shadow report).
-
-On SIGTERM it ships what is left (every complete line, open segments too) within
-``stop_seconds``, then exits: a pod's preStop drain stops TorchServe first, so nothing is added
-meanwhile.
+One per server (``python -m rtserve records ship``). The checkpoint moves only after the store acknowledged a
+batch, so a crash loses nothing and a resend rewrites the same row. Closed segments stay while the spool holds at
+most :attr:`ShipperConfig.keep` of its budget (without a store, nothing is sent). See docs/records.md.
 """
 
 from __future__ import annotations
@@ -24,14 +10,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
 
 from rtserve.errors import RecordsError, StoreUnavailable
 from rtserve.records.record import Record, parse_line
-from rtserve.records.spool import (Segment, count_lines, load_checkpoint, save_checkpoint,
-                                   segments, spool_usage)
+from rtserve.records.spool import Segment, count_lines, load_checkpoint, save_checkpoint, segments, spool_usage
 from rtserve.runtime.logs import complete_lines
 
 logger = logging.getLogger(__name__)
@@ -72,36 +58,54 @@ class ShipperConfig:
 
 
 class ShipperMetrics:
-    """The shipper's Prometheus metrics (in the workers' multiprocess directory when the server
-    set one, so the metrics exporter serves them with the workers')."""
+    """The shipper's Prometheus metrics.
+
+    In the workers' multiprocess directory when the server set one, so the metrics exporter serves them with the
+    workers'.
+    """
 
     def __init__(self, registry=None) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         reg = {"registry": registry if registry is not None else CollectorRegistry()}
         self.shipped = Counter("rtserve_records_shipped", "Records the store acknowledged", **reg)
-        self.evicted = Counter("rtserve_records_evicted", "Records deleted from the spool to "
-                               "make room without a store (the local spool's retention)", **reg)
-        self.torn = Counter("rtserve_records_torn", "Torn last lines of segments whose writer "
-                            "died mid-write (never answered)", **reg)
-        self.invalid = Counter("rtserve_records_invalid", "Spool lines that are not records "
-                               "(skipped)", **reg)
-        self.store_errors = Counter("rtserve_records_store_errors", "Writes the store refused "
-                                    "or never answered (the records wait in the spool)", **reg)
-        self.lag = Histogram("rtserve_records_ship_lag_seconds", "Seconds from a record's time "
-                             "to the store's acknowledgement", buckets=LAG_BUCKETS, **reg)
-        self.spool_bytes = Gauge("rtserve_records_spool_bytes", "Bytes in the records spool",
-                                 multiprocess_mode="livemax", **reg)
-        self.pending_bytes = Gauge("rtserve_records_pending_bytes", "Bytes of the spool not "
-                                   "shipped yet", multiprocess_mode="livemax", **reg)
-        self.store_up = Gauge("rtserve_records_store_up", "1 while the last write to the store "
-                              "succeeded (0: records wait in the spool)", multiprocess_mode="livemax",
-                              **reg)
+        self.evicted = Counter(
+            "rtserve_records_evicted",
+            "Records deleted from the spool to make room without a store (the local spool's retention)",
+            **reg,
+        )
+        self.torn = Counter(
+            "rtserve_records_torn", "Torn last lines of segments whose writer died mid-write (never answered)", **reg
+        )
+        self.invalid = Counter("rtserve_records_invalid", "Spool lines that are not records (skipped)", **reg)
+        self.store_errors = Counter(
+            "rtserve_records_store_errors",
+            "Writes the store refused or never answered (the records wait in the spool)",
+            **reg,
+        )
+        self.lag = Histogram(
+            "rtserve_records_ship_lag_seconds",
+            "Seconds from a record's time to the store's acknowledgement",
+            buckets=LAG_BUCKETS,
+            **reg,
+        )
+        self.spool_bytes = Gauge(
+            "rtserve_records_spool_bytes", "Bytes in the records spool", multiprocess_mode="livemax", **reg
+        )
+        self.pending_bytes = Gauge(
+            "rtserve_records_pending_bytes", "Bytes of the spool not shipped yet", multiprocess_mode="livemax", **reg
+        )
+        self.store_up = Gauge(
+            "rtserve_records_store_up",
+            "1 while the last write to the store succeeded (0: records wait in the spool)",
+            multiprocess_mode="livemax",
+            **reg,
+        )
 
 
 @dataclass
 class Shipper:
-    """Ships one spool (see the module's docstring).
+    """Ships one spool; on :meth:`run`'s stop, drains what is left within ``stop_seconds``.
 
     Args:
         config: where and how.
@@ -115,9 +119,9 @@ class Shipper:
     metrics: ShipperMetrics | None = None
     clock: Callable[[], float] = time.time
     shipped: dict[str, int] = field(default_factory=dict, init=False)
-    totals: dict[str, int] = field(default_factory=lambda: {"shipped": 0, "torn": 0, "invalid": 0,
-                                                           "evicted": 0, "store_errors": 0},
-                                   init=False)
+    totals: dict[str, int] = field(
+        default_factory=lambda: {"shipped": 0, "torn": 0, "invalid": 0, "evicted": 0, "store_errors": 0}, init=False
+    )
     _failures: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
@@ -125,8 +129,10 @@ class Shipper:
 
     # -- one step --------------------------------------------------------------------------------
     def _collect(self, found: list[Segment]) -> tuple[list[Record], dict[str, int]]:
-        """The next batch of records after the checkpoint, and where each segment's read ended
-        (a closed segment's torn last line is passed over: its writer died before answering)."""
+        """The next batch of records after the checkpoint, and where each segment's read ended.
+
+        A closed segment's torn last line is passed over: its writer died before answering.
+        """
         batch: list[Record] = []
         advance: dict[str, int] = {}
         room = self.config.batch_bytes
@@ -136,9 +142,12 @@ class Shipper:
                 continue
             lines, end = complete_lines(segment.path, offset, room)
             if not lines and segment.closed:
-                logger.warning("%s: torn last line of %d bytes left by a writer that died "
-                               "(that batch was never answered): passed over", segment.name,
-                               segment.size - offset)
+                logger.warning(
+                    "%s: torn last line of %d bytes left by a writer that died "
+                    "(that batch was never answered): passed over",
+                    segment.name,
+                    segment.size - offset,
+                )
                 self._count("torn", 1)
                 advance[segment.name] = segment.size
                 continue
@@ -159,8 +168,10 @@ class Shipper:
         return batch, advance
 
     def step(self) -> int:
-        """Ship the next batch and move the checkpoint; make room. Returns how many records
-        were shipped (0: nothing new, or no store).
+        """Ship the next batch and move the checkpoint; make room.
+
+        Returns:
+            How many records were shipped (0: nothing new, or no store).
 
         Raises:
             StoreUnavailable: the store refused the write or never answered (nothing moved).
@@ -205,9 +216,14 @@ class Shipper:
         return sum(max(0, s.size - self.shipped.get(s.name, 0)) for s in found)
 
     def make_room(self, found: list[Segment] | None) -> int:
-        """Delete the oldest closed segments that are shipped (all closed ones without a store)
-        while the spool holds more than ``keep`` of its budget (``found``: the spool's segments,
-        None: listed here when some must go). Returns how many were deleted."""
+        """Delete the oldest shipped closed segments while the spool holds more than ``keep`` of its budget.
+
+        Without a store, all closed segments may go. ``found``: the spool's segments (None: listed here when
+        some must go).
+
+        Returns:
+            How many were deleted.
+        """
         used = spool_usage(self.config.spool)
         limit = self.config.keep * self.config.budget
         deleted = 0
@@ -250,8 +266,11 @@ class Shipper:
                 shipped = self.step()
             except StoreUnavailable as exc:
                 if not self._failures:
-                    logger.warning("records store unavailable (the records wait in the spool, "
-                                   "%d bytes pending): %s", self.pending(), exc)
+                    logger.warning(
+                        "records store unavailable (the records wait in the spool, %d bytes pending): %s",
+                        self.pending(),
+                        exc,
+                    )
                 self._failures += 1
                 pause = min(self.config.retry_max, max(self.config.poll, pause * 2))
                 stopping.wait(pause)
@@ -269,22 +288,25 @@ class Shipper:
         self.drain(time.monotonic() + self.config.stop_seconds)
 
     def drain(self, deadline: float) -> bool:
-        """Ship every complete line there is, until nothing is pending or ``deadline``
-        (monotonic) passes. Returns whether nothing is left."""
+        """Ship every complete line there is, until nothing is pending or ``deadline`` (monotonic) passes.
+
+        Returns:
+            Whether nothing is left.
+        """
         if self.store is None:
             return True
         while time.monotonic() < deadline:
             try:
                 if not self.step() and not self._unread():
-                    logger.info("records: everything shipped (%d records this run)",
-                                self.totals["shipped"])
+                    logger.info("records: everything shipped (%d records this run)", self.totals["shipped"])
                     return True
             except StoreUnavailable as exc:
                 logger.warning("records store unavailable while stopping: %s", exc)
                 time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
         left = self.pending()
-        logger.warning("records: %d bytes not shipped at the stop's deadline (they stay in the "
-                       "spool for the next start)", left)
+        logger.warning(
+            "records: %d bytes not shipped at the stop's deadline (they stay in the spool for the next start)", left
+        )
         return left == 0
 
     def _unread(self) -> bool:
@@ -294,4 +316,3 @@ class Shipper:
             if offset < segment.size and complete_lines(segment.path, offset, 1)[0]:
                 return True
         return False
-

@@ -1,12 +1,8 @@
-"""The spool as the shipper and the local lookups see it: segments, how far each was shipped,
-which are closed, and making room.
+"""The spool as the shipper and the local lookups see it: segments, which are closed, how far each was shipped.
 
-The workers write it (:mod:`handler.records`); the shipper (:mod:`rtserve.records.shipper`) is
-the only one that deletes from it. A segment is *closed* when no process holds its ``flock``: its
-writer moved on or died, and nobody appends to it again. The shipper keeps how far it shipped
-each segment in :data:`CHECKPOINT` (a dot file: not a segment), replaced atomically after each
-write the store acknowledged; a record shipped twice (a crash between the store's
-acknowledgement and the checkpoint) is the same row again, as the store's key is the request id.
+The workers write it (:mod:`handler.records`); only the shipper deletes from it. A segment is *closed* when no
+process holds its ``flock``: nobody appends to it again. :data:`CHECKPOINT` (a dot file, not a segment) is
+replaced atomically after each write the store acknowledged.
 """
 
 from __future__ import annotations
@@ -15,10 +11,10 @@ import errno
 import fcntl
 import json
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from handler.records import SEGMENT_SUFFIX, usage
 from rtserve.errors import RecordsError
@@ -61,12 +57,13 @@ def is_closed(path: Path) -> bool:
 
 
 def segments(directory: Path) -> list[Segment]:
-    """The spool's segments in creation order, each checked for closure first, then sized (a
-    closed segment's size is final)."""
+    """The spool's segments in creation order.
+
+    Each is checked for closure first, then sized, so a closed segment's size is final.
+    """
     found = []
     try:
-        names = sorted(n for n in os.listdir(directory)
-                       if n.endswith(SEGMENT_SUFFIX) and not n.startswith("."))
+        names = sorted(n for n in os.listdir(directory) if n.endswith(SEGMENT_SUFFIX) and not n.startswith("."))
     except FileNotFoundError:
         return []
     for name in names:
@@ -80,8 +77,10 @@ def segments(directory: Path) -> list[Segment]:
 
 
 def count_lines(path: Path, chunk: int = 1 << 20) -> int:
-    """How many complete lines ``path`` holds (a torn last line is not one), read a chunk at a
-    time; 0 when it is gone."""
+    """How many complete lines ``path`` holds (a torn last line is not one); 0 when it is gone.
+
+    Read a chunk at a time.
+    """
     count = 0
     try:
         with open(path, "rb") as f:
@@ -93,8 +92,11 @@ def count_lines(path: Path, chunk: int = 1 << 20) -> int:
 
 
 def load_checkpoint(directory: Path) -> dict[str, int]:
-    """How far each segment was shipped (empty when nothing was, or the file is unreadable:
-    then everything is shipped again, which the store's key makes harmless)."""
+    """How far each segment was shipped.
+
+    Empty when nothing was, or the file is unreadable: then everything is shipped again, which the store's key
+    (the request id) makes harmless.
+    """
     try:
         found = json.loads((Path(directory) / CHECKPOINT).read_text()).get("segments", {})
     except (OSError, ValueError, AttributeError):
@@ -141,14 +143,25 @@ def find_local(directory: Path, request_id: str) -> Record | None:
     return found
 
 
-def select(records: Iterable[Record], model: str | None, since: datetime,
-           until: datetime | None = None, version: str | None = None) -> list[Record]:
-    """``records`` of ``model`` (any when None) and ``version`` (any when None) with
-    ``since <= time < until``, in time order."""
-    return sorted((r for r in records
-                   if (model is None or r.model == model) and (version is None or r.model_version == version)
-                   and r.time >= since and (until is None or r.time < until)),
-                  key=lambda r: (r.time, r.request_id))
+def select(
+    records: Iterable[Record],
+    model: str | None,
+    since: datetime,
+    until: datetime | None = None,
+    version: str | None = None,
+) -> list[Record]:
+    """``records`` of ``model`` and ``version`` (None: any) with ``since <= time < until``, in time order."""
+    return sorted(
+        (
+            r
+            for r in records
+            if (model is None or r.model == model)
+            and (version is None or r.model_version == version)
+            and r.time >= since
+            and (until is None or r.time < until)
+        ),
+        key=lambda r: (r.time, r.request_id),
+    )
 
 
 def spool_usage(directory: Path) -> int:

@@ -1,9 +1,7 @@
-"""Log files that rotate to one backup: following one (the lines a process appended since the last
-read, across rotations), reading one whole, and capping an output file by copy-truncate.
+"""Log files that rotate to one backup, ``NAME.1`` (:func:`backup`): follow one, read one whole, cap one.
 
-Every rotating file the server writes keeps one backup, ``NAME.1`` (:func:`backup`): TorchServe's
-logs (log4j2 renames the file), the agent's live log and the audit log (their writers rename it),
-the processes' output files (:func:`copy_truncate`, for writers that cannot rename).
+Following returns the lines appended since the last read, across rotations. TorchServe's logs, the agent's live log
+and the audit log rotate by rename; output files whose writers cannot rename are capped by :func:`copy_truncate`.
 """
 
 from __future__ import annotations
@@ -32,11 +30,11 @@ def read_rotated(path: str | Path) -> str:
 
 
 def copy_truncate(path: str | Path, cap: int) -> bool:
-    """Keep an output file and its backup within ``cap`` bytes: once the file holds more than
-    half of it, copy its last lines (at most half the cap) to its backup and truncate it to
-    nothing. For files whose writer keeps them open for appending (a child's stdout, O_APPEND)
-    and cannot reopen them: the writer goes on at the new end. A line written between the copy
-    and the truncation is lost.
+    """Keep an output file and its backup within ``cap`` bytes.
+
+    Once the file holds more than half of it, copy its last lines (at most half the cap) to its backup and truncate
+    it to nothing. For files whose writer keeps them open for appending (a child's stdout, O_APPEND) and cannot
+    reopen them: the writer goes on at the new end. A line written between the copy and the truncation is lost.
 
     Returns:
         Whether it was rotated.
@@ -53,7 +51,7 @@ def copy_truncate(path: str | Path, cap: int) -> bool:
             inside = src.read(1) != b"\n"
             data = src.read(half)
             if inside:  # started inside a line: whole lines only
-                data = data[data.find(b"\n") + 1:]
+                data = data[data.find(b"\n") + 1 :]
             partial.write_bytes(data)
             os.replace(partial, keep)
             src.truncate(0)
@@ -116,7 +114,7 @@ class LogFollower:
             f = self._files[0]
             if f.tell() > os.fstat(f.fileno()).st_size:  # truncated in place: from its start
                 f.seek(0)
-                data = data[:data.rfind(b"\n") + 1]  # a torn line before it is dropped
+                data = data[: data.rfind(b"\n") + 1]  # a torn line before it is dropped
             data += f.read()
             if len(self._files) == 1 and not self._replaced(f):
                 break
@@ -131,8 +129,10 @@ class LogFollower:
         return [line.decode("utf-8", "replace") for line in complete]
 
     def _replaced(self, f: BinaryIO) -> bool:
-        """Whether ``f`` was rotated away: the path names another file, or (while it names none,
-        in the middle of a rotation) the backup does."""
+        """Whether ``f`` was rotated away.
+
+        The path names another file, or (while it names none, in the middle of a rotation) the backup does.
+        """
         for name in (self.path, backup(self.path)):
             try:
                 st = os.stat(name)
@@ -142,8 +142,10 @@ class LogFollower:
         return False
 
     def _next(self) -> None:
-        """With no file open: follow the path's file, after the backup when that is a file not
-        read yet (rotated away since the last file was finished, or before any was opened)."""
+        """With no file open: follow the path's file, after the backup when that is a file not read yet.
+
+        Rotated away since the last file was finished, or before any was opened.
+        """
         current = self._open(self.path)
         try:
             between = open(backup(self.path), "rb")
@@ -165,10 +167,13 @@ def _identity(f: BinaryIO) -> tuple[int, int]:
     st = os.fstat(f.fileno())
     return st.st_ino, st.st_dev
 
+
 def complete_lines(path: Path, offset: int, limit: int | None = None) -> tuple[list[bytes], int]:
-    """The complete lines of ``path`` from byte ``offset`` (at most about ``limit`` bytes of
-    them, never less than one line), and the offset just past the last one read; a torn last
-    line is left for later. A missing file reads as nothing."""
+    """The complete lines of ``path`` from byte ``offset``, and the offset just past the last one read.
+
+    At most about ``limit`` bytes of them, never less than one line; a torn last line is left for later. A missing
+    file reads as nothing.
+    """
     try:
         with open(path, "rb") as f:
             f.seek(offset)
@@ -180,13 +185,14 @@ def complete_lines(path: Path, offset: int, limit: int | None = None) -> tuple[l
     end = data.rfind(b"\n") + 1
     if not end:
         return [], offset
-    return data[:end - 1].split(b"\n"), offset + end
+    return data[: end - 1].split(b"\n"), offset + end
 
 
 class SegmentsFollower:
-    """Reads the complete lines appended to a directory's segment files since the last call:
-    segments (``*<suffix>``, not dot files) in name order, each from where it was left; a
-    segment that disappears is forgotten.
+    """Reads the complete lines appended to a directory's segment files since the last call.
+
+    Segments (``*<suffix>``, not dot files) in name order, each from where it was left; a segment that disappears is
+    forgotten.
 
     Args:
         from_end: segments present at the start are read from their end then (only what is
@@ -207,8 +213,7 @@ class SegmentsFollower:
     def names(self) -> list[str]:
         """The segments there now, in name order."""
         try:
-            return sorted(n for n in os.listdir(self.directory)
-                          if n.endswith(self.suffix) and not n.startswith("."))
+            return sorted(n for n in os.listdir(self.directory) if n.endswith(self.suffix) and not n.startswith("."))
         except FileNotFoundError:
             return []
 

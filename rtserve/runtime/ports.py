@@ -1,18 +1,15 @@
 """Free loopback ports for the processes rtserve starts (tests, benchmarks, local servers).
 
-A port is chosen below the kernel's ephemeral range (``ip_local_port_range``, where the local
-ends of outgoing connections come from): between the moment a port is found free and the moment
-a process binds it (seconds, for TorchServe's JVM), an outgoing connection of any other process
-(a load generator, a warm-up) could otherwise take it, and the start would fail with
-"Address already in use". Below that range only another listener can take it.
+Ports are chosen below the kernel's ephemeral range (``ip_local_port_range``), so that no outgoing connection of
+another process can take one between the moment it is found free and the moment a slow starter binds it.
 """
 
 from __future__ import annotations
 
 import random
 import socket
+from collections.abc import Collection
 from pathlib import Path
-from typing import Collection
 
 #: Where the kernel says its ephemeral range is, and the range assumed when it cannot be read.
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
@@ -33,8 +30,10 @@ def ephemeral_range(path: Path = EPHEMERAL_RANGE_FILE) -> tuple[int, int]:
 
 
 def listening_range(ephemeral: tuple[int, int] | None = None) -> range:
-    """The ports handed out: from :data:`LOWEST` up to the ephemeral range (or, when that range
-    leaves too little room below it, above it)."""
+    """The ports handed out: from :data:`LOWEST` up to the ephemeral range.
+
+    When that range leaves too little room below it, the ports above it.
+    """
     low, high = ephemeral or ephemeral_range()
     if low - LOWEST >= 1000:
         return range(LOWEST, low)
@@ -42,9 +41,10 @@ def listening_range(ephemeral: tuple[int, int] | None = None) -> range:
 
 
 def free_ports(count: int, ports: range | None = None, exclude: Collection[int] = ()) -> list[int]:
-    """Reserve ``count`` distinct free loopback TCP ports outside the ephemeral range and
-    ``exclude`` (ports handed out already, free until their process binds them), each bound
-    once to prove it free, released just before use.
+    """Reserve ``count`` distinct free loopback TCP ports outside the ephemeral range and ``exclude``.
+
+    ``exclude`` holds ports handed out already, free until their process binds them. Each port is bound once to prove
+    it free, and released just before use.
 
     Raises:
         OSError: no free port was found in :data:`TRIES` candidates per port.

@@ -1,13 +1,9 @@
-"""One way to run and stop a local process: PID files, a detached start with its output in a log,
-waiting until a condition holds, stopping a process (or its whole tree), and running a command
-whose output is kept in the error when it fails.
+"""One way to run and stop a local process: PID files, detached starts, waiting, stopping, checked commands.
 
-TorchServe and its sidecars (:mod:`rtserve.server`), local Prometheus and Alertmanager
-(:mod:`rtserve.observability.monitor`), the gateway's nginx (:mod:`rtserve.gateway.nginx`), the
-local cluster's control plane (:mod:`rtserve.cluster`) and the local pod's kubelet loop
-(``deploy/podman/pod.py``) all start, find and stop their processes through this module. A
-process is found again from its PID file (recorded state), never by name; a PID file may record
-the program too, so that a reused PID is never taken for the process.
+Every process rtserve starts (servers, sidecars, monitoring, nginx, the local cluster, the canary watcher, bench/)
+goes through here and is found again from its PID file, never by name. :class:`PidFile` keeps a reused PID from
+being taken for the process: it records the program (``check_program``), or the caller names strings of its command
+line (``marks``).
 """
 
 from __future__ import annotations
@@ -15,10 +11,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence, TypeVar
+from typing import TypeVar
 
 import psutil
 
@@ -28,8 +26,10 @@ T = TypeVar("T")
 
 
 def alive(pid: int, program: str | None = None) -> bool:
-    """Whether ``pid`` runs (a zombie, or a process not ours to inspect, does not count) and, with
-    ``program``, still runs that program (a reused PID does not count)."""
+    """Whether ``pid`` runs and, with ``program``, still runs that program.
+
+    A zombie, a process not ours to inspect, or a reused PID does not count.
+    """
     try:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
@@ -44,15 +44,31 @@ def alive(pid: int, program: str | None = None) -> bool:
 
 
 def pids_with_argument(flag: str, value: str) -> list[int]:
-    """The processes whose command line holds ``flag value`` side by side (for helpers a
-    process starts detached, such as containerd's shims, found by the socket they serve and
-    never by a program name)."""
+    """The processes whose command line holds ``flag value`` side by side.
+
+    For helpers a process starts detached, such as containerd's shims, found by the socket they serve and never by a
+    program name.
+    """
     found = []
     for proc in psutil.process_iter(["pid", "cmdline"]):
         cmd = proc.info.get("cmdline") or []
         if any(a == flag and b == value for a, b in zip(cmd, cmd[1:])):
             found.append(proc.info["pid"])
     return found
+
+
+def holds(pid: int, marks: Sequence[bytes]) -> bool:
+    """Whether ``pid``'s command line holds each of ``marks``.
+
+    No marks: true; a process gone, or whose command line cannot be read, holds none.
+    """
+    if not marks:
+        return True
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return all(mark in cmdline for mark in marks)
 
 
 @dataclass(frozen=True)
@@ -63,10 +79,13 @@ class PidFile:
         path: the file: the PID on its first line.
         check_program: the program is recorded on the second line, and the process counts as
             running only while its PID still runs that program.
+        marks: the process counts as running only while its command line (``/proc/PID/cmdline``,
+            its arguments NUL-separated) holds each of these.
     """
 
     path: Path
     check_program: bool = False
+    marks: tuple[bytes, ...] = ()
 
     def _lines(self) -> list[str]:
         try:
@@ -88,15 +107,19 @@ class PidFile:
         return lines[1].strip() if len(lines) > 1 and lines[1].strip() else None
 
     def pid(self) -> int | None:
-        """The PID the file holds if that process is alive (and runs the recorded program)."""
+        """The PID the file holds if that process is alive.
+
+        It must also run the recorded program, and its command line hold the marks.
+        """
         pid = self.read()
         program = self.program() if self.check_program else None
-        return pid if pid is not None and alive(pid, program) else None
+        if pid is None or not alive(pid, program):
+            return None
+        return pid if holds(pid, self.marks) else None
 
     def write(self, pid: int, program: str | None = None) -> None:
         """Record ``pid`` (and ``program``, when the file checks it)."""
-        Path(self.path).write_text(f"{pid}\n{program}\n" if self.check_program and program
-                                   else str(pid))
+        Path(self.path).write_text(f"{pid}\n{program}\n" if self.check_program and program else str(pid))
 
     def remove(self) -> None:
         """Forget the process (no error when the file is gone already)."""
@@ -104,9 +127,11 @@ class PidFile:
 
 
 def wait_until(condition: Callable[[], T], timeout: float, poll: float = 0.1) -> T | None:
-    """Call ``condition`` every ``poll`` seconds until it returns a true value (returned), or
-    ``timeout`` seconds pass (None). An exception from ``condition`` ends the wait (a process
-    that died need not be waited for)."""
+    """Call ``condition`` every ``poll`` seconds until it returns a true value, or ``timeout`` seconds pass.
+
+    Returns that value, or None after the timeout. An exception from ``condition`` ends the wait (a process
+    that died need not be waited for).
+    """
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
@@ -144,10 +169,17 @@ def _ended(pid: int, program: str | None) -> bool:
     return True
 
 
-def terminate(pid: int, timeout: float, tree: bool = False, poll: float = 0.05,
-              program: str | None = None, kill_wait: float = 10.0) -> bool:
-    """SIGTERM ``pid``; SIGKILL it (with ``tree``: it and all its children) if it is still alive
-    after ``timeout`` seconds, then wait up to ``kill_wait`` seconds for it to go. With
+def terminate(
+    pid: int,
+    timeout: float,
+    tree: bool = False,
+    poll: float = 0.05,
+    program: str | None = None,
+    kill_wait: float = 10.0,
+) -> bool:
+    """SIGTERM ``pid``; SIGKILL it if it is still alive after ``timeout`` seconds.
+
+    With ``tree``, the SIGKILL goes to it and all its children. Then wait up to ``kill_wait`` seconds for it to go. With
     ``program``, a PID that runs another program counts as gone already.
 
     Returns:
@@ -170,19 +202,76 @@ def terminate(pid: int, timeout: float, tree: bool = False, poll: float = 0.05,
     return True
 
 
-def spawn(cmd: Sequence[str], log: Path, pid_file: PidFile | None = None, cwd: Path | None = None,
-          env: Mapping[str, str] | None = None) -> subprocess.Popen:
-    """Start ``cmd`` detached (its own session, no stdin), its output appended to ``log``; its
-    PID (and program) recorded in ``pid_file``. The log stays open only in the child.
+def stop_process(
+    pid: int,
+    timeout: float,
+    signum: int = signal.SIGTERM,
+    tree: bool = False,
+    poll: float = 0.05,
+    kill_wait: float = 10.0,
+) -> bool:
+    """Send ``signum`` to ``pid``, SIGKILL it if it is still alive after ``timeout`` seconds.
+
+    ``signum`` is SIGTERM, or the program's own graceful stop (nginx's SIGQUIT, ``perf record``'s SIGINT). Then
+    wait up to ``kill_wait`` seconds for it to go. With ``tree``, every process that was below it
+    when it was signalled is SIGKILLed too once it has gone, if still alive (a child that
+    outlives its parent included). :func:`terminate` is this with SIGTERM, its ``tree`` killing
+    the children only when the parent had to be killed.
+
+    Returns:
+        Whether it had to be killed.
+    """
+    below: list[psutil.Process] = []
+    if tree:
+        try:
+            below = psutil.Process(pid).children(recursive=True)
+        except psutil.Error:
+            pass
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        killed = False
+    else:
+        killed = not wait_until(lambda: _ended(pid, None), timeout, poll)
+        if killed:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            wait_until(lambda: _ended(pid, None), kill_wait, poll)
+    for child in below:
+        try:
+            child.kill()  # psutil: never a process that took a gone child's PID
+        except psutil.Error:
+            pass
+    return killed
+
+
+def spawn(
+    cmd: Sequence[str],
+    log: Path,
+    pid_file: PidFile | None = None,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> subprocess.Popen:
+    """Start ``cmd`` detached (its own session, no stdin), its output appended to ``log``.
+
+    Its PID (and program) is recorded in ``pid_file``. The log stays open only in the child.
 
     Raises:
         ProcessError: the program cannot be started (not found, not executable).
     """
     try:
         with open(log, "ab") as out:
-            proc = subprocess.Popen(list(cmd), cwd=cwd, env=None if env is None else dict(env),
-                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                list(cmd),
+                cwd=cwd,
+                env=None if env is None else dict(env),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
     except OSError as exc:
         raise ProcessError(f"cannot start {' '.join(map(str, cmd))}: {exc}") from exc
     if pid_file is not None:
@@ -190,11 +279,18 @@ def spawn(cmd: Sequence[str], log: Path, pid_file: PidFile | None = None, cwd: P
     return proc
 
 
-def run(cmd: Sequence[str], timeout: float, cwd: Path | None = None,
-        env: Mapping[str, str] | None = None, check: bool = True, stdin: str | None = None,
-        apart: bool = False) -> subprocess.CompletedProcess:
-    """Run ``cmd`` to its end, its output captured as text: stdout and stderr together in
-    ``.stdout``, or with ``apart`` each in its own attribute; ``stdin`` is its input.
+def run(
+    cmd: Sequence[str],
+    timeout: float,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    check: bool = True,
+    stdin: str | None = None,
+    apart: bool = False,
+) -> subprocess.CompletedProcess:
+    """Run ``cmd`` to its end, its output captured as text.
+
+    Stdout and stderr together in ``.stdout``, or with ``apart`` each in its own attribute; ``stdin`` is its input.
 
     Raises:
         CommandError: ``check`` and it exited non-zero (with its command and output).
@@ -203,10 +299,17 @@ def run(cmd: Sequence[str], timeout: float, cwd: Path | None = None,
     argv = [str(a) for a in cmd]
     shown = " ".join(argv)
     try:
-        done = subprocess.run(argv, cwd=cwd, env=None if env is None else dict(env), text=True,
-                              input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL,
-                              stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE if apart else subprocess.STDOUT, timeout=timeout)
+        done = subprocess.run(
+            argv,
+            cwd=cwd,
+            env=None if env is None else dict(env),
+            text=True,
+            input=stdin,
+            stdin=None if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE if apart else subprocess.STDOUT,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
         raise ProcessError(f"{shown}: no end after {timeout:.0f}s:\n{last_lines(out, 40)}") from exc
@@ -231,22 +334,38 @@ def tail(path: Path, lines: int = 40) -> str:
 
 
 def recorded_pid(pid_file: str | Path, marks: Sequence[bytes]) -> int | None:
-    """The PID ``pid_file`` records, when that process runs and its command line holds every
-    one of ``marks`` (a reused PID running something else is not the recorded process)."""
-    try:
-        pid = int(Path(pid_file).read_text().split()[0])
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (OSError, ValueError, IndexError):
-        return None
-    return pid if all(mark in cmdline for mark in marks) else None
+    """The PID ``pid_file`` records, when that process runs and its command line holds every one of ``marks``.
+
+    A reused PID running something else is not the recorded process: the :class:`PidFile` with those marks.
+    """
+    return PidFile(Path(pid_file), marks=tuple(marks)).pid()
 
 
 def stop_recorded(pid_file: str | Path, marks: Sequence[bytes], timeout: float) -> int | None:
-    """Stop the process ``pid_file`` records (:func:`recorded_pid`; SIGTERM, SIGKILL after
-    ``timeout``; never a process found by name) and remove the file. Returns the PID it
-    stopped, if one ran."""
-    pid = recorded_pid(pid_file, marks)
+    """Stop the process ``pid_file`` records and remove the file; returns the PID it stopped, if one ran.
+
+    The process is found by :func:`recorded_pid`, never by name; SIGTERM, then SIGKILL after ``timeout``.
+    """
+    recorded = PidFile(Path(pid_file), marks=tuple(marks))
+    pid = recorded.pid()
     if pid is not None:
         terminate(pid, timeout)
-    Path(pid_file).unlink(missing_ok=True)
+    recorded.remove()
     return pid
+
+
+def remove_own_pid_file(pid_file: str | Path, marks: Sequence[bytes] = ()) -> None:
+    """Remove ``pid_file`` when it records this process (:func:`recorded_pid`).
+
+    A process that ends forgets itself, and never a successor that recorded itself in the same file since.
+    """
+    if recorded_pid(pid_file, marks) == os.getpid():
+        Path(pid_file).unlink(missing_ok=True)
+
+
+def exit_on_sigterm() -> None:
+    """Make SIGTERM end this process as ``sys.exit(0)`` does, so that its ``finally`` blocks run.
+
+    A process stopped by :func:`terminate` or :func:`stop_recorded` then cleans up as on a normal end.
+    """
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

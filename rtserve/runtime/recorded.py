@@ -1,6 +1,8 @@
-"""A local server found again from its run directory alone: the state its start recorded, its PID
-file, the ports a restart takes again, and its stop (the local Kafka broker of
-:mod:`rtserve.stream.local`, the local Cassandra node of :mod:`rtserve.records.local`)."""
+"""A local server found again from its run directory alone.
+
+The state its start recorded, its PID file, the ports a restart takes again, and its stop (the local Kafka broker of
+:mod:`rtserve.stream.local`, the local Cassandra node of :mod:`rtserve.records.local`).
+"""
 
 from __future__ import annotations
 
@@ -52,8 +54,10 @@ class RecordedServer:
             raise self.error(f"no {self.what} was started from {self.run_dir} ({self.target})") from None
 
     def resolve_ports(self, names: tuple[str, ...], wanted: dict[str, int]) -> dict[str, int]:
-        """Each port: the one given; else the one recorded (a restart keeps its address, so
-        clients find it again); else a free one."""
+        """Each port: the one given.
+
+        Else the one recorded (a restart keeps its address, so clients find it again); else a free one.
+        """
         try:
             recorded = self.load_state().get("ports", {})
         except self.error:
@@ -69,12 +73,14 @@ class RecordedServer:
         """``running (pid N)``, ``dead (pid N)`` (its PID file outlived it) or ``stopped``."""
         pid_file = self.pids()
         running = pid_file.pid()
-        return f"running (pid {running})" if running else \
-            f"dead (pid {pid_file.read()})" if pid_file.read() else "stopped"
+        return (
+            f"running (pid {running})" if running else f"dead (pid {pid_file.read()})" if pid_file.read() else "stopped"
+        )
 
     def stop(self, timeout: float) -> str | None:
-        """Stop the process the PID file names (SIGTERM; SIGKILL after ``timeout``); returns
-        what was done, None when none ran.
+        """Stop the process the PID file names (SIGTERM; SIGKILL after ``timeout``).
+
+        Returns what was done, None when none ran.
 
         Raises:
             error: the process is still alive after SIGKILL.

@@ -1,32 +1,21 @@
 """The server's disk budget: one total in bytes, set in one place, split into a cap per file it writes.
 
-The total is ``rtserve_disk_budget`` in config.properties, or, in a pod whose run volume has a
-size limit (``RTSERVE_RUN_VOLUME_LIMIT``, :class:`rtserve.settings.Settings`), half that limit, so
-that the kubelet never evicts the pod for its run directory. :meth:`DiskBudget.shares` splits it:
-
-- each of TorchServe's five log files (rtserve/server/log4j2.xml rolls each by size to one backup);
-- the agent's live log and the audit log (events only), each rotated to one backup;
-- the output files of the sidecars, the launcher and the canary watcher (copy-truncated to one
-  backup by the metrics exporter, :func:`rtserve.runtime.logs.copy_truncate`);
-- the records spool (about half: the workers write it, ``RTSERVE_SPOOL_BYTES``);
-- reserves for TorchServe's tmp (the unpacked archives), the workers' metrics files, and the small
-  files (effective config, keys, PID files, markers, reports).
-
-The server records the total it resolved in its effective config (``RUN_DIR/config.properties``),
-so a later command on that run directory (a gate decision, a canary abort) finds the same caps
+The total is ``rtserve_disk_budget``, or half the run volume's limit (``RTSERVE_RUN_VOLUME_LIMIT``) so that the kubelet
+never evicts the pod; :meth:`DiskBudget.shares` splits it among the logs, output files, records spool and reserves.
+The resolved total is recorded in the effective config, so later commands on the run directory find the same caps
 (:func:`recorded`).
 """
 
 from __future__ import annotations
 
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 from rtserve.errors import DiskBudgetError, SettingsError
 from rtserve.server.properties import read_properties
-from rtserve.settings import RunDir, Settings, byte_size
+from rtserve.settings import TORCHSERVE_LOGS, RunDir, Settings, byte_size
 
 #: The config.properties key of the total.
 BUDGET_KEY = "rtserve_disk_budget"
@@ -35,8 +24,7 @@ VOLUME_ENV = "RTSERVE_RUN_VOLUME_LIMIT"
 #: The total when config.properties has no BUDGET_KEY (the checkout's file sets the same).
 DEFAULT_BUDGET = 512 * 10**6
 #: config.properties' units: powers of 1000 (KB, MB, GB) and of 1024 (KiB, MiB, GiB), any case.
-CONFIG_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9,
-                "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+CONFIG_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
 #: The least total the server's files fit in: each output file then has 32 KiB (with its
 #: backup), each of TorchServe's log files rolls at 160 KiB, the tmp reserve holds 896 KiB.
 MIN_TOTAL = 8 * 2**20
@@ -50,18 +38,25 @@ SPOOL_ENV = "RTSERVE_SPOOL_BYTES"
 CONSOLE_ENV = "RTSERVE_TS_CONSOLE_LEVEL"
 
 #: TorchServe's log files (rtserve/server/log4j2.xml), each with one backup ``NAME.1``.
-TS_LOGS = ("access_log.log", "model_log.log", "ts_log.log", "ts_metrics.log", "model_metrics.log")
+TS_LOGS = TORCHSERVE_LOGS
 #: log4j2 rolls a file once it has passed its size, so a file holds up to one line more than that:
 #: the roll size leaves this much for the longest line.
 LINE_MARGIN = 16 * 2**10
 
 #: Each share in 256ths of the total (they add up to 256).
-WEIGHTS = {"spool": 128, "tmp": 28, "ts_log_file": 11 * len(TS_LOGS), "live_log": 12,
-           "metrics": 20, "audit_log": 4, "output_files": 5, "state": 4}
+WEIGHTS = {
+    "spool": 128,
+    "tmp": 28,
+    "ts_log_file": 11 * len(TS_LOGS),
+    "live_log": 12,
+    "metrics": 20,
+    "audit_log": 4,
+    "output_files": 5,
+    "state": 4,
+}
 #: The output files the exporter copy-truncates (:attr:`Shares.output_file` each), relative to
 #: the run directory: the launcher's, the three sidecars' and the canary watcher's.
-OUTPUT_FILES = ("launcher.log", "logs/metrics_exporter.log", "logs/oip_routes.log",
-                "logs/records_shipper.log", "canary-watcher.log")
+OUTPUT_FILES = tuple(str(path) for path in RunDir(Path()).output_files)
 
 
 @dataclass(frozen=True)
@@ -90,9 +85,16 @@ class Shares:
     @property
     def total(self) -> int:
         """What all shares add up to (never more than the budget)."""
-        return (self.ts_log_file * len(TS_LOGS) + self.live_log + self.audit_log
-                + self.output_file * len(OUTPUT_FILES) + self.spool + self.tmp + self.metrics
-                + self.state)
+        return (
+            self.ts_log_file * len(TS_LOGS)
+            + self.live_log
+            + self.audit_log
+            + self.output_file * len(OUTPUT_FILES)
+            + self.spool
+            + self.tmp
+            + self.metrics
+            + self.state
+        )
 
     @property
     def ts_log_roll(self) -> int:
@@ -119,15 +121,22 @@ class DiskBudget:
         if self.total < MIN_TOTAL:
             raise DiskBudgetError(
                 f"{self.source}: a disk budget of {mib(self.total)} is too small: the server's "
-                f"files need at least {mib(MIN_TOTAL)}")
+                f"files need at least {mib(MIN_TOTAL)}"
+            )
 
     def shares(self) -> Shares:
         """The split (:data:`WEIGHTS`, rounded down: the sum never exceeds :attr:`total`)."""
         unit = {name: self.total * weight // 256 for name, weight in WEIGHTS.items()}
-        return Shares(ts_log_file=unit["ts_log_file"] // len(TS_LOGS), live_log=unit["live_log"],
-                      audit_log=unit["audit_log"],
-                      output_file=unit["output_files"] // len(OUTPUT_FILES), spool=unit["spool"],
-                      tmp=unit["tmp"], metrics=unit["metrics"], state=unit["state"])
+        return Shares(
+            ts_log_file=unit["ts_log_file"] // len(TS_LOGS),
+            live_log=unit["live_log"],
+            audit_log=unit["audit_log"],
+            output_file=unit["output_files"] // len(OUTPUT_FILES),
+            spool=unit["spool"],
+            tmp=unit["tmp"],
+            metrics=unit["metrics"],
+            state=unit["state"],
+        )
 
     def env(self) -> dict[str, str]:
         """What TorchServe's environment carries (:data:`LOG_FILE_ENV`, :data:`SPOOL_ENV`)."""
@@ -135,16 +144,19 @@ class DiskBudget:
         return {LOG_FILE_ENV: str(shares.ts_log_roll), SPOOL_ENV: str(shares.spool)}
 
     @classmethod
-    def resolve(cls, props: Mapping[str, str], settings: Settings) -> "DiskBudget":
-        """The budget of a server with config ``props``: half the run volume's limit when
-        ``settings`` has one, else ``rtserve_disk_budget`` (else :data:`DEFAULT_BUDGET`).
+    def resolve(cls, props: Mapping[str, str], settings: Settings) -> DiskBudget:
+        """The budget of a server with config ``props``.
+
+        Half the run volume's limit when ``settings`` has one, else ``rtserve_disk_budget`` (else
+        :data:`DEFAULT_BUDGET`).
 
         Raises:
             DiskBudgetError: the setting is not a size, or the budget is too small.
         """
         if settings.run_volume_limit is not None:
-            return cls(settings.run_volume_limit // 2,
-                       f"{VOLUME_ENV} (half the run volume's {mib(settings.run_volume_limit)})")
+            return cls(
+                settings.run_volume_limit // 2, f"{VOLUME_ENV} (half the run volume's {mib(settings.run_volume_limit)})"
+            )
         text = props.get(BUDGET_KEY)
         if text is None:
             return cls(DEFAULT_BUDGET)
@@ -164,12 +176,14 @@ class DiskBudget:
             raise DiskBudgetError(
                 f"{self.source}: the archives loaded at start unpack to {mib(unpacked)}, more than "
                 f"the {mib(self.shares().tmp)} the budget of {mib(self.total)} keeps for "
-                "TorchServe's tmp: raise the budget")
+                "TorchServe's tmp: raise the budget"
+            )
 
 
 def recorded(run_dir: Path) -> DiskBudget:
-    """The budget the server in ``run_dir`` started with (its effective config records it), else
-    the default (no server started there).
+    """The budget the server in ``run_dir`` started with (its effective config records it), else the default.
+
+    The default is for a run directory where no server started.
 
     Raises:
         DiskBudgetError: the effective config's value is not a size.
@@ -182,8 +196,10 @@ def recorded(run_dir: Path) -> DiskBudget:
 
 
 def audit_cap(run_dir: Path | None) -> int:
-    """The audit log's cap (with its backup) for the server in ``run_dir`` (:func:`recorded`;
-    the default budget's for None)."""
+    """The audit log's cap (with its backup) for the server in ``run_dir``.
+
+    The budget is :func:`recorded`'s; the default budget's for None.
+    """
     return (recorded(run_dir) if run_dir is not None else DiskBudget(DEFAULT_BUDGET)).shares().audit_log
 
 

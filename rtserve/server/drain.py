@@ -1,33 +1,9 @@
-"""Drain a running TorchServe before it is stopped, so that no accepted request is lost.
+"""Drain a running TorchServe before it is stopped, so that no accepted request is lost (0.12 does not drain).
 
-TorchServe 0.12.0 does not drain on SIGTERM: its shutdown hook (``ModelServer.stop``) closes
-the listening sockets and then shuts the Netty event loops down, which closes every open client
-connection at once. Requests waiting in a model's job queue or running in a worker are dropped
-without an answer (the client sees ``Connection reset by peer``); ``bench/drain.py`` measures it.
-
-So rtserve drains first, the way Kubernetes stops a pod:
-
-1. **Not ready.** Write the marker file ``RUN_DIR/draining`` (:data:`rtserve.settings.DRAIN_FILE`). A readiness
-   check must report not-ready while it exists (before it sends any probe prediction), so the
-   balancer or the Service stops sending new requests here. A Kubernetes ``preStop`` hook runs
-   ``python -m rtserve server drain``; touching the file by hand does the same first step.
-2. **Wait until idle.** Poll until, for ``quiet`` seconds in a row, no inference request has
-   arrived, every model version's job queue is empty (describe ``jobQueueStatus.pendingRequests``)
-   and no worker holds a batch; never before ``min_wait`` (the time the routing layer needs to
-   notice the readiness change), and give up after ``timeout``.
-3. **Stop** (``TorchServe.stop(drain=True)``, or the kubelet's SIGTERM after ``preStop``): the
-   listeners close first, so anything sent after this point is refused at connect time, never
-   accepted and then dropped.
-
-The management API does not say whether a worker is in the middle of a batch, so the in-flight
-state comes from TorchServe's own log (``logs/ts_log.log``, written by the frontend's
-``WorkerThread``): a worker thread that logged ``Looping backend response`` holds a batch until it
-logs ``Backend response time`` (written after the answers were handed to the client connections).
-Arrivals are the frontend's ``ts_inference_requests_total`` lines in ``logs/ts_metrics.log``.
-Both are TorchServe 0.12.0's shipped log configuration (the version pinned in requirements.txt).
-
-A request that arrives after the quiet window ended and before SIGTERM is still lost: drain relies
-on the routing layer having stopped, and the quiet window is how it checks that it has.
+:func:`drain` writes ``RUN_DIR/draining`` (:data:`rtserve.settings.DRAIN_FILE`; readiness fails from then on), then
+waits until nothing arrived, queued or ran for ``quiet`` seconds (at least ``min_wait``, at most ``timeout``); the stop
+that follows closes the listeners first. In-flight batches come from ``logs/ts_log.log`` and arrivals from
+``logs/ts_metrics.log`` (TorchServe 0.12.0's log configuration); docs/reliability-and-security.md explains why.
 """
 
 from __future__ import annotations
@@ -36,12 +12,12 @@ import json
 import logging
 import time
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from rtserve.client.rest import Client, TorchServeError
 from rtserve.runtime.logs import LogFollower
-from rtserve.settings import RunDir
+from rtserve.settings import ACCESS_LOG, TS_LOG, TS_METRICS_LOG, RunDir
 
 logger = logging.getLogger(__name__)
 
@@ -89,9 +65,9 @@ class Activity:
     """Which worker threads hold a batch, and how many inference requests arrived, from the logs."""
 
     def __init__(self, log_dir: Path) -> None:
-        self._workers = LogFollower(log_dir / "ts_log.log", from_end=True, tail_bytes=TAIL_BYTES)
-        self._arrivals = LogFollower(log_dir / "ts_metrics.log", from_end=True)
-        self._answers = LogFollower(log_dir / "access_log.log", from_end=True)
+        self._workers = LogFollower(log_dir / TS_LOG, from_end=True, tail_bytes=TAIL_BYTES)
+        self._arrivals = LogFollower(log_dir / TS_METRICS_LOG, from_end=True)
+        self._answers = LogFollower(log_dir / ACCESS_LOG, from_end=True)
         self.busy: dict[str, bool] = {}  # worker id (its port) -> holds a batch
         self.arrivals = 0
 
@@ -136,19 +112,27 @@ def queue_state(client: Client) -> tuple[int, set[str]]:
 
 def without_batch_lines(text: str) -> str:
     """``text`` (ts_log.log's) less the worker threads' two lines per batch."""
-    return "".join(line for line in text.splitlines(keepends=True)
-                   if BATCH_START not in line and BATCH_DONE not in line)
+    return "".join(
+        line for line in text.splitlines(keepends=True) if BATCH_START not in line and BATCH_DONE not in line
+    )
 
 
 def mark_draining(run_dir: Path, pid: int | None) -> Path:
     """Write the drain marker (readiness goes false); returns its path."""
     path = RunDir(Path(run_dir)).drain_marker
-    path.write_text(json.dumps({"since": datetime.now(timezone.utc).isoformat(), "pid": pid}) + "\n")
+    path.write_text(json.dumps({"since": datetime.now(UTC).isoformat(), "pid": pid}) + "\n")
     return path
 
 
-def wait_idle(client: Client, log_dir: Path, timeout: float = 30.0, quiet: float = 1.0,
-              min_wait: float = 0.0, poll: float = 0.05, activity: Activity | None = None) -> DrainReport:
+def wait_idle(
+    client: Client,
+    log_dir: Path,
+    timeout: float = 30.0,
+    quiet: float = 1.0,
+    min_wait: float = 0.0,
+    poll: float = 0.05,
+    activity: Activity | None = None,
+) -> DrainReport:
     """Wait until no request arrived, none is queued and no worker holds a batch for ``quiet`` s.
 
     Args:
@@ -182,25 +166,54 @@ def wait_idle(client: Client, log_dir: Path, timeout: float = 30.0, quiet: float
             quiet_since = now
         elapsed = now - started
         if now - quiet_since >= quiet and elapsed >= min_wait:
-            return DrainReport(True, round(elapsed, 3), round(quiet_since - started, 3),
-                               activity.arrivals, peak_pending, peak_busy, polls, 0)
+            return DrainReport(
+                True,
+                round(elapsed, 3),
+                round(quiet_since - started, 3),
+                activity.arrivals,
+                peak_pending,
+                peak_busy,
+                polls,
+                0,
+            )
         if elapsed >= timeout:
-            logger.warning("drain: still busy after %.0fs (%d queued, %d workers busy); giving up",
-                           timeout, pending, busy)
-            return DrainReport(False, round(elapsed, 3), round(quiet_since - started, 3),
-                               activity.arrivals, peak_pending, peak_busy, polls, busy_now)
+            logger.warning(
+                "drain: still busy after %.0fs (%d queued, %d workers busy); giving up", timeout, pending, busy
+            )
+            return DrainReport(
+                False,
+                round(elapsed, 3),
+                round(quiet_since - started, 3),
+                activity.arrivals,
+                peak_pending,
+                peak_busy,
+                polls,
+                busy_now,
+            )
         time.sleep(poll)
 
 
-def drain(client: Client, run_dir: Path, log_dir: Path, pid: int | None, timeout: float = 30.0,
-          quiet: float = 1.0, min_wait: float = 0.0) -> DrainReport:
+def drain(
+    client: Client,
+    run_dir: Path,
+    log_dir: Path,
+    pid: int | None,
+    timeout: float = 30.0,
+    quiet: float = 1.0,
+    min_wait: float = 0.0,
+) -> DrainReport:
     """Mark the instance draining, then :func:`wait_idle`. The marker stays until the next start."""
     activity = Activity(log_dir)  # start reading before readiness flips: no arrival is missed
     mark_draining(run_dir, pid)
     report = wait_idle(client, log_dir, timeout, quiet, min_wait, activity=activity)
-    logger.info("drain: %s after %.2fs (%d requests arrived while draining, peak %d queued, "
-                "peak %d workers busy)", "idle" if report.drained else "NOT idle", report.seconds,
-                report.arrivals, report.peak_pending, report.peak_busy)
+    logger.info(
+        "drain: %s after %.2fs (%d requests arrived while draining, peak %d queued, peak %d workers busy)",
+        "idle" if report.drained else "NOT idle",
+        report.seconds,
+        report.arrivals,
+        report.peak_pending,
+        report.peak_busy,
+    )
     return report
 
 

@@ -1,22 +1,9 @@
-"""The Open Inference Protocol's model-level REST routes that TorchServe 0.12 lacks.
+"""The Open Inference Protocol's model-level REST routes that TorchServe 0.12 lacks: metadata and readiness.
 
-TorchServe 0.12 answers ``/v2``, ``/v2/health/*`` and ``/v2/models/{name}/infer`` but has no
-route for model metadata or model readiness, which a generic OIP client asks before it infers.
-:class:`rtserve.server.torchserve.TorchServe` runs these routes beside the frontend (wherever it
-starts one: ``make serve``, the tests, the pod) on a free loopback port, and rtserve's Java agent
-(agent/) makes the frontend send those routes here, after its own token check, on the inference
-port:
-
-- ``GET /v2/models/{name}[/versions/{version}]``: the model's metadata, from its archive in the
-  model store (``MAR-INF/MANIFEST.json`` and the ``meta.json`` training wrote, read by
-  :func:`rtserve.model.archive.read_archive`) and the handler's tensor names (:mod:`handler.protocols`);
-- ``GET /v2/models/{name}[/versions/{version}]/ready``: ``200`` when the model is ready (the
-  server is not draining and the model's default version has its workers READY, asked from
-  TorchServe's management API), else ``400`` (the protocol's "4xx means false");
-- an unknown model or version: ``404``; any other method: ``405``. Errors are ``{"error": ...}``.
-
-    python -m rtserve server oip --listen http://127.0.0.1:8093 --run-dir .run \
-        --model-store model_store --models realtime-classifier=realtime-classifier_1.0.mar
+``GET /v2/models/{name}[/versions/{version}]`` and ``GET /v2/models/{name}[/versions/{version}]/ready``, served on a
+free loopback port beside the frontend (:class:`rtserve.server.torchserve.TorchServe`); the Java agent forwards them
+here after its token check. Ready is ``200``, not ready ``400`` (the protocol's "4xx means false"); an unknown model
+or version ``404``, another method ``405``; errors are ``{"error": ...}``.
 """
 
 from __future__ import annotations
@@ -24,14 +11,20 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Callable
 from urllib.parse import unquote, urlsplit
 
-from handler.signature import (CLASS_DATATYPE, CLASS_OUTPUT, INPUT_DATATYPE, INPUT_NAME,
-                               PROBABILITIES_DATATYPE, PROBABILITIES_OUTPUT)
+from handler.signature import (
+    CLASS_DATATYPE,
+    CLASS_OUTPUT,
+    INPUT_DATATYPE,
+    INPUT_NAME,
+    PROBABILITIES_DATATYPE,
+    PROBABILITIES_OUTPUT,
+)
 from rtserve.client.rest import TorchServeError
 from rtserve.errors import ArchiveError
 from rtserve.model.archive import read_archive as read_mar
@@ -55,6 +48,8 @@ class ModelInfo:
     version: str
     n_features: int
     n_classes: int
+    #: The output signature of a model that is not a classifier (``rtserve-model/2``), else None.
+    output: dict | None = None
 
     def metadata(self) -> dict:
         """The OIP model metadata response."""
@@ -62,11 +57,15 @@ class ModelInfo:
             "name": self.name,
             "versions": [self.version],
             "platform": PLATFORM,
-            "inputs": [{"name": INPUT_NAME, "datatype": INPUT_DATATYPE,
-                        "shape": [-1, self.n_features]}],
-            "outputs": [{"name": CLASS_OUTPUT, "datatype": CLASS_DATATYPE, "shape": [-1]},
-                        {"name": PROBABILITIES_OUTPUT, "datatype": PROBABILITIES_DATATYPE,
-                         "shape": [-1, self.n_classes]}],
+            "inputs": [{"name": INPUT_NAME, "datatype": INPUT_DATATYPE, "shape": [-1, self.n_features]}],
+            "outputs": (
+                [{"name": self.output["name"], "datatype": "FP32", "shape": [-1, self.output["width"]]}]
+                if self.output
+                else [
+                    {"name": CLASS_OUTPUT, "datatype": CLASS_DATATYPE, "shape": [-1]},
+                    {"name": PROBABILITIES_OUTPUT, "datatype": PROBABILITIES_DATATYPE, "shape": [-1, self.n_classes]},
+                ]
+            ),
         }
 
 
@@ -77,12 +76,16 @@ def read_archive(mar: Path) -> ModelInfo:
         ArchiveError: the archive cannot be read or lacks what is needed.
     """
     archive = read_mar(mar)
-    return ModelInfo(archive.name, archive.version, archive.n_features, len(archive.labels))
+    output = (archive.meta.get("outputs") or [None])[0]
+    output = output if output and output.get("kind") != "classification" else None
+    return ModelInfo(archive.name, archive.version, archive.n_features, len(archive.labels), output)
 
 
 def read_models(model_store: Path, models: list[str]) -> dict[str, ModelInfo]:
-    """name -> :class:`ModelInfo` for each ``NAME=FILE.mar`` the server loads; an archive that
-    cannot be read is left out (logged): its model's routes answer 404."""
+    """Name -> :class:`ModelInfo` for each ``NAME=FILE.mar`` the server loads.
+
+    An archive that cannot be read is left out (logged): its model's routes answer 404.
+    """
     found = {}
     for spec in models:
         name, _, file = spec.partition("=")
@@ -102,8 +105,9 @@ class ModelRoutes:
         address: where to listen (loopback).
     """
 
-    def __init__(self, models: dict[str, ModelInfo], is_ready: Callable[[str], tuple[bool, str]],
-                 address: tuple[str, int]) -> None:
+    def __init__(
+        self, models: dict[str, ModelInfo], is_ready: Callable[[str], tuple[bool, str]], address: tuple[str, int]
+    ) -> None:
         self.models = models
         self.is_ready = is_ready
         routes = self
@@ -150,8 +154,7 @@ class ModelRoutes:
         if info is None:
             return 404, {"error": f"model {name!r} is not served here (have: {sorted(self.models)})"}
         if version is not None and version != info.version:
-            return 404, {"error": f"model {name!r} has no version {version!r} here "
-                                  f"(have: {info.version})"}
+            return 404, {"error": f"model {name!r} has no version {version!r} here (have: {info.version})"}
         if not match["ready"]:
             return 200, info.metadata()
         ready, reason = self.is_ready(name)
@@ -162,8 +165,12 @@ class ModelRoutes:
 
 
 def server_readiness(run_dir: Path) -> Callable[[str], tuple[bool, str]]:
-    """``is_ready(name)`` for the server in ``run_dir``: not draining, and the model's default
-    version has its minimum of workers READY (TorchServe's management API, with its key)."""
+    """``is_ready(name)`` for the server in ``run_dir``.
+
+    Not draining, and the model's default version has its minimum of workers READY (TorchServe's management API,
+    with its key).
+    """
+
     def is_ready(name: str) -> tuple[bool, str]:
         if is_draining(run_dir):
             return False, "draining"
@@ -178,12 +185,14 @@ def server_readiness(run_dir: Path) -> Callable[[str], tuple[bool, str]]:
 
 
 def serve(listen: str, run_dir: Path, model_store: Path, models: list[str]) -> int:
-    """Serve the routes on ``listen`` (``http://127.0.0.1:PORT``) in the foreground until
-    SIGTERM (the server starts this as its sidecar, ``python -m rtserve server oip``)."""
+    """Serve the routes on ``listen`` (``http://127.0.0.1:PORT``) in the foreground until SIGTERM.
+
+    The server starts this as its sidecar, ``python -m rtserve server oip``.
+    """
     address = urlsplit(listen)
-    routes = ModelRoutes(read_models(model_store, models), server_readiness(run_dir),
-                         (address.hostname, address.port))
-    logger.info("OIP model metadata and readiness for %s on %s",
-                ", ".join(sorted(routes.models)) or "no model", routes.url)
+    routes = ModelRoutes(read_models(model_store, models), server_readiness(run_dir), (address.hostname, address.port))
+    logger.info(
+        "OIP model metadata and readiness for %s on %s", ", ".join(sorted(routes.models)) or "no model", routes.url
+    )
     routes.httpd.serve_forever()
     return 0

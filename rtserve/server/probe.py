@@ -1,27 +1,9 @@
-"""Kubernetes probes and the pre-stop drain for a TorchServe started by ``rtserve server run``.
+"""Kubernetes exec probes and the pre-stop drain for a TorchServe started by ``rtserve server run``.
 
-Token authorization stays on, so Kubernetes' own ``httpGet`` probes cannot call ``/ping``: the
-inference key is random per start and lives in ``key_file.json`` in the server's run directory,
-inside the pod. These exec probes read that key (renewing it with the API key when it expires)
-and the effective ``config.properties`` the server wrote there, and call the server on loopback.
-
-    python -m rtserve probe ready   # warmed up, /ping is healthy AND the model answers a real prediction
-    python -m rtserve probe live    # the frontend answers HTTP at all (any status)
-    python -m rtserve probe drain --propagation 10 --timeout 15   # preStop hook
-
-``drain`` is :func:`rtserve.server.drain.drain`: it writes the ``draining`` marker in the run directory,
-which makes ``ready`` fail from then on, waits at least ``propagation`` seconds for endpoints and
-proxies to stop sending new requests, then until TorchServe is idle (nothing arrived, queued or
-running for ``quiet`` seconds) or ``timeout`` more seconds pass. Only then does the kubelet send
-SIGTERM.
-
-Every command prints one line (the kubelet keeps it in the pod's events) and exits 0 on
-success, 1 on failure. The run directory and model come from ``--run-dir`` / ``--model`` or
-``$RTSERVE_RUN_DIR`` / ``$RTSERVE_MODEL``, the variables the container sets for the server too.
-
-``ready`` and ``live`` run as a new process every few seconds: their client sends its calls with
-http.client (:class:`rtserve.client.light.Session`), and this module imports nothing heavier,
-so a probe costs little more than a Python start-up (``make bench-probe``).
+Token authorization stays on, so the probes read the key and effective config from the run directory (``--run-dir``
+or ``$RTSERVE_RUN_DIR``) and call the server on loopback: ``ready`` (warmed up, ``/ping`` healthy, a real prediction
+answered), ``live`` (any HTTP answer), ``drain`` (:func:`rtserve.server.drain.drain`). Each prints one line and exits
+0 or 1; a probe is a new process every few seconds, so this module imports nothing heavier than http.client.
 """
 
 from __future__ import annotations
@@ -58,22 +40,30 @@ def loopback(address: str) -> str:
 
 
 def local_client(run_dir: Path, timeout: float, session: Session | None = None) -> Client:
-    """A client for the server in ``run_dir``, from its effective config and key file (its
-    ``session``: see :class:`Client`).
+    """A client for the server in ``run_dir``, from its effective config and key file.
+
+    Its ``session``: see :class:`Client`.
 
     Raises:
         FileNotFoundError: the server has not written its config yet.
     """
     files = RunDir(run_dir)
     props = read_properties(files.config)
-    return Client(loopback(props["inference_address"]), loopback(props["management_address"]),
-                  key_file=files.key_file, timeout=timeout, retries=0, session=session)
+    return Client(
+        loopback(props["inference_address"]),
+        loopback(props["management_address"]),
+        key_file=files.key_file,
+        timeout=timeout,
+        retries=0,
+        session=session,
+    )
 
 
 def ready(run_dir: Path, model: str, timeout: float = 3.0) -> Result:
-    """Ready when not draining, warmed up (``rtserve.server run`` writes ``RUN_DIR/warm`` after
-    its warm-up, see :mod:`rtserve.server.warmup`), ``/ping`` is healthy and ``model`` answers a
-    prediction."""
+    """Ready when not draining, warmed up, ``/ping`` is healthy and ``model`` answers a prediction.
+
+    Warmed up: ``rtserve.server run`` writes ``RUN_DIR/warm`` after its warm-up (:mod:`rtserve.server.warmup`).
+    """
     if is_draining(run_dir):
         return Result(False, "draining: not accepting new requests")
     if not RunDir(run_dir).key_file.exists():
@@ -106,8 +96,7 @@ def live(run_dir: Path, timeout: float = 3.0) -> Result:
     return Result(True, f"live: /ping {'200' if healthy else '500'}")
 
 
-def drain(run_dir: Path, propagation: float, timeout: float, quiet: float = 2.0,
-          log_dir: Path | None = None) -> Result:
+def drain(run_dir: Path, propagation: float, timeout: float, quiet: float = 2.0, log_dir: Path | None = None) -> Result:
     """Readiness false, then wait for traffic to move away and in-flight work to finish.
 
     Args:
@@ -119,8 +108,10 @@ def drain(run_dir: Path, propagation: float, timeout: float, quiet: float = 2.0,
     """
     client = local_client(run_dir, timeout=3.0)
     log_dir = Path(log_dir or RunDir(run_dir).logs)
-    report = drain_instance(client, run_dir, log_dir, None, timeout=propagation + timeout,
-                            quiet=quiet, min_wait=propagation)
+    report = drain_instance(
+        client, run_dir, log_dir, None, timeout=propagation + timeout, quiet=quiet, min_wait=propagation
+    )
     verdict = "drained" if report.drained else "drain timed out; stopping anyway"
-    return Result(report.drained, f"{verdict} after {report.seconds:.1f}s "
-                                  f"({report.arrivals} requests seen while draining)")
+    return Result(
+        report.drained, f"{verdict} after {report.seconds:.1f}s ({report.arrivals} requests seen while draining)"
+    )

@@ -1,5 +1,6 @@
-"""TorchServe's ``config.properties``: reading and writing it, and the effective config a server
-starts with (listeners on given ports, the metrics listener made private, rtserve's agent).
+"""TorchServe's ``config.properties``: reading and writing it, and the effective config a server starts with.
+
+Listeners on given ports, the metrics listener made private, rtserve's agent.
 
 Pure functions over dicts and files: no process is started here.
 """
@@ -27,6 +28,7 @@ OIP_KEY = "rtserve_oip_address"
 RECORDS_STORE_KEY = "rtserve_records_store"
 RECORDS_KEYSPACE_KEY = "rtserve_records_keyspace"
 RECORDS_TTL_KEY = "rtserve_records_ttl_days"
+
 
 def read_properties(path: str | Path) -> dict[str, str]:
     """Read a Java-style properties file (``key=value`` lines, ``#`` comments)."""
@@ -58,13 +60,16 @@ def port_overrides(ports: list[int]) -> dict[str, str]:
 
 
 def configured(config: Path, model_store: Path, overrides: dict[str, str]) -> dict[str, str]:
-    """The configuration a server runs with: the base file, then the model store, then
-    ``overrides``; read back from an effective config, ``metrics_address`` is the public one."""
+    """The configuration a server runs with.
+
+    The base file, then the model store, then ``overrides``; read back from an effective config, ``metrics_address``
+    is the public one.
+    """
     props = read_properties(config)
     props["model_store"] = str(model_store)
     metrics_config = props.get("metrics_config")
     if metrics_config and not Path(metrics_config).is_absolute():
-        props["metrics_config"] = str((Path(config).resolve().parent / metrics_config))
+        props["metrics_config"] = str(Path(config).resolve().parent / metrics_config)
     props.update(overrides)
     if PUBLIC_METRICS_KEY in props:  # read back from an effective config
         props["metrics_address"] = props.pop(PUBLIC_METRICS_KEY)
@@ -84,21 +89,29 @@ def greedy(props: dict[str, str]) -> bool:
 
 
 def routes_file(run_dir: str | Path) -> Path:
-    """The live routes file the agent of the server in ``run_dir`` follows (shadow and canary
-    of a candidate version: docs/versions-and-promotion.md); usually absent, which is no routes."""
+    """The live routes file the agent of the server in ``run_dir`` follows; usually absent, which is no routes.
+
+    It holds the shadow and canary of a candidate version (docs/versions-and-promotion.md).
+    """
     return RunDir(Path(run_dir)).live_routes.resolve()
 
 
-def effective_props(props: dict[str, str], private_metrics_port: int, oip_port: int,
-                    agent_jar: Path, run_dir: str | Path,
-                    live_log_bytes: int | None = None) -> dict[str, str]:
-    """What the frontend is started with: ``props``, with TorchServe's metrics listener moved to
-    ``private_metrics_port`` on loopback (the metrics exporter serves the configured address),
-    the OIP model routes on ``oip_port``, and rtserve's agent in ``vmargs``: it sends the OIP
-    model routes there, follows the live routes file of ``run_dir`` (:func:`routes_file`),
-    keeps its live log within ``live_log_bytes`` (with its one backup) and, unless
-    ``rtserve_greedy_batching=false``, makes batching greedy (no wait for further requests of a
-    batch). ``vmargs`` that load an agent already are left as they are.
+def effective_props(
+    props: dict[str, str],
+    private_metrics_port: int,
+    oip_port: int,
+    agent_jar: Path,
+    run_dir: str | Path,
+    live_log_bytes: int | None = None,
+) -> dict[str, str]:
+    """What the frontend is started with.
+
+    ``props``, with TorchServe's metrics listener moved to ``private_metrics_port`` on loopback (the metrics
+    exporter serves the configured address), the OIP model routes on ``oip_port``, and rtserve's agent in
+    ``vmargs``: it sends the OIP model routes there, follows the live routes file of ``run_dir``
+    (:func:`routes_file`), keeps its live log within ``live_log_bytes`` (with its one backup) and, unless
+    ``rtserve_greedy_batching=false``, makes batching greedy (no wait for further requests of a batch). ``vmargs``
+    that load an agent already are left as they are.
 
     Raises:
         ServerError: the agent was not built, or the run directory's path has a comma (the
@@ -111,14 +124,20 @@ def effective_props(props: dict[str, str], private_metrics_port: int, oip_port: 
     props[OIP_KEY] = f"http://127.0.0.1:{oip_port}"
     if "-javaagent:" not in props.get("vmargs", ""):
         if not Path(agent_jar).is_file():
-            raise ServerError(f"{agent_jar} is missing (greedy batching, the OIP model routes): "
-                              "build it with `make agent`")
+            raise ServerError(
+                f"{agent_jar} is missing (greedy batching, the OIP model routes): build it with `make agent`"
+            )
         routes = routes_file(run_dir)
         if "," in str(routes):
-            raise ServerError(f"the run directory {Path(run_dir).resolve()} has a comma in its path: "
-                              "the agent's options cannot carry it")
-        options = ",".join([f"oip={props[OIP_KEY]}"] + ([] if is_greedy else ["greedy=off"])
-                           + [f"routes={routes}"]
-                           + ([f"live-log-bytes={live_log_bytes}"] if live_log_bytes else []))
+            raise ServerError(
+                f"the run directory {Path(run_dir).resolve()} has a comma in its path: "
+                "the agent's options cannot carry it"
+            )
+        options = ",".join(
+            [f"oip={props[OIP_KEY]}"]
+            + ([] if is_greedy else ["greedy=off"])
+            + [f"routes={routes}"]
+            + ([f"live-log-bytes={live_log_bytes}"] if live_log_bytes else [])
+        )
         props["vmargs"] = f"{props.get('vmargs', '')} -javaagent:{agent_jar}={options}".strip()
     return props

@@ -23,11 +23,11 @@ PROBE_ROUTE = "probe"
 
 
 def probe_prediction(client: Client, model: str) -> dict:
-    """One prediction of all-zero features from ``model``, whatever its feature count: the
-    demo's 32 first; a model with another count answers 400 with the count it expects (the
-    handler's ``X-Rtserve-Expected-Count``, :attr:`TorchServeError.expected`), and gets that many.
-    The client's requests are marked as the probe's from then on (their records' route is
-    ``probe``: :data:`handler.records.ROUTE_HEADER`).
+    """One prediction of all-zero features from ``model``, whatever its feature count.
+
+    The demo's 32 first; a model with another count answers 400 with the count it expects (the handler's
+    ``X-Rtserve-Expected-Count``, :attr:`TorchServeError.expected`), and gets that many. The client's requests are
+    marked as the probe's from then on (their records' route is ``probe``: :data:`handler.records.ROUTE_HEADER`).
 
     Raises:
         TorchServeError: the model did not answer a prediction.

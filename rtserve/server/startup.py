@@ -1,18 +1,14 @@
-"""Why a TorchServe frontend exited during start-up, read from its output (``launcher.log``).
+"""Why a TorchServe frontend exited during start-up, read from its console output (``launcher.log``).
 
-The frontend binds its listeners one after the other (inference, management, metrics, then the
-two gRPC ones) and exits when one fails, printing a Java stack trace to its console output only:
-its own log then shows just the listeners it had bound being stopped. A REST listener prints
-``java.io.IOException: Failed to bind to address: http://127.0.0.1:PORT``, a gRPC one ``Failed
-to bind to address /127.0.0.1:PORT``; the cause follows as ``Caused by: ...: bind(..) failed:
-Address already in use``.
+The frontend exits when a listener fails to bind, and only its console output holds the Java stack trace
+(``Failed to bind to address ...``, then ``Caused by: ... Address already in use``); its own log does not.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 from urllib.parse import urlsplit
 
 from rtserve.server.properties import OIP_KEY, PUBLIC_METRICS_KEY
@@ -24,10 +20,19 @@ ADDRESS_IN_USE = "Address already in use"
 #: message``, ``Caused by: ...``) or its own ``Invalid configuration: ...``.
 FRONTEND_ERROR = re.compile(
     r"^(?:(?:Caused by: )?(?:[A-Za-z_$][\w$]*\.)+[\w$]*(?:Exception|Error)\b"
-    r"|Invalid configuration:).*$", re.MULTILINE)
+    r"|Invalid configuration:).*$",
+    re.MULTILINE,
+)
 #: The effective config's listeners: the frontend's own, then those of rtserve's sidecars.
-LISTENER_KEYS = ("inference_address", "management_address", "metrics_address",
-                 "grpc_inference_port", "grpc_management_port", PUBLIC_METRICS_KEY, OIP_KEY)
+LISTENER_KEYS = (
+    "inference_address",
+    "management_address",
+    "metrics_address",
+    "grpc_inference_port",
+    "grpc_management_port",
+    PUBLIC_METRICS_KEY,
+    OIP_KEY,
+)
 
 
 @dataclass(frozen=True)
@@ -88,15 +93,22 @@ def first_error(output: str) -> str | None:
 
 
 def exit_reason(output: str, props: Mapping[str, str]) -> str:
-    """Why the frontend exited, in one line, from its output and the effective config it ran
-    with ("" when its output does not say)."""
+    """Why the frontend exited, in one line, from its output and the effective config it ran with.
+
+    "" when its output does not say.
+    """
     failure = bind_failure(output)
     if failure is not None:
         keys = listener_ports(props).get(failure.port, []) if failure.port is not None else []
         named = f" ({', '.join(keys)})" if keys else ""
         why = failure.reason or "bind failed"
-        shared = (f"; that port is configured for {len(keys)} listeners" if len(keys) > 1
-                  else "; another process took the port" if failure.in_use else "")
+        shared = (
+            f"; that port is configured for {len(keys)} listeners"
+            if len(keys) > 1
+            else "; another process took the port"
+            if failure.in_use
+            else ""
+        )
         return f"it could not listen on {failure.address}{named}: {why}{shared}"
     error = first_error(output)
     return f"the frontend failed: {error}" if error else ""

@@ -1,13 +1,7 @@
 """Start, wait for and stop a TorchServe instance in its own run directory.
 
-Used by ``make serve`` / ``make stop`` and by the integration tests, so tests exercise the
-same start-up path users run. Each instance gets its own run directory holding its effective
-``config.properties``, ``key_file.json``, ``logs/`` and a private temp directory (TorchServe
-keeps its PID file and worker sockets there), so several instances can run side by side.
-
-    python -m rtserve server start --run-dir .run --models realtime-classifier=realtime-classifier_1.0.mar
-    python -m rtserve server stop --run-dir .run [--drain]
-    python -m rtserve server drain --run-dir .run      # not ready, wait until idle (preStop)
+The one start-up path of ``make serve``, the tests and the pod. Each instance's run directory holds its effective
+``config.properties``, ``key_file.json``, ``logs/`` and a private temp directory, so several can run side by side.
 """
 
 from __future__ import annotations
@@ -21,9 +15,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
-from typing import Callable
 
 from handler.records import SPOOL_DIR_ENV
 from handler.warmup import KEY_ENV
@@ -31,20 +26,27 @@ from rtserve.client.rest import Client, TorchServeError
 from rtserve.errors import DiskBudgetError, PortInUseError, ServerError, WrongAnswers
 from rtserve.runtime.logs import backup, read_rotated
 from rtserve.runtime.ports import free_ports
-from rtserve.runtime.process import (PidFile, last_lines, spawn, stop_recorded, tail, terminate,
-                                     wait_until)
+from rtserve.runtime.process import PidFile, last_lines, spawn, stop_recorded, tail, terminate, wait_until
 from rtserve.server import drain as draining
-from rtserve.server.disk import BUDGET_KEY, CONSOLE_ENV, OUTPUT_FILES, DiskBudget
+from rtserve.server.disk import BUDGET_KEY, CONSOLE_ENV, DiskBudget
 from rtserve.server.drain import DrainReport
-from rtserve.server.properties import (GREEDY_KEY, OIP_KEY,  # noqa: F401 - GREEDY_KEY re-exported
-                                       PUBLIC_METRICS_KEY, RECORDS_KEYSPACE_KEY, RECORDS_STORE_KEY,
-                                       RECORDS_TTL_KEY, configured, effective_props, greedy,
-                                       read_properties, write_properties)
+from rtserve.server.properties import (  # noqa: F401 - GREEDY_KEY re-exported
+    GREEDY_KEY,
+    OIP_KEY,
+    PUBLIC_METRICS_KEY,
+    RECORDS_KEYSPACE_KEY,
+    RECORDS_STORE_KEY,
+    RECORDS_TTL_KEY,
+    configured,
+    effective_props,
+    greedy,
+    read_properties,
+    write_properties,
+)
 from rtserve.server.readiness import probe_prediction, workers_ready
 from rtserve.server.startup import bind_failure, exit_reason, listener_ports
-from rtserve.settings import CANARY_WATCHER_MARKS, PACKAGE_HOME, WARM_FILE, RunDir, Settings, log_config
-from rtserve.server.warmup import (KEY_FILE, Rows, WarmupConfig, WarmupError, WarmupReport, new_key,
-                                   warm_up)
+from rtserve.server.warmup import Rows, WarmupConfig, WarmupError, WarmupReport, new_key, warm_up
+from rtserve.settings import CANARY_WATCHER_MARKS, PACKAGE_HOME, RunDir, Settings, log_config
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +55,6 @@ DEFAULT_CONFIG = PACKAGE_HOME / "config.properties"
 #: rtserve's log4j2 configuration for the frontend: access, model, metrics and error logs without
 #: TorchServe's per-request DEBUG/INFO chatter (see the file's header; a package resource).
 DEFAULT_LOG_CONFIG = log_config()
-PID_FILE = ".model_server.pid"
 #: The longest Unix socket path (sun_path is 108 bytes with its NUL): each worker listens on
 #: ``$TMPDIR/.ts.sock.<port>``, and TorchServe's workers die at start when it is longer.
 MAX_SOCKET_PATH = 107
@@ -62,7 +63,6 @@ MAX_SOCKET_PATH = 107
 #: file system a page written back to disk faults on its next write (prometheus_client's docs
 #: advise a tmpfs too). Otherwise, and with RTSERVE_METRICS_DIR unset, RUN_DIR/metrics.
 SHARED_MEMORY = Path("/dev/shm")
-METRICS_DIR = "metrics"
 #: A model whose workers died this often during start-up is not going to load: fail fast.
 WORKER_DEATHS_FATAL = 4
 #: Seconds the records shipper has to ship what is left when the server stops.
@@ -74,28 +74,38 @@ def records_options(props: dict[str, str]) -> list[str]:
     store = props.get(RECORDS_STORE_KEY, "").strip()
     if not store:
         return ["--stop-seconds", str(SHIPPER_STOP_SECONDS)]
-    return ["--store", store, "--keyspace", props.get(RECORDS_KEYSPACE_KEY, "").strip() or "rtserve",
-            "--ttl-days", props.get(RECORDS_TTL_KEY, "").strip() or "30",
-            "--stop-seconds", str(SHIPPER_STOP_SECONDS)]
+    return [
+        "--store",
+        store,
+        "--keyspace",
+        props.get(RECORDS_KEYSPACE_KEY, "").strip() or "rtserve",
+        "--ttl-days",
+        props.get(RECORDS_TTL_KEY, "").strip() or "30",
+        "--stop-seconds",
+        str(SHIPPER_STOP_SECONDS),
+    ]
 
 
 @dataclass(frozen=True)
 class Sidecar:
-    """A Python process rtserve runs beside the frontend, started after the effective config is
-    written (in its own session, output in ``logs/<log>``, PID in ``RUN_DIR/<pid_file>``) and
-    stopped with it; ``python -m rtserve server run`` starts it again if it exits.
+    """A Python process rtserve runs beside the frontend, started after its effective config and stopped with it.
+
+    It runs in its own session, its output and PID in files of the run directory; ``python -m rtserve server run``
+    starts it again if it exits.
 
     Attributes:
         name: for log lines.
         command: run as ``python -m rtserve <command>``.
+        pid_file: its PID file, of the server's :class:`~rtserve.settings.RunDir`.
+        log: its output file, of the server's :class:`~rtserve.settings.RunDir`.
         args: its arguments, from the server and its effective config.
     """
 
     name: str
     command: tuple[str, ...]
-    pid_file: str
-    log: str
-    args: Callable[["TorchServe", dict[str, str]], list[str]]
+    pid_file: Callable[[RunDir], Path]
+    log: Callable[[RunDir], Path]
+    args: Callable[[TorchServe, dict[str, str]], list[str]]
     #: It writes metrics into the workers' multiprocess directory (PROMETHEUS_MULTIPROC_DIR).
     multiproc: bool = False
     #: Seconds it gets to stop after SIGTERM before SIGKILL.
@@ -106,26 +116,62 @@ class Sidecar:
 #: TorchServe's metrics and the workers' own; it also keeps the workers' metrics directory and
 #: the output files within the disk budget.
 EXPORTER = Sidecar(
-    "the metrics exporter", ("server", "exporter"), "metrics-exporter.pid", "metrics_exporter.log",
-    lambda ts, effective: ["--listen", effective[PUBLIC_METRICS_KEY],
-                           "--upstream", effective["metrics_address"], "--dir", str(ts.metrics_dir),
-                           "--access-log", str(ts.log_dir / "access_log.log"),
-                           "--warmup-requests", str(ts.warmup_skip),
-                           "--output-bytes", str(ts.budget.shares().output_file),
-                           "--outputs", *map(str, ts.output_files)])
+    "the metrics exporter",
+    ("server", "exporter"),
+    attrgetter("exporter_pid"),
+    attrgetter("exporter_log"),
+    lambda ts, effective: [
+        "--listen",
+        effective[PUBLIC_METRICS_KEY],
+        "--upstream",
+        effective["metrics_address"],
+        "--dir",
+        str(ts.metrics_dir),
+        "--access-log",
+        str(ts.files.access_log),
+        "--warmup-requests",
+        str(ts.warmup_skip),
+        "--output-bytes",
+        str(ts.budget.shares().output_file),
+        "--outputs",
+        *map(str, ts.output_files),
+    ],
+)
 #: The OIP model metadata and readiness routes (rtserve.server.oip) the agent sends to it.
 OIP_ROUTES = Sidecar(
-    "the OIP model routes", ("server", "oip"), "oip-routes.pid", "oip_routes.log",
-    lambda ts, effective: ["--listen", effective[OIP_KEY], "--run-dir", str(ts.run_dir),
-                           "--model-store", str(ts.model_store), "--models", *ts.models])
+    "the OIP model routes",
+    ("server", "oip"),
+    attrgetter("oip_pid"),
+    attrgetter("oip_log"),
+    lambda ts, effective: [
+        "--listen",
+        effective[OIP_KEY],
+        "--run-dir",
+        str(ts.run_dir),
+        "--model-store",
+        str(ts.model_store),
+        "--models",
+        *ts.models,
+    ],
+)
 #: The records shipper (rtserve.records.shipper): the spool's records to the store, when one is
 #: set (``rtserve_records_store``), else it only makes room in the spool. On SIGTERM it ships
 #: what is left; the server stops it after TorchServe, so nothing is added meanwhile.
 SHIPPER = Sidecar(
-    "the records shipper", ("records", "ship"), "records-shipper.pid", "records_shipper.log",
-    lambda ts, effective: ["--spool", str(ts.files.records), "--budget", str(ts.budget.shares().spool),
-                           *records_options(effective)],
-    multiproc=True, stop_timeout=SHIPPER_STOP_SECONDS + 5.0)
+    "the records shipper",
+    ("records", "ship"),
+    attrgetter("shipper_pid"),
+    attrgetter("shipper_log"),
+    lambda ts, effective: [
+        "--spool",
+        str(ts.files.records),
+        "--budget",
+        str(ts.budget.shares().spool),
+        *records_options(effective),
+    ],
+    multiproc=True,
+    stop_timeout=SHIPPER_STOP_SECONDS + 5.0,
+)
 SIDECARS = (EXPORTER, OIP_ROUTES, SHIPPER)
 
 
@@ -141,9 +187,9 @@ class TorchServe:
     overrides: dict[str, str] = field(default_factory=dict)
     #: Passed as ``torchserve --log-config``; None keeps TorchServe's built-in configuration.
     log_config: Path | None = DEFAULT_LOG_CONFIG
-    #: Where the agent and the workers' metrics files are (``RTSERVE_AGENT_JAR``,
-    #: ``RTSERVE_METRICS_DIR``).
-    settings: Settings = field(default_factory=Settings.from_env)
+    #: The checkout, the agent, the workers' metrics files, the records store, the run volume's
+    #: limit: built by the caller (a command: ``Settings.from_env()``); else the checkout's defaults.
+    settings: Settings = field(default_factory=Settings)
     #: How many warm-up lines of the access log the exporter leaves out of the request-duration
     #: histogram: the start's (:meth:`start`); 0 for an exporter started again later.
     warmup_skip: int = field(default=0, init=False, repr=False)
@@ -155,12 +201,14 @@ class TorchServe:
         self.model_store = Path(self.model_store).resolve()
         self.config = Path(self.config) if self.config else self.settings.home / "config.properties"
         self.files = RunDir(self.run_dir)
-        self._pid_file = PidFile(self.run_dir / "tmp" / PID_FILE)
+        self._pid_file = PidFile(self.files.frontend_pid)
 
     @property
     def props(self) -> dict[str, str]:
-        """The effective configuration: the base file, then the model store, then overrides
-        (``$RTSERVE_RECORDS_STORE`` first: the pod's ConfigMap)."""
+        """The effective configuration: the base file, then the model store, then overrides.
+
+        ``$RTSERVE_RECORDS_STORE`` first: the pod's ConfigMap.
+        """
         store = self.settings.records_store
         overrides = {RECORDS_STORE_KEY: store, **self.overrides} if store else self.overrides
         return configured(self.config, self.model_store, overrides)
@@ -175,14 +223,21 @@ class TorchServe:
         return greedy(self.props)
 
     def effective_props(self, private_metrics_port: int, oip_port: int) -> dict[str, str]:
-        """What the frontend is started with (:func:`rtserve.server.properties.effective_props`
-        of :attr:`props`, with the agent of :attr:`settings`).
+        """What the frontend is started with.
+
+        :func:`rtserve.server.properties.effective_props` of :attr:`props`, with the agent of :attr:`settings`.
 
         Raises:
             ServerError: the agent was not built.
         """
-        props = effective_props(self.props, private_metrics_port, oip_port, self.settings.agent_jar,
-                                self.run_dir, self.budget.shares().live_log)
+        props = effective_props(
+            self.props,
+            private_metrics_port,
+            oip_port,
+            self.settings.agent_jar,
+            self.run_dir,
+            self.budget.shares().live_log,
+        )
         props[BUDGET_KEY] = str(self.budget.total)  # resolved: what later commands read back
         return props
 
@@ -198,9 +253,11 @@ class TorchServe:
 
     @property
     def output_files(self) -> list[Path]:
-        """The processes' output files the exporter caps (:data:`rtserve.server.disk.OUTPUT_FILES`:
-        the launcher's, each sidecar's, the canary watcher's)."""
-        return [self.run_dir / name for name in OUTPUT_FILES]
+        """The processes' output files the exporter caps.
+
+        :attr:`RunDir.output_files`: the launcher's, each sidecar's, the canary watcher's.
+        """
+        return list(self.files.output_files)
 
     @property
     def model_names(self) -> list[str]:
@@ -233,26 +290,37 @@ class TorchServe:
         """A client for this instance's APIs, reading its key file."""
         props = self.props
         return Client(
-            props["inference_address"], props["management_address"],
-            key_file=self.key_file, metrics_url=props.get("metrics_address"), **kwargs,
+            props["inference_address"],
+            props["management_address"],
+            key_file=self.key_file,
+            metrics_url=props.get("metrics_address"),
+            **kwargs,
         )
 
     @property
     def metrics_dir(self) -> Path:
-        """The workers' metrics files (``PROMETHEUS_MULTIPROC_DIR``): ``$RTSERVE_METRICS_DIR``,
-        else a directory of this run directory's own in shared memory, else ``RUN_DIR/metrics``."""
+        """The workers' metrics files (``PROMETHEUS_MULTIPROC_DIR``).
+
+        ``$RTSERVE_METRICS_DIR``, else a directory of this run directory's own in shared memory, else
+        ``RUN_DIR/metrics``.
+        """
         if self.settings.metrics_dir is not None:
             return self.settings.metrics_dir
         if SHARED_MEMORY.is_dir() and os.access(SHARED_MEMORY, os.W_OK):
             digest = hashlib.sha256(str(self.run_dir).encode()).hexdigest()[:16]
             return SHARED_MEMORY / f"rtserve-metrics-{os.getuid()}-{digest}"
-        return self.run_dir / METRICS_DIR
+        return self.files.metrics
 
     def _env(self, warmup_key: str, console: bool = False) -> dict[str, str]:
-        tmp = self.run_dir / "tmp"
-        env = dict(os.environ)
-        env.update(TMPDIR=str(tmp), TEMP=str(tmp), LOG_LOCATION=str(self.log_dir),
-                   METRICS_LOCATION=str(self.log_dir), PROMETHEUS_MULTIPROC_DIR=str(self.metrics_dir))
+        tmp = self.files.tmp
+        env = dict(os.environ)  # the child's environment: this one's, then the server's values
+        env.update(
+            TMPDIR=str(tmp),
+            TEMP=str(tmp),
+            LOG_LOCATION=str(self.log_dir),
+            METRICS_LOCATION=str(self.log_dir),
+            PROMETHEUS_MULTIPROC_DIR=str(self.metrics_dir),
+        )
         env.update(self.budget.env())  # the log files' roll size, the records spool's share
         env[SPOOL_DIR_ENV] = str(self.files.records)
         env[CONSOLE_ENV] = "INFO" if console else "OFF"
@@ -261,7 +329,7 @@ class TorchServe:
 
     def sidecar_pid(self, sidecar: Sidecar) -> int | None:
         """A sidecar's PID, if it is running."""
-        return PidFile(self.run_dir / sidecar.pid_file).pid()
+        return PidFile(sidecar.pid_file(self.files)).pid()
 
     def exporter_pid(self) -> int | None:
         """The metrics exporter's PID, if it is running."""
@@ -270,11 +338,14 @@ class TorchServe:
     def start_sidecar(self, sidecar: Sidecar) -> None:
         """Start ``sidecar`` with this instance's effective config, in its own session."""
         effective = read_properties(self.files.config)
-        env = ({**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir)}
-               if sidecar.multiproc else None)
-        spawn([sys.executable, "-m", "rtserve", *sidecar.command, *sidecar.args(self, effective)],
-              self.log_dir / sidecar.log, PidFile(self.run_dir / sidecar.pid_file), cwd=PACKAGE_HOME,
-              env=env)
+        env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir)} if sidecar.multiproc else None
+        spawn(
+            [sys.executable, "-m", "rtserve", *sidecar.command, *sidecar.args(self, effective)],
+            sidecar.log(self.files),
+            PidFile(sidecar.pid_file(self.files)),
+            cwd=PACKAGE_HOME,
+            env=env,
+        )
 
     def start_sidecars(self) -> None:
         """Start every sidecar (:data:`SIDECARS`)."""
@@ -287,11 +358,13 @@ class TorchServe:
             pid = self.sidecar_pid(sidecar)
             if pid is not None:
                 terminate(pid, sidecar.stop_timeout)
-            PidFile(self.run_dir / sidecar.pid_file).remove()
+            PidFile(sidecar.pid_file(self.files)).remove()
 
     def stop_canary_watcher(self) -> None:
-        """Stop the canary watcher of this run directory, if one runs (by its PID file,
-        :attr:`RunDir.canary_pid`): it watches this server's live log only."""
+        """Stop the canary watcher of this run directory, if one runs (by its PID file, :attr:`RunDir.canary_pid`).
+
+        It watches this server's live log only.
+        """
         pid = stop_recorded(self.files.canary_pid, CANARY_WATCHER_MARKS, timeout=5.0)
         if pid is not None:
             logger.info("canary watcher %d stopped", pid)
@@ -323,11 +396,12 @@ class TorchServe:
             raise ServerError(
                 f"the run directory {self.run_dir} is too deep for TorchServe's worker sockets: "
                 f"{socket_path} has {len(socket_path.encode())} bytes, a Unix socket path at most "
-                f"{MAX_SOCKET_PATH}; choose a shorter run directory")
+                f"{MAX_SOCKET_PATH}; choose a shorter run directory"
+            )
         shutil.rmtree(self.log_dir, ignore_errors=True)  # fresh logs: readiness reads them
         shutil.rmtree(self.metrics_dir, ignore_errors=True)  # and fresh counters
         self.stop_sidecars()
-        (self.run_dir / "tmp").mkdir(parents=True, exist_ok=True)
+        self.files.tmp.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_dir.mkdir(parents=True, exist_ok=True)
         self.key_file.unlink(missing_ok=True)
@@ -339,9 +413,9 @@ class TorchServe:
         for stale in (self.files.live_routes, self.files.live_log, self.files.shadow_report):
             stale.unlink(missing_ok=True)
         draining.clear(self.run_dir)  # nor is it draining
-        (self.run_dir / WARM_FILE).unlink(missing_ok=True)  # nor warmed up
+        self.files.warm.unlink(missing_ok=True)  # nor warmed up
         warmup_key = new_key()
-        fd = os.open(self.run_dir / KEY_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(self.files.warmup_key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as out:
             out.write(warmup_key)
         config = self.files.config
@@ -351,32 +425,47 @@ class TorchServe:
         # the exporter leaves the start's warm-up lines out of the request-duration histogram
         self.warmup_skip = warmup.requests * len(self.models)
         self.start_sidecars()
-        cmd = [torchserve_binary(), "--start", "--ncs",
-               "--ts-config", str(config), "--model-store", str(self.model_store)]
+        cmd = [
+            torchserve_binary(),
+            "--start",
+            "--ncs",
+            "--ts-config",
+            str(config),
+            "--model-store",
+            str(self.model_store),
+        ]
         if self.log_config is not None:
             cmd += ["--log-config", str(Path(self.log_config).resolve())]
         if self.models:
             cmd += ["--models", *self.models]
         if console:
-            rc = subprocess.call(cmd, cwd=self.run_dir, env=self._env(warmup_key, console=True),
-                                 stdin=subprocess.DEVNULL, timeout=60)
+            rc = subprocess.call(
+                cmd, cwd=self.run_dir, env=self._env(warmup_key, console=True), stdin=subprocess.DEVNULL, timeout=60
+            )
         else:
-            launcher = self.run_dir / "launcher.log"
+            launcher = self.files.launcher_log
             for old in (launcher, backup(launcher)):
                 old.unlink(missing_ok=True)
             # appended to (O_APPEND), so that the exporter's copy-truncate leaves no hole
             with open(launcher, "ab") as out:
-                rc = subprocess.call(cmd, cwd=self.run_dir, env=self._env(warmup_key),
-                                     stdin=subprocess.DEVNULL, stdout=out,
-                                     stderr=subprocess.STDOUT, timeout=60)
+                rc = subprocess.call(
+                    cmd,
+                    cwd=self.run_dir,
+                    env=self._env(warmup_key),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    timeout=60,
+                )
         if rc != 0:
             self.stop_sidecars()
             raise ServerError(f"torchserve --start exited {rc}:\n{self.log_tail()}")
 
     def wait_ready(self, timeout: float = 120.0, models: list[str] | None = None) -> float:
-        """Poll until ``/ping`` is healthy and every model in ``models`` answers a prediction,
-        then, once per start, warm each one up (:mod:`rtserve.server.warmup`) and mark the server
-        warm (``RUN_DIR/warm``, which the pod's readiness probe waits for).
+        """Poll until ``/ping`` is healthy and every model in ``models`` answers a prediction, then warm up.
+
+        Once per start, each model is warmed up (:mod:`rtserve.server.warmup`) and the server marked warm
+        (``RUN_DIR/warm``, which the pod's readiness probe waits for).
 
         Returns:
             Seconds waited.
@@ -413,21 +502,21 @@ class TorchServe:
         raise ServerError(f"TorchServe not ready after {timeout:.0f}s ({last[0]}):\n{self.log_tail()}")
 
     def start_failure(self) -> ServerError:
-        """The error for a frontend that exited during start-up, saying why when its output
-        does (:func:`rtserve.server.startup.exit_reason`), with the log tail.
+        """The error for a frontend that exited during start-up, with the log tail.
+
+        It says why when the output does (:func:`rtserve.server.startup.exit_reason`).
 
         Returns:
             A :class:`PortInUseError` when a listener's port was taken, else a
             :class:`ServerError`.
         """
-        output = read_rotated(self.run_dir / "launcher.log")
+        output = read_rotated(self.files.launcher_log)
         try:
             props = read_properties(self.files.config)
         except OSError:
             props = {}
         reason = exit_reason(output, props)
-        message = (f"TorchServe exited during start-up{': ' + reason if reason else ''}\n"
-                   f"{self.log_tail()}")
+        message = f"TorchServe exited during start-up{': ' + reason if reason else ''}\n{self.log_tail()}"
         failure = bind_failure(output)
         if failure is not None and failure.in_use:
             return PortInUseError(message, failure.address, failure.port)
@@ -439,12 +528,12 @@ class TorchServe:
         Raises:
             ServerError: a warm-up answer was wrong, or a setting is invalid.
         """
-        warm = self.run_dir / WARM_FILE
+        warm = self.files.warm
         if warm.exists():
             return
         config = self.warmup
         try:
-            key = (self.run_dir / KEY_FILE).read_text().strip()
+            key = self.files.warmup_key.read_text().strip()
         except OSError:  # a server this code did not start: its workers have no key either
             key = ""
         archives = dict(m.split("=", 1) for m in self.models if "=" in m)
@@ -453,21 +542,28 @@ class TorchServe:
                 logger.info("%s: no archive given at start, so no golden rows: not warmed up", model)
                 continue
             try:
-                report = warm_up(client, model, key, Rows.from_mar(self.model_store / archives[model]),
-                                 config)
+                report = warm_up(client, model, key, Rows.from_mar(self.model_store / archives[model]), config)
             except WrongAnswers:
                 raise
             except (WarmupError, TorchServeError, OSError) as exc:
                 raise ServerError(f"warm-up of {model} failed: {exc}\n{self.log_tail()}") from exc
             self.warmed[model] = report
-            logger.info("warmed up %s: %d requests (%d connections) in %.2fs", model,
-                        report.requests, report.connections, report.seconds)
+            logger.info(
+                "warmed up %s: %d requests (%d connections) in %.2fs",
+                model,
+                report.requests,
+                report.connections,
+                report.seconds,
+            )
         warm.write_text(f"{time.time():.3f}\n")
 
     @property
     def draining(self) -> bool:
-        """Whether this instance is draining: the marker ``RUN_DIR/draining`` exists, and a
-        readiness check must then say not ready (see :mod:`rtserve.server.drain`)."""
+        """Whether this instance is draining.
+
+        The marker ``RUN_DIR/draining`` exists, and a readiness check must then say not ready (see
+        :mod:`rtserve.server.drain`).
+        """
         return draining.is_draining(self.run_dir)
 
     def drain(self, timeout: float = 30.0, quiet: float = 1.0, min_wait: float = 0.0) -> DrainReport:
@@ -481,8 +577,15 @@ class TorchServe:
         pid = self.pid()
         if pid is None:
             raise ServerError(f"no TorchServe running from {self.run_dir}: nothing to drain")
-        return draining.drain(self.client(timeout=5.0, retries=1), self.run_dir, self.log_dir,
-                              pid, timeout=timeout, quiet=quiet, min_wait=min_wait)
+        return draining.drain(
+            self.client(timeout=5.0, retries=1),
+            self.run_dir,
+            self.log_dir,
+            pid,
+            timeout=timeout,
+            quiet=quiet,
+            min_wait=min_wait,
+        )
 
     def stop(self, timeout: float = 60.0, drain: bool = False) -> DrainReport | None:
         """Stop this instance (SIGTERM to its frontend PID, then SIGKILL after ``timeout``).
@@ -508,19 +611,21 @@ class TorchServe:
 
     def worker_deaths(self) -> int:
         """How many times a backend worker died (in what model_log.log and its backup hold)."""
-        return read_rotated(self.log_dir / "model_log.log").count("Backend worker process died")
+        return read_rotated(self.files.model_log).count("Backend worker process died")
 
     def log_tail(self, lines: int = 40) -> str:
-        """The last lines of the launcher output and TorchServe's main logs (with their backups),
-        less ts_log.log's two lines per batch: they would fill the tail, and a pod's output (where
-        the foreground runner logs this tail) leaves them out too."""
+        """The last lines of the launcher output and TorchServe's main logs (with their backups).
+
+        Less ts_log.log's two lines per batch: they would fill the tail, and a pod's output (where the foreground
+        runner logs this tail) leaves them out too.
+        """
         parts = []
-        launcher = self.run_dir / "launcher.log"
+        launcher = self.files.launcher_log
         if launcher.exists():
             parts.append("--- launcher.log ---\n" + tail(launcher, lines))
-        for path in (self.log_dir / "ts_log.log", self.log_dir / "model_log.log"):
+        for path in (self.files.ts_log, self.files.model_log):
             text = read_rotated(path)
-            if path.name == "ts_log.log":
+            if path == self.files.ts_log:
                 text = draining.without_batch_lines(text)
             if text:
                 parts.append(f"--- {path.relative_to(self.run_dir)} ---\n" + last_lines(text, lines))
@@ -528,8 +633,9 @@ class TorchServe:
 
 
 def torchserve_binary() -> str:
-    """The ``torchserve`` launcher of this interpreter's environment: beside ``sys.executable``
-    (a virtualenv's bin/, as in the image), else the one on ``PATH``.
+    """The ``torchserve`` launcher of this interpreter's environment.
+
+    Beside ``sys.executable`` (a virtualenv's bin/, as in the image), else the one on ``PATH``.
 
     Raises:
         ServerError: neither exists.
@@ -539,13 +645,16 @@ def torchserve_binary() -> str:
         return str(beside)
     found = shutil.which("torchserve")
     if found is None:
-        raise ServerError(f"no torchserve beside {sys.executable} nor on PATH: install "
-                          "requirements.txt into this interpreter's environment")
+        raise ServerError(
+            f"no torchserve beside {sys.executable} nor on PATH: install "
+            "requirements.txt into this interpreter's environment"
+        )
     return found
 
 
-def run_foreground(server: TorchServe, stop_timeout: float = 15.0, poll: float = 1.0,
-                   on_poll: Callable[[], object] | None = None) -> int:
+def run_foreground(
+    server: TorchServe, stop_timeout: float = 15.0, poll: float = 1.0, on_poll: Callable[[], object] | None = None
+) -> int:
     """Run TorchServe until SIGTERM/SIGINT, then stop it gracefully (a container's main process).
 
     ``torchserve --foreground`` is unfit for a container: the launcher dies on SIGTERM without
@@ -577,8 +686,9 @@ def run_foreground(server: TorchServe, stop_timeout: float = 15.0, poll: float =
         return 1
     logger.info("TorchServe started (pid %s) from %s", server.pid(), server.run_dir)
     wrong = threading.Event()
-    threading.Thread(target=_ready_in_background, args=(server, stopping, wrong), daemon=True,
-                     name="rtserve-warm-up").start()
+    threading.Thread(
+        target=_ready_in_background, args=(server, stopping, wrong), daemon=True, name="rtserve-warm-up"
+    ).start()
     while True:
         if on_poll is not None:
             try:
@@ -601,12 +711,15 @@ def run_foreground(server: TorchServe, stop_timeout: float = 15.0, poll: float =
     return 1 if wrong.is_set() else 0
 
 
-def _ready_in_background(server: TorchServe, stopping: threading.Event, wrong: threading.Event | None = None,
-                         pause: float = 5.0) -> None:
-    """:meth:`TorchServe.wait_ready` (with the warm-up) for a server run in the foreground,
-    tried again after each failure until it succeeds or the server is stopping. Wrong answers
+def _ready_in_background(
+    server: TorchServe, stopping: threading.Event, wrong: threading.Event | None = None, pause: float = 5.0
+) -> None:
+    """:meth:`TorchServe.wait_ready` (with the warm-up) for a server run in the foreground, tried again on failure.
+
+    It is tried until it succeeds or the server is stopping. Wrong answers
     to the golden rows are not tried again: ``wrong`` and ``stopping`` are set, and the process
-    exits 1 (a container restarts, and a rollout sees it fail)."""
+    exits 1 (a container restarts, and a rollout sees it fail).
+    """
     while not stopping.is_set():
         try:
             waited = server.wait_ready(models=server.model_names)

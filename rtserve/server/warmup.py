@@ -1,22 +1,9 @@
 """Warm a started TorchServe's whole request path before it is reported ready.
 
-A freshly started frontend runs its Java code interpreted, and each of its network threads meets
-its first connection cold: the first request after readiness took about four times the steady
-c=1 p99 (docs/performance.md). :func:`warm_up` sends real predictions of the model's golden rows
-through the inference port, with the server's inference key as any client would: first one at a
-time, opening a new connection every :data:`NEW_CONNECTION_EVERY` requests (the first request of
-a client comes on a new connection), then ``concurrency`` at once (batches of several requests,
-every worker). Every answer is checked against the golden set packed in the archive.
-
-Bounded: at most ``requests`` requests and ``seconds`` seconds per model
-(``rtserve_warmup_requests``, ``rtserve_warmup_seconds`` and ``rtserve_warmup_concurrency`` in
-``config.properties``; 0 requests turns it off).
-
-The requests carry the start's warm-up key (:data:`handler.warmup.HEADER`), so the handler
-leaves them out of its metrics, drift and audit trail, and the query parameter
-:data:`handler.warmup.QUERY_PARAMETER`, so the request-duration histogram leaves their
-access-log lines out (:mod:`rtserve.observability.request_latency`). The golden rows come
-from the archive (:func:`rtserve.model.archive.read_meta`).
+:func:`warm_up` sends the archive's golden rows through the inference port, one at a time (a new connection every
+:data:`NEW_CONNECTION_EVERY` requests), then ``concurrency`` at once, and checks every answer. Bounded per model by
+:class:`WarmupConfig` (its keys are defined and defaulted here only; 0 requests turns it off). The requests carry
+:data:`handler.warmup.HEADER` and :data:`handler.warmup.QUERY_PARAMETER`, so metrics, drift and audit leave them out.
 """
 
 from __future__ import annotations
@@ -28,11 +15,12 @@ import math
 import secrets
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
 from urllib.parse import quote, urlsplit
 
+from handler.signature import CLASSIFICATION, output_values
 from handler.warmup import HEADER, QUERY_PARAMETER
 from rtserve.client.rest import Client
 from rtserve.errors import ArchiveError, WarmupError, WrongAnswers
@@ -40,9 +28,6 @@ from rtserve.model.archive import golden_mismatches, read_meta
 
 logger = logging.getLogger(__name__)
 
-#: In the run directory: this start's warm-up key (mode 0600; TorchServe gets it in its
-#: environment, see :data:`handler.warmup.KEY_ENV`).
-KEY_FILE = "warmup_key"
 #: config.properties keys (with their defaults in :class:`WarmupConfig`).
 REQUESTS_KEY = "rtserve_warmup_requests"
 SECONDS_KEY = "rtserve_warmup_seconds"
@@ -72,19 +57,22 @@ class WarmupConfig:
     concurrency: int = 4
 
     @classmethod
-    def from_props(cls, props: Mapping[str, str]) -> "WarmupConfig":
+    def from_props(cls, props: Mapping[str, str]) -> WarmupConfig:
         """Read the ``rtserve_warmup_*`` keys of an effective ``config.properties``.
 
         Raises:
             WarmupError: a value is not a number or out of range.
         """
         try:
-            config = cls(int(props.get(REQUESTS_KEY, cls.requests)),
-                         float(props.get(SECONDS_KEY, cls.seconds)),
-                         int(props.get(CONCURRENCY_KEY, cls.concurrency)))
+            config = cls(
+                int(props.get(REQUESTS_KEY, cls.requests)),
+                float(props.get(SECONDS_KEY, cls.seconds)),
+                int(props.get(CONCURRENCY_KEY, cls.concurrency)),
+            )
         except ValueError as exc:
-            raise WarmupError(f"{REQUESTS_KEY} and {CONCURRENCY_KEY} must be whole numbers, "
-                              f"{SECONDS_KEY} a number: {exc}") from exc
+            raise WarmupError(
+                f"{REQUESTS_KEY} and {CONCURRENCY_KEY} must be whole numbers, {SECONDS_KEY} a number: {exc}"
+            ) from exc
         if not 0 <= config.requests <= 10_000:
             raise WarmupError(f"{REQUESTS_KEY} must be in [0, 10000], got {config.requests}")
         if not (math.isfinite(config.seconds) and 0.1 <= config.seconds <= 60):
@@ -101,14 +89,19 @@ def new_key() -> str:
 
 @dataclass(frozen=True)
 class Rows:
-    """What the warm-up sends: feature rows and, when the archive has a golden set, the
-    probabilities each must get (None: only the answer's form is checked)."""
+    """What the warm-up sends: feature rows and, when the archive has a golden set, the probabilities each must get.
+
+    None: only the answer's form is checked.
+    """
 
     features: list[list[float]]
     probabilities: list[list[float]] | None
+    #: The output signature of a model that is not a classifier (``rtserve-model/2``): then
+    #: ``probabilities`` holds the golden outputs its answers carry (``handler.signature.output_values``).
+    output: dict | None = None
 
     @classmethod
-    def from_mar(cls, mar: Path) -> "Rows":
+    def from_mar(cls, mar: Path) -> Rows:
         """The golden set of an archive's ``meta.json``; all-zero rows of its width without one.
 
         Raises:
@@ -120,9 +113,18 @@ class Rows:
             raise WarmupError(str(exc)) from exc
         golden = meta.get("golden") or {}
         width = len(meta["feature_names"])
+        output = (meta.get("outputs") or [None])[0]
+        if output is not None and output.get("kind") != CLASSIFICATION:
+            return cls(
+                [list(map(float, r)) for r in golden.get("features") or [[0.0] * width]],
+                golden.get("outputs") or None,
+                output,
+            )
         if golden.get("features") and golden.get("probabilities"):
-            return cls([list(map(float, r)) for r in golden["features"]],
-                       [list(map(float, p)) for p in golden["probabilities"]])
+            return cls(
+                [list(map(float, r)) for r in golden["features"]],
+                [list(map(float, p)) for p in golden["probabilities"]],
+            )
         return cls([[0.0] * width], None)
 
 
@@ -150,8 +152,10 @@ class _Sender:
         self._lock = threading.Lock()
 
     def run(self, indices: Sequence[int], new_connection_every: int = 0) -> int:
-        """Send the rows at ``indices`` one after the other on this thread; returns how many
-        were answered before the deadline."""
+        """Send the rows at ``indices`` one after the other on this thread.
+
+        Returns how many were answered before the deadline.
+        """
         conn: http.client.HTTPConnection | None = None
         sent = 0
         try:
@@ -212,18 +216,40 @@ class _Sender:
             answer = json.loads(body)
         except ValueError:
             answer = None
-        if status != 200 or not isinstance(answer, dict) or "prediction" not in answer:
+        output = self.rows.output
+        if status != 200 or not isinstance(answer, dict) or (output is None and "prediction" not in answer):
             raise WarmupError(f"warm-up request to {self.model} answered {status}: {body[:300]!r}")
         expected = self.rows.probabilities
+        if output is not None:
+            self._check_output(i, answer, output, expected)
+            return
         if expected is None:
             return
         want = expected[i]
         got = answer.get("probabilities")
-        if (answer["prediction"] != max(range(len(want)), key=want.__getitem__)
-                or not isinstance(got, list) or golden_mismatches([want], [got], TOLERANCE)):
+        if (
+            answer["prediction"] != max(range(len(want)), key=want.__getitem__)
+            or not isinstance(got, list)
+            or golden_mismatches([want], [got], TOLERANCE)
+        ):
             raise WrongAnswers(
                 f"{self.model} answered golden row {i} of its archive with {answer!r:.300}, "
-                f"expected probabilities {want}: the served model is not the one packaged")
+                f"expected probabilities {want}: the served model is not the one packaged"
+            )
+
+    def _check_output(self, i: int, answer: dict, output: dict, expected: list | None) -> None:
+        """:meth:`_check` for a model that is not a classifier: its kind's values, to the tolerance."""
+        try:
+            got = output_values(output, answer)
+        except (KeyError, TypeError) as exc:
+            raise WarmupError(
+                f"warm-up request to {self.model} answered {answer!r:.300}, not a {output['kind']} answer"
+            ) from exc
+        if expected is not None and golden_mismatches([expected[i]], [got], TOLERANCE):
+            raise WrongAnswers(
+                f"{self.model} answered golden row {i} of its archive with {answer!r:.300}, "
+                f"expected {expected[i]}: the served model is not the one packaged"
+            )
 
 
 def warm_up(client: Client, model: str, key: str, rows: Rows, config: WarmupConfig) -> WarmupReport:
@@ -239,8 +265,9 @@ def warm_up(client: Client, model: str, key: str, rows: Rows, config: WarmupConf
     alone = config.requests - together
     sent = sender.run([i % n_rows for i in range(alone)], NEW_CONNECTION_EVERY)
     if together:
-        shares = [[(alone + i) % n_rows for i in range(t, together, config.concurrency)]
-                  for t in range(config.concurrency)]
+        shares = [
+            [(alone + i) % n_rows for i in range(t, together, config.concurrency)] for t in range(config.concurrency)
+        ]
         counts = [0] * len(shares)
         errors: list[BaseException] = []
 

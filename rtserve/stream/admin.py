@@ -1,10 +1,9 @@
-"""What rtserve asks a Kafka broker through its Admin API (confluent-kafka): whether it answers
-metadata, which topics it holds, and creating topics."""
+"""What rtserve asks a Kafka broker through its Admin API: whether it answers, its topics, creating topics."""
 
 from __future__ import annotations
 
 import socket
-from typing import Iterable
+from collections.abc import Iterable
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -13,8 +12,11 @@ from rtserve.errors import StreamError
 
 
 def listening(bootstrap: str, timeout: float = 1.0) -> bool:
-    """A TCP connection to ``host:port`` is accepted (asked before any Kafka client connects, so
-    that a broker still starting does not fill the output with librdkafka's refused connections)."""
+    """Whether a TCP connection to ``bootstrap`` (``host:port``) is accepted.
+
+    Asked before any Kafka client connects, so that a broker still starting does not fill the output with
+    librdkafka's refused connections.
+    """
     host, _, port = bootstrap.rpartition(":")
     try:
         with socket.create_connection((host, int(port)), timeout=timeout):
@@ -31,8 +33,9 @@ def client(bootstrap: str) -> AdminClient:
 
 
 def topics(bootstrap: str, timeout: float = 10.0) -> dict[str, int]:
-    """The broker's topics (internal ``__*`` ones left out), each with its partition count, as
-    its metadata answer says; every partition has a leader.
+    """The broker's topics (internal ``__*`` ones left out), each with its partition count.
+
+    As its metadata answer says; every partition has a leader.
 
     Raises:
         StreamError: no metadata answer within ``timeout``, or a topic or partition without a
@@ -41,8 +44,7 @@ def topics(bootstrap: str, timeout: float = 10.0) -> dict[str, int]:
     try:
         meta = client(bootstrap).list_topics(timeout=timeout)
     except KafkaException as exc:
-        raise StreamError(f"the broker at {bootstrap} gave no metadata in {timeout:.0f} s: "
-                          f"{exc.args[0]}") from None
+        raise StreamError(f"the broker at {bootstrap} gave no metadata in {timeout:.0f} s: {exc.args[0]}") from None
     found = {}
     for name, topic in meta.topics.items():
         if name.startswith("__"):
@@ -57,7 +59,7 @@ def topics(bootstrap: str, timeout: float = 10.0) -> dict[str, int]:
 
 
 def answers(bootstrap: str, timeout: float = 5.0) -> bool:
-    """The broker listens and answers a metadata request naming at least one broker."""
+    """Whether the broker listens and answers a metadata request naming at least one broker."""
     if not listening(bootstrap):
         return False
     try:
@@ -66,10 +68,13 @@ def answers(bootstrap: str, timeout: float = 5.0) -> bool:
         return False
 
 
-def create_topics(bootstrap: str, names: Iterable[str], partitions: int,
-                  timeout: float = 30.0, config: dict[str, str] | None = None) -> list[str]:
-    """Create the topics of ``names`` the broker lacks (``partitions`` each, replication 1,
-    topic settings ``config``, e.g. ``max.message.bytes``); returns those created.
+def create_topics(
+    bootstrap: str, names: Iterable[str], partitions: int, timeout: float = 30.0, config: dict[str, str] | None = None
+) -> list[str]:
+    """Create the topics of ``names`` the broker lacks; returns those created.
+
+    Each gets ``partitions`` partitions, replication 1 and the topic settings ``config`` (e.g.
+    ``max.message.bytes``).
 
     Raises:
         StreamError: the broker refused one (the message names it and says why).
@@ -80,7 +85,9 @@ def create_topics(bootstrap: str, names: Iterable[str], partitions: int,
     kafka = client(bootstrap)  # kept until every answer came (its end cancels them)
     futures = kafka.create_topics(
         [NewTopic(n, num_partitions=partitions, replication_factor=1, config=config or {}) for n in missing],
-        operation_timeout=timeout, request_timeout=timeout)
+        operation_timeout=timeout,
+        request_timeout=timeout,
+    )
     created = []
     for name, future in futures.items():
         try:

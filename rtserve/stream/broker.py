@@ -1,11 +1,7 @@
-"""The local Apache Kafka broker as a pure builder: its layout, server.properties, log
-configuration and the argv of its two steps (storage format, then the broker). Nothing here
-starts a process (:mod:`rtserve.stream.local` does).
+"""Pure builders of the local Kafka broker: layout, server.properties, log config, format and broker argv.
 
-One JVM is both the KRaft controller and the broker (``process.roles=broker,controller``), on
-127.0.0.1 only, with a static one-voter quorum: a single node that needs no ZooKeeper and no
-other machine. The classpath is the directory ``make kafka-deps`` fills from Maven Central
-(``org.apache.kafka:kafka_2.13`` and its runtime dependencies).
+One JVM is both KRaft controller and broker on 127.0.0.1, a one-voter quorum; its classpath is what
+``make kafka-deps`` fills. Nothing here starts a process (:mod:`rtserve.stream.local` does).
 """
 
 from __future__ import annotations
@@ -74,14 +70,16 @@ class Layout:
         return self.run_dir / LOG4J_FILE
 
     def formatted(self) -> bool:
-        """The data directory holds a formatted node (its ``meta.properties``)."""
+        """Whether the data directory holds a formatted node (its ``meta.properties``)."""
         return (self.data / "meta.properties").is_file()
 
 
 def new_cluster_id() -> str:
-    """A random cluster id as Kafka writes one: 16 bytes, URL-safe base64 without padding, never
-    starting with ``-`` (as Kafka's own ``Uuid.randomUuid``): the storage tool's argument parser
-    reads ``--cluster-id -x...`` as a missing value (one id in 64 would fail the format)."""
+    """A random cluster id as Kafka writes one: 16 bytes, URL-safe base64 without padding.
+
+    Never starting with ``-`` (as Kafka's own ``Uuid.randomUuid``): the storage tool's argument parser reads
+    ``--cluster-id -x...`` as a missing value.
+    """
     while True:
         found = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         if not found.startswith("-"):
@@ -89,10 +87,11 @@ def new_cluster_id() -> str:
 
 
 def server_properties(layout: Layout) -> str:
-    """The broker's ``server.properties``: one node, loopback listeners, data under the run
-    directory, and the internal topics (offsets, transactions) at replication 1 and a few
-    partitions (their defaults, 3 replicas and 50 partitions, cannot be met or cost seconds on
-    a single small node)."""
+    """The broker's ``server.properties``: one node, loopback listeners, data under the run directory.
+
+    The internal topics (offsets, transactions) get replication 1 and a few partitions: their defaults
+    (3 replicas, 50 partitions) cannot be met or cost seconds on a single small node.
+    """
     broker, controller = layout.ports["broker"], layout.ports["controller"]
     settings = {
         "process.roles": "broker,controller",
@@ -121,39 +120,51 @@ def server_properties(layout: Layout) -> str:
         "background.threads": 2,
     }
     lines = [f"{key}={value}" for key, value in settings.items()]
-    return "# Written by rtserve (rtserve/stream/broker.py) at each start; edits are lost.\n" \
-        + "\n".join(lines) + "\n"
+    return "# Written by rtserve (rtserve/stream/broker.py) at each start; edits are lost.\n" + "\n".join(lines) + "\n"
 
 
 def log4j_config() -> str:
-    """The JVM's log configuration (log4j2 properties): one line per event on stdout (which
-    :func:`rtserve.runtime.process.spawn` appends to ``logs/kafka.log``); each config class's
-    dump of every setting at start (hundreds of lines) only at WARN."""
-    return "\n".join((
-        "status = warn",
-        "appender.out.type = Console",
-        "appender.out.name = out",
-        "appender.out.layout.type = PatternLayout",
-        "appender.out.layout.pattern = [%d] %p %m (%c)%n",
-        "rootLogger.level = INFO",
-        "rootLogger.appenderRef.out.ref = out",
-        "logger.config.name = org.apache.kafka.common.config.AbstractConfig",
-        "logger.config.level = WARN",
-        "",
-    ))
+    """The JVM's log configuration (log4j2 properties): one line per event on stdout.
+
+    :func:`rtserve.runtime.process.spawn` appends stdout to ``logs/kafka.log``; each config class's dump of
+    every setting at start (hundreds of lines) is kept out (WARN only).
+    """
+    return "\n".join(
+        (
+            "status = warn",
+            "appender.out.type = Console",
+            "appender.out.name = out",
+            "appender.out.layout.type = PatternLayout",
+            "appender.out.layout.pattern = [%d] %p %m (%c)%n",
+            "rootLogger.level = INFO",
+            "rootLogger.appenderRef.out.ref = out",
+            "logger.config.name = org.apache.kafka.common.config.AbstractConfig",
+            "logger.config.level = WARN",
+            "",
+        )
+    )
 
 
 def _jvm(layout: Layout, heap: str) -> list[str]:
-    return [layout.java, f"-Xmx{heap}", "-Xms64m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
-            "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={layout.log4j}",
-            "-cp", str(layout.libs / "*")]
+    return [
+        layout.java,
+        f"-Xmx{heap}",
+        "-Xms64m",
+        "-XX:+UseG1GC",
+        "-XX:MaxGCPauseMillis=20",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={layout.log4j}",
+        "-cp",
+        str(layout.libs / "*"),
+    ]
 
 
 def format_argv(layout: Layout, cluster_id: str) -> list[str]:
-    """The storage format step: writes ``meta.properties`` and the bootstrap metadata into the
-    data directory (once per data directory; the broker refuses an unformatted one)."""
-    return [*_jvm(layout, "256m"), STORAGE_TOOL, "format", "--cluster-id", cluster_id,
-            "--config", str(layout.config)]
+    """The storage format step: writes ``meta.properties`` and the bootstrap metadata into the data directory.
+
+    Once per data directory; the broker refuses an unformatted one.
+    """
+    return [*_jvm(layout, "256m"), STORAGE_TOOL, "format", "--cluster-id", cluster_id, "--config", str(layout.config)]
 
 
 def broker_argv(layout: Layout) -> list[str]:

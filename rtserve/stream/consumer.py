@@ -1,25 +1,8 @@
-"""The stream consumer: events in, one prediction or dead letter out per event, exactly once with
-Kafka transactions, each event scored through the running TorchServe (:mod:`rtserve.client`).
+"""The stream consumer: one prediction or dead letter per Kafka event, exactly once, scored by TorchServe.
 
-One step: poll up to ``batch`` events (waiting only for the first: a batch never waits to fill);
-validate each (:mod:`rtserve.stream.records`) and send the valid ones to TorchServe, ``instances``
-events per request (KServe v1) and those requests concurrently, so that its batching forms real
-batches; only then open a transaction, write the outputs in offset order, add the consumed
-offsets to it (``send_offsets_to_transaction``) and commit. No transaction is open while
-TorchServe answers.
-
-The transaction commits on a thread of its own while the next step polls and scores (at most one
-commit in flight): a step's latency is its scoring plus one commit, and the commits' round trips
-to the broker no longer hold the scoring back. The next step opens its transaction only once the
-previous one's outcome is known; if that one failed, the next step's answers are dropped too and
-both steps' events are read again from the group's committed offsets. A rebalance waits for the
-commit in flight before the partitions go. A transient failure (no answer, 502/503/504, a lost worker) writes nothing:
-the consumer seeks back to the step's first offsets, pauses its partitions and keeps polling them
-paused (so that it stays in its group and takes part in rebalances) until a backoff has passed,
-then resumes them; it never dead-letters one. A transaction that fails is aborted (its producer
-is made anew) and the consumer seeks back to its group's committed offsets, so the events are
-scored again and written once. A member that lost its partitions while it scored (frozen past its
-session timeout: a zombie) aborts the step's transaction instead of committing it.
+A step polls a batch, scores it (no transaction open meanwhile), then commits outputs and offsets in one
+transaction on the commit thread while the next step scores. A transient failure writes nothing and retries
+after a backoff; a failed transaction rewinds to the group's committed offsets. The design: docs/streaming.md.
 """
 
 from __future__ import annotations
@@ -27,10 +10,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
 from requests.adapters import HTTPAdapter
@@ -49,10 +33,9 @@ logger = logging.getLogger(__name__)
 TRANSIENT = {0, 408, 429, 502, 503, 504, 507}
 REFUSED = {400, 413}
 TXN_TIMEOUT = 30.0
-#: The longest a step waits for its commit: its transactional calls' own timeouts and a margin. A
-#: producer that lost its broker mid-transaction was seen to hang in ``send_offsets_to_transaction``
-#: far past its timeout; past this the step is given up like a failed commit (the next producer,
-#: with the same transactional id, fences the stuck one).
+#: The longest a step waits for its commit: its transactional calls' own timeouts and a margin, since
+#: a producer that lost its broker can hang past its timeout. Past this the step is given up like a
+#: failed commit (the next producer, with the same transactional id, fences the stuck one).
 COMMIT_DEADLINE = 3 * TXN_TIMEOUT
 #: The transactional producer's first retry of a refused request (see :meth:`StreamConsumer._producer`).
 RETRY_BACKOFF_MS = 5
@@ -63,6 +46,7 @@ MAX_EVENT_BYTES = 65536
 
 #: The route of the consumer's requests in their records (:data:`handler.records.ROUTE_HEADER`).
 STREAM_ROUTE = "stream"
+
 
 @dataclass(frozen=True)
 class StreamConfig:
@@ -99,8 +83,10 @@ class StreamConfig:
             if getattr(self, name) < 1:
                 raise StreamError(f"stream setting {name} must be at least 1, got {getattr(self, name)}")
         if not 1 <= self.max_event_bytes <= 512 * 1024:
-            raise StreamError(f"stream setting max_event_bytes must be within 1..524288 (an output "
-                              f"must fit a 1 MB record), got {self.max_event_bytes}")
+            raise StreamError(
+                f"stream setting max_event_bytes must be within 1..524288 (an output "
+                f"must fit a 1 MB record), got {self.max_event_bytes}"
+            )
         for name in ("poll", "backoff", "max_backoff", "session_timeout"):
             if not getattr(self, name) > 0:
                 raise StreamError(f"stream setting {name} must be positive, got {getattr(self, name)}")
@@ -122,8 +108,10 @@ class Counts:
 
 @dataclass
 class InFlight:
-    """A step whose transaction commits on the commit thread: its events, their outputs, and
-    the commit's wall-clock end (or its :class:`KafkaException`)."""
+    """A step whose transaction commits on the commit thread.
+
+    Its events, their outputs, and the commit's future: its wall-clock end (or its :class:`KafkaException`).
+    """
 
     messages: list[Message]
     outputs: list[tuple[str, bytes]]
@@ -131,8 +119,10 @@ class InFlight:
 
 
 class Transient(StreamError):
-    """HTTP 503: TorchServe could not answer now (the consumer retries the step; it never
-    leaves the consumer)."""
+    """HTTP 503: TorchServe could not answer now.
+
+    The consumer retries the step; this error never leaves the consumer.
+    """
 
 
 class StreamConsumer:
@@ -144,13 +134,18 @@ class StreamConsumer:
         self.counts = Counts()
         self.metrics = metrics or StreamMetrics()
         self.metrics.watch(self.counts)
-        self.consumer = Consumer({
-            "bootstrap.servers": config.bootstrap, "group.id": config.group,
-            "enable.auto.commit": False, "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed", "log_level": 4,
-            "session.timeout.ms": int(config.session_timeout * 1000),
-            **self.metrics.consumer_settings(),
-        })
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": config.bootstrap,
+                "group.id": config.group,
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                "isolation.level": "read_committed",
+                "log_level": 4,
+                "session.timeout.ms": int(config.session_timeout * 1000),
+                **self.metrics.consumer_settings(),
+            }
+        )
         self.producer: Producer | None = self._producer()
         self.pool = ThreadPoolExecutor(config.concurrency, thread_name_prefix="stream-score")
         self._in_flight: InFlight | None = None
@@ -160,8 +155,8 @@ class StreamConsumer:
         #: A transaction failed and the partitions are not yet back at the committed offsets.
         self._unsettled = False
         #: The partitions of the last rebalance, as (topic, partition), set by the polling thread's
-        #: callbacks: readable from any thread (``consumer.assignment()`` asks librdkafka's group
-        #: thread and waits with no limit: a test waiting on it from another thread once hung).
+        #: callbacks: readable from any thread (``consumer.assignment()`` waits on librdkafka's group
+        #: thread with no limit).
         self.assigned: frozenset[tuple[str, int]] = frozenset()
 
     @property
@@ -178,17 +173,19 @@ class StreamConsumer:
     def _producer(self) -> Producer:
         self.metrics.producer_starting()
         # A request to a broker that went away fails after TXN_TIMEOUT, as the transactional
-        # calls' own timeouts say (librdkafka's default, 60 s, outlasts them: a commit to a
-        # restarting broker then held the step for 60 s). A transaction begun right after the
-        # previous commit finds its coordinator still writing that one's markers
-        # (CONCURRENT_TRANSACTIONS) and is retried after ``retry.backoff.ms``: librdkafka's
-        # 100 ms made back-to-back transactions take 108 ms instead of 15 ms (doubling up to
-        # ``retry.backoff.max.ms``, 1 s, for a broker that stays away).
-        producer = Producer({"bootstrap.servers": self.config.bootstrap,
-                             "transactional.id": self.config.transactional_id,
-                             "socket.timeout.ms": int(TXN_TIMEOUT * 1000),
-                             "retry.backoff.ms": RETRY_BACKOFF_MS,
-                             "linger.ms": 5, "log_level": 4})
+        # calls' own timeouts say (librdkafka's default, 60 s, outlasts them). A transaction begun
+        # right after the previous commit meets CONCURRENT_TRANSACTIONS and is retried after
+        # ``retry.backoff.ms``: librdkafka's 100 ms made back-to-back transactions take 108 ms, not 15.
+        producer = Producer(
+            {
+                "bootstrap.servers": self.config.bootstrap,
+                "transactional.id": self.config.transactional_id,
+                "socket.timeout.ms": int(TXN_TIMEOUT * 1000),
+                "retry.backoff.ms": RETRY_BACKOFF_MS,
+                "linger.ms": 5,
+                "log_level": 4,
+            }
+        )
         producer.init_transactions(TXN_TIMEOUT)
         self.metrics.producer_ready()
         return producer
@@ -205,15 +202,18 @@ class StreamConsumer:
         return self.counts
 
     def close(self) -> None:
-        """The commit in flight ends (counted), then the member leaves its group."""
+        """End the commit in flight (counted), then leave the group."""
         self.finish(settle=False)
         self.pool.shutdown(wait=True)
         self.consumer.close()
 
     def step(self) -> int:
-        """Poll and score one batch, and hand it to the commit thread once the previous step's
-        transaction has ended; returns the events that ended committed in this call (the
-        previous step's: 0 when it failed, after a retry, and while backing off)."""
+        """Poll and score one batch, and hand it to the commit thread once the previous step's transaction ended.
+
+        Returns:
+            The events that ended committed in this call (the previous step's): 0 when it failed, after a
+            retry, and while backing off.
+        """
         if self._resume_at is not None:
             self._hold()
             return 0
@@ -240,10 +240,11 @@ class StreamConsumer:
         return written
 
     def _poll(self, timeout: float) -> list[Message]:
-        """Up to ``batch`` events: at most ``timeout`` seconds' wait for the first, then only those
-        already fetched (``consume(batch, timeout)`` would wait for a full batch: at a low rate each
-        event would wait ``timeout`` seconds or for ``batch - 1`` more). Rebalance callbacks run
-        here; errors are counted and logged."""
+        """Up to ``batch`` events: at most ``timeout`` seconds' wait for the first, then only those already fetched.
+
+        ``consume(batch, timeout)`` would wait for a full batch, delaying each event at a low rate. Rebalance
+        callbacks run here; errors are counted and logged.
+        """
         messages = []
         polled = self.consumer.consume(1, timeout)
         if polled and self.config.batch > 1:
@@ -257,16 +258,20 @@ class StreamConsumer:
         return messages
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Partitions about to go (a rebalance, or the member leaving): the commit in flight
-        ends first, under the generation its offsets name. If it failed, the member is rewound
-        at its next step (the partitions it gets are read from the committed offsets anyway)."""
+        """Handle partitions about to go (a rebalance, or the member leaving).
+
+        The commit in flight ends first, under the generation its offsets name. If it failed, the member is
+        rewound at its next step (the partitions it gets are read from the committed offsets anyway).
+        """
         self.assigned = frozenset()
         self.finish(settle=False)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """A rebalance's new partitions: paused while the member backs off (resumed with the
-        rest when the backoff ends), else fetching (a partition paused before it was revoked
-        must not come back paused)."""
+        """Take a rebalance's new partitions: paused while the member backs off, else fetching.
+
+        Paused ones resume with the rest when the backoff ends; a partition paused before it was revoked must
+        not come back paused.
+        """
         consumer.assign(partitions)
         self.assigned = frozenset((tp.topic, tp.partition) for tp in partitions)
         if self._resume_at is not None:
@@ -275,8 +280,9 @@ class StreamConsumer:
             consumer.resume(partitions)
 
     def score(self, messages: list[Message]) -> list[tuple[str, bytes]]:
-        """Each message's output as (topic, value), in the messages' order; TorchServe is asked
-        for the valid ones (:meth:`_answers`).
+        """Each message's output as (topic, value), in the messages' order.
+
+        TorchServe is asked for the valid ones (:meth:`_answers`).
 
         Raises:
             Transient: TorchServe did not answer one now (nothing of the batch is written).
@@ -303,25 +309,35 @@ class StreamConsumer:
             answer = answers[i]
             if isinstance(answer, TorchServeError):
                 body = answer.body if isinstance(answer.body, dict) else {}
-                outputs.append((self.config.dead_letters, records.dead_letter(
-                    source, body.get("error") or str(answer), body.get("field"), answer.reason or "refused")))
+                outputs.append(
+                    (
+                        self.config.dead_letters,
+                        records.dead_letter(
+                            source, body.get("error") or str(answer), body.get("field"), answer.reason or "refused"
+                        ),
+                    )
+                )
             else:
                 outputs.append((self.config.output, records.prediction(source, event, answer)))
         return outputs
 
     def _answers(self, events: list[records.Event]) -> list[dict | TorchServeError]:
-        """TorchServe's answer to each event (or its refusal), asked concurrently: ``instances``
-        events per KServe v1 request, or one ``/predictions`` request each (``instances`` 1)."""
+        """TorchServe's answer to each event (or its refusal), asked concurrently.
+
+        ``instances`` events per KServe v1 request, or one ``/predictions`` request each (``instances`` 1).
+        """
         size = self.config.instances
         if size == 1:
             futures = [self.pool.submit(self._predict, e) for e in events]
             return [f.result() for f in futures]
-        futures = [self.pool.submit(self._predict_many, events[i:i + size]) for i in range(0, len(events), size)]
+        futures = [self.pool.submit(self._predict_many, events[i : i + size]) for i in range(0, len(events), size)]
         return [answer for f in futures for answer in f.result()]
 
     def _predict_many(self, events: list[records.Event]) -> list[dict | TorchServeError]:
-        """One request for ``events``; when TorchServe refuses it as a whole (one event's count
-        is wrong: 400), each event is asked on its own, so that each refusal is its own."""
+        """Ask one request for ``events``; if TorchServe refuses it as a whole (400), ask each event alone.
+
+        So each event's refusal (e.g. a wrong feature count) is its own.
+        """
         rows = [e.request["features"] for e in events]
         answer = self._ask(lambda: self.client.predict_instances(self.config.model, rows))
         if isinstance(answer, TorchServeError):
@@ -332,7 +348,7 @@ class StreamConsumer:
         return self._ask(lambda: self.client.predict(self.config.model, event.request))
 
     def _ask(self, call: Callable[[], Any]) -> Any:
-        """``call``'s answer; a refusal (400, 413) as the error, returned.
+        """Return ``call``'s answer; a refusal (400, 413) is returned as the error.
 
         Raises:
             Transient: no answer now (retried).
@@ -348,33 +364,37 @@ class StreamConsumer:
             raise StreamError(f"TorchServe refused {self.config.model} for every event: {exc}") from exc
 
     def commit(self, messages: list[Message], outputs: list[tuple[str, bytes]], member: str | None) -> bool:
-        """Hand ``outputs`` and the consumed offsets to the commit thread, to be written in one
-        transaction (:meth:`finish` takes its outcome; none may be in flight). Returns whether
-        it was handed over.
+        """Hand ``outputs`` and the consumed offsets to the commit thread, to be written in one transaction.
 
-        ``member`` is the member id the events were polled under. A member frozen past its
-        session timeout (or cut off from the broker) loses its partitions to another member; if it
-        then scores its last batch and commits, the broker refuses the offsets, since the group
-        metadata sent with them names a member and generation the group no longer has
-        (UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION). Once this consumer has seen its session end, its
-        member id is no longer the poll's: it gives the step up here, without the round trip,
-        and says why.
+        :meth:`finish` takes its outcome; none may be in flight. ``member`` is the member id the events were
+        polled under: once it is no longer the consumer's (its session ended while it scored, so the broker
+        would refuse the offsets), the step is given up here, without the round trip.
+
+        Returns:
+            Whether it was handed over.
         """
         assert self._in_flight is None, "one transaction at a time"
         group = self.consumer.consumer_group_metadata()  # (taken before the check below)
         now = self.consumer.memberid()
         if not member or now != member:
-            self._abort(f"member {member!r} left group {self.config.group} while it scored (now {now!r}): "
-                        "its partitions moved to another member", opened=False)
+            self._abort(
+                f"member {member!r} left group {self.config.group} while it scored (now {now!r}): "
+                "its partitions moved to another member",
+                opened=False,
+            )
             return False
-        self._in_flight = InFlight(messages, outputs, on_daemon_thread(
-            self._transact, self.producer, messages, outputs, group))
+        self._in_flight = InFlight(
+            messages, outputs, on_daemon_thread(self._transact, self.producer, messages, outputs, group)
+        )
         return True
 
-    def _transact(self, producer: Producer, messages: list[Message], outputs: list[tuple[str, bytes]],
-                  group: Any) -> float:
-        """On the commit thread: one transaction with ``outputs`` in offset order and the
-        offsets after ``messages``; returns when it committed (wall clock).
+    def _transact(
+        self, producer: Producer, messages: list[Message], outputs: list[tuple[str, bytes]], group: Any
+    ) -> float:
+        """On the commit thread: one transaction with ``outputs`` in offset order and the offsets after ``messages``.
+
+        Returns:
+            When it committed (wall clock).
 
         Raises:
             KafkaException: the transaction failed (:meth:`finish` aborts it).
@@ -387,10 +407,14 @@ class StreamConsumer:
         return self.metrics.wall()
 
     def finish(self, wait: bool = True, settle: bool = True) -> int | None:
-        """The outcome of the transaction in flight (``wait``: waiting for it; else only if it
-        has ended): its events counted, or on failure the step given up (:meth:`_abort`; with
-        ``settle``, rewound to the committed offsets now, else at the next step). Returns the
-        events it committed (0: none in flight, or still committing), None when it failed."""
+        """Take the outcome of the transaction in flight (``wait``: waiting for it; else only if it has ended).
+
+        Its events are counted, or on failure the step is given up (:meth:`_abort`; with ``settle``, rewound to
+        the committed offsets now, else at the next step).
+
+        Returns:
+            The events it committed (0: none in flight, or still committing), None when it failed.
+        """
         done = self._in_flight
         if done is None or not (wait or done.commit.done()):
             return 0
@@ -413,13 +437,11 @@ class StreamConsumer:
         return len(done.messages)
 
     def _abort(self, why: str, opened: bool = True, settle: bool = True) -> None:
-        """Give the step up: if a transaction was ``opened``, drop its producer (the next one,
-        with the same transactional id, fences it and aborts what it left open), then seek back
-        to the group's committed offsets (:meth:`_settle`; without ``settle``, at the next step).
+        """Give the step up and seek back to the group's committed offsets (:meth:`_settle`).
 
-        A producer is not reused after a failed transaction: one that lost the broker mid-way
-        (a restart) was seen to fail its next transaction with OUT_OF_ORDER_SEQUENCE_NUMBER and
-        then hang in ``send_offsets_to_transaction`` far past its timeout.
+        If a transaction was ``opened``, its producer is dropped: the next one, with the same transactional id,
+        fences it and aborts what it left open (a producer that lost its broker mid-way fails its next
+        transaction). Without ``settle``, the seek waits for the next step.
         """
         logger.warning("transaction failed (%s): aborted, rewinding to the committed offsets", why)
         self.counts.aborted += 1
@@ -430,11 +452,15 @@ class StreamConsumer:
             self._settle()
 
     def _settle(self) -> bool:
-        """After a failed transaction: a producer ready for the next one (a new one aborts what
-        the old one left open), then each assigned partition at the group's committed offset,
-        the outcome of the failed transaction whatever it was (a commit that timed out may
-        have gone through). While the broker cannot answer (restarting), the partitions stay
-        paused for a backoff and the next step tries again. Returns whether it is done."""
+        """Recover from a failed transaction: a new producer, then each assigned partition at its committed offset.
+
+        The committed offset is the failed transaction's real outcome (a commit that timed out may have gone
+        through). While the broker cannot answer, the partitions stay paused for a backoff and the next step
+        tries again.
+
+        Returns:
+            Whether it is done.
+        """
         try:
             if self.producer is None:
                 self.producer = self._producer()
@@ -456,10 +482,12 @@ class StreamConsumer:
         self._back_off(f"TorchServe did not answer now ({exc})")
 
     def _back_off(self, why: str) -> None:
-        """Pause the assignment until a backoff (doubling with each failure in a row) has
-        passed: :meth:`_hold` polls meanwhile and resumes."""
+        """Pause the assignment until a backoff (doubling with each failure in a row) has passed.
+
+        :meth:`_hold` polls meanwhile and resumes.
+        """
         self.consumer.pause(self.consumer.assignment())
-        wait = min(self.config.max_backoff, self.config.backoff * 2 ** self._failures)
+        wait = min(self.config.max_backoff, self.config.backoff * 2**self._failures)
         self._failures += 1
         self._resume_at = time.monotonic() + wait
         logger.info("%s; partitions paused, retrying in %.1f s", why, wait)
@@ -470,10 +498,10 @@ class StreamConsumer:
             self.consumer.seek(tp)
 
     def _hold(self) -> None:
-        """One poll of the paused partitions while backing off: the member keeps its place in
-        the group and takes part in rebalances (:meth:`_on_assign` pauses what it gains). When
-        the backoff has passed, the partitions assigned then resume (those revoked meanwhile
-        are no longer this member's to resume)."""
+        """Poll the paused partitions once while backing off, so the member keeps its place in the group.
+
+        :meth:`_on_assign` pauses what it gains. When the backoff has passed, the partitions assigned then resume.
+        """
         remaining = self._resume_at - time.monotonic()
         if remaining > 0:
             stray = self._poll(min(remaining, self.config.poll))
@@ -507,10 +535,11 @@ def _timestamp(msg: Message) -> int | None:
 
 
 def on_daemon_thread(fn: Callable[..., Any], *args: Any) -> Future:
-    """``fn(*args)`` on a daemon thread of its own, its outcome in the returned future. At most
-    one transaction is in flight, so this is the commit thread; a daemon one, because a call
-    stuck in the Kafka client (see :data:`COMMIT_DEADLINE`) must never keep the process from
-    exiting, as an executor's worker, joined at exit, would."""
+    """Run ``fn(*args)`` on a daemon thread of its own; its outcome is in the returned future.
+
+    This is the commit thread (one transaction in flight at most); a daemon, because a call stuck in the Kafka
+    client (see :data:`COMMIT_DEADLINE`) must never keep the process from exiting, as an executor's worker would.
+    """
     future: Future = Future()
 
     def run() -> None:

@@ -1,12 +1,7 @@
 """Start, wait for, stop and report the local Kafka broker of ``make kafka`` from its recorded state.
 
-``start`` writes the node's configuration into the run directory, formats its storage the first
-time (the data stays between starts, so a restart keeps every topic, offset and transaction),
-starts the JVM, waits until the broker answers metadata and creates the missing topics; if any
-step fails, the broker is stopped before the error is raised. ``stop`` works only from the PID
-file (the process is signalled only while its command line is still the recorded ``java``),
-never by a process name. Processes are started, found and stopped through
-:mod:`rtserve.runtime.process`.
+:func:`start` formats the storage only the first time (a restart keeps every topic, offset and transaction) and
+stops the broker again if any step fails. :func:`stop` works only from the PID file, never by a process name.
 """
 
 from __future__ import annotations
@@ -30,8 +25,9 @@ FORMAT_TIMEOUT = 120.0
 
 
 def _recorded(run_dir: Path) -> RecordedServer:
-    return RecordedServer(run_dir, "Kafka broker", "kafka", "make kafka", broker.STATE_FILE,
-                          broker.PID_FILE, StreamError)
+    return RecordedServer(
+        run_dir, "Kafka broker", "kafka", "make kafka", broker.STATE_FILE, broker.PID_FILE, StreamError
+    )
 
 
 def load_state(run_dir: Path) -> dict:
@@ -44,8 +40,10 @@ def load_state(run_dir: Path) -> dict:
 
 
 def resolve_ports(run_dir: Path, wanted: dict[str, int]) -> dict[str, int]:
-    """Each port: the one given; else the one recorded in ``run_dir`` (a restart keeps its
-    bootstrap address, so clients and the stream consumer find it again); else a free one."""
+    """Each port: the one given; else the one recorded in ``run_dir``; else a free one.
+
+    A restart keeps its bootstrap address, so clients and the stream consumer find it again.
+    """
     return _recorded(run_dir).resolve_ports(broker.PORT_NAMES, wanted)
 
 
@@ -54,10 +52,11 @@ def pid(run_dir: Path) -> int | None:
     return _recorded(run_dir).pid()
 
 
-def start(layout: Layout, fresh: bool = False,
-          topics: tuple[str, ...] = broker.TOPICS) -> dict[str, float]:
-    """Start the broker of ``layout`` and create ``topics``; returns each step's seconds
-    (``format`` only the first time, ``broker ready``, ``topics``).
+def start(layout: Layout, fresh: bool = False, topics: tuple[str, ...] = broker.TOPICS) -> dict[str, float]:
+    """Start the broker of ``layout`` and create ``topics``.
+
+    Returns:
+        Each step's seconds: ``format`` (only the first time), ``broker ready``, ``topics``.
 
     Raises:
         StreamError: the classpath lacks Kafka, a broker already runs from the run directory,
@@ -65,8 +64,9 @@ def start(layout: Layout, fresh: bool = False,
     """
     run_dir = layout.run_dir
     if pid(run_dir) is not None:
-        raise StreamError(f"a Kafka broker already runs from {run_dir} (pid {pid(run_dir)}): "
-                          "stop it first (make kafka-stop)")
+        raise StreamError(
+            f"a Kafka broker already runs from {run_dir} (pid {pid(run_dir)}): stop it first (make kafka-stop)"
+        )
     if not any(layout.libs.glob("kafka_2.13-*.jar")):
         raise StreamError(f"no Kafka jars in {layout.libs}: assemble them with make kafka-deps")
     if fresh:
@@ -78,9 +78,16 @@ def start(layout: Layout, fresh: bool = False,
     took: dict[str, float] = {}
     log = layout.logs / "kafka.log"
     cluster_id = _format(layout, log, took)
-    state = {"bootstrap": layout.bootstrap, "ports": layout.ports, "libs": str(layout.libs),
-             "cluster_id": cluster_id, "topics": list(topics), "partitions": layout.partitions,
-             "data": str(layout.data), "log": str(log)}
+    state = {
+        "bootstrap": layout.bootstrap,
+        "ports": layout.ports,
+        "libs": str(layout.libs),
+        "cluster_id": cluster_id,
+        "topics": list(topics),
+        "partitions": layout.partitions,
+        "data": str(layout.data),
+        "log": str(log),
+    }
     (run_dir / broker.STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
     begin = time.monotonic()
     proc = spawn(broker.broker_argv(layout), log, _recorded(run_dir).pids(), cwd=run_dir)
@@ -98,13 +105,14 @@ def start(layout: Layout, fresh: bool = False,
 
 
 def _format(layout: Layout, log: Path, took: dict[str, float]) -> str:
-    """Format the data directory unless it holds a node already; its cluster id."""
+    """Format the data directory unless it holds a node already; returns its cluster id."""
     if layout.formatted():
         for line in (layout.data / "meta.properties").read_text().splitlines():
             if line.startswith("cluster.id="):
                 return line.partition("=")[2].strip()
-        raise StreamError(f"{layout.data / 'meta.properties'} names no cluster.id: "
-                          "start afresh (make kafka KAFKA_FRESH=1)")
+        raise StreamError(
+            f"{layout.data / 'meta.properties'} names no cluster.id: start afresh (make kafka KAFKA_FRESH=1)"
+        )
     cluster_id = broker.new_cluster_id()
     begin = time.monotonic()
     done = run(broker.format_argv(layout, cluster_id), FORMAT_TIMEOUT, cwd=layout.run_dir, check=False)
@@ -119,19 +127,27 @@ def _format(layout: Layout, log: Path, took: dict[str, float]) -> str:
 def _wait_ready(layout: Layout, proc: subprocess.Popen, log: Path, begin: float) -> float:
     def ready() -> bool:
         if proc.poll() is not None:
-            raise StreamError(f"the Kafka broker exited with {proc.returncode} at start; "
-                              f"the end of {log}:\n{tail(log, 30) or '(no log)'}")
+            raise StreamError(
+                f"the Kafka broker exited with {proc.returncode} at start; "
+                f"the end of {log}:\n{tail(log, 30) or '(no log)'}"
+            )
         return admin.answers(layout.bootstrap)
 
     if wait_until(ready, READY_TIMEOUT, poll=0.5):
         return time.monotonic() - begin
-    raise StreamError(f"the Kafka broker gave no metadata at {layout.bootstrap} within "
-                      f"{READY_TIMEOUT:.0f} s; the end of {log}:\n{tail(log, 30) or '(no log)'}")
+    raise StreamError(
+        f"the Kafka broker gave no metadata at {layout.bootstrap} within "
+        f"{READY_TIMEOUT:.0f} s; the end of {log}:\n{tail(log, 30) or '(no log)'}"
+    )
 
 
 def stop(run_dir: Path, timeout: float = STOP_TIMEOUT) -> str | None:
-    """Stop the broker the PID file in ``run_dir`` names (SIGTERM: a controlled shutdown; SIGKILL
-    after ``timeout``); returns what was done, None when none ran. The data stays.
+    """Stop the broker the PID file in ``run_dir`` names; the data stays.
+
+    SIGTERM (a controlled shutdown), SIGKILL after ``timeout``.
+
+    Returns:
+        What was done, None when none ran.
 
     Raises:
         StreamError: the process is still alive after SIGKILL.
@@ -140,8 +156,9 @@ def stop(run_dir: Path, timeout: float = STOP_TIMEOUT) -> str | None:
 
 
 def status(run_dir: Path) -> dict[str, str]:
-    """The broker's state (``running (pid N)``, ``dead (pid N)``), its bootstrap address and,
-    while it runs, its topics with their partition counts.
+    """The broker's state (``running (pid N)``, ``dead (pid N)``), bootstrap address, data and log.
+
+    While it runs, also its topics with their partition counts.
 
     Raises:
         StreamError: no broker was started from ``run_dir``.
@@ -149,8 +166,7 @@ def status(run_dir: Path) -> dict[str, str]:
     recorded = _recorded(run_dir)
     state = recorded.load_state()
     running = recorded.pid()
-    lines = {"kafka": recorded.state(), "bootstrap": state["bootstrap"], "data": state["data"],
-             "log": state["log"]}
+    lines = {"kafka": recorded.state(), "bootstrap": state["bootstrap"], "data": state["data"], "log": state["log"]}
     if running:
         found = admin.topics(state["bootstrap"]) if admin.listening(state["bootstrap"]) else {}
         lines["topics"] = ", ".join(f"{n} ({p} partitions)" for n, p in sorted(found.items())) or "(none)"

@@ -1,31 +1,8 @@
-"""The stream consumer's metrics and health, served on one HTTP port (``stream run --metrics-port``):
-``GET /metrics`` (Prometheus text), ``GET /healthz`` (liveness) and ``GET /ready`` (readiness).
+"""The stream consumer's metrics and health on one HTTP port: ``/metrics``, ``/healthz`` and ``/ready``.
 
-The consumer's hot path pays almost nothing for them:
-
-- **Counters** (events by outcome, transactions, retries) are the consumer's own
-  :class:`~rtserve.stream.consumer.Counts`, read when Prometheus scrapes: no work per event.
-- **Lag** per assigned partition is the partition's end minus the group's committed offset, as
-  this member knows them: events not yet durably scored, the step in flight and a retried step's
-  events included (Kafka's own definition of a group's lag). The end is the last stable offset
-  (the end a ``read_committed`` reader can reach: records of an input transaction still open are
-  not counted) from librdkafka's statistics (``statistics.interval.ms``, every
-  :data:`STATS_INTERVAL_MS`), which the client hands to :meth:`StreamMetrics.on_stats` inside
-  ``consume()``, on the consumer's own thread: one JSON text parsed every few seconds, no request
-  to the broker (librdkafka learns the end from its continuous fetches). The committed offset is
-  the one librdkafka fetched when the partition was assigned (the statistics'
-  ``committed_offset``; the log's start for a group that never committed), advanced by each
-  transaction this member commits (:meth:`StreamMetrics.committed`): the offsets go into the
-  transaction, so librdkafka never learns them itself. The consumer's read position (the
-  statistics' ``app_offset``, ``Consumer.position``) would cost as little but says what was read,
-  not what was scored: on the real broker a member retrying its first step against an unreachable
-  TorchServe showed a lag of 0 that way. ``get_watermark_offsets(cached=True)`` has the high
-  watermark, which counts an open input transaction's records as lag.
-- **Event to prediction** (the event's Kafka timestamp to the moment its transaction committed)
-  is a histogram of this module's own: one lock and a bisection per event per committed step.
-
-Pure: no TorchServe import, no Kafka client (the consumer passes its messages and the statistics'
-text).
+Cheap on the hot path: counters are the consumer's own counts read at scrape time; lag is the last stable
+offset from librdkafka's statistics minus the offset this member's transactions committed (not its read
+position, which says what was read, not scored). No Kafka client or TorchServe import. See docs/streaming.md.
 """
 
 from __future__ import annotations
@@ -35,8 +12,9 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -58,8 +36,29 @@ STATS_INTERVAL_MS = 5000
 STALL_SECONDS = 180.0
 #: Event to prediction, seconds: dense around the 50 ms p99 target so that ``histogram_quantile``
 #: interpolates within a few ms there, then out to minutes (a backlog after an outage).
-LATENCY_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075, 0.1, 0.15,
-                   0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.04,
+    0.05,
+    0.06,
+    0.075,
+    0.1,
+    0.15,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+)
 
 PREFIX = "rtserve_stream_"
 EVENTS = PREFIX + "events"
@@ -98,8 +97,9 @@ Partition = tuple[str, int]
 
 
 def partitions_from_stats(text: str) -> dict[Partition, tuple[int, int]]:
-    """Per partition assigned to this member whose end is known, (topic, partition) -> (end, start):
-    the last stable offset, and the group's committed offset fetched at the assignment (the log's
+    """Per partition assigned to this member whose end is known, (topic, partition) -> (end, start).
+
+    End: the last stable offset. Start: the group's committed offset fetched at the assignment (the log's
     start when the group committed none; -1 when neither is known yet).
 
     Raises:
@@ -118,10 +118,13 @@ def partitions_from_stats(text: str) -> dict[Partition, tuple[int, int]]:
     return found
 
 
-def partition_lag(partitions: dict[Partition, tuple[int, int]],
-                  committed: dict[Partition, int]) -> dict[Partition, int]:
-    """Per partition of ``partitions`` (:func:`partitions_from_stats`), its end minus the later of
-    its start and the offset this member committed (``committed``); unknown ones are left out."""
+def partition_lag(
+    partitions: dict[Partition, tuple[int, int]], committed: dict[Partition, int]
+) -> dict[Partition, int]:
+    """Per partition of ``partitions`` (:func:`partitions_from_stats`), its lag; unknown ones are left out.
+
+    The lag is its end minus the later of its start and the offset this member committed (``committed``).
+    """
     found = {}
     for tp, (end, start) in partitions.items():
         position = max(start, committed.get(tp, -1))
@@ -177,8 +180,12 @@ class StreamMetrics:
         clock: monotonic seconds; wall: seconds since the epoch (Kafka timestamps' clock).
     """
 
-    def __init__(self, stall: float = STALL_SECONDS, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        stall: float = STALL_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self.stall = stall
         self.clock, self.wall = clock, wall
         self.registry = CollectorRegistry(auto_describe=False)
@@ -204,7 +211,7 @@ class StreamMetrics:
         self.counts = counts
 
     def on_stats(self, text: str) -> None:
-        """librdkafka's statistics (called inside ``consume()``: it must never raise)."""
+        """Take librdkafka's statistics ``text`` (called inside ``consume()``: it must never raise)."""
         try:
             self.partitions = partitions_from_stats(text)
         except (ValueError, TypeError, AttributeError) as exc:
@@ -218,14 +225,19 @@ class StreamMetrics:
         self.producer_up = True
 
     def tick(self) -> None:
-        """The loop came round (subscribed, polling)."""
+        """Record that the loop came round (subscribed, polling)."""
         self.looping = True
         self.last_tick = self.clock()
 
     def committed(self, messages: Iterable[Message], at: float | None = None) -> int:
-        """A transaction with ``messages``' outputs and offsets committed at ``at`` (wall clock,
-        seconds; default now): each event's time from its Kafka timestamp to then (events without
-        one are left out), and the group's new offsets; returns how many events were timed."""
+        """Record a transaction with ``messages``' outputs and offsets committed at ``at`` (wall clock; default now).
+
+        Each event's time from its Kafka timestamp to then goes into the histogram (events without one are left
+        out), and the group's new offsets are kept.
+
+        Returns:
+            How many events were timed.
+        """
         now = self.wall() if at is None else at
         ages, positions = [], dict(self.positions)
         for m in messages:
@@ -248,22 +260,32 @@ class StreamMetrics:
         return age <= self.stall, {"loop_age_seconds": round(age, 3), "stall_seconds": self.stall}
 
     def ready(self) -> tuple[bool, dict]:
-        """Ready: live, the transactional producer initialised and the loop subscribed (with
-        partitions assigned, or waiting for an assignment: a member with none is still ready)."""
+        """Ready: live, the transactional producer initialised and the loop subscribed.
+
+        Partitions assigned or waiting for an assignment: a member with none is still ready.
+        """
         live, body = self.live()
-        body.update(producer=self.producer_up, subscribed=self.looping,
-                    assigned=sorted(f"{t}[{p}]" for t, p in self.partitions))
+        body.update(
+            producer=self.producer_up, subscribed=self.looping, assigned=sorted(f"{t}[{p}]" for t, p in self.partitions)
+        )
         return live and self.producer_up and self.looping, body
 
     # -- prometheus_client's collector protocol ---------------------------------------------------
     def collect(self):
         counts = self.counts
-        events = CounterMetricFamily(EVENTS, "Events written, by outcome: a prediction or a dead letter",
-                                     labels=["outcome"])
-        transactions = CounterMetricFamily(TRANSACTIONS, "Transactions, by result: committed or aborted "
-                                           "(its events are scored again)", labels=["result"])
-        retries = CounterMetricFamily(RETRIES, "Steps retried after a transient failure of TorchServe "
-                                      "(no answer, 502/503/504): nothing written, the events read again")
+        events = CounterMetricFamily(
+            EVENTS, "Events written, by outcome: a prediction or a dead letter", labels=["outcome"]
+        )
+        transactions = CounterMetricFamily(
+            TRANSACTIONS,
+            "Transactions, by result: committed or aborted (its events are scored again)",
+            labels=["result"],
+        )
+        retries = CounterMetricFamily(
+            RETRIES,
+            "Steps retried after a transient failure of TorchServe "
+            "(no answer, 502/503/504): nothing written, the events read again",
+        )
         if counts is not None:
             events.add_metric(["predicted"], counts.predictions)
             events.add_metric(["dead_lettered"], counts.dead_letters)
@@ -271,21 +293,34 @@ class StreamMetrics:
             transactions.add_metric(["aborted"], counts.aborted)
             retries.add_metric([], counts.retries)
         yield from (events, transactions, retries)
-        yield CounterMetricFamily(RECREATIONS, "Transactional producers made anew after a fenced or "
-                                  "failed one", value=max(0, self.producers - 1))
-        lags = GaugeMetricFamily(LAG, "Events of the partition not yet committed by the group, as this "
-                                "member sees it (assigned partitions only)", labels=["topic", "partition"])
+        yield CounterMetricFamily(
+            RECREATIONS,
+            "Transactional producers made anew after a fenced or failed one",
+            value=max(0, self.producers - 1),
+        )
+        lags = GaugeMetricFamily(
+            LAG,
+            "Events of the partition not yet committed by the group, as this member sees it (assigned partitions only)",
+            labels=["topic", "partition"],
+        )
         for (topic, partition), value in sorted(self.lag().items()):
             lags.add_metric([topic, str(partition)], value)
         yield lags
-        yield GaugeMetricFamily(ASSIGNED, "Partitions assigned to this member (0: idle, e.g. more "
-                                "members than partitions)", value=len(self.partitions))
+        yield GaugeMetricFamily(
+            ASSIGNED,
+            "Partitions assigned to this member (0: idle, e.g. more members than partitions)",
+            value=len(self.partitions),
+        )
         buckets, total = self.latency.buckets()
-        yield HistogramMetricFamily(LATENCY, "From the event's Kafka timestamp to the commit of the "
-                                    "transaction holding its prediction or dead letter",
-                                    buckets=buckets, sum_value=total)
-        yield GaugeMetricFamily(LOOP_AGE, "Seconds since the consumer's loop last came round",
-                                value=self.clock() - self.last_tick)
+        yield HistogramMetricFamily(
+            LATENCY,
+            "From the event's Kafka timestamp to the commit of the transaction holding its prediction or dead letter",
+            buckets=buckets,
+            sum_value=total,
+        )
+        yield GaugeMetricFamily(
+            LOOP_AGE, "Seconds since the consumer's loop last came round", value=self.clock() - self.last_tick
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -301,11 +336,11 @@ def make_server(metrics: StreamMetrics, host: str, port: int) -> ThreadingHTTPSe
                 self._answer(200, metrics.render(), CONTENT_TYPE_LATEST)
             elif path in ("/healthz", "/ready"):
                 ok, body = metrics.live() if path == "/healthz" else metrics.ready()
-                self._answer(200 if ok else 503, json.dumps({"ok": ok, **body}).encode() + b"\n",
-                             "application/json")
+                self._answer(200 if ok else 503, json.dumps({"ok": ok, **body}).encode() + b"\n", "application/json")
             else:
-                self._answer(404, b'{"error": "not found: /metrics, /healthz and /ready are served here"}\n',
-                             "application/json")
+                self._answer(
+                    404, b'{"error": "not found: /metrics, /healthz and /ready are served here"}\n', "application/json"
+                )
 
         def _answer(self, status: int, body: bytes, content_type: str) -> None:
             self.send_response(status)
@@ -331,7 +366,8 @@ def serve(metrics: StreamMetrics, host: str, port: int) -> ThreadingHTTPServer:
     try:
         server = make_server(metrics, host, port)
     except OSError as exc:
-        raise StreamError(f"cannot serve metrics on {host}:{port} ({exc.strerror}): choose another "
-                          "--metrics-port, or 0 for none") from None
+        raise StreamError(
+            f"cannot serve metrics on {host}:{port} ({exc.strerror}): choose another --metrics-port, or 0 for none"
+        ) from None
     threading.Thread(target=server.serve_forever, name="stream-metrics", daemon=True).start()
     return server

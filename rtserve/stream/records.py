@@ -1,5 +1,7 @@
-"""The stream's records as pure functions: an event validated as the handler validates a request
-(the same :mod:`handler.schema` functions), and the prediction or dead letter written for it."""
+"""The stream's records as pure functions: an event validated as the handler would, its prediction or dead letter.
+
+Validation uses the same :mod:`handler.schema` functions as the handler, so the refusals read alike.
+"""
 
 from __future__ import annotations
 
@@ -32,10 +34,10 @@ class Event:
     id: Any = None
 
 
-def parse_event(value: bytes | None, n_features: int | None = None,
-                limit: float = DEFAULT_FEATURE_LIMIT) -> Event:
-    """An event's value as the request TorchServe gets. With ``n_features`` None the count is
-    left to the server (its 400 names it); everything else is checked here.
+def parse_event(value: bytes | None, n_features: int | None = None, limit: float = DEFAULT_FEATURE_LIMIT) -> Event:
+    """An event's value as the request TorchServe gets.
+
+    With ``n_features`` None the count is left to the server (its 400 names it); everything else is checked here.
 
     Raises:
         InvalidInput: naming the field, exactly as the handler would answer over HTTP.
@@ -44,16 +46,21 @@ def parse_event(value: bytes | None, n_features: int | None = None,
     count = n_features
     if count is None and isinstance(body, dict) and "features" in body:
         if not isinstance(body["features"], list):  # (the handler's message names the count)
-            raise InvalidInput(f"'features' must be a list of numbers, got {json_type(body['features'])}",
-                               field="features", reason="not_a_list")
+            raise InvalidInput(
+                f"'features' must be a list of numbers, got {json_type(body['features'])}",
+                field="features",
+                reason="not_a_list",
+            )
         count = len(body["features"])
     features = parse_features(body, count or 0, limit)
     return Event({"features": features}, body.get("id"))
 
 
 def prediction(source: Source, event: Event, answer: dict) -> bytes:
-    """The output record: TorchServe's answer (prediction, label, probabilities,
-    ``model_version``), the event's ``id``, its coordinates and timestamp."""
+    """The output record: TorchServe's answer, the event's ``id``, its coordinates and timestamp.
+
+    The answer holds prediction, label, probabilities and ``model_version``.
+    """
     record = {**answer, "source": source.as_dict(), "event_timestamp": source.timestamp}
     if event.id is not None:
         record["id"] = event.id
@@ -62,8 +69,13 @@ def prediction(source: Source, event: Event, answer: dict) -> bytes:
 
 def dead_letter(source: Source, error: str, field: str | None, reason: str) -> bytes:
     """The dead-letter record: why the event was refused (naming the field) and where it was."""
-    record = {"error": error, "field": field, "reason": reason, "source": source.as_dict(),
-              "event_timestamp": source.timestamp}
+    record = {
+        "error": error,
+        "field": field,
+        "reason": reason,
+        "source": source.as_dict(),
+        "event_timestamp": source.timestamp,
+    }
     return json.dumps(record, separators=(",", ":")).encode()
 
 

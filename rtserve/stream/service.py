@@ -1,14 +1,16 @@
-"""The stream consumer as a background process (``make stream``): ``python -m rtserve stream run``
-started detached with its PID file and log in a run directory, and stopped by that PID file
-(SIGTERM: it finishes its step, leaves its group and prints its counts)."""
+"""The stream consumer as a background process (``make stream``), started and stopped by its PID file.
+
+``python -m rtserve stream run`` runs detached with its PID file and log in a run directory; SIGTERM makes it
+finish its step, leave its group and print its counts.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from rtserve.errors import StreamError
 from rtserve.runtime.process import PidFile, spawn, tail, terminate, wait_until
@@ -35,16 +37,19 @@ def pid(run_dir: Path) -> int | None:
 
 
 def start(run_dir: Path, options: Sequence[str], timeout: float = START_TIMEOUT) -> tuple[int, float]:
-    """Start ``python -m rtserve stream run OPTIONS`` detached; returns its PID and the seconds
-    until it said it consumes.
+    """Start ``python -m rtserve stream run OPTIONS`` detached.
+
+    Returns:
+        Its PID and the seconds until it said it consumes.
 
     Raises:
         StreamError: one runs already from ``run_dir``, or it ended or said nothing within
             ``timeout`` (the message ends with its log).
     """
     if pid(run_dir) is not None:
-        raise StreamError(f"a stream consumer already runs from {run_dir} (pid {pid(run_dir)}): "
-                          "stop it first (make stream-stop)")
+        raise StreamError(
+            f"a stream consumer already runs from {run_dir} (pid {pid(run_dir)}): stop it first (make stream-stop)"
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / LOG_FILE
     offset = log.stat().st_size if log.exists() else 0
@@ -56,22 +61,26 @@ def start(run_dir: Path, options: Sequence[str], timeout: float = START_TIMEOUT)
 
     def started() -> bool:
         if proc.poll() is not None:
-            raise StreamError(f"the stream consumer exited with {proc.returncode} at start; "
-                              f"the end of {log}:\n{tail(log, 20)}")
+            raise StreamError(
+                f"the stream consumer exited with {proc.returncode} at start; the end of {log}:\n{tail(log, 20)}"
+            )
         with open(log, "rb") as out:
             out.seek(offset)
             return STARTED.encode() in out.read()
 
     if not wait_until(started, timeout, poll=0.2):
         stop(run_dir)
-        raise StreamError(f"the stream consumer did not start within {timeout:.0f} s; "
-                          f"the end of {log}:\n{tail(log, 20)}")
+        raise StreamError(
+            f"the stream consumer did not start within {timeout:.0f} s; the end of {log}:\n{tail(log, 20)}"
+        )
     return proc.pid, time.monotonic() - begin
 
 
 def stop(run_dir: Path, timeout: float = STOP_TIMEOUT) -> str | None:
-    """Stop the consumer the PID file names (SIGTERM; SIGKILL after ``timeout``); returns what
-    it wrote (its last log line's counts), None when none ran.
+    """Stop the consumer the PID file names (SIGTERM; SIGKILL after ``timeout``).
+
+    Returns:
+        What it wrote (its last log line's counts), None when none ran.
 
     Raises:
         StreamError: it is still alive after SIGKILL.

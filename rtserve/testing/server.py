@@ -1,19 +1,17 @@
 """A TorchServe for one run on free loopback ports: started, polled ready, stopped afterwards.
 
-What the tests' server fixtures and the benchmarks share (``tests/integration/conftest.py``,
-``bench/common.py``, ``bench/perf.py``): every listener on a port reserved just before, so runs
-side by side never collide; readiness as ``make serve`` waits for it; a stop in ``finally``.
-A reserved port is free again until the frontend binds it, seconds later on a busy machine: when
-another process took one meanwhile, the server is started again on fresh ports.
+Shared by the tests' server fixtures and the benchmarks: every listener on a port reserved just
+before, readiness as ``make serve`` waits for it, a stop in ``finally``. A reserved port is free again
+until the frontend binds it: when another process took one meanwhile, the server starts again on fresh ports.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
 
 from rtserve.errors import PortInUseError
 from rtserve.runtime.ports import free_ports
@@ -34,21 +32,32 @@ def free_port_overrides() -> dict[str, str]:
     return port_overrides(free_ports(6))
 
 
-def on_free_ports(run_dir: Path, model_store: Path, models: Sequence[str],
-                  overrides: dict[str, str] | None = None, **kwargs) -> TorchServe:
-    """A TorchServe (not started) serving ``models`` (``NAME=FILE.mar``) with every listener on
-    a free loopback port, then ``overrides``; ``kwargs`` go to :class:`TorchServe`."""
-    return TorchServe(run_dir, model_store, list(models),
-                      overrides={**free_port_overrides(), **(overrides or {})}, **kwargs)
+def on_free_ports(
+    run_dir: Path, model_store: Path, models: Sequence[str], overrides: dict[str, str] | None = None, **kwargs
+) -> TorchServe:
+    """A TorchServe (not started) serving ``models`` (``NAME=FILE.mar``) on free loopback ports.
+
+    ``overrides`` apply over the free ports; ``kwargs`` go to :class:`TorchServe`.
+    """
+    return TorchServe(
+        run_dir, model_store, list(models), overrides={**free_port_overrides(), **(overrides or {})}, **kwargs
+    )
 
 
 @contextmanager
-def serving(run_dir: Path, model_store: Path, models: Sequence[str],
-            overrides: dict[str, str] | None = None, ready: Sequence[str] | None = None,
-            timeout: float = READY_TIMEOUT, **kwargs) -> Iterator[TorchServe]:
-    """:func:`on_free_ports`, started and ready (``ready``: the models that must answer a
-    prediction, default all of ``models``), stopped when the block ends. When a port it chose
-    was taken before the frontend bound it, it starts again on fresh ports (at most
+def serving(
+    run_dir: Path,
+    model_store: Path,
+    models: Sequence[str],
+    overrides: dict[str, str] | None = None,
+    ready: Sequence[str] | None = None,
+    timeout: float = READY_TIMEOUT,
+    **kwargs,
+) -> Iterator[TorchServe]:
+    """:func:`on_free_ports`, started and ready, stopped when the block ends.
+
+    ``ready`` names the models that must answer a prediction (default all of ``models``). When a
+    port it chose was taken before the frontend bound it, it starts again on fresh ports (at most
     :data:`START_ATTEMPTS` starts, all within ``timeout``).
 
     Raises:
@@ -68,8 +77,12 @@ def serving(run_dir: Path, model_store: Path, models: Sequence[str],
             server.stop()
             if attempt == START_ATTEMPTS or exc.port in pinned:
                 raise
-            logger.warning("start %d of %d lost a port, starting again on fresh ports: %s",
-                           attempt, START_ATTEMPTS, str(exc).splitlines()[0])
+            logger.warning(
+                "start %d of %d lost a port, starting again on fresh ports: %s",
+                attempt,
+                START_ATTEMPTS,
+                str(exc).splitlines()[0],
+            )
         except BaseException:
             server.stop()
             raise

@@ -1,11 +1,12 @@
-"""The handler run in this process as TorchServe's worker runs it: a real ``ts.context.Context``
-with its metrics cache, and each batch's per-request state (the unit tests and
-``bench/handler_micro.py``)."""
+"""The handler run in this process as TorchServe's worker runs it, for unit tests and micro-benchmarks.
+
+A real ``ts.context.Context`` with its metrics cache, and each batch's per-request state.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from ts.context import Context, RequestProcessor
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
@@ -17,16 +18,31 @@ from rtserve.settings import PACKAGE_HOME
 METRICS_YAML = PACKAGE_HOME / "config" / "metrics.yaml"
 
 
-def make_context(model_dir: Path, model_yaml: dict, version: str = "1.0",
-                 gpu: int | None = None) -> Context:
-    """A real ``ts.context.Context`` as the worker builds it (metrics cache included); ``gpu``
-    is the worker's ``gpu_id`` (TorchServe passes None where it found no GPU)."""
+def make_context(model_dir: Path, model_yaml: dict, version: str = "1.0", gpu: int | None = None) -> Context:
+    """A real ``ts.context.Context`` as the worker builds it (metrics cache included).
+
+    ``gpu`` is the worker's ``gpu_id`` (TorchServe passes None where it found no GPU).
+    """
     metrics = MetricsCacheYamlImpl(config_file_path=str(METRICS_YAML))
     metrics.initialize_cache()
-    manifest = {"model": {"modelName": "realtime-classifier", "modelVersion": version,
-                          "serializedFile": "model.pt2", "handler": "rtserve_handler.py"}}
-    return Context("realtime-classifier", str(model_dir), manifest, 32, gpu, "0.12.0",
-                   metrics=metrics, model_yaml_config=model_yaml)
+    manifest = {
+        "model": {
+            "modelName": "realtime-classifier",
+            "modelVersion": version,
+            "serializedFile": "model.pt2",
+            "handler": "rtserve_handler.py",
+        }
+    }
+    return Context(
+        "realtime-classifier",
+        str(model_dir),
+        manifest,
+        32,
+        gpu,
+        "0.12.0",
+        metrics=metrics,
+        model_yaml_config=model_yaml,
+    )
 
 
 def start_batch(context: Context, size: int, headers: Sequence[dict] | None = None) -> None:

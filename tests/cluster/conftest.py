@@ -39,8 +39,13 @@ class Cluster:
 
     def kubectl(self, *args: str, stdin: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
         """The built kubectl against this cluster (stdout and stderr apart)."""
-        return subprocess.run([str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
-                              input=stdin, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def namespace(self, name: str, **labels: str) -> None:
         """Create namespace ``name`` with ``labels`` and wait for its ``default`` service account
@@ -137,11 +142,17 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.timeout(DEPLOY_TIMEOUT + 600))
 
 
-def deploy(cluster, image_vars, version: str, *extra: str, timeout: float = DEPLOY_TIMEOUT,
-           overlay: str = "local"):
+def deploy(cluster, image_vars, version: str, *extra: str, timeout: float = DEPLOY_TIMEOUT, overlay: str = "local"):
     """`make k8s-deploy OVERLAY=overlay MODEL_VERSION=version` against this cluster."""
-    return make("k8s-deploy", f"OVERLAY={overlay}", f"MODEL_VERSION={version}", *cluster.make_vars,
-                *image_vars, *extra, timeout=timeout)
+    return make(
+        "k8s-deploy",
+        f"OVERLAY={overlay}",
+        f"MODEL_VERSION={version}",
+        *cluster.make_vars,
+        *image_vars,
+        *extra,
+        timeout=timeout,
+    )
 
 
 class Served:
@@ -175,8 +186,10 @@ class Served:
         begin = time.monotonic()
         done = deploy(self.cluster, self.image_vars, "1.0")
         assert done.returncode == 0, done.stdout[-6000:]
-        print(f"k8s-deploy 1.0 again ({'namespace was gone' if phase.returncode else 'not 1.0 alone'}): "
-              f"{time.monotonic() - begin:.0f} s")
+        print(
+            f"k8s-deploy 1.0 again ({'namespace was gone' if phase.returncode else 'not 1.0 alone'}): "
+            f"{time.monotonic() - begin:.0f} s"
+        )
         self._read(done.stdout)
         return self
 
@@ -189,9 +202,16 @@ class Served:
         (:func:`bench.pod_rollout.settled` tells whether it still ran at a phase's end): one
         constant row, or ``rows`` in turn (each record's ``payload`` is its row's index)."""
         payload = {"features": [0.25] * 32}
-        return SteadyLoad(self.url, payload, lambda: self.token, rate=RATE, concurrency=4,
-                          max_seconds=max_seconds, resend_worker_lost=False,
-                          payloads=[{"features": row} for row in rows or []]).start()
+        return SteadyLoad(
+            self.url,
+            payload,
+            lambda: self.token,
+            rate=RATE,
+            concurrency=4,
+            max_seconds=max_seconds,
+            resend_worker_lost=False,
+            payloads=[{"features": row} for row in rows or []],
+        ).start()
 
     def versions(self) -> set[str]:
         """The versions the pods run (their image tags)."""
@@ -239,7 +259,9 @@ def served(cluster, image_vars) -> Served:
     done = deploy(cluster, image_vars, "1.0")
     assert done.returncode == 0, done.stdout[-6000:]
     print(f"k8s-deploy OVERLAY=local 1.0 (image build and load included): {time.monotonic() - begin:.0f} s")
-    print("\n".join(line for line in done.stdout.splitlines() if line.startswith((">> built", ">> loaded", ">> 2 image"))))
+    print(
+        "\n".join(line for line in done.stdout.splitlines() if line.startswith((">> built", ">> loaded", ">> 2 image")))
+    )
     assert "secret/rtserve-gateway-tokens created" in done.stdout, done.stdout[-6000:]
     return Served(cluster, image_vars, done.stdout)
 

@@ -19,13 +19,24 @@ PINNED = re.search(r"^\s*k8s\.io/kubernetes (v\S+)", (REPO / "deploy/cluster/go.
 
 
 def test_cluster_comes_up_and_reports_every_component_running(cluster):
-    assert re.search(r"^>> cluster ready in [\d.]+ s \(etcd [\d.]+ s, kube-apiserver [\d.]+ s, "
-                     r"kube-controller-manager [\d.]+ s, kube-scheduler [\d.]+ s, containerd [\d.]+ s, "
-                     r"kubelet [\d.]+ s, kube-proxy [\d.]+ s, node Ready [\d.]+ s", cluster.start_output, re.M)
+    assert re.search(
+        r"^>> cluster ready in [\d.]+ s \(etcd [\d.]+ s, kube-apiserver [\d.]+ s, "
+        r"kube-controller-manager [\d.]+ s, kube-scheduler [\d.]+ s, containerd [\d.]+ s, "
+        r"kubelet [\d.]+ s, kube-proxy [\d.]+ s, node Ready [\d.]+ s",
+        cluster.start_output,
+        re.M,
+    )
     status = make("cluster-status", f"CLUSTER_RUN_DIR={cluster.run_dir}")
     assert status.returncode == 0, status.stdout
-    for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "containerd",
-                 "kubelet", "kube-proxy"):
+    for name in (
+        "etcd",
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "containerd",
+        "kubelet",
+        "kube-proxy",
+    ):
         assert re.search(rf"^  {name} +running \(pid \d+\)$", status.stdout, re.M), status.stdout
     assert f"API server: {cluster.api_url}" in status.stdout
 
@@ -38,8 +49,9 @@ def test_kubectl_version_answers_with_the_pinned_version(cluster):
 def test_server_runs_node_and_rbac_authorization(cluster):
     """The admin (system:masters) may do anything; a service account may not list secrets."""
     assert cluster.ok("auth", "can-i", "list", "secrets", "-A").strip() == "yes"
-    denied = cluster.kubectl("auth", "can-i", "list", "secrets", "-n", "default",
-                             "--as=system:serviceaccount:default:default")
+    denied = cluster.kubectl(
+        "auth", "can-i", "list", "secrets", "-n", "default", "--as=system:serviceaccount:default:default"
+    )
     assert denied.returncode == 1 and denied.stdout.strip() == "no", denied
 
 
@@ -74,8 +86,9 @@ def test_the_stream_consumers_component_is_accepted_by_the_api_server(cluster, o
     stream = {(o["kind"], o["metadata"]["name"]) for o in objects if "stream" in o["metadata"]["name"]}
     assert {"Deployment", "PodDisruptionBudget", "NetworkPolicy"} <= {kind for kind, _ in stream}, stream
     for kind, name in stream:
-        assert re.search(rf"^{kind.lower()}(\.[a-z0-9.]+)?/{re.escape(name)} \w+ \(server dry run\)$",
-                         done.stdout, re.M), (kind, done.stdout)
+        assert re.search(
+            rf"^{kind.lower()}(\.[a-z0-9.]+)?/{re.escape(name)} \w+ \(server dry run\)$", done.stdout, re.M
+        ), (kind, done.stdout)
     assert "PodSecurity" not in done.stderr, done.stderr
 
 
@@ -162,8 +175,10 @@ def test_a_restricted_namespace_refuses_a_privileged_pod(cluster):
     with removed_on_exit(cluster, ["restricted-check"]):
         refused = cluster.kubectl("apply", "-f", "-", stdin=PRIVILEGED_POD)
         assert refused.returncode == 1
-        assert ('Error from server (Forbidden): error when creating "STDIN": pods "privileged" is forbidden: '
-                'violates PodSecurity "restricted:latest": ') in refused.stderr, refused.stderr
+        assert (
+            'Error from server (Forbidden): error when creating "STDIN": pods "privileged" is forbidden: '
+            'violates PodSecurity "restricted:latest": '
+        ) in refused.stderr, refused.stderr
         assert 'privileged (container "app" must not set securityContext.privileged=true)' in refused.stderr
         assert cluster.kubectl("get", "pod", "privileged", "-n", "restricted-check").returncode == 1
         # The same namespace takes a pod that meets the restricted level: the refusal is PodSecurity's.

@@ -28,33 +28,44 @@ from tests.conftest import MODEL_NAME, REPO
 
 pytestmark = pytest.mark.cluster
 
+
 def test_deploy_completes_and_answers_through_the_service_with_the_token(served):
     out = served.deploy_output
     assert 'deployment "rtserve" successfully rolled out' in out, out[-3000:]
     assert re.search(r">> registry\.example\.com/ml/rtserve:1\.0 verified on local", out), out[-3000:]
     import requests
 
-    answer = requests.post(served.url, json={"features": [0.25] * 32}, timeout=10,
-                           headers={"Authorization": f"Bearer {served.token}"})
+    answer = requests.post(
+        served.url, json={"features": [0.25] * 32}, timeout=10, headers={"Authorization": f"Bearer {served.token}"}
+    )
     assert answer.status_code == 200, answer.text
     assert answer.json()["model_version"] == "1.0"
     refused = requests.post(served.url, json={"features": [0.25] * 32}, timeout=10)
     assert refused.status_code == 401, refused.text
-    bad = requests.post(served.url, json={"features": [0.25] * 3}, timeout=10,
-                        headers={"Authorization": f"Bearer {served.token}"})
+    bad = requests.post(
+        served.url, json={"features": [0.25] * 3}, timeout=10, headers={"Authorization": f"Bearer {served.token}"}
+    )
     assert bad.status_code == 400 and bad.json()["field"] == "features", bad.text
 
 
 def test_the_namespace_enforces_restricted_pod_security(served):
     labels = json.loads(served.cluster.ok("get", "namespace", NAMESPACE, "-o", "jsonpath={.metadata.labels}"))
     assert labels["pod-security.kubernetes.io/enforce"] == "restricted", labels
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "privileged", "namespace": NAMESPACE},
-           "spec": {"containers": [{"name": "app", "image": "registry.example.com/ml/rtserve:1.0",
-                                    "securityContext": {"privileged": True}}]}}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "privileged", "namespace": NAMESPACE},
+        "spec": {
+            "containers": [
+                {"name": "app", "image": "registry.example.com/ml/rtserve:1.0", "securityContext": {"privileged": True}}
+            ]
+        },
+    }
     refused = served.cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
     assert refused.returncode == 1, refused.stdout
-    assert re.search(r'pods "privileged" is forbidden: violates PodSecurity "restricted:[\w.]+": privileged',
-                     refused.stderr), refused.stderr
+    assert re.search(
+        r'pods "privileged" is forbidden: violates PodSecurity "restricted:[\w.]+": privileged', refused.stderr
+    ), refused.stderr
 
 
 def test_a_failed_verification_is_undone_by_k8s_deploy(served, image_vars):
@@ -68,11 +79,16 @@ def test_a_failed_verification_is_undone_by_k8s_deploy(served, image_vars):
         records = load.stop()
     assert failed.returncode != 0, failed.stdout[-4000:]
     assert "is above max_p99_ms 0.001 ms" in failed.stdout, failed.stdout[-4000:]
-    assert re.search(r"registry\.example\.com/ml/rtserve:2\.0 failed its verification on local and was "
-                     r"rolled back", failed.stdout), failed.stdout[-3000:]
+    assert re.search(
+        r"registry\.example\.com/ml/rtserve:2\.0 failed its verification on local and was "
+        r"rolled back",
+        failed.stdout,
+    ), failed.stdout[-3000:]
     assert served.versions() == {"1.0"}
-    print(f"failed verification of 2.0 and its undo: {Counts.of(records).text()} of {len(records)}; "
-          f"versions answered {dict(Counter(r.version for r in records))}")
+    print(
+        f"failed verification of 2.0 and its undo: {Counts.of(records).text()} of {len(records)}; "
+        f"versions answered {dict(Counter(r.version for r in records))}"
+    )
     no_failures(records, "a failed verification and its undo")
     assert not settled(records, "undo", "1.0")  # every caller back on 1.0 once the undo ended
 
@@ -111,8 +127,9 @@ def test_a_version_that_answers_wrongly_is_undone_by_k8s_deploy(served, image_va
     finally:
         records = load.stop()
     assert failed.returncode != 0, failed.stdout[-4000:]
-    assert re.search(r"container rtserve of pod rtserve-\S+ exited \d+ \(Error\) and restarted", failed.stdout), \
+    assert re.search(r"container rtserve of pod rtserve-\S+ exited \d+ \(Error\) and restarted", failed.stdout), (
         failed.stdout[-4000:]
+    )
     assert "the served model is not the one packaged" in failed.stdout, failed.stdout[-4000:]  # its log
     assert "the rollout of registry.example.com/ml/rtserve:2.9 to local failed and was rolled back" in failed.stdout
     assert served.versions() == before
@@ -122,8 +139,7 @@ def test_a_version_that_answers_wrongly_is_undone_by_k8s_deploy(served, image_va
     assert not settled(records, "undo", version)
 
 
-def test_a_change_the_api_server_refuses_fails_k8s_deploy_and_the_running_version_serves(served, image_vars,
-                                                                                           tmp_path):
+def test_a_change_the_api_server_refuses_fails_k8s_deploy_and_the_running_version_serves(served, image_vars, tmp_path):
     """A copy of deploy/k8s whose local overlay adds a label to the Deployment's selector (an
     immutable field): `make k8s-deploy K8S_DIR=<copy>` fails with the API server's own message,
     and the pods serving are untouched."""
@@ -131,7 +147,8 @@ def test_a_change_the_api_server_refuses_fails_k8s_deploy_and_the_running_versio
     shutil.copytree(REPO / "deploy" / "k8s", k8s)
     (k8s / "overlays" / "local" / "selector.yaml").write_text(
         "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: rtserve\nspec:\n  selector:\n"
-        "    matchLabels:\n      track: stable\n  template:\n    metadata:\n      labels:\n        track: stable\n")
+        "    matchLabels:\n      track: stable\n  template:\n    metadata:\n      labels:\n        track: stable\n"
+    )
     kustomization = k8s / "overlays" / "local" / "kustomization.yaml"
     text = kustomization.read_text().replace("  - path: hpa.yaml\n", "  - path: hpa.yaml\n  - path: selector.yaml\n")
     assert "selector.yaml" in text, "the local overlay's patches list has moved"
@@ -147,7 +164,9 @@ def test_a_change_the_api_server_refuses_fails_k8s_deploy_and_the_running_versio
             records = load.stop()
         pods_after = served.pods()
     assert refused.returncode != 0, refused.stdout[-3000:]
-    assert 'The Deployment "rtserve" is invalid: spec.selector: Invalid value: ' in refused.stdout, refused.stdout[-3000:]
+    assert 'The Deployment "rtserve" is invalid: spec.selector: Invalid value: ' in refused.stdout, refused.stdout[
+        -3000:
+    ]
     assert "field is immutable" in refused.stdout, refused.stdout[-3000:]
     assert served.versions() == versions
     assert pods_after == pods_before
@@ -167,18 +186,27 @@ def test_draining_the_node_honours_the_disruption_budget(served):
         assert ready == "2", f"expected 2 ready replicas before the drain, got {ready}"
         load = served.load()
         try:
-            drain = cluster.kubectl("drain", cluster.node, "--ignore-daemonsets", "--delete-emptydir-data",
-                                    "--pod-selector=app.kubernetes.io/name=rtserve", "--timeout=45s", timeout=120)
-            pods = json.loads(cluster.ok("-n", NAMESPACE, "get", "pods", "-l", "app.kubernetes.io/name=rtserve",
-                                         "-o", "json"))
+            drain = cluster.kubectl(
+                "drain",
+                cluster.node,
+                "--ignore-daemonsets",
+                "--delete-emptydir-data",
+                "--pod-selector=app.kubernetes.io/name=rtserve",
+                "--timeout=45s",
+                timeout=120,
+            )
+            pods = json.loads(
+                cluster.ok("-n", NAMESPACE, "get", "pods", "-l", "app.kubernetes.io/name=rtserve", "-o", "json")
+            )
         finally:
             cluster.ok("uncordon", cluster.node)
             time.sleep(2)
             records = load.stop()
     assert drain.returncode != 0, drain.stdout
     assert "Cannot evict pod as it would violate the pod's disruption budget" in drain.stderr, drain.stderr
-    running = [p for p in pods["items"] if p["status"].get("phase") == "Running"
-               and not p["metadata"].get("deletionTimestamp")]
+    running = [
+        p for p in pods["items"] if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+    ]
     assert len(running) == 1, [p["metadata"]["name"] for p in running]
     print(f"a node drain: {Counts.of(records).text()} of {len(records)}")
     no_failures(records, "a node drain")
@@ -222,21 +250,47 @@ def test_the_autoscaler_reads_real_cpu_and_scales_out_under_load_and_back(served
     import requests
 
     cluster = served.cluster
-    target = int(cluster.ok("-n", NAMESPACE, "get", "hpa", "rtserve", "-o",
-                            "jsonpath={.spec.metrics[0].resource.target.averageUtilization}"))
-    idle = wait_for("the HPA at 2 replicas and under its target",
-                    lambda: (s := hpa_status(cluster)).get("desiredReplicas") == 2
-                    and (u := cpu_utilization(s)) is not None and u < target and s, timeout=180)
+    target = int(
+        cluster.ok(
+            "-n",
+            NAMESPACE,
+            "get",
+            "hpa",
+            "rtserve",
+            "-o",
+            "jsonpath={.spec.metrics[0].resource.target.averageUtilization}",
+        )
+    )
+    idle = wait_for(
+        "the HPA at 2 replicas and under its target",
+        lambda: (
+            (s := hpa_status(cluster)).get("desiredReplicas") == 2
+            and (u := cpu_utilization(s)) is not None
+            and u < target
+            and s
+        ),
+        timeout=180,
+    )
     top = cluster.ok("-n", NAMESPACE, "top", "pods", "--no-headers")
     assert re.search(r"^rtserve-\S+ +\d+m +\d+Mi\s*$", top, re.M), top
     first = {p.name for p in served.deployed.pods()}
-    load = SteadyLoad(served.url, {"features": [0.25] * 32}, lambda: served.token, rate=3000,
-                      concurrency=16, max_seconds=600, resend_worker_lost=False).start()
+    load = SteadyLoad(
+        served.url,
+        {"features": [0.25] * 32},
+        lambda: served.token,
+        rate=3000,
+        concurrency=16,
+        max_seconds=600,
+        resend_worker_lost=False,
+    ).start()
     try:
-        busy = wait_for("a scale-out", lambda: (s := hpa_status(cluster))["desiredReplicas"] >= 3 and s,
-                        timeout=180)
-        ready = wait_for("a third pod ready", lambda: [p.name for p in served.deployed.pods()
-                                                       if p.ready and p.name not in first], timeout=360, poll=1.0)
+        busy = wait_for("a scale-out", lambda: (s := hpa_status(cluster))["desiredReplicas"] >= 3 and s, timeout=180)
+        ready = wait_for(
+            "a third pod ready",
+            lambda: [p.name for p in served.deployed.pods() if p.ready and p.name not in first],
+            timeout=360,
+            poll=1.0,
+        )
     finally:
         records = load.stop()
     (third,) = ready
@@ -247,16 +301,20 @@ def test_the_autoscaler_reads_real_cpu_and_scales_out_under_load_and_back(served
     before = answered_by(cluster, third)
     sent = answered = 0
     while answered == 0 and sent < 300:
-        fresh = [requests.post(served.url, json={"features": [0.25] * 32}, headers=served.auth, timeout=30)
-                 for _ in range(30)]  # each on a connection of its own
+        fresh = [
+            requests.post(served.url, json={"features": [0.25] * 32}, headers=served.auth, timeout=30)
+            for _ in range(30)
+        ]  # each on a connection of its own
         assert {r.status_code for r in fresh} == {200}, {r.status_code for r in fresh}
         sent += len(fresh)
         answered = answered_by(cluster, third) - before
         if answered == 0:
             time.sleep(2)
-    print(f"HPA: idle {cpu_utilization(idle)} % (target {target} %), under load {cpu_utilization(busy)} % -> "
-          f"{busy['desiredReplicas']} replicas; {Counts.of(records).text()} of {len(records)}; the third pod "
-          f"{third} answered {answered} of {sent} requests on new connections")
+    print(
+        f"HPA: idle {cpu_utilization(idle)} % (target {target} %), under load {cpu_utilization(busy)} % -> "
+        f"{busy['desiredReplicas']} replicas; {Counts.of(records).text()} of {len(records)}; the third pod "
+        f"{third} answered {answered} of {sent} requests on new connections"
+    )
     assert cpu_utilization(busy) > target, busy
     assert answered > 0, f"{third} is ready but answered none of {sent} requests on new connections"
     no_failures(records, "the autoscaler's scale-out")

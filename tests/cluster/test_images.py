@@ -46,8 +46,9 @@ def test_an_image_is_imported_once_and_tagged_under_a_second_name(cluster, tiny_
     try:
         first = load(cluster, name)
         assert first.returncode == 0, first.stdout
-        assert re.search(rf"^>> loaded {re.escape(name)} \(0\.00 GB, image {short}\) in [\d.]+ s$",
-                         first.stdout, re.M), first.stdout
+        assert re.search(
+            rf"^>> loaded {re.escape(name)} \(0\.00 GB, image {short}\) in [\d.]+ s$", first.stdout, re.M
+        ), first.stdout
         refs = ctr.images()
         assert images.NodeImages(ctr).config_of(refs[name]) == image_id  # podman's ID on the node
         assert not [r for r in refs if r.startswith("import-")], "no import-<date>@ names (--digests)"

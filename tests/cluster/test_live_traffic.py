@@ -26,8 +26,9 @@ import yaml
 from bench import pod_rollout
 from bench.loadgen import SteadyLoad
 from rtserve.k8s.deploy import Kubectl
-from rtserve.k8s.live import POD_RUN, POD_TOKEN_FILE, Cluster as LivePods, LogCopy
-from rtserve.promotion.live import KEY_HEADER, Route, Routes, sticky_bucket
+from rtserve.promotion.live.kubectl import POD_RUN, POD_TOKEN_FILE, LogCopy
+from rtserve.promotion.live.kubectl import Cluster as LivePods
+from rtserve.promotion.live.routes import KEY_HEADER, Route, Routes, sticky_bucket
 from tests.cluster.conftest import DEPLOY_TIMEOUT, NAMESPACE, RATE, autoscaler_held, deploy, make, no_failures
 from tests.conftest import MODEL_NAME, REPO
 from tests.helpers import SLOW_CANDIDATE, SLOW_S, Reference, agreement, demo_eager, random_archive, shadow_cost
@@ -65,8 +66,9 @@ def gate_config(tmp_path: Path) -> Path:
     bound (the default pods' round trip to the candidate on this loaded 2-core node) and the
     agreement are left out of it (the abort under test is the error rate's)."""
     config = yaml.safe_load((REPO / "config" / "gate.yaml").read_text())
-    config["live"]["canary"].update(window_s=30.0, min_requests=20, max_error_rate=0.05,
-                                    max_p99_ms=60000.0, min_agreement=0.0)
+    config["live"]["canary"].update(
+        window_s=30.0, min_requests=20, max_error_rate=0.05, max_p99_ms=60000.0, min_agreement=0.0
+    )
     path = tmp_path / "gate.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -85,11 +87,16 @@ def keyed(served, keys: list[str], concurrency: int = 8, rows: list[list[float]]
         session = local.__dict__.setdefault("session", requests.Session())
         sent = time.time()
         try:
-            r = session.post(served.url, data=bodies[i % len(bodies)], timeout=30,
-                             headers={**headers, KEY_HEADER: key})
+            r = session.post(served.url, data=bodies[i % len(bodies)], timeout=30, headers={**headers, KEY_HEADER: key})
             version = r.json().get("model_version") if r.status_code == 200 else None
-            return {"key": key, "status": r.status_code, "version": version, "at": sent,
-                    "id": r.headers.get("x-request-id"), "text": "" if r.status_code == 200 else r.text[:200]}
+            return {
+                "key": key,
+                "status": r.status_code,
+                "version": version,
+                "at": sent,
+                "id": r.headers.get("x-request-id"),
+                "text": "" if r.status_code == 200 else r.text[:200],
+            }
         except requests.RequestException as exc:
             return {"key": key, "status": 0, "version": None, "at": sent, "id": None, "text": str(exc)[:200]}
 
@@ -99,8 +106,10 @@ def keyed(served, keys: list[str], concurrency: int = 8, rows: list[list[float]]
 
 def pod_routes(served) -> dict[str, dict]:
     """Each default pod's routes file, as the agent reads it."""
-    return {pod: json.loads(served.deployed.exec(pod, "rtserve", "cat", "/home/model-server/run/live-routes.json"))
-            for pod in served.pods()}
+    return {
+        pod: json.loads(served.deployed.exec(pod, "rtserve", "cat", "/home/model-server/run/live-routes.json"))
+        for pod in served.pods()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +130,8 @@ def live_vars(served, image_vars, state: Path) -> list[str]:
 
 
 def test_a_shuffled_candidate_shadowed_at_half_agrees_by_chance_and_its_promotion_is_refused(
-        held, image_vars, build_root, mar_v1, tmp_path):
+    held, image_vars, build_root, mar_v1, tmp_path
+):
     """3.2 (:class:`tests.helpers.RandomAnswers`, its own image and Deployment) shadowed at 50 %
     under 2,000 requests of the held-out rows: callers see 1.0 only, 50 % of them are mirrored
     (within 2 points), the agreement is chance's, and `make k8s-deploy` with the live evidence
@@ -132,20 +142,22 @@ def test_a_shuffled_candidate_shadowed_at_half_agrees_by_chance_and_its_promotio
     live = live_vars(served, image_vars, state)
     try:
         begin = time.monotonic()
-        shadow = make("k8s-shadow", "MODEL_VERSION=3.2", f"PERCENT={SHADOW_PERCENT:g}", *live,
-                      timeout=DEPLOY_TIMEOUT)
+        shadow = make("k8s-shadow", "MODEL_VERSION=3.2", f"PERCENT={SHADOW_PERCENT:g}", *live, timeout=DEPLOY_TIMEOUT)
         took = time.monotonic() - begin
         assert shadow.returncode == 0, shadow.stdout[-4000:]
-        print(f">> make k8s-shadow MODEL_VERSION=3.2 PERCENT={SHADOW_PERCENT:g} ({took:.0f} s: image "
-              "build and load, candidate rollout):\n" + "\n".join(shadow.stdout.splitlines()[-6:]))
+        print(
+            f">> make k8s-shadow MODEL_VERSION=3.2 PERCENT={SHADOW_PERCENT:g} ({took:.0f} s: image "
+            "build and load, candidate rollout):\n" + "\n".join(shadow.stdout.splitlines()[-6:])
+        )
         from rtserve.model.data import make_dataset
 
         rows = make_dataset().x_test[:SHADOWED].tolist()
         begin = time.monotonic()
         answers = keyed(served, [f"row-{i}" for i in range(SHADOWED)], concurrency=4, rows=rows)
         sent_s = time.monotonic() - begin
-        assert {(a["status"], a["version"]) for a in answers} == {(200, "1.0")}, \
-            [a for a in answers if (a["status"], a["version"]) != (200, "1.0")][:5]
+        assert {(a["status"], a["version"]) for a in answers} == {(200, "1.0")}, [
+            a for a in answers if (a["status"], a["version"]) != (200, "1.0")
+        ][:5]
         report = make("k8s-shadow-report", *live, timeout=120)
         assert report.returncode == 0, report.stdout[-3000:]
         print(report.stdout[-2500:])
@@ -156,9 +168,11 @@ def test_a_shuffled_candidate_shadowed_at_half_agrees_by_chance_and_its_promotio
         share = len(mirrored) / len(answers) * 100
         shares = {who: {k: v / sum(c.values()) for k, v in c.items()} for who, c in saved["classes"].items()}
         chance = sum(p * shares["candidate"].get(k, 0.0) for k, p in shares["default"].items())
-        print(f"shadow 3.2 at {SHADOW_PERCENT:g}%: {len(mirrored)} of {len(answers)} requests mirrored "
-              f"({share:.2f}%) in {sent_s:.0f} s ({saved['dropped']} dropped at the agent's in-flight "
-              f"limit); agreement {saved['agreement']:.4f} over {saved['compared']} compared, chance {chance:.4f}")
+        print(
+            f"shadow 3.2 at {SHADOW_PERCENT:g}%: {len(mirrored)} of {len(answers)} requests mirrored "
+            f"({share:.2f}%) in {sent_s:.0f} s ({saved['dropped']} dropped at the agent's in-flight "
+            f"limit); agreement {saved['agreement']:.4f} over {saved['compared']} compared, chance {chance:.4f}"
+        )
         assert abs(share - SHADOW_PERCENT) <= 2.0, share
         # (the agent drops a mirror beyond 64 in flight, logged as such: on a busy node the
         # candidate's answers slow down; the share counts every request the agent chose)
@@ -166,13 +180,21 @@ def test_a_shuffled_candidate_shadowed_at_half_agrees_by_chance_and_its_promotio
         assert abs(saved["agreement"] - chance) < 0.1 and saved["agreement"] < 0.6, (saved, chance)
 
         # -- promotion with live.promote.require_shadow: refused on the agreement ------------------
-        refused = deploy(cluster, image_vars, "3.2", f"K8S_LIVE_DIR={state}",
-                         f"GATE_CONFIG={evidence_config(tmp_path, EVIDENCE_FLOOR)}", timeout=300)
+        refused = deploy(
+            cluster,
+            image_vars,
+            "3.2",
+            f"K8S_LIVE_DIR={state}",
+            f"GATE_CONFIG={evidence_config(tmp_path, EVIDENCE_FLOOR)}",
+            timeout=300,
+        )
         print(">> make k8s-deploy 3.2 (live evidence refused):\n" + "\n".join(refused.stdout.splitlines()[-3:]))
         assert refused.returncode != 0
-        assert re.search(r"error: live evidence: live agreement: the candidate gave the default's class on "
-                         r"0\.\d+ of \d+ mirrored requests \(at least 0\.9 required\).*nothing applied",
-                         refused.stdout), refused.stdout[-2000:]
+        assert re.search(
+            r"error: live evidence: live agreement: the candidate gave the default's class on "
+            r"0\.\d+ of \d+ mirrored requests \(at least 0\.9 required\).*nothing applied",
+            refused.stdout,
+        ), refused.stdout[-2000:]
         assert served.versions() == {"1.0"}
         assert [e["outcome"] for e in evidence_events(state)] == ["refused"]
     finally:
@@ -187,23 +209,48 @@ def slow_stand_in() -> dict:
     label (the NetworkPolicies let the default pods reach it) but not the candidate Service's
     component label."""
     labels = {"app.kubernetes.io/name": "rtserve-candidate", "rtserve.io/stand-in": "slow"}
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": SLOW, "namespace": NAMESPACE, "labels": labels},
-           "spec": {"automountServiceAccountToken": False,
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
-                                        "seccompProfile": {"type": "RuntimeDefault"}},
-                    "containers": [{
-                        "name": "slow", "image": "registry.example.com/ml/rtserve:1.0",
-                        "imagePullPolicy": "IfNotPresent",
-                        "command": ["python", "-c", SLOW_CANDIDATE, "0.0.0.0", "8080"],
-                        "ports": [{"name": "inference", "containerPort": 8080}],
-                        "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
-                        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"},
-                                      "limits": {"cpu": "500m", "memory": "128Mi"}},
-                        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                                            "capabilities": {"drop": ["ALL"]}}}]}}
-    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": SLOW, "namespace": NAMESPACE},
-               "spec": {"selector": {"rtserve.io/stand-in": "slow"},
-                        "ports": [{"name": "inference", "port": 8080, "targetPort": "inference"}]}}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": SLOW, "namespace": NAMESPACE, "labels": labels},
+        "spec": {
+            "automountServiceAccountToken": False,
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 10001,
+                "runAsGroup": 10001,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [
+                {
+                    "name": "slow",
+                    "image": "registry.example.com/ml/rtserve:1.0",
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["python", "-c", SLOW_CANDIDATE, "0.0.0.0", "8080"],
+                    "ports": [{"name": "inference", "containerPort": 8080}],
+                    "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
+                    "resources": {
+                        "requests": {"cpu": "100m", "memory": "128Mi"},
+                        "limits": {"cpu": "500m", "memory": "128Mi"},
+                    },
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "readOnlyRootFilesystem": True,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                }
+            ],
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": SLOW, "namespace": NAMESPACE},
+        "spec": {
+            "selector": {"rtserve.io/stand-in": "slow"},
+            "ports": [{"name": "inference", "port": 8080, "targetPort": "inference"}],
+        },
+    }
     return {"apiVersion": "v1", "kind": "List", "items": [pod, service]}
 
 
@@ -215,7 +262,7 @@ def unshadow(pods: LivePods, manifest: Path) -> None:
 
 def test_a_candidate_500ms_slower_does_not_move_the_callers_p99(held, tmp_path):
     """The default pods mirror 100 % of steady traffic to a stand-in, the routes switched in
-    alternating windows through the cluster's own publishing (rtserve.k8s.live: the ConfigMap
+    alternating windows through the cluster's own publishing (rtserve.promotion.live.kubectl: the ConfigMap
     and each pod, as `make k8s-shadow` does; the stand-in is no candidate Deployment that
     target could deploy) between its path that answers at once and the one that answers after
     500 ms; the callers' p99 stays within 5 ms (or the machine's own noise), and every mirror
@@ -228,20 +275,33 @@ def test_a_candidate_500ms_slower_does_not_move_the_callers_p99(held, tmp_path):
     callers is what this test asks; what mirroring costs without that CPU,
     tests/integration/test_live_routes.py asserts against no shadow."""
     served, cluster = held, held.cluster
-    pods = LivePods(Kubectl(f"{cluster.bin_dir / 'kubectl'} --kubeconfig {cluster.kubeconfig}", out=lambda _: None),
-                    NAMESPACE)
+    pods = LivePods(
+        Kubectl(f"{cluster.bin_dir / 'kubectl'} --kubeconfig {cluster.kubeconfig}", out=lambda _: None), NAMESPACE
+    )
     url = f"http://{SLOW}.{NAMESPACE}.svc:8080/predictions/{MODEL_NAME}/"
     manifest = tmp_path / "live-routes-configmap.json"
 
     def switch(slow: bool) -> None:
         version = "slow" if slow else "fast"
-        routes = Routes(MODEL_NAME, str(POD_RUN.live_log), shadow=Route(version, 100.0, url + version),
-                        token_file=POD_TOKEN_FILE, revision=int(time.time() * 1000))
+        routes = Routes(
+            MODEL_NAME,
+            str(POD_RUN.live_log),
+            shadow=Route(version, 100.0, url + version),
+            token_file=POD_TOKEN_FILE,
+            revision=int(time.time() * 1000),
+        )
         pods.publish(json.dumps(routes.json(), indent=2) + "\n", manifest)
 
     cluster.ok("apply", "-f", "-", stdin=json.dumps(slow_stand_in()))
-    load = SteadyLoad(served.url, {"features": [0.25] * 32}, lambda: served.token, rate=SLOW_RATE,
-                      concurrency=SLOW_CONNECTIONS, max_seconds=600, resend_worker_lost=False)
+    load = SteadyLoad(
+        served.url,
+        {"features": [0.25] * 32},
+        lambda: served.token,
+        rate=SLOW_RATE,
+        concurrency=SLOW_CONNECTIONS,
+        max_seconds=600,
+        resend_worker_lost=False,
+    )
     copy = LogCopy(tmp_path / "live-log.jsonl", tmp_path / "audit.log", from_end=True)
     try:
         cluster.ok("-n", NAMESPACE, "wait", "--for=condition=Ready", f"pod/{SLOW}", "--timeout=120s", timeout=130)
@@ -253,15 +313,21 @@ def test_a_candidate_500ms_slower_does_not_move_the_callers_p99(held, tmp_path):
         switch(False)  # and both paths' code is compiled before either is measured
         load.mark("warm-up fast")
         time.sleep(2)
-        results = shadow_cost(load, switch, 0.3, WINDOWS, WINDOW_S, ATTEMPTS,
-                              f"{SLOW_RATE:g} req/s over {SLOW_CONNECTIONS} connections through the Service",
-                              max_allowed_ms=MAX_ALLOWED_MS, conditions=("shadow to the stand-in answering at once",
-                                                                         "shadow to it answering after 500 ms"))
+        results = shadow_cost(
+            load,
+            switch,
+            0.3,
+            WINDOWS,
+            WINDOW_S,
+            ATTEMPTS,
+            f"{SLOW_RATE:g} req/s over {SLOW_CONNECTIONS} connections through the Service",
+            max_allowed_ms=MAX_ALLOWED_MS,
+            conditions=("shadow to the stand-in answering at once", "shadow to it answering after 500 ms"),
+        )
         fast, slow, allowed = results[-1]
         load.mark("end")
         records = load.stop()
-        assert {(r.status, r.version) for r in records} == {(200, "1.0")}, \
-            {(r.status, r.version) for r in records}
+        assert {(r.status, r.version) for r in records} == {(200, "1.0")}, {(r.status, r.version) for r in records}
         assert slow.p99_ms - fast.p99_ms <= allowed <= MAX_ALLOWED_MS, [(f.p99_ms, s.p99_ms, a) for f, s, a in results]
         unshadow(pods, manifest)
         time.sleep(1)  # the last mirrors answered and logged (the agent flushes every 200 ms)
@@ -269,10 +335,12 @@ def test_a_candidate_500ms_slower_does_not_move_the_callers_p99(held, tmp_path):
         lines = [line for line in map(json.loads, copy.live_log.read_text().splitlines()) if line["kind"] == "shadow"]
         mirrors = {v: [line for line in lines if line["version"] == v] for v in ("fast", "slow")}
         slow_sent = sum(1 for r in records if r.phase.startswith("on ") or r.phase == "warm-up on")
-        print(f"{len(mirrors['slow'])} mirrors to the slow path for {slow_sent} requests sent while it was "
-              f"the shadow, its answers in {min(m['ms'] for m in mirrors['slow']):.0f} to "
-              f"{max(m['ms'] for m in mirrors['slow']):.0f} ms; {len(mirrors['fast'])} to the fast path, "
-              f"in {min(m['ms'] for m in mirrors['fast']):.0f} to {max(m['ms'] for m in mirrors['fast']):.0f} ms")
+        print(
+            f"{len(mirrors['slow'])} mirrors to the slow path for {slow_sent} requests sent while it was "
+            f"the shadow, its answers in {min(m['ms'] for m in mirrors['slow']):.0f} to "
+            f"{max(m['ms'] for m in mirrors['slow']):.0f} ms; {len(mirrors['fast'])} to the fast path, "
+            f"in {min(m['ms'] for m in mirrors['fast']):.0f} to {max(m['ms'] for m in mirrors['fast']):.0f} ms"
+        )
         assert {m["status"] for m in lines} == {200}, {m.get("error") for m in lines}
         assert min(m["ms"] for m in mirrors["slow"]) >= 500
         assert len(mirrors["slow"]) >= slow_sent, (len(mirrors["slow"]), slow_sent)
@@ -283,8 +351,7 @@ def test_a_candidate_500ms_slower_does_not_move_the_callers_p99(held, tmp_path):
         cluster.kubectl("-n", NAMESPACE, "delete", "pod,service", SLOW, "--ignore-not-found", "--wait=false")
 
 
-def test_shadow_canary_abort_then_a_promotion_rolled_out_and_back_under_traffic(held, image_vars, mar_v1,
-                                                                                tmp_path):
+def test_shadow_canary_abort_then_a_promotion_rolled_out_and_back_under_traffic(held, image_vars, mar_v1, tmp_path):
     """2.0 shadowed at 100 % under steady traffic of the held-out rows (its agreement with 1.0
     recomputed here from the in-process models: the evidence its promotion rests on), a sticky
     10 % canary, its abort when the candidate goes, then the promotion with that evidence rolled
@@ -313,7 +380,8 @@ def test_shadow_canary_abort_then_a_promotion_rolled_out_and_back_under_traffic(
         routes = pod_routes(served)
         assert {r["shadow"]["percent"] for r in routes.values()} == {100.0}, routes
         assert {r["shadow"]["url"] for r in routes.values()} == {
-            f"http://rtserve-candidate.{NAMESPACE}.svc:8080/predictions/realtime-classifier/2.0"}
+            f"http://rtserve-candidate.{NAMESPACE}.svc:8080/predictions/realtime-classifier/2.0"
+        }
         report = make("k8s-shadow-report", *live, timeout=120)
         assert report.returncode == 0, report.stdout[-3000:]
         print(report.stdout[-2500:])
@@ -327,20 +395,33 @@ def test_shadow_canary_abort_then_a_promotion_rolled_out_and_back_under_traffic(
         # the agreement is the in-process models' on the rows of the mirrored requests
         sent = {r.request_id: rows[r.payload] for r in records if r.request_id}
         log = [json.loads(line) for line in (state / "report" / "live-log.jsonl").read_text().splitlines()]
-        paired = [sent[line["of"]] for line in log if line["kind"] == "shadow" and line["version"] == "2.0"
-                  and line["status"] == 200 and line["of"] in sent]
-        same, ties = agreement(*(Reference.from_mar(mar_v1.parent / f"{MODEL_NAME}_{v}.mar", demo_eager(v))
-                                 for v in ("1.0", "2.0")), paired)
-        print(f"shadow 2.0: agreement {saved['agreement']:.4f} over {saved['compared']} compared of "
-              f"{len({tuple(r) for r in paired})} held-out rows; recomputed {same}/{len(paired)} ({ties} near-ties)")
+        paired = [
+            sent[line["of"]]
+            for line in log
+            if line["kind"] == "shadow" and line["version"] == "2.0" and line["status"] == 200 and line["of"] in sent
+        ]
+        same, ties = agreement(
+            *(Reference.from_mar(mar_v1.parent / f"{MODEL_NAME}_{v}.mar", demo_eager(v)) for v in ("1.0", "2.0")),
+            paired,
+        )
+        print(
+            f"shadow 2.0: agreement {saved['agreement']:.4f} over {saved['compared']} compared of "
+            f"{len({tuple(r) for r in paired})} held-out rows; recomputed {same}/{len(paired)} ({ties} near-ties)"
+        )
         assert saved["compared"] <= len(paired) <= saved["compared"] + saved["unmatched"], (len(paired), saved)
         assert abs(saved["agreement"] * saved["compared"] - same) <= ties + len(paired) - saved["compared"] + 1e-3
         assert 0.9 <= saved["agreement"] < 1.0, saved  # the rows tell the versions apart; the gate's floor
 
         # -- canary 10 %: sticky per key, the share within 2 points over 2,000 keys (4,000 requests) -------
         gate = gate_config(tmp_path)
-        canary = make("k8s-canary", "MODEL_VERSION=2.0", f"PERCENT={PERCENT:g}", f"GATE_CONFIG={gate}", *live,
-                      timeout=DEPLOY_TIMEOUT)
+        canary = make(
+            "k8s-canary",
+            "MODEL_VERSION=2.0",
+            f"PERCENT={PERCENT:g}",
+            f"GATE_CONFIG={gate}",
+            *live,
+            timeout=DEPLOY_TIMEOUT,
+        )
         assert canary.returncode == 0, canary.stdout[-3000:]
         print(">> make k8s-canary:\n" + "\n".join(canary.stdout.splitlines()[-6:]))
         begin = time.monotonic()
@@ -353,8 +434,10 @@ def test_shadow_canary_abort_then_a_promotion_rolled_out_and_back_under_traffic(
         assert all(len(v) == 1 for v in seen.values()), {k: v for k, v in seen.items() if len(v) > 1}
         expected = {k for k in KEYS if sticky_bucket(k) < PERCENT}  # the agent's documented hash
         share = sum(a["version"] == "2.0" for a in answers) / len(answers) * 100
-        print(f"canary share: {share:.2f}% of {len(answers)} requests (configured {PERCENT:g}%), "
-              f"{len(expected)} of {len(KEYS)} keys, each key twice, always the same version")
+        print(
+            f"canary share: {share:.2f}% of {len(answers)} requests (configured {PERCENT:g}%), "
+            f"{len(expected)} of {len(KEYS)} keys, each key twice, always the same version"
+        )
         assert {k for k, v in seen.items() if v == {"2.0"}} == expected
         assert abs(share - PERCENT) <= 2.0
 
@@ -383,26 +466,37 @@ def test_shadow_canary_abort_then_a_promotion_rolled_out_and_back_under_traffic(
         late = [a for a in rounds if a["at"] > aborted_at + 1]
         assert late and {(a["status"], a["version"]) for a in late} == {(200, "1.0")}
         assert {r["canary"]["percent"] for r in pod_routes(served).values()} == {0.0}
-        configmap = json.loads(cluster.ok("-n", NAMESPACE, "get", "configmap", "rtserve-live-routes",
-                                          "-o", "jsonpath={.data.routes\\.json}"))
+        configmap = json.loads(
+            cluster.ok(
+                "-n", NAMESPACE, "get", "configmap", "rtserve-live-routes", "-o", "jsonpath={.data.routes\\.json}"
+            )
+        )
         assert configmap["canary"]["percent"] == 0.0
         assert not (state / "canary-watcher.pid").exists()  # the watcher ended with its abort
         # and wrote the event into the audit log of each default pod running at the abort (one
         # started later has none: it starts with the ConfigMap's routes, share 0)
         deadline = time.monotonic() + 20
-        while not (named := re.search(r"^abort recorded in the audit log of (.+)$",
-                                      log := (state / "canary-watcher.log").read_text(), re.M)):
+        while not (
+            named := re.search(
+                r"^abort recorded in the audit log of (.+)$", log := (state / "canary-watcher.log").read_text(), re.M
+            )
+        ):
             assert time.monotonic() < deadline, log[-2000:]
             time.sleep(0.5)
         written = named[1].split(", ")
-        older = {p.name for p in served.deployed.pods()
-                 if datetime.fromisoformat(p.created.replace("Z", "+00:00")).timestamp() < event_at - 60}
+        older = {
+            p.name
+            for p in served.deployed.pods()
+            if datetime.fromisoformat(p.created.replace("Z", "+00:00")).timestamp() < event_at - 60
+        }
         assert older <= set(written), (older, written)
         for pod in written:
             tail = served.deployed.exec(pod, "rtserve", "tail", "-n", "5000", "/home/model-server/run/logs/audit.log")
             assert '"event":"canary-abort"' in tail, pod
-        print(f"abort: {len(rounds)} requests after the scale to 0, {len(failed)} failed "
-              f"({sorted({a['status'] for a in failed})}), {len(late)} after the abort, all 1.0")
+        print(
+            f"abort: {len(rounds)} requests after the scale to 0, {len(failed)} failed "
+            f"({sorted({a['status'] for a in failed})}), {len(late)} after the abort, all 1.0"
+        )
     finally:
         begin = time.monotonic()
         stopped = make("k8s-live-stop", *live, timeout=300)
@@ -410,19 +504,28 @@ def test_shadow_canary_abort_then_a_promotion_rolled_out_and_back_under_traffic(
         print(">> make k8s-live-stop:\n" + "\n".join(stopped.stdout.splitlines()[-8:]))
         print("; ".join(f"{k}: {v:.0f} s" for k, v in timings.items()))
     assert stopped.returncode == 0, stopped.stdout[-3000:]
-    assert cluster.ok("-n", NAMESPACE, "get", "deployment,service", "-l",
-                      "app.kubernetes.io/component=candidate", "-o", "name") == ""
+    assert (
+        cluster.ok(
+            "-n", NAMESPACE, "get", "deployment,service", "-l", "app.kubernetes.io/component=candidate", "-o", "name"
+        )
+        == ""
+    )
     assert {json.dumps([r["shadow"], r["canary"]]) for r in pod_routes(served).values()} == {"[null, null]"}
 
     # -- promotion with live.promote.require_shadow: the 2.0 shadow's evidence (the default pods'
     # logs still hold it) is accepted, 2.0 rolled out under steady traffic, then rolled back ----
-    evidence = [*cluster.make_vars, *image_vars, f"K8S_LIVE_DIR={state}",
-                f"GATE_CONFIG={evidence_config(tmp_path, EVIDENCE_REQUESTS)}"]
-    records, outputs = pod_rollout.run(served.deployed, pod_rollout.steps("2.0", evidence), rate=RATE,
-                                       concurrency=4)
+    evidence = [
+        *cluster.make_vars,
+        *image_vars,
+        f"K8S_LIVE_DIR={state}",
+        f"GATE_CONFIG={evidence_config(tmp_path, EVIDENCE_REQUESTS)}",
+    ]
+    records, outputs = pod_rollout.run(served.deployed, pod_rollout.steps("2.0", evidence), rate=RATE, concurrency=4)
     accepted = outputs["2.0 rollout"][0]
-    print(">> make k8s-deploy 2.0 (live evidence accepted):\n" + "\n".join(
-        line for line in accepted.splitlines() if "live evidence" in line or line.startswith(">>")))
+    print(
+        ">> make k8s-deploy 2.0 (live evidence accepted):\n"
+        + "\n".join(line for line in accepted.splitlines() if "live evidence" in line or line.startswith(">>"))
+    )
     assert re.search(r"live evidence: \d+ mirrored requests, agreement (1\.0000|0\.9\d+)", accepted), accepted[-3000:]
     assert "registry.example.com/ml/rtserve:2.0 verified on local" in accepted, accepted[-3000:]
     # The Job ran again for this version (a Job's pod template is immutable: deleted, made anew).
@@ -440,8 +543,9 @@ def test_shadow_canary_abort_then_a_promotion_rolled_out_and_back_under_traffic(
     assert served.versions() == {"1.0"}  # rolled back
     history = make("k8s-history", "OVERLAY=local", *cluster.make_vars)
     assert history.returncode == 0, history.stdout
-    assert re.search(r"realtime-classifier 1\.0 \(registry\.example\.com/ml/rtserve:1\.0\) by make k8s-deploy",
-                     history.stdout), history.stdout
+    assert re.search(
+        r"realtime-classifier 1\.0 \(registry\.example\.com/ml/rtserve:1\.0\) by make k8s-deploy", history.stdout
+    ), history.stdout
     assert "realtime-classifier 2.0 (registry.example.com/ml/rtserve:2.0) by make k8s-deploy" in history.stdout
 
 

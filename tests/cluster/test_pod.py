@@ -47,8 +47,9 @@ def pod(served, image_vars, tmp_path_factory):
 
 
 def predict(pod, headers=None, body=None) -> requests.Response:
-    return requests.post(pod.url, json=body or {"features": ROW},
-                         headers=headers if headers is not None else pod.auth, timeout=30)
+    return requests.post(
+        pod.url, json=body or {"features": ROW}, headers=headers if headers is not None else pod.auth, timeout=30
+    )
 
 
 def test_make_pod_rolls_out_verifies_and_prints_how_to_call_it(pod):
@@ -65,8 +66,9 @@ def test_make_pod_rolls_out_verifies_and_prints_how_to_call_it(pod):
     lines = [line for line in status.stdout.splitlines() if line.startswith("rtserve-")]
     assert len(lines) >= 2, status.stdout
     for line in lines:
-        assert re.search(r" Running +ready +1\.0 +gateway: \d+ restarts rtserve: \d+ restarts +10\.244\.0\.\d+ +Burstable$",
-                         line), line
+        assert re.search(
+            r" Running +ready +1\.0 +gateway: \d+ restarts rtserve: \d+ restarts +10\.244\.0\.\d+ +Burstable$", line
+        ), line
 
 
 def test_gateway_answers_with_the_shared_token_only(pod):
@@ -74,8 +76,11 @@ def test_gateway_answers_with_the_shared_token_only(pod):
     assert resp.status_code == 200, resp.text
     assert resp.json()["model_version"] == "1.0"
     first = pod.deployed.pods()[0]
-    for headers in ({}, {"Authorization": "Bearer wrong"},
-                    {"Authorization": f"Bearer {pod.deployed.keys(first.name)['inference']}"}):
+    for headers in (
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": f"Bearer {pod.deployed.keys(first.name)['inference']}"},
+    ):
         resp = predict(pod, headers=headers)
         assert resp.status_code == 401, headers
         assert resp.json()["error"].startswith("missing or wrong token")
@@ -84,8 +89,9 @@ def test_gateway_answers_with_the_shared_token_only(pod):
 def test_management_and_metrics_ports(pod):
     first = pod.deployed.pods()[0]
     url = f"http://{first.ip}:8081/models/{MODEL_NAME}"
-    resp = requests.get(url, headers={"Authorization": f"Bearer {pod.deployed.keys(first.name)['management']}"},
-                        timeout=10)
+    resp = requests.get(
+        url, headers={"Authorization": f"Bearer {pod.deployed.keys(first.name)['management']}"}, timeout=10
+    )
     assert resp.status_code == 200, resp.text
     assert resp.json()[0]["modelVersion"] == "1.0"
     assert requests.get(url, timeout=10).status_code in (400, 401)
@@ -93,8 +99,7 @@ def test_management_and_metrics_ports(pod):
     assert metrics.status_code == 200
     assert "ts_inference_requests_total" in metrics.text
     # rtserve's exporter serves the handler's own metrics beside TorchServe's.
-    assert 'rtserve_handler_requests_total{model_name="realtime-classifier",model_version="1.0"}' \
-        in metrics.text
+    assert 'rtserve_handler_requests_total{model_name="realtime-classifier",model_version="1.0"}' in metrics.text
 
 
 def test_the_frontend_runs_the_greedy_batching_agent(pod):
@@ -120,8 +125,9 @@ def test_open_inference_protocol_flow_with_tritonclient(pod):
         result = client.infer(MODEL_NAME, [tensor], headers=pod.auth)
         plain = predict(pod).json()
         assert result.as_numpy("class").tolist() == [plain["prediction"]] * 2
-        np.testing.assert_allclose(result.as_numpy("probabilities"),
-                                   np.array([plain["probabilities"]] * 2, dtype=np.float32), atol=1e-6)
+        np.testing.assert_allclose(
+            result.as_numpy("probabilities"), np.array([plain["probabilities"]] * 2, dtype=np.float32), atol=1e-6
+        )
         assert not client.is_model_ready("no-such-model", headers=pod.auth)
         # The model routes sit behind the token check like every other route.
         assert not client.is_model_ready(MODEL_NAME)
@@ -136,11 +142,13 @@ def test_oversized_bodies_get_a_json_413(pod):
     resp = requests.post(pod.url, json=big, headers=pod.auth, timeout=30)
     assert (resp.status_code, resp.json()) == (413, {"error": "request body larger than 65536 bytes"})
     # Several megabytes with Connection: close, written whole before the answer is read.
-    body = b'{"features": [' + b"0.5, " * 1_000_000 + b'0.5]}'
+    body = b'{"features": [' + b"0.5, " * 1_000_000 + b"0.5]}"
     address = urlparse(pod.base)
-    head = (f"POST /predictions/{MODEL_NAME} HTTP/1.1\r\nHost: {address.hostname}\r\n"
-            f"Authorization: Bearer {pod.token}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    head = (
+        f"POST /predictions/{MODEL_NAME} HTTP/1.1\r\nHost: {address.hostname}\r\n"
+        f"Authorization: Bearer {pod.token}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
     with socket.create_connection((address.hostname, address.port), timeout=30) as s:
         try:
             s.sendall(head + body)
@@ -157,15 +165,18 @@ def test_oversized_bodies_get_a_json_413(pod):
 def test_read_only_root_and_user_10001(pod):
     first = pod.deployed.pods()[0]
     for container in ("rtserve", "gateway"):
-        wrote = pod.cluster.kubectl("-n", NAMESPACE, "exec", first.name, "-c", container, "--",
-                                    "sh", "-c", "echo x > /probe-write")
+        wrote = pod.cluster.kubectl(
+            "-n", NAMESPACE, "exec", first.name, "-c", container, "--", "sh", "-c", "echo x > /probe-write"
+        )
         assert wrote.returncode != 0 and "Read-only file system" in wrote.stderr, (container, wrote.stderr)
     # One PID namespace for the pod: read every process's ids from /proc inside it. PID 1 is the
     # pod's sandbox (deploy/cluster/pause); every other one runs as 10001:10001.
-    script = ("import os\nfor p in filter(str.isdigit, os.listdir('/proc')):\n"
-              " s = open(f'/proc/{p}/status').read().split('\\n')\n"
-              " ids = [l.split()[1] for l in s if l.startswith(('Uid:', 'Gid:'))]\n"
-              " print(p, *ids, open(f'/proc/{p}/cmdline').read().replace('\\0', ' ').replace('\\n', ' ')[:60])")
+    script = (
+        "import os\nfor p in filter(str.isdigit, os.listdir('/proc')):\n"
+        " s = open(f'/proc/{p}/status').read().split('\\n')\n"
+        " ids = [l.split()[1] for l in s if l.startswith(('Uid:', 'Gid:'))]\n"
+        " print(p, *ids, open(f'/proc/{p}/cmdline').read().replace('\\0', ' ').replace('\\n', ' ')[:60])"
+    )
     procs = pod.deployed.exec(first.name, "rtserve", "python", "-c", script).splitlines()
     others = [(line.split(None, 3) + [""])[:4] for line in procs if not line.startswith("1 ")]
     assert len(others) >= 4, procs  # tini, rtserve, java, worker, nginx master and worker, ...
@@ -177,8 +188,7 @@ def test_read_only_root_and_user_10001(pod):
 
 
 def worker_pids(pod, ip: str, key: str) -> list[int]:
-    resp = requests.get(f"http://{ip}:8081/models/{MODEL_NAME}", headers={"Authorization": f"Bearer {key}"},
-                        timeout=10)
+    resp = requests.get(f"http://{ip}:8081/models/{MODEL_NAME}", headers={"Authorization": f"Bearer {key}"}, timeout=10)
     return [w["pid"] for w in resp.json()[0]["workers"] if w["status"] == "READY"]
 
 
@@ -206,12 +216,29 @@ def test_pod_report_main_measures_the_running_pod(pod, tmp_path):
     failure, and a one-point sizing sweep (wrk: `make bench-deps`; the test fails without it)."""
     require("wrk")
     kubectl = f"{pod.cluster.bin_dir / 'kubectl'} --kubeconfig {pod.cluster.kubeconfig}"
-    rc, report = bench_main(pod_report.main, tmp_path / "report.json", "--kubectl", kubectl,
-                            "--settle", 0.5, "--seconds", 2, "--rate", 30, "--concurrency", 2,
-                            "--concurrency-sweep", "1", "--sweep-seconds", 1)
+    rc, report = bench_main(
+        pod_report.main,
+        tmp_path / "report.json",
+        "--kubectl",
+        kubectl,
+        "--settle",
+        0.5,
+        "--seconds",
+        2,
+        "--rate",
+        30,
+        "--concurrency",
+        2,
+        "--concurrency-sweep",
+        "1",
+        "--sweep-seconds",
+        1,
+    )
     assert rc == 0
-    print(f"pod-report: a replica ready {report['seconds_to_ready']} s after its pod's deletion; "
-          f"memory idle {report['memory_idle']}, under load {report['memory_load']} MiB")
+    print(
+        f"pod-report: a replica ready {report['seconds_to_ready']} s after its pod's deletion; "
+        f"memory idle {report['memory_idle']}, under load {report['memory_load']} MiB"
+    )
     assert 0 < report["seconds_to_ready"] < 300
     assert report["image"]["size_mb"] > 0 and report["image"]["layers"], report["image"]
     assert set(report["memory_idle"]) == set(report["memory_load"]) == {"rtserve", "gateway"}
@@ -253,8 +280,16 @@ def test_pod_stop_drains_each_pod_and_removes_the_namespace(pod):
                 gone.set()
             time.sleep(0.5)
 
-    load = SteadyLoad(pod.url, {"features": ROW}, lambda: pod.token, rate=RATE, concurrency=4, max_seconds=600,
-                      gate=lambda: not gone.is_set(), resend_worker_lost=False).start("up")
+    load = SteadyLoad(
+        pod.url,
+        {"features": ROW},
+        lambda: pod.token,
+        rate=RATE,
+        concurrency=4,
+        max_seconds=600,
+        gate=lambda: not gone.is_set(),
+        resend_worker_lost=False,
+    ).start("up")
     watcher = threading.Thread(target=watch, daemon=True)
     try:
         time.sleep(2)
@@ -268,13 +303,16 @@ def test_pod_stop_drains_each_pod_and_removes_the_namespace(pod):
     answered = [r for r in records if r.status == 200]
     cut = [r for r in records if r.status != 200 and not r.refused]
     stopping = [r for r in answered if r.phase == "pod-stop"]
-    print(f"make pod-stop under {RATE:g} requests/s: {len(records)} sent, {len(answered)} answered "
-          f"({len(stopping)} after the stop began, the last {max(r.start for r in answered):.1f} s into the "
-          f"traffic), {sum(r.refused for r in records)} refused at connect once no pod was ready, {len(cut)} cut")
+    print(
+        f"make pod-stop under {RATE:g} requests/s: {len(records)} sent, {len(answered)} answered "
+        f"({len(stopping)} after the stop began, the last {max(r.start for r in answered):.1f} s into the "
+        f"traffic), {sum(r.refused for r in records)} refused at connect once no pod was ready, {len(cut)} cut"
+    )
     assert not cut, summarize(cut)
     assert stopping, "no request was answered after the stop began (the drain served none)"
-    found = re.search(r"^>> (\d+) pods stopped in ([\d.]+) s, each after its preStop hook \(none failed\)",
-                      out.stdout, re.M)
+    found = re.search(
+        r"^>> (\d+) pods stopped in ([\d.]+) s, each after its preStop hook \(none failed\)", out.stdout, re.M
+    )
     assert found and int(found[1]) >= 2, out.stdout
     print(f"make pod-stop: {found[0]}")
     assert f"namespace {NAMESPACE} deleted" in out.stdout

@@ -20,13 +20,13 @@ import threading
 import time
 import uuid
 from collections import Counter
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 import yaml
 
-from bench.loadgen import Counts, SteadyLoad, summarize
+from bench.loadgen import SteadyLoad, summarize
 from rtserve.cluster.node import NODE_NAME
 from rtserve.k8s.deploy import Kubectl
 from rtserve.k8s.volumes import local_volumes, prepare
@@ -57,12 +57,20 @@ def small_volume(tmp_path: Path) -> Path:
     tree = tmp_path / "k8s"
     shutil.copytree(REPO / "deploy" / "k8s", tree)
     overlay = tree / "overlays" / OVERLAY
-    (overlay / "run-volume.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "rtserve"},
-        "spec": {"template": {"spec": {"volumes": [{"name": "run", "emptyDir": {"sizeLimit": SIZE_LIMIT}}]}}}}))
+    (overlay / "run-volume.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": "rtserve"},
+                "spec": {"template": {"spec": {"volumes": [{"name": "run", "emptyDir": {"sizeLimit": SIZE_LIMIT}}]}}},
+            }
+        )
+    )
     kustomization = overlay / "kustomization.yaml"
-    text = kustomization.read_text().replace("  - path: networkpolicy-records.yaml\n",
-                                             "  - path: networkpolicy-records.yaml\n  - path: run-volume.yaml\n")
+    text = kustomization.read_text().replace(
+        "  - path: networkpolicy-records.yaml\n", "  - path: networkpolicy-records.yaml\n  - path: run-volume.yaml\n"
+    )
     assert "run-volume.yaml" in text
     kustomization.write_text(text)
     return tree
@@ -79,7 +87,7 @@ class PodWatch:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="pod-watch")
 
-    def start(self) -> "PodWatch":
+    def start(self) -> PodWatch:
         self._thread.start()
         return self
 
@@ -95,8 +103,9 @@ class PodWatch:
 
     def sample(self) -> None:
         self.samples += 1
-        done = self.cluster.kubectl("-n", NAMESPACE, "get", "pods", "-l", "app.kubernetes.io/name=rtserve",
-                                    "-o", "json")
+        done = self.cluster.kubectl(
+            "-n", NAMESPACE, "get", "pods", "-l", "app.kubernetes.io/name=rtserve", "-o", "json"
+        )
         if done.returncode:
             return  # the API server was busy: the next sample counts
         for item in json.loads(done.stdout)["items"]:
@@ -110,8 +119,7 @@ class PodWatch:
             seen["limit"] = run["emptyDir"].get("sizeLimit")
             running = any(c["name"] == "rtserve" and "running" in (c.get("state") or {}) for c in statuses)
             if running and not item["metadata"].get("deletionTimestamp") and self.samples % self.du_every == 1:
-                du = self.cluster.kubectl("-n", NAMESPACE, "exec", name, "-c", "rtserve", "--",
-                                          "du", "-sk", RUN_DIR)
+                du = self.cluster.kubectl("-n", NAMESPACE, "exec", name, "-c", "rtserve", "--", "du", "-sk", RUN_DIR)
                 if du.returncode == 0:
                     seen["run_kib"] = max(seen["run_kib"], int(du.stdout.split()[0]))
 
@@ -176,10 +184,11 @@ def namespace(cluster):
     cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false")
 
 
-def test_a_24mi_run_volume_takes_four_times_its_size_and_every_answer_reaches_cassandra(cluster, namespace,
-                                                                                       image_vars, tmp_path):
+def test_a_24mi_run_volume_takes_four_times_its_size_and_every_answer_reaches_cassandra(
+    cluster, namespace, image_vars, tmp_path
+):
     begin = time.monotonic()
-    since = datetime.now(timezone.utc) - timedelta(seconds=5)
+    since = datetime.now(UTC) - timedelta(seconds=5)
     small = deploy(cluster, image_vars, "1.0", f"K8S_DIR={small_volume(tmp_path)}", overlay=OVERLAY)
     assert small.returncode == 0, small.stdout[-4000:]
     deployed = time.monotonic() - begin
@@ -196,8 +205,16 @@ def test_a_24mi_run_volume_takes_four_times_its_size_and_every_answer_reaches_ca
     url = f"{served.url}?pad={'x' * PAD}"
     uri_bytes = len(url.split("8080", 1)[1])  # what the access log keeps of each request, at least
     watch = PodWatch(cluster).start()
-    load = SteadyLoad(url, {"features": [0.25] * 32}, lambda: served.token, rate=RATE, concurrency=CONCURRENCY,
-                      max_seconds=WRITE_SECONDS + 900, bad_every=BAD_EVERY, resend_worker_lost=False).start("write")
+    load = SteadyLoad(
+        url,
+        {"features": [0.25] * 32},
+        lambda: served.token,
+        rate=RATE,
+        concurrency=CONCURRENCY,
+        max_seconds=WRITE_SECONDS + 900,
+        bad_every=BAD_EVERY,
+        resend_worker_lost=False,
+    ).start("write")
     try:
         deadline = time.monotonic() + WRITE_SECONDS
         while answers(load) * uri_bytes < WRITES * SIZE_LIMIT_BYTES and time.monotonic() < deadline:
@@ -212,11 +229,18 @@ def test_a_24mi_run_volume_takes_four_times_its_size_and_every_answer_reaches_ca
     assert rolled.returncode == 0, rolled.stdout[-4000:]
     small_pods = {name: p for name, p in pods.items() if p["limit"] == SIZE_LIMIT}
     report = {p.phase: f"{p.sent} requests, {p.failed_first} failed, versions {p.versions}" for p in summarize(records)}
-    print(f"k8s-deploy of the {SIZE_LIMIT} overlay {deployed:.0f} s; writing {wrote:.0f} s: {len(records)} requests, "
-          f"at least {written / 2**20:.0f} MiB into the access logs ({written / SIZE_LIMIT_BYTES:.1f} x "
-          f"{SIZE_LIMIT}); {report}")
-    print("pods: " + ", ".join(f"{n} ({p['limit']}) restarts {p['restarts']}, run dir at most "
-                               f"{p['run_kib'] / 1024:.1f} MiB" for n, p in sorted(pods.items())))
+    print(
+        f"k8s-deploy of the {SIZE_LIMIT} overlay {deployed:.0f} s; writing {wrote:.0f} s: {len(records)} requests, "
+        f"at least {written / 2**20:.0f} MiB into the access logs ({written / SIZE_LIMIT_BYTES:.1f} x "
+        f"{SIZE_LIMIT}); {report}"
+    )
+    print(
+        "pods: "
+        + ", ".join(
+            f"{n} ({p['limit']}) restarts {p['restarts']}, run dir at most {p['run_kib'] / 1024:.1f} MiB"
+            for n, p in sorted(pods.items())
+        )
+    )
     assert written >= WRITES * SIZE_LIMIT_BYTES, f"{written / 2**20:.0f} MiB in {WRITE_SECONDS} s"
 
     # Every answer (200 or 400) in the store exactly once, with its version and status.
@@ -225,9 +249,11 @@ def test_a_24mi_run_volume_takes_four_times_its_size_and_every_answer_reaches_ca
     found, waited = wait_stored(cluster, set(answered), since)
     missing = set(answered) - set(found)
     twice = [i for i in answered if found[i] > 1]
-    print(f"in Cassandra after {waited:.0f} s: {len(answered) - len(missing)} of {len(answered)} answered "
-          f"({sum(r.bad for r in answered.values())} rejected), {len(twice)} twice, "
-          f"{len(set(found) - set(answered))} other records (warm-ups, the verification Jobs)")
+    print(
+        f"in Cassandra after {waited:.0f} s: {len(answered) - len(missing)} of {len(answered)} answered "
+        f"({sum(r.bad for r in answered.values())} rejected), {len(twice)} twice, "
+        f"{len(set(found) - set(answered))} other records (warm-ups, the verification Jobs)"
+    )
     assert not missing, f"{len(missing)} answered requests have no record, e.g. {sorted(missing)[:3]}"
     assert not twice, twice[:3]
     with Store.connect([node_address(cluster)], timeout=30.0) as store:
@@ -258,8 +284,10 @@ def test_a_24mi_run_volume_takes_four_times_its_size_and_every_answer_reaches_ca
     back = node_ready(cluster, old)
     after, _ = wait_stored(cluster, set(answered), since)
     assert set(answered) <= set(after) and not [i for i in answered if after[i] > 1]
-    print(f"the node's pod deleted and ready again in {back:.0f} s ({before} -> {node_address(cluster)}): "
-          f"{len(answered)} records still there; whole test {time.monotonic() - begin:.0f} s")
+    print(
+        f"the node's pod deleted and ready again in {back:.0f} s ({before} -> {node_address(cluster)}): "
+        f"{len(answered)} records still there; whole test {time.monotonic() - begin:.0f} s"
+    )
 
 
 def test_a_volume_released_by_a_deleted_claim_is_made_anew_for_the_next_one(cluster, tmp_path):
@@ -268,14 +296,35 @@ def test_a_volume_released_by_a_deleted_claim_is_made_anew_for_the_next_one(clus
     volume, and the volume applied anew binds the new claim, its files still there."""
     namespace, name = f"volume-check-{uuid.uuid4().hex[:6]}", f"volume-check-{uuid.uuid4().hex[:6]}"
     path = tmp_path / "volume"
-    pv = {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
-          "spec": {"capacity": {"storage": "1Mi"}, "accessModes": ["ReadWriteOnce"],
-                   "persistentVolumeReclaimPolicy": "Retain", "local": {"path": str(path)},
-                   "claimRef": {"namespace": namespace, "name": "data"},
-                   "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
-                       {"key": "kubernetes.io/hostname", "operator": "In", "values": [NODE_NAME]}]}]}}}}
-    pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "data", "namespace": namespace},
-           "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Mi"}}}}
+    pv = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name},
+        "spec": {
+            "capacity": {"storage": "1Mi"},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "local": {"path": str(path)},
+            "claimRef": {"namespace": namespace, "name": "data"},
+            "nodeAffinity": {
+                "required": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": "kubernetes.io/hostname", "operator": "In", "values": [NODE_NAME]}
+                            ]
+                        }
+                    ]
+                }
+            },
+        },
+    }
+    pvc = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "data", "namespace": namespace},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Mi"}}},
+    }
     kubectl = Kubectl(f"{cluster.bin_dir / 'kubectl'} --kubeconfig {cluster.kubeconfig}", out=lambda _: None)
     volumes, said = local_volumes(yaml.safe_dump(pv)), []
 

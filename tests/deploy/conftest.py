@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -87,11 +88,16 @@ def server_objects(objects: list[dict]) -> list[dict]:
     return [o for o in objects if o not in records]
 
 
+def makefile_text() -> str:
+    """The Makefile and the domain files it includes (mk/*.mk), as one text."""
+    return "\n".join(f.read_text() for f in [REPO / "Makefile", *sorted((REPO / "mk").glob("*.mk"))])
+
+
 def pinned_tag(overlay: str) -> str:
-    """The image tag an overlay's kustomization.yaml pins."""
-    kustomization = yaml.safe_load((K8S_DIR / "overlays" / overlay / "kustomization.yaml").read_text())
-    (image,) = kustomization["images"]
-    return str(image["newTag"])
+    """The image tag an overlay's kustomization.yaml pins, as make reads it (scripts/k8s pin)."""
+    done = subprocess.run([str(REPO / "scripts" / "k8s"), "pin", overlay], capture_output=True, text=True,
+                          env={**os.environ, "K8S_DIR": str(K8S_DIR)}, check=True)
+    return done.stdout.strip()
 
 
 @pytest.fixture(scope="session")

@@ -10,8 +10,8 @@ import kubernetes_validate
 import pytest
 
 from rtserve.k8s.deploy import Target
-from rtserve.k8s.live import (CANDIDATE, CANDIDATE_SELECTOR, POD_RUN, ROUTES_CONFIGMAP, ROUTES_KEY,
-                              candidate_kustomization, candidate_target, candidate_url)
+from rtserve.promotion.live.kubectl import (CANDIDATE, CANDIDATE_SELECTOR, POD_RUN, ROUTES_CONFIGMAP, ROUTES_KEY,
+                                           candidate_kustomization, candidate_target, candidate_url)
 from tests.deploy.conftest import (CANDIDATE_DIR, K8S_DIR, K8S_VERSION, OVERLAYS, OWN_CANDIDATE, load, one,
                                    pull_policy, render)
 

@@ -24,7 +24,7 @@ import pytest
 from rtserve.cli import build_parser
 from rtserve.cli import cassandra as cassandra_cli
 from tests.conftest import MODEL_NAME, REPO
-from tests.deploy.conftest import K8S_DIR, load, pinned_tag, render
+from tests.deploy.conftest import K8S_DIR, load, makefile_text, pinned_tag, render
 
 pytestmark = pytest.mark.deploy
 
@@ -121,13 +121,13 @@ def test_k8s_deploy_without_a_version_rolls_out_the_overlays_pin(make):
 def test_k8s_deploy_refuses_an_image_the_overlay_does_not_use(make):
     result = make("k8s-deploy", "OVERLAY=staging", "IMG=other.example.com/rtserve")
     assert result.returncode != 0
-    assert "image is not other.example.com/rtserve" in result.stdout
+    assert "image is not other.example.com/rtserve" in result.stderr  # the CLI's error: line
     assert [c[0] for c in make.calls] == ["kustomize"], "nothing may be applied"
 
 
 def test_k8s_deploy_refuses_an_unknown_overlay(make):
     result = make("k8s-deploy", "OVERLAY=nowhere")
-    assert result.returncode != 0 and "no overlay" in result.stdout
+    assert result.returncode != 0 and "no overlay" in result.stderr
     assert make.calls == []
 
 
@@ -200,7 +200,7 @@ def help_groups() -> dict[str, list[str]]:
 
 
 def test_make_help_lists_every_public_target_once_under_the_naming_rule():
-    makefile = (REPO / "Makefile").read_text()
+    makefile = makefile_text()
     documented = re.findall(r"(?m)^([A-Za-z0-9_.-]+):[^=\n]*?##", makefile)
     database = subprocess.run(["make", "--no-print-directory", "-pq", "help"], cwd=REPO,
                               capture_output=True, text=True, timeout=60).stdout
@@ -334,7 +334,7 @@ def test_make_image_cassandra_stages_every_file_its_containerfile_copies(make, t
     result = make("image-cassandra", f"CASSANDRA_CONTEXT={context}", f"VENV={REPO / '.venv'}")
     assert result.returncode == 0, result.stdout + result.stderr
     (build,) = [call for call in make.calls if call[:1] == ["build"]]
-    version = re.search(r"^CASSANDRA_VERSION \?= (\S+)$", (REPO / "Makefile").read_text(), re.M)[1]
+    version = re.search(r"^CASSANDRA_VERSION \?= (\S+)$", makefile_text(), re.M)[1]
     assert build[-3:] == ["-t", f"registry.example.com/ml/rtserve-cassandra:{version}", str(context)]
     assert build[build.index("-f") + 1] == str(context / "Containerfile")
     build_args = dict(build[i + 1].split("=", 1) for i, a in enumerate(build) if a == "--build-arg")

@@ -16,8 +16,8 @@ from rtserve.server import probe
 from rtserve.server.torchserve import SIDECARS, TorchServe
 from rtserve.k8s.pod import GATEWAY_STANDIN
 from tests.conftest import REPO
-from tests.deploy.conftest import (K8S_DIR, K8S_VERSION, OVERLAYS, OWN_VERIFY, VERIFY_DIR, load, one, pinned_tag,
-                                   pull_policy, render, server_objects)
+from tests.deploy.conftest import (K8S_DIR, K8S_VERSION, OVERLAYS, OWN_VERIFY, VERIFY_DIR, load, makefile_text, one,
+                                   pinned_tag, pull_policy, render, server_objects)
 
 pytestmark = pytest.mark.deploy
 
@@ -136,7 +136,7 @@ def test_image_is_the_overlays_pinned_model_version(rendered, overlay):
     name, _, tag = image.rpartition(":")
     assert name and "/" in name and tag and tag != "latest" and "@" not in image
     assert tag == pinned_tag(overlay)
-    makefile = (REPO / "Makefile").read_text()
+    makefile = makefile_text()
     assert f"TRAIN_ARGS_{tag} =" in makefile, f"{overlay} pins {tag}, a version make cannot build"
     assert container(rendered[overlay])["imagePullPolicy"] == pull_policy(overlay)
 
@@ -413,7 +413,7 @@ def test_local_images_are_taken_from_the_node_and_the_others_pulled(rendered):
             + store["containers"]:
         assert c["imagePullPolicy"] == "IfNotPresent", c["name"]
     assert sidecar(rendered["local"])["image"] == GATEWAY_STANDIN
-    makefile = (REPO / "Makefile").read_text()
+    makefile = makefile_text()
     assert re.search(rf"^GATEWAY_STANDIN \?= {re.escape(GATEWAY_STANDIN)}$", makefile, re.M)
 
 

@@ -31,7 +31,7 @@ from rtserve.server.torchserve import TorchServe, records_options
 from rtserve.settings import Settings, byte_size
 from tests.conftest import REPO
 from tests.deploy.conftest import (CANDIDATE_DIR, CASSANDRA, K8S_DIR, OVERLAYS, OWN_CANDIDATE, RECORDS,
-                                   lists_component, load, one, pull_policy, records_objects, render,
+                                   lists_component, load, makefile_text, one, pull_policy, records_objects, render,
                                    server_objects)
 
 pytestmark = pytest.mark.deploy
@@ -282,7 +282,7 @@ def test_without_the_overlays_replacement_a_patched_limit_drifts_and_is_caught(t
 
 
 def makefile_value(name: str) -> str:
-    (value,) = re.findall(rf"^{name} +\?= *(\S+)$", (REPO / "Makefile").read_text(), re.M)
+    (value,) = re.findall(rf"^{name} +\?= *(\S+)$", makefile_text(), re.M)
     return value
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from rtserve.testing.server import READY_TIMEOUT, on_free_ports, serving
 from rtserve.server.torchserve import TorchServe
+from rtserve.testing.server import READY_TIMEOUT, on_free_ports, serving
 from tests.conftest import MODEL_NAME
 
 
@@ -22,11 +22,9 @@ def start_server(run_dir, mar, models=None, overrides_extra=None, **kwargs) -> T
     return server
 
 
-def serve(run_dir, mar, models=None, overrides_extra=None, ready=(MODEL_NAME,),
-          timeout=READY_TIMEOUT, **kwargs):
+def serve(run_dir, mar, models=None, overrides_extra=None, ready=(MODEL_NAME,), timeout=READY_TIMEOUT, **kwargs):
     """:func:`start_server`, polled ready with a timeout, stopped when the block ends."""
-    return serving(run_dir, mar.parent, models_of(mar, models), overrides_extra, ready, timeout,
-                   **kwargs)
+    return serving(run_dir, mar.parent, models_of(mar, models), overrides_extra, ready, timeout, **kwargs)
 
 
 @pytest.fixture(scope="module")

@@ -13,11 +13,12 @@ import re
 
 import pytest
 
-from bench import handler_micro, k8s_footprint, perf, request_histogram, tune
+from bench import fastapi_seed, handler_micro, k8s_footprint, perf, request_histogram, tune
 from tests.conftest import require
 from tests.helpers import bench_main
 
 pytestmark = pytest.mark.integration
+
 
 def test_request_histogram_main(capsys):
     assert request_histogram.main(["--lines", "500", "--repeats", "1"]) == 0
@@ -27,25 +28,38 @@ def test_request_histogram_main(capsys):
 
 
 def test_handler_micro_main(trained_dir, tmp_path):
-    rc, report = bench_main(handler_micro.main, tmp_path / "report.json", "--model-dir", trained_dir,
-                            "--batch", 4)
+    rc, report = bench_main(handler_micro.main, tmp_path / "report.json", "--model-dir", trained_dir, "--batch", 4)
     assert rc == 0
     assert set(report["handler"]) >= {"exported", "exported_with_hook"}
     for timings in report["handler"].values():
         assert timings["batch"] == 4 and timings["handle_us_per_request"] > 0, timings
     assert all(v > 0 for v in report["forward"].values()) and report["forward"]
+    assert set(report["batch_parse"]) == {
+        f"{parser}_us_batch_of_{n}" for parser in ("torchserve", "lean") for n in (1, 20)
+    }
+    assert all(v > 0 for v in report["batch_parse"].values()), report["batch_parse"]
 
 
-@pytest.mark.parametrize("servers", ["torchserve", "fastapi-1w-async"])
+@pytest.mark.parametrize("servers", ["torchserve", "fastapi-1w-async-direct"])
 def test_perf_main_smoke(servers, mar_v1, build_root, tmp_path, capsys):
     """One closed-loop point (c=1, 1 s) with wrk, against rtserve and bench/fastapi_seed.py
     (`make bench-deps` installs wrk and FastAPI; the test fails without them)."""
     require("wrk")
     if servers.startswith("fastapi"):
         require("fastapi")
-    rc, report = bench_main(perf.main, tmp_path / "perf.json", "--smoke", "--servers", servers,
-                            "--model-store", mar_v1.parent, "--model-dir", build_root / "artifacts" / "1.0",
-                            "--plot", tmp_path / "perf.png")
+    rc, report = bench_main(
+        perf.main,
+        tmp_path / "perf.json",
+        "--smoke",
+        "--servers",
+        servers,
+        "--model-store",
+        mar_v1.parent,
+        "--model-dir",
+        build_root / "artifacts" / "1.0",
+        "--plot",
+        tmp_path / "perf.png",
+    )
     assert rc == 0
     (server,) = report["servers"]
     assert server["name"] == servers
@@ -55,6 +69,48 @@ def test_perf_main_smoke(servers, mar_v1, build_root, tmp_path, capsys):
     assert report["handler"]["handle_us_per_request"] > 0
     assert (tmp_path / "perf.png").stat().st_size > 0
     assert servers in capsys.readouterr().out
+
+
+def test_the_peers_forms_are_one_model(trained_dir, monkeypatch):
+    """The FastAPI peer's three forms of the model answer the golden rows alike, and a form that
+    answers differently stops the benchmark before it compares anything."""
+    diffs = fastapi_seed.check_forms(trained_dir)
+    assert set(diffs) == set(fastapi_seed.FORMS)
+    assert all(d <= fastapi_seed.FORM_TOLERANCE for d in diffs.values()), diffs
+    load = fastapi_seed.load_form
+
+    def skewed(model_dir, form):
+        forward = load(model_dir, form)
+        return (lambda x: forward(x) + 1e-3) if form == "direct" else forward
+
+    monkeypatch.setattr(fastapi_seed, "load_form", skewed)
+    with pytest.raises(ValueError, match="direct"):
+        fastapi_seed.check_forms(trained_dir)
+
+
+def test_the_best_peer_is_chosen_by_what_it_served():
+    """Peer names parse into (workers, async, form); ``-best`` takes the form that served the
+    most requests earlier in the run, and every ratio is against the best figure of any peer."""
+    assert perf.parse_peer("fastapi-2w") == (2, False, "eager")
+    assert perf.parse_peer("fastapi-1w-async-best") == (1, True, "best")
+    with pytest.raises(ValueError, match="forms"):
+        perf.parse_peer("fastapi-2w-async-compiled")
+
+    def result(name, form, rps, p99):
+        point = perf.Point(8, 1.0, int(rps), rps, 1.0, 1.0, 1.0, p99, 1.0, 0, {}, 0.1, 0, 0, 0, 0, 0)
+        return perf.ServerResult(name, "", 0, 0, 0, 0, [], 0, points=[point], settings={"forward": form})
+
+    results = [
+        result("fastapi-2w-async-eager", "eager", 3000, 9.0),
+        result("fastapi-2w-async-direct", "direct", 3500, 12.0),
+        result("torchserve", "", 4200, 6.0),
+    ]
+    assert perf.best_form(results) == "direct"
+    best = perf.best_fastapi(results)[8]
+    assert (best["rps"], best["rps_from"]) == (3500, "fastapi-2w-async-direct")
+    assert (best["p99_ms"], best["p99_from"]) == (9.0, "fastapi-2w-async-eager")
+    ratio = perf.ratios(results)[8]
+    assert ratio == {"rps_ratio": 1.2, "p50_ratio": 1.0, "p99_ratio": 0.67}
 
 
 def test_tune_main_lists_its_variants(capsys):
@@ -67,8 +123,7 @@ def test_tune_main_lists_its_variants(capsys):
 
 
 def test_k8s_footprint_main(mar_v1, capsys):
-    assert k8s_footprint.main(["--model-store", str(mar_v1.parent), "--requests", "20",
-                               "--probe-runs", "1"]) == 0
+    assert k8s_footprint.main(["--model-store", str(mar_v1.parent), "--requests", "20", "--probe-runs", "1"]) == 0
     out = capsys.readouterr().out
     assert "20 predictions from 16 threads" in out
     peak = int(re.search(r"peak under load (\d+) MiB", out).group(1))

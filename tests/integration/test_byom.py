@@ -49,29 +49,49 @@ def byom(build_root, mar_v1, tmp_path_factory):
     example_model = spec["model"]
     export(version="1.0", out_dir=root / EXAMPLE, **spec)
     rnd = random_model()
-    export(rnd, random_rows(), feature_names=[f"x{i}" for i in range(7)], labels=list("abcde"),
-           version="0.1", out_dir=root / RANDOM)
+    export(
+        rnd,
+        random_rows(),
+        feature_names=[f"x{i}" for i in range(7)],
+        labels=list("abcde"),
+        version="0.1",
+        out_dir=root / RANDOM,
+    )
     # one worker each, and a small drift window exported often, so a test can fill it exactly
     config = yaml.safe_load((REPO / "model" / "model-config.yaml").read_text())
     config.update(minWorkers=1, maxWorkers=1)
     config["handler"].update(drift_window=DRIFT_WINDOW, drift_export_seconds=0.2)
     (root / "model-config.yaml").write_text(yaml.safe_dump(config))
-    mars = {name: make_archive(build_root, version, MODEL_NAME=name, ARTIFACTS=str(root / name),
-                               MODEL_CONFIG=str(root / "model-config.yaml"))
-            for name, version in ((EXAMPLE, "1.0"), (RANDOM, "0.1"))}
+    mars = {
+        name: make_archive(
+            build_root,
+            version,
+            MODEL_NAME=name,
+            ARTIFACTS=str(root / name),
+            MODEL_CONFIG=str(root / "model-config.yaml"),
+        )
+        for name, version in ((EXAMPLE, "1.0"), (RANDOM, "0.1"))
+    }
     models = [f"{MODEL_NAME}={mar_v1.name}"] + [f"{n}={m.name}" for n, m in mars.items()]
-    refs = {MODEL_NAME: Reference.from_mar(mar_v1, demo_eager("1.0")),
-            EXAMPLE: Reference.from_mar(mars[EXAMPLE], example_model),
-            RANDOM: Reference.from_mar(mars[RANDOM], rnd)}
-    with serve(tmp_path_factory.mktemp("run"), mar_v1, models=models,
-               ready=[MODEL_NAME, EXAMPLE, RANDOM], timeout=180) as ts:
+    refs = {
+        MODEL_NAME: Reference.from_mar(mar_v1, demo_eager("1.0")),
+        EXAMPLE: Reference.from_mar(mars[EXAMPLE], example_model),
+        RANDOM: Reference.from_mar(mars[RANDOM], rnd),
+    }
+    with serve(
+        tmp_path_factory.mktemp("run"), mar_v1, models=models, ready=[MODEL_NAME, EXAMPLE, RANDOM], timeout=180
+    ) as ts:
         yield ts, refs, root
 
 
 def post(server, route: str, model: str, body) -> requests.Response:
     key = server.client().keys.get("inference")
-    return requests.post(f"{server.props['inference_address']}/{route}/{model}", json=body,
-                         headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    return requests.post(
+        f"{server.props['inference_address']}/{route}/{model}",
+        json=body,
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=30,
+    )
 
 
 def rows_for(ref: Reference, n: int) -> list[list[float]]:
@@ -100,7 +120,9 @@ def test_wrong_lengths_name_each_models_own_count(byom, model, expected):
         response = post(server, "predictions", model, {"features": [0.5] * n})
         assert response.status_code == 400
         assert response.json() == {
-            "error": f"'features' must have exactly {expected} numbers, got {n}", "field": "features"}
+            "error": f"'features' must have exactly {expected} numbers, got {n}",
+            "field": "features",
+        }
 
 
 def test_example_explanations_are_keyed_by_its_feature_names_and_equal_captum(byom):
@@ -161,9 +183,13 @@ def test_drift_against_its_own_reference_and_metrics_labelled_with_its_own_name(
     assert max(expected.values()) > 0.2  # the shifted rows show
     assert series(text, "rtserve_handler_requests_total", EXAMPLE)[""] >= DRIFT_WINDOW + 21
     assert set(series(text, "rtserve_feature_drift_psi", RANDOM)) <= {f"x{i}" for i in range(7)}
-    predicted = {line.split('class="', 1)[1].split('"')[0] for line in text.splitlines()
-                 if line.startswith("rtserve_predictions_total{") and f'model_name="{EXAMPLE}"' in line
-                 and not line.endswith(" 0.0")}
+    predicted = {
+        line.split('class="', 1)[1].split('"')[0]
+        for line in text.splitlines()
+        if line.startswith("rtserve_predictions_total{")
+        and f'model_name="{EXAMPLE}"' in line
+        and not line.endswith(" 0.0")
+    }
     assert predicted and predicted <= {"malignant", "benign"}
 
 
@@ -196,9 +222,21 @@ def test_a_program_carrying_a_pickle_payload_never_runs(byom, build_root, tmp_pa
     marker = tmp_path / "payload-ran"
     bad = malicious_artifact(root / EXAMPLE, tmp_path / "bad", "pickled sample inputs", marker)
     # 1. make archive refuses it (its check is the handler's loader)
-    done = subprocess.run(["make", "-s", "archive", f"MODEL_NAME={EXAMPLE}", "MODEL_VERSION=1.0",
-                           f"ARTIFACTS={bad}", f"MODEL_STORE={tmp_path / 'store'}",
-                           f"VENV={REPO / '.venv'}"], cwd=REPO, capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            "make",
+            "-s",
+            "archive",
+            f"MODEL_NAME={EXAMPLE}",
+            "MODEL_VERSION=1.0",
+            f"ARTIFACTS={bad}",
+            f"MODEL_STORE={tmp_path / 'store'}",
+            f"VENV={REPO / '.venv'}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode != 0
     assert "its sample inputs are not plain tensors and are refused" in done.stderr + done.stdout
     # 2. packed by hand into an archive anyway, TorchServe's worker refuses to load it

@@ -67,8 +67,7 @@ def test_a_killed_workers_metrics_files_are_merged_and_its_counts_stay(small):
     after = scraped(small, "rtserve_handler_requests_total")
     live = {str(w["pid"]) for w in workers(client, MODEL_NAME)}
     found = owners(small.metrics_dir)
-    print(f"\nrequests counted: {before:.0f} before the kill, {after:.0f} after 40 more; "
-          f"metrics files: {found}")
+    print(f"\nrequests counted: {before:.0f} before the kill, {after:.0f} after 40 more; metrics files: {found}")
     assert after >= before + 40  # the dead worker's counts stayed
     shipper = str(small.sidecar_pid(SHIPPER))  # the records shipper's own metrics
     assert set(found) == live | {"archive", shipper}, found
@@ -79,8 +78,10 @@ def test_the_run_directory_never_exceeds_the_budget_under_ten_budgets_of_writes(
     loaded = ten_budgets(small, tmp_path)
     written = scraped(small, "rtserve_records_written_total")
     dropped = scraped(small, "rtserve_records_dropped_total")
-    print(f"\n{loaded.report()}\nrecords: {written:.0f} written, {dropped:.0f} dropped, the spool "
-          f"at most {loaded.usage.max_records / 1024:.0f} KiB")
+    print(
+        f"\n{loaded.report()}\nrecords: {written:.0f} written, {dropped:.0f} dropped, the spool "
+        f"at most {loaded.usage.max_records / 1024:.0f} KiB"
+    )
     assert_within_budget(small, loaded)
     # every request was recorded; the local spool kept the newest, none was dropped
     assert written >= loaded.sent and dropped == 0

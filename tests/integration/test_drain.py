@@ -18,9 +18,26 @@ pytestmark = pytest.mark.integration
 
 
 def test_drain_then_stop_loses_no_accepted_request(mar_v1, tmp_path, capsys):
-    rc, reports = bench_main(drain.main, tmp_path / "report.json", "--model-store", mar_v1.parent,
-                             "--run-root", tmp_path, "--mode", "drain", "--hold", 1.5, "--lag", 0.5,
-                             "--quiet", 0.5, "--rate", 1000, "--concurrency", 12)
+    rc, reports = bench_main(
+        drain.main,
+        tmp_path / "report.json",
+        "--model-store",
+        mar_v1.parent,
+        "--run-root",
+        tmp_path,
+        "--mode",
+        "drain",
+        "--hold",
+        1.5,
+        "--lag",
+        0.5,
+        "--quiet",
+        0.5,
+        "--rate",
+        1000,
+        "--concurrency",
+        12,
+    )
     assert rc == 0 and [r["mode"] for r in reports] == ["drain"], reports
     (report,) = reports
     assert f"[drain] {report['requests']} requests" in capsys.readouterr().out
@@ -40,8 +57,14 @@ def test_drain_then_stop_loses_no_accepted_request(mar_v1, tmp_path, capsys):
 
 
 def _server_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rtserve", "server", *args], cwd=REPO, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "rtserve", "server", *args],
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=timeout,
+    )
 
 
 def test_drain_cli_waits_for_traffic_to_stop_then_stops(server):
@@ -50,8 +73,9 @@ def test_drain_cli_waits_for_traffic_to_stop_then_stops(server):
     run_dir = str(server.run_dir)
     url = f"{server.props['inference_address']}/predictions/{MODEL_NAME}"
     client = server.client()
-    load = SteadyLoad(url, sample_payload(), lambda: client.keys.get("inference"), rate=50,
-                      concurrency=2, max_seconds=30).start()
+    load = SteadyLoad(
+        url, sample_payload(), lambda: client.keys.get("inference"), rate=50, concurrency=2, max_seconds=30
+    ).start()
     try:  # traffic that never stops: the drain gives up at its timeout and says so
         busy = _server_cli("drain", "--run-dir", run_dir, "--quiet", "0.5", "--drain-timeout", "1.5")
     finally:

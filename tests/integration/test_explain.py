@@ -35,9 +35,12 @@ def samples() -> list[list[float]]:
 def post(server, path: str, payload) -> requests.Response:
     """POST a JSON body to the inference API with the inference token."""
     key = server.client().keys.get("inference")
-    return requests.post(f"{server.props['inference_address']}{path}", data=json.dumps(payload),
-                         headers={"Content-Type": "application/json",
-                                  "Authorization": f"Bearer {key}"}, timeout=30)
+    return requests.post(
+        f"{server.props['inference_address']}{path}",
+        data=json.dumps(payload),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+        timeout=30,
+    )
 
 
 def batch_log(server) -> list[tuple[int, int, int]]:
@@ -60,9 +63,19 @@ def test_explanation_route_returns_captum_attributions(server, ref, samples):
     answer = post(server, f"/explanations/{MODEL_NAME}", {"features": samples[0], "target": 1})
     assert answer.status_code == 200, answer.text
     body = answer.json()
-    assert set(body) == {"target", "label", "attributions", "baseline", "target_probability",
-                         "baseline_probability", "convergence_delta", "method", "n_steps",
-                         "prediction", "model_version"}
+    assert set(body) == {
+        "target",
+        "label",
+        "attributions",
+        "baseline",
+        "target_probability",
+        "baseline_probability",
+        "convergence_delta",
+        "method",
+        "n_steps",
+        "prediction",
+        "model_version",
+    }
     check_explanation(body, ref, samples[0], 1)
     assert list(body["baseline"].values()) == pytest.approx(ref.meta.mean, rel=1e-6)
     default = server.client().explain(MODEL_NAME, {"features": samples[0]})
@@ -83,8 +96,7 @@ def test_kserve_explain_routes_are_explanations_too(server):
 def test_bad_target_gets_400_naming_the_field(server, samples):
     answer = post(server, f"/explanations/{MODEL_NAME}", {"features": samples[0], "target": 7})
     assert answer.status_code == 400
-    assert answer.json() == {"error": "'target' must be a class index, an integer in [0, 2], got 7",
-                             "field": "target"}
+    assert answer.json() == {"error": "'target' must be a class index, an integer in [0, 2], got 7", "field": "target"}
 
 
 def test_concurrent_burst_mixing_predictions_and_explanations(server, ref, samples):
@@ -96,8 +108,7 @@ def test_concurrent_burst_mixing_predictions_and_explanations(server, ref, sampl
     jobs = [("explanations" if i % 3 == 0 else "predictions", row) for i, row in enumerate(samples)]
     before = len(batch_log(server))
     with ThreadPoolExecutor(max_workers=24) as pool:
-        answers = list(pool.map(
-            lambda job: post(server, f"/{job[0]}/{MODEL_NAME}", {"features": job[1]}), jobs))
+        answers = list(pool.map(lambda job: post(server, f"/{job[0]}/{MODEL_NAME}", {"features": job[1]}), jobs))
     expected = ref.probabilities(samples)
     for (route, row), answer, probs in zip(jobs, answers, expected):
         if route == "predictions":
@@ -120,9 +131,22 @@ def test_concurrent_burst_mixing_predictions_and_explanations(server, ref, sampl
 
 def test_explain_latency_main_on_this_server(server, mar_v1, tmp_path):
     """bench/explain_latency.py's main, tiny: in-process timings, then HTTP on this module's server."""
-    rc, report = bench_main(explain_latency.main, tmp_path / "report.json", "--mar", mar_v1,
-                            "--attach", server.run_dir, "-n", 5, "--warmup", 1, "--hold", 0.5,
-                            "--flood-clients", 2)
+    rc, report = bench_main(
+        explain_latency.main,
+        tmp_path / "report.json",
+        "--mar",
+        mar_v1,
+        "--attach",
+        server.run_dir,
+        "-n",
+        5,
+        "--warmup",
+        1,
+        "--hold",
+        0.5,
+        "--flood-clients",
+        2,
+    )
     assert rc == 0
     assert report["compute"]["one_explanation"]["n"] == 5
     assert report["compute"]["one_explanation"]["median_ms"] > 0

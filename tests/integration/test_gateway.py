@@ -64,8 +64,19 @@ class Gateway:
         assert check.returncode == 0, check.stdout
         with open(self.root / "nginx.out", "wb") as out:
             self.proc = subprocess.Popen(
-                [gateway.find_nginx(), "-c", str(self.conf), "-e", str(self.root / "error.log"),
-                 "-g", "daemon off;" + self.same_user], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+                [
+                    gateway.find_nginx(),
+                    "-c",
+                    str(self.conf),
+                    "-e",
+                    str(self.root / "error.log"),
+                    "-g",
+                    "daemon off;" + self.same_user,
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, (self.root / "error.log").read_text()
@@ -87,8 +98,7 @@ class Gateway:
 
     def post(self, token: str | None, path: str = f"/predictions/{MODEL_NAME}", **kwargs):
         headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
-        return requests.post(self.url + path, json=kwargs.pop("json", PAYLOAD), headers=headers,
-                             timeout=10, **kwargs)
+        return requests.post(self.url + path, json=kwargs.pop("json", PAYLOAD), headers=headers, timeout=10, **kwargs)
 
 
 def until(check, timeout: float = 20.0, what: str = "condition"):
@@ -117,11 +127,15 @@ def pod_gateway(mar_v1, tmp_path_factory):
     tokens_file = root / "tokens"
     tokens_file.write_text("\n".join(tokens) + "\n")
     settings = gateway.GatewaySettings(
-        listen=f"127.0.0.1:{ports[6]}", health_listen=f"127.0.0.1:{ports[7]}",
+        listen=f"127.0.0.1:{ports[6]}",
+        health_listen=f"127.0.0.1:{ports[7]}",
         upstream=props["inference_address"].removeprefix("http://"),
-        gateway_dir=str(gateway_dir), tmp_dir=str(nginx_tmp),
-        access_log=str(root / "access.log"), error_log=str(root / "error.log"),
-        max_body=int(props["max_request_size"]))
+        gateway_dir=str(gateway_dir),
+        tmp_dir=str(nginx_tmp),
+        access_log=str(root / "access.log"),
+        error_log=str(root / "error.log"),
+        max_body=int(props["max_request_size"]),
+    )
     nginx = Gateway(root, settings)
     pod = Pod(root / "pod", config, mar_v1, sandbox=False)
     pod.env.update(RTSERVE_GATEWAY_DIR=str(gateway_dir), RTSERVE_GATEWAY_TOKENS=str(tokens_file))
@@ -144,8 +158,11 @@ def test_only_the_shared_token_gets_a_prediction(pod_gateway):
     until(lambda: ready_through_gateway(nginx), what="/readyz through the gateway")
     pod_key = json.loads((pod.run_dir / "key_file.json").read_text())["inference"]["key"]
     unauthorized = {"error": "missing or wrong token: send Authorization: Bearer <gateway token>"}
-    for label, token in (("no token", None), ("wrong token", secrets.token_urlsafe(32)),
-                         ("the pod's own TorchServe key", pod_key)):
+    for label, token in (
+        ("no token", None),
+        ("wrong token", secrets.token_urlsafe(32)),
+        ("the pod's own TorchServe key", pod_key),
+    ):
         resp = nginx.post(token)
         assert (resp.status_code, resp.json()) == (401, unauthorized), label
         assert resp.headers["WWW-Authenticate"] == 'Bearer realm="rtserve"', label
@@ -162,15 +179,23 @@ def test_only_inference_routes_pass_and_bodies_are_bounded(pod_gateway):
     pod, nginx, tokens, _ = pod_gateway
     pod.wait_ready()
     auth = {"Authorization": f"Bearer {tokens[0]}"}
-    for method, path in (("GET", "/models"), ("OPTIONS", "/"), ("GET", "/metrics"),
-                         ("GET", "/api-description"), ("GET", "/v1"), ("GET", "/v2x")):
+    for method, path in (
+        ("GET", "/models"),
+        ("OPTIONS", "/"),
+        ("GET", "/metrics"),
+        ("GET", "/api-description"),
+        ("GET", "/v1"),
+        ("GET", "/v2x"),
+    ):
         resp = requests.request(method, nginx.url + path, headers=auth, timeout=5)
         assert resp.status_code == 404, (path, resp.text)
         assert resp.json()["error"].startswith("not found: the gateway passes /ping"), path
     big = {"features": [1.0] * 32, "pad": "x" * (nginx.settings.max_body + 1)}
     resp = nginx.post(tokens[0], json=big)
     assert (resp.status_code, resp.json()) == (
-        413, {"error": f"request body larger than {nginx.settings.max_body} bytes"})
+        413,
+        {"error": f"request body larger than {nginx.settings.max_body} bytes"},
+    )
     # An explanation goes through too.
     resp = nginx.post(tokens[0], path=f"/explanations/{MODEL_NAME}")
     assert resp.status_code == 200, resp.text
@@ -180,8 +205,9 @@ def test_only_inference_routes_pass_and_bodies_are_bounded(pod_gateway):
         resp = nginx.post(tokens[0], path=path)
         assert "the gateway passes" not in resp.text, path
     # (the access log's appender is asynchronous: its last lines may be written a moment later)
-    wanted = [f'"POST {path}' for path in (f"/v1/models/{MODEL_NAME}:predict", "/v2 ",
-                                           f"/v2/models/{MODEL_NAME}/infer")]
+    wanted = [
+        f'"POST {path}' for path in (f"/v1/models/{MODEL_NAME}:predict", "/v2 ", f"/v2/models/{MODEL_NAME}/infer")
+    ]
     deadline = time.monotonic() + 10
     while True:
         access = (pod.run_dir / "logs" / "access_log.log").read_text()
@@ -200,10 +226,8 @@ def test_tritonclient_with_its_defaults_through_the_gateway(pod_gateway):
     pod.wait_ready()
     auth = {"Authorization": f"Bearer {gateway.parse_tokens(tokens_file.read_text())[0]}"}
     rows = [[v + i for i in range(32)] for v in (-50.0, 0.0, 3.5)]
-    plain = [nginx.post(auth["Authorization"].removeprefix("Bearer "), json={"features": row}).json()
-             for row in rows]
-    client = triton.InferenceServerClient(nginx.settings.listen, connection_timeout=10,
-                                          network_timeout=10)
+    plain = [nginx.post(auth["Authorization"].removeprefix("Bearer "), json={"features": row}).json() for row in rows]
+    client = triton.InferenceServerClient(nginx.settings.listen, connection_timeout=10, network_timeout=10)
     try:
         assert client.is_server_ready(headers=auth) and client.is_model_ready(MODEL_NAME, headers=auth)
         meta = client.get_model_metadata(MODEL_NAME, headers=auth)
@@ -213,17 +237,21 @@ def test_tritonclient_with_its_defaults_through_the_gateway(pod_gateway):
         result = client.infer(MODEL_NAME, [tensor], headers=auth)
         assert "binary_data_size" in result.get_response()["outputs"][1]["parameters"]
         assert result.as_numpy("class").tolist() == [p["prediction"] for p in plain]
-        np.testing.assert_allclose(result.as_numpy("probabilities"),
-                                   [p["probabilities"] for p in plain], rtol=0, atol=1e-6)
-        as_json = client.infer(MODEL_NAME, [tensor], headers=auth, outputs=[
-            triton.InferRequestedOutput("class", binary_data=False)])
+        np.testing.assert_allclose(
+            result.as_numpy("probabilities"), [p["probabilities"] for p in plain], rtol=0, atol=1e-6
+        )
+        as_json = client.infer(
+            MODEL_NAME, [tensor], headers=auth, outputs=[triton.InferRequestedOutput("class", binary_data=False)]
+        )
         assert as_json.get_response()["outputs"][0]["data"] == [p["prediction"] for p in plain]
         assert client.is_model_ready(MODEL_NAME) is False  # no token
     finally:
         client.close()
     resp = requests.get(f"{nginx.url}/v2/models/{MODEL_NAME}/ready", timeout=5)
     assert (resp.status_code, resp.json()) == (
-        401, {"error": "missing or wrong token: send Authorization: Bearer <gateway token>"})
+        401,
+        {"error": "missing or wrong token: send Authorization: Bearer <gateway token>"},
+    )
 
 
 def test_torchserve_inference_listens_on_loopback_only(pod_gateway):
@@ -233,15 +261,20 @@ def test_torchserve_inference_listens_on_loopback_only(pod_gateway):
     host, port = address.removeprefix("http://").rsplit(":", 1)
     assert host == "127.0.0.1"
     # (Java lists an IPv4 listener as IPv4-mapped IPv6.)
-    listening = {c.laddr.ip.removeprefix("::ffff:")
-                 for c in psutil.Process(pod.server.pid()).net_connections("tcp")
-                 if c.status == psutil.CONN_LISTEN and c.laddr.port == int(port)}
+    listening = {
+        c.laddr.ip.removeprefix("::ffff:")
+        for c in psutil.Process(pod.server.pid()).net_connections("tcp")
+        if c.status == psutil.CONN_LISTEN and c.laddr.port == int(port)
+    }
     assert listening == {host}, listening
     # Through any other address of this machine, the port refuses the connection.
-    others = [a.address if a.family == socket.AF_INET else f"[{a.address}]"
-              for addrs in psutil.net_if_addrs().values() for a in addrs
-              if (a.family == socket.AF_INET and not a.address.startswith("127."))
-              or (a.family == socket.AF_INET6 and a.address != "::1" and "%" not in a.address)]
+    others = [
+        a.address if a.family == socket.AF_INET else f"[{a.address}]"
+        for addrs in psutil.net_if_addrs().values()
+        for a in addrs
+        if (a.family == socket.AF_INET and not a.address.startswith("127."))
+        or (a.family == socket.AF_INET6 and a.address != "::1" and "%" not in a.address)
+    ]
     for other in others:
         with pytest.raises(requests.ConnectionError):
             requests.get(f"http://{other}:{port}/ping", timeout=2)
@@ -264,12 +297,15 @@ def test_a_new_pod_key_is_picked_up_after_a_restart(pod_gateway):
     pod.wait_ready()
     new_key = json.loads((pod.run_dir / "key_file.json").read_text())["inference"]["key"]
     assert new_key != old_key
-    resp = until(lambda: (r := nginx.post(tokens[0])).status_code == 200 and r, timeout=10,
-                 what="the gateway to send the new key")
+    resp = until(
+        lambda: (r := nginx.post(tokens[0])).status_code == 200 and r,
+        timeout=10,
+        what="the gateway to send the new key",
+    )
     assert resp.json()["model_version"] == "1.0"
     assert f'"Bearer {new_key}"' in upstream_map.read_text()
     assert nginx.post(old_key).status_code == 401
-    assert "gateway: nginx (pid %d) reloads the updated keys" % nginx.proc.pid in pod.out.read_text()
+    assert f"gateway: nginx (pid {nginx.proc.pid}) reloads the updated keys" in pod.out.read_text()
 
 
 def test_rotating_the_shared_token_needs_no_restart(pod_gateway):
@@ -281,12 +317,18 @@ def test_rotating_the_shared_token_needs_no_restart(pod_gateway):
     until(lambda: nginx.post(new).status_code == 200, timeout=30, what="the new token accepted")
     # (nginx's old worker may still take a connection or two while it shuts down after the
     # reload: wait until the old token is refused three times in a row)
-    until(lambda: [nginx.post(tokens[0]).status_code for _ in range(3)] == [401] * 3, timeout=30,
-          what="the old token refused")
+    until(
+        lambda: [nginx.post(tokens[0]).status_code for _ in range(3)] == [401] * 3,
+        timeout=30,
+        what="the old token refused",
+    )
     # A bad edit of the Secret is refused with a log line; nginx keeps the last good tokens.
     tokens_file.write_text("too short\n")
-    until(lambda: "gateway tokens not updated: tokens line 1" in pod.out.read_text(), timeout=30,
-          what="the refusal in the log")
+    until(
+        lambda: "gateway tokens not updated: tokens line 1" in pod.out.read_text(),
+        timeout=30,
+        what="the refusal in the log",
+    )
     assert nginx.post(new).status_code == 200
     assert pod.server.pid() == frontend, "TorchServe restarted"
     tokens_file.write_text(new + "\n")  # the good file again for the next test
@@ -298,10 +340,13 @@ def test_rotating_the_management_key_leaves_the_gateway_alone(pod_gateway):
     pod.wait_ready()
     token = gateway.parse_tokens(tokens_file.read_text())[0]
     before = json.loads((pod.run_dir / "key_file.json").read_text())
-    code = ("from pathlib import Path; from rtserve.server.probe import local_client; "
-            f"local_client(Path({str(pod.run_dir)!r}), 5).refresh_key('management')")
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=pod.env,
-                          capture_output=True, text=True, timeout=30)
+    code = (
+        "from pathlib import Path; from rtserve.server.probe import local_client; "
+        f"local_client(Path({str(pod.run_dir)!r}), 5).refresh_key('management')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=pod.env, capture_output=True, text=True, timeout=30
+    )
     assert done.returncode == 0, done.stderr
     after = json.loads((pod.run_dir / "key_file.json").read_text())
     assert after["management"]["key"] != before["management"]["key"]
@@ -311,8 +356,12 @@ def test_rotating_the_management_key_leaves_the_gateway_alone(pod_gateway):
 
 def ask(conn: http.client.HTTPConnection, token: str) -> tuple[int, str | None, dict]:
     """One prediction on ``conn``: status, the Connection header, the JSON answer."""
-    conn.request("POST", f"/predictions/{MODEL_NAME}", body=json.dumps(PAYLOAD),
-                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    conn.request(
+        "POST",
+        f"/predictions/{MODEL_NAME}",
+        body=json.dumps(PAYLOAD),
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
     answer = conn.getresponse()
     return answer.status, answer.getheader("Connection"), json.loads(answer.read())
 
@@ -336,9 +385,14 @@ def test_a_draining_pod_closes_each_client_connection_after_its_answer(pod_gatew
     reloads_before = error_log.read_text().count("signal 1 (SIGHUP) received")
     answers: list[tuple[int, int, str | None]] = []  # (connection number, status, Connection)
     conn, number = None, 0
-    drain = subprocess.Popen([sys.executable, "-m", "rtserve", "probe", "drain", "--propagation", "1",
-                              "--timeout", "20", "--quiet", "1"], cwd=REPO, env=pod.env,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    drain = subprocess.Popen(
+        [sys.executable, "-m", "rtserve", "probe", "drain", "--propagation", "1", "--timeout", "20", "--quiet", "1"],
+        cwd=REPO,
+        env=pod.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     flagged = None  # (the answer count when the flag appeared, for a failure's message)
     unready = None  # the answer count when /readyz first answered 503
     try:
@@ -346,8 +400,9 @@ def test_a_draining_pod_closes_each_client_connection_after_its_answer(pod_gatew
         while sum(1 for a in answers if a[2] == "close") < 5:
             if drain.poll() is not None or time.monotonic() > deadline or len(answers) >= 3000:
                 drain.kill()
-                raise AssertionError(f"{answers[-5:]} {len(answers)} answers, flag since {flagged}; "
-                                     f"the drain: {drain.communicate()[0]}")
+                raise AssertionError(
+                    f"{answers[-5:]} {len(answers)} answers, flag since {flagged}; the drain: {drain.communicate()[0]}"
+                )
             if conn is None:
                 conn, number = http.client.HTTPConnection(host, int(port), timeout=10), number + 1
             if flagged is None and flag.exists():
@@ -381,8 +436,10 @@ def test_a_draining_pod_closes_each_client_connection_after_its_answer(pod_gatew
     assert requests.get(f"http://{nginx.settings.health_listen}/readyz", timeout=5).status_code == 503
     reloads = error_log.read_text().count("signal 1 (SIGHUP) received") - reloads_before
     assert reloads == 1, "the drain's end did not reload nginx to close the idle connections"
-    print(f"drain: /readyz 503 after {unready} answers; {len(kept)} answers on one keep-alive "
-          f"connection, then {len(closed)} answers each closing its own")
+    print(
+        f"drain: /readyz 503 after {unready} answers; {len(kept)} answers on one keep-alive "
+        f"connection, then {len(closed)} answers each closing its own"
+    )
 
     assert pod.terminate() == 0
     pod.start()  # the restarted container: the flag goes, connections are kept alive again

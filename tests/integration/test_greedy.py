@@ -37,8 +37,7 @@ def slow_batching_mar(build_root, tmp_path_factory):
     config["maxBatchDelay"] = DELAY_MS
     path = tmp_path_factory.mktemp("config") / "model-config.yaml"
     path.write_text(yaml.safe_dump(config))
-    return make_archive(build_root, "1.0", store=build_root / "store-slow-batching",
-                        MODEL_CONFIG=str(path))
+    return make_archive(build_root, "1.0", store=build_root / "store-slow-batching", MODEL_CONFIG=str(path))
 
 
 def server_vmargs() -> str:
@@ -58,10 +57,12 @@ def serve(tmp_path_factory, mar, **overrides):
 
 def post(server, session=requests) -> requests.Response:
     key = server.client().keys.get("inference")
-    return session.post(f"{server.props['inference_address']}/predictions/{MODEL_NAME}",
-                        data=json.dumps({"features": features()}),
-                        headers={"Authorization": f"Bearer {key}",
-                                 "Content-Type": "application/json"}, timeout=30)
+    return session.post(
+        f"{server.props['inference_address']}/predictions/{MODEL_NAME}",
+        data=json.dumps({"features": features()}),
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        timeout=30,
+    )
 
 
 def frontend_ms(server) -> list[int]:
@@ -86,12 +87,14 @@ def one_at_a_time(server, n: int) -> list[int]:
 
 
 def agent_lines(server) -> list[str]:
-    return [line for line in (server.run_dir / "launcher.log").read_text().splitlines()
-            if line.startswith("[rtserve-agent]")]
+    return [
+        line
+        for line in (server.run_dir / "launcher.log").read_text().splitlines()
+        if line.startswith("[rtserve-agent]")
+    ]
 
 
-def test_greedy_answers_lone_requests_without_the_batch_delay_and_still_batches(
-        slow_batching_mar, tmp_path_factory):
+def test_greedy_answers_lone_requests_without_the_batch_delay_and_still_batches(slow_batching_mar, tmp_path_factory):
     server = serve(tmp_path_factory, slow_batching_mar)
     try:
         assert server.client().describe(MODEL_NAME)[0]["maxBatchDelay"] == DELAY_MS
@@ -99,9 +102,12 @@ def test_greedy_answers_lone_requests_without_the_batch_delay_and_still_batches(
             "[rtserve-agent] OIP model routes ON: patched "
             "org/pytorch/serve/http/api/rest/InferenceRequestHandler.handleRequest",
             "[rtserve-agent] greedy batching ON: patched org/pytorch/serve/wlm/Model.pollBatch",
-            "[rtserve-agent] live routes ON: patched org/pytorch/serve/util/ApiUtils.addRESTInferenceJob"]
-        assert "[rtserve-agent] greedy batching ON: patched org/pytorch/serve/wlm/Model.pollBatch " \
-               "(no wait for further jobs of a batch)" in agent_lines(server)
+            "[rtserve-agent] live routes ON: patched org/pytorch/serve/util/ApiUtils.addRESTInferenceJob",
+        ]
+        assert (
+            "[rtserve-agent] greedy batching ON: patched org/pytorch/serve/wlm/Model.pollBatch "
+            "(no wait for further jobs of a batch)" in agent_lines(server)
+        )
         one_at_a_time(server, 4)  # warm-up: the first requests after a start pay one-off costs
         timings = one_at_a_time(server, 9)
         # Without the agent each would take the whole delay (the test below); the median is
@@ -131,7 +137,9 @@ def test_without_the_agent_torchserve_waits_the_batch_delay(how, slow_batching_m
         lines = agent_lines(server)
         if how == "switched off":  # the agent still serves the OIP model routes and live routes
             assert sorted(line.split(":")[0] for line in lines) == [
-                "[rtserve-agent] OIP model routes ON", "[rtserve-agent] live routes ON"]
+                "[rtserve-agent] OIP model routes ON",
+                "[rtserve-agent] live routes ON",
+            ]
             assert ",greedy=off" in (server.run_dir / "config.properties").read_text()
         else:
             assert len(lines) == 1 and "greedy batching OFF" in lines[0]

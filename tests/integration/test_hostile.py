@@ -9,8 +9,9 @@ pytestmark = pytest.mark.integration
 
 
 def test_hostile_corpus_mixed_with_valid_traffic(server, tmp_path):
-    rc, report = bench_main(hostile_input.main, tmp_path / "report.json", "--attach", server.run_dir,
-                            "--bad", 300, "--concurrency", 12)
+    rc, report = bench_main(
+        hostile_input.main, tmp_path / "report.json", "--attach", server.run_dir, "--bad", 300, "--concurrency", 12
+    )
     assert rc == 0
     assert report["sent"] == 600
     assert report["valid_ok"] == 300 and report["valid_failed"] == 0, report["examples_wrong_status"]
@@ -24,5 +25,6 @@ def test_hostile_corpus_mixed_with_valid_traffic(server, tmp_path):
         kind, status = key.split(" -> ")
         seen.setdefault(kind, set()).add(status)
     assert seen.pop("valid") == {"200"}
-    assert seen == {kind: {"413" if kind == "oversized" else "400"} for kind in hostile_input.KINDS}, \
-        report["by_kind"]  # (300 bad requests cover every kind)
+    assert seen == {kind: {"413" if kind == "oversized" else "400"} for kind in hostile_input.KINDS}, report[
+        "by_kind"
+    ]  # (300 bad requests cover every kind)

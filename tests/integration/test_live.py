@@ -21,9 +21,9 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import requests
@@ -32,12 +32,22 @@ import yaml
 from rtserve.model.data import LABELS, make_dataset
 from rtserve.promotion.gate import DEFAULT_CONFIG
 from rtserve.promotion.history import History
-from rtserve.promotion.live import Route, read_routes, set_route, watcher_pid
+from rtserve.promotion.live.routes import Route, read_routes, set_route
+from rtserve.promotion.live.watcher import watcher_pid
 from rtserve.promotion.rollout import Rollout
 from rtserve.runtime.process import alive, wait_until
 from tests.conftest import MODEL_NAME, REPO, make_archive
-from tests.helpers import (RandomAnswers, Reference, agreement, demo_eager, keep_only, random_archive, records,
-                           routes_applied, routes_lines)
+from tests.helpers import (
+    RandomAnswers,
+    Reference,
+    agreement,
+    demo_eager,
+    keep_only,
+    random_archive,
+    records,
+    routes_applied,
+    routes_lines,
+)
 from tests.integration.conftest import serve
 
 pytestmark = pytest.mark.integration
@@ -81,8 +91,11 @@ def send(server, rows, keys=None, version=None) -> list[dict]:
             headers["x-rtserve-key"] = keys[i]
         resp = requests.post(url, json={"features": rows[i]}, headers=headers, timeout=30)
         body = resp.json() if resp.headers.get("content-type", "").startswith("application/json") else {}
-        return {"status": resp.status_code, "id": resp.headers.get("x-request-id"),
-                "version": body.get("model_version") if isinstance(body, dict) else None}
+        return {
+            "status": resp.status_code,
+            "id": resp.headers.get("x-request-id"),
+            "version": body.get("model_version") if isinstance(body, dict) else None,
+        }
 
     with ThreadPoolExecutor(4) as pool:
         sent = list(pool.map(one, range(len(rows))))
@@ -122,8 +135,13 @@ def agent(server, rollout, rows):
     and a few requests must show up in the live log within 30 s, on a loaded machine too)."""
     files = server.files
     before = routes_count(server)
-    set_route(files.live_routes, MODEL_NAME, files.live_log.resolve(), "shadow",
-              Route("2.0", 100.0, f"{server.props['inference_address']}/predictions/{MODEL_NAME}/2.0"))
+    set_route(
+        files.live_routes,
+        MODEL_NAME,
+        files.live_log.resolve(),
+        "shadow",
+        Route("2.0", 100.0, f"{server.props['inference_address']}/predictions/{MODEL_NAME}/2.0"),
+    )
     found = []
     try:
         if wait_until(lambda: routes_count(server) > before, 30.0, poll=0.05):  # the agent read the routes
@@ -136,11 +154,16 @@ def agent(server, rollout, rows):
             routes_applied(server.run_dir, before, expect="shadow none")
     if not found:
         launcher = (server.run_dir / "launcher.log").read_text()
-        agent_said = [line.split(":")[0].removeprefix("[rtserve-agent] ")
-                      for line in launcher.splitlines() if line.startswith("[rtserve-agent]")]
-        pytest.fail("the running frontend agent does not follow live routes: no line in "
-                    f"{files.live_log.name} within 30 s of 3 requests under a 100% shadow route "
-                    f"(its features: {agent_said})")
+        agent_said = [
+            line.split(":")[0].removeprefix("[rtserve-agent] ")
+            for line in launcher.splitlines()
+            if line.startswith("[rtserve-agent]")
+        ]
+        pytest.fail(
+            "the running frontend agent does not follow live routes: no line in "
+            f"{files.live_log.name} within 30 s of 3 requests under a 100% shadow route "
+            f"(its features: {agent_said})"
+        )
     return server
 
 
@@ -166,11 +189,20 @@ def gate_config(tmp_path, name="gate.yaml", **live) -> Path:
 
 def make(server, target: str, *extra: str) -> subprocess.CompletedProcess:
     props = server.props
-    variables = [f"MODEL_STORE={server.model_store}", f"RUN_DIR={server.run_dir}",
-                 f"INFERENCE_URL={props['inference_address']}",
-                 f"MANAGEMENT_URL={props['management_address']}"]
-    return subprocess.run(["make", "-s", target, *variables, *extra], cwd=REPO, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    variables = [
+        f"MODEL_STORE={server.model_store}",
+        f"RUN_DIR={server.run_dir}",
+        f"INFERENCE_URL={props['inference_address']}",
+        f"MANAGEMENT_URL={props['management_address']}",
+    ]
+    return subprocess.run(
+        ["make", "-s", target, *variables, *extra],
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=300,
+    )
 
 
 def shadow_lines(server, version: str) -> list[dict]:
@@ -217,8 +249,10 @@ def assert_agreement_recomputed(server, report: dict, default: Reference, candid
     rows = [SENT[line["of"]] for line in lines]
     assert len(rows) == report["compared"], (len(rows), report["compared"])
     same, ties = agreement(default, candidate, rows)
-    print(f"agreement of {report['candidate']}: report {report['agreement']:.6f}, recomputed "
-          f"{same}/{len(rows)} = {same / len(rows):.6f} ({ties} near-ties)")
+    print(
+        f"agreement of {report['candidate']}: report {report['agreement']:.6f}, recomputed "
+        f"{same}/{len(rows)} = {same / len(rows):.6f} ({ties} near-ties)"
+    )
     # the report rounds to 6 decimals
     assert abs(report["agreement"] * len(rows) - same) <= ties + 1e-6 * len(rows), (report, same)
     return same / len(rows)
@@ -228,10 +262,13 @@ def assert_agreement_recomputed(server, report: dict, default: Reference, candid
 def reference(mar_v1) -> Callable[[str], Reference]:
     """The deterministic model of a version (1.0, 2.0 or 3.2) in this process, checked against
     its archive's golden set (the served version's weights); each made once."""
-    models = {"1.0": lambda: demo_eager("1.0"), "2.0": lambda: demo_eager("2.0"),
-              "3.2": lambda: RandomAnswers(demo_eager("1.0"))}
+    models = {
+        "1.0": lambda: demo_eager("1.0"),
+        "2.0": lambda: demo_eager("2.0"),
+        "3.2": lambda: RandomAnswers(demo_eager("1.0")),
+    }
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def of(version: str) -> Reference:
         return Reference.from_mar(mar_v1.parent / f"{MODEL_NAME}_{version}.mar", models[version]())
 
@@ -245,8 +282,7 @@ def canary_stopped(agent):
     make(agent, "shadow-stop")
 
 
-def test_shadow_of_2_0_reports_its_agreement_and_ids_the_records_find(agent, rows, reference,
-                                                                    canary_stopped):
+def test_shadow_of_2_0_reports_its_agreement_and_ids_the_records_find(agent, rows, reference, canary_stopped):
     sent, report = shadowed(agent, "2.0", rows)
     assert report["mirrored"] == len(shadow_lines(agent, "2.0")) >= N
     all_compared(report)
@@ -268,8 +304,7 @@ def test_shuffled_candidate_agrees_by_chance(agent, rows, random_candidate, refe
     _, report = shadowed(agent, random_candidate, rows)
     all_compared(report)
     assert_agreement_recomputed(agent, report, reference("1.0"), reference(random_candidate))
-    shares = {who: {k: v / sum(c.values()) for k, v in c.items()}
-              for who, c in report["classes"].items()}
+    shares = {who: {k: v / sum(c.values()) for k, v in c.items()} for who, c in report["classes"].items()}
     chance = sum(p * shares["candidate"].get(k, 0.0) for k, p in shares["default"].items())
     assert len(report["classes"]["candidate"]) == len(LABELS)
     assert abs(report["agreement"] - chance) < 0.1 and report["agreement"] < 0.6, (report, chance)
@@ -289,14 +324,20 @@ def wait_aborted(server, before: int, timeout=WAIT_S) -> dict:
     raise AssertionError(f"no abort: {server.files.canary_log.read_text()}")
 
 
-def test_canary_of_a_disagreeing_candidate_is_aborted(agent, rows, random_candidate, tmp_path,
-                                                      canary_stopped):
-    config = gate_config(tmp_path, canary={"window_s": 30.0, "min_requests": 20, "min_agreement": 0.8,
-                                           "max_error_rate": 0.5, "max_p99_ms": 10000.0})
+def test_canary_of_a_disagreeing_candidate_is_aborted(agent, rows, random_candidate, tmp_path, canary_stopped):
+    config = gate_config(
+        tmp_path,
+        canary={
+            "window_s": 30.0,
+            "min_requests": 20,
+            "min_agreement": 0.8,
+            "max_error_rate": 0.5,
+            "max_p99_ms": 10000.0,
+        },
+    )
     assert make(agent, "shadow", f"MODEL_VERSION={random_candidate}").returncode == 0
     before, lines = len(aborts(agent)), routes_count(agent)
-    started = make(agent, "canary", f"MODEL_VERSION={random_candidate}", "PERCENT=20",
-                   f"GATE_CONFIG={config}")
+    started = make(agent, "canary", f"MODEL_VERSION={random_candidate}", "PERCENT=20", f"GATE_CONFIG={config}")
     assert started.returncode == 0 and "watcher pid" in started.stdout, started.stdout
     routes_applied(agent.run_dir, lines, expect=f"canary {random_candidate} at 20.0%")
     sent = send(agent, rows, keys=[f"user-{i}" for i in range(len(rows))])
@@ -304,8 +345,9 @@ def test_canary_of_a_disagreeing_candidate_is_aborted(agent, rows, random_candid
     event = wait_aborted(agent, before)
     assert event["version"] == random_candidate and event["failures"][0].startswith("agreement:")
     assert read_routes(agent.files.live_routes).canary.percent == 0.0
-    assert any(line.get("event") == "canary-abort" and line["failures"] == event["failures"]
-               for line in audit_lines(agent))
+    assert any(
+        line.get("event") == "canary-abort" and line["failures"] == event["failures"] for line in audit_lines(agent)
+    )
     assert "ABORTED canary 3.2" in agent.files.canary_log.read_text()
     routes_applied(agent.run_dir, lines, expect=f"canary {random_candidate} at 0.0%")
     after = send(agent, rows[:50], keys=[f"user-{i}" for i in range(50)])
@@ -315,8 +357,9 @@ def test_canary_of_a_disagreeing_candidate_is_aborted(agent, rows, random_candid
 def test_canary_of_a_failing_candidate_is_aborted(agent, rows, rollout, tmp_path, canary_stopped):
     """2.0 loses its workers (TorchServe answers 503 for it) under steady keyed traffic: every
     failed request is one of the candidate's own answers, and none fails after the abort."""
-    config = gate_config(tmp_path, canary={"window_s": 30.0, "min_requests": 10,
-                                           "max_error_rate": 0.1, "max_p99_ms": 10000.0})
+    config = gate_config(
+        tmp_path, canary={"window_s": 30.0, "min_requests": 10, "max_error_rate": 0.1, "max_p99_ms": 10000.0}
+    )
     before, lines = len(aborts(agent)), routes_count(agent)
     started = make(agent, "canary", "MODEL_VERSION=2.0", "PERCENT=30", f"GATE_CONFIG={config}")
     assert started.returncode == 0, started.stdout
@@ -329,7 +372,7 @@ def test_canary_of_a_failing_candidate_is_aborted(agent, rows, rollout, tmp_path
         while aborted_at is None or rounds[-1][0] < aborted_at + 2:  # 2 s past the abort's routes
             assert time.monotonic() < deadline, f"no abort: {agent.files.canary_log.read_text()}"
             lo = 50 * len(rounds) % len(rows)
-            rounds.append((time.time(), send(agent, rows[lo:lo + 50], keys=keys[lo:lo + 50])))
+            rounds.append((time.time(), send(agent, rows[lo : lo + 50], keys=keys[lo : lo + 50])))
             if aborted_at is None and len(aborts(agent)) > before:
                 # from when the agent follows the abort's routes (share 0)
                 routes_applied(agent.run_dir, lines, expect="canary 2.0 at 0.0%")
@@ -338,8 +381,9 @@ def test_canary_of_a_failing_candidate_is_aborted(agent, rows, rollout, tmp_path
         assert event["version"] == "2.0" and event["failures"][0].startswith("error rate:")
         sent = [s for _, answers in rounds for s in answers]
         # a canary line's id is the x-request-id the caller received
-        canary = {line["id"]: line for line in live_lines(agent)
-                  if line["kind"] == "canary" and line["version"] == "2.0"}
+        canary = {
+            line["id"]: line for line in live_lines(agent) if line["kind"] == "canary" and line["version"] == "2.0"
+        }
         failed = [s for s in sent if s["status"] != 200]
         assert failed
         for s in failed:  # each failure is the candidate's own answer, as the live log has it
@@ -347,18 +391,20 @@ def test_canary_of_a_failing_candidate_is_aborted(agent, rows, rollout, tmp_path
         candidate_errors = {s["id"] for s in sent if s["id"] in canary and canary[s["id"]]["status"] >= 400}
         assert {s["id"] for s in failed} == candidate_errors
         after = [s for t, answers in rounds if t >= aborted_at for s in answers]
-        print(f"{len(sent)} requests: {len(failed)} failed, each a candidate answer "
-              f"({sorted({s['status'] for s in failed})}); {len(after)} sent after the abort, "
-              f"{sum(s['status'] != 200 for s in after)} failed")
+        print(
+            f"{len(sent)} requests: {len(failed)} failed, each a candidate answer "
+            f"({sorted({s['status'] for s in failed})}); {len(after)} sent after the abort, "
+            f"{sum(s['status'] != 200 for s in after)} failed"
+        )
         assert after and {(s["status"], s["version"]) for s in after} == {(200, "1.0")}
     finally:
         rollout.client.scale(MODEL_NAME, 1, version="2.0")
 
 
-def test_promote_takes_the_live_evidence(agent, rows, rollout, random_candidate, tmp_path,
-                                         canary_stopped):
-    strict = gate_config(tmp_path, shadow={"min_requests": 100, "min_agreement": 0.85},
-                         promote={"require_shadow": True})
+def test_promote_takes_the_live_evidence(agent, rows, rollout, random_candidate, tmp_path, canary_stopped):
+    strict = gate_config(
+        tmp_path, shadow={"min_requests": 100, "min_agreement": 0.85}, promote={"require_shadow": True}
+    )
     shadowed(agent, random_candidate, rows[:150])
     refused = make(agent, "promote", f"MODEL_VERSION={random_candidate}", f"GATE_CONFIG={strict}")
     assert refused.returncode != 0 and "FAILED live agreement: " in refused.stdout, refused.stdout
@@ -367,7 +413,7 @@ def test_promote_takes_the_live_evidence(agent, rows, rollout, random_candidate,
     assert gate["outcome"] == "refused" and gate["live"]["requests"] >= 100
 
     shadowed(agent, "2.0", rows[:150])
-    unmet = gate_config(tmp_path, "unmet.yaml", shadow={"min_requests": 10 ** 6}, promote={"require_shadow": True})
+    unmet = gate_config(tmp_path, "unmet.yaml", shadow={"min_requests": 10**6}, promote={"require_shadow": True})
     few = make(agent, "promote", "MODEL_VERSION=2.0", f"GATE_CONFIG={unmet}")
     assert few.returncode != 0 and "FAILED live requests: " in few.stdout, few.stdout
     assert "FAILED accuracy" not in few.stdout and "FAILED agreement" not in few.stdout
@@ -380,8 +426,7 @@ def test_promote_takes_the_live_evidence(agent, rows, rollout, random_candidate,
     assert make(agent, "rollback").returncode == 0 and rollout.default_version() == "1.0"
 
 
-def test_stop_ends_the_canary_watcher_and_a_start_clears_the_live_routes(build_root, mar_v1, rows,
-                                                                          tmp_path):
+def test_stop_ends_the_canary_watcher_and_a_start_clears_the_live_routes(build_root, mar_v1, rows, tmp_path):
     """`make stop` and `python -m rtserve server stop` stop a running canary watcher (by its PID
     file); a start clears the stale routes file, live log and shadow report, so the restarted
     server (1.0 only, 2.0 no longer registered) never forwards to a version it does not have."""
@@ -423,5 +468,14 @@ def test_stop_ends_the_canary_watcher_and_a_start_clears_the_live_routes(build_r
         assert not files.live_log.exists()  # nothing forwarded
 
         pid = canary_of_2_0()
-        stopped_by(subprocess.run([*cli_stop, str(ts.run_dir)], cwd=REPO, text=True, timeout=120,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT), pid)
+        stopped_by(
+            subprocess.run(
+                [*cli_stop, str(ts.run_dir)],
+                cwd=REPO,
+                text=True,
+                timeout=120,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            ),
+            pid,
+        )

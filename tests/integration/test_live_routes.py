@@ -14,11 +14,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import requests
@@ -26,13 +26,12 @@ import requests
 from bench.loadgen import SteadyLoad, summarize
 from handler.records import ROUTE_HEADER
 from rtserve.promotion.history import HISTORY_FILE, History
-from rtserve.promotion.live import sticky_bucket as bucket
+from rtserve.promotion.live.routes import sticky_bucket as bucket
 from rtserve.promotion.rollout import Rollout
 from rtserve.server.properties import routes_file
 from rtserve.server.readiness import PROBE_ROUTE, sample_payload
 from tests.conftest import MODEL_NAME, make_archive
-from tests.helpers import (SLOW_CANDIDATE, SLOW_S, routes_applied, routes_lines, settled, shadow_cost,
-                           shadow_share_range)
+from tests.helpers import SLOW_CANDIDATE, SLOW_S, routes_applied, routes_lines, settled, shadow_cost, shadow_share_range
 from tests.integration.conftest import serve
 
 pytestmark = pytest.mark.integration
@@ -57,9 +56,19 @@ def routes(live, tmp_path):
     log = tmp_path / "live-log.jsonl"
 
     def write(shadow=None, canary=None, token_file=None, text=None) -> Path:
-        content = text if text is not None else json.dumps(
-            {"model": MODEL_NAME, "shadow": shadow, "canary": canary, "log": str(log),
-             "token_file": token_file and str(token_file)})
+        content = (
+            text
+            if text is not None
+            else json.dumps(
+                {
+                    "model": MODEL_NAME,
+                    "shadow": shadow,
+                    "canary": canary,
+                    "log": str(log),
+                    "token_file": token_file and str(token_file),
+                }
+            )
+        )
         tmp = path.with_suffix(".tmp")
         tmp.write_text(content)
         os.replace(tmp, path)
@@ -81,9 +90,12 @@ def candidate(live, version="2.0") -> str:
 
 def post(live, session=requests, path=f"/predictions/{MODEL_NAME}", **headers) -> requests.Response:
     key = live.client().keys.get("inference")
-    return session.post(f"{live.props['inference_address']}{path}", data=BODY, timeout=30,
-                        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json",
-                                 **headers})
+    return session.post(
+        f"{live.props['inference_address']}{path}",
+        data=BODY,
+        timeout=30,
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json", **headers},
+    )
 
 
 def version_of(answer: requests.Response) -> str:
@@ -121,8 +133,10 @@ def rerouted(live, routes, **route) -> Path:
 def test_the_agent_follows_the_run_directorys_routes_file(live):
     assert f"routes={routes_file(live.run_dir)}" in (live.run_dir / "config.properties").read_text()
     lines = (live.run_dir / "launcher.log").read_text().splitlines()
-    assert "[rtserve-agent] live routes ON: patched org/pytorch/serve/util/ApiUtils.addRESTInferenceJob " \
-           f"(POST /predictions/{{model}} shadowed or split as {routes_file(live.run_dir)} says)" in lines
+    assert (
+        "[rtserve-agent] live routes ON: patched org/pytorch/serve/util/ApiUtils.addRESTInferenceJob "
+        f"(POST /predictions/{{model}} shadowed or split as {routes_file(live.run_dir)} says)" in lines
+    )
 
 
 def test_no_routes_file_no_copies(live, routes):
@@ -169,10 +183,10 @@ def timed(limit_s: float) -> Iterator[None]:
 def many(live, n: int, keys: list[str] | None = None, threads: int = 4) -> list[requests.Response]:
     """``n`` requests (with ``keys``: one per key, in the header the canary follows) from
     ``threads`` threads, each with its own connection; the answers in order."""
+
     def part(i):
         with requests.Session() as s:
-            return [post(live, s, **({"x-rtserve-key": keys[j]} if keys else {}))
-                    for j in range(i, n, threads)]
+            return [post(live, s, **({"x-rtserve-key": keys[j]} if keys else {})) for j in range(i, n, threads)]
 
     with ThreadPoolExecutor(threads) as pool:
         parts = list(pool.map(part, range(threads)))
@@ -195,16 +209,17 @@ def test_shadow_share_within_half_a_point_over_2000_requests(live, routes):
     assert {line["of"] for line in lines} <= ids and {line["status"] for line in lines} == {200}
     assert len({line["of"] for line in lines}) == len(lines)  # each request copied at most once
     share = len(lines) / len(answers) * 100
-    print(f"shadow share: {len(lines)} of {len(answers)} = {share:.2f}% (configured 25%; the "
-          f"agent's draws give {fewest} to {most})")
+    print(
+        f"shadow share: {len(lines)} of {len(answers)} = {share:.2f}% (configured 25%; the "
+        f"agent's draws give {fewest} to {most})"
+    )
     assert fewest <= len(lines) <= most, (len(lines), fewest, most)
     assert abs(share - 25.0) <= 0.5, share
 
 
 def test_canary_share_within_2_points_over_2000_keys_sticky_per_key(live, routes):
     before = len(agent_lines(live))
-    log = routes(canary={"version": "2.0", "percent": 20.0, "url": candidate(live),
-                         "key_header": "x-rtserve-key"})
+    log = routes(canary={"version": "2.0", "percent": 20.0, "url": candidate(live), "key_header": "x-rtserve-key"})
     applied(live, before)
     keys = [f"user-{i}" for i in range(2000)]
     expected = {k for k in keys if bucket(k) < 20}  # the documented hash, computed here
@@ -218,8 +233,10 @@ def test_canary_share_within_2_points_over_2000_keys_sticky_per_key(live, routes
         ids[answer.headers["x-request-id"]] = k
     assert all(len(v) == 1 for v in seen.values()), {k: v for k, v in seen.items() if len(v) > 1}
     canary = {k for k, v in seen.items() if v == {"2.0"}}
-    print(f"canary share: {len(canary)} of {len(keys)} keys = {len(canary) / len(keys) * 100:.2f}% "
-          "(configured 20%), each key twice, always the same version")
+    print(
+        f"canary share: {len(canary)} of {len(keys)} keys = {len(canary) / len(keys) * 100:.2f}% "
+        "(configured 20%), each key twice, always the same version"
+    )
     assert canary == expected
     lines = log_lines(log, 2 * len(canary))
     assert len(lines) == 2 * len(canary)
@@ -238,8 +255,9 @@ def test_a_rewrite_switches_the_share_within_a_second_with_no_failed_request(liv
         with requests.Session() as s:
             while not stop.is_set():
                 a = post(live, s)
-                answers.append((time.monotonic(), a.status_code,
-                                a.json().get("model_version") if a.status_code == 200 else a.text))
+                answers.append(
+                    (time.monotonic(), a.status_code, a.json().get("model_version") if a.status_code == 200 else a.text)
+                )
 
     worker = threading.Thread(target=loop)
     worker.start()
@@ -298,16 +316,27 @@ def test_an_invalid_file_keeps_the_previous_routes(live, routes):
     routes(canary={"version": "2.0", "percent": 100.0, "url": candidate(live)})
     applied(live, before)
     assert version_of(post(live)) == "2.0"
-    for bad, problem in [("{not json", "invalid JSON at character 1: expected a quoted key"),
-                         (json.dumps({"model": MODEL_NAME, "log": "/tmp/x.jsonl",
-                                      "canary": {"version": "2.0", "percent": 120, "url": candidate(live)}}),
-                          '"canary.percent" must be from 0 to 100, not 120.0')]:
-            before = len(agent_lines(live))
-            routes(text=bad)
-            line = applied(live, before)
-            assert problem in line and "keeping the previous routes (model realtime-classifier, " \
-                                       "shadow none, canary 2.0 at 100.0%" in line, line
-            assert version_of(post(live)) == "2.0"
+    for bad, problem in [
+        ("{not json", "invalid JSON at character 1: expected a quoted key"),
+        (
+            json.dumps(
+                {
+                    "model": MODEL_NAME,
+                    "log": "/tmp/x.jsonl",
+                    "canary": {"version": "2.0", "percent": 120, "url": candidate(live)},
+                }
+            ),
+            '"canary.percent" must be from 0 to 100, not 120.0',
+        ),
+    ]:
+        before = len(agent_lines(live))
+        routes(text=bad)
+        line = applied(live, before)
+        assert (
+            problem in line
+            and "keeping the previous routes (model realtime-classifier, shadow none, canary 2.0 at 100.0%" in line
+        ), line
+        assert version_of(post(live)) == "2.0"
     before = len(agent_lines(live))
     routes_file(live.run_dir).unlink()
     assert applied(live, before).endswith("is gone: no routes")
@@ -385,14 +414,18 @@ def test_with_80_mirrors_held_64_are_in_flight_and_16_dropped(live, routes):
         held.released.set()
         assert len(taken) == MAX_MIRRORS, f"{len(taken)} copies reached the candidate"
         assert [line["of"] for line in dropped] == ids[MAX_MIRRORS:], dropped
-        assert {(line["status"], line["error"]) for line in dropped} == \
-            {(-1, f"dropped: {MAX_MIRRORS} mirrors in flight")}
+        assert {(line["status"], line["error"]) for line in dropped} == {
+            (-1, f"dropped: {MAX_MIRRORS} mirrors in flight")
+        }
         lines = log_lines(log, n)
         assert len(lines) == n and held.taken == MAX_MIRRORS, (len(lines), held.taken)
-        by_status = {status: sorted(line["of"] for line in lines if line["status"] == status)
-                     for status in {line["status"] for line in lines}}
-        assert by_status == {200: sorted(ids[:MAX_MIRRORS]), -1: sorted(ids[MAX_MIRRORS:])}, \
-            {k: len(v) for k, v in by_status.items()}
+        by_status = {
+            status: sorted(line["of"] for line in lines if line["status"] == status)
+            for status in {line["status"] for line in lines}
+        }
+        assert by_status == {200: sorted(ids[:MAX_MIRRORS]), -1: sorted(ids[MAX_MIRRORS:])}, {
+            k: len(v) for k, v in by_status.items()
+        }
     finally:
         if held is not None:
             held.released.set()
@@ -432,10 +465,15 @@ def slow_load(live) -> Iterator[tuple[str, SteadyLoad]]:
         slow = subprocess.Popen([sys.executable, "-c", SLOW_CANDIDATE], stdout=subprocess.PIPE, text=True)
         url = f"http://127.0.0.1:{int(slow.stdout.readline())}/predictions/{MODEL_NAME}/2.0"
         key = live.client().keys.get("inference")
-        load = SteadyLoad(f"{live.props['inference_address']}/predictions/{MODEL_NAME}",
-                          json.loads(BODY), lambda: key, rate=SLOW_RATE, concurrency=SLOW_CONNECTIONS,
-                          max_seconds=60 + ATTEMPTS * 2 * WINDOWS * (WINDOW_S + 1),
-                          resend_worker_lost=False)
+        load = SteadyLoad(
+            f"{live.props['inference_address']}/predictions/{MODEL_NAME}",
+            json.loads(BODY),
+            lambda: key,
+            rate=SLOW_RATE,
+            concurrency=SLOW_CONNECTIONS,
+            max_seconds=60 + ATTEMPTS * 2 * WINDOWS * (WINDOW_S + 1),
+            resend_worker_lost=False,
+        )
         yield url, load
     finally:
         if load is not None:
@@ -458,19 +496,23 @@ def test_a_candidate_500ms_slower_does_not_move_the_callers_p99(live, routes):
         rerouted(live, routes, shadow=shadow)
         load.mark("warm-up on")
         time.sleep(WARM_UP_S)
-        results = shadow_cost(load, lambda on: rerouted(live, routes, shadow=shadow if on else None), 0.0,
-                              WINDOWS, WINDOW_S, ATTEMPTS,
-                              f"{SLOW_RATE:g} req/s over {SLOW_CONNECTIONS} connections",
-                              max_allowed_ms=MAX_ALLOWED_MS)
+        results = shadow_cost(
+            load,
+            lambda on: rerouted(live, routes, shadow=shadow if on else None),
+            0.0,
+            WINDOWS,
+            WINDOW_S,
+            ATTEMPTS,
+            f"{SLOW_RATE:g} req/s over {SLOW_CONNECTIONS} connections",
+            max_allowed_ms=MAX_ALLOWED_MS,
+        )
         off, on, allowed = results[-1]
         load.mark("end")
         records = load.stop()
         windows = {r.phase: r for r in summarize(records)}
         print("p99 per window (ms):", {k: round(r.p99_ms, 2) for k, r in windows.items()})
-        assert all(r.status == 200 and r.version == "1.0" for r in records), \
-            {(r.status, r.version) for r in records}
-        assert on.p99_ms - off.p99_ms <= allowed <= MAX_ALLOWED_MS, \
-            [(o.p99_ms, n.p99_ms, a) for o, n, a in results]
+        assert all(r.status == 200 and r.version == "1.0" for r in records), {(r.status, r.version) for r in records}
+        assert on.p99_ms - off.p99_ms <= allowed <= MAX_ALLOWED_MS, [(o.p99_ms, n.p99_ms, a) for o, n, a in results]
         on_sent = sum(1 for r in records if r.phase.startswith("on "))
         # every request sent while the shadow was on was mirrored (and those sent while the
         # routes changed may be), and the candidate answered each after 500 ms
@@ -492,10 +534,15 @@ def test_the_p99_harness_fails_the_slow_candidate_in_the_callers_path(live, rout
         time.sleep(1)
         canary = {"version": "2.0", "percent": 100.0, "url": url}
         [(off, on, allowed)] = shadow_cost(
-            load, lambda on: rerouted(live, routes, canary=canary if on else None), 0.0,
-            CONTROL_WINDOWS, CONTROL_WINDOW_S, 1,
+            load,
+            lambda on: rerouted(live, routes, canary=canary if on else None),
+            0.0,
+            CONTROL_WINDOWS,
+            CONTROL_WINDOW_S,
+            1,
             f"{SLOW_RATE:g} req/s over {SLOW_CONNECTIONS} connections, the candidate as a canary",
-            max_allowed_ms=MAX_ALLOWED_MS)
+            max_allowed_ms=MAX_ALLOWED_MS,
+        )
         load.stop()
         assert on.versions.keys() == {"slow"} and off.versions.keys() == {"1.0"}, (on.versions, off.versions)
         assert on.p50_ms >= SLOW_S * 1000

@@ -15,8 +15,8 @@ import yaml
 
 from rtserve.model.data import make_dataset
 from tests.conftest import MODEL_NAME, REPO, make_archive
-from tests.integration.conftest import serve
 from tests.helpers import records
+from tests.integration.conftest import serve
 from tests.promql import metric_names, scrape_names
 from tests.unit.test_monitoring import dashboard_expressions, rule_expressions
 
@@ -74,8 +74,11 @@ def rows(x: torch.Tensor) -> list[bytes]:
 def test_counts_histograms_and_version_labels_match_exactly(obs_server):
     before = scrape(obs_server)
     valid = rows(make_dataset().x_test[:60])
-    bad = ([b"{nope"] * 3 + [json.dumps({"features": [1.0] * 5}).encode()] * 4
-           + [json.dumps({"features": ["x"] * 32}).encode()] * 2)
+    bad = (
+        [b"{nope"] * 3
+        + [json.dumps({"features": [1.0] * 5}).encode()] * 4
+        + [json.dumps({"features": ["x"] * 32}).encode()] * 2
+    )
     answers = send(obs_server, valid + bad)
     assert [a.status_code for a in answers] == [200] * 60 + [400] * 9
 
@@ -87,8 +90,9 @@ def test_counts_histograms_and_version_labels_match_exactly(obs_server):
     deadline = time.monotonic() + 10
     while True:
         after = scrape(obs_server)
-        counted = sum(delta("rtserve_request_duration_seconds_count", f'{ROUTE},status_class="{c}"')
-                      for c in ("2xx", "4xx"))
+        counted = sum(
+            delta("rtserve_request_duration_seconds_count", f'{ROUTE},status_class="{c}"') for c in ("2xx", "4xx")
+        )
         if counted >= 69 or time.monotonic() > deadline:
             break
         time.sleep(0.05)
@@ -116,14 +120,16 @@ def test_drift_stays_low_in_distribution_and_rises_on_shift(obs_server):
     data = make_dataset()
     send(obs_server, rows(data.x_test[: WINDOW + 50]))
     time.sleep(0.6)
-    send(obs_server, rows(data.x_test[WINDOW + 50: WINDOW + 60]))  # triggers an export
+    send(obs_server, rows(data.x_test[WINDOW + 50 : WINDOW + 60]))  # triggers an export
     time.sleep(0.5)
     calm = scrape(obs_server)
-    features = {m.group(1): float(m.group(2)) for m in re.finditer(
-        r'rtserve_feature_drift_psi\{[^}]*feature="(f\d\d)"[^}]*\} ([\d.eE+-]+)', calm)}
+    features = {
+        m.group(1): float(m.group(2))
+        for m in re.finditer(r'rtserve_feature_drift_psi\{[^}]*feature="(f\d\d)"[^}]*\} ([\d.eE+-]+)', calm)
+    }
     assert len(features) == 32 and max(features.values()) < 0.2, features
 
-    shifted = data.x_test[:WINDOW + 50].clone()
+    shifted = data.x_test[: WINDOW + 50].clone()
     shifted[:, 5] = shifted[:, 5] + 3 * torch.tensor(data.x_train[:, 5].std().item())
     send(obs_server, rows(shifted))
     time.sleep(0.6)
@@ -131,8 +137,7 @@ def test_drift_stays_low_in_distribution_and_rises_on_shift(obs_server):
     time.sleep(0.5)
     drift = scrape(obs_server)
     assert value(drift, "rtserve_feature_drift_psi", f'{DIMS},feature="f05"') > 0.2
-    others = [value(drift, "rtserve_feature_drift_psi", f'{DIMS},feature="f{i:02d}"')
-              for i in range(32) if i != 5]
+    others = [value(drift, "rtserve_feature_drift_psi", f'{DIMS},feature="f{i:02d}"') for i in range(32) if i != 5]
     assert max(others) < 0.2
 
 
@@ -162,7 +167,7 @@ def test_records_have_one_line_per_request_with_client_request_ids(obs_server):
 
 
 def test_every_rule_and_panel_metric_exists_in_a_real_scrape(obs_server):
-    send(obs_server, rows(make_dataset().x_test[:WINDOW + 10]) + [b"{"])
+    send(obs_server, rows(make_dataset().x_test[: WINDOW + 10]) + [b"{"])
     time.sleep(0.6)
     send(obs_server, [b"{"] * 2 + rows(make_dataset().x_test[:5]))
     client = obs_server.client(timeout=120)
@@ -180,5 +185,10 @@ def test_every_rule_and_panel_metric_exists_in_a_real_scrape(obs_server):
         used |= metric_names(expr)
     missing = used - names
     assert not missing, f"metrics used by rules/dashboard but not scraped: {sorted(missing)}"
-    assert {"rtserve_request_duration_seconds_bucket", "rtserve_handler_stage_seconds_bucket",
-            "QueueTime_bucket", "rtserve_feature_drift_psi", "rtserve_predictions_total"} <= used
+    assert {
+        "rtserve_request_duration_seconds_bucket",
+        "rtserve_handler_stage_seconds_bucket",
+        "QueueTime_bucket",
+        "rtserve_feature_drift_psi",
+        "rtserve_predictions_total",
+    } <= used

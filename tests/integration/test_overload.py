@@ -13,9 +13,22 @@ pytestmark = pytest.mark.integration
 
 def test_burst_is_refused_fast_then_served(mar_v1, tmp_path):
     """bench/overload.py's main on a server of its own: queue of 4, 1 worker."""
-    rc, report = bench_main(overload.main, tmp_path / "report.json", "--model-store", mar_v1.parent,
-                            "--run-root", tmp_path, "--queue", 4, "--workers", 1, "--burst", 150,
-                            "--after", 50)
+    rc, report = bench_main(
+        overload.main,
+        tmp_path / "report.json",
+        "--model-store",
+        mar_v1.parent,
+        "--run-root",
+        tmp_path,
+        "--queue",
+        4,
+        "--workers",
+        1,
+        "--burst",
+        150,
+        "--after",
+        50,
+    )
     assert rc == 0 and report["queue_size"] == 4 and report["workers"] == 1, report
     assert report["ok"] + report["refused_503"] == 150 and report["other"] == 0, report
     assert report["refused_503"] > 0, "the burst never filled a queue of 4"

@@ -48,8 +48,9 @@ IMAGE_ROOT = "/opt/rtserve/"
 def pod_properties() -> dict[str, str]:
     """The pod's config.properties, with paths into the image mapped back to this checkout."""
     props = read_properties(K8S_CONFIG)
-    return {k: str(REPO / v[len(IMAGE_ROOT):]) if v.startswith(IMAGE_ROOT) else v
-            for k, v in props.items()}
+    return {k: str(REPO / v[len(IMAGE_ROOT) :]) if v.startswith(IMAGE_ROOT) else v for k, v in props.items()}
+
+
 KEY_LIFETIME_MIN = "0.03"  # 1.8 seconds
 
 
@@ -63,8 +64,15 @@ def can_sandbox() -> bool:
     """Whether a private mount namespace with a read-only root can be made here."""
     if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("setpriv"):
         return False
-    probe_cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                 "mount -o remount,bind,ro / && ! test -w /"]
+    probe_cmd = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        "mount -o remount,bind,ro / && ! test -w /",
+    ]
     return subprocess.run(probe_cmd, capture_output=True, timeout=30).returncode == 0
 
 
@@ -84,10 +92,17 @@ class Pod:
         if sandbox:  # the emptyDirs belong to the pod's user (fsGroup in the cluster)
             for d in (self.run_dir, self.tmp):
                 os.chown(d, self.uid, self.uid)
-        self.env = dict(os.environ, RTSERVE_RUN_DIR=str(self.run_dir), RTSERVE_MODEL=MODEL_NAME,
-                        RTSERVE_CONFIG=str(config), RTSERVE_MODEL_STORE=str(store),
-                        RTSERVE_MODELS=f"{MODEL_NAME}={mar.name}", HOME=str(self.run_dir),
-                        PYTHONDONTWRITEBYTECODE="1", TMPDIR=str(self.tmp))
+        self.env = dict(
+            os.environ,
+            RTSERVE_RUN_DIR=str(self.run_dir),
+            RTSERVE_MODEL=MODEL_NAME,
+            RTSERVE_CONFIG=str(config),
+            RTSERVE_MODEL_STORE=str(store),
+            RTSERVE_MODELS=f"{MODEL_NAME}={mar.name}",
+            HOME=str(self.run_dir),
+            PYTHONDONTWRITEBYTECODE="1",
+            TMPDIR=str(self.tmp),
+        )
         self.server = TorchServe(self.run_dir, store, config=config)
         self.proc: subprocess.Popen | None = None
         self.out = root / "runner.out"
@@ -100,20 +115,30 @@ class Pod:
             # machine's Python lives under /root (mode 700); in the image it is world-readable.
             # A checkout under /tmp (CI may clone there) must stay visible: then the pod's tmp
             # stays at its own path (TMPDIR points there) instead of covering /tmp.
-            tmp_bind = (f"mount --bind {self.tmp} {self.tmp}" if Path("/tmp") in REPO.resolve().parents
-                        else f"mount --bind {self.tmp} /tmp")
-            script = (f"mount --bind {self.run_dir} {self.run_dir} && {tmp_bind}"
-                      f" && mount -o remount,bind,ro / && exec setpriv --reuid {self.uid}"
-                      f" --regid {self.uid} --clear-groups --inh-caps +dac_read_search"
-                      f" --ambient-caps +dac_read_search \"$@\"")
+            tmp_bind = (
+                f"mount --bind {self.tmp} {self.tmp}"
+                if Path("/tmp") in REPO.resolve().parents
+                else f"mount --bind {self.tmp} /tmp"
+            )
+            script = (
+                f"mount --bind {self.run_dir} {self.run_dir} && {tmp_bind}"
+                f" && mount -o remount,bind,ro / && exec setpriv --reuid {self.uid}"
+                f" --regid {self.uid} --clear-groups --inh-caps +dac_read_search"
+                f' --ambient-caps +dac_read_search "$@"'
+            )
             cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "pod", *cmd]
         with open(self.out, "ab") as out:
-            self.proc = subprocess.Popen(cmd, cwd=REPO, env=self.env, stdout=out,
-                                         stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(cmd, cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT)
 
     def probe(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "rtserve", "probe", *args], cwd=REPO,
-                              env=self.env, capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-m", "rtserve", "probe", *args],
+            cwd=REPO,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     def wait_ready(self, timeout: float = 300.0) -> subprocess.CompletedProcess:
         # 300 s: on a busy machine (a fresh clone's three tiers) the warm-up took over 120 s
@@ -168,8 +193,14 @@ def test_probes_before_the_server_wrote_anything(tmp_path):
     env = dict(os.environ, RTSERVE_RUN_DIR=str(tmp_path), RTSERVE_MODEL=MODEL_NAME)
     out = {}
     for check in ("ready", "live"):
-        result = subprocess.run([sys.executable, "-m", "rtserve", "probe", check], cwd=REPO, env=env,
-                                capture_output=True, text=True, timeout=30)
+        result = subprocess.run(
+            [sys.executable, "-m", "rtserve", "probe", check],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert result.returncode == 1, result.stdout
         out[check] = result.stdout.strip()
     assert out["ready"] == "TorchServe has not written key_file.json yet"
@@ -205,8 +236,7 @@ def test_server_runs_on_a_read_only_root_as_the_pods_user(pod):
         mounts = Path(f"/proc/{proc.pid}/mountinfo").read_text().splitlines()
         root_opts = next(line.split()[5] for line in mounts if line.split()[4] == "/")
         assert root_opts.split(",")[0] == "ro", (proc.pid, root_opts)
-    written = {p.relative_to(pod.root).parts[0] for p in pod.root.rglob("*")
-               if p.stat().st_uid == pod.uid}
+    written = {p.relative_to(pod.root).parts[0] for p in pod.root.rglob("*") if p.stat().st_uid == pod.uid}
     assert written <= {"run", "tmp"}, written
     assert (pod.run_dir / "key_file.json").stat().st_uid == pod.uid
 
@@ -235,11 +265,18 @@ def test_ready_fails_for_a_model_that_is_not_served(pod):
 def test_cli_in_the_pod_reads_the_pods_keys(pod):
     """`kubectl exec ... python -m rtserve client token` finds key_file.json through RTSERVE_RUN_DIR."""
     pod.wait_ready()
-    result = subprocess.run([sys.executable, "-m", "rtserve", "client", "token", "management"], cwd=REPO,
-                            env=pod.env, capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [sys.executable, "-m", "rtserve", "client", "token", "management"],
+        cwd=REPO,
+        env=pod.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode == 0, result.stderr
     keys = json.loads((pod.run_dir / "key_file.json").read_text())
     assert result.stdout.strip() == keys["management"]["key"]
+
 
 def test_live_fails_while_the_frontend_is_frozen(pod):
     """What the liveness probe sees of a hung frontend (SIGSTOP: it holds its ports, answers
@@ -263,8 +300,7 @@ def test_bench_probe_cost_main(pod, tmp_path):
     """make bench-probe's command line (bench/probe_cost.py), attached to this pod's server: the
     probes pass, and neither imports requests."""
     pod.wait_ready()
-    rc, report = bench_main(probe_cost.main, tmp_path / "probe_cost.json", "--attach", pod.run_dir,
-                            "--runs", 1)
+    rc, report = bench_main(probe_cost.main, tmp_path / "probe_cost.json", "--attach", pod.run_dir, "--runs", 1)
     assert rc == 0
     commands = report["commands"]
     assert commands["probe ready"]["output"] == f"ready: {MODEL_NAME} 1.0 answers"
@@ -289,9 +325,25 @@ def test_drain_waits_for_in_flight_requests_then_sigterm_stops_cleanly(pod):
     sender = threading.Thread(target=traffic)
     sender.start()
     started = time.monotonic()
-    drain = subprocess.Popen([sys.executable, "-m", "rtserve", "probe", "drain", "--propagation", "0.5",
-                              "--timeout", "20", "--quiet", "0.5"], cwd=REPO, env=pod.env,
-                             stdout=subprocess.PIPE, text=True)
+    drain = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rtserve",
+            "probe",
+            "drain",
+            "--propagation",
+            "0.5",
+            "--timeout",
+            "20",
+            "--quiet",
+            "0.5",
+        ],
+        cwd=REPO,
+        env=pod.env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 20  # the drain writes its marker first thing
     while not (pod.run_dir / DRAIN_FILE).exists():
         assert drain.poll() is None, "the drain exited before it marked the pod draining"
@@ -328,4 +380,3 @@ def test_drain_waits_for_in_flight_requests_then_sigterm_stops_cleanly(pod):
         assert time.monotonic() < deadline and pod.proc.poll() is None, pod.out.read_text()
         time.sleep(0.1)
     assert pod.terminate() == 0
-

@@ -47,6 +47,8 @@ def bucket_width(seconds: float) -> float:
         if seconds <= high:
             return high - low
     return math.inf
+
+
 SELF = f'model_name="{MODEL_NAME}"'
 
 
@@ -92,12 +94,19 @@ def prom(obs_server, webhook, tmp_path_factory):  # noqa: F811 - the imported fi
     shipped = yaml.safe_load(RULES.read_text())
     rule = next(r for g in shipped["groups"] for r in g["rules"] if r["alert"] == TRAVELLER)
     copy = root / "test-copy.yml"
-    copy.write_text(yaml.safe_dump({"groups": [{"name": "rtserve-test-copy",
-                                                "rules": [{**rule, "for": FAST_FOR}]}]}))
+    copy.write_text(yaml.safe_dump({"groups": [{"name": "rtserve-test-copy", "rules": [{**rule, "for": FAST_FOR}]}]}))
     ports = free_ports(2)
-    cfg = MonitorConfig(dir=root, target=urlsplit(obs_server.props["metrics_address"]).netloc,
-                        rules=(RULES, copy), prometheus_port=ports[0], alertmanager_port=ports[1],
-                        interval="1s", webhook=webhook.url, group_wait="1s", group_interval="1s")
+    cfg = MonitorConfig(
+        dir=root,
+        target=urlsplit(obs_server.props["metrics_address"]).netloc,
+        rules=(RULES, copy),
+        prometheus_port=ports[0],
+        alertmanager_port=ports[1],
+        interval="1s",
+        webhook=webhook.url,
+        group_wait="1s",
+        group_interval="1s",
+    )
     monitor = Monitor(cfg)
     monitor.start()
     try:
@@ -133,8 +142,7 @@ def load(server, bodies: list[bytes]) -> list[float]:
     """CONCURRENCY keep-alive connections, each sending its share of ``bodies`` one after the
     other; returns each request's seconds as this client saw them (all must answer 200)."""
     address = urlsplit(server.props["inference_address"])
-    headers = {"Authorization": f"Bearer {server.client().keys.get('inference')}",
-               "Content-Type": "application/json"}
+    headers = {"Authorization": f"Bearer {server.client().keys.get('inference')}", "Content-Type": "application/json"}
     seconds: list[float] = []
     failures: list[int] = []
 
@@ -166,9 +174,13 @@ def answered(cfg: MonitorConfig, status_class: str) -> float:
 def exported(server, status_class: str) -> float:
     """The exporter's own count right now (what the next scrape will see)."""
     text = requests.get(f"{server.props['metrics_address']}/metrics", timeout=10).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("rtserve_request_duration_seconds_count{") and SELF in line
-               and f'status_class="{status_class}"' in line)
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("rtserve_request_duration_seconds_count{")
+        and SELF in line
+        and f'status_class="{status_class}"' in line
+    )
 
 
 def scraped(cfg: MonitorConfig, server, status_class: str = "2xx") -> float:
@@ -213,6 +225,7 @@ def test_latency_histogram_is_exactly_the_access_log_and_its_p99_within_the_clie
     data = make_dataset()
     bodies = rows(data.x_test[: CONCURRENCY * PER_CONNECTION])
     client = sorted(load(obs_server, bodies))
+
     # The frontend's asynchronous appender writes each answer's line: wait for all of them.
     def all_logged():
         found = logged_answers(obs_server)[logged:]
@@ -226,27 +239,33 @@ def test_latency_histogram_is_exactly_the_access_log_and_its_p99_within_the_clie
     # Exactly: each bucket Prometheus holds for the run counts the access log's lines at or
     # under its bound (and +Inf all of them), read from the log itself.
     bucket = f'rtserve_request_duration_seconds_bucket{{{SELF},status_class="2xx"}}'
-    increase = {r["metric"]["le"]: float(r["value"][1]) for r in query(
-        prom, f"sum by (le) ({bucket}) - sum by (le) ({bucket} @ {t0:.3f})", t1)}
+    increase = {
+        r["metric"]["le"]: float(r["value"][1])
+        for r in query(prom, f"sum by (le) ({bucket}) - sum by (le) ({bucket} @ {t0:.3f})", t1)
+    }
     from_log = {floatToGoString(b): float(sum(1 for a in new if a.seconds <= b)) for b in BUCKETS}
     assert increase == {**from_log, "+Inf": float(len(new))}
     # The client's own p99 bounds the histogram's from above: the frontend's time is part of the
     # client's (which adds its own work and the wire), up to the bucket holding the client's p99
     # (histogram_quantile interpolates inside it) and the log's resolution. No lower bound: a
     # busy machine inflates the client's side alone.
-    server_p99 = scalar(prom, f"histogram_quantile(0.99, sum by (le) ({bucket}) - sum by (le) ({bucket} @ {t0:.3f}))", t1)
+    server_p99 = scalar(
+        prom, f"histogram_quantile(0.99, sum by (le) ({bucket}) - sum by (le) ({bucket} @ {t0:.3f}))", t1
+    )
     client_p99 = client[math.ceil(0.99 * len(client)) - 1]
     tolerance = bucket_width(client_p99) + RESOLUTION
-    print(f"p99 over {len(client)} requests at c={CONCURRENCY}: load client {client_p99 * 1000:.2f} ms, "
-          f"Prometheus histogram_quantile {server_p99 * 1000:.2f} ms, difference "
-          f"{(server_p99 - client_p99) * 1000:+.2f} ms, tolerance {tolerance * 1000:.1f} ms; "
-          f"client p50 {client[len(client) // 2] * 1000:.2f} ms")
+    print(
+        f"p99 over {len(client)} requests at c={CONCURRENCY}: load client {client_p99 * 1000:.2f} ms, "
+        f"Prometheus histogram_quantile {server_p99 * 1000:.2f} ms, difference "
+        f"{(server_p99 - client_p99) * 1000:+.2f} ms, tolerance {tolerance * 1000:.1f} ms; "
+        f"client p50 {client[len(client) // 2] * 1000:.2f} ms"
+    )
     assert server_p99 - client_p99 <= tolerance, (server_p99, client_p99, tolerance)
 
 
 def test_a_shifted_feature_shows_as_its_drift_in_prometheus(prom, obs_server):
     data = make_dataset()
-    shifted = data.x_test[:WINDOW + 50].clone()
+    shifted = data.x_test[: WINDOW + 50].clone()
     shifted[:, 5] = shifted[:, 5] + 3 * torch.tensor(data.x_train[:, 5].std().item())
     send(obs_server, rows(shifted))
     time.sleep(0.3)  # past drift_export_seconds: the next batch exports
@@ -273,10 +292,16 @@ def test_an_alert_travels_to_alertmanager_and_the_webhook(prom, webhook):
 
     alert = wait_for(delivered, timeout=45)
     assert alert, f"no {TRAVELLER} at the webhook: {webhook.bodies}"
-    assert alert["labels"] == {"alertname": TRAVELLER, "severity": "warning", "model_name": MODEL_NAME,
-                               "model_version": "1.0", "feature": "f05"}
-    summary = re.fullmatch(r"input feature f05 drifted \(PSI ([0-9.]+)\) from the training data",
-                           alert["annotations"]["summary"])
+    assert alert["labels"] == {
+        "alertname": TRAVELLER,
+        "severity": "warning",
+        "model_name": MODEL_NAME,
+        "model_version": "1.0",
+        "feature": "f05",
+    }
+    summary = re.fullmatch(
+        r"input feature f05 drifted \(PSI ([0-9.]+)\) from the training data", alert["annotations"]["summary"]
+    )
     assert summary and float(summary.group(1)) > 0.2, alert["annotations"]
     # the shipped rule (for: 15m) holds the same alert pending, not firing
     alerts = requests.get(f"{prom.prometheus_url}/api/v1/alerts", timeout=10).json()["data"]["alerts"]

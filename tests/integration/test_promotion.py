@@ -25,10 +25,10 @@ import torch
 from torch import nn
 
 from rtserve.model.data import FEATURE_NAMES, LABELS, make_dataset
-from rtserve.promotion.gate import ArchiveMeta, GateConfig
-from rtserve.promotion.measure import GoldenMismatch
 from rtserve.model.package import export
+from rtserve.promotion.gate import ArchiveMeta, GateConfig
 from rtserve.promotion.history import HISTORY_FILE, History
+from rtserve.promotion.measure import GoldenMismatch
 from rtserve.promotion.rollout import GateRefused, Rollout, Verification
 from tests.conftest import MODEL_NAME, REPO, make_archive
 from tests.helpers import demo_eager, keep_only
@@ -37,8 +37,7 @@ from tests.unit.test_package import rewrite
 pytestmark = pytest.mark.integration
 
 #: config/gate.yaml with a shorter measurement (thresholds unchanged).
-CONFIG = dataclasses.replace(GateConfig.load(), burst_requests=100, warmup_requests=5,
-                             concurrency=8)
+CONFIG = dataclasses.replace(GateConfig.load(), burst_requests=100, warmup_requests=5, concurrency=8)
 ALTERED_ROWS = [3, 7]
 
 
@@ -87,8 +86,15 @@ def store(build_root, mar_v1, tmp_path_factory):
     base = demo_eager("1.0")
     candidates = {"3.1": ShuffledLabels(base), "4.1": WrongNormalization(base), "5.1": Slowed(base)}
     for version, model in candidates.items():
-        export(model, data.x_train, feature_names=FEATURE_NAMES, labels=LABELS, version=version,
-               out_dir=root / version, holdout=(data.x_test, data.y_test))
+        export(
+            model,
+            data.x_train,
+            feature_names=FEATURE_NAMES,
+            labels=LABELS,
+            version=version,
+            out_dir=root / version,
+            holdout=(data.x_test, data.y_test),
+        )
     with ThreadPoolExecutor(max_workers=2) as pool:  # `make archive` runs are independent
         jobs = [pool.submit(make_archive, build_root, "2.0")]
         jobs += [pool.submit(make_archive, build_root, v, ARTIFACTS=str(root / v)) for v in candidates]
@@ -125,8 +131,23 @@ def rollout(server, store):
 
 
 #: What every gate decision records: versions, figures, thresholds, outcome, who forced it and why.
-GATE_KEYS = {"model", "default", "candidate", "accuracy", "agreement", "latency_ms", "rows",
-             "thresholds", "failures", "passed", "outcome", "forced_by", "reason", "live", "at"}
+GATE_KEYS = {
+    "model",
+    "default",
+    "candidate",
+    "accuracy",
+    "agreement",
+    "latency_ms",
+    "rows",
+    "thresholds",
+    "failures",
+    "passed",
+    "outcome",
+    "forced_by",
+    "reason",
+    "live",
+    "at",
+}
 
 
 def history_lines(server) -> list[dict]:
@@ -161,16 +182,19 @@ def test_register_unregisters_a_version_whose_golden_set_differs(rollout):
     assert rollout.versions() == ["1.0"]
 
 
-@pytest.mark.parametrize("version,expected,requests", [
-    ("4.1", {"accuracy", "agreement"}, True),
-    ("5.1", {"latency"}, False),
-])
-def test_gate_refuses_a_bad_candidate_and_changes_nothing(rollout, server, store, version,
-                                                          expected, requests):
+@pytest.mark.parametrize(
+    "version,expected,requests",
+    [
+        ("4.1", {"accuracy", "agreement"}, True),
+        ("5.1", {"latency"}, False),
+    ],
+)
+def test_gate_refuses_a_bad_candidate_and_changes_nothing(rollout, server, store, version, expected, requests):
     rollout.register(version, workers=1)  # it answers its own golden set: register accepts it
     if version == "5.1":  # tens of ms slower per batch: one burst decides, no re-measuring
         rollout.verification = dataclasses.replace(
-            rollout.verification, config=dataclasses.replace(CONFIG, latency_attempts=1))
+            rollout.verification, config=dataclasses.replace(CONFIG, latency_attempts=1)
+        )
     with pytest.raises(GateRefused) as info:
         rollout.promote(version, requests_file=store[1] if requests else None)
     report = info.value.report
@@ -206,13 +230,24 @@ def test_make_promote_refuses_then_force_records_its_reason(rollout, server, sto
     and changes nothing; FORCE=1 REASON=... promotes it, and the reason and who forced it are
     recorded."""
     props = server.props
-    variables = [f"MODEL_STORE={store[0]}", f"DEMO_ARTIFACTS={build_root / 'artifacts'}",
-                 f"RUN_DIR={server.run_dir}", f"INFERENCE_URL={props['inference_address']}",
-                 f"MANAGEMENT_URL={props['management_address']}", "MODEL_VERSION=3.1"]
+    variables = [
+        f"MODEL_STORE={store[0]}",
+        f"DEMO_ARTIFACTS={build_root / 'artifacts'}",
+        f"RUN_DIR={server.run_dir}",
+        f"INFERENCE_URL={props['inference_address']}",
+        f"MANAGEMENT_URL={props['management_address']}",
+        "MODEL_VERSION=3.1",
+    ]
 
     def make(target: str, *extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["make", "-s", target, *variables, *extra], cwd=REPO, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+        return subprocess.run(
+            ["make", "-s", target, *variables, *extra],
+            cwd=REPO,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            timeout=300,
+        )
 
     def promote(*extra: str) -> subprocess.CompletedProcess:
         return make("promote", *extra)
@@ -250,10 +285,28 @@ def test_verify_command_checks_what_a_url_serves(server, store, tmp_path, versio
     tokens = tmp_path / "tokens"
     tokens.write_text(f"# shared tokens\n{server.client().keys.get('inference')}\n")
     done = subprocess.run(
-        [str(REPO / ".venv" / "bin" / "python"), "-m", "rtserve", "versions", "--inference",
-         server.props["inference_address"], "--run-dir", str(tmp_path), "verify", MODEL_NAME,
-         "--archive", str(store[0] / f"{MODEL_NAME}_{version}.mar"), "--token-file", str(tokens)],
-        cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+        [
+            str(REPO / ".venv" / "bin" / "python"),
+            "-m",
+            "rtserve",
+            "versions",
+            "--inference",
+            server.props["inference_address"],
+            "--run-dir",
+            str(tmp_path),
+            "verify",
+            MODEL_NAME,
+            "--archive",
+            str(store[0] / f"{MODEL_NAME}_{version}.mar"),
+            "--token-file",
+            str(tokens),
+        ],
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=300,
+    )
     if ok:
         assert done.returncode == 0, done.stdout
         figures = json.loads(done.stdout.split("verified ", 1)[1])
@@ -271,11 +324,30 @@ def test_verify_measures_a_slow_burst_again_and_fails_only_when_every_burst_is_s
     tokens = tmp_path / "tokens"
     tokens.write_text(f"{server.client().keys.get('inference')}\n")
     done = subprocess.run(
-        [str(REPO / ".venv" / "bin" / "python"), "-m", "rtserve", "versions", "--inference",
-         server.props["inference_address"], "--run-dir", str(tmp_path), "verify", MODEL_NAME,
-         "--archive", str(store[0] / f"{MODEL_NAME}_1.0.mar"), "--token-file", str(tokens),
-         "--max-p99-ms", "0.001"],
-        cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+        [
+            str(REPO / ".venv" / "bin" / "python"),
+            "-m",
+            "rtserve",
+            "versions",
+            "--inference",
+            server.props["inference_address"],
+            "--run-dir",
+            str(tmp_path),
+            "verify",
+            MODEL_NAME,
+            "--archive",
+            str(store[0] / f"{MODEL_NAME}_1.0.mar"),
+            "--token-file",
+            str(tokens),
+            "--max-p99-ms",
+            "0.001",
+        ],
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=300,
+    )
     assert done.returncode == 1, done.stdout
     assert f"above max_p99_ms 0.001 ms in each of {CONFIG.latency_attempts} bursts" in done.stdout, done.stdout
     attempts = json.loads(done.stdout.split("'attempts_p99_ms': ", 1)[1].split("]", 1)[0] + "]")

@@ -22,9 +22,25 @@ def store(build_root, mar_v1):
 
 
 def test_rolling_replacement_through_nginx_loses_nothing(store, tmp_path):
-    rc, report = bench_main(rolling_rehearsal.main, tmp_path / "report.json", "--model-store", store,
-                            "--work-dir", tmp_path / "rehearsal", "--replicas", 2, "--hold", 0.5,
-                            "--rate", 60, "--concurrency", 3, "--quiet", 0.3, "--no-roll-back")
+    rc, report = bench_main(
+        rolling_rehearsal.main,
+        tmp_path / "report.json",
+        "--model-store",
+        store,
+        "--work-dir",
+        tmp_path / "rehearsal",
+        "--replicas",
+        2,
+        "--hold",
+        0.5,
+        "--rate",
+        60,
+        "--concurrency",
+        3,
+        "--quiet",
+        0.3,
+        "--no-roll-back",
+    )
     assert rc == 0
     # No request failed, counted on the first try: none needed rtserve's resend.
     assert report["failed_first"] == 0, [p["errors"] for p in report["phases"] if p["errors"]]
@@ -39,15 +55,28 @@ def test_rolling_replacement_through_nginx_loses_nothing(store, tmp_path):
     # One at a time: each new replica was in rotation before its old one left; each old one was
     # drained (rtserve.server.drain) before it was stopped.
     actions = [(s["action"], s["replica"]) for s in report["steps"]]
-    assert actions == [("start", "r1+r2"),
-                       ("start", "r3"), ("add", "r3"), ("remove", "r1"), ("drain", "r1"), ("stop", "r1"),
-                       ("start", "r4"), ("add", "r4"), ("remove", "r2"), ("drain", "r2"), ("stop", "r2")]
+    assert actions == [
+        ("start", "r1+r2"),
+        ("start", "r3"),
+        ("add", "r3"),
+        ("remove", "r1"),
+        ("drain", "r1"),
+        ("stop", "r1"),
+        ("start", "r4"),
+        ("add", "r4"),
+        ("remove", "r2"),
+        ("drain", "r2"),
+        ("stop", "r2"),
+    ]
     # Token auth at every hop: only the gateway key gets through the balancer, a hop checks it
     # too, and the replica itself still wants its own key (TorchServe answers 400 without one).
     assert report["auth"] == {
-        "balancer without a key": 401, "balancer with a wrong key": 401,
-        "balancer with a replica's key": 401, "hop without a key": 401,
-        "replica without a key": 400, "balancer with the gateway key": 200,
+        "balancer without a key": 401,
+        "balancer with a wrong key": 401,
+        "balancer with a replica's key": 401,
+        "hop without a key": 401,
+        "replica without a key": 400,
+        "balancer with the gateway key": 200,
     }
     # Everything it started is gone: the balancer's port refuses connections.
     with pytest.raises(requests.ConnectionError):

@@ -20,8 +20,10 @@ def state(server) -> list[tuple]:
     """What a refused call must not change: versions, default, worker counts."""
     client = server.client()
     default = client.describe(MODEL_NAME)[0]["modelVersion"]
-    return [(d["modelVersion"], d["modelVersion"] == default, d["minWorkers"], len(d["workers"]))
-            for d in client.describe(MODEL_NAME, "all")]
+    return [
+        (d["modelVersion"], d["modelVersion"] == default, d["minWorkers"], len(d["workers"]))
+        for d in client.describe(MODEL_NAME, "all")
+    ]
 
 
 def calls(server):
@@ -54,27 +56,34 @@ def test_each_key_opens_only_its_own_api(server):
     inf, mgmt = server.props["inference_address"], server.props["management_address"]
     as_mgmt = {"Authorization": f"Bearer {keys.get('management')}"}
     as_inf = {"Authorization": f"Bearer {keys.get('inference')}"}
-    assert requests.post(f"{inf}/predictions/{MODEL_NAME}", json=sample_payload(), headers=as_mgmt,
-                         timeout=10).status_code == 400
+    assert (
+        requests.post(f"{inf}/predictions/{MODEL_NAME}", json=sample_payload(), headers=as_mgmt, timeout=10).status_code
+        == 400
+    )
     assert requests.get(f"{mgmt}/models", headers=as_inf, timeout=10).status_code == 400
     # renewing keys needs the API key, not the management key
-    assert requests.get(f"{mgmt}/token", params={"type": "inference"}, headers=as_mgmt,
-                        timeout=10).status_code == 400
+    assert requests.get(f"{mgmt}/token", params={"type": "inference"}, headers=as_mgmt, timeout=10).status_code == 400
     assert requests.get(f"{mgmt}/models", headers=as_mgmt, timeout=10).status_code == 200
 
 
-@pytest.mark.parametrize("url", [
-    "http://127.0.0.1:1/evil.mar",
-    "https://example.com/realtime-classifier_1.0.mar",
-    "file:///etc/passwd",
-    "file:///tmp/evil.mar",
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:1/evil.mar",
+        "https://example.com/realtime-classifier_1.0.mar",
+        "file:///etc/passwd",
+        "file:///tmp/evil.mar",
+    ],
+)
 def test_registration_from_urls_is_refused(server, url):
     before = state(server)
     keys = server.client().keys
-    resp = requests.post(f"{server.props['management_address']}/models",
-                         params={"url": url, "model_name": "evil", "initial_workers": 1},
-                         headers={"Authorization": f"Bearer {keys.get('management')}"}, timeout=30)
+    resp = requests.post(
+        f"{server.props['management_address']}/models",
+        params={"url": url, "model_name": "evil", "initial_workers": 1},
+        headers={"Authorization": f"Bearer {keys.get('management')}"},
+        timeout=30,
+    )
     assert resp.status_code == 404, resp.text
     assert "does not match any allowed URL(s)" in resp.json()["message"]
     assert state(server) == before
@@ -89,15 +98,16 @@ def test_every_listener_is_on_loopback(server):
     effective = read_properties(server.run_dir / "config.properties")
     frontend = [c.laddr for c in psutil.Process(server.pid()).net_connections() if c.status == "LISTEN"]
     ports = {port(server.props[k]) for k in ("inference_address", "management_address")}
-    ports |= {port(effective["metrics_address"]), int(server.props["grpc_inference_port"]),
-              int(server.props["grpc_management_port"])}
+    ports |= {
+        port(effective["metrics_address"]),
+        int(server.props["grpc_inference_port"]),
+        int(server.props["grpc_management_port"]),
+    }
     assert {a.port for a in frontend} == ports
     assert port(effective["metrics_address"]) != port(server.props["metrics_address"])
-    exporter = [c.laddr for c in psutil.Process(server.exporter_pid()).net_connections()
-                if c.status == "LISTEN"]
+    exporter = [c.laddr for c in psutil.Process(server.exporter_pid()).net_connections() if c.status == "LISTEN"]
     assert [a.port for a in exporter] == [port(server.props["metrics_address"])]
-    oip = [c.laddr for c in psutil.Process(server.sidecar_pid(OIP_ROUTES)).net_connections()
-           if c.status == "LISTEN"]
+    oip = [c.laddr for c in psutil.Process(server.sidecar_pid(OIP_ROUTES)).net_connections() if c.status == "LISTEN"]
     assert [a.port for a in oip] == [port(effective[OIP_KEY])]
     for addr in frontend + exporter + oip:
         ip = ipaddress.ip_address(addr.ip)

@@ -22,8 +22,9 @@ def post(server, body: bytes, token: str | None = "inference", content_type="app
     headers = {"Content-Type": content_type}
     if token:
         headers["Authorization"] = f"Bearer {server.client().keys.get(token)}"
-    return requests.post(f"{server.props['inference_address']}/predictions/{MODEL_NAME}",
-                         data=body, headers=headers, timeout=30)
+    return requests.post(
+        f"{server.props['inference_address']}/predictions/{MODEL_NAME}", data=body, headers=headers, timeout=30
+    )
 
 
 def rows(n: int) -> list[list[float]]:
@@ -81,8 +82,12 @@ def test_concurrent_requests_are_batched(server, mar_v1):
 
 def test_mixed_burst_gets_per_request_statuses(server):
     good = json.dumps({"features": features()}).encode()
-    bad = [b"{oops", json.dumps({"features": [1.0] * 5}).encode(),
-           json.dumps({"features": ["x"] * 32}).encode(), json.dumps({"feature": []}).encode()]
+    bad = [
+        b"{oops",
+        json.dumps({"features": [1.0] * 5}).encode(),
+        json.dumps({"features": ["x"] * 32}).encode(),
+        json.dumps({"feature": []}).encode(),
+    ]
     bodies = [bad[i % 4] if i % 3 == 0 else good for i in range(96)]
     before = len(batch_log(server))
     with ThreadPoolExecutor(max_workers=32) as pool:
@@ -157,7 +162,7 @@ def test_the_workers_run_the_direct_forward_and_the_lean_loop(server):
     every part of handler.lean_worker applies and the direct forward runs; the log says so."""
     text = (server.log_dir / "model_log.log").read_text()
     assert text.count("forward pass: direct forward (5 operators)") >= 2, text[-2000:]
-    assert text.count("lean worker: retrieve_msg, predict_response, prediction_time") >= 2
+    assert text.count("lean worker: retrieve_msg, predict_response, prediction_time, inference_msg") >= 2
     assert "lean worker: per-batch log call kept" not in text and "kept:" not in text
     assert post(server, json.dumps({"features": features()}).encode()).status_code == 200
 
@@ -168,9 +173,17 @@ def test_a_load_with_a_sink_hands_it_every_request_and_keeps_none(server):
     still bounds the load."""
     sunk = []
     key = server.client().keys.get("inference")
-    load = SteadyLoad(f"{server.props['inference_address']}/predictions/{MODEL_NAME}", sample_payload(),
-                      lambda: key, rate=100, concurrency=2, max_seconds=30, max_requests=40,
-                      bad_every=4, sink=sunk.append).start()
+    load = SteadyLoad(
+        f"{server.props['inference_address']}/predictions/{MODEL_NAME}",
+        sample_payload(),
+        lambda: key,
+        rate=100,
+        concurrency=2,
+        max_seconds=30,
+        max_requests=40,
+        bad_every=4,
+        sink=sunk.append,
+    ).start()
     deadline = time.monotonic() + 30
     while load.done < 40 and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -35,18 +35,19 @@ def taken():
 def test_a_port_the_caller_chose_is_named_and_not_tried_again(mar_v1, tmp_path, taken, caplog):
     address = f"http://127.0.0.1:{taken}"
     with pytest.raises(PortInUseError) as failed:
-        with local.serving(tmp_path / "run", mar_v1.parent, [f"{MODEL_NAME}={mar_v1.name}"],
-                           {"inference_address": address}):
+        with local.serving(
+            tmp_path / "run", mar_v1.parent, [f"{MODEL_NAME}={mar_v1.name}"], {"inference_address": address}
+        ):
             pass
     assert failed.value.port == taken
     assert str(failed.value).splitlines()[0] == (
         f"TorchServe exited during start-up: it could not listen on {address} "
-        "(inference_address): Address already in use; another process took the port")
+        "(inference_address): Address already in use; another process took the port"
+    )
     assert "lost a port" not in caplog.text
 
 
-def test_a_port_taken_after_it_was_reserved_gets_a_new_start(mar_v1, tmp_path, taken, caplog,
-                                                              monkeypatch):
+def test_a_port_taken_after_it_was_reserved_gets_a_new_start(mar_v1, tmp_path, taken, caplog, monkeypatch):
     reserved = []
 
     def first_taken(count, *args, **kwargs):
@@ -62,6 +63,8 @@ def test_a_port_taken_after_it_was_reserved_gets_a_new_start(mar_v1, tmp_path, t
         assert port_of(ts.props["inference_address"]) == reserved[-1][0] != taken
         assert ts.client().ping()
     assert len(reserved) == 2
-    assert (f"start 1 of {local.START_ATTEMPTS} lost a port, starting again on fresh ports: "
-            f"TorchServe exited during start-up: it could not listen on http://127.0.0.1:{taken} "
-            "(inference_address): Address already in use") in caplog.text
+    assert (
+        f"start 1 of {local.START_ATTEMPTS} lost a port, starting again on fresh ports: "
+        f"TorchServe exited during start-up: it could not listen on http://127.0.0.1:{taken} "
+        "(inference_address): Address already in use"
+    ) in caplog.text

@@ -67,7 +67,9 @@ def test_register_promote_rollback_retire(rollout):
     assert rollout.rollback() == ("2.0", "1.0")
     assert served_versions(client) == {"1.0"}
     assert [(e["action"], e["from"], e["to"]) for e in rollout.history.events()] == [
-        ("promote", "1.0", "2.0"), ("rollback", "2.0", "1.0")]
+        ("promote", "1.0", "2.0"),
+        ("rollback", "2.0", "1.0"),
+    ]
 
     rollout.retire("2.0")
     assert rollout.versions() == ["1.0"]
@@ -82,21 +84,24 @@ def test_scale_waits_for_workers(rollout):
     assert [(s.workers, s.min_workers) for s in rollout.status()] == [(2, 2)]
 
 
-@pytest.mark.parametrize("call,error,message", [
-    (lambda ro: ro.promote("2.0"), RolloutError, "realtime-classifier 2.0 is not registered"),
-    (lambda ro: ro.promote("1.0"), RolloutError, "1.0 is already the default"),
-    (lambda ro: ro.rollback(), RolloutError, "no previous default recorded for realtime-classifier"),
-    (lambda ro: ro.retire("1.0"), RolloutError, "is the default: promote another version"),
-    (lambda ro: ro.retire("3.0"), RolloutError, "realtime-classifier 3.0 is not registered"),
-    (lambda ro: ro.register("1.0"), RolloutError, "realtime-classifier 1.0 is already registered"),
-    (lambda ro: ro.register("../etc"), RolloutError, "invalid version '../etc'"),
-    (lambda ro: ro.register("5.0"), NotFound, "Model not found at: realtime-classifier_5.0.mar"),
-    (lambda ro: ro.register("8.0"), TorchServeError, "the file is not a valid model archive"),
-    (lambda ro: ro.register("9.0"), TorchServeError, "the archive's handler failed to load"),
-    (lambda ro: ro.scale(0), RolloutError, "workers must be in [1, 64]"),
-    (lambda ro: ro.scale(2, "7.0"), RolloutError, "realtime-classifier 7.0 is not registered"),
-    (lambda ro: ro.client.set_default(MODEL_NAME, "4.0"), NotFound, "Model version 4.0 does not exist"),
-])
+@pytest.mark.parametrize(
+    "call,error,message",
+    [
+        (lambda ro: ro.promote("2.0"), RolloutError, "realtime-classifier 2.0 is not registered"),
+        (lambda ro: ro.promote("1.0"), RolloutError, "1.0 is already the default"),
+        (lambda ro: ro.rollback(), RolloutError, "no previous default recorded for realtime-classifier"),
+        (lambda ro: ro.retire("1.0"), RolloutError, "is the default: promote another version"),
+        (lambda ro: ro.retire("3.0"), RolloutError, "realtime-classifier 3.0 is not registered"),
+        (lambda ro: ro.register("1.0"), RolloutError, "realtime-classifier 1.0 is already registered"),
+        (lambda ro: ro.register("../etc"), RolloutError, "invalid version '../etc'"),
+        (lambda ro: ro.register("5.0"), NotFound, "Model not found at: realtime-classifier_5.0.mar"),
+        (lambda ro: ro.register("8.0"), TorchServeError, "the file is not a valid model archive"),
+        (lambda ro: ro.register("9.0"), TorchServeError, "the archive's handler failed to load"),
+        (lambda ro: ro.scale(0), RolloutError, "workers must be in [1, 64]"),
+        (lambda ro: ro.scale(2, "7.0"), RolloutError, "realtime-classifier 7.0 is not registered"),
+        (lambda ro: ro.client.set_default(MODEL_NAME, "4.0"), NotFound, "Model version 4.0 does not exist"),
+    ],
+)
 def test_bad_management_calls_are_clear_and_change_nothing(rollout, call, error, message):
     before = snapshot(rollout)
     with pytest.raises(error) as info:
@@ -110,8 +115,9 @@ def test_wrong_token_is_refused_and_changes_nothing(rollout, server, tmp_path):
     before = snapshot(rollout)
     bad_keys = tmp_path / "key_file.json"
     bad_keys.write_text('{"management": {"key": "wrong"}, "inference": {"key": "wrong"}}')
-    intruder = Client(server.props["inference_address"], server.props["management_address"],
-                      key_file=bad_keys, retries=0)
+    intruder = Client(
+        server.props["inference_address"], server.props["management_address"], key_file=bad_keys, retries=0
+    )
     with pytest.raises(AuthError, match="token missing, wrong or expired"):
         Rollout(intruder, rollout.history, MODEL_NAME).register("2.0")
     with pytest.raises(AuthError):
@@ -120,8 +126,7 @@ def test_wrong_token_is_refused_and_changes_nothing(rollout, server, tmp_path):
 
 
 def test_model_api_disabled_gives_clear_error(store, tmp_path):
-    with serve(tmp_path / "run", store / f"{MODEL_NAME}_1.0.mar",
-               overrides_extra={"enable_model_api": "false"}) as ts:
+    with serve(tmp_path / "run", store / f"{MODEL_NAME}_1.0.mar", overrides_extra={"enable_model_api": "false"}) as ts:
         ro = Rollout(ts.client(timeout=60), History(tmp_path / "h.json"), MODEL_NAME)
         with pytest.raises(Refused, match="the model API is disabled on this server"):
             ro.register("2.0")
@@ -131,13 +136,24 @@ def test_model_api_disabled_gives_clear_error(store, tmp_path):
 def test_make_targets_drive_a_rollout(server, store, build_root):
     """The user path: make register / promote / models / rollback / retire against a live server."""
     props = server.props
-    variables = [f"MODEL_STORE={store}", f"DEMO_ARTIFACTS={build_root / 'artifacts'}",
-                 f"RUN_DIR={server.run_dir}", f"INFERENCE_URL={props['inference_address']}",
-                 f"MANAGEMENT_URL={props['management_address']}", "MODEL_VERSION=2.0"]
+    variables = [
+        f"MODEL_STORE={store}",
+        f"DEMO_ARTIFACTS={build_root / 'artifacts'}",
+        f"RUN_DIR={server.run_dir}",
+        f"INFERENCE_URL={props['inference_address']}",
+        f"MANAGEMENT_URL={props['management_address']}",
+        "MODEL_VERSION=2.0",
+    ]
 
     def make(*targets: str) -> str:
-        done = subprocess.run(["make", "-s", *targets, *variables], cwd=REPO, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+        done = subprocess.run(
+            ["make", "-s", *targets, *variables],
+            cwd=REPO,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            timeout=300,
+        )
         assert done.returncode == 0, done.stdout
         return done.stdout
 
@@ -146,8 +162,7 @@ def test_make_targets_drive_a_rollout(server, store, build_root):
         assert "default: 1.0 -> 2.0" in make("promote")
         table = make("models").splitlines()
         assert table[0].split()[:3] == ["MODEL", "VERSION", "DEFAULT"]
-        assert [line.split()[:3] for line in table[1:]] == [
-            [MODEL_NAME, "1.0", "2/2"], [MODEL_NAME, "2.0", "yes"]]
+        assert [line.split()[:3] for line in table[1:]] == [[MODEL_NAME, "1.0", "2/2"], [MODEL_NAME, "2.0", "yes"]]
         assert "rolled back: 2.0 -> 1.0" in make("rollback")
         assert "unregistered" in make("retire")
     finally:
@@ -162,8 +177,20 @@ def test_rollout_under_load_fails_no_first_try_outside_the_scale_down_race(serve
     """A short run of bench/rollout_load.py's main: register checks 2.0's golden set and promote runs
     the gate (config/gate.yaml) under the load; versions switch as expected, and no request fails
     on its first try (before any resend), except as TorchServe's scale-down race allows."""
-    rc, report = bench_main(rollout_load.main, tmp_path / "report.json", "--attach", server.run_dir,
-                            "--new", "2.0", "--hold", 1.0, "--rate", 60, "--concurrency", 3)
+    rc, report = bench_main(
+        rollout_load.main,
+        tmp_path / "report.json",
+        "--attach",
+        server.run_dir,
+        "--new",
+        "2.0",
+        "--hold",
+        1.0,
+        "--rate",
+        60,
+        "--concurrency",
+        3,
+    )
     gate = report["gate"]
     assert gate is not None, "promote did not run the gate"
     assert (gate["default"], gate["candidate"], gate["outcome"]) == ("1.0", "2.0", "promoted"), gate
@@ -182,11 +209,18 @@ def test_rollout_under_load_fails_no_first_try_outside_the_scale_down_race(serve
     assert set(calls) == {"scale to 1", "scale to 1 again"}
     raced = Counter()
     for failure in report["failures"]:
-        call = next((name for name, (begun, ended) in calls.items()
-                     if failure["start_s"] <= ended and failure["end_s"] >= begun), None)
+        call = next(
+            (
+                name
+                for name, (begun, ended) in calls.items()
+                if failure["start_s"] <= ended and failure["end_s"] >= begun
+            ),
+            None,
+        )
         assert call is not None, f"a first try failed outside a scale-down call: {failure}"
         lost = failure["status"] in (500, 507) and any(
-            m in failure["error"] for m in ('"Worker scaled down."', '"Worker died."'))
+            m in failure["error"] for m in ('"Worker scaled down."', '"Worker died."')
+        )
         assert lost or (failure["status"] == 0 and "timed out" in failure["error"]), failure
         assert failure["resent"] == lost, failure
         raced[call] += 1

@@ -5,7 +5,6 @@ about as fast as the steady ones."""
 
 from __future__ import annotations
 
-import json
 import re
 import time
 
@@ -48,9 +47,14 @@ def access_lines(server, at_least: int) -> list[re.Match]:
 
 def scraped(server, name: str) -> float:
     text = requests.get(f"{server.props['metrics_address']}/metrics", timeout=10).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name + "{") and f'model_name="{MODEL_NAME}"' in line
-               and 'status_class="4xx"' not in line and 'status_class="5xx"' not in line)
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{")
+        and f'model_name="{MODEL_NAME}"' in line
+        and 'status_class="4xx"' not in line
+        and 'status_class="5xx"' not in line
+    )
 
 
 def audit(server) -> list[dict]:
@@ -89,16 +93,19 @@ def first_and_steady(server) -> tuple[int, list[int]]:
         status, seconds = timed_post(url, body, token)
         assert status == 200
         client_ms.append(seconds * 1000)
-    guess = requests.post(url, data=body, timeout=10, headers={
-        **token, "Content-Type": "application/json", HEADER: "x" * 43})
+    guess = requests.post(
+        url, data=body, timeout=10, headers={**token, "Content-Type": "application/json", HEADER: "x" * 43}
+    )
     assert guess.status_code == 200
     lines = access_lines(server, before + STEADY + 2)[before:]
     server_ms = [int(m["ms"]) for m in lines]
     assert len(server_ms) == STEADY + 2
-    steady = sorted(server_ms[1:STEADY + 1])
-    print(f"first request: {server_ms[0]} ms in the server ({client_ms[0]:.2f} ms at the client); "
-          f"the next {STEADY}: server p50 {steady[STEADY // 2]} ms, p99 {p99_of(steady)} ms; client p50 "
-          f"{sorted(client_ms[1:])[STEADY // 2]:.2f} ms")
+    steady = sorted(server_ms[1 : STEADY + 1])
+    print(
+        f"first request: {server_ms[0]} ms in the server ({client_ms[0]:.2f} ms at the client); "
+        f"the next {STEADY}: server p50 {steady[STEADY // 2]} ms, p99 {p99_of(steady)} ms; client p50 "
+        f"{sorted(client_ms[1:])[STEADY // 2]:.2f} ms"
+    )
     time.sleep(1.5)  # the exporter reads the access log every second
     assert len(audit(server)) == 1 + STEADY + 2
     assert scraped(server, "rtserve_handler_requests_total") == 1 + STEADY + 2

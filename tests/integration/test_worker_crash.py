@@ -18,15 +18,26 @@ RESTART_LIMIT_S = 180.0
 
 
 def test_killed_worker_fails_only_its_batch_and_is_replaced(server, tmp_path, capsys):
-    rc, report = bench_main(worker_crash.main, tmp_path / "report.json", "--attach", server.run_dir,
-                            "--baseline", 1.5, "--after", 1.5, "--rate", 100, "--concurrency", 4,
-                            "--recovery-timeout", RESTART_LIMIT_S)
+    rc, report = bench_main(
+        worker_crash.main,
+        tmp_path / "report.json",
+        "--attach",
+        server.run_dir,
+        "--baseline",
+        1.5,
+        "--after",
+        1.5,
+        "--rate",
+        100,
+        "--concurrency",
+        4,
+        "--recovery-timeout",
+        RESTART_LIMIT_S,
+    )
     # The killed worker came back (describe says UNLOADING for a worker that is not READY, a
     # replacement still loading included): checked first, to say which of the two failed.
-    assert report["replacement_started_s"] is not None, ("the killed worker was never replaced",
-                                                         report["replacement"])
-    assert report["worker_restarted_s"] is not None, ("its replacement was not READY in time",
-                                                      report["replacement"])
+    assert report["replacement_started_s"] is not None, ("the killed worker was never replaced", report["replacement"])
+    assert report["worker_restarted_s"] is not None, ("its replacement was not READY in time", report["replacement"])
     assert rc == 0, report
     assert f"killed worker {report['killed']['id']}" in capsys.readouterr().out
     # Counted on the first try (what a client without rtserve's resend sees): only the killed

@@ -39,8 +39,9 @@ def node_processes(run_dir: Path) -> list[int]:
     """Every process whose command line names ``run_dir``'s cassandra.yaml, found without its
     PID file."""
     mark = f"-Dcassandra.config=file://{run_dir / node.CONFIG_FILE}"
-    return [proc.info["pid"] for proc in psutil.process_iter(["pid", "cmdline"])
-            if mark in (proc.info.get("cmdline") or [])]
+    return [
+        proc.info["pid"] for proc in psutil.process_iter(["pid", "cmdline"]) if mark in (proc.info.get("cmdline") or [])
+    ]
 
 
 @pytest.fixture(scope="session")
@@ -54,8 +55,13 @@ def cassandra(cassandra_libs, tmp_path_factory) -> Cassandra:
     """`make cassandra` on free ports, stopped by `make cassandra-stop` (and from its PID file if
     that fails) however the session ends; the stop must leave no process behind."""
     run_dir = tmp_path_factory.mktemp("cassandra") / "run"
-    with made_server("cassandra", "cassandra-stop", [f"CASSANDRA_RUN_DIR={run_dir}"],
-                     lambda: node_processes(run_dir), lambda: local.stop(run_dir)) as output:
+    with made_server(
+        "cassandra",
+        "cassandra-stop",
+        [f"CASSANDRA_RUN_DIR={run_dir}"],
+        lambda: node_processes(run_dir),
+        lambda: local.stop(run_dir),
+    ) as output:
         state = json.loads((run_dir / node.STATE_FILE).read_text())
         yield Cassandra(run_dir, state["address"], output)
 
@@ -64,8 +70,12 @@ def cassandra(cassandra_libs, tmp_path_factory) -> Cassandra:
 def server(cassandra, mar_v1, tmp_path_factory):
     """One server per test module (as ``make serve`` starts it), shipping its records to the
     tier's Cassandra; a test may kill it and start it again from the same run directory."""
-    ts = on_free_ports(tmp_path_factory.mktemp("run"), mar_v1.parent,
-                       [f"{MODEL_NAME}={mar_v1.name}"], {RECORDS_STORE_KEY: cassandra.address})
+    ts = on_free_ports(
+        tmp_path_factory.mktemp("run"),
+        mar_v1.parent,
+        [f"{MODEL_NAME}={mar_v1.name}"],
+        {RECORDS_STORE_KEY: cassandra.address},
+    )
     ts.start()
     try:
         ts.wait_ready(180, [MODEL_NAME])

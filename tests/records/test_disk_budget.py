@@ -9,7 +9,7 @@ time window as the workers wrote."""
 from __future__ import annotations
 
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -33,21 +33,27 @@ ROUND_S = 2
 
 
 def test_every_record_reaches_the_store_while_the_run_directory_keeps_its_budget(
-        build_root, cassandra, tmp_path_factory, tmp_path):
+    build_root, cassandra, tmp_path_factory, tmp_path
+):
     root = tmp_path_factory.mktemp("disk-store")
-    with small_server(build_root, root, {RECORDS_STORE_KEY: cassandra.address}) as server, \
-            Store.connect([cassandra.address]) as store:
+    with (
+        small_server(build_root, root, {RECORDS_STORE_KEY: cassandra.address}) as server,
+        Store.connect([cassandra.address]) as store,
+    ):
         before = scraped(server, "rtserve_records_written_total")  # the start's readiness probe
-        since = datetime.now(timezone.utc)
+        since = datetime.now(UTC)
+
         def shipped_down() -> None:
             deadline = time.monotonic() + CATCH_UP_S
-            while (scraped(server, "rtserve_records_shipped_total")
-                   < scraped(server, "rtserve_records_written_total")) and time.monotonic() < deadline:
+            while (
+                scraped(server, "rtserve_records_shipped_total") < scraped(server, "rtserve_records_written_total")
+            ) and time.monotonic() < deadline:
                 time.sleep(0.5)
 
-        loaded = ten_budgets(server, tmp_path, budgets=3, rolled=("access_log.log",), round_s=ROUND_S,
-                             between=shipped_down)
-        until = datetime.now(timezone.utc) + timedelta(seconds=1)
+        loaded = ten_budgets(
+            server, tmp_path, budgets=3, rolled=("access_log.log",), round_s=ROUND_S, between=shipped_down
+        )
+        until = datetime.now(UTC) + timedelta(seconds=1)
         written = scraped(server, "rtserve_records_written_total") - before
         dropped = scraped(server, "rtserve_records_dropped_total")
         deadline = time.monotonic() + CATCH_UP_S
@@ -58,9 +64,11 @@ def test_every_record_reaches_the_store_while_the_run_directory_keeps_its_budget
             if stored >= written:
                 break
             time.sleep(2.0)
-        print(f"\n{loaded.report()}\nrecords: {written:.0f} written during the load, {dropped:.0f} "
-              f"dropped, {stored} in the store ({stored_bytes / 2**20:.1f} MiB); the spool at most "
-              f"{loaded.usage.max_records / 1024:.0f} KiB")
+        print(
+            f"\n{loaded.report()}\nrecords: {written:.0f} written during the load, {dropped:.0f} "
+            f"dropped, {stored} in the store ({stored_bytes / 2**20:.1f} MiB); the spool at most "
+            f"{loaded.usage.max_records / 1024:.0f} KiB"
+        )
         assert_within_budget(server, loaded)
         assert dropped == 0 and written >= loaded.sent
         assert stored == written, f"{stored} records in the store of {written:.0f} written"

@@ -16,7 +16,7 @@ import os
 import signal
 import time
 from collections import Counter
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import psutil
 import pytest
@@ -57,9 +57,18 @@ def load(server, seconds: float, rate: float = RATE) -> SteadyLoad:
     """Steady predictions at ``rate``, one request in ten a bad one (400), for at most
     ``seconds`` (stopped earlier by the test)."""
     url = f"{server.props['inference_address']}/predictions/{MODEL_NAME}"
-    return SteadyLoad(url, {"features": features()}, lambda: server.client().keys.get("inference"),
-                      rate=rate, concurrency=4, max_seconds=seconds, timeout=10.0,
-                      resend_worker_lost=False, bad_every=10, bad_payload={"features": [1.0, 2.0]})
+    return SteadyLoad(
+        url,
+        {"features": features()},
+        lambda: server.client().keys.get("inference"),
+        rate=rate,
+        concurrency=4,
+        max_seconds=seconds,
+        timeout=10.0,
+        resend_worker_lost=False,
+        bad_every=10,
+        bad_payload={"features": [1.0, 2.0]},
+    )
 
 
 def check_stored(store: Store, load_records, since: datetime) -> dict:
@@ -89,8 +98,10 @@ def check_stored(store: Store, load_records, since: datetime) -> dict:
         if not missing or time.monotonic() > deadline:
             break
         time.sleep(2.0)
-    assert not missing, f"{len(missing)} of {len(answered)} answered requests have no record " \
-                        f"after {SHIP_TIMEOUT:.0f} s, e.g. {sorted(missing)[:3]}"
+    assert not missing, (
+        f"{len(missing)} of {len(answered)} answered requests have no record "
+        f"after {SHIP_TIMEOUT:.0f} s, e.g. {sorted(missing)[:3]}"
+    )
     for rid, sent in answered.items():
         assert found[rid].status == sent.status, (sent, found[rid].line)
         assert found[rid].model_version == (sent.version or "1.0"), (sent, found[rid].line)
@@ -102,16 +113,19 @@ def check_stored(store: Store, load_records, since: datetime) -> dict:
         by_id = store.find(rid)
         assert by_id is not None and by_id.line == found[rid].line, (rid, by_id)
     unanswered = [r for r in load_records if not r.answered]
-    return {"sent": len(load_records), "answered": len(answered),
-            "answered_400": sum(1 for r in answered.values() if r.status == 400),
-            "found_once": len(answered), "not_answered": len(unanswered),
-            "not_answered_with_record": sum(1 for r in unanswered
-                                            if r.request_id and r.request_id in found)}
+    return {
+        "sent": len(load_records),
+        "answered": len(answered),
+        "answered_400": sum(1 for r in answered.values() if r.status == 400),
+        "found_once": len(answered),
+        "not_answered": len(unanswered),
+        "not_answered_with_record": sum(1 for r in unanswered if r.request_id and r.request_id in found),
+    }
 
 
 def run_fault(server, store, fault, name: str, seconds: float = 12.0, rate: float = RATE) -> dict:
     """Load for a while, ``fault()`` in the middle, load a while more; then the check."""
-    since = datetime.now(timezone.utc)
+    since = datetime.now(UTC)
     steady = load(server, seconds * 10 + 600, rate).start(name)
     try:
         time.sleep(seconds / 2)
@@ -128,8 +142,12 @@ def test_the_records_metrics_show_the_shipping(server, store):
     """What the dashboard's records panels read: records written and shipped, the ship lag."""
     run_fault(server, store, lambda: None, "no fault", seconds=4.0)
     text = requests.get(f"{server.props['metrics_address']}/metrics", timeout=10).text
-    found = {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples
-             if s.name.startswith("rtserve_records_")}
+    found = {
+        s.name: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name.startswith("rtserve_records_")
+    }
     print({k: v for k, v in found.items() if not k.endswith("_bucket")})
     assert found["rtserve_records_shipped_total"] > 0 and found["rtserve_records_ship_lag_seconds_count"] > 0
     assert found["rtserve_records_ship_lag_seconds_count"] == found["rtserve_records_shipped_total"]
@@ -155,8 +173,9 @@ def test_the_shipper_killed_and_started_again_loses_and_repeats_nothing(server, 
 def worker_pids(server) -> list[int]:
     """The model's worker processes (children of the frontend running TorchServe's worker)."""
     frontend = psutil.Process(server.pid())
-    return [p.pid for p in frontend.children(recursive=True)
-            if any("model_service_worker" in part for part in p.cmdline())]
+    return [
+        p.pid for p in frontend.children(recursive=True) if any("model_service_worker" in part for part in p.cmdline())
+    ]
 
 
 def test_a_worker_killed_mid_batch_leaves_every_answered_request_its_record(server, store):
@@ -168,7 +187,7 @@ def test_a_worker_killed_mid_batch_leaves_every_answered_request_its_record(serv
         os.kill(pids[0], signal.SIGKILL)
         killed.append(pids[0])
 
-    counts = run_fault(server, store, fault, "worker SIGKILL")
+    run_fault(server, store, fault, "worker SIGKILL")
     assert killed
     deadline = time.monotonic() + 60
     while len(worker_pids(server)) < 2 and time.monotonic() < deadline:  # TorchServe restarts it
@@ -179,8 +198,7 @@ def test_the_whole_server_killed_and_started_again_ships_what_it_left(server, st
     def fault() -> None:
         procs = [psutil.Process(server.pid())]
         procs += procs[0].children(recursive=True)
-        procs += [psutil.Process(pid) for sidecar in (SHIPPER,)
-                  if (pid := server.sidecar_pid(sidecar)) is not None]
+        procs += [psutil.Process(pid) for sidecar in (SHIPPER,) if (pid := server.sidecar_pid(sidecar)) is not None]
         for proc in procs:
             try:
                 proc.send_signal(signal.SIGKILL)
@@ -209,7 +227,7 @@ def test_the_store_away_for_a_minute_keeps_the_records_in_the_spool_then_drains(
 
 
 def test_a_graceful_stop_ships_the_spool_before_the_server_exits(server, store):
-    since = datetime.now(timezone.utc)
+    since = datetime.now(UTC)
     steady = load(server, 600).start("graceful stop")
     time.sleep(4.0)
     got = steady.stop()

@@ -29,18 +29,28 @@ SHIP_TIMEOUT = 120.0
 
 def pod_sample(server) -> dict:
     """:data:`bench.soak.POD_SAMPLE` as ``kubectl exec ... sh -c`` runs it, read as the sampler does."""
-    done = subprocess.run(["sh", "-c", soak.POD_SAMPLE, "sh", str(server.run_dir),
-                           f"{server.props['metrics_address']}/metrics"],
-                          capture_output=True, text=True, timeout=30, check=True)
+    done = subprocess.run(
+        ["sh", "-c", soak.POD_SAMPLE, "sh", str(server.run_dir), f"{server.props['metrics_address']}/metrics"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     size, metrics = soak.parse_pod_sample(done.stdout)
     return {"t": time.monotonic(), "run_bytes": {"pod": size}, "records": {"pod": metrics}, "errors": []}
 
 
 def store_check(server, env: dict, ids: list[str]) -> list[str]:
     """:data:`bench.soak.STORE_CHECK` as ``kubectl exec -i ... python -c`` runs it: ids on stdin."""
-    done = subprocess.run([sys.executable, "-c", soak.STORE_CHECK], input="".join(i + "\n" for i in ids),
-                          env={**os.environ, "RTSERVE_RUN_DIR": str(server.run_dir), **env},
-                          capture_output=True, text=True, timeout=120, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", soak.STORE_CHECK],
+        input="".join(i + "\n" for i in ids),
+        env={**os.environ, "RTSERVE_RUN_DIR": str(server.run_dir), **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return done.stdout.splitlines()
 
 
@@ -48,9 +58,17 @@ def test_the_pod_programs_count_every_answered_record_and_find_the_sampled_ones(
     before = pod_sample(server)
     assert before["run_bytes"]["pod"] > 0 and before["records"]["pod"]["pending_bytes"] is not None
     minutes = soak.Minutes(id_every=10)
-    load = SteadyLoad(f"{server.props['inference_address']}/predictions/{MODEL_NAME}", {"features": features()},
-                      lambda: server.client().keys.get("inference"), rate=80, concurrency=4,
-                      max_seconds=60, timeout=10.0, bad_every=20, sink=minutes).start("soak")
+    load = SteadyLoad(
+        f"{server.props['inference_address']}/predictions/{MODEL_NAME}",
+        {"features": features()},
+        lambda: server.client().keys.get("inference"),
+        rate=80,
+        concurrency=4,
+        max_seconds=60,
+        timeout=10.0,
+        bad_every=20,
+        sink=minutes,
+    ).start("soak")
     time.sleep(8)
     load.stop()
     deadline = time.monotonic() + SHIP_TIMEOUT
@@ -66,15 +84,23 @@ def test_the_pod_programs_count_every_answered_record_and_find_the_sampled_ones(
     assert (run["written"], run["shipped"], run["dropped"]) == (totals["answered"],) * 2 + (0,)
     assert 0 < run["lag_p50_s"] <= run["lag_p99_s"] < 30 and intervals[0]["pending_bytes"] == 0
 
-    lines = store_check(server, {"RTSERVE_RECORDS_STORE": cassandra.address},
-                        [i for i, _, _ in minutes.ids] + ["00000000-0000-0000-0000-000000000000"])
+    lines = store_check(
+        server,
+        {"RTSERVE_RECORDS_STORE": cassandra.address},
+        [i for i, _, _ in minutes.ids] + ["00000000-0000-0000-0000-000000000000"],
+    )
     checked = soak.check_sample(minutes.ids + [("00000000-0000-0000-0000-000000000000", 200, "1.0")], lines)
     assert len(minutes.ids) == totals["answered"] // 10
     assert {k: checked[k] for k in ("found", "missing", "status_mismatches", "version_mismatches")} == {
-        "found": len(minutes.ids), "missing": 1, "status_mismatches": 0, "version_mismatches": 0}
+        "found": len(minutes.ids),
+        "missing": 1,
+        "status_mismatches": 0,
+        "version_mismatches": 0,
+    }
     print(f"soak programs: {totals['sent']} sent, {run} over the run; sampled {checked}")
 
 
 def test_the_store_check_says_when_the_pod_has_no_store(server):
     assert store_check(server, {"RTSERVE_RECORDS_STORE": ""}, ["x"]) == [
-        '{"error": "RTSERVE_RECORDS_STORE is not set in the pod: its records stay in its spool"}']
+        '{"error": "RTSERVE_RECORDS_STORE is not set in the pod: its records stay in its spool"}'
+    ]

@@ -10,7 +10,7 @@ import json
 import re
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -24,16 +24,24 @@ from tests.records.conftest import node_processes
 
 pytestmark = pytest.mark.records
 
-UTC = timezone.utc
+UTC = UTC
 TABLES = {"schema_version", "records_by_id", "records_by_minute"}
 
 
-def record(model: str, when: datetime, version: str = "1.0", status: int = 200,
-           request_id: str | None = None) -> Record:
+def record(
+    model: str, when: datetime, version: str = "1.0", status: int = 200, request_id: str | None = None
+) -> Record:
     """A record as the worker writes it (its line's leading keys, then the answer)."""
-    doc = {"request_id": request_id or uuid.uuid4().hex, "time": format_time(when), "model": model,
-           "model_version": version, "route": "predictions", "status": status,
-           "answer": {"class": 1, "probabilities": [0.25, 0.75]}, "inputs": [0.5] * 30}
+    doc = {
+        "request_id": request_id or uuid.uuid4().hex,
+        "time": format_time(when),
+        "model": model,
+        "model_version": version,
+        "route": "predictions",
+        "status": status,
+        "answer": {"class": 1, "probabilities": [0.25, 0.75]},
+        "inputs": [0.5] * 30,
+    }
     return parse_line(json.dumps(doc))
 
 
@@ -58,20 +66,28 @@ def keyspace(cassandra):
 
 def tables(s: Store, keyspace: str) -> dict[str, int]:
     """The keyspace's tables with their default TTL."""
-    rows = s._execute("SELECT table_name, default_time_to_live FROM system_schema.tables "
-                      "WHERE keyspace_name = %s", (keyspace,))
+    rows = s._execute(
+        "SELECT table_name, default_time_to_live FROM system_schema.tables WHERE keyspace_name = %s", (keyspace,)
+    )
     return {row.table_name: row.default_time_to_live for row in rows}
 
 
 def test_make_cassandra_starts_a_node_with_the_records_schema(cassandra, records_store, capsys):
     out = cassandra.start_output
-    assert re.search(r"^>> Cassandra ready in [\d.]+ s \(node ready [\d.]+ s, schema [\d.]+ s\); "
-                     rf"data and logs in {cassandra.run_dir}$", out, re.M), out
+    assert re.search(
+        r"^>> Cassandra ready in [\d.]+ s \(node ready [\d.]+ s, schema [\d.]+ s\); "
+        rf"data and logs in {cassandra.run_dir}$",
+        out,
+        re.M,
+    ), out
     assert re.search(rf"^  address:  {cassandra.address} \(CQL; storage port \d+\)$", out, re.M), out
     assert cassandra.address.startswith("127.0.0.1:")
     assert records_store.schema_version() == store.SCHEMA_VERSION
-    assert tables(records_store, "rtserve") == {"schema_version": 0, "records_by_id": 30 * 86400,
-                                                "records_by_minute": 30 * 86400}
+    assert tables(records_store, "rtserve") == {
+        "schema_version": 0,
+        "records_by_id": 30 * 86400,
+        "records_by_minute": 30 * 86400,
+    }
     status = make("-s", "cassandra-status", *cassandra.make_vars)
     assert status.returncode == 0, status.stdout
     pid = local.pid(cassandra.run_dir)
@@ -83,8 +99,10 @@ def test_make_cassandra_starts_a_node_with_the_records_schema(cassandra, records
     assert capsys.readouterr().out == f"{cassandra.address}\n"
     twice = make("-s", "cassandra", *cassandra.make_vars)  # one node per run directory
     assert twice.returncode != 0, twice.stdout
-    assert f"error: a Cassandra node already runs from {cassandra.run_dir} (pid {pid}): stop it first " \
-           "(make cassandra-stop)" in twice.stdout
+    assert (
+        f"error: a Cassandra node already runs from {cassandra.run_dir} (pid {pid}): stop it first "
+        "(make cassandra-stop)" in twice.stdout
+    )
     for name in ("data/data", "data/commitlog", "logs/system.log", "logs/cassandra.out"):
         assert (cassandra.run_dir / name).exists(), name
     assert "Startup complete" in (cassandra.run_dir / "logs" / "system.log").read_text()
@@ -109,16 +127,22 @@ def test_a_store_at_a_newer_schema_version_is_refused(cassandra, keyspace):
         s.ensure_schema()
         s._execute(f"UPDATE {keyspace}.schema_version SET version = 2 WHERE name = 'records'")
     with Store.connect([cassandra.address], keyspace=keyspace) as newer:
-        with pytest.raises(StoreSchemaError, match=rf"the records keyspace '{keyspace}' is at schema "
-                                                   r"version 2; this rtserve knows versions up to 1") as err:
+        with pytest.raises(
+            StoreSchemaError,
+            match=rf"the records keyspace '{keyspace}' is at schema "
+            r"version 2; this rtserve knows versions up to 1",
+        ) as err:
             newer.ensure_schema()
         assert (err.value.found, err.value.known) == (2, store.SCHEMA_VERSION)
 
 
 def test_writing_before_the_schema_exists_names_it(cassandra, keyspace):
     with Store.connect([cassandra.address], keyspace=keyspace) as s:
-        with pytest.raises(StoreSchemaError, match=rf"the records tables are missing in keyspace "
-                                                   rf"'{keyspace}' \(create them with ensure_schema"):
+        with pytest.raises(
+            StoreSchemaError,
+            match=rf"the records tables are missing in keyspace "
+            rf"'{keyspace}' \(create them with ensure_schema",
+        ):
             s.write([record("m", datetime.now(UTC))])
 
 
@@ -128,10 +152,13 @@ def test_a_record_written_twice_is_one_row_in_each_table(records_store):
     records_store.write([one])
     records_store.write([one, one])
     ks = records_store.keyspace
-    by_id = records_store._execute(f"SELECT count(*) AS n FROM {ks}.records_by_id WHERE request_id = %s",
-                                   (one.request_id,))
-    by_minute = records_store._execute(f"SELECT count(*) AS n FROM {ks}.records_by_minute WHERE model = %s "
-                                       "AND minute = %s", (model, store.bucket(one.time)))
+    by_id = records_store._execute(
+        f"SELECT count(*) AS n FROM {ks}.records_by_id WHERE request_id = %s", (one.request_id,)
+    )
+    by_minute = records_store._execute(
+        f"SELECT count(*) AS n FROM {ks}.records_by_minute WHERE model = %s AND minute = %s",
+        (model, store.bucket(one.time)),
+    )
     assert (by_id[0].n, by_minute[0].n) == (1, 1)
     assert records_store.find(one.request_id) == one
 
@@ -140,9 +167,15 @@ def test_find_records_and_latest_by_time_version_and_since(records_store):
     model = f"reads-{uuid.uuid4().hex[:8]}"
     start = store.bucket(datetime.now(UTC)) - timedelta(minutes=150)
     # 12 records over 3 hours' worth of minutes (10 minutes apart, so 12 partitions), two versions
-    written = [record(model, start + timedelta(minutes=10 * i, seconds=7, milliseconds=i),
-                      version="2.0" if i % 3 == 0 else "1.0", status=400 if i == 5 else 200)
-               for i in range(12)]
+    written = [
+        record(
+            model,
+            start + timedelta(minutes=10 * i, seconds=7, milliseconds=i),
+            version="2.0" if i % 3 == 0 else "1.0",
+            status=400 if i == 5 else 200,
+        )
+        for i in range(12)
+    ]
     other = record(f"{model}-other", start + timedelta(minutes=1))
     records_store.write([*written[::-1], other])  # order of writing does not matter
 
@@ -156,8 +189,10 @@ def test_find_records_and_latest_by_time_version_and_since(records_store):
     assert list(records_store.records(model, since, until=written[4].time)) == written[:4]  # until: not
     assert list(records_store.records(model, since, version="2.0")) == written[::3]
     assert list(records_store.records(model, since, limit=5)) == written[:5]
-    assert list(records_store.records(model, since, version="1.0", limit=3)) == \
-        [r for r in written if r.model_version == "1.0"][:3]
+    assert (
+        list(records_store.records(model, since, version="1.0", limit=3))
+        == [r for r in written if r.model_version == "1.0"][:3]
+    )
 
     assert records_store.latest(model, since, limit=3) == written[-3:]
     assert records_store.latest(model, since, limit=100) == written
@@ -169,16 +204,19 @@ def test_find_records_and_latest_by_time_version_and_since(records_store):
 
 def test_every_row_carries_the_stores_ttl_and_expires_with_it(cassandra, records_store):
     model = f"ttl-{uuid.uuid4().hex[:8]}"
-    with Store.connect([cassandra.address], ttl_seconds=3600) as hour, \
-            Store.connect([cassandra.address], ttl_seconds=2) as brief:
+    with (
+        Store.connect([cassandra.address], ttl_seconds=3600) as hour,
+        Store.connect([cassandra.address], ttl_seconds=2) as brief,
+    ):
         kept = record(model, datetime.now(UTC))
         hour.write([kept])
         gone = record(model, datetime.now(UTC))
         brief.write([gone])
     ks = records_store.keyspace
-    for table, where, params in (("records_by_id", "request_id = %s", (kept.request_id,)),
-                                 ("records_by_minute", "model = %s AND minute = %s AND time = %s",
-                                  (model, store.bucket(kept.time), kept.time))):
+    for table, where, params in (
+        ("records_by_id", "request_id = %s", (kept.request_id,)),
+        ("records_by_minute", "model = %s AND minute = %s AND time = %s", (model, store.bucket(kept.time), kept.time)),
+    ):
         (row,) = records_store._execute(f"SELECT TTL(record) AS ttl FROM {ks}.{table} WHERE {where}", params)
         assert row.ttl is not None and 3600 - 60 < row.ttl <= 3600, (table, row.ttl)
     assert records_store.find(gone.request_id) == gone
@@ -196,8 +234,9 @@ def test_store_unavailable_while_the_node_is_down_and_the_same_write_after(cassa
 
     stopped = make("-s", "cassandra-stop", *cassandra.make_vars)
     assert stopped.returncode == 0, stopped.stdout
-    assert re.fullmatch(rf">> cassandra \(pid {pid}\) stopped in [\d.]+ s; data kept in {cassandra.run_dir}\n",
-                        stopped.stdout), stopped.stdout
+    assert re.fullmatch(
+        rf">> cassandra \(pid {pid}\) stopped in [\d.]+ s; data kept in {cassandra.run_dir}\n", stopped.stdout
+    ), stopped.stdout
     assert node_processes(cassandra.run_dir) == [] and local.pid(cassandra.run_dir) is None
     status = make("-s", "cassandra-status", *cassandra.make_vars)
     assert status.returncode != 0 and "  cassandra  stopped\n" in status.stdout, status.stdout

@@ -57,8 +57,13 @@ def kafka(kafka_libs, tmp_path_factory) -> Kafka:
     """`make kafka` on free ports, stopped by `make kafka-stop` (and from its PID file if that
     fails) however the session ends; the stop must leave no process behind."""
     run_dir = tmp_path_factory.mktemp("kafka") / "run"
-    with made_server("kafka", "kafka-stop", [f"KAFKA_RUN_DIR={run_dir}"],
-                     lambda: broker_processes(run_dir), lambda: local.stop(run_dir)) as output:
+    with made_server(
+        "kafka",
+        "kafka-stop",
+        [f"KAFKA_RUN_DIR={run_dir}"],
+        lambda: broker_processes(run_dir),
+        lambda: local.stop(run_dir),
+    ) as output:
         state = json.loads((run_dir / broker.STATE_FILE).read_text())
         yield Kafka(run_dir, state["bootstrap"], output)
 

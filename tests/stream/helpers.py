@@ -28,9 +28,16 @@ MAX_EVENT_RECORD = 8 * 1024 * 1024
 
 def read_all(bootstrap: str, topic: str, timeout: float = 30) -> list[Message]:
     """Every committed record of ``topic``, read with read_committed to the partitions' ends."""
-    cons = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4().hex}",
-                     "auto.offset.reset": "earliest", "isolation.level": "read_committed",
-                     "enable.partition.eof": True, "enable.auto.commit": False})
+    cons = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"check-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+            "enable.auto.commit": False,
+        }
+    )
     cons.subscribe([topic])
     got, ends, deadline = [], set(), time.monotonic() + timeout
     while len(ends) < PARTITIONS and time.monotonic() < deadline:
@@ -52,19 +59,22 @@ def stream_topics(kafka) -> dict[str, str]:
     input takes records up to :data:`MAX_EVENT_RECORD`."""
     run = uuid.uuid4().hex[:8]
     topics = {name: f"{name}-{run}" for name in ("events", "predictions", "events.dlq")}
-    admin.create_topics(kafka.bootstrap, [topics["events"]], PARTITIONS,
-                        config={"max.message.bytes": str(MAX_EVENT_RECORD)})
+    admin.create_topics(
+        kafka.bootstrap, [topics["events"]], PARTITIONS, config={"max.message.bytes": str(MAX_EVENT_RECORD)}
+    )
     admin.create_topics(kafka.bootstrap, [topics["predictions"], topics["events.dlq"]], PARTITIONS)
     return topics
 
 
-def produce(kafka, topic: str, events: list[tuple[bytes, bytes]], partition: int | None = None
-            ) -> dict[tuple[int, int], tuple[bytes, bytes]]:
+def produce(
+    kafka, topic: str, events: list[tuple[bytes, bytes]], partition: int | None = None
+) -> dict[tuple[int, int], tuple[bytes, bytes]]:
     """Send ``(key, value)`` events (into ``partition``, else where their keys hash); what landed
     where: (partition, offset) -> (key, value)."""
     into = {} if partition is None else {"partition": partition}
-    producer = Producer({"bootstrap.servers": kafka.bootstrap, "enable.idempotence": True,
-                         "message.max.bytes": MAX_EVENT_RECORD})
+    producer = Producer(
+        {"bootstrap.servers": kafka.bootstrap, "enable.idempotence": True, "message.max.bytes": MAX_EVENT_RECORD}
+    )
     sent = {}
 
     def delivered(err, msg):
@@ -78,17 +88,26 @@ def produce(kafka, topic: str, events: list[tuple[bytes, bytes]], partition: int
 
 
 def valid_events(n: int, start: int = 0) -> list[tuple[bytes, bytes]]:
-    return [(b"k%d" % (i % 5), json.dumps({"features": features(value=0.1 * (i % 7)), "id": f"e{i}"}).encode())
-            for i in range(start, start + n)]
+    return [
+        (b"k%d" % (i % 5), json.dumps({"features": features(value=0.1 * (i % 7)), "id": f"e{i}"}).encode())
+        for i in range(start, start + n)
+    ]
 
 
 def member_of(kafka, topics: dict[str, str], client: Client, name: str = "a", **settings) -> StreamConsumer:
     """A member of the test's group; each ``name`` has a transactional id of its own (two
     members with one id would fence each other)."""
     run = topics["events"].rsplit("-", 1)[1]
-    config = StreamConfig(kafka.bootstrap, model=MODEL_NAME, group=f"stream-{run}", input=topics["events"],
-                          output=topics["predictions"], dead_letters=topics["events.dlq"],
-                          transactional_id=f"stream-{run}-{name}", **{"batch": 16, **settings})
+    config = StreamConfig(
+        kafka.bootstrap,
+        model=MODEL_NAME,
+        group=f"stream-{run}",
+        input=topics["events"],
+        output=topics["predictions"],
+        dead_letters=topics["events.dlq"],
+        transactional_id=f"stream-{run}-{name}",
+        **{"batch": 16, **settings},
+    )
     return StreamConsumer(config, client)
 
 
@@ -107,8 +126,9 @@ def running(member: StreamConsumer):
     assert not worker.is_alive(), "the consumer did not stop within 60 s"
 
 
-def wait_until_counted(members: list[StreamConsumer], workers: list[threading.Thread], total: int,
-                       timeout: float = 120) -> None:
+def wait_until_counted(
+    members: list[StreamConsumer], workers: list[threading.Thread], total: int, timeout: float = 120
+) -> None:
     """Until ``members`` wrote ``total`` outputs (predictions and dead letters) between them."""
     deadline = time.monotonic() + timeout
     while sum(m.counts.predictions + m.counts.dead_letters for m in members) < total:
@@ -119,8 +139,9 @@ def wait_until_counted(members: list[StreamConsumer], workers: list[threading.Th
 
 def ends(bootstrap: str, topic: str) -> dict[int, int]:
     """Each partition's end offset, as a read_committed reader finds it."""
-    cons = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4().hex}",
-                     "isolation.level": "read_committed"})
+    cons = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4().hex}", "isolation.level": "read_committed"}
+    )
     try:
         return {p: cons.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(PARTITIONS)}
     finally:
@@ -142,8 +163,10 @@ class Written:
     placed: list[tuple[int, int]]
 
     def summary(self, sent: dict) -> str:
-        return (f"{len(sent)} events in, {len(self.predictions)} predictions, "
-                f"{len(self.letters)} dead letters, 0 duplicates, 0 gaps")
+        return (
+            f"{len(sent)} events in, {len(self.predictions)} predictions, "
+            f"{len(self.letters)} dead letters, 0 duplicates, 0 gaps"
+        )
 
 
 def exactly_once(kafka, topics: dict[str, str], sent: dict[tuple[int, int], tuple[bytes, bytes]]) -> Written:
@@ -155,13 +178,13 @@ def exactly_once(kafka, topics: dict[str, str], sent: dict[tuple[int, int], tupl
     for name in ("predictions", "events.dlq"):
         msgs = sorted(read_all(kafka.bootstrap, topics[name]), key=lambda m: (m.partition(), m.offset()))
         decoded[name] = [(m, json.loads(m.value())) for m in msgs]
-    coordinates = [(r["source"]["partition"], r["source"]["offset"])
-                   for name in decoded for _, r in decoded[name]]
+    coordinates = [(r["source"]["partition"], r["source"]["offset"]) for name in decoded for _, r in decoded[name]]
     duplicates = len(coordinates) - len(set(coordinates))
     gaps = sorted(set(sent) - set(coordinates))
     strangers = sorted(set(coordinates) - set(sent))
-    assert (duplicates, gaps[:10], strangers[:10]) == (0, [], []), \
+    assert (duplicates, gaps[:10], strangers[:10]) == (0, [], []), (
         f"{duplicates} duplicates, {len(gaps)} gaps, {len(strangers)} outputs of no event"
+    )
     for name, pairs in decoded.items():
         last: dict[tuple[int, int], int] = {}
         for msg, record in pairs:
@@ -171,8 +194,11 @@ def exactly_once(kafka, topics: dict[str, str], sent: dict[tuple[int, int], tupl
             lane = (msg.partition(), source["partition"])
             assert source["offset"] > last.get(lane, -1), f"{name}: out of order in {lane}"
             last[lane] = source["offset"]
-    written = Written([r for _, r in decoded["predictions"]], [r for _, r in decoded["events.dlq"]],
-                      [(m.partition(), m.offset()) for m, _ in decoded["predictions"]])
+    written = Written(
+        [r for _, r in decoded["predictions"]],
+        [r for _, r in decoded["events.dlq"]],
+        [(m.partition(), m.offset()) for m, _ in decoded["predictions"]],
+    )
     print(written.summary(sent))
     return written
 
@@ -182,11 +208,30 @@ def run_options(kafka, torchserve, topics: dict[str, str], inference: str | None
     ``make stream`` starts), scoring through ``inference`` (default: the server's address)."""
     run = topics["events"].rsplit("-", 1)[1]
     props = torchserve.props
-    return ["--bootstrap", kafka.bootstrap, "--inference", inference or props["inference_address"],
-            "--management", props["management_address"], "--key-file", str(torchserve.key_file),
-            "--model", MODEL_NAME, "--group", f"stream-{run}", "--input", topics["events"],
-            "--output", topics["predictions"], "--dead-letters", topics["events.dlq"], "--batch", "16",
-            "--metrics-port", "0"]  # members on one machine: no metrics port each (test_metrics.py serves one)
+    return [
+        "--bootstrap",
+        kafka.bootstrap,
+        "--inference",
+        inference or props["inference_address"],
+        "--management",
+        props["management_address"],
+        "--key-file",
+        str(torchserve.key_file),
+        "--model",
+        MODEL_NAME,
+        "--group",
+        f"stream-{run}",
+        "--input",
+        topics["events"],
+        "--output",
+        topics["predictions"],
+        "--dead-letters",
+        topics["events.dlq"],
+        "--batch",
+        "16",
+        "--metrics-port",
+        "0",
+    ]  # members on one machine: no metrics port each (test_metrics.py serves one)
 
 
 class StalledPath:

@@ -22,8 +22,16 @@ TOPICS = {"events": 4, "predictions": 4, "events.dlq": 4}
 
 
 def consumer(bootstrap: str, group: str, **extra: object) -> Consumer:
-    return Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
-                     "enable.auto.commit": False, "isolation.level": "read_committed", **extra})
+    return Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            **extra,
+        }
+    )
 
 
 def drain(cons: Consumer, topic: str, marker: bytes, want: int, timeout: float = 30) -> list:
@@ -47,16 +55,20 @@ def drain(cons: Consumer, topic: str, marker: bytes, want: int, timeout: float =
 
 
 def test_make_kafka_starts_a_broker_that_answers_with_the_three_topics(kafka):
-    assert re.search(r"^>> Kafka ready in [\d.]+ s \(format [\d.]+ s, broker ready [\d.]+ s, topics [\d.]+ s\)",
-                     kafka.start_output, re.M), kafka.start_output
+    assert re.search(
+        r"^>> Kafka ready in [\d.]+ s \(format [\d.]+ s, broker ready [\d.]+ s, topics [\d.]+ s\)",
+        kafka.start_output,
+        re.M,
+    ), kafka.start_output
     assert f"  bootstrap: {kafka.bootstrap}\n" in kafka.start_output
     assert kafka.bootstrap.startswith("127.0.0.1:")
     assert admin.topics(kafka.bootstrap) == TOPICS
     status = make("-s", "kafka-status", *kafka.make_vars)
     assert status.returncode == 0, status.stdout
     assert f"  kafka      running (pid {local.pid(kafka.run_dir)})\n" in status.stdout
-    assert "  topics     events (4 partitions), events.dlq (4 partitions), predictions (4 partitions)\n" \
-        in status.stdout
+    assert (
+        "  topics     events (4 partitions), events.dlq (4 partitions), predictions (4 partitions)\n" in status.stdout
+    )
     assert (kafka.run_dir / "data" / "meta.properties").is_file()
     assert (kafka.run_dir / "logs" / "kafka.log").stat().st_size > 0
 
@@ -119,8 +131,9 @@ def test_make_kafka_stop_leaves_no_process_and_a_restart_keeps_the_data(kafka):
 
     stopped = make("-s", "kafka-stop", *kafka.make_vars)
     assert stopped.returncode == 0, stopped.stdout
-    assert re.fullmatch(rf">> kafka \(pid {pid}\) stopped in [\d.]+ s; data kept in {kafka.run_dir}\n",
-                        stopped.stdout), stopped.stdout
+    assert re.fullmatch(
+        rf">> kafka \(pid {pid}\) stopped in [\d.]+ s; data kept in {kafka.run_dir}\n", stopped.stdout
+    ), stopped.stdout
     assert broker_processes(kafka.run_dir) == [] and local.pid(kafka.run_dir) is None
     assert not admin.listening(kafka.bootstrap)
     status = make("-s", "kafka-status", *kafka.make_vars)

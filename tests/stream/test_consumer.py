@@ -20,8 +20,18 @@ from rtserve.runtime.process import alive, wait_until
 from rtserve.stream import local, service
 from rtserve.stream.consumer import MAX_EVENT_BYTES
 from tests.helpers import make
-from tests.stream.helpers import (PARTITIONS, StalledPath, exactly_once, member_of, produce, run_options, running,
-                                  stream_topics, valid_events, wait_written)
+from tests.stream.helpers import (
+    PARTITIONS,
+    StalledPath,
+    exactly_once,
+    member_of,
+    produce,
+    run_options,
+    running,
+    stream_topics,
+    valid_events,
+    wait_written,
+)
 
 pytestmark = pytest.mark.stream
 
@@ -48,8 +58,11 @@ POISON = [
 def test_every_event_once_in_the_predictions_or_the_dead_letters(kafka, torchserve):
     topics = stream_topics(kafka)
     valid = 40
-    sent = produce(kafka, topics["events"], valid_events(valid)
-                   + [(b"poison-%d" % i, value) for i, (value, _, _) in enumerate(POISON)])
+    sent = produce(
+        kafka,
+        topics["events"],
+        valid_events(valid) + [(b"poison-%d" % i, value) for i, (value, _, _) in enumerate(POISON)],
+    )
     member = member_of(kafka, topics, torchserve.client())
     with running(member) as worker:
         wait_written(member, worker, len(sent))
@@ -68,8 +81,10 @@ def test_every_event_once_in_the_predictions_or_the_dead_letters(kafka, torchser
         letter = by_key[b"poison-%d" % i]
         assert (letter["field"], letter["reason"]) == (field, reason), letter
         assert letter["error"] and "POST" not in letter["error"]  # the handler's own words
-    assert by_key[b"poison-%d" % (len(POISON) - 1)]["error"] == \
-        f"event of {len(POISON[-1][0])} bytes is larger than {MAX_EVENT_BYTES} bytes"
+    assert (
+        by_key[b"poison-%d" % (len(POISON) - 1)]["error"]
+        == f"event of {len(POISON[-1][0])} bytes is larger than {MAX_EVENT_BYTES} bytes"
+    )
     # the offsets were committed with the outputs: the group's position is each partition's end
     check = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": member.config.group})
     committed = check.committed([TopicPartition(topics["events"], p) for p in range(PARTITIONS)], timeout=30)
@@ -106,9 +121,14 @@ def test_kill_9_mid_stream_and_restarts_write_each_event_once(kafka, torchserve,
     sent = produce(kafka, topics["events"], valid_events(EVENTS))
     props = torchserve.props
     options = run_options(kafka, torchserve, topics)
-    where = [f"STREAM_DIR={tmp_path}", f"KAFKA_RUN_DIR={kafka.run_dir}", f"RUN_DIR={torchserve.key_file.parent}",
-             f"INFERENCE_URL={props['inference_address']}", f"MANAGEMENT_URL={props['management_address']}",
-             f"STREAM_ARGS={' '.join(options[options.index('--group'):])}"]
+    where = [
+        f"STREAM_DIR={tmp_path}",
+        f"KAFKA_RUN_DIR={kafka.run_dir}",
+        f"RUN_DIR={torchserve.key_file.parent}",
+        f"INFERENCE_URL={props['inference_address']}",
+        f"MANAGEMENT_URL={props['management_address']}",
+        f"STREAM_ARGS={' '.join(options[options.index('--group') :])}",
+    ]
     committed = Committed(kafka, topics)
     at_kill = []
     try:
@@ -129,8 +149,11 @@ def test_kill_9_mid_stream_and_restarts_write_each_event_once(kafka, torchserve,
         committed.close()
         stopped = make("-s", "stream-stop", *where)
         service.stop(tmp_path)
-    assert re.fullmatch(r">> stream consumer stopped: \d+ predictions, 0 dead letters in \d+ transactions "
-                        r"\(0 aborted, 0 retries\)\n", stopped.stdout), stopped.stdout
+    assert re.fullmatch(
+        r">> stream consumer stopped: \d+ predictions, 0 dead letters in \d+ transactions "
+        r"\(0 aborted, 0 retries\)\n",
+        stopped.stdout,
+    ), stopped.stdout
     written = exactly_once(kafka, topics, sent)
     assert (len(written.predictions), written.letters) == (len(sent), [])
     print(f"committed offsets at each SIGKILL: {at_kill} of {len(sent)}")
@@ -172,12 +195,15 @@ def test_kill_9_while_one_step_commits_and_the_next_has_scored(kafka, torchserve
         committed.close()
         path.close()
         service.stop(tmp_path)
-    assert stopped and re.fullmatch(r"\d+ predictions, 0 dead letters in \d+ transactions \(0 aborted, 0 retries\)",
-                                    stopped), stopped
+    assert stopped and re.fullmatch(
+        r"\d+ predictions, 0 dead letters in \d+ transactions \(0 aborted, 0 retries\)", stopped
+    ), stopped
     written = exactly_once(kafka, topics, sent)
     assert (len(written.predictions), written.letters) == (len(sent), [])
-    print(f"killed with {at_kill} of {len(sent)} committed, the broker frozen; requests to TorchServe "
-          f"during the freeze: {'yes' if scored else 'no (the next step had scored before it)'}")
+    print(
+        f"killed with {at_kill} of {len(sent)} committed, the broker frozen; requests to TorchServe "
+        f"during the freeze: {'yes' if scored else 'no (the next step had scored before it)'}"
+    )
 
 
 class Committed:
@@ -187,8 +213,9 @@ class Committed:
         run = topics["events"].rsplit("-", 1)[1]
         self.watcher = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": f"stream-{run}"})
         # read_uncommitted: librdkafka asks for the offsets without waiting for open transactions
-        self.progress = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": f"stream-{run}",
-                                  "isolation.level": "read_uncommitted"})
+        self.progress = Consumer(
+            {"bootstrap.servers": kafka.bootstrap, "group.id": f"stream-{run}", "isolation.level": "read_uncommitted"}
+        )
         self.partitions = [TopicPartition(topics["events"], p) for p in range(PARTITIONS)]
 
     def __call__(self) -> int | None:

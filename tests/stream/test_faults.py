@@ -23,8 +23,20 @@ from rtserve.stream import service
 from rtserve.stream.consumer import COMMIT_DEADLINE
 from tests.conftest import MODEL_NAME, make_archive
 from tests.helpers import keep_only, make
-from tests.stream.helpers import (PARTITIONS, StalledPath, ends, exactly_once, member_of, produce, run_options, running,
-                                  stream_topics, valid_events, wait_until_counted, wait_written)
+from tests.stream.helpers import (
+    PARTITIONS,
+    StalledPath,
+    ends,
+    exactly_once,
+    member_of,
+    produce,
+    run_options,
+    running,
+    stream_topics,
+    valid_events,
+    wait_until_counted,
+    wait_written,
+)
 
 pytestmark = pytest.mark.stream
 
@@ -55,9 +67,15 @@ def test_torchserve_stopped_and_started_mid_stream(kafka, torchserve):
                 # stop: five keys need not cover the four partitions evenly).
                 for p in range(PARTITIONS):
                     sent.update(produce(kafka, topics["events"], valid_events(4, start=EVENTS + 4 * p), partition=p))
-                wait_for("a retry of each", lambda: first.counts.retries > retried and second.counts.retries, 60,
-                         why=lambda: f"first {first.counts}, {sorted(first.assigned)}; second {second.counts}, "
-                                     f"{sorted(second.assigned)}")
+                wait_for(
+                    "a retry of each",
+                    lambda: first.counts.retries > retried and second.counts.retries,
+                    60,
+                    why=lambda: (
+                        f"first {first.counts}, {sorted(first.assigned)}; second {second.counts}, "
+                        f"{sorted(second.assigned)}"
+                    ),
+                )
             assert (second.counts.predictions, second.counts.dead_letters, second.counts.transactions) == (0, 0, 0)
             assert (first.counts.dead_letters, first.counts.predictions) == (0, at_stop)
             retries = (first.counts.retries, second.counts.retries)
@@ -68,8 +86,10 @@ def test_torchserve_stopped_and_started_mid_stream(kafka, torchserve):
     assert (first.counts.predictions, first.counts.dead_letters, first.counts.aborted) == (len(sent), 0, 0)
     written = exactly_once(kafka, topics, sent)
     assert (len(written.predictions), written.letters) == (len(sent), [])
-    print(f"{at_stop} predictions when TorchServe stopped; retries while it was down: {retries[0]} by the "
-          f"first member, {retries[1]} by the second")
+    print(
+        f"{at_stop} predictions when TorchServe stopped; retries while it was down: {retries[0]} by the "
+        f"first member, {retries[1]} by the second"
+    )
 
 
 def test_broker_restarted_mid_stream(kafka, torchserve):
@@ -80,8 +100,9 @@ def test_broker_restarted_mid_stream(kafka, torchserve):
     topics = stream_topics(kafka)
     sent = produce(kafka, topics["events"], valid_events(EVENTS))
     stall = StalledPath(torchserve.props["inference_address"], hold=False)
-    member = member_of(kafka, topics, Client(stall.address, torchserve.props["management_address"],
-                                             key_file=torchserve.key_file))
+    member = member_of(
+        kafka, topics, Client(stall.address, torchserve.props["management_address"], key_file=torchserve.key_file)
+    )
     down = False
     try:
         with running(member) as worker:
@@ -95,8 +116,12 @@ def test_broker_restarted_mid_stream(kafka, torchserve):
             stall.open()
             # a commit without its broker fails within COMMIT_DEADLINE (90 s): 120 s was too
             # tight on a busy machine (a fresh clone's run beside the other tiers)
-            wait_for("the failed transaction", lambda: member.counts.aborted > 0 or not worker.is_alive(),
-                     COMMIT_DEADLINE + 90, why=lambda: f"(member: {member.counts})")
+            wait_for(
+                "the failed transaction",
+                lambda: member.counts.aborted > 0 or not worker.is_alive(),
+                COMMIT_DEADLINE + 90,
+                why=lambda: f"(member: {member.counts})",
+            )
             started = make("-s", "kafka", *kafka.make_vars)
             down = False
             assert started.returncode == 0 and kafka.bootstrap in started.stdout, started.stdout
@@ -107,8 +132,10 @@ def test_broker_restarted_mid_stream(kafka, torchserve):
             make("-s", "kafka", *kafka.make_vars)
     written = exactly_once(kafka, topics, sent)
     assert (len(written.predictions), written.letters) == (len(sent), [])
-    print(f"{at_stop} predictions when the broker stopped; member: {member.counts.transactions} transactions, "
-          f"{member.counts.aborted} aborted")
+    print(
+        f"{at_stop} predictions when the broker stopped; member: {member.counts.transactions} transactions, "
+        f"{member.counts.aborted} aborted"
+    )
 
 
 def test_frozen_member_is_fenced_when_it_wakes(kafka, torchserve, tmp_path):
@@ -120,8 +147,13 @@ def test_frozen_member_is_fenced_when_it_wakes(kafka, torchserve, tmp_path):
     topics = stream_topics(kafka)
     sent = produce(kafka, topics["events"], valid_events(EVENTS))
     stall = StalledPath(torchserve.props["inference_address"])
-    options = [*run_options(kafka, torchserve, topics, inference=stall.address),
-               "--transactional-id", f"zombie-{topics['events']}", "--timeout", "120"]
+    options = [
+        *run_options(kafka, torchserve, topics, inference=stall.address),
+        "--transactional-id",
+        f"zombie-{topics['events']}",
+        "--timeout",
+        "120",
+    ]
     zombie = None
     try:
         zombie, _ = service.start(tmp_path, options)
@@ -150,13 +182,16 @@ def test_frozen_member_is_fenced_when_it_wakes(kafka, torchserve, tmp_path):
     fenced = [line for line in log.read_text().splitlines() if "transaction failed" in line]
     # by its own check (its member id changed since the poll: it saw its session end) or, had it
     # committed before it noticed, by the broker (the offsets name a member the group removed)
-    assert len(fenced) == 1 and any(why in fenced[0] for why in (
-        "while it scored", "UNKNOWN_MEMBER_ID", "ILLEGAL_GENERATION")), fenced
+    assert len(fenced) == 1 and any(
+        why in fenced[0] for why in ("while it scored", "UNKNOWN_MEMBER_ID", "ILLEGAL_GENERATION")
+    ), fenced
     assert stopped and stopped.startswith("0 predictions, 0 dead letters in 0 transactions (1 aborted"), stopped
     written = exactly_once(kafka, topics, sent)
     assert (len(written.predictions), written.letters) == (len(sent), [])
-    print(f"successor took over and wrote all {len(sent)} in {took_over:.1f} s after SIGSTOP; "
-          f"the zombie: {stopped}; {fenced[0]}")
+    print(
+        f"successor took over and wrote all {len(sent)} in {took_over:.1f} s after SIGSTOP; "
+        f"the zombie: {stopped}; {fenced[0]}"
+    )
 
 
 def test_rebalance_from_one_member_to_two_and_back(kafka, torchserve):
@@ -179,9 +214,10 @@ def test_rebalance_from_one_member_to_two_and_back(kafka, torchserve):
         feeder.start()
         wait_for("first predictions", lambda: first.counts.predictions >= 32 or not worker.is_alive(), 60)
         with running(second) as other:
-            wait_for("one partition each",
-                     lambda: len(second.assigned) == 1 and len(first.assigned) == 1, 60)
-            wait_for("the second member's predictions", lambda: second.counts.predictions >= 16 or not other.is_alive(), 60)
+            wait_for("one partition each", lambda: len(second.assigned) == 1 and len(first.assigned) == 1, 60)
+            wait_for(
+                "the second member's predictions", lambda: second.counts.predictions >= 16 or not other.is_alive(), 60
+            )
             split = (first.counts.predictions, second.counts.predictions)
         wait_for("both partitions back", lambda: len(first.assigned) == 2, 60)
         feeder.join(120)
@@ -190,8 +226,10 @@ def test_rebalance_from_one_member_to_two_and_back(kafka, torchserve):
     assert first.counts.dead_letters + second.counts.dead_letters == 0
     written = exactly_once(kafka, topics, sent)
     assert len(written.predictions) == len(sent) == 2 * EVENTS
-    print(f"first member {first.counts.predictions}, second {second.counts.predictions} predictions "
-          f"(when the second left: {split}); aborted {first.counts.aborted} + {second.counts.aborted}")
+    print(
+        f"first member {first.counts.predictions}, second {second.counts.predictions} predictions "
+        f"(when the second left: {split}); aborted {first.counts.aborted} + {second.counts.aborted}"
+    )
 
 
 def test_version_promoted_mid_stream(kafka, torchserve, build_root):
@@ -226,6 +264,8 @@ def test_version_promoted_mid_stream(kafka, torchserve, build_root):
         versions[when].append(record["model_version"])
     assert set(versions["before"]) == {"1.0"} and set(versions["after"]) == {"2.0"}, versions
     assert len(written.predictions) == len(sent)
-    print(f"model_version: {len(versions['before'])} predictions before the promotion, all 1.0; "
-          f"{len(versions['in flight'])} of the step in flight ({sorted(set(versions['in flight']))}); "
-          f"{len(versions['after'])} after, all 2.0")
+    print(
+        f"model_version: {len(versions['before'])} predictions before the promotion, all 1.0; "
+        f"{len(versions['in flight'])} of the step in flight ({sorted(set(versions['in flight']))}); "
+        f"{len(versions['after'])} after, all 2.0"
+    )

@@ -40,13 +40,17 @@ def scrape(base: str) -> dict[tuple[str, tuple], float]:
     """(sample name, sorted labels) -> value of one scrape of ``base``/metrics."""
     status, body = get(base + "/metrics")
     assert status == 200, body
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for f in text_string_to_metric_families(body.decode()) for s in f.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(body.decode())
+        for s in f.samples
+    }
 
 
 def lag(samples: dict) -> dict[int, float]:
-    return {dict(labels)["partition"]: v for (name, labels), v in samples.items()
-            if name == "rtserve_stream_consumer_lag"}
+    return {
+        dict(labels)["partition"]: v for (name, labels), v in samples.items() if name == "rtserve_stream_consumer_lag"
+    }
 
 
 def pod_memory_mib() -> float:
@@ -59,15 +63,35 @@ def pod_memory_mib() -> float:
 
 def test_metrics_and_health_follow_a_stalled_then_draining_consumer(kafka, torchserve, tmp_path):
     topics = stream_topics(kafka)
-    sent = produce(kafka, topics["events"], valid_events(VALID)
-                   + [(b"poison-%d" % i, value) for i, (value, _, _) in enumerate(POISON)])
+    sent = produce(
+        kafka,
+        topics["events"],
+        valid_events(VALID) + [(b"poison-%d" % i, value) for i, (value, _, _) in enumerate(POISON)],
+    )
     props = torchserve.props
     port = free_ports(1)[0]
     base = f"http://127.0.0.1:{port}"
     run = topics["events"].rsplit("-", 1)[1]
-    common = ["--bootstrap", kafka.bootstrap, "--key-file", str(torchserve.key_file), "--model", MODEL_NAME,
-              "--group", f"stream-{run}", "--input", topics["events"], "--output", topics["predictions"],
-              "--dead-letters", topics["events.dlq"], "--batch", "32", "--metrics-port", str(port)]
+    common = [
+        "--bootstrap",
+        kafka.bootstrap,
+        "--key-file",
+        str(torchserve.key_file),
+        "--model",
+        MODEL_NAME,
+        "--group",
+        f"stream-{run}",
+        "--input",
+        topics["events"],
+        "--output",
+        topics["predictions"],
+        "--dead-letters",
+        topics["events.dlq"],
+        "--batch",
+        "32",
+        "--metrics-port",
+        str(port),
+    ]
     nowhere = f"http://127.0.0.1:{free_ports(1)[0]}"
     try:
         # 1. TorchServe unreachable: ready (subscribed, producer made), the backlog is the lag.
@@ -78,8 +102,11 @@ def test_metrics_and_health_follow_a_stalled_then_draining_consumer(kafka, torch
 
         def stalled():
             samples = scrape(base)
-            return (samples[("rtserve_stream_retries_total", ())] >= 2
-                    and sum(lag(samples).values()) == len(sent) and samples)
+            return (
+                samples[("rtserve_stream_retries_total", ())] >= 2
+                and sum(lag(samples).values()) == len(sent)
+                and samples
+            )
 
         samples = wait_until(stalled, 60, poll=0.5)
         assert samples, f"no backlog lag with retries in 60 s: {scrape(base)}"
@@ -89,20 +116,23 @@ def test_metrics_and_health_follow_a_stalled_then_draining_consumer(kafka, torch
         assert samples[("rtserve_stream_event_to_prediction_seconds_count", ())] == 0
         status, body = get(base + "/ready")
         assert status == 200 and sorted(json.loads(body)["assigned"]) == [
-            f"{topics['events']}[{p}]" for p in range(PARTITIONS)], body
+            f"{topics['events']}[{p}]" for p in range(PARTITIONS)
+        ], body
         stopped = service.stop(tmp_path)
         assert stopped.startswith("0 predictions, 0 dead letters in 0 transactions (0 aborted, "), stopped
 
         # 2. TorchServe reachable: every event written once; the lag drains to 0.
         begin = time.time()
-        service.start(tmp_path, [*common, "--inference", props["inference_address"],
-                                 "--management", props["management_address"]])
+        service.start(
+            tmp_path, [*common, "--inference", props["inference_address"], "--management", props["management_address"]]
+        )
 
         def drained():
             samples = scrape(base)
             written = sum(v for (name, _), v in samples.items() if name == "rtserve_stream_events_total")
-            return (written == len(sent) and len(lag(samples)) == PARTITIONS
-                    and not any(lag(samples).values()) and samples)
+            return (
+                written == len(sent) and len(lag(samples)) == PARTITIONS and not any(lag(samples).values()) and samples
+            )
 
         samples = wait_until(drained, 120, poll=0.5)
         assert samples, f"not drained in 120 s: {scrape(base)}"
@@ -116,20 +146,23 @@ def test_metrics_and_health_follow_a_stalled_then_draining_consumer(kafka, torch
         # each event counted once; none older than the time since it was sent
         count = samples[("rtserve_stream_event_to_prediction_seconds_count", ())]
         assert count == len(sent)
-        buckets = {dict(labels)["le"]: v for (name, labels), v in samples.items()
-                   if name == "rtserve_stream_event_to_prediction_seconds_bucket"}
+        buckets = {
+            dict(labels)["le"]: v
+            for (name, labels), v in samples.items()
+            if name == "rtserve_stream_event_to_prediction_seconds_bucket"
+        }
         assert buckets["+Inf"] == count and buckets["300.0"] == count
         assert 0 < samples[("rtserve_stream_event_to_prediction_seconds_sum", ())]
         assert samples[("rtserve_stream_loop_age_seconds", ())] < 10
         rss = psutil.Process(service.pid(tmp_path)).memory_info().rss / 2**20
         assert rss * 1.5 <= pod_memory_mib(), f"the consumer holds {rss:.0f} MiB: raise the pod's memory"
-        print(f"drained {len(sent)} events in {took:.1f} s (RSS {rss:.0f} MiB); "
-              f"event-to-prediction buckets: {buckets}")
+        print(f"drained {len(sent)} events in {took:.1f} s (RSS {rss:.0f} MiB); event-to-prediction buckets: {buckets}")
     finally:
         service.stop(tmp_path)
     with pytest.raises(urllib.error.URLError):  # the port went with the process
         urllib.request.urlopen(base + "/healthz", timeout=2)
     outputs = read_all(kafka.bootstrap, topics["predictions"]) + read_all(kafka.bootstrap, topics["events.dlq"])
-    coordinates = sorted((json.loads(m.value())["source"]["partition"], json.loads(m.value())["source"]["offset"])
-                         for m in outputs)
+    coordinates = sorted(
+        (json.loads(m.value())["source"]["partition"], json.loads(m.value())["source"]["offset"]) for m in outputs
+    )
     assert coordinates == sorted(sent), "the counters say what the topics hold"

@@ -10,8 +10,10 @@ from bench.balancer import Backend, BalancerError, find_nginx, render_config
 
 pytestmark = pytest.mark.unit
 
-BACKENDS = [Backend("r1", "http://127.0.0.1:18080", "key-one", 19001),
-            Backend("r2", "http://127.0.0.1:28080", "key-two", 19002)]
+BACKENDS = [
+    Backend("r1", "http://127.0.0.1:18080", "key-one", 19001),
+    Backend("r2", "http://127.0.0.1:28080", "key-two", 19002),
+]
 
 
 def test_config_balances_over_hops_in_rotation_and_each_hop_carries_its_key(tmp_path):
@@ -38,8 +40,12 @@ def test_real_nginx_accepts_the_config(tmp_path):
     (tmp_path / "tmp").mkdir()
     conf = tmp_path / "nginx.conf"
     conf.write_text(render_config(tmp_path, 19000, "gw", BACKENDS, ["r1", "r2"], generation=1))
-    done = subprocess.run([find_nginx(), "-t", "-p", str(tmp_path), "-c", str(conf),
-                           "-e", str(tmp_path / "error.log")], text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30)
+    done = subprocess.run(
+        [find_nginx(), "-t", "-p", str(tmp_path), "-c", str(conf), "-e", str(tmp_path / "error.log")],
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=30,
+    )
     assert done.returncode == 0, done.stdout
     assert "syntax is ok" in done.stdout

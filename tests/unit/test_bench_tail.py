@@ -59,4 +59,3 @@ def test_a_set_is_summarized_per_request():
     assert out["latency_ms"] == pytest.approx(3.0) and out["handler_ms"] == 0.2
     assert out["delay_ms"]["client"] == 0.5 and out["delay_ms"]["frontend Netty"] == 0.0
     assert out["others_ms"] == {"x": 1.0}
-

@@ -34,8 +34,14 @@ def under(path: str | Path, root: Path) -> bool:
 
 def test_the_yaml_has_what_cassandra_requires_on_loopback_with_the_given_ports(layout):
     config = yaml.safe_load(node.cassandra_yaml(layout))
-    for required in ("cluster_name", "partitioner", "endpoint_snitch", "commitlog_sync", "seed_provider",
-                     "commitlog_sync_period"):
+    for required in (
+        "cluster_name",
+        "partitioner",
+        "endpoint_snitch",
+        "commitlog_sync",
+        "seed_provider",
+        "commitlog_sync_period",
+    ):
         assert config[required], required
     assert config["listen_address"] == config["rpc_address"] == "127.0.0.1"
     assert config["native_transport_port"] == 21042 and config["storage_port"] == 21000
@@ -50,8 +56,13 @@ def test_the_yaml_has_what_cassandra_requires_on_loopback_with_the_given_ports(l
 
 def test_every_directory_lies_under_the_run_directory(layout):
     config = yaml.safe_load(node.cassandra_yaml(layout))
-    dirs = [*config["data_file_directories"], config["commitlog_directory"], config["hints_directory"],
-            config["saved_caches_directory"], config["cdc_raw_directory"]]
+    dirs = [
+        *config["data_file_directories"],
+        config["commitlog_directory"],
+        config["hints_directory"],
+        config["saved_caches_directory"],
+        config["cdc_raw_directory"],
+    ]
     assert len(set(dirs)) == 5
     assert all(under(d, layout.run_dir / "data") for d in dirs), dirs
     assert set(layout.directories().values()) == {Path(d) for d in dirs}
@@ -80,8 +91,13 @@ def test_the_jvm_runs_the_daemon_in_the_foreground_from_the_assembled_classpath(
     props = dict(a[2:].split("=", 1) for a in argv if a.startswith("-D") and "=" in a)
     assert props["cassandra.config"] == f"file://{layout.config}"
     paths = {k: v.removeprefix("file://") for k, v in props.items() if v.startswith(("/", "file://"))}
-    assert set(paths) == {"cassandra.config", "logback.configurationFile", "cassandra.logdir",
-                          "cassandra.storagedir", "cassandra.triggers_dir"}
+    assert set(paths) == {
+        "cassandra.config",
+        "logback.configurationFile",
+        "cassandra.logdir",
+        "cassandra.storagedir",
+        "cassandra.triggers_dir",
+    }
     assert all(under(path, layout.run_dir) for path in paths.values()), paths
     assert props["cassandra.skip_wait_for_gossip_to_settle"] == "0"
     # no JMX port: the node listens on its two ports only
@@ -107,33 +123,41 @@ def test_no_node_in_a_run_directory(tmp_path, capsys):
     assert capsys.readouterr().out == f">> no Cassandra node runs from {tmp_path}\n"
     assert cli.main(["cassandra", "status", "--run-dir", str(tmp_path)]) == 1
     assert cli.main(["cassandra", "address", "--run-dir", str(tmp_path)]) == 1
-    assert "error: no Cassandra node was started from" in capsys.readouterr().out
+    assert "error: no Cassandra node was started from" in capsys.readouterr().err
 
 
 def test_start_without_the_jars_names_the_target_that_assembles_them(layout):
-    with pytest.raises(CassandraNodeError, match=r"no Cassandra jars in .*libs: assemble them with "
-                                                 r"make cassandra-deps"):
+    with pytest.raises(
+        CassandraNodeError,
+        match=r"no Cassandra jars in .*libs: assemble them with "
+        r"make cassandra-deps",
+    ):
         local.start(layout)
     assert not layout.run_dir.exists()
 
 
 #: The options each command needs besides the one under test.
-COMMANDS = {"start": ["--libs", "/nowhere"],
-            "run": ["--libs", "/nowhere", "--run-dir", "/nowhere", "--host", "10.244.0.7"]}
+COMMANDS = {
+    "start": ["--libs", "/nowhere"],
+    "run": ["--libs", "/nowhere", "--run-dir", "/nowhere", "--host", "10.244.0.7"],
+}
 
 
-@pytest.mark.parametrize("command, option, bad, expected", [
-    ("start", "--port", "x", "expected a port in 0-65535"),
-    ("start", "--port", "70000", "expected a port in 0-65535"),
-    ("start", "--storage-port", "-1", "expected a port in 0-65535"),
-    ("start", "--heap", "lots", "expected a heap size such as 768m or 1g"),
-    ("start", "--heap", "512", "expected a heap size such as 768m or 1g"),
-    ("run", "--host", "", "expected an IP address (the pod's: status.podIP)"),
-    ("run", "--host", "rtserve-cassandra-0", "expected an IP address (the pod's: status.podIP)"),
-    ("run", "--port", "0", "expected a port in 1-65535"),
-    ("run", "--storage-port", "65536", "expected a port in 1-65535"),
-    ("run", "--heap", "1t", "expected a heap size such as 768m or 1g"),
-])
+@pytest.mark.parametrize(
+    "command, option, bad, expected",
+    [
+        ("start", "--port", "x", "expected a port in 0-65535"),
+        ("start", "--port", "70000", "expected a port in 0-65535"),
+        ("start", "--storage-port", "-1", "expected a port in 0-65535"),
+        ("start", "--heap", "lots", "expected a heap size such as 768m or 1g"),
+        ("start", "--heap", "512", "expected a heap size such as 768m or 1g"),
+        ("run", "--host", "", "expected an IP address (the pod's: status.podIP)"),
+        ("run", "--host", "rtserve-cassandra-0", "expected an IP address (the pod's: status.podIP)"),
+        ("run", "--port", "0", "expected a port in 1-65535"),
+        ("run", "--storage-port", "65536", "expected a port in 1-65535"),
+        ("run", "--heap", "1t", "expected a heap size such as 768m or 1g"),
+    ],
+)
 def test_a_bad_option_is_refused_naming_what_it_expects(command, option, bad, expected, capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.main(["cassandra", command, *COMMANDS[command], option, bad])  # the last one counts
@@ -148,8 +172,7 @@ def pod_layout(tmp_path) -> Layout:
     libs = tmp_path / "libs"
     libs.mkdir()
     (libs / "cassandra-all-5.0.6.jar").write_bytes(b"")  # a name only: no JVM starts here
-    return Layout(tmp_path / "volume", libs, {"native": 9042, "storage": 7000}, host="10.244.0.7",
-                  console=True)
+    return Layout(tmp_path / "volume", libs, {"native": 9042, "storage": 7000}, host="10.244.0.7", console=True)
 
 
 def test_a_pods_node_listens_and_gossips_on_the_pods_ip(pod_layout):
@@ -167,8 +190,10 @@ def test_a_pods_node_listens_and_gossips_on_the_pods_ip(pod_layout):
 def test_a_pods_node_logs_to_its_file_and_the_console(pod_layout, layout):
     root = ET.fromstring(node.logback_xml(pod_layout))
     appenders = {a.get("name"): a.get("class") for a in root.findall("appender")}
-    assert appenders == {"FILE": "ch.qos.logback.core.rolling.RollingFileAppender",
-                         "STDOUT": "ch.qos.logback.core.ConsoleAppender"}
+    assert appenders == {
+        "FILE": "ch.qos.logback.core.rolling.RollingFileAppender",
+        "STDOUT": "ch.qos.logback.core.ConsoleAppender",
+    }
     assert [r.get("ref") for r in root.find("root").findall("appender-ref")] == ["FILE", "STDOUT"]
     assert {a.findtext("encoder/pattern") for a in root.findall("appender")} == {node.LOG_PATTERN}
     quiet = ET.fromstring(node.logback_xml(layout))  # make cassandra's: the file only
@@ -193,8 +218,7 @@ def test_run_without_the_jars_or_java_says_what_is_missing(pod_layout, tmp_path,
     bare = Layout(tmp_path / "other", tmp_path / "nolibs", pod_layout.ports, host="10.244.0.7")
     with pytest.raises(CassandraNodeError, match="no Cassandra jars in .*nolibs: assemble them with"):
         foreground.run(bare, execv=lambda *_: pytest.fail("no JVM without its jars"))
-    javaless = Layout(pod_layout.run_dir, pod_layout.libs, pod_layout.ports, java="no-such-java-17",
-                      host="10.244.0.7")
+    javaless = Layout(pod_layout.run_dir, pod_layout.libs, pod_layout.ports, java="no-such-java-17", host="10.244.0.7")
     with pytest.raises(CassandraNodeError, match="no no-such-java-17 on PATH: the node needs Java 17"):
         foreground.run(javaless, execv=lambda *_: pytest.fail("no JVM"))
 
@@ -202,12 +226,14 @@ def test_run_without_the_jars_or_java_says_what_is_missing(pod_layout, tmp_path,
 def test_the_pods_entry_command_needs_no_package_but_pyyaml():
     """The records store's image holds rtserve's code and PyYAML only (deploy/cassandra/Containerfile):
     `python -m rtserve cassandra run` imports nothing else outside the standard library."""
-    script = ("import sys, runpy\n"
-              "sys.argv = ['rtserve', 'cassandra', 'run', '--help']\n"
-              "try:\n    runpy.run_module('rtserve', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-              "import rtserve.records.foreground\n"
-              "print(sorted({n.split('.')[0] for n, m in list(sys.modules.items())\n"
-              "              if 'site-packages' in (getattr(m, '__file__', None) or '')}))")
+    script = (
+        "import sys, runpy\n"
+        "sys.argv = ['rtserve', 'cassandra', 'run', '--help']\n"
+        "try:\n    runpy.run_module('rtserve', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+        "import rtserve.records.foreground\n"
+        "print(sorted({n.split('.')[0] for n, m in list(sys.modules.items())\n"
+        "              if 'site-packages' in (getattr(m, '__file__', None) or '')}))"
+    )
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     installed = set(ast.literal_eval(done.stdout.splitlines()[-1]))

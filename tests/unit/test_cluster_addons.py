@@ -12,7 +12,7 @@ import yaml
 
 from rtserve.cluster import addons, gomod, pki
 from rtserve.errors import ClusterError
-from tests.conftest import REPO
+from tests.conftest import REPO, go_pin
 
 pytestmark = pytest.mark.unit
 
@@ -41,7 +41,8 @@ def test_corefile_serves_the_cluster_zones_on_the_node_address_from_the_kubeconf
         "    kubernetes cluster.local in-addr.arpa ip6.arpa {\n"
         '        kubeconfig "/run/my cluster/coredns.kubeconfig"\n'
         "    }\n"
-        "}\n")
+        "}\n"
+    )
 
 
 def test_corefile_has_no_forward_and_logs_queries_only_when_asked():
@@ -54,25 +55,32 @@ def test_corefile_has_no_forward_and_logs_queries_only_when_asked():
 def test_every_corefile_directive_is_one_our_coredns_build_accepts():
     """The Corefile uses only the plugins deploy/cluster/addons/coredns/main.go compiles in."""
     main_go = (ADDONS / "coredns" / "main.go").read_text()
-    built = {line.split('"')[1] for line in main_go.split("var directives")[1].split("}")[0].splitlines()
-             if '"' in line}
+    built = {
+        line.split('"')[1] for line in main_go.split("var directives")[1].split("}")[0].splitlines() if '"' in line
+    }
     assert built == {"bind", "ready", "health", "errors", "log", "kubernetes"}
     text = addons.corefile(NODE_IP, Path("/k"), 1, 2, log_queries=True)
-    used = {line.split()[0] for line in text.splitlines()[2:] if line.startswith("    ") and
-            not line.startswith("        ") and line.strip() != "}"}
+    used = {
+        line.split()[0]
+        for line in text.splitlines()[2:]
+        if line.startswith("    ") and not line.startswith("        ") and line.strip() != "}"
+    }
     assert used == built
     for plugin in built:
         assert f'"github.com/coredns/coredns/plugin/{plugin}"' in main_go
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"listen_ip": "node"}, "listen_ip must be an IP address, got 'node'"),
-    ({"port": 0}, "port must be a port number 1-65535, got 0"),
-    ({"ready_port": 70000}, "ready_port must be a port number 1-65535, got 70000"),
-    ({"ready_port": 8080}, "health_port and ready_port must differ, both are 8080"),
-    ({"domain": "cluster local"}, "domain must be a DNS name, got 'cluster local'"),
-    ({"kubeconfig": Path('/a"b')}, "may not hold a quote, backslash or newline"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"listen_ip": "node"}, "listen_ip must be an IP address, got 'node'"),
+        ({"port": 0}, "port must be a port number 1-65535, got 0"),
+        ({"ready_port": 70000}, "ready_port must be a port number 1-65535, got 70000"),
+        ({"ready_port": 8080}, "health_port and ready_port must differ, both are 8080"),
+        ({"domain": "cluster local"}, "domain must be a DNS name, got 'cluster local'"),
+        ({"kubeconfig": Path('/a"b')}, "may not hold a quote, backslash or newline"),
+    ],
+)
 def test_a_bad_corefile_parameter_is_named(kwargs, message):
     args = {"listen_ip": NODE_IP, "kubeconfig": Path("/k"), "health_port": 8080, "ready_port": 8181, **kwargs}
     with pytest.raises(ClusterError, match=message):
@@ -81,7 +89,10 @@ def test_a_bad_corefile_parameter_is_named(kwargs, message):
 
 def test_coredns_runs_the_corefile_and_is_ready_on_loopback():
     assert addons.coredns_argv(Path("/bin/coredns"), Path("/run/Corefile")) == (
-        "/bin/coredns", "-conf", "/run/Corefile")
+        "/bin/coredns",
+        "-conf",
+        "/run/Corefile",
+    )
     assert addons.coredns_ready_url(18181) == "http://127.0.0.1:18181/ready"
 
 
@@ -90,11 +101,13 @@ def test_coredns_may_list_and_watch_what_it_answers_from_and_nothing_more():
     role = objects[("ClusterRole", "rtserve:coredns")]
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["services", "namespaces"], "verbs": ["list", "watch"]},
-        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]}]
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
+    ]
     binding = objects[("ClusterRoleBinding", "rtserve:coredns")]
     assert binding["roleRef"]["name"] == "rtserve:coredns"
-    assert binding["subjects"] == [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
-                                    "name": addons.COREDNS_USER}]
+    assert binding["subjects"] == [
+        {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": addons.COREDNS_USER}
+    ]
 
 
 def test_kube_dns_service_sends_udp_and_tcp_to_coredns_on_the_host():
@@ -103,24 +116,39 @@ def test_kube_dns_service_sends_udp_and_tcp_to_coredns_on_the_host():
     assert service["metadata"]["namespace"] == "kube-system"
     assert "selector" not in service["spec"] and service["spec"]["clusterIP"] == "10.0.0.10"
     assert [(p["name"], p["protocol"], p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [
-        ("dns", "UDP", 53, 53), ("dns-tcp", "TCP", 53, 53)]
+        ("dns", "UDP", 53, 53),
+        ("dns-tcp", "TCP", 53, 53),
+    ]
     slice_ = objects[("EndpointSlice", "kube-dns-host")]
     assert slice_["metadata"]["labels"]["kubernetes.io/service-name"] == "kube-dns"
     assert slice_["endpoints"] == [{"addresses": [NODE_IP], "conditions": {"ready": True}}]
 
 
 def test_metrics_server_argv_names_its_kubeconfig_certificates_and_the_kubelet_ca():
-    argv = addons.metrics_server_argv(Path("/bin/metrics-server"), Path("/run/ms.kubeconfig"), NODE_IP, 10250 + 1,
-                                      Path("/pki/metrics-server.crt"), Path("/pki/metrics-server.key"),
-                                      Path("/pki/ca.crt"))
+    argv = addons.metrics_server_argv(
+        Path("/bin/metrics-server"),
+        Path("/run/ms.kubeconfig"),
+        NODE_IP,
+        10250 + 1,
+        Path("/pki/metrics-server.crt"),
+        Path("/pki/metrics-server.key"),
+        Path("/pki/ca.crt"),
+    )
     assert argv[0] == "/bin/metrics-server"
     flags = dict(arg[2:].split("=", 1) if "=" in arg else (arg[2:], "") for arg in argv[1:])
     assert flags == {
-        "kubeconfig": "/run/ms.kubeconfig", "authentication-kubeconfig": "/run/ms.kubeconfig",
-        "authorization-kubeconfig": "/run/ms.kubeconfig", "bind-address": NODE_IP, "secure-port": "10251",
-        "tls-cert-file": "/pki/metrics-server.crt", "tls-private-key-file": "/pki/metrics-server.key",
-        "kubelet-certificate-authority": "/pki/ca.crt", "kubelet-preferred-address-types": "InternalIP",
-        "kubelet-use-node-status-port": "", "metric-resolution": "15s"}
+        "kubeconfig": "/run/ms.kubeconfig",
+        "authentication-kubeconfig": "/run/ms.kubeconfig",
+        "authorization-kubeconfig": "/run/ms.kubeconfig",
+        "bind-address": NODE_IP,
+        "secure-port": "10251",
+        "tls-cert-file": "/pki/metrics-server.crt",
+        "tls-private-key-file": "/pki/metrics-server.key",
+        "kubelet-certificate-authority": "/pki/ca.crt",
+        "kubelet-preferred-address-types": "InternalIP",
+        "kubelet-use-node-status-port": "",
+        "metric-resolution": "15s",
+    }
     assert "kubelet-insecure-tls" not in flags
     assert addons.metrics_server_health_url(NODE_IP, 4443) == "https://10.244.0.1:4443/readyz"
     assert addons.metrics_server_health_url("fd00::1", 4443, "livez") == "https://[fd00::1]:4443/livez"
@@ -131,11 +159,15 @@ def test_metrics_server_argv_names_its_kubeconfig_certificates_and_the_kubelet_c
 def test_metrics_server_manifests_register_the_api_on_the_hosts_address():
     objects = by_kind_and_name(addons.metrics_server_manifests(NODE_IP, 4443, CA_PEM))
     assert set(objects) == {
-        ("ClusterRole", "rtserve:metrics-server"), ("ClusterRole", "system:aggregated-metrics-reader"),
+        ("ClusterRole", "rtserve:metrics-server"),
+        ("ClusterRole", "system:aggregated-metrics-reader"),
         ("ClusterRoleBinding", "rtserve:metrics-server"),
         ("ClusterRoleBinding", "metrics-server:system:auth-delegator"),
-        ("RoleBinding", "metrics-server-auth-reader"), ("Service", "metrics-server"),
-        ("EndpointSlice", "metrics-server-host"), ("APIService", "v1beta1.metrics.k8s.io")}
+        ("RoleBinding", "metrics-server-auth-reader"),
+        ("Service", "metrics-server"),
+        ("EndpointSlice", "metrics-server-host"),
+        ("APIService", "v1beta1.metrics.k8s.io"),
+    }
     api = objects[("APIService", "v1beta1.metrics.k8s.io")]["spec"]
     assert (api["group"], api["version"]) == ("metrics.k8s.io", "v1beta1")
     assert api["service"] == {"name": "metrics-server", "namespace": "kube-system", "port": 443}
@@ -156,26 +188,33 @@ def test_metrics_server_rbac_reads_nodes_pods_and_kubelet_metrics_as_its_certifi
     objects = by_kind_and_name(addons.metrics_server_manifests(NODE_IP, 4443, CA_PEM))
     assert objects[("ClusterRole", "rtserve:metrics-server")]["rules"] == [
         {"apiGroups": [""], "resources": ["nodes/metrics"], "verbs": ["get"]},
-        {"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": ["get", "list", "watch"]}]
+        {"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": ["get", "list", "watch"]},
+    ]
     reader = objects[("ClusterRole", "system:aggregated-metrics-reader")]
     assert {k: v for k, v in reader["metadata"]["labels"].items() if k.startswith("rbac")} == {
-        f"rbac.authorization.k8s.io/aggregate-to-{role}": "true" for role in ("view", "edit", "admin")}
-    for kind, name, role in (("ClusterRoleBinding", "rtserve:metrics-server", "rtserve:metrics-server"),
-                             ("ClusterRoleBinding", "metrics-server:system:auth-delegator", "system:auth-delegator"),
-                             ("RoleBinding", "metrics-server-auth-reader", "extension-apiserver-authentication-reader")):
+        f"rbac.authorization.k8s.io/aggregate-to-{role}": "true" for role in ("view", "edit", "admin")
+    }
+    for kind, name, role in (
+        ("ClusterRoleBinding", "rtserve:metrics-server", "rtserve:metrics-server"),
+        ("ClusterRoleBinding", "metrics-server:system:auth-delegator", "system:auth-delegator"),
+        ("RoleBinding", "metrics-server-auth-reader", "extension-apiserver-authentication-reader"),
+    ):
         binding = objects[(kind, name)]
         assert binding["roleRef"]["name"] == role
         assert [s["name"] for s in binding["subjects"]] == [addons.METRICS_SERVER_USER]
     assert objects[("RoleBinding", "metrics-server-auth-reader")]["metadata"]["namespace"] == "kube-system"
 
 
-@pytest.mark.parametrize("node_ip, port, ca, message", [
-    ("127.0.0.1", 4443, CA_PEM, "node_ip must be a node address .* got 127.0.0.1"),
-    ("169.254.1.1", 4443, CA_PEM, "not loopback, link-local or unspecified"),
-    ("metrics", 4443, CA_PEM, "node_ip must be an IP address, got 'metrics'"),
-    (NODE_IP, 0, CA_PEM, "port must be a port number 1-65535, got 0"),
-    (NODE_IP, 4443, "", "ca_pem must be the cluster CA's certificate in PEM form"),
-])
+@pytest.mark.parametrize(
+    "node_ip, port, ca, message",
+    [
+        ("127.0.0.1", 4443, CA_PEM, "node_ip must be a node address .* got 127.0.0.1"),
+        ("169.254.1.1", 4443, CA_PEM, "not loopback, link-local or unspecified"),
+        ("metrics", 4443, CA_PEM, "node_ip must be an IP address, got 'metrics'"),
+        (NODE_IP, 0, CA_PEM, "port must be a port number 1-65535, got 0"),
+        (NODE_IP, 4443, "", "ca_pem must be the cluster CA's certificate in PEM form"),
+    ],
+)
 def test_bad_metrics_server_manifest_parameters_are_named(node_ip, port, ca, message):
     with pytest.raises(ClusterError, match=message):
         addons.metrics_server_manifests(node_ip, port, ca)
@@ -190,8 +229,12 @@ def test_certificates_name_the_users_the_rbac_binds_and_the_name_the_api_server_
     # is its own client certificate towards the API server and the kubelets.
     assert metrics.usage == "serverAuth,clientAuth"
     assert {f"IP:{NODE_IP}", "DNS:metrics-server.kube-system.svc"} <= set(metrics.sans)
-    users = {s["name"] for text in (addons.coredns_manifests(), addons.metrics_server_manifests(NODE_IP, 4443, CA_PEM))
-             for doc in yaml.safe_load_all(text) for s in doc.get("subjects", ())}
+    users = {
+        s["name"]
+        for text in (addons.coredns_manifests(), addons.metrics_server_manifests(NODE_IP, 4443, CA_PEM))
+        for doc in yaml.safe_load_all(text)
+        for s in doc.get("subjects", ())
+    }
     assert users == {"rtserve:coredns", "rtserve:metrics-server"}
 
 
@@ -205,10 +248,11 @@ def test_addon_modules_render_their_own_header_and_build_metrics_server_as_a_too
     assert "tool (\n\tsigs.k8s.io/metrics-server/cmd/metrics-server\n)" in metrics
 
 
-@pytest.mark.parametrize("sub, module, line", [("coredns", gomod.COREDNS, "v1.15."),
-                                               ("metrics-server", gomod.METRICS_SERVER, "v0.8.")])
+@pytest.mark.parametrize(
+    "sub, module, line", [("coredns", gomod.COREDNS, "v1.15."), ("metrics-server", gomod.METRICS_SERVER, "v0.8.")]
+)
 def test_committed_addon_modules_are_the_generators(sub, module, line):
     path = ADDONS / sub / "go.mod"
     assert path.read_text().startswith(gomod.ADDON_HEADER)
-    assert gomod.pinned(path, module).startswith(line)
+    assert go_pin(path, module).startswith(line)
     assert (ADDONS / sub / "go.sum").is_file()

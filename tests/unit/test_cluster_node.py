@@ -96,8 +96,9 @@ COMMIT
 def test_clean_up_finds_the_kube_chains_and_only_the_jumps_into_them():
     rules, chains = host.kube_rules(SAVE)
     assert chains == [("mangle", "KUBE-IPTABLES-HINT"), ("nat", "KUBE-SERVICES")]
-    assert rules == [("nat", ["OUTPUT", "-m", "comment", "--comment", "kubernetes service portals",
-                              "-j", "KUBE-SERVICES"])]
+    assert rules == [
+        ("nat", ["OUTPUT", "-m", "comment", "--comment", "kubernetes service portals", "-j", "KUBE-SERVICES"])
+    ]
 
 
 def test_mounts_under_a_directory_deepest_first(tmp_path):
@@ -121,8 +122,10 @@ def test_a_network_namespace_covered_by_its_directorys_own_bind_is_still_removed
         report: list[str] = []
         assert host._remove_netns([str(ns)], report) == []
         assert not ns.exists() and host.mounts_under(netns) == []
-        assert report[-2:] == [f"unmounted {netns} (bound onto itself, covering namespaces)",
-                               f"removed network namespace {ns}"]
+        assert report[-2:] == [
+            f"unmounted {netns} (bound onto itself, covering namespaces)",
+            f"removed network namespace {ns}",
+        ]
     finally:
         for point in host.mounts_under(netns):
             subprocess.run(["umount", "-l", point], check=False)
@@ -139,7 +142,7 @@ def test_the_namespaces_directory_is_made_a_shared_mount_of_its_own_once(tmp_pat
         host.share_netns_dir(netns)  # a second start: still one mount
         lines = [line.split() for line in Path("/proc/self/mountinfo").read_text().splitlines()]
         own = [fields for fields in lines if fields[4] == str(netns)]
-        assert len(own) == 1 and any(f.startswith("shared:") for f in own[0][6:own[0].index("-")])
+        assert len(own) == 1 and any(f.startswith("shared:") for f in own[0][6 : own[0].index("-")])
     finally:
         for point in host.mounts_under(netns):
             subprocess.run(["umount", "-l", point], check=False)

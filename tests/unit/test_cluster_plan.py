@@ -11,33 +11,43 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rtserve.cluster import components, gomod, host, node, pki, runtime
 from rtserve.cli import main
+from rtserve.cluster import components, gomod, host, node, pki, runtime
 from rtserve.errors import ClusterError
-from tests.conftest import REPO
+from tests.conftest import REPO, go_pin
 
 pytestmark = pytest.mark.unit
 
 #: What ``go mod edit -json`` prints for the parts of Kubernetes' and etcd's go.mod files we read.
 KUBERNETES_GOMOD = {
-    "Go": "1.26.0", "GoDebug": [{"Key": "default", "Value": "go1.26"}],
-    "Require": [{"Path": "k8s.io/api", "Version": "v0.0.0"}, {"Path": "k8s.io/kubectl", "Version": "v0.0.0"},
-                {"Path": "k8s.io/klog/v2", "Version": "v2.140.0"}],
-    "Replace": [{"Old": {"Path": "k8s.io/kubectl"}, "New": {"Path": "./staging/src/k8s.io/kubectl"}},
-                {"Old": {"Path": "k8s.io/api"}, "New": {"Path": "./staging/src/k8s.io/api"}}],
+    "Go": "1.26.0",
+    "GoDebug": [{"Key": "default", "Value": "go1.26"}],
+    "Require": [
+        {"Path": "k8s.io/api", "Version": "v0.0.0"},
+        {"Path": "k8s.io/kubectl", "Version": "v0.0.0"},
+        {"Path": "k8s.io/klog/v2", "Version": "v2.140.0"},
+    ],
+    "Replace": [
+        {"Old": {"Path": "k8s.io/kubectl"}, "New": {"Path": "./staging/src/k8s.io/kubectl"}},
+        {"Old": {"Path": "k8s.io/api"}, "New": {"Path": "./staging/src/k8s.io/api"}},
+    ],
 }
 ETCD_GOMOD = {
     "Go": "1.26.0",
     "Require": [{"Path": "go.etcd.io/etcd/api/v3", "Version": "v3.6.16"}],
-    "Replace": [{"Old": {"Path": "go.etcd.io/etcd/api/v3"}, "New": {"Path": "../api"}},
-                {"Old": {"Path": "go.etcd.io/etcd"}, "New": {"Path": "./FORBIDDEN_DEPENDENCY"}},
-                {"Old": {"Path": "example.com/x"}, "New": {"Path": "example.com/y", "Version": "v1.0.0"}}],
+    "Replace": [
+        {"Old": {"Path": "go.etcd.io/etcd/api/v3"}, "New": {"Path": "../api"}},
+        {"Old": {"Path": "go.etcd.io/etcd"}, "New": {"Path": "./FORBIDDEN_DEPENDENCY"}},
+        {"Old": {"Path": "example.com/x"}, "New": {"Path": "example.com/y", "Version": "v1.0.0"}},
+    ],
 }
 
 
 def test_staging_modules_map_to_their_published_version():
     assert gomod.published_versions(KUBERNETES_GOMOD, "v1.36.3") == (
-        ("k8s.io/api", "v0.36.3"), ("k8s.io/kubectl", "v0.36.3"))
+        ("k8s.io/api", "v0.36.3"),
+        ("k8s.io/kubectl", "v0.36.3"),
+    )
 
 
 def test_etcd_modules_keep_the_version_required_and_guards_are_left_out():
@@ -69,7 +79,7 @@ def test_committed_modules_pin_one_version_and_map_every_replacement(sub, module
     each module they map, each to the same published version line (never a local path)."""
     text = (REPO / "deploy" / "cluster" / sub / "go.mod").read_text()
     assert text.startswith(gomod.HEADER)
-    version = gomod.pinned(REPO / "deploy" / "cluster" / sub / "go.mod", module)
+    version = go_pin(REPO / "deploy" / "cluster" / sub / "go.mod", module)
     assert version.startswith("v1.36." if module == gomod.KUBERNETES else "v3.6.")
     replaced = [line.split() for line in text.splitlines() if "=>" in line]
     assert replaced, "no replace lines"
@@ -82,24 +92,46 @@ def test_certificates_are_signed_by_the_ca_with_their_names(tmp_path):
     certs = pki.certificates(components.SERVICE_IP, node.NODE_NAME, node.NODE_IP)
     pki.make(tmp_path, certs)
     for cert in certs:
-        verified = subprocess.run(["openssl", "verify", "-CAfile", tmp_path / f"{cert.ca}.crt", tmp_path / f"{cert.name}.crt"],
-                                  capture_output=True, text=True)
+        verified = subprocess.run(
+            ["openssl", "verify", "-CAfile", tmp_path / f"{cert.ca}.crt", tmp_path / f"{cert.name}.crt"],
+            capture_output=True,
+            text=True,
+        )
         assert verified.returncode == 0, verified.stderr
-    text = subprocess.run(["openssl", "x509", "-in", tmp_path / "apiserver.crt", "-noout", "-text"],
-                          capture_output=True, text=True, check=True).stdout
+    text = subprocess.run(
+        ["openssl", "x509", "-in", tmp_path / "apiserver.crt", "-noout", "-text"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "IP Address:127.0.0.1" in text and "IP Address:10.0.0.1" in text
     assert "DNS:kubernetes.default.svc.cluster.local" in text
-    admin = subprocess.run(["openssl", "x509", "-in", tmp_path / "admin.crt", "-noout", "-subject"],
-                           capture_output=True, text=True, check=True).stdout
+    admin = subprocess.run(
+        ["openssl", "x509", "-in", tmp_path / "admin.crt", "-noout", "-subject"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert admin.strip() == "subject=CN = kubernetes-admin, O = system:masters"
-    kubelet = subprocess.run(["openssl", "x509", "-in", tmp_path / "node.crt", "-noout", "-subject"],
-                             capture_output=True, text=True, check=True).stdout
+    kubelet = subprocess.run(
+        ["openssl", "x509", "-in", tmp_path / "node.crt", "-noout", "-subject"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert kubelet.strip() == f"subject=CN = system:node:{node.NODE_NAME}, O = system:nodes"
-    serving = subprocess.run(["openssl", "x509", "-in", tmp_path / "kubelet.crt", "-noout", "-ext", "subjectAltName"],
-                             capture_output=True, text=True, check=True).stdout
+    serving = subprocess.run(
+        ["openssl", "x509", "-in", tmp_path / "kubelet.crt", "-noout", "-ext", "subjectAltName"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert f"IP Address:{node.NODE_IP}" in serving
-    wrong_ca = subprocess.run(["openssl", "verify", "-CAfile", tmp_path / "ca.crt", tmp_path / "front-proxy-client.crt"],
-                              capture_output=True, text=True)
+    wrong_ca = subprocess.run(
+        ["openssl", "verify", "-CAfile", tmp_path / "ca.crt", tmp_path / "front-proxy-client.crt"],
+        capture_output=True,
+        text=True,
+    )
     assert wrong_ca.returncode == 2, "the front proxy's client certificate is signed by its own CA only"
     assert (tmp_path / "sa.pub").read_text().startswith("-----BEGIN PUBLIC KEY-----")
 
@@ -145,8 +177,10 @@ def test_stop_ends_the_recorded_process_and_spares_a_reused_pid(tmp_path):
         (tmp_path / "etcd.pid").write_text(f"{sleeper.pid}\n{sys.executable}\n")
         # A PID file whose process now runs another binary (a reused PID): left alone.
         (tmp_path / "kube-apiserver.pid").write_text(f"{other.pid}\n/nonexistent/kube-apiserver\n")
-        assert runtime.status(tmp_path) == {"etcd": f"running (pid {sleeper.pid})",
-                                            "kube-apiserver": f"dead (pid {other.pid})"}
+        assert runtime.status(tmp_path) == {
+            "etcd": f"running (pid {sleeper.pid})",
+            "kube-apiserver": f"dead (pid {other.pid})",
+        }
         assert runtime.stop(tmp_path) == ["etcd"]
         assert not Path(f"/proc/{sleeper.pid}").exists()  # ended and reaped by stop
         assert other.poll() is None

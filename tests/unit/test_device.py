@@ -30,8 +30,10 @@ pytestmark = pytest.mark.unit
 @pytest.fixture()
 def cuda(monkeypatch):
     """Make ``torch.cuda.is_available()`` answer what a test says (no device is touched)."""
+
     def set_available(available: bool) -> None:
         monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
+
     return set_available
 
 
@@ -92,10 +94,13 @@ def test_the_program_moves_whole_to_another_device(trained_dir):
         forward(torch.zeros(4, 32))  # nothing of it stayed on the CPU
 
 
-@pytest.mark.parametrize("value,message", [
-    ("gpu", "handler.device must be one of: auto, cpu"),
-    (1, "handler.device must be str, got 1"),
-])
+@pytest.mark.parametrize(
+    "value,message",
+    [
+        ("gpu", "handler.device must be one of: auto, cpu"),
+        (1, "handler.device must be str, got 1"),
+    ],
+)
 def test_device_setting_is_validated(value, message):
     with pytest.raises(ConfigError, match=message):
         HandlerConfig.from_model_yaml({"handler": {"device": value}})
@@ -129,8 +134,7 @@ def test_handler_on_a_real_gpu(trained_dir):
     """Where a GPU exists: predictions and explanations on ``cuda:0`` equal the CPU's."""
     on_gpu, cpu = RealTimeHandler(), RealTimeHandler()
     gpu_ctx = make_context(trained_dir, MODEL_YAML, gpu=0)
-    cpu_ctx = make_context(trained_dir, {**MODEL_YAML, "handler": {**MODEL_YAML["handler"],
-                                                                    "device": "cpu"}}, gpu=0)
+    cpu_ctx = make_context(trained_dir, {**MODEL_YAML, "handler": {**MODEL_YAML["handler"], "device": "cpu"}}, gpu=0)
     on_gpu.initialize(gpu_ctx)
     cpu.initialize(cpu_ctx)
     assert str(on_gpu.device) == "cuda:0" and cpu.device == CPU

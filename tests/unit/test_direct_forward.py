@@ -11,7 +11,7 @@ import torch
 from handler.model import DirectForward, direct_forward, load_program
 from handler.rtserve_handler import RealTimeHandler
 from tests.helpers import MODEL_YAML, make_context
-from tests.unit.test_package import exported, random_rows
+from tests.unit.test_package import exported
 
 pytestmark = pytest.mark.unit
 
@@ -58,8 +58,7 @@ class _Program:
     """An exported program whose graph calls something that is not an ATen operator."""
 
     def __init__(self, real):
-        self.graph_signature, self.state_dict, self.constants = (
-            real.graph_signature, real.state_dict, real.constants)
+        self.graph_signature, self.state_dict, self.constants = (real.graph_signature, real.state_dict, real.constants)
         self.graph = torch.fx.Graph()
         x = self.graph.placeholder(real.graph_signature.user_inputs[0])
         for spec in real.graph_signature.input_specs[:-1]:
@@ -74,8 +73,9 @@ def test_a_graph_it_does_not_take_falls_back_to_the_module_and_says_why(trained_
     assert forward is None and "a call of <built-in function neg>" in why
 
 
-@pytest.mark.parametrize("setting,path", [(True, "direct forward (5 operators)"),
-                                          (False, "exported module (handler.direct_forward off)")])
+@pytest.mark.parametrize(
+    "setting,path", [(True, "direct forward (5 operators)"), (False, "exported module (handler.direct_forward off)")]
+)
 def test_the_worker_log_says_which_forward_runs(trained_dir, server_env, caplog, setting, path):
     cfg = {**MODEL_YAML, "handler": {**MODEL_YAML["handler"], "direct_forward": setting}}
     handler = RealTimeHandler()

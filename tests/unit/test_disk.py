@@ -8,12 +8,25 @@ import xml.etree.ElementTree as ET
 import zipfile
 
 import pytest
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from rtserve.errors import DiskBudgetError, SettingsError
 from rtserve.server import disk
-from rtserve.server.disk import (BUDGET_KEY, CONSOLE_ENV, DEFAULT_BUDGET, LOG_FILE_ENV, MIN_TOTAL,
-                                 OUTPUT_FILES, SPOOL_ENV, TS_LOGS, DiskBudget, audit_cap, recorded)
+from rtserve.server.disk import (
+    BUDGET_KEY,
+    CONSOLE_ENV,
+    DEFAULT_BUDGET,
+    LOG_FILE_ENV,
+    MIN_TOTAL,
+    OUTPUT_FILES,
+    SPOOL_ENV,
+    TS_LOGS,
+    DiskBudget,
+    audit_cap,
+    recorded,
+)
 from rtserve.server.properties import read_properties, write_properties
 from rtserve.server.torchserve import EXPORTER, OIP_ROUTES, SHIPPER, SIDECARS, TorchServe
 from rtserve.settings import PACKAGE_HOME, RunDir, Settings, log_config
@@ -28,11 +41,21 @@ def budget(text: str | None = None, limit: str | None = None) -> DiskBudget:
     return DiskBudget.resolve({} if text is None else {BUDGET_KEY: text}, Settings.from_env(env))
 
 
-@pytest.mark.parametrize("text, size", [
-    ("512MB", 512 * 10**6), ("512mb", 512 * 10**6), ("8MiB", 8 * MiB), ("8 MiB", 8 * MiB),
-    ("1.5GiB", 3 * 2**29), ("2GB", 2 * 10**9), ("10000KB", 10**7), ("9000KiB", 9000 * 1024),
-    ("16777216", 16 * MiB), ("16777216B", 16 * MiB),
-])
+@pytest.mark.parametrize(
+    "text, size",
+    [
+        ("512MB", 512 * 10**6),
+        ("512mb", 512 * 10**6),
+        ("8MiB", 8 * MiB),
+        ("8 MiB", 8 * MiB),
+        ("1.5GiB", 3 * 2**29),
+        ("2GB", 2 * 10**9),
+        ("10000KB", 10**7),
+        ("9000KiB", 9000 * 1024),
+        ("16777216", 16 * MiB),
+        ("16777216B", 16 * MiB),
+    ],
+)
 def test_the_config_value_takes_decimal_and_binary_units(text, size):
     assert budget(text).total == size
 
@@ -43,8 +66,9 @@ def test_a_config_value_that_is_not_a_size_is_refused_naming_the_key(text):
         budget(text)
 
 
-@pytest.mark.parametrize("limit, total", [("48Mi", 24 * MiB), ("1Gi", 512 * MiB),
-                                          ("100M", 50 * 10**6), ("1.5Gi", 768 * MiB)])
+@pytest.mark.parametrize(
+    "limit, total", [("48Mi", 24 * MiB), ("1Gi", 512 * MiB), ("100M", 50 * 10**6), ("1.5Gi", 768 * MiB)]
+)
 def test_in_a_pod_the_budget_is_half_the_run_volumes_limit_whatever_the_config_says(limit, total):
     found = budget("1GB", limit=limit)
     assert found.total == total
@@ -54,18 +78,27 @@ def test_in_a_pod_the_budget_is_half_the_run_volumes_limit_whatever_the_config_s
 def test_a_volume_limit_that_is_not_a_quantity_is_refused_naming_the_variable():
     with pytest.raises(SettingsError, match=r"^RTSERVE_RUN_VOLUME_LIMIT: '1 gigabyte' is not a size"):
         Settings.from_env({"RTSERVE_RUN_VOLUME_LIMIT": "1 gigabyte"})
-    with pytest.raises(SettingsError, match="RTSERVE_RUN_VOLUME_LIMIT: '1GiB' is not a size in bytes: "
-                                            "a positive number, then nothing .bytes. or one of k, M, G, T, Ki"):
+    with pytest.raises(
+        SettingsError,
+        match="RTSERVE_RUN_VOLUME_LIMIT: '1GiB' is not a size in bytes: "
+        "a positive number, then nothing .bytes. or one of k, M, G, T, Ki",
+    ):
         Settings.from_env({"RTSERVE_RUN_VOLUME_LIMIT": "1GiB"})  # a quantity says Gi
     assert Settings.from_env({"RTSERVE_RUN_VOLUME_LIMIT": " "}).run_volume_limit is None
 
 
 def test_too_small_a_budget_is_refused_saying_what_it_needs():
-    with pytest.raises(DiskBudgetError, match=rf"^{BUDGET_KEY}: a disk budget of 7.0 MiB is too small: "
-                                              r"the server's files need at least 8.0 MiB"):
+    with pytest.raises(
+        DiskBudgetError,
+        match=rf"^{BUDGET_KEY}: a disk budget of 7.0 MiB is too small: "
+        r"the server's files need at least 8.0 MiB",
+    ):
         budget("7MiB")
-    with pytest.raises(DiskBudgetError, match=r"^RTSERVE_RUN_VOLUME_LIMIT \(half the run volume's 8.0 MiB\): "
-                                              r"a disk budget of 4.0 MiB is too small"):
+    with pytest.raises(
+        DiskBudgetError,
+        match=r"^RTSERVE_RUN_VOLUME_LIMIT \(half the run volume's 8.0 MiB\): "
+        r"a disk budget of 4.0 MiB is too small",
+    ):
         budget(limit="8Mi")
     assert budget(limit="16Mi").total == MIN_TOTAL == budget("8MiB").total
 
@@ -79,8 +112,9 @@ def check_shares(total: int) -> None:
     assert shares.ts_log_roll > 0 and 2 * (shares.ts_log_roll + disk.LINE_MARGIN) <= shares.ts_log_file
 
 
-@pytest.mark.parametrize("total", [MIN_TOTAL, MIN_TOTAL + 1, 24 * MiB, 48 * MiB, 48 * MiB - 1,
-                                   512 * 10**6, 512 * MiB, 10**9 + 7, 64 * 2**30])
+@pytest.mark.parametrize(
+    "total", [MIN_TOTAL, MIN_TOTAL + 1, 24 * MiB, 48 * MiB, 48 * MiB - 1, 512 * 10**6, 512 * MiB, 10**9 + 7, 64 * 2**30]
+)
 def test_the_shares_never_add_up_to_more_than_the_total(total):
     check_shares(total)
 
@@ -121,14 +155,15 @@ def test_every_torchserve_log_rolls_by_size_only_to_one_uncompressed_backup():
         strategy = appender.find("DefaultRolloverStrategy")
         assert (strategy.get("min"), strategy.get("max")) == ("1", "1"), file
     # every file still goes through an asynchronous appender
-    assert sorted(a.find("AppenderRef").get("ref") for a in root.findall("./Appenders/Async")) == \
-        sorted(a.get("name") for a in rolling)
+    assert sorted(a.find("AppenderRef").get("ref") for a in root.findall("./Appenders/Async")) == sorted(
+        a.get("name") for a in rolling
+    )
 
 
 def test_the_output_files_are_the_launchers_the_sidecars_and_the_canary_watchers(tmp_path):
     server = TorchServe(tmp_path / "run", tmp_path / "store")
     expected = {server.run_dir / "launcher.log", server.files.canary_log.resolve()}
-    expected |= {server.log_dir / s.log for s in SIDECARS}
+    expected |= {s.log(server.files) for s in SIDECARS}
     assert set(server.output_files) == expected and len(OUTPUT_FILES) == len(expected)
     assert {EXPORTER, OIP_ROUTES, SHIPPER} == set(SIDECARS)
 
@@ -137,15 +172,14 @@ def test_the_server_hands_the_shares_to_torchserve_the_agent_and_the_exporter(tm
     server = TorchServe(tmp_path / "run", tmp_path / "store", overrides={BUDGET_KEY: "48MiB"})
     shares = server.budget.shares()
     env = server._env("key")
-    assert (env[LOG_FILE_ENV], env[SPOOL_ENV], env[CONSOLE_ENV]) == (str(shares.ts_log_roll),
-                                                                    str(shares.spool), "OFF")
+    assert (env[LOG_FILE_ENV], env[SPOOL_ENV], env[CONSOLE_ENV]) == (str(shares.ts_log_roll), str(shares.spool), "OFF")
     assert server._env("key", console=True)[CONSOLE_ENV] == "INFO"
     effective = server.effective_props(41234, 41236)
     assert effective[BUDGET_KEY] == str(48 * MiB)
     assert effective["vmargs"].endswith(f",live-log-bytes={shares.live_log}")
     args = EXPORTER.args(server, effective)
     assert args[args.index("--output-bytes") + 1] == str(shares.output_file)
-    assert args[args.index("--outputs") + 1:] == [str(p) for p in server.output_files]
+    assert args[args.index("--outputs") + 1 :] == [str(p) for p in server.output_files]
     # a later command on the run directory reads the same budget back
     RunDir(server.run_dir).path.mkdir(parents=True)
     write_properties(server.files.config, effective)
@@ -153,7 +187,10 @@ def test_the_server_hands_the_shares_to_torchserve_the_agent_and_the_exporter(tm
     assert audit_cap(server.run_dir) == shares.audit_log
     assert audit_cap(tmp_path / "nothing-started-here") == DiskBudget(DEFAULT_BUDGET).shares().audit_log
     monkeypatch.setenv("RTSERVE_RUN_VOLUME_LIMIT", "64Mi")  # the pod's volume wins
-    assert TorchServe(tmp_path / "run", tmp_path / "store", overrides={BUDGET_KEY: "48MiB"}).budget.total == 32 * MiB
+    pod = TorchServe(
+        tmp_path / "run", tmp_path / "store", overrides={BUDGET_KEY: "48MiB"}, settings=Settings.from_env()
+    )
+    assert pod.budget.total == 32 * MiB
 
 
 def test_archives_that_unpack_beyond_the_tmp_reserve_are_refused_before_the_start(tmp_path):
@@ -162,8 +199,11 @@ def test_archives_that_unpack_beyond_the_tmp_reserve_are_refused_before_the_star
     with zipfile.ZipFile(store / "big_1.0.mar", "w", zipfile.ZIP_DEFLATED) as z:
         z.writestr("model.pt2", b"\0" * 2 * MiB)
     server = TorchServe(tmp_path / "run", store, ["big=big_1.0.mar"], overrides={BUDGET_KEY: "8MiB"})
-    with pytest.raises(DiskBudgetError, match=r"the archives loaded at start unpack to 2.0 MiB, more than "
-                                              r"the 0.9 MiB the budget of 8.0 MiB keeps for TorchServe's tmp"):
+    with pytest.raises(
+        DiskBudgetError,
+        match=r"the archives loaded at start unpack to 2.0 MiB, more than "
+        r"the 0.9 MiB the budget of 8.0 MiB keeps for TorchServe's tmp",
+    ):
         server.start()
     assert not (tmp_path / "run" / "config.properties").exists()
     server.overrides[BUDGET_KEY] = "32MiB"

@@ -28,7 +28,7 @@ FENCE = re.compile(r"^ *(```|~~~)")
 INLINE_CODE = re.compile(r"`([^`]+)`")
 LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 MAKE = re.compile(r"(?<![\w./-])make((?:[ \t]+[^\s`|;&()]+)+)")
-RTSERVE = re.compile(r"(?<![\w.])python -m (rtserve(?:\.\w+)?)\b(.*)")
+RTSERVE = re.compile(r"(?<![\w.])python -m (rtserve(?:\.\w+)*)\b(.*)")
 
 
 def _rel(page: Path) -> str:
@@ -119,8 +119,13 @@ def test_relative_links_resolve():
 @cache
 def make_targets() -> frozenset[str]:
     """Every target the Makefile defines, from make's own database (one run, nothing built)."""
-    out = subprocess.run(["make", "-pRrq", "--no-print-directory", "-f", "Makefile"], cwd=REPO,
-                         capture_output=True, text=True, timeout=60).stdout
+    out = subprocess.run(
+        ["make", "-pRrq", "--no-print-directory", "-f", "Makefile"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     targets = set()
     previous = ""
     for line in out.splitlines():
@@ -152,7 +157,8 @@ def test_make_targets_exist():
     assert "serve" in mentioned and "test" in mentioned, sorted(mentioned)
     missing = {t: pages for t, pages in mentioned.items() if t not in make_targets()}
     assert not missing, "no such make target:\n" + "\n".join(
-        f"  make {t}  (in {', '.join(pages)})" for t, pages in sorted(missing.items()))
+        f"  make {t}  (in {', '.join(pages)})" for t, pages in sorted(missing.items())
+    )
 
 
 class _Parsed(Exception):

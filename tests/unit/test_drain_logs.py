@@ -11,16 +11,26 @@ pytestmark = pytest.mark.unit
 
 # ts_log.log: every line is written twice (TorchServe's org.pytorch.serve logger and the root
 # logger both use the ts_log appender).
-START = ("2026-11-29T15:47:36,078 [INFO ] W-{w}-realtime-classifier_1.0 "
-         "org.pytorch.serve.wlm.WorkerThread - Looping backend response at: 1795967256078\n")
-DONE = ("2026-11-29T15:47:36,082 [INFO ] W-{w}-realtime-classifier_1.0 "
-        "org.pytorch.serve.wlm.WorkerThread - Backend response time: 4\n")
-ACCESS = ('2026-11-29T15:47:36,082 [INFO ] W-{w}-realtime-classifier_1.0 ACCESS_LOG - '
-          '/127.0.0.1:52564 "POST /predictions/realtime-classifier HTTP/1.1" 200 5\n')
-ARRIVAL = ("2026-11-29T15:47:36,590 - ts_inference_requests_total.Count:1.0|#model_name:"
-           "realtime-classifier,model_version:default|#hostname:vm,timestamp:1795967256\n")
-LATENCY = ("2026-11-29T15:47:36,611 - ts_inference_latency_microseconds.Microseconds:5224.072|"
-           "#model_name:realtime-classifier,model_version:default|#hostname:vm,timestamp:1795967256\n")
+START = (
+    "2026-11-29T15:47:36,078 [INFO ] W-{w}-realtime-classifier_1.0 "
+    "org.pytorch.serve.wlm.WorkerThread - Looping backend response at: 1795967256078\n"
+)
+DONE = (
+    "2026-11-29T15:47:36,082 [INFO ] W-{w}-realtime-classifier_1.0 "
+    "org.pytorch.serve.wlm.WorkerThread - Backend response time: 4\n"
+)
+ACCESS = (
+    "2026-11-29T15:47:36,082 [INFO ] W-{w}-realtime-classifier_1.0 ACCESS_LOG - "
+    '/127.0.0.1:52564 "POST /predictions/realtime-classifier HTTP/1.1" 200 5\n'
+)
+ARRIVAL = (
+    "2026-11-29T15:47:36,590 - ts_inference_requests_total.Count:1.0|#model_name:"
+    "realtime-classifier,model_version:default|#hostname:vm,timestamp:1795967256\n"
+)
+LATENCY = (
+    "2026-11-29T15:47:36,611 - ts_inference_latency_microseconds.Microseconds:5224.072|"
+    "#model_name:realtime-classifier,model_version:default|#hostname:vm,timestamp:1795967256\n"
+)
 
 
 def append(path, text: str) -> None:

@@ -57,6 +57,6 @@ def test_in_distribution_is_stable_and_shift_is_flagged(reference):
 def test_psi_definition():
     a = torch.tensor([0.5, 0.5])
     e = torch.tensor([0.25, 0.75])
-    expected = (0.25 * torch.log(torch.tensor(2.0)) + (-0.25) * torch.log(torch.tensor(0.5 / 0.75)))
+    expected = 0.25 * torch.log(torch.tensor(2.0)) + (-0.25) * torch.log(torch.tensor(0.5 / 0.75))
     assert float(psi(a, e)) == pytest.approx(float(expected))
     assert float(psi(e, e)) == 0.0

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -95,8 +94,9 @@ def test_explanations_equal_captum_run_directly(served, samples, monkeypatch):
     handler, ctx, ref = served
     calls = explain_calls(monkeypatch, handler)
     targets = [0, 1, 2]
-    statuses, bodies = run(handler, ctx, [
-        (EXPLAIN, {"features": row, "target": t}) for row, t in zip(samples, targets)])
+    statuses, bodies = run(
+        handler, ctx, [(EXPLAIN, {"features": row, "target": t}) for row, t in zip(samples, targets)]
+    )
     assert statuses == [200] * 3
     assert calls == [3], "the three explanations should share one Captum call"
     for body, row, target in zip(bodies, samples, targets):
@@ -119,8 +119,7 @@ def test_completeness_within_convergence_delta(served, samples):
 def test_default_target_is_the_prediction_and_targets_are_respected(served, samples):
     handler, ctx, ref = served
     row = samples[0]
-    requests = [(EXPLAIN, {"features": row})] + [(EXPLAIN, {"features": row, "target": t})
-                                                 for t in (0, 1, 2)]
+    requests = [(EXPLAIN, {"features": row})] + [(EXPLAIN, {"features": row, "target": t}) for t in (0, 1, 2)]
     assert handler.config.explain_max_per_batch >= len(requests)
     statuses, bodies = run(handler, ctx, requests)
     assert statuses == [200] * 4
@@ -155,16 +154,14 @@ def test_mixed_batch_gives_each_request_its_own_answer(served, samples, monkeypa
     assert_explains(bodies[1], ref, samples[1], 2)
     predicted = int(ref.probabilities([samples[4]])[0].argmax())
     assert_explains(bodies[4], ref, samples[4], predicted)
-    assert bodies[2] == {"error": "'target' must be a class index, an integer in [0, 2], got string",
-                         "field": "target"}
+    assert bodies[2] == {"error": "'target' must be a class index, an integer in [0, 2], got string", "field": "target"}
     assert bodies[5]["field"] == "features"
 
 
 def test_explain_header_is_read_per_request_not_from_request_zero(served, samples, monkeypatch):
     handler, ctx, _ = served
     calls = explain_calls(monkeypatch, handler)
-    statuses, bodies = run(handler, ctx, [(EXPLAIN, {"features": samples[0]}),
-                                          (PREDICT, {"features": samples[1]})])
+    statuses, bodies = run(handler, ctx, [(EXPLAIN, {"features": samples[0]}), (PREDICT, {"features": samples[1]})])
     assert statuses == [200, 200] and calls == [1]
     assert "attributions" in bodies[0] and "probabilities" in bodies[1]
 
@@ -172,8 +169,9 @@ def test_explain_header_is_read_per_request_not_from_request_zero(served, sample
 def test_prediction_batches_never_reach_captum(served, samples, monkeypatch):
     handler, ctx, _ = served
     calls = explain_calls(monkeypatch, handler)
-    statuses, bodies = run(handler, ctx, [(PREDICT, {"features": r}) for r in samples]
-                           + [({"explain": "false"}, {"features": samples[0]})])
+    statuses, bodies = run(
+        handler, ctx, [(PREDICT, {"features": r}) for r in samples] + [({"explain": "false"}, {"features": samples[0]})]
+    )
     assert statuses == [200] * 7 and calls == []
     assert all("probabilities" in b for b in bodies)
 
@@ -193,18 +191,17 @@ BAD_TARGETS = [
 @pytest.mark.parametrize("target,got", [b[1:] for b in BAD_TARGETS], ids=[b[0] for b in BAD_TARGETS])
 def test_bad_target_gets_its_own_400(served, samples, target, got):
     handler, ctx, _ = served
-    statuses, bodies = run(handler, ctx, [(EXPLAIN, {"features": samples[0], "target": target}),
-                                          (EXPLAIN, {"features": samples[1]})])
+    statuses, bodies = run(
+        handler, ctx, [(EXPLAIN, {"features": samples[0], "target": target}), (EXPLAIN, {"features": samples[1]})]
+    )
     assert statuses == [400, 200]
-    assert bodies[0] == {
-        "error": f"'target' must be a class index, an integer in [0, 2], {got}", "field": "target"}
+    assert bodies[0] == {"error": f"'target' must be a class index, an integer in [0, 2], {got}", "field": "target"}
     assert ctx.get_response_status(0)[1].startswith("'target' must be a class index")
 
 
 def test_bad_features_on_the_explain_route_get_400(served):
     handler, ctx, _ = served
-    statuses, bodies = run(handler, ctx, [(EXPLAIN, {"features": [1.0] * 31, "target": 0}),
-                                          (EXPLAIN, {"target": 0})])
+    statuses, bodies = run(handler, ctx, [(EXPLAIN, {"features": [1.0] * 31, "target": 0}), (EXPLAIN, {"target": 0})])
     assert statuses == [400, 400]
     assert bodies == [
         {"error": "'features' must have exactly 32 numbers, got 31", "field": "features"},
@@ -222,9 +219,11 @@ def test_explanations_past_the_ceiling_get_503_and_predictions_are_kept(served, 
     assert statuses == [200] * (limit + 1) + [503, 503]
     assert calls == [limit]
     assert "probabilities" in bodies[1]
-    assert all("attributions" in b for b in bodies[:1] + bodies[2:limit + 1])
-    message = (f"this batch already holds {limit} explanation(s), the most the model computes per "
-               "batch (handler.explain_max_per_batch): retry shortly")
+    assert all("attributions" in b for b in bodies[:1] + bodies[2 : limit + 1])
+    message = (
+        f"this batch already holds {limit} explanation(s), the most the model computes per "
+        "batch (handler.explain_max_per_batch): retry shortly"
+    )
     for idx in (limit + 1, limit + 2):
         assert bodies[idx] == {"error": message}
         assert ctx.get_response_headers(idx)["Retry-After"] == "1"
@@ -237,8 +236,7 @@ def test_explanations_past_the_ceiling_get_503_and_predictions_are_kept(served, 
 
 
 def test_zero_baseline(trained_dir, samples):
-    cfg = {**MODEL_YAML, "handler": {**MODEL_YAML["handler"], "explain_baseline": "zero",
-                                     "explain_steps": 64}}
+    cfg = {**MODEL_YAML, "handler": {**MODEL_YAML["handler"], "explain_baseline": "zero", "explain_steps": 64}}
     ctx = make_context(trained_dir, cfg)
     handler = RealTimeHandler()
     handler.initialize(ctx)
@@ -257,16 +255,21 @@ def _escape(text: str) -> str:
     return "".join("\\" + c if c in "[]()" else c for c in text)
 
 
-@pytest.mark.parametrize("handler_cfg,message", [
-    ({"explain_steps": 1}, "handler.explain_steps must be in [2, 1000]"),
-    ({"explain_steps": 5000}, "handler.explain_steps must be in [2, 1000]"),
-    ({"explain_steps": "50"}, "handler.explain_steps must be int"),
-    ({"explain_baseline": "median"}, "handler.explain_baseline must be one of: mean, zero"),
-    ({"explain_max_per_batch": 0}, "handler.explain_max_per_batch must be in [1, 32]"),
-    ({"explain_max_per_batch": 8, "explain_internal_batch_size": 4},
-     "handler.explain_internal_batch_size must be in [explain_max_per_batch, 32768]"),
-    ({"explain_step": 50}, "unknown handler setting(s): explain_step"),
-])
+@pytest.mark.parametrize(
+    "handler_cfg,message",
+    [
+        ({"explain_steps": 1}, "handler.explain_steps must be in [2, 1000]"),
+        ({"explain_steps": 5000}, "handler.explain_steps must be in [2, 1000]"),
+        ({"explain_steps": "50"}, "handler.explain_steps must be int"),
+        ({"explain_baseline": "median"}, "handler.explain_baseline must be one of: mean, zero"),
+        ({"explain_max_per_batch": 0}, "handler.explain_max_per_batch must be in [1, 32]"),
+        (
+            {"explain_max_per_batch": 8, "explain_internal_batch_size": 4},
+            "handler.explain_internal_batch_size must be in [explain_max_per_batch, 32768]",
+        ),
+        ({"explain_step": 50}, "unknown handler setting(s): explain_step"),
+    ],
+)
 def test_bad_explain_config_fails_initialize(trained_dir, handler_cfg, message):
     ctx = make_context(trained_dir, {"handler": handler_cfg})
     with pytest.raises(ConfigError, match=_escape(message)):
@@ -274,6 +277,7 @@ def test_bad_explain_config_fails_initialize(trained_dir, handler_cfg, message):
 
 
 # -- hostile input on the explain route (strategies and oracle shared with test_fuzz.py) -----------
+
 
 def explain_oracle(row: dict, explain: bool) -> bool:
     """Whether the request is valid (independent of handler code): valid features, and on the
@@ -291,11 +295,12 @@ def explain_oracle(row: dict, explain: bool) -> bool:
 targets = st.one_of(st.integers(0, 2), st.integers(-2, 4), st.integers(), json_values)
 valid_features = st.lists(numbers, min_size=32, max_size=32)
 explain_rows = st.one_of(
-    rows,                                                                    # test_fuzz's hostile rows
+    rows,  # test_fuzz's hostile rows
     st.tuples(valid_features, targets).map(lambda t: {"body": {"features": t[0], "target": t[1]}}),
     valid_features.map(lambda f: {"body": {"features": f}}),
     st.lists(st.sampled_from([-1e6, 1e6, 0.0]), min_size=32, max_size=32).map(
-        lambda f: {"body": {"features": f}}),                                # extreme but valid
+        lambda f: {"body": {"features": f}}
+    ),  # extreme but valid
 )
 
 

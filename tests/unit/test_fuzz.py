@@ -22,22 +22,26 @@ pytestmark = pytest.mark.unit
 N = 32
 LIMIT = 1.0e6
 
-scalars = (st.none() | st.booleans() | st.text(max_size=20)
-           | st.floats(allow_nan=True, allow_infinity=True)
-           | st.integers() | st.sampled_from([10**400, -(10**400), 2**63, 1e308]))
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.text(max_size=20)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.integers()
+    | st.sampled_from([10**400, -(10**400), 2**63, 1e308])
+)
 json_values = st.recursive(
     scalars,
     lambda children: st.lists(children, max_size=40) | st.dictionaries(st.text(max_size=10), children, max_size=5),
     max_leaves=25,
 )
-numbers = (st.floats(min_value=-1e3, max_value=1e3, allow_nan=False)
-           | st.integers(min_value=-1000, max_value=1000))
+numbers = st.floats(min_value=-1e3, max_value=1e3, allow_nan=False) | st.integers(min_value=-1000, max_value=1000)
 element = st.one_of(numbers, numbers, numbers, numbers, scalars, json_values)
 feature_lists = st.one_of(
-    st.lists(numbers, min_size=N, max_size=N),                        # valid
-    st.lists(element, min_size=N, max_size=N),                        # right length, maybe junk
-    st.lists(element, max_size=2 * N),                                # any length
-    st.integers(0, 20_000).map(lambda n: [1.0] * n),                  # enormous arrays
+    st.lists(numbers, min_size=N, max_size=N),  # valid
+    st.lists(element, min_size=N, max_size=N),  # right length, maybe junk
+    st.lists(element, max_size=2 * N),  # any length
+    st.integers(0, 20_000).map(lambda n: [1.0] * n),  # enormous arrays
 )
 objects = st.one_of(
     st.fixed_dictionaries({"features": feature_lists}),
@@ -59,15 +63,16 @@ def encode(value) -> bytes:
 
 
 rows = st.one_of(
-    objects.map(lambda v: {"body": v}),                                   # decoded by TorchServe
-    objects.map(lambda v: {"body": encode(v)}),                           # raw bytes
-    objects.map(lambda v: {"data": encode(v).decode()}),                  # text
-    st.tuples(objects, st.floats(0, 1)).map(                             # truncated JSON
-        lambda t: {"body": encode(t[0])[: int(len(encode(t[0])) * t[1])]}),
-    st.binary(max_size=300).map(lambda b: {"body": b}),                   # arbitrary bytes
+    objects.map(lambda v: {"body": v}),  # decoded by TorchServe
+    objects.map(lambda v: {"body": encode(v)}),  # raw bytes
+    objects.map(lambda v: {"data": encode(v).decode()}),  # text
+    st.tuples(objects, st.floats(0, 1)).map(  # truncated JSON
+        lambda t: {"body": encode(t[0])[: int(len(encode(t[0])) * t[1])]}
+    ),
+    st.binary(max_size=300).map(lambda b: {"body": b}),  # arbitrary bytes
     st.integers(1, 20_000).map(lambda n: {"body": b"[" * n + b"]" * n}),  # deep nesting
     st.integers(1, 500).map(lambda n: {"body": {"features": nested(n)}}),
-    st.just({}),                                                          # no body at all
+    st.just({}),  # no body at all
 )
 
 
@@ -99,7 +104,6 @@ def oracle_features(row: dict):
     return feats
 
 
-
 @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
 @given(batch=st.lists(rows, min_size=1, max_size=8))
 def test_hostile_batches_get_predictions_or_their_own_400(handler_ctx, batch):
@@ -126,21 +130,36 @@ def binary_requests(draw):
     part drawn valid or broken, and whether it is valid: (body, header value, valid)."""
     n = draw(st.sampled_from([0, 1, 2, 65]))
     count = min(n, 2) * N
-    drawn = draw(st.lists(st.floats(-1e3, 1e3, width=32), min_size=count, max_size=count)
-                 | st.lists(st.floats(width=32), min_size=count, max_size=count))
+    drawn = draw(
+        st.lists(st.floats(-1e3, 1e3, width=32), min_size=count, max_size=count)
+        | st.lists(st.floats(width=32), min_size=count, max_size=count)
+    )
     values = drawn + [0.0] * (n * N - len(drawn))  # (65 rows: too many, whatever they hold)
     tail = np.array(values, dtype="<f4").tobytes()
     size = draw(st.sampled_from([len(tail)] * 3 + [True, "128"]) | st.integers(-10, 10**13))
     cut = draw(st.sampled_from([0, 0, 0, -4, -1, 1, 8]))
-    tail = tail[:len(tail) + cut] if cut < 0 else tail + bytes(cut)
-    head = json.dumps({"inputs": [{"name": "features", "datatype": "FP32", "shape": [n, N],
-                                   "parameters": {"binary_data_size": size}}],
-                       "parameters": {"binary_data_output": True}}).encode()  # as tritonclient
-    header = draw(st.sampled_from([str(len(head))] * 3 + [f" {len(head)} "])
-                  | st.integers(-5, len(head) + len(tail) + 5).map(str) | st.text(max_size=14))
-    valid = (header.strip() == str(len(head)) and 1 <= n <= 64 and type(size) is int
-             and size == n * N * 4 and cut == 0
-             and all(math.isfinite(v) and abs(v) <= LIMIT for v in values))
+    tail = tail[: len(tail) + cut] if cut < 0 else tail + bytes(cut)
+    head = json.dumps(
+        {
+            "inputs": [
+                {"name": "features", "datatype": "FP32", "shape": [n, N], "parameters": {"binary_data_size": size}}
+            ],
+            "parameters": {"binary_data_output": True},
+        }
+    ).encode()  # as tritonclient
+    header = draw(
+        st.sampled_from([str(len(head))] * 3 + [f" {len(head)} "])
+        | st.integers(-5, len(head) + len(tail) + 5).map(str)
+        | st.text(max_size=14)
+    )
+    valid = (
+        header.strip() == str(len(head))
+        and 1 <= n <= 64
+        and type(size) is int
+        and size == n * N * 4
+        and cut == 0
+        and all(math.isfinite(v) and abs(v) <= LIMIT for v in values)
+    )
     return head + tail, header, valid
 
 

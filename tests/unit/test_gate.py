@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
 
 from rtserve.errors import GateError
-from rtserve.promotion.gate import (DEFAULT_CONFIG, ArchiveMeta, GateConfig, Measured, Row, decide,
-                                    gate_rows, golden_mismatches, percentile, read_requests)
+from rtserve.promotion.gate import (
+    DEFAULT_CONFIG,
+    ArchiveMeta,
+    GateConfig,
+    Measured,
+    Row,
+    decide,
+    gate_rows,
+    golden_mismatches,
+    percentile,
+    read_requests,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -25,8 +34,9 @@ def measured(version, predicted, latency_ms):
 
 
 def test_thresholds_file_is_complete_and_typed(tmp_path):
-    assert CONFIG.thresholds() == {k: getattr(CONFIG, k) for k in
-                                   ("max_accuracy_drop", "min_agreement", "max_latency_ratio")}
+    assert CONFIG.thresholds() == {
+        k: getattr(CONFIG, k) for k in ("max_accuracy_drop", "min_agreement", "max_latency_ratio")
+    }
     raw = DEFAULT_CONFIG.read_text()
     bad = tmp_path / "gate.yaml"
     bad.write_text(raw.replace("min_agreement:", "min_agreemnt:"))
@@ -77,15 +87,15 @@ def test_limits_themselves_pass():
     truth = ["a"] * n
     allowed = round(n * CONFIG.max_accuracy_drop)
     at_limit = ["b"] * allowed + ["a"] * (n - allowed)
-    report = decide(CONFIG, "m", rows(truth), measured("1", truth, 2.0),
-                    measured("2", at_limit, 2.0 * CONFIG.max_latency_ratio))
+    report = decide(
+        CONFIG, "m", rows(truth), measured("1", truth, 2.0), measured("2", at_limit, 2.0 * CONFIG.max_latency_ratio)
+    )
     assert report.passed, report.failures
     assert report.accuracy["drop"] == pytest.approx(CONFIG.max_accuracy_drop)
     assert report.latency_ms["ratio"] == pytest.approx(CONFIG.max_latency_ratio)
 
 
-@pytest.mark.parametrize("differ,passed", [(10, True), (11, False)],
-                         ids=["exactly min_agreement", "one row below"])
+@pytest.mark.parametrize("differ,passed", [(10, True), (11, False)], ids=["exactly min_agreement", "one row below"])
 def test_agreement_at_and_just_below_its_limit(differ, passed):
     """On 100 unlabelled rows the candidate gives another class than the default on ``differ``:
     10 is agreement 0.90, exactly the shipped min_agreement (passes); 11 is 0.89 (refused)."""
@@ -93,8 +103,7 @@ def test_agreement_at_and_just_below_its_limit(differ, passed):
     n = 100
     default = ["a"] * n
     candidate = ["b"] * differ + ["a"] * (n - differ)
-    report = decide(CONFIG, "m", rows([None] * n), measured("1", default, 2.0),
-                    measured("2", candidate, 2.0))
+    report = decide(CONFIG, "m", rows([None] * n), measured("1", default, 2.0), measured("2", candidate, 2.0))
     assert report.agreement["value"] == pytest.approx((n - differ) / n)
     assert report.agreement["on"] == "unlabelled rows"
     assert report.passed is passed
@@ -118,12 +127,18 @@ def test_golden_mismatches_and_percentile():
 
 
 def test_rows_and_requests(tmp_path):
-    meta = ArchiveMeta("1", ["a", "b"], 2, {"features": [[1, 2], [3, 4]], "labels": [1, 0],
-                                            "probabilities": [[0, 1], [1, 0]]})
+    meta = ArchiveMeta(
+        "1", ["a", "b"], 2, {"features": [[1, 2], [3, 4]], "labels": [1, 0], "probabilities": [[0, 1], [1, 0]]}
+    )
     unlabelled = ArchiveMeta("2", ["a", "b"], 2, {**meta.golden, "labels": None})
     got = gate_rows(meta, unlabelled, [[5.0, 6.0]])
     assert [(r.label, r.source) for r in got] == [
-        ("b", "golden 1"), ("a", "golden 1"), (None, "golden 2"), (None, "golden 2"), (None, "requests")]
+        ("b", "golden 1"),
+        ("a", "golden 1"),
+        (None, "golden 2"),
+        (None, "golden 2"),
+        (None, "requests"),
+    ]
     path = tmp_path / "requests.jsonl"
     path.write_text('{"features": [1, 2]}\n\n{"instances": [[3, 4], [5, 6]]}\n')
     assert read_requests(path, 2, 10) == [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]

@@ -16,31 +16,46 @@ from dataclasses import replace
 import pytest
 
 from rtserve.gateway import nginx as gateway
+from rtserve.settings import Settings
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.unit
 
+
 def local(tmp_path) -> gateway.GatewaySettings:
-    return replace(gateway.POD, listen="127.0.0.1:18080", health_listen="127.0.0.1:18086",
-                   gateway_dir=str(tmp_path), tmp_dir=str(tmp_path),
-                   access_log=str(tmp_path / "access.log"), error_log=str(tmp_path / "error.log"))
+    return replace(
+        gateway.POD,
+        listen="127.0.0.1:18080",
+        health_listen="127.0.0.1:18086",
+        gateway_dir=str(tmp_path),
+        tmp_dir=str(tmp_path),
+        access_log=str(tmp_path / "access.log"),
+        error_log=str(tmp_path / "error.log"),
+    )
 
 
 def test_the_configmap_file_is_the_rendered_pod_config():
     shipped = (REPO / "deploy" / "k8s" / "base" / "gateway-nginx.conf").read_text()
-    assert shipped == gateway.render_nginx_conf(gateway.POD), \
+    assert shipped == gateway.render_nginx_conf(gateway.POD), (
         "regenerate: .venv/bin/python -m rtserve gateway conf > deploy/k8s/base/gateway-nginx.conf"
+    )
 
 
 def test_config_routes_and_upstream():
     text = gateway.render_nginx_conf(gateway.POD)
     public = text.split("server {  # the Service's inference port")[1].split("server {  # the kubelet")[0]
     assert "listen 8080;" in public and "if ($rtserve_client_ok = 0)" in public
-    assert [line.strip() for line in public.splitlines() if line.strip().startswith("location ")
-            and "@" not in line] == ["location = /ping {", "location /predictions/ {",
-                                     "location /explanations/ {", "location /v1/models/ {",
-                                     "location = /v2 {", "location /v2/ {",
-                                     "location / {"]
+    assert [
+        line.strip() for line in public.splitlines() if line.strip().startswith("location ") and "@" not in line
+    ] == [
+        "location = /ping {",
+        "location /predictions/ {",
+        "location /explanations/ {",
+        "location /v1/models/ {",
+        "location = /v2 {",
+        "location /v2/ {",
+        "location / {",
+    ]
     # (TorchServe answers the OIP model metadata and readiness routes too: rtserve's agent)
     # each route, and the same request answered with Connection: close while the pod drains
     assert public.count("proxy_pass http://torchserve;") == 7
@@ -65,17 +80,20 @@ def test_real_nginx_accepts_the_config_with_and_without_the_map_files(tmp_path):
     assert after.returncode == 0 and "syntax is ok" in after.stdout, after.stdout
 
 
-@pytest.mark.parametrize("text, message", [
-    ("", "no token in the file"),
-    ("# only a comment\n\n", "no token in the file"),
-    ("short\n", "tokens line 1: a token is 32-256 characters"),
-    ("a" * 40 + "\n" + 'x" 1; "Bearer y' + "a" * 40 + "\n", "tokens line 2"),
-    ("a" * 257, "tokens line 1"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("", "no token in the file"),
+        ("# only a comment\n\n", "no token in the file"),
+        ("short\n", "tokens line 1: a token is 32-256 characters"),
+        ("a" * 40 + "\n" + 'x" 1; "Bearer y' + "a" * 40 + "\n", "tokens line 2"),
+        ("a" * 257, "tokens line 1"),
+    ],
+)
 def test_bad_token_files_are_refused_by_line_never_echoing_the_value(text, message):
     with pytest.raises(gateway.GatewayError, match=message) as err:
         gateway.parse_tokens(text)
-    assert "x\" 1" not in str(err.value) and "short" not in str(err.value)
+    assert 'x" 1' not in str(err.value) and "short" not in str(err.value)
 
 
 def test_tokens_one_per_line_with_comments():
@@ -94,10 +112,12 @@ def test_a_pod_key_that_could_break_the_config_is_refused():
 def fake_master(tmp_path):
     """A real process that records each SIGHUP, its PID where nginx keeps its own."""
     out = tmp_path / "hups"
-    code = ("import signal, sys, time\n"
-            "signal.signal(signal.SIGHUP, lambda *a: open(sys.argv[1], 'a').write('hup\\n'))\n"
-            "open(sys.argv[1], 'w').close()\n"
-            "time.sleep(60)\n")
+    code = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGHUP, lambda *a: open(sys.argv[1], 'a').write('hup\\n'))\n"
+        "open(sys.argv[1], 'w').close()\n"
+        "time.sleep(60)\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code, str(out)])
     deadline = time.monotonic() + 10
     while not out.exists():
@@ -144,19 +164,23 @@ def test_key_sync_reloads_a_new_nginx_master_once(tmp_path, fake_master):
     sync = gateway.KeySync(tmp_path, tmp_path / "key_file.json", tmp_path / "tokens")
     sync.signalled_pid = proc.pid + 1  # files unchanged, but the master is not the one signalled
     (tmp_path / gateway.CLIENT_TOKENS).write_text(
-        gateway.render_client_tokens(gateway.parse_tokens((tmp_path / "tokens").read_text())))
+        gateway.render_client_tokens(gateway.parse_tokens((tmp_path / "tokens").read_text()))
+    )
     assert sync.sync() is True and sync.signalled_pid == proc.pid
     assert sync.sync() is False and hups(out, 1) == 1
 
 
 def test_no_gateway_without_its_variable(monkeypatch, tmp_path):
     monkeypatch.delenv("RTSERVE_GATEWAY_DIR", raising=False)
-    assert gateway.from_env(tmp_path) is None
+    assert gateway.key_sync(Settings.from_env(run_dir=tmp_path)) is None
     monkeypatch.setenv("RTSERVE_GATEWAY_DIR", str(tmp_path / "gw"))
     monkeypatch.setenv("RTSERVE_GATEWAY_TOKENS", str(tmp_path / "t"))
-    sync = gateway.from_env(tmp_path)
+    sync = gateway.key_sync(Settings.from_env(run_dir=tmp_path))
     assert (sync.gateway_dir, sync.key_file, sync.tokens_file) == (
-        tmp_path / "gw", tmp_path / "key_file.json", tmp_path / "t")
+        tmp_path / "gw",
+        tmp_path / "key_file.json",
+        tmp_path / "t",
+    )
 
 
 def test_the_closing_flag_is_set_once_and_a_starting_pod_clears_it(tmp_path, monkeypatch):
@@ -164,7 +188,6 @@ def test_the_closing_flag_is_set_once_and_a_starting_pod_clears_it(tmp_path, mon
     assert (tmp_path / gateway.CLOSING).exists()
     assert gateway.closing(tmp_path, True) is False  # already on
     from rtserve import container
-    from rtserve.settings import Settings
 
     monkeypatch.setenv("RTSERVE_GATEWAY_DIR", str(tmp_path))
     monkeypatch.setenv("RTSERVE_GATEWAY_TOKENS", str(tmp_path / "tokens"))

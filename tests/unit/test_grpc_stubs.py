@@ -47,7 +47,8 @@ def test_exactly_the_servers_apis_are_extracted_and_compiled(tmp_path):
     assert sorted(PROTOS) == sorted(TORCHSERVE_PROTOS | {"google/rpc/status.proto"})
     generated = sorted(str(p.relative_to(out)) for p in out.rglob("*.py"))
     assert generated == sorted(
-        f"{name.removesuffix('.proto')}_pb2{kind}.py" for name in PROTOS for kind in ("", "_grpc"))
+        f"{name.removesuffix('.proto')}_pb2{kind}.py" for name in PROTOS for kind in ("", "_grpc")
+    )
 
 
 def test_stubs_are_generated_once_per_jar(tmp_path, monkeypatch):
@@ -67,8 +68,7 @@ def test_a_jar_without_the_protos_is_refused(tmp_path):
     jar = tmp_path / "model-server.jar"
     with zipfile.ZipFile(jar, "w") as archive:
         archive.writestr("inference.proto", 'syntax = "proto3";\n')
-    with pytest.raises(StubError, match="has no google/rpc/status.proto, management.proto, "
-                                        "open_inference_grpc.proto"):
+    with pytest.raises(StubError, match="has no google/rpc/status.proto, management.proto, open_inference_grpc.proto"):
         stub_dir(tmp_path / "cache", jar=jar)
     assert not any((tmp_path / "cache").rglob("*.py")), "stubs from an incomplete jar"
 
@@ -77,14 +77,13 @@ def class_strings(data: bytes) -> set[str]:
     """The UTF-8 constants of a Java class file's constant pool (JVM spec 4.4)."""
     assert data[:4] == b"\xca\xfe\xba\xbe"
     (count,) = struct.unpack_from(">H", data, 8)
-    sizes = {3: 4, 4: 4, 5: 8, 6: 8, 7: 2, 8: 2, 9: 4, 10: 4, 11: 4, 12: 4, 15: 3, 16: 2, 17: 4,
-             18: 4, 19: 2, 20: 2}
+    sizes = {3: 4, 4: 4, 5: 8, 6: 8, 7: 2, 8: 2, 9: 4, 10: 4, 11: 4, 12: 4, 15: 3, 16: 2, 17: 4, 18: 4, 19: 2, 20: 2}
     strings, pos, index = set(), 10, 1
     while index < count:
         tag = data[pos]
         if tag == 1:
             (length,) = struct.unpack_from(">H", data, pos + 1)
-            strings.add(data[pos + 3:pos + 3 + length].decode("utf-8", "replace"))
+            strings.add(data[pos + 3 : pos + 3 + length].decode("utf-8", "replace"))
             pos += 3 + length
         else:
             pos += 1 + sizes[tag]
@@ -102,9 +101,11 @@ def test_generated_services_are_the_ones_the_installed_server_serves(jar):
         java_package = module.DESCRIPTOR.GetOptions().java_package or module.DESCRIPTOR.package
         for service in module.DESCRIPTOR.services_by_name.values():
             services[service.full_name] = (java_package, service)
-    assert set(services) == {"org.pytorch.serve.grpc.inference.InferenceAPIsService",
-                             "org.pytorch.serve.grpc.management.ManagementAPIsService",
-                             "org.pytorch.serve.grpc.openinference.GRPCInferenceService"}
+    assert set(services) == {
+        "org.pytorch.serve.grpc.inference.InferenceAPIsService",
+        "org.pytorch.serve.grpc.management.ManagementAPIsService",
+        "org.pytorch.serve.grpc.openinference.GRPCInferenceService",
+    }
     with zipfile.ZipFile(jar) as archive:
         for full_name, (java_package, service) in services.items():
             path = f"{java_package.replace('.', '/')}/{service.name}Grpc.class"
@@ -118,5 +119,4 @@ def test_generated_services_are_the_ones_the_installed_server_serves(jar):
             for method in served:
                 assert f"/{full_name}/{method}" in stub_class.__init__.__code__.co_consts
     inference = services["org.pytorch.serve.grpc.inference.InferenceAPIsService"][1]
-    assert set(inference.methods_by_name) == {"Ping", "Predictions", "StreamPredictions",
-                                              "StreamPredictions2"}
+    assert set(inference.methods_by_name) == {"Ping", "Predictions", "StreamPredictions", "StreamPredictions2"}

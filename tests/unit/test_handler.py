@@ -16,8 +16,6 @@ from tests.helpers import MODEL_YAML, Reference, features, json_row, make_contex
 pytestmark = pytest.mark.unit
 
 
-
-
 def run(handler, ctx, rows):
     """Call the handler the way ts.service.Service.predict does; return (statuses, bodies)."""
     start_batch(ctx, len(rows))
@@ -62,13 +60,42 @@ BAD = [
     ("not list", json_row({"features": "1,2"}), "'features' must be a list of 32 numbers, got string", "features"),
     ("short", json_row({"features": [1.0] * 31}), "'features' must have exactly 32 numbers, got 31", "features"),
     ("long", json_row({"features": [1.0] * 33}), "'features' must have exactly 32 numbers, got 33", "features"),
-    ("string", json_row({"features": features()[:5] + ["x"] + features()[6:]}),
-     "features[5] must be a number, got string", "features[5]"),
-    ("bool", json_row({"features": [True] + features()[1:]}), "features[0] must be a number, got boolean", "features[0]"),
-    ("null", json_row({"features": features()[:31] + [None]}), "features[31] must be a number, got null", "features[31]"),
-    ("nested", json_row({"features": [[1.0]] + features()[1:]}), "features[0] must be a number, got array", "features[0]"),
-    ("nan", json_row({"features": [float("nan")] + features()[1:]}), "features[0] must be a finite number", "features[0]"),
-    ("inf", json_row({"features": features()[:2] + [float("inf")] + features()[3:]}), "features[2] must be a finite number", "features[2]"),
+    (
+        "string",
+        json_row({"features": features()[:5] + ["x"] + features()[6:]}),
+        "features[5] must be a number, got string",
+        "features[5]",
+    ),
+    (
+        "bool",
+        json_row({"features": [True] + features()[1:]}),
+        "features[0] must be a number, got boolean",
+        "features[0]",
+    ),
+    (
+        "null",
+        json_row({"features": features()[:31] + [None]}),
+        "features[31] must be a number, got null",
+        "features[31]",
+    ),
+    (
+        "nested",
+        json_row({"features": [[1.0]] + features()[1:]}),
+        "features[0] must be a number, got array",
+        "features[0]",
+    ),
+    (
+        "nan",
+        json_row({"features": [float("nan")] + features()[1:]}),
+        "features[0] must be a finite number",
+        "features[0]",
+    ),
+    (
+        "inf",
+        json_row({"features": features()[:2] + [float("inf")] + features()[3:]}),
+        "features[2] must be a finite number",
+        "features[2]",
+    ),
     ("huge", json_row({"features": [10**400] + features()[1:]}), "features[0] must be in range", "features[0]"),
 ]
 
@@ -87,8 +114,13 @@ def test_each_bad_request_gets_its_own_400(handler_ctx, name, row, message, fiel
 def test_mixed_batch_keeps_good_requests(handler_ctx, trained_dir):
     handler, ctx = handler_ctx
     good = [features(value=v) for v in (1.0, -20.0, 60.0)]
-    rows = [json_row({"features": good[0]}), raw_row(b"oops"), json_row({"features": good[1]}),
-            json_row({"features": [1.0]}), json_row({"features": good[2]})]
+    rows = [
+        json_row({"features": good[0]}),
+        raw_row(b"oops"),
+        json_row({"features": good[1]}),
+        json_row({"features": [1.0]}),
+        json_row({"features": good[2]}),
+    ]
     statuses, bodies = run(handler, ctx, rows)
     assert statuses == [200, 400, 200, 400, 200]
     ref = Reference.demo(trained_dir)
@@ -98,17 +130,23 @@ def test_mixed_batch_keeps_good_requests(handler_ctx, trained_dir):
     assert "error" in bodies[1] and "error" in bodies[3]
 
 
-@pytest.mark.parametrize("bad,message", [
-    (float("nan"), "features[3] must be a finite number"),
-    (-1e7, "features[3] must be in range"),
-    (10**400, "features[3] must be in range"),
-])
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        (float("nan"), "features[3] must be a finite number"),
+        (-1e7, "features[3] must be in range"),
+        (10**400, "features[3] must be in range"),
+    ],
+)
 def test_out_of_range_value_fails_only_its_own_request(handler_ctx, trained_dir, bad, message):
     """Types are fine, so these pass the fast checks and are caught by the batch-wide range check."""
     handler, ctx = handler_ctx
     good = [features(value=v) for v in (1.0, -20.0)]
-    rows = [json_row({"features": good[0]}), json_row({"features": features()[:3] + [bad] + features()[4:]}),
-            json_row({"features": good[1]})]
+    rows = [
+        json_row({"features": good[0]}),
+        json_row({"features": features()[:3] + [bad] + features()[4:]}),
+        json_row({"features": good[1]}),
+    ]
     statuses, bodies = run(handler, ctx, rows)
     assert statuses == [200, 400, 200]
     assert bodies[1]["error"].startswith(message) and bodies[1]["field"] == "features[3]"
@@ -123,8 +161,14 @@ def test_answers_are_json_dumps_of_the_fields(handler_ctx):
     start_batch(ctx, 1)
     out = handler.handle([json_row({"features": features()})], ctx)[0]
     body = json.loads(out)
-    assert out == json.dumps({"prediction": body["prediction"], "label": body["label"],
-                              "probabilities": body["probabilities"], "model_version": "1.0"})
+    assert out == json.dumps(
+        {
+            "prediction": body["prediction"],
+            "label": body["label"],
+            "probabilities": body["probabilities"],
+            "model_version": "1.0",
+        }
+    )
 
 
 def test_all_bad_batch_skips_inference(handler_ctx, monkeypatch):
@@ -173,17 +217,22 @@ def test_training_statistics_and_normalization_inside_the_program(handler_ctx, t
         assert torch.allclose(handler.model(rows), Reference.demo(trained_dir).model(rows), atol=1e-5)
 
 
-@pytest.mark.parametrize("handler_cfg,message", [
-    ({"num_thread": 1}, "unknown handler setting(s): num_thread"),
-    ({"num_threads": "2"}, "handler.num_threads must be int"),
-    ({"num_threads": 0}, "handler.num_threads must be in [1, 64]"),
-    ({"torchscript": True}, "retired handler setting(s): torchscript (TorchScript is deprecated"),
-    ({"quantize": False}, "retired handler setting(s): quantize (torch.ao dynamic quantization"),
-    ({"feature_limit": -1.0}, "handler.feature_limit must be a positive number"),
-])
+@pytest.mark.parametrize(
+    "handler_cfg,message",
+    [
+        ({"num_thread": 1}, "unknown handler setting(s): num_thread"),
+        ({"num_threads": "2"}, "handler.num_threads must be int"),
+        ({"num_threads": 0}, "handler.num_threads must be in [1, 64]"),
+        ({"torchscript": True}, "retired handler setting(s): torchscript (TorchScript is deprecated"),
+        ({"quantize": False}, "retired handler setting(s): quantize (torch.ao dynamic quantization"),
+        ({"feature_limit": -1.0}, "handler.feature_limit must be a positive number"),
+    ],
+)
 def test_bad_config_fails_initialize(trained_dir, handler_cfg, message):
     ctx = make_context(trained_dir, {"handler": handler_cfg})
-    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(
+        ConfigError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(").replace(")", r"\)")
+    ):
         RealTimeHandler().initialize(ctx)
 
 

@@ -18,8 +18,16 @@ def test_each_append_adds_one_json_line_and_keeps_the_earlier_bytes(tmp_path):
     assert history.events() == [] and history.previous_default("m") is None
     history.append({"action": "promote", "model": "m", "from": "1.0", "to": "2.0"})
     first = history.path.read_bytes()
-    history.append({"action": "gate", "model": "m", "default": "2.0", "candidate": "3.0",
-                    "outcome": "refused", "at": "2026-01-01T00:00:00+00:00"})
+    history.append(
+        {
+            "action": "gate",
+            "model": "m",
+            "default": "2.0",
+            "candidate": "3.0",
+            "outcome": "refused",
+            "at": "2026-01-01T00:00:00+00:00",
+        }
+    )
     history.append({"action": "promote", "model": "other", "from": "a", "to": "b"})
     raw = history.path.read_bytes()
     assert raw.startswith(first)  # appended, not rewritten
@@ -36,15 +44,17 @@ def test_each_append_adds_one_json_line_and_keeps_the_earlier_bytes(tmp_path):
 def _append_many(path: str, writer: int, n: int) -> None:
     history = History(path)
     for i in range(n):
-        history.append({"action": "gate", "model": "m", "writer": writer, "i": i,
-                        "pad": "x" * 3000})  # about as long as a gate decision's line
+        history.append(
+            {"action": "gate", "model": "m", "writer": writer, "i": i, "pad": "x" * 3000}
+        )  # about as long as a gate decision's line
 
 
 def test_concurrent_writers_never_interleave(tmp_path):
     """Four processes append 50 lines each at once: every line parses, none is lost."""
     path = tmp_path / "rollout-history.jsonl"
-    procs = [multiprocessing.get_context("fork").Process(target=_append_many, args=(str(path), w, 50))
-             for w in range(4)]
+    procs = [
+        multiprocessing.get_context("fork").Process(target=_append_many, args=(str(path), w, 50)) for w in range(4)
+    ]
     for p in procs:
         p.start()
     for p in procs:

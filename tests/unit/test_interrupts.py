@@ -14,7 +14,7 @@ from tests.conftest import REPO
 
 pytestmark = pytest.mark.unit
 
-SESSION = '''
+SESSION = """
 import time
 import pytest
 
@@ -26,7 +26,7 @@ def held(tmp_path_factory):
 def test_waits(held):
     open({started!r}, "w").write("started\\n")
     time.sleep(60)
-'''
+"""
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -35,10 +35,26 @@ def test_a_signal_ends_the_session_with_its_fixtures_torn_down(tmp_path, sig):
     module = tmp_path / "test_session.py"
     module.write_text(SESSION.format(done=str(done), started=str(started)))
     # started as a background job of a non-interactive shell is: SIGINT ignored
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "tests.interrupts", "-p", "no:cacheprovider",
-                             "--rootdir", str(tmp_path), str(module)], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "tests.interrupts",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(tmp_path),
+            str(module),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
     try:
         deadline = time.monotonic() + 60
         while not started.exists():

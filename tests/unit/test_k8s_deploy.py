@@ -11,8 +11,20 @@ from pathlib import Path
 import pytest
 
 from rtserve.errors import DeployError
-from rtserve.k8s.deploy import (JOB_CONDITIONS, Kubectl, Target, crashed, deploy, deploy_kustomization,
-                                job_result, seconds, uses_image, verify, verify_kustomization, why_stuck)
+from rtserve.k8s.deploy import (
+    JOB_CONDITIONS,
+    Kubectl,
+    Target,
+    crashed,
+    deploy,
+    deploy_kustomization,
+    job_result,
+    seconds,
+    uses_image,
+    verify,
+    verify_kustomization,
+    why_stuck,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -32,15 +44,15 @@ class FakeKubectl:
         self.image, self.conditions, self.fail = image, list(conditions), fail
         self.calls: list[tuple[str, ...]] = []
 
-    def __call__(self, *args: str, capture: bool = False, into: Path | None = None,
-                 quiet: bool = False, errors: bool = True) -> str:
+    def __call__(
+        self, *args: str, capture: bool = False, into: Path | None = None, quiet: bool = False, errors: bool = True
+    ) -> str:
         self.calls.append(args)
         words = tuple(a for a in args if not a.startswith("-") and a != "rtserve-staging")
-        if any(words[:len(f)] == f for f in self.fail):
+        if any(words[: len(f)] == f for f in self.fail):
             raise DeployError(f"kubectl {' '.join(args)} exited 1")
         if args[0] == "kustomize":
-            into.write_text(f"kind: Deployment\nspec:\n  containers:\n    - args: []\n"
-                            f"      image: {self.image}\n")
+            into.write_text(f"kind: Deployment\nspec:\n  containers:\n    - args: []\n      image: {self.image}\n")
         if "get" in args:
             return self.conditions.pop(0) if len(self.conditions) > 1 else self.conditions[0]
         return ""
@@ -50,25 +62,51 @@ def target(tmp_path: Path, overlay: str = "staging", timeout: int = 10) -> Targe
     k8s = tmp_path / "k8s"
     (k8s / "overlays" / "staging").mkdir(parents=True, exist_ok=True)
     (k8s / "verify").mkdir(exist_ok=True)
-    return Target(k8s, overlay, f"rtserve-{overlay}", "rtserve", IMG, "2.0", "realtime-classifier",
-                  tmp_path / "build" / overlay, tmp_path / "build" / f"{overlay}-verify",
-                  verify_timeout=timeout)
+    return Target(
+        k8s,
+        overlay,
+        f"rtserve-{overlay}",
+        "rtserve",
+        IMG,
+        "2.0",
+        "realtime-classifier",
+        tmp_path / "build" / overlay,
+        tmp_path / "build" / f"{overlay}-verify",
+        verify_timeout=timeout,
+    )
 
 
 def test_the_kustomizations_are_the_overlay_and_the_job_with_this_rollouts_image(tmp_path):
     t = target(tmp_path)
     assert deploy_kustomization(t).splitlines() == [
         "# Written by make k8s-deploy: the overlay with this rollout's image and change cause.",
-        "apiVersion: kustomize.config.k8s.io/v1beta1", "kind: Kustomization", "resources:",
-        "  - ../../k8s/overlays/staging", "images:", f"  - name: {IMG}", '    newTag: "2.0"',
-        "patches:", "  - patch: |-", "      apiVersion: apps/v1", "      kind: Deployment",
-        "      metadata:", "        name: rtserve", "        annotations:",
-        f'          kubernetes.io/change-cause: "realtime-classifier 2.0 ({IMG}:2.0) by make k8s-deploy"']
+        "apiVersion: kustomize.config.k8s.io/v1beta1",
+        "kind: Kustomization",
+        "resources:",
+        "  - ../../k8s/overlays/staging",
+        "images:",
+        f"  - name: {IMG}",
+        '    newTag: "2.0"',
+        "patches:",
+        "  - patch: |-",
+        "      apiVersion: apps/v1",
+        "      kind: Deployment",
+        "      metadata:",
+        "        name: rtserve",
+        "        annotations:",
+        f'          kubernetes.io/change-cause: "realtime-classifier 2.0 ({IMG}:2.0) by make k8s-deploy"',
+    ]
     assert verify_kustomization(t).splitlines() == [
         "# Written by make k8s-verify: the verification Job for this rollout.",
-        "apiVersion: kustomize.config.k8s.io/v1beta1", "kind: Kustomization",
-        "namespace: rtserve-staging", "resources:", "  - ../../k8s/verify", "images:",
-        f"  - name: {IMG}", '    newTag: "2.0"']
+        "apiVersion: kustomize.config.k8s.io/v1beta1",
+        "kind: Kustomization",
+        "namespace: rtserve-staging",
+        "resources:",
+        "  - ../../k8s/verify",
+        "images:",
+        f"  - name: {IMG}",
+        '    newTag: "2.0"',
+    ]
 
 
 def test_image_and_job_conditions_are_read_exactly():
@@ -81,11 +119,13 @@ def test_image_and_job_conditions_are_read_exactly():
 
 def verify_steps(t: Target, polls: int = 1) -> list[tuple[str, ...]]:
     job = "job/rtserve-verify"
-    return [("kustomize", str(t.verify_build_dir)),
-            ("-n", t.namespace, "delete", job, "--ignore-not-found", "--wait=true"),
-            ("apply", "-f", str(t.verify_build_dir / "manifests.yaml")),
-            *[("-n", t.namespace, "get", job, "-o", JOB_CONDITIONS)] * polls,
-            ("-n", t.namespace, "logs", job)]
+    return [
+        ("kustomize", str(t.verify_build_dir)),
+        ("-n", t.namespace, "delete", job, "--ignore-not-found", "--wait=true"),
+        ("apply", "-f", str(t.verify_build_dir / "manifests.yaml")),
+        *[("-n", t.namespace, "get", job, "-o", JOB_CONDITIONS)] * polls,
+        ("-n", t.namespace, "logs", job),
+    ]
 
 
 def test_an_overlay_with_another_image_or_none_applies_nothing(tmp_path):
@@ -114,10 +154,15 @@ def test_a_stuck_rollout_shows_the_pods_and_the_latest_warning_events(tmp_path, 
     events = ["LAST COUNT OBJECT REASON MESSAGE"] + [f"t{i} 1 pod-{i} Unhealthy probe timed out" for i in range(20)]
     kubectl = FakeKubectl(f"{IMG}:2.0", conditions=("\n".join(events),))
     why_stuck(target(tmp_path), kubectl, events=3)
-    assert [c[:4] for c in kubectl.calls] == [("-n", "rtserve-staging", "get", "pods"),
-                                              ("-n", "rtserve-staging", "get", "events")]
-    assert capsys.readouterr().out.splitlines() == [">> the namespace's last 3 warning events:", events[0],
-                                                    *events[-3:]]
+    assert [c[:4] for c in kubectl.calls] == [
+        ("-n", "rtserve-staging", "get", "pods"),
+        ("-n", "rtserve-staging", "get", "events"),
+    ]
+    assert capsys.readouterr().out.splitlines() == [
+        ">> the namespace's last 3 warning events:",
+        events[0],
+        *events[-3:],
+    ]
     broken = FakeKubectl(f"{IMG}:2.0", fail=(("get", "pods"),))
     why_stuck(target(tmp_path), broken)  # a lookup that fails is skipped: the rollout's error stays
     assert capsys.readouterr().out == ""
@@ -125,12 +170,12 @@ def test_a_stuck_rollout_shows_the_pods_and_the_latest_warning_events(tmp_path, 
 
 def test_a_stricter_p99_for_the_verification_is_added_to_the_jobs_arguments(tmp_path):
     import dataclasses
+
     import yaml
 
     t = dataclasses.replace(target(tmp_path), verify_max_p99_ms=12.5)
     patch = yaml.safe_load(yaml.safe_load(verify_kustomization(t))["patches"][0]["patch"])
-    assert patch == [{"op": "add", "path": "/spec/template/spec/containers/0/args/-",
-                      "value": "--max-p99-ms=12.5"}]
+    assert patch == [{"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": "--max-p99-ms=12.5"}]
     assert "patches" not in yaml.safe_load(verify_kustomization(target(tmp_path)))
 
 
@@ -142,17 +187,17 @@ def test_durations_read_as_kubectl_writes_them():
 
 def _pod(name: str, template: str, restarts: int, exit_code: int) -> dict:
     last = {"terminated": {"exitCode": exit_code, "reason": "Error"}} if restarts else {}
-    return {"metadata": {"name": name, "labels": {"pod-template-hash": template}},
-            "status": {"containerStatuses": [{"name": "rtserve", "restartCount": restarts,
-                                              "lastState": last}]}}
+    return {
+        "metadata": {"name": name, "labels": {"pod-template-hash": template}},
+        "status": {"containerStatuses": [{"name": "rtserve", "restartCount": restarts, "lastState": last}]},
+    }
 
 
 def test_a_new_pod_that_exited_with_an_error_and_restarted_has_crashed():
     pods = {"items": [_pod("old", "aaa", 3, 1), _pod("new-1", "bbb", 0, 0)]}
     assert crashed(pods, "bbb") is None  # the old revision's restarts are not the rollout's
     pods["items"].append(_pod("new-2", "bbb", 1, 1))
-    assert crashed(pods, "bbb") == ("container rtserve of pod new-2 exited 1 (Error) and restarted "
-                                    "1 time(s)")
+    assert crashed(pods, "bbb") == ("container rtserve of pod new-2 exited 1 (Error) and restarted 1 time(s)")
     assert crashed({"items": [_pod("new-3", "bbb", 1, 0)]}, "bbb") is None  # a clean exit
 
 
@@ -172,7 +217,7 @@ def test_an_overlay_with_its_own_verify_dir_gets_that_job(tmp_path):
 def test_kubectl_is_a_command_line_with_its_options(tmp_path):
     """The local cluster's kubectl comes with its kubeconfig (KUBECTL="kubectl --kubeconfig F")."""
     script = tmp_path / "kubectl"
-    script.write_text("#!/bin/sh\necho \"$@\"\n")
+    script.write_text('#!/bin/sh\necho "$@"\n')
     script.chmod(0o755)
     said = []
     kubectl = Kubectl(f"{script} --kubeconfig '{tmp_path}/admin kubeconfig'", out=said.append)

@@ -1,6 +1,6 @@
 """Shadow and canary in a cluster, the parts that need none: the default pods' copy of the routes
-ConfigMap (rtserve.promotion.live.RoutesSync, run by rtserve.container), and the kubectl side's
-scripts and log copies (rtserve.k8s.live) with ``kubectl exec`` replaced by running the same
+ConfigMap (rtserve.promotion.live.routes.RoutesSync, run by rtserve.container), and the kubectl
+side's scripts and log copies (rtserve.promotion.live.kubectl) with ``kubectl exec`` replaced by running the same
 command here, on files standing in for the pods' (the cluster tier runs them in real pods:
 tests/cluster/test_live_traffic.py)."""
 
@@ -20,10 +20,21 @@ from handler.audit import event_line
 from rtserve import container
 from rtserve.errors import DeployError
 from rtserve.k8s.pod import PodState
-from rtserve.k8s.live import (AGENT_READ_LINE, POD_RUN, READ_SCRIPT, ROUTES_CONFIGMAP, ROUTES_KEY, WRITE_SCRIPT, Cluster,
-                              LogCopy, configmap, parse_read)
 from rtserve.promotion.history import History
-from rtserve.promotion.live import Route, Routes, RoutesSync, Watch, read_routes, set_route, watch
+from rtserve.promotion.live.kubectl import (
+    AGENT_READ_LINE,
+    POD_RUN,
+    READ_SCRIPT,
+    ROUTES_CONFIGMAP,
+    ROUTES_KEY,
+    WRITE_SCRIPT,
+    Cluster,
+    LogCopy,
+    configmap,
+    parse_read,
+)
+from rtserve.promotion.live.routes import Route, Routes, RoutesSync, read_routes, set_route
+from rtserve.promotion.live.watcher import Watch, watch
 from rtserve.server.disk import BUDGET_KEY, audit_cap
 from rtserve.server.properties import write_properties
 from rtserve.settings import Settings
@@ -31,9 +42,12 @@ from tests.unit.test_live import CANARY, canary_lines
 
 pytestmark = pytest.mark.unit
 
-ROUTES = Routes("m", "/home/model-server/run/live-log.jsonl",
-                shadow=Route("2.0", 100.0, "http://rtserve-candidate.ns.svc:8080/predictions/m/2.0"),
-                token_file=None)
+ROUTES = Routes(
+    "m",
+    "/home/model-server/run/live-log.jsonl",
+    shadow=Route("2.0", 100.0, "http://rtserve-candidate.ns.svc:8080/predictions/m/2.0"),
+    token_file=None,
+)
 
 
 def text(routes: Routes) -> str:
@@ -74,8 +88,9 @@ def test_routes_sync_copies_only_a_changed_configmap(tmp_path):
 
 
 def test_the_pod_syncs_the_routes_it_mounts(tmp_path):
-    settings = Settings.from_env({"RTSERVE_RUN_DIR": str(tmp_path / "run"),
-                                  "RTSERVE_LIVE_ROUTES": str(tmp_path / "routes.json")})
+    settings = Settings.from_env(
+        {"RTSERVE_RUN_DIR": str(tmp_path / "run"), "RTSERVE_LIVE_ROUTES": str(tmp_path / "routes.json")}
+    )
     (tmp_path / "routes.json").write_text(text(ROUTES))
     (hook,) = container.syncs(settings)  # no gateway here: the routes' sync only
     container.each([hook])()
@@ -104,7 +119,7 @@ class Pod:
 
 
 class HereCluster(Cluster):
-    """:class:`rtserve.k8s.live.Cluster` with its ``pods`` and ``exec`` here, each pod's run
+    """:class:`rtserve.promotion.live.kubectl.Cluster` with its ``pods`` and ``exec`` here, each pod's run
     directory a directory here: the command runs as kubectl exec would run it, with the pod's
     paths mapped."""
 
@@ -118,10 +133,12 @@ class HereCluster(Cluster):
         return [p for p in self.listed if p.ready or (running and p.running)]
 
     def exec(self, pod: str, *cmd: str) -> str:
-        mapped = [str(self.run_dir(pod)) + c[len(str(POD_RUN.path)):] if c.startswith(str(POD_RUN.path)) else c
-                  for c in cmd]  # the pod's paths; not the routes' text
-        done = subprocess.run([sys.executable if mapped[0] == "python" else mapped[0], *mapped[1:]],
-                              capture_output=True, text=True)
+        mapped = [
+            str(self.run_dir(pod)) + c[len(str(POD_RUN.path)) :] if c.startswith(str(POD_RUN.path)) else c for c in cmd
+        ]  # the pod's paths; not the routes' text
+        done = subprocess.run(
+            [sys.executable if mapped[0] == "python" else mapped[0], *mapped[1:]], capture_output=True, text=True
+        )
         if done.returncode:
             raise DeployError(done.stderr)
         return done.stdout
@@ -138,8 +155,11 @@ def test_log_copy_appends_only_what_each_pod_gained(tmp_path):
     live = lambda pod: cluster.run_dir(pod) / "live-log.jsonl"  # noqa: E731
     segment = lambda pod, n: cluster.run_dir(pod) / "records" / f"{n:020d}-1.jsonl"  # noqa: E731
     append(live("rtserve-a"), '{"n": "a1"}', torn='{"n": "a2 torn')
-    append(segment("rtserve-a", 1), '{"request_id":"r1","label":"low","answer":{"prediction":0},"inputs":[1]}',
-           torn='{"request_id":"r2"')
+    append(
+        segment("rtserve-a", 1),
+        '{"request_id":"r1","label":"low","answer":{"prediction":0},"inputs":[1]}',
+        torn='{"request_id":"r2"',
+    )
     copy = LogCopy(tmp_path / "here" / "live-log.jsonl", tmp_path / "here" / "records.jsonl")
     assert copy.pull(cluster) == 2  # pod b has no logs yet
     assert copy.live_log.read_text() == '{"n": "a1"}\n'  # the torn line waits
@@ -148,7 +168,9 @@ def test_log_copy_appends_only_what_each_pod_gained(tmp_path):
     append(segment("rtserve-a", 1), ',"label":"high","answer":{}}')
     append(segment("rtserve-a", 2), '{"request_id":"r3"}')
     assert copy.pull(cluster) == 2 and copy.records.read_text().splitlines()[1:] == [
-        '{"request_id":"r2","label":"high"}', '{"request_id":"r3"}']
+        '{"request_id":"r2","label":"high"}',
+        '{"request_id":"r3"}',
+    ]
     append(live("rtserve-a"), '"}', '{"n": "a3"}')
     append(live("rtserve-b"), '{"n": "b1"}')
     assert copy.pull(cluster) == 3
@@ -180,7 +202,7 @@ def test_log_copy_keeps_every_line_once_across_a_pods_log_rotations(tmp_path):
     assert copy.pull(cluster) == 1
     append(live, '{"n": 2}', torn='{"n": 3')
     assert copy.pull(cluster) == 1
-    append(live, '}')
+    append(live, "}")
     live.rename(live.with_name("live-log.jsonl.1"))  # rotated: the rest of it is in the backup
     append(live, '{"n": 4}')
     assert copy.pull(cluster) == 2
@@ -210,7 +232,7 @@ def test_the_read_scripts_answer_is_checked():
     with pytest.raises(DeployError, match="not what the log reader prints"):
         parse_read("Error from server", 2)
     with pytest.raises(DeployError, match="for 1 files, not 2"):
-        parse_read("[[0, 0, \"\"]]", 2)
+        parse_read('[[0, 0, ""]]', 2)
 
 
 def test_the_write_script_replaces_the_routes_file_at_once(tmp_path):
@@ -230,8 +252,10 @@ def test_an_abort_is_appended_to_each_pods_audit_log(tmp_path):
     (here.run_dir("rtserve-b") / "logs").mkdir(parents=True)
     event = {"event": "canary-abort", "action": "canary-abort", "version": "2.0"}
     assert here.audit(event) == ["rtserve-a", "rtserve-b"]
-    assert audit.read_text().splitlines() == ['{"event":"prediction"}',
-                                              '{"event":"canary-abort","action":"canary-abort","version":"2.0"}']
+    assert audit.read_text().splitlines() == [
+        '{"event":"prediction"}',
+        '{"event":"canary-abort","action":"canary-abort","version":"2.0"}',
+    ]
     # within the audit log's cap of the pod's budget (its effective config records it)
     write_properties(here.run_dir("rtserve-a") / "config.properties", {BUDGET_KEY: str(8 * 2**20)})
     cap = audit_cap(here.run_dir("rtserve-a"))
@@ -250,8 +274,13 @@ def test_the_configmap_holds_the_routes_as_the_pods_mount_them():
 # -- the watcher with the cluster's hooks --------------------------------------------------------------
 def test_the_watcher_pulls_before_each_look_and_publishes_its_abort(tmp_path):
     routes = tmp_path / "live-routes.json"
-    set_route(routes, "m", "/pod/live-log.jsonl", "canary",
-              Route("2.0", 10.0, "http://rtserve-candidate.ns.svc:8080/predictions/m/2.0", "x-rtserve-key"))
+    set_route(
+        routes,
+        "m",
+        "/pod/live-log.jsonl",
+        "canary",
+        Route("2.0", 10.0, "http://rtserve-candidate.ns.svc:8080/predictions/m/2.0", "x-rtserve-key"),
+    )
     live_log = tmp_path / "live-log.jsonl"
     published: list[Routes] = []
     pulls = []
@@ -262,9 +291,18 @@ def test_the_watcher_pulls_before_each_look_and_publishes_its_abort(tmp_path):
             now = time.time() * 1000
             append(live_log, *canary_lines(15, at=now), *canary_lines(5, failed=5, at=now, start=50))
 
-    w = Watch("m", "2.0", routes, live_log, tmp_path / "records.jsonl", tmp_path / "audit.log",
-              History(tmp_path / "history.jsonl"),
-              CANARY, pull=pull, publish=published.append)
+    w = Watch(
+        "m",
+        "2.0",
+        routes,
+        live_log,
+        tmp_path / "records.jsonl",
+        tmp_path / "audit.log",
+        History(tmp_path / "history.jsonl"),
+        CANARY,
+        pull=pull,
+        publish=published.append,
+    )
     result = {}
     thread = threading.Thread(target=lambda: result.update(event=watch(w, lambda _: None, poll_s=0.01)))
     thread.start()
@@ -279,14 +317,15 @@ def test_the_watcher_pulls_before_each_look_and_publishes_its_abort(tmp_path):
 # -- the commands' routes: what `make k8s-shadow` and `make k8s-canary` publish ----------------------
 def test_each_change_is_published_with_the_pods_paths_the_token_and_a_newer_revision(tmp_path, monkeypatch):
     from rtserve.cli import build_parser
-    from rtserve.cli.k8s import Live
-    from rtserve.k8s.live import POD_TOKEN_FILE
-    from rtserve.promotion.live import KEY_HEADER
+    from rtserve.cli.k8s import live_options
+    from rtserve.promotion.live.cluster import ClusterLive
+    from rtserve.promotion.live.kubectl import POD_TOKEN_FILE
+    from rtserve.promotion.live.routes import KEY_HEADER
 
     sent: list[tuple[str, Path]] = []
     monkeypatch.setattr(Cluster, "publish", lambda self, text, manifest: sent.append((text, manifest)) or ["pod-a"])
     args = build_parser().parse_args(["k8s", "live-stop", "--overlay", "local", "--state-dir", str(tmp_path)])
-    live = Live(args)
+    live = ClusterLive(live_options(args))
     url = "http://rtserve-candidate.rtserve-local.svc:8080/predictions/realtime-classifier/2.0"
     live.set(shadow=Route("2.0", 100.0, url))
     published = live.set(canary=Route("2.0", 10.0, url, KEY_HEADER))
@@ -301,7 +340,7 @@ def test_each_change_is_published_with_the_pods_paths_the_token_and_a_newer_revi
 
 
 def test_the_sticky_bucket_is_the_agents():
-    from rtserve.promotion.live import sticky_bucket
+    from rtserve.promotion.live.routes import sticky_bucket
 
     # `java -cp build/agent/rtserve-agent.jar rtserve.agent.Routes --bucket user-1 user-2` prints
     # 77.640592 and 84.831868 (agent/src/rtserve/agent/Routes.java)
@@ -324,8 +363,10 @@ def test_publish_applies_the_configmap_and_writes_each_pods_routes_file(tmp_path
     assert applied[0] == ("apply", "-f", str(manifest))
     # publish returns once each written pod's agent said it read the routes, since the write
     assert [a[3] for a in applied[1:]] == ["rtserve-a", "rtserve-b"]
-    assert all(a[1:3] == ("rtserve-local", "logs") and a[-1].startswith("--since-time=") and a[-1].endswith("Z")
-               for a in applied[1:])
+    assert all(
+        a[1:3] == ("rtserve-local", "logs") and a[-1].startswith("--since-time=") and a[-1].endswith("Z")
+        for a in applied[1:]
+    )
     assert json.loads(manifest.read_text()) == configmap("rtserve-local", text(ROUTES))
     assert {read_routes(here.run_dir(p) / "live-routes.json") for p in ("rtserve-a", "rtserve-b")} == {ROUTES}
 
@@ -346,8 +387,11 @@ def test_publish_writes_a_pod_still_starting_and_waits_only_for_the_ready_ones(t
     not up to read them yet, so only the ready pods' logs are awaited."""
     here = HereCluster(tmp_path / "pods")
     here.namespace, asked = "rtserve-local", []
-    here.listed = [Pod("rtserve-a", "uid-a"), Pod("rtserve-b", "uid-b", ready=False),
-                   Pod("rtserve-c", "uid-c", ready=False, running=False)]
+    here.listed = [
+        Pod("rtserve-a", "uid-a"),
+        Pod("rtserve-b", "uid-b", ready=False),
+        Pod("rtserve-c", "uid-c", ready=False, running=False),
+    ]
 
     def kubectl(*args, **_):
         asked.append(args)
@@ -363,11 +407,16 @@ def test_publish_writes_a_pod_still_starting_and_waits_only_for_the_ready_ones(t
 
 
 def test_a_pods_state_says_whether_its_rtserve_container_runs():
-    item = {"metadata": {"name": "rtserve-x", "uid": "u", "creationTimestamp": "2026-12-01T10:00:00Z"},
-            "spec": {"containers": [{"name": "rtserve", "image": "registry.example.com/ml/rtserve:2.0"}]},
-            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}],
-                       "initContainerStatuses": [{"name": "gateway", "state": {"running": {}}}],
-                       "containerStatuses": [{"name": "rtserve", "state": {"running": {}}, "restartCount": 0}]}}
+    item = {
+        "metadata": {"name": "rtserve-x", "uid": "u", "creationTimestamp": "2026-12-01T10:00:00Z"},
+        "spec": {"containers": [{"name": "rtserve", "image": "registry.example.com/ml/rtserve:2.0"}]},
+        "status": {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "False"}],
+            "initContainerStatuses": [{"name": "gateway", "state": {"running": {}}}],
+            "containerStatuses": [{"name": "rtserve", "state": {"running": {}}, "restartCount": 0}],
+        },
+    }
     state = PodState.of(item)
     assert state.running and not state.ready and state.version == "2.0"
     item["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "ContainerCreating"}}
@@ -382,7 +431,7 @@ def deploy_args(tmp_path: Path, monkeypatch, pairs: int = 0, disagree: int = 0, 
     import yaml
 
     from rtserve.cli import build_parser
-    from rtserve.k8s import live as k8s_live
+    from rtserve.promotion.live import cluster as k8s_live
     from tests.conftest import REPO
     from tests.unit.test_live import live_line, record_line
 
@@ -394,14 +443,49 @@ def deploy_args(tmp_path: Path, monkeypatch, pairs: int = 0, disagree: int = 0, 
     gate.write_text(yaml.safe_dump(config))
     here = HereCluster(tmp_path / "pods")
     pod = here.run_dir("rtserve-a")
-    append(pod / "live-log.jsonl", *(live_line("shadow", n, label="high" if n < disagree else "low")
-                                     for n in range(pairs)))
+    append(
+        pod / "live-log.jsonl", *(live_line("shadow", n, label="high" if n < disagree else "low") for n in range(pairs))
+    )
     append(pod / "records" / "00000000000000000001-7.jsonl", *(record_line(n, label="low") for n in range(pairs)))
     monkeypatch.setattr(k8s_live, "Cluster", lambda *a, **k: here)
     return build_parser().parse_args(
-        ["k8s", "deploy", "--overlay", "local", "--image", "img", "--version", "2.0", "--model", "m",
-         "--kubectl", "false", "--gate-config", str(gate), "--state-dir", str(tmp_path / "live"),
-         "--model-store", str(tmp_path / "store"), *extra])
+        [
+            "k8s",
+            "deploy",
+            "--overlay",
+            "local",
+            "--image",
+            "img",
+            "--version",
+            "2.0",
+            "--model",
+            "m",
+            "--kubectl",
+            "false",
+            "--gate-config",
+            str(gate),
+            "--state-dir",
+            str(tmp_path / "live"),
+            "--model-store",
+            str(tmp_path / "store"),
+            *extra,
+        ]
+    )
+
+
+def live_evidence(args):
+    """``make k8s-deploy``'s live evidence as its command asks for it (the flags mapped by the CLI)."""
+    from rtserve.cli.k8s import live_options
+    from rtserve.cli.live import show_report
+    from rtserve.promotion.live.cluster import deploy_evidence
+
+    return deploy_evidence(
+        live_options(args),
+        args.version,
+        args.force,
+        args.reason,
+        lambda found, saved_to: show_report(found, saved_to, False),
+    )
 
 
 def history_of(tmp_path: Path) -> list[dict]:
@@ -409,32 +493,32 @@ def history_of(tmp_path: Path) -> list[dict]:
 
 
 def test_deploy_asks_no_live_evidence_unless_the_gate_requires_it(tmp_path, monkeypatch):
-    from rtserve.cli.k8s import live_evidence
-
     assert live_evidence(deploy_args(tmp_path, monkeypatch, require=False)) is None
     assert not (tmp_path / "live").exists()
 
 
 def test_deploy_is_refused_on_too_few_mirrored_requests_or_poor_agreement_and_records_it(tmp_path, monkeypatch):
-    from rtserve.cli.k8s import live_evidence
-
     few = deploy_args(tmp_path / "few", monkeypatch, 30, 0, min_requests=500)
-    with pytest.raises(DeployError, match=r"live requests: the shadow report has 30 mirrored requests .*"
-                                          r"at least 500 required.*nothing applied"):
+    with pytest.raises(
+        DeployError,
+        match=r"live requests: the shadow report has 30 mirrored requests .*"
+        r"at least 500 required.*nothing applied",
+    ):
         live_evidence(few)
     (event,) = history_of(tmp_path / "few")
     assert event["outcome"] == "refused" and event["live"]["requests"] == 30 and event["version"] == "2.0"
 
     poor = deploy_args(tmp_path / "poor", monkeypatch, 40, 10, min_requests=20, min_agreement=0.9)
-    with pytest.raises(DeployError, match=r"live agreement: the candidate gave the default's class on "
-                                          r"0\.7500 of 40 mirrored requests \(at least 0\.9 required\)"):
+    with pytest.raises(
+        DeployError,
+        match=r"live agreement: the candidate gave the default's class on "
+        r"0\.7500 of 40 mirrored requests \(at least 0\.9 required\)",
+    ):
         live_evidence(poor)
     assert json.loads((tmp_path / "poor" / "live" / "shadow-report.json").read_text())["agreement"] == 0.75
 
 
 def test_deploy_goes_on_with_good_evidence_or_forced_with_a_reason(tmp_path, monkeypatch):
-    from rtserve.cli.k8s import live_evidence
-
     live, event = live_evidence(deploy_args(tmp_path / "good", monkeypatch, 40, 1, min_requests=20))
     assert event["failures"] == [] and event["live"]["agreement"] == 0.975
     assert history_of(tmp_path / "good") == []  # recorded once the deploy is done (cmd_deploy)

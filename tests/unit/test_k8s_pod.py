@@ -16,28 +16,45 @@ pytestmark = pytest.mark.unit
 def pod_json(qos: str = "Burstable", ready: str = "True") -> dict:
     return {
         "metadata": {"name": "rtserve-abc", "uid": "1234-5678", "creationTimestamp": "2026-11-30T23:00:00Z"},
-        "spec": {"initContainers": [{"name": "gateway", "resources": {"limits": {"cpu": "250m"}}}],
-                 "containers": [{"name": "rtserve", "image": "registry.example.com/ml/rtserve:2.0",
-                                 "resources": {"limits": {"cpu": "2"}}}]},
-        "status": {"phase": "Running", "podIP": "10.244.0.7", "qosClass": qos,
-                   "conditions": [{"type": "Ready", "status": ready}],
-                   "initContainerStatuses": [{"name": "gateway", "restartCount": 0,
-                                              "containerID": "containerd://aaa"}],
-                   "containerStatuses": [{"name": "rtserve", "restartCount": 2,
-                                          "containerID": "containerd://bbb"}]},
+        "spec": {
+            "initContainers": [{"name": "gateway", "resources": {"limits": {"cpu": "250m"}}}],
+            "containers": [
+                {
+                    "name": "rtserve",
+                    "image": "registry.example.com/ml/rtserve:2.0",
+                    "resources": {"limits": {"cpu": "2"}},
+                }
+            ],
+        },
+        "status": {
+            "phase": "Running",
+            "podIP": "10.244.0.7",
+            "qosClass": qos,
+            "conditions": [{"type": "Ready", "status": ready}],
+            "initContainerStatuses": [{"name": "gateway", "restartCount": 0, "containerID": "containerd://aaa"}],
+            "containerStatuses": [{"name": "rtserve", "restartCount": 2, "containerID": "containerd://bbb"}],
+        },
     }
 
 
 def test_a_pods_state_includes_its_native_sidecar():
     pod = PodState.of(pod_json())
-    assert (pod.name, pod.ip, pod.phase, pod.ready, pod.version) == ("rtserve-abc", "10.244.0.7", "Running", True, "2.0")
+    assert (pod.name, pod.ip, pod.phase, pod.ready, pod.version) == (
+        "rtserve-abc",
+        "10.244.0.7",
+        "Running",
+        True,
+        "2.0",
+    )
     assert pod.restarts == {"gateway": 0, "rtserve": 2}
     assert pod.container_ids == {"gateway": "aaa", "rtserve": "bbb"}
     assert PodState.of(pod_json(ready="False")).ready is False
 
 
-@pytest.mark.parametrize("qos,middle", [("Guaranteed", "kubepods"), ("Burstable", "kubepods/burstable"),
-                                        ("BestEffort", "kubepods/besteffort")])
+@pytest.mark.parametrize(
+    "qos,middle",
+    [("Guaranteed", "kubepods"), ("Burstable", "kubepods/burstable"), ("BestEffort", "kubepods/besteffort")],
+)
 def test_cgroup_paths_follow_the_qos_class(qos, middle):
     pod = PodState.of(pod_json(qos))
     assert cgroup_dir(pod, "cpuacct") == Path(f"/sys/fs/cgroup/cpuacct/{middle}/pod1234-5678")

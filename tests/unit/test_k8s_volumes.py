@@ -24,18 +24,26 @@ def pv(name: str, path: str | None, kind: str = "PersistentVolume") -> dict:
 
 
 def test_only_local_volumes_are_found_in_order():
-    text = yaml.safe_dump_all([
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}},
-        pv("b-data", "/var/lib/b"), pv("host", None), None, pv("a-data", "/var/lib/a"),
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"local": "path"}}])
-    assert local_volumes(text) == [LocalVolume("b-data", Path("/var/lib/b")),
-                                   LocalVolume("a-data", Path("/var/lib/a"))]
+    text = yaml.safe_dump_all(
+        [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}},
+            pv("b-data", "/var/lib/b"),
+            pv("host", None),
+            None,
+            pv("a-data", "/var/lib/a"),
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"local": "path"}},
+        ]
+    )
+    assert local_volumes(text) == [LocalVolume("b-data", Path("/var/lib/b")), LocalVolume("a-data", Path("/var/lib/a"))]
     assert local_volumes("") == []
 
 
 def test_a_relative_path_is_refused_naming_the_volume():
-    with pytest.raises(DeployError, match=r"PersistentVolume data: spec.local.path must be absolute, "
-                                          r"got 'var/lib/x'"):
+    with pytest.raises(
+        DeployError,
+        match=r"PersistentVolume data: spec.local.path must be absolute, "
+        r"got 'var/lib/x'",
+    ):
         local_volumes(yaml.safe_dump(pv("data", "var/lib/x")))
 
 
@@ -56,8 +64,11 @@ class FakeKubectl:
 
 
 def test_prepare_makes_each_directory_and_deletes_only_a_released_volume(tmp_path):
-    volumes = [LocalVolume("new", tmp_path / "a" / "b"), LocalVolume("bound", tmp_path / "c"),
-               LocalVolume("released", tmp_path / "d")]
+    volumes = [
+        LocalVolume("new", tmp_path / "a" / "b"),
+        LocalVolume("bound", tmp_path / "c"),
+        LocalVolume("released", tmp_path / "d"),
+    ]
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "records").write_text("kept")
     kubectl, said = FakeKubectl({"bound": "Bound", "released": "Released"}), []
@@ -68,14 +79,19 @@ def test_prepare_makes_each_directory_and_deletes_only_a_released_volume(tmp_pat
     assert (tmp_path / "c" / "records").read_text() == "kept"
     deletes = [c for c in kubectl.calls if c[0] == "delete"]
     assert deletes == [("delete", "persistentvolume", "released", "--wait=true")]
-    assert said == [f">> PersistentVolume released was released by a deleted claim: deleting it, the "
-                    f"apply makes it anew (its data stays in {tmp_path / 'd'})"]
+    assert said == [
+        f">> PersistentVolume released was released by a deleted claim: deleting it, the "
+        f"apply makes it anew (its data stays in {tmp_path / 'd'})"
+    ]
 
 
 def test_a_directory_that_cannot_be_made_is_named(tmp_path):
     (tmp_path / "file").write_text("")
-    with pytest.raises(DeployError, match=r"PersistentVolume data: cannot make its directory .*file/data "
-                                          r"on this machine \(the node\)"):
+    with pytest.raises(
+        DeployError,
+        match=r"PersistentVolume data: cannot make its directory .*file/data "
+        r"on this machine \(the node\)",
+    ):
         prepare(FakeKubectl({}), [LocalVolume("data", tmp_path / "file" / "data")])
 
 

@@ -66,14 +66,12 @@ class NoisyLoad:
         if slow is None:
             return
         n, latency = slow
-        self.records += [Record(len(self.records), latency if i < n else 0.01, 200, "1.0", phase)
-                         for i in range(100)]
+        self.records += [Record(len(self.records), latency if i < n else 0.01, 200, "1.0", phase) for i in range(100)]
 
 
 def test_the_allowance_cap_keeps_noise_from_passing_a_candidate_in_the_path():
     def measure(cap):
-        [(off, on, allowed)] = shadow_cost(NoisyLoad(), lambda on: None, 0.0, 2, 0.0, 1, "a fake",
-                                           max_allowed_ms=cap)
+        [(off, on, allowed)] = shadow_cost(NoisyLoad(), lambda on: None, 0.0, 2, 0.0, 1, "a fake", max_allowed_ms=cap)
         return on.p99_ms - off.p99_ms, allowed
 
     moved, allowed = measure(None)

@@ -51,8 +51,7 @@ def worker(directory: Path, n: int, stay: bool = False):
 def scrape(directory: Path) -> dict[tuple, float]:
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(directory))
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in registry.collect() for s in family.samples}
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for family in registry.collect() for s in family.samples}
 
 
 def no_live(scraped: dict[tuple, float]) -> dict[tuple, float]:
@@ -84,9 +83,16 @@ def test_dead_workers_files_are_merged_and_the_totals_stay(tmp_path):
         assert (done.merged, done.dropped) == (3 * 5, 3)
         after = scrape(tmp_path)
         # the live worker's files and one archive per kind (live gauges have none)
-        assert files(tmp_path) == sorted(pid_files(tmp_path, live.pid) + [
-            "counter_archive.db", "histogram_archive.db", "gauge_mostrecent_archive.db",
-            "gauge_max_archive.db", "gauge_sum_archive.db"])
+        assert files(tmp_path) == sorted(
+            pid_files(tmp_path, live.pid)
+            + [
+                "counter_archive.db",
+                "histogram_archive.db",
+                "gauge_mostrecent_archive.db",
+                "gauge_max_archive.db",
+                "gauge_sum_archive.db",
+            ]
+        )
         assert after[("rtserve_requests_total", (("model", "m"),))] == 3 + 5 + 11 + 7
         assert after[("rtserve_seconds_count", ())] == 26
         assert after[("rtserve_sum", ())] == 26 and after[("rtserve_peak", ())] == 11
@@ -104,8 +110,13 @@ def test_dead_workers_files_are_merged_and_the_totals_stay(tmp_path):
         live.stdin.close()
         live.wait(timeout=30)
     assert compact(tmp_path).merged == 5  # the last one died too
-    assert files(tmp_path) == ["counter_archive.db", "gauge_max_archive.db", "gauge_mostrecent_archive.db",
-                               "gauge_sum_archive.db", "histogram_archive.db"]
+    assert files(tmp_path) == [
+        "counter_archive.db",
+        "gauge_max_archive.db",
+        "gauge_mostrecent_archive.db",
+        "gauge_sum_archive.db",
+        "histogram_archive.db",
+    ]
     assert scrape(tmp_path)[("rtserve_drift", ())] == 2  # the last one set
 
 

@@ -22,8 +22,7 @@ RULE_TESTS = sorted((MONITORING / "tests").glob("*.test.yml"))
 def rule_expressions(groups: tuple[str, ...] | None = None) -> dict[str, str]:
     """Each alert's expression, of the rule ``groups`` given (default: all)."""
     rules = yaml.safe_load((MONITORING / "rtserve-alerts.yml").read_text())
-    return {r["alert"]: r["expr"] for g in rules["groups"] if groups is None or g["name"] in groups
-            for r in g["rules"]}
+    return {r["alert"]: r["expr"] for g in rules["groups"] if groups is None or g["name"] in groups for r in g["rules"]}
 
 
 def dashboard_expressions() -> list[str]:
@@ -37,9 +36,15 @@ def rules() -> list[dict]:
 
 def test_alerts_cover_what_the_issue_asks():
     exprs = rule_expressions()
-    assert {"RtserveRequestLatencyP99High", "RtserveQueueLatencyP99High", "RtserveHandlerLatencyP99High",
-            "RtserveErrorRateHigh", "RtserveFeatureDrift", "RtservePredictionDrift",
-            "RtserveNotServing"} <= set(exprs)
+    assert {
+        "RtserveRequestLatencyP99High",
+        "RtserveQueueLatencyP99High",
+        "RtserveHandlerLatencyP99High",
+        "RtserveErrorRateHigh",
+        "RtserveFeatureDrift",
+        "RtservePredictionDrift",
+        "RtserveNotServing",
+    } <= set(exprs)
     assert "histogram_quantile(0.99" in exprs["RtserveHandlerLatencyP99High"]
     assert "rtserve_request_duration_seconds_bucket" in exprs["RtserveRequestLatencyP99High"]
     assert "rtserve_request_duration_seconds_count" in exprs["RtserveErrorRateHigh"]
@@ -74,8 +79,9 @@ def test_every_alert_has_a_rule_test_that_fires_after_for_and_stays_quiet(promto
                 assert alert["exp_labels"]["severity"] == rule["labels"]["severity"]
                 assert alert["exp_annotations"]["summary"]
     assert set(tested) == {r["alert"] for r in rules()}, "every alert needs a test file"
-    out = subprocess.run([promtool, "test", "rules", *map(str, RULE_TESTS)], capture_output=True,
-                         text=True, cwd=MONITORING)
+    out = subprocess.run(
+        [promtool, "test", "rules", *map(str, RULE_TESTS)], capture_output=True, text=True, cwd=MONITORING
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count("SUCCESS") == len(RULE_TESTS)
 
@@ -86,12 +92,14 @@ def test_dashboard_is_current_and_complete():
     board = json.loads((MONITORING / "grafana-dashboard.json").read_text())
     assert board == dashboard(), "run python deploy/monitoring/make_dashboard.py"
     titles = " ".join(p["title"] for p in board["panels"])
-    for word in ("Request latency", "p50/p95/p99", "Throughput", "status", "Batch",
-                 "Drift per input feature"):
+    for word in ("Request latency", "p50/p95/p99", "Throughput", "status", "Batch", "Drift per input feature"):
         assert word in titles
     latency = board["panels"][0]
-    assert [t["expr"].split("(", 2)[1] for t in latency["targets"]] == ["0.5, sum by ", "0.95, sum by ",
-                                                                         "0.99, sum by "]
+    assert [t["expr"].split("(", 2)[1] for t in latency["targets"]] == [
+        "0.5, sum by ",
+        "0.95, sum by ",
+        "0.99, sum by ",
+    ]
     assert all("rtserve_request_duration_seconds_bucket" in t["expr"] for t in latency["targets"])
     assert len({p["id"] for p in board["panels"]}) == len(board["panels"])
 
@@ -108,11 +116,13 @@ def test_local_configs_derive_from_the_shipped_one(tmp_path):
     local = prometheus_config(shipped, cfg)
     assert local["global"] == shipped["global"]
     assert local["rule_files"] == [str(RULES)]
-    assert local["scrape_configs"] == [{"job_name": "rtserve", "metrics_path": "/metrics",
-                                       "static_configs": [{"targets": ["127.0.0.1:8082"]}]}]
+    assert local["scrape_configs"] == [
+        {"job_name": "rtserve", "metrics_path": "/metrics", "static_configs": [{"targets": ["127.0.0.1:8082"]}]}
+    ]
     assert local["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["127.0.0.1:19093"]
-    fast = prometheus_config(shipped, MonitorConfig(dir=tmp_path, target="t:1", interval="1s",
-                                                    rules=(tmp_path / "r.yml",)))
+    fast = prometheus_config(
+        shipped, MonitorConfig(dir=tmp_path, target="t:1", interval="1s", rules=(tmp_path / "r.yml",))
+    )
     assert fast["global"]["scrape_interval"] == fast["global"]["evaluation_interval"] == "1s"
     assert fast["rule_files"] == [str(tmp_path / "r.yml")]
     assert "webhook_configs" not in alertmanager_config(cfg)["receivers"][0]
@@ -120,13 +130,23 @@ def test_local_configs_derive_from_the_shipped_one(tmp_path):
     assert hooked["receivers"][0]["webhook_configs"][0]["url"] == "http://127.0.0.1:9/x"
 
 
-@pytest.mark.parametrize("expr,names", [
-    ('histogram_quantile(0.99, sum by (le, stage) (rate(rtserve_handler_stage_seconds_bucket[5m]))) > 0.005',
-     {"rtserve_handler_stage_seconds_bucket"}),
-    ('sum(rate(x_count{status_class="5xx"}[5m])) / clamp_min(sum(rate(y_total{a="b"}[5m])), 1e-9)',
-     {"x_count", "y_total"}),
-    ('(x > 0) unless on (model_name) (label_replace(sum by (M) (rate(y[5m])), "m", "$1", "M", "(.*)") > 0)', {"x", "y"}),
-])
+@pytest.mark.parametrize(
+    "expr,names",
+    [
+        (
+            "histogram_quantile(0.99, sum by (le, stage) (rate(rtserve_handler_stage_seconds_bucket[5m]))) > 0.005",
+            {"rtserve_handler_stage_seconds_bucket"},
+        ),
+        (
+            'sum(rate(x_count{status_class="5xx"}[5m])) / clamp_min(sum(rate(y_total{a="b"}[5m])), 1e-9)',
+            {"x_count", "y_total"},
+        ),
+        (
+            '(x > 0) unless on (model_name) (label_replace(sum by (M) (rate(y[5m])), "m", "$1", "M", "(.*)") > 0)',
+            {"x", "y"},
+        ),
+    ],
+)
 def test_metric_names(expr, names):
     assert metric_names(expr) == names
 

@@ -43,8 +43,9 @@ class Payload:
 def random_model(n_features: int = 7, n_classes: int = 5, seed: int = 3) -> nn.Module:
     """A network the project never defined: random layers of another shape."""
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(n_features, 24), nn.Tanh(), nn.Linear(24, 24), nn.GELU(),
-                         nn.LayerNorm(24), nn.Linear(24, n_classes)).eval()
+    return nn.Sequential(
+        nn.Linear(n_features, 24), nn.Tanh(), nn.Linear(24, 24), nn.GELU(), nn.LayerNorm(24), nn.Linear(24, n_classes)
+    ).eval()
 
 
 def random_rows(rows: int = 300, n_features: int = 7, seed: int = 4) -> torch.Tensor:
@@ -53,8 +54,9 @@ def random_rows(rows: int = 300, n_features: int = 7, seed: int = 4) -> torch.Te
 
 
 def exported(tmp_path: Path, **overrides) -> Path:
-    kwargs = dict(feature_names=[f"x{i}" for i in range(7)], labels=list("abcde"),
-                  version="0.1", out_dir=tmp_path / "artifact")
+    kwargs = dict(
+        feature_names=[f"x{i}" for i in range(7)], labels=list("abcde"), version="0.1", out_dir=tmp_path / "artifact"
+    )
     kwargs.update(overrides)
     export(random_model(), random_rows(), **kwargs)
     return Path(kwargs["out_dir"])
@@ -110,23 +112,28 @@ def _nan_rows() -> torch.Tensor:
     return x
 
 
-@pytest.mark.parametrize("model,rows,overrides,message", [
-    (None, None, {"feature_names": ["x0", "x1", "x1", "x3", "x4", "x5", "x5"]},
-     "feature_names must be unique: 'x1', 'x5' appear more than once"),
-    (None, None, {"feature_names": ["x0", "x1"]},
-     "feature_names has 2 names but train_features has 7 columns"),
-    (None, None, {"labels": ["a", "b", "c"]},
-     "labels has 3 entries but the model returns 5 logits per row"),
-    (None, None, {"labels": ["a", "b", "a", "d", "e"]}, "labels must be unique: 'a'"),
-    (None, _nan_rows, {}, "training statistics are not finite for feature(s) 'x3'"),
-    (DataDependent, None, {}, "the model cannot be exported with torch.export"),
-    (None, None, {"version": "1.0 beta"}, "version must be 1-64 letters, digits"),
-    (None, None, {"holdout": (random_rows(4), [0, 1, 2, 9])},
-     "holdout labels must be class indices in [0, 4]"),
-])
+@pytest.mark.parametrize(
+    "model,rows,overrides,message",
+    [
+        (
+            None,
+            None,
+            {"feature_names": ["x0", "x1", "x1", "x3", "x4", "x5", "x5"]},
+            "feature_names must be unique: 'x1', 'x5' appear more than once",
+        ),
+        (None, None, {"feature_names": ["x0", "x1"]}, "feature_names has 2 names but train_features has 7 columns"),
+        (None, None, {"labels": ["a", "b", "c"]}, "labels has 3 entries but the model returns 5 logits per row"),
+        (None, None, {"labels": ["a", "b", "a", "d", "e"]}, "labels must be unique: 'a'"),
+        (None, _nan_rows, {}, "training statistics are not finite for feature(s) 'x3'"),
+        (DataDependent, None, {}, "the model cannot be exported with torch.export"),
+        (None, None, {"version": "1.0 beta"}, "version must be 1-64 letters, digits"),
+        (None, None, {"holdout": (random_rows(4), [0, 1, 2, 9])}, "holdout labels must be class indices in [0, 4]"),
+    ],
+)
 def test_bad_input_is_refused_with_what_to_fix(tmp_path, model, rows, overrides, message):
-    kwargs = dict(feature_names=[f"x{i}" for i in range(7)], labels=list("abcde"),
-                  version="0.1", out_dir=tmp_path / "out")
+    kwargs = dict(
+        feature_names=[f"x{i}" for i in range(7)], labels=list("abcde"), version="0.1", out_dir=tmp_path / "out"
+    )
     kwargs.update(overrides)
     with pytest.raises(PackagingError) as info:
         export(model() if model else random_model(), rows() if rows else random_rows(), **kwargs)
@@ -138,8 +145,7 @@ def test_standardize_puts_preprocessing_inside_the_program(tmp_path):
     x = random_rows() * 100 + 50
     model = nn.Sequential(Standardize.fit(x), random_model()).eval()
     out = tmp_path / "std"
-    export(model, x, feature_names=[f"x{i}" for i in range(7)], labels=list("abcde"),
-           version="0.1", out_dir=out)
+    export(model, x, feature_names=[f"x{i}" for i in range(7)], labels=list("abcde"), version="0.1", out_dir=out)
     with torch.inference_mode():
         assert torch.allclose(load_program(out / "model.pt2")(x[:8]), model(x[:8]), atol=1e-5)
 
@@ -153,7 +159,7 @@ def rewrite(src: Path, dst: Path, change) -> None:
     with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
         for info in zin.infolist():
             out = change(info.filename, zin.read(info.filename))
-            for name, data in (out.items() if isinstance(out, dict) else [(info.filename, out)]):
+            for name, data in out.items() if isinstance(out, dict) else [(info.filename, out)]:
                 zout.writestr(name, data)
 
 
@@ -168,6 +174,7 @@ def _pickled_weight(marker: Path):
             torch.save(Payload(marker), buffer)
             return buffer.getvalue()
         return data
+
     return change
 
 
@@ -178,6 +185,7 @@ def _pickled_sample_inputs(marker: Path):
             torch.save(((Payload(marker),), {}), buffer)
             return buffer.getvalue()
         return data
+
     return change
 
 
@@ -187,6 +195,7 @@ def _compiled_code(marker: Path):
             root = name.split("/")[0]
             return {name: data, f"{root}/data/aotinductor/model/model.so": b"\x7fELF"}
         return data
+
     return change
 
 
@@ -197,8 +206,11 @@ def malicious_artifact(clean: Path, dst: Path, kind: str, marker: Path) -> Path:
     if kind == "whole file pickled":
         torch.save({"model": Payload(marker)}, dst / "model.pt2")
     else:
-        change = {"pickled weight": _pickled_weight, "pickled sample inputs": _pickled_sample_inputs,
-                  "compiled code": _compiled_code}[kind](marker)
+        change = {
+            "pickled weight": _pickled_weight,
+            "pickled sample inputs": _pickled_sample_inputs,
+            "compiled code": _compiled_code,
+        }[kind](marker)
         rewrite(clean / "model.pt2", dst / "model.pt2", change)
     return dst
 
@@ -211,8 +223,12 @@ def test_the_sample_inputs_payload_is_live_for_a_plain_torch_export_load(artifac
     refusals of a real attack)."""
     marker = tmp_path / "ran"
     bad = malicious_artifact(artifact, tmp_path / "bad", "pickled sample inputs", marker)
-    subprocess.run([sys.executable, "-c", f"import torch; torch.export.load({str(bad / 'model.pt2')!r})"],
-                   cwd=REPO, capture_output=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-c", f"import torch; torch.export.load({str(bad / 'model.pt2')!r})"],
+        cwd=REPO,
+        capture_output=True,
+        timeout=120,
+    )
     assert marker.read_text() == "payload ran"
 
 

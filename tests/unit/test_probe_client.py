@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -35,15 +35,19 @@ WIDTH = 3  # the fake model's feature count (the probe sends 32 first)
 
 
 def in_an_hour() -> datetime:
-    return datetime.now(timezone.utc) + timedelta(hours=1)
+    return datetime.now(UTC) + timedelta(hours=1)
 
 
 def key_file_text(inference: str, expires: datetime) -> str:
     """key_file.json as TorchServe writes it."""
     stamp = expires.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    return json.dumps({"management": {"key": "mgmt-key", "expiration time": stamp},
-                       "inference": {"key": inference, "expiration time": stamp},
-                       "API": {"key": API_KEY}})
+    return json.dumps(
+        {
+            "management": {"key": "mgmt-key", "expiration time": stamp},
+            "inference": {"key": inference, "expiration time": stamp},
+            "API": {"key": API_KEY},
+        }
+    )
 
 
 class FakeTorchServe(ThreadingHTTPServer):
@@ -60,7 +64,7 @@ class FakeTorchServe(ThreadingHTTPServer):
         self.ping_status = 200
         self.seen: list[tuple] = []
         self.renewals = 0
-        self.new_key("first", datetime.now(timezone.utc) - timedelta(seconds=1))
+        self.new_key("first", datetime.now(UTC) - timedelta(seconds=1))
 
     @property
     def url(self) -> str:
@@ -88,18 +92,29 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def record(self, body: bytes) -> None:
-        self.server.seen.append((self.command, self.path, self.headers.get("Authorization"),
-                                 self.headers.get(ROUTE_HEADER), self.headers.get("Content-Type"),
-                                 json.loads(body) if body else None))
+        self.server.seen.append(
+            (
+                self.command,
+                self.path,
+                self.headers.get("Authorization"),
+                self.headers.get(ROUTE_HEADER),
+                self.headers.get("Content-Type"),
+                json.loads(body) if body else None,
+            )
+        )
 
     def authorized(self) -> bool:
         server = self.server
-        if self.headers.get("Authorization") == f"Bearer {server.key}" \
-                and server.expires > datetime.now(timezone.utc):
+        if self.headers.get("Authorization") == f"Bearer {server.key}" and server.expires > datetime.now(UTC):
             return True
-        self.answer(401, {"code": 401, "type": "InvalidKeyException",
-                          "message": "Token Authorization failed. Token either incorrect, expired, "
-                                     "or not provided correctly"})
+        self.answer(
+            401,
+            {
+                "code": 401,
+                "type": "InvalidKeyException",
+                "message": "Token Authorization failed. Token either incorrect, expired, or not provided correctly",
+            },
+        )
         return False
 
     def do_GET(self) -> None:
@@ -122,13 +137,22 @@ class Handler(BaseHTTPRequestHandler):
         if not self.authorized():
             return
         if self.path != "/predictions/m":
-            self.answer(404, {"code": 404, "type": "ModelNotFoundException",
-                              "message": f"Model not found: {self.path.rsplit('/', 1)[-1]}"})
+            self.answer(
+                404,
+                {
+                    "code": 404,
+                    "type": "ModelNotFoundException",
+                    "message": f"Model not found: {self.path.rsplit('/', 1)[-1]}",
+                },
+            )
             return
         features = json.loads(body)["features"]
         if len(features) != WIDTH:
-            self.answer(400, {"error": f"expected {WIDTH} features, got {len(features)}"},
-                        {EXPECTED_HEADER: str(WIDTH), REASON_HEADER: "wrong_length"})
+            self.answer(
+                400,
+                {"error": f"expected {WIDTH} features, got {len(features)}"},
+                {EXPECTED_HEADER: str(WIDTH), REASON_HEADER: "wrong_length"},
+            )
             return
         self.answer(200, {"prediction": 0, "model_version": "1.0", "probabilities": [1.0, 0.0]})
 
@@ -139,8 +163,8 @@ def torchserve(tmp_path):
     (effective config, an expired inference key, the warm file)."""
     server = FakeTorchServe(tmp_path / "key_file.json")
     (tmp_path / "config.properties").write_text(
-        f"inference_address=http://0.0.0.0:{server.server_address[1]}\n"
-        f"management_address={server.url}\n")
+        f"inference_address=http://0.0.0.0:{server.server_address[1]}\nmanagement_address={server.url}\n"
+    )
     (tmp_path / WARM_FILE).write_text("1\n")
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
@@ -157,8 +181,14 @@ def run_dir_of(server: FakeTorchServe) -> Path:
 def test_the_light_session_sends_what_requests_sends(torchserve, session):
     """The probe's calls (ping, a prediction that learns the feature count, an expired key
     renewed with the API key) go out and come back the same through either session."""
-    client = Client(torchserve.url, torchserve.url, key_file=torchserve.key_file, timeout=3,
-                    retries=0, session=session and session())
+    client = Client(
+        torchserve.url,
+        torchserve.url,
+        key_file=torchserve.key_file,
+        timeout=3,
+        retries=0,
+        session=session and session(),
+    )
     assert client.ping() is True
     answer = probe_prediction(client, "m")
     assert answer == {"prediction": 0, "model_version": "1.0", "probabilities": [1.0, 0.0]}
@@ -181,8 +211,9 @@ def test_the_light_session_sends_what_requests_sends(torchserve, session):
 @pytest.mark.parametrize("session", [None, Session], ids=["requests", "light"])
 def test_no_answer_is_a_torchserve_error_without_a_status(session):
     closed = free_ports(1)[0]
-    client = Client(f"http://127.0.0.1:{closed}", f"http://127.0.0.1:{closed}", timeout=3, retries=0,
-                    session=session and session())
+    client = Client(
+        f"http://127.0.0.1:{closed}", f"http://127.0.0.1:{closed}", timeout=3, retries=0, session=session and session()
+    )
     with pytest.raises(TorchServeError, match=f"GET /ping: no answer from http://127.0.0.1:{closed}: ") as err:
         client.ping()
     assert not err.value.status
@@ -216,9 +247,25 @@ def test_the_probes_report_as_before(torchserve):
 
 def imported(check: str, run_dir: Path) -> tuple[subprocess.CompletedProcess, set[str]]:
     """``python -m rtserve probe <check>`` as the pod runs it, and the modules it imported."""
-    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "rtserve", "probe", check,
-                           "--run-dir", str(run_dir), "--model", "m"], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-X",
+            "importtime",
+            "-m",
+            "rtserve",
+            "probe",
+            check,
+            "--run-dir",
+            str(run_dir),
+            "--model",
+            "m",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return done, set(re.findall(r"(?m)^import time:.*\| *(\S+)$", done.stderr))
 
 
@@ -228,13 +275,16 @@ def test_a_probe_imports_neither_requests_nor_the_other_command_groups(tmp_path,
     made it cost about 0.4 s of CPU (make bench-probe). Here the probe gets as far as its client's
     first call: the server it names is gone."""
     closed = free_ports(1)[0]
-    (tmp_path / "config.properties").write_text(f"inference_address=http://127.0.0.1:{closed}\n"
-                                                f"management_address=http://127.0.0.1:{closed}\n")
+    (tmp_path / "config.properties").write_text(
+        f"inference_address=http://127.0.0.1:{closed}\nmanagement_address=http://127.0.0.1:{closed}\n"
+    )
     (tmp_path / "key_file.json").write_text(key_file_text("k", in_an_hour()))
     (tmp_path / WARM_FILE).write_text("1\n")
     done, modules = imported(check, tmp_path)
-    verdict = {"ready": "not ready: GET /ping: no answer from",
-               "live": "frontend does not answer: GET /ping: no answer from"}
+    verdict = {
+        "ready": "not ready: GET /ping: no answer from",
+        "live": "frontend does not answer: GET /ping: no answer from",
+    }
     assert done.returncode == 1 and done.stdout.startswith(verdict[check]), done.stdout + done.stderr
     assert "rtserve.server.probe" in modules
     assert not {"requests", "urllib3"} & modules

@@ -12,10 +12,18 @@ pytestmark = pytest.mark.unit
 
 def _venv(tmp_path: Path) -> Path:
     site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
-    files = ["triton/__init__.py", "triton/backends/nvidia/lib/libcuda_stub.so",
-             "triton-3.7.0.dist-info/METADATA", "torch/__init__.py", "torch/bin/torch_shm_manager",
-             "torch/bin/protoc", "torch/test/data.bin", "numpy/tests/test_x.py",
-             "nvidia/cu13/lib/libcudart.so.13", "rtmod/__init__.py"]
+    files = [
+        "triton/__init__.py",
+        "triton/backends/nvidia/lib/libcuda_stub.so",
+        "triton-3.7.0.dist-info/METADATA",
+        "torch/__init__.py",
+        "torch/bin/torch_shm_manager",
+        "torch/bin/protoc",
+        "torch/test/data.bin",
+        "numpy/tests/test_x.py",
+        "nvidia/cu13/lib/libcudart.so.13",
+        "rtmod/__init__.py",
+    ]
     for name in files:
         (site / name).parent.mkdir(parents=True, exist_ok=True)
         (site / name).write_bytes(b"x" * 100)

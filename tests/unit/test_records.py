@@ -13,21 +13,19 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from handler.errors import ConfigError
-from handler.records import (MIN_SEGMENT_BYTES, RecordsConfig, Spool, iso_time, rejected_inputs,
-                             segment_bytes, usage)
+from handler.records import MIN_SEGMENT_BYTES, RecordsConfig, Spool, iso_time, rejected_inputs, segment_bytes, usage
 from rtserve.cli import main
 from rtserve.errors import RecordsError, StoreUnavailable
 from rtserve.records.lookup import Source, contact_points, export, since
 from rtserve.records.record import format_time, parse_line
 from rtserve.records.shipper import Shipper, ShipperConfig, ShipperMetrics
-from rtserve.records.spool import (CHECKPOINT, count_lines, find_local, is_closed, load_checkpoint,
-                                   segments)
+from rtserve.records.spool import count_lines, find_local, is_closed, load_checkpoint, segments
 
 pytestmark = pytest.mark.unit
 
@@ -36,9 +34,11 @@ T0 = 1_780_000_000.0
 
 def line(n: int, version: str = "1.0", at: float = T0, model: str = "m") -> str:
     """A record line as the handler writes it (the keys a record must lead with)."""
-    return (f'{{"request_id":"req-{n}","time":"{iso_time(at + n / 1000)}","model":"{model}",'
-            f'"model_version":"{version}","route":"predictions","status":200,"event":"prediction",'
-            f'"class":1,"label":"medium","answer":{{"prediction":1}},"inputs":[{n}]}}\n')
+    return (
+        f'{{"request_id":"req-{n}","time":"{iso_time(at + n / 1000)}","model":"{model}",'
+        f'"model_version":"{version}","route":"predictions","status":200,"event":"prediction",'
+        f'"class":1,"label":"medium","answer":{{"prediction":1}},"inputs":[{n}]}}\n'
+    )
 
 
 class Clock:
@@ -69,13 +69,14 @@ class ListStore:
 
 def writer_script(spool: Path, lines: int, hold: bool) -> str:
     """A child process that writes ``lines`` records through the worker's writer, then waits."""
-    return (f"import sys, time; sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})\n"
-            "from handler.records import Spool\n"
-            f"s = Spool({str(spool)!r}, 1 << 30)\n"
-            f"for n in range({lines}):\n"
-            f"    s.append(({line(0)!r}).replace('req-0', f'req-{{n}}').encode())\n"
-            "print('written', flush=True)\n"
-            + ("time.sleep(600)\n" if hold else "s.close()\n"))
+    return (
+        f"import sys, time; sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})\n"
+        "from handler.records import Spool\n"
+        f"s = Spool({str(spool)!r}, 1 << 30)\n"
+        f"for n in range({lines}):\n"
+        f"    s.append(({line(0)!r}).replace('req-0', f'req-{{n}}').encode())\n"
+        "print('written', flush=True)\n" + ("time.sleep(600)\n" if hold else "s.close()\n")
+    )
 
 
 # -- the worker's writer ---------------------------------------------------------------------------
@@ -124,8 +125,9 @@ def test_other_writers_bytes_count_against_the_budget(tmp_path):
 
 
 def test_a_killed_writer_leaves_a_closed_segment_with_every_line_it_wrote(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-c", writer_script(tmp_path, 50, hold=True)],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", writer_script(tmp_path, 50, hold=True)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout.readline().strip() == "written"
         [segment] = segments(tmp_path)
@@ -135,8 +137,7 @@ def test_a_killed_writer_leaves_a_closed_segment_with_every_line_it_wrote(tmp_pa
         proc.wait(10)
     [segment] = segments(tmp_path)
     assert segment.closed
-    assert [parse_line(t).request_id for t in segment.path.read_text().splitlines()] == \
-        [f"req-{n}" for n in range(50)]
+    assert [parse_line(t).request_id for t in segment.path.read_text().splitlines()] == [f"req-{n}" for n in range(50)]
 
 
 def test_records_config_is_checked():
@@ -157,8 +158,7 @@ def test_rejected_inputs_are_kept_bounded():
 
 # -- the shipper -----------------------------------------------------------------------------------
 def shipper(tmp_path, store, **config) -> Shipper:
-    return Shipper(ShipperConfig(tmp_path, config.pop("budget", 1 << 30), **config), store,
-                   ShipperMetrics())
+    return Shipper(ShipperConfig(tmp_path, config.pop("budget", 1 << 30), **config), store, ShipperMetrics())
 
 
 def write_segment(spool: Path, lines: list[str], name: str) -> Path:
@@ -200,8 +200,9 @@ def test_a_torn_last_line_of_a_dead_writer_is_passed_over_and_an_open_one_waits(
     assert ship.step() == 1 and ship.step() == 0
     assert ship.totals["torn"] == 1 and load_checkpoint(tmp_path)["0001-1.jsonl"] == torn.stat().st_size
     # an open segment's partial line waits for the rest
-    proc = subprocess.Popen([sys.executable, "-c", writer_script(tmp_path, 3, hold=True)],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", writer_script(tmp_path, 3, hold=True)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout.readline().strip() == "written"
         [_, open_segment] = segments(tmp_path)
@@ -221,8 +222,10 @@ def test_lines_that_are_not_records_are_counted_and_skipped(tmp_path):
 
 
 def test_room_is_made_from_shipped_closed_segments_only_and_without_a_store_from_any_closed(tmp_path):
-    sizes = [write_segment(tmp_path, [line(100 * k + n) for n in range(100)], f"000{k}-1.jsonl")
-             .stat().st_size for k in range(4)]
+    sizes = [
+        write_segment(tmp_path, [line(100 * k + n) for n in range(100)], f"000{k}-1.jsonl").stat().st_size
+        for k in range(4)
+    ]
     store = ListStore()
     store.down = True
     ship = shipper(tmp_path, store, budget=2 * (sizes[2] + sizes[3] + 500), keep=0.5)  # + the checkpoint
@@ -262,7 +265,7 @@ def test_drain_ships_everything_there_is_then_says_so(tmp_path):
 
 # -- lookups ---------------------------------------------------------------------------------------
 def test_since_takes_spans_and_times():
-    now = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+    now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
     assert since("10m", now) == now - timedelta(minutes=10)
     assert since("1d", now) == now - timedelta(days=1)
     assert since("2026-12-01T11:00:00Z") == now - timedelta(hours=1)
@@ -277,8 +280,11 @@ def test_parse_line_needs_the_leading_keys():
     record = parse_line(line(3))
     assert (record.request_id, record.model_version, record.status) == ("req-3", "1.0", 200)
     assert format_time(record.time) == iso_time(T0 + 0.003)
-    for bad in ('{"request_id":"x"}', "[]", '{"request_id":"x","time":"now","model":"m",'
-                '"model_version":"1","route":"r","status":200}'):
+    for bad in (
+        '{"request_id":"x"}',
+        "[]",
+        '{"request_id":"x","time":"now","model":"m","model_version":"1","route":"r","status":200}',
+    ):
         with pytest.raises(RecordsError):
             parse_line(bad)
 
@@ -300,16 +306,32 @@ def test_without_a_store_lookups_read_the_local_spool(tmp_path, capsys):
     assert find_local(run / "records", "req-12").request_id == "req-12"
     recent = source.latest("m", since("10m"), None, 4)
     assert [r.request_id for r in recent] == [f"req-{n}" for n in range(16, 20)]
-    assert [r.request_id for r in source.window("m", since("2h"), "1.0")] == \
-        [f"req-{n}" for n in range(1, 20, 2)]
+    assert [r.request_id for r in source.window("m", since("2h"), "1.0")] == [f"req-{n}" for n in range(1, 20, 2)]
     assert export(source.window("m", since("10m"), "2.0"), tmp_path / "out.jsonl") == 5
     assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 5
 
     assert main(["records", "find", "req-12", "--run-dir", str(run), "--model", "m"]) == 0
     assert json.loads(capsys.readouterr().out)["request_id"] == "req-12"
     assert main(["records", "find", "nobody", "--run-dir", str(run)]) == 3
-    assert main(["records", "list", "--since", "10m", "--version", "1.0", "--run-dir", str(run),
-                 "--model", "m", "--limit", "2"]) == 0
+    assert (
+        main(
+            [
+                "records",
+                "list",
+                "--since",
+                "10m",
+                "--version",
+                "1.0",
+                "--run-dir",
+                str(run),
+                "--model",
+                "m",
+                "--limit",
+                "2",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out.splitlines()
     assert [json.loads(t)["request_id"] for t in out] == ["req-17", "req-19"]
 
@@ -317,8 +339,7 @@ def test_without_a_store_lookups_read_the_local_spool(tmp_path, capsys):
 def test_a_server_started_with_a_store_is_read_from_it(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    (run / "config.properties").write_text("rtserve_records_store=127.0.0.1:9042\n"
-                                           "rtserve_records_keyspace=ks\n")
+    (run / "config.properties").write_text("rtserve_records_store=127.0.0.1:9042\nrtserve_records_keyspace=ks\n")
     source = Source.of(run)
     assert source.store == ["127.0.0.1:9042"] and source.keyspace == "ks"
     assert Source.of(run, store="").store is None  # an explicit empty store: the local spool

@@ -4,7 +4,7 @@ reaches for any node (the records tier runs the rest against a real Cassandra)."
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from cassandra import InvalidRequest, OperationTimedOut
@@ -16,7 +16,7 @@ from rtserve.records.store import Store
 
 pytestmark = pytest.mark.unit
 
-UTC = timezone.utc
+UTC = UTC
 
 
 def test_a_records_partition_is_its_utc_minute():
@@ -45,31 +45,37 @@ def test_a_group_is_cut_into_batches_of_at_most_the_batch_bytes_keeping_its_orde
     assert [len(b._statements_and_parameters) for b in store._batches([(10**6, "big"), (1, "small")])] == [1, 1]
 
 
-@pytest.mark.parametrize("kwargs, named", [
-    ({"contact_points": "127.0.0.1:9042"}, "contact_points"),
-    ({"contact_points": []}, "contact_points"),
-    ({"contact_points": ["127.0.0.1"]}, "contact_points"),
-    ({"contact_points": ["127.0.0.1:99999"]}, "contact_points"),
-    ({"contact_points": [":9042"]}, "contact_points"),
-    ({"keyspace": "records-1"}, "keyspace"),
-    ({"keyspace": "1records"}, "keyspace"),
-    ({"replication": 0}, "replication"),
-    ({"ttl_seconds": 1.5}, "ttl_seconds"),
-    ({"timeout": 0}, "timeout"),
-])
+@pytest.mark.parametrize(
+    "kwargs, named",
+    [
+        ({"contact_points": "127.0.0.1:9042"}, "contact_points"),
+        ({"contact_points": []}, "contact_points"),
+        ({"contact_points": ["127.0.0.1"]}, "contact_points"),
+        ({"contact_points": ["127.0.0.1:99999"]}, "contact_points"),
+        ({"contact_points": [":9042"]}, "contact_points"),
+        ({"keyspace": "records-1"}, "keyspace"),
+        ({"keyspace": "1records"}, "keyspace"),
+        ({"replication": 0}, "replication"),
+        ({"ttl_seconds": 1.5}, "ttl_seconds"),
+        ({"timeout": 0}, "timeout"),
+    ],
+)
 def test_a_setting_that_cannot_be_used_is_refused_naming_it_before_any_connection(kwargs, named):
     args = {"contact_points": ["127.0.0.1:1"], **kwargs}
     with pytest.raises(RecordsError, match=rf"^{named}: expected"):
         Store.connect(**args)
 
 
-@pytest.mark.parametrize("args, named", [
-    (("", datetime.now(UTC), None, None), "model"),
-    (("m", datetime(2026, 12, 1), None, None), "since"),
-    (("m", datetime.now(UTC), datetime(2026, 12, 1), None), "until"),
-    (("m", datetime.now(UTC), None, 0), "limit"),
-    (("m", datetime.now(UTC), None, "10"), "limit"),
-])
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (("", datetime.now(UTC), None, None), "model"),
+        (("m", datetime(2026, 12, 1), None, None), "since"),
+        (("m", datetime.now(UTC), datetime(2026, 12, 1), None), "until"),
+        (("m", datetime.now(UTC), None, 0), "limit"),
+        (("m", datetime.now(UTC), None, "10"), "limit"),
+    ],
+)
 def test_a_read_with_arguments_that_cannot_be_used_is_refused_naming_them(args, named):
     with pytest.raises(RecordsError, match=rf"^{named}: expected|^{named} must be"):
         store._window(*args)
@@ -84,11 +90,14 @@ def test_a_read_without_an_end_reads_up_to_now_and_the_writers_clock_skew():
     assert abs(end - datetime.now(UTC) - store.CLOCK_SKEW) < timedelta(seconds=5)
 
 
-@pytest.mark.parametrize("raised, expected", [
-    (NoHostAvailable("Unable to connect to any servers", {}), StoreUnavailable),
-    (OperationTimedOut("timed out"), StoreUnavailable),
-    (InvalidRequest("unconfigured table"), StoreError),
-])
+@pytest.mark.parametrize(
+    "raised, expected",
+    [
+        (NoHostAvailable("Unable to connect to any servers", {}), StoreUnavailable),
+        (OperationTimedOut("timed out"), StoreUnavailable),
+        (InvalidRequest("unconfigured table"), StoreError),
+    ],
+)
 def test_the_drivers_errors_become_unavailable_or_refused(raised, expected):
     with pytest.raises(expected) as caught:
         with store._driver_errors():

@@ -21,9 +21,11 @@ def instance(tmp_path, **overrides) -> TorchServe:
 def test_agent_is_added_to_vmargs_once_and_metrics_and_oip_get_private_ports(tmp_path):
     server = instance(tmp_path)
     props = server.effective_props(41234, 41236)
-    assert props["vmargs"].endswith(f" -javaagent:{Settings.from_env().agent_jar}=oip=http://127.0.0.1:41236,"
-                                    f"routes={tmp_path.resolve()}/run/live-routes.json,"
-                                    f"live-log-bytes={server.budget.shares().live_log}")
+    assert props["vmargs"].endswith(
+        f" -javaagent:{Settings.from_env().agent_jar}=oip=http://127.0.0.1:41236,"
+        f"routes={tmp_path.resolve()}/run/live-routes.json,"
+        f"live-log-bytes={server.budget.shares().live_log}"
+    )
     assert routes_file(tmp_path / "run") == tmp_path.resolve() / "run" / "live-routes.json"
     assert props["vmargs"].count("-javaagent") == 1
     assert props["metrics_address"] == "http://127.0.0.1:41234"
@@ -42,7 +44,8 @@ def test_greedy_off_still_loads_the_agent_for_the_oip_routes(tmp_path):
     props = server.effective_props(41234, 41236)
     assert props["vmargs"].endswith(
         f" -javaagent:{Settings.from_env().agent_jar}=oip=http://127.0.0.1:41236,greedy=off,"
-        f"routes={routes_file(tmp_path / 'run')},live-log-bytes={server.budget.shares().live_log}")
+        f"routes={routes_file(tmp_path / 'run')},live-log-bytes={server.budget.shares().live_log}"
+    )
 
 
 def test_bad_greedy_value_and_missing_agent_are_refused(tmp_path, monkeypatch):
@@ -53,7 +56,7 @@ def test_bad_greedy_value_and_missing_agent_are_refused(tmp_path, monkeypatch):
         comma.effective_props(41234, 41236)
     monkeypatch.setenv("RTSERVE_AGENT_JAR", str(tmp_path / "missing.jar"))
     with pytest.raises(ServerError, match="make agent"):
-        instance(tmp_path).effective_props(41234, 41236)
+        TorchServe(tmp_path / "run", tmp_path / "store", settings=Settings.from_env()).effective_props(41234, 41236)
 
 
 def test_a_run_directory_too_deep_for_worker_sockets_is_refused_before_anything_starts(tmp_path):
@@ -61,8 +64,11 @@ def test_a_run_directory_too_deep_for_worker_sockets_is_refused_before_anything_
     path than a Unix socket allows used to show only as workers dying at start."""
     deep = tmp_path / ("d" * (srv.MAX_SOCKET_PATH - len(str(tmp_path.resolve())) - 10))
     server = TorchServe(deep, tmp_path / "store")
-    with pytest.raises(ServerError, match=r"too deep for TorchServe's worker sockets: .*/tmp/"
-                                          r"\.ts\.sock\.65535 has 1\d\d bytes, a Unix socket path at most 107"):
+    with pytest.raises(
+        ServerError,
+        match=r"too deep for TorchServe's worker sockets: .*/tmp/"
+        r"\.ts\.sock\.65535 has 1\d\d bytes, a Unix socket path at most 107",
+    ):
         server.start()
     assert not (deep / "config.properties").exists() and not (deep / "logs").exists()
 
@@ -76,10 +82,17 @@ def test_the_probes_and_the_oip_routes_do_not_import_torch():
     import sys
     from pathlib import Path
 
-    code = ("import sys, rtserve.cli, rtserve.server.probe, rtserve.server.torchserve, "
-            "rtserve.server.oip; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[2]).stdout
+    code = (
+        "import sys, rtserve.cli, rtserve.server.probe, rtserve.server.torchserve, "
+        "rtserve.server.oip; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    ).stdout
     assert out.strip() == "[]", out
 
 
@@ -95,10 +108,12 @@ def test_the_log_tail_leaves_out_the_two_lines_per_batch(tmp_path):
     events but never its per-batch lines (tests/integration/test_probe.py)."""
     server = instance(tmp_path)
     server.log_dir.mkdir(parents=True)
-    batch = ("2026-12-02T09:49:49,179 [INFO ] W-29816-realtime-classifier_1.0 org.pytorch.serve.wlm."
-             "WorkerThread - Looping backend response at: 1796204989191\n"
-             "2026-12-02T09:49:49,183 [INFO ] W-29816-realtime-classifier_1.0 org.pytorch.serve.wlm."
-             "WorkerThread - Backend response time: 4\n")
+    batch = (
+        "2026-12-02T09:49:49,179 [INFO ] W-29816-realtime-classifier_1.0 org.pytorch.serve.wlm."
+        "WorkerThread - Looping backend response at: 1796204989191\n"
+        "2026-12-02T09:49:49,183 [INFO ] W-29816-realtime-classifier_1.0 org.pytorch.serve.wlm."
+        "WorkerThread - Backend response time: 4\n"
+    )
     event = "2026-12-02T09:49:50,001 [WARN ] pool-3-thread-1 org.pytorch.serve.wlm.ModelManager - event\n"
     (server.log_dir / "ts_log.log").write_text(batch * 30 + event + batch * 30)
     tail = server.log_tail()

@@ -19,8 +19,9 @@ pytestmark = pytest.mark.unit
 
 @pytest.fixture()
 def layout(tmp_path) -> Layout:
-    return Layout(tmp_path / "run", tmp_path / "libs", {"broker": 21001, "controller": 21002},
-                  heap="384m", partitions=3)
+    return Layout(
+        tmp_path / "run", tmp_path / "libs", {"broker": 21001, "controller": 21002}, heap="384m", partitions=3
+    )
 
 
 def properties(text: str) -> dict[str, str]:
@@ -38,8 +39,11 @@ def test_one_node_on_loopback_with_its_data_under_the_run_directory(layout):
     assert props["num.partitions"] == "3"
     assert props["auto.create.topics.enable"] == "false"
     # transactions and consumer offsets on one node: their internal topics at replication 1
-    for key in ("offsets.topic.replication.factor", "transaction.state.log.replication.factor",
-                "transaction.state.log.min.isr"):
+    for key in (
+        "offsets.topic.replication.factor",
+        "transaction.state.log.replication.factor",
+        "transaction.state.log.min.isr",
+    ):
         assert props[key] == "1", key
     assert layout.bootstrap == "127.0.0.1:21001"
 
@@ -48,8 +52,14 @@ def test_the_format_step_and_the_broker_run_the_assembled_classpath(layout):
     fmt = broker.format_argv(layout, "abc")
     assert fmt[0] == "java" and "-Xmx256m" in fmt
     assert fmt[fmt.index("-cp") + 1] == str(layout.libs / "*")
-    assert fmt[fmt.index(broker.STORAGE_TOOL):] == [
-        "kafka.tools.StorageTool", "format", "--cluster-id", "abc", "--config", str(layout.config)]
+    assert fmt[fmt.index(broker.STORAGE_TOOL) :] == [
+        "kafka.tools.StorageTool",
+        "format",
+        "--cluster-id",
+        "abc",
+        "--config",
+        str(layout.config),
+    ]
     run = broker.broker_argv(layout)
     assert "-Xmx384m" in run and run[-2:] == ["kafka.Kafka", str(layout.config)]
     assert f"-Dlog4j2.configurationFile={layout.log4j}" in run

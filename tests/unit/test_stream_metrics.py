@@ -27,26 +27,41 @@ CREATE_TIME = 1  # confluent_kafka.TIMESTAMP_CREATE_TIME; 0 is TIMESTAMP_NOT_AVA
 
 def partition(desired=True, ls=100, committed=INVALID, lo=0, hi=None, app=INVALID) -> dict:
     """One partition's entry as librdkafka's statistics hold it (a subset of its fields)."""
-    return {"desired": desired, "unknown": False, "fetch_state": "active" if desired else "none",
-            "lo_offset": lo, "hi_offset": ls if hi is None else hi, "ls_offset": ls, "app_offset": app,
-            "next_offset": max(app, committed, 0), "committed_offset": committed, "consumer_lag": -1}
+    return {
+        "desired": desired,
+        "unknown": False,
+        "fetch_state": "active" if desired else "none",
+        "lo_offset": lo,
+        "hi_offset": ls if hi is None else hi,
+        "ls_offset": ls,
+        "app_offset": app,
+        "next_offset": max(app, committed, 0),
+        "committed_offset": committed,
+        "consumer_lag": -1,
+    }
 
 
 def stats(**partitions: dict) -> str:
     """Statistics text of one topic, ``events``, with the given partitions (p0=..., p1=...)."""
     parts = {name[1:]: value for name, value in partitions.items()}
     parts["-1"] = partition(desired=False, ls=INVALID)  # the unassigned-messages queue, always there
-    return json.dumps({"name": "rdkafka#consumer-1", "type": "consumer",
-                       "cgrp": {"state": "up", "join_state": "steady", "assignment_size": len(parts) - 1},
-                       "topics": {"events": {"topic": "events", "partitions": parts}}})
+    return json.dumps(
+        {
+            "name": "rdkafka#consumer-1",
+            "type": "consumer",
+            "cgrp": {"state": "up", "join_state": "steady", "assignment_size": len(parts) - 1},
+            "topics": {"events": {"topic": "events", "partitions": parts}},
+        }
+    )
 
 
 class Message:
     """What the metrics read of a confluent_kafka.Message: ``timestamp()`` -> (kind, ms), and its
     topic, partition and offset."""
 
-    def __init__(self, ms: int, kind: int = CREATE_TIME, partition: int = 0, offset: int = 0,
-                 topic: str = "events") -> None:
+    def __init__(
+        self, ms: int, kind: int = CREATE_TIME, partition: int = 0, offset: int = 0, topic: str = "events"
+    ) -> None:
         self._ts, self._where = (kind, ms), (topic, partition, offset)
 
     def timestamp(self) -> tuple[int, int]:
@@ -72,26 +87,33 @@ class Clock:
 
 def families(m: StreamMetrics) -> dict[str, list]:
     """name -> samples [(name, labels, value)] of one scrape, parsed as Prometheus would."""
-    return {f.name: [(s.name, s.labels, s.value) for s in f.samples]
-            for f in text_string_to_metric_families(m.render().decode())}
+    return {
+        f.name: [(s.name, s.labels, s.value) for s in f.samples]
+        for f in text_string_to_metric_families(m.render().decode())
+    }
 
 
 def test_lag_is_the_last_stable_offset_minus_the_groups_committed_offset():
-    text = stats(p0=partition(ls=120, committed=100, app=116),  # read up to 115: still lag from 100
-                 p1=partition(ls=40, committed=INVALID, lo=12),  # the group never committed: log start
-                 p2=partition(desired=False, ls=500),  # another member's
-                 p3=partition(ls=INVALID),  # end not known yet
-                 p4=partition(ls=7, hi=9, committed=7),  # an input transaction open: not lag
-                 p5=partition(ls=30, committed=INVALID, lo=INVALID))  # no start known yet
+    text = stats(
+        p0=partition(ls=120, committed=100, app=116),  # read up to 115: still lag from 100
+        p1=partition(ls=40, committed=INVALID, lo=12),  # the group never committed: log start
+        p2=partition(desired=False, ls=500),  # another member's
+        p3=partition(ls=INVALID),  # end not known yet
+        p4=partition(ls=7, hi=9, committed=7),  # an input transaction open: not lag
+        p5=partition(ls=30, committed=INVALID, lo=INVALID),
+    )  # no start known yet
     partitions = partitions_from_stats(text)
-    assert partitions == {("events", 0): (120, 100), ("events", 1): (40, 12), ("events", 4): (7, 7),
-                          ("events", 5): (30, -1)}
+    assert partitions == {
+        ("events", 0): (120, 100),
+        ("events", 1): (40, 12),
+        ("events", 4): (7, 7),
+        ("events", 5): (30, -1),
+    }
     assert partition_lag(partitions, {}) == {("events", 0): 20, ("events", 1): 28, ("events", 4): 0}
     # this member's transactions moved the offsets on; an older one of its own (a partition that
     # left and came back, committed further by another member meanwhile) does not move them back
     mine = {("events", 0): 118, ("events", 1): 10, ("events", 5): 25}
-    assert partition_lag(partitions, mine) == {("events", 0): 2, ("events", 1): 28, ("events", 4): 0,
-                                               ("events", 5): 5}
+    assert partition_lag(partitions, mine) == {("events", 0): 2, ("events", 1): 28, ("events", 4): 0, ("events", 5): 5}
 
 
 def test_lag_of_nothing_assigned_is_empty_and_bad_statistics_raise_value_error():
@@ -130,25 +152,35 @@ def test_a_scrape_reads_the_consumers_counts_lag_and_latency():
     m.producer_ready()  # a fenced producer made anew
     m.on_stats(stats(p0=partition(ls=50, committed=40), p1=partition(ls=9, committed=6)))
     now_ms = int(wall.now * 1000)
-    assert m.committed([Message(now_ms - 12, offset=40), Message(now_ms - 48, offset=41),
-                        Message(now_ms - 2500, offset=42),
-                        Message(now_ms + 5, offset=44),  # the producer's clock ahead: counted as 0
-                        Message(0, kind=0, partition=1, offset=8)]) == 4  # no timestamp: not timed
+    assert (
+        m.committed(
+            [
+                Message(now_ms - 12, offset=40),
+                Message(now_ms - 48, offset=41),
+                Message(now_ms - 2500, offset=42),
+                Message(now_ms + 5, offset=44),  # the producer's clock ahead: counted as 0
+                Message(0, kind=0, partition=1, offset=8),
+            ]
+        )
+        == 4
+    )  # no timestamp: not timed
     got = families(m)
     assert got["rtserve_stream_events"] == [
         ("rtserve_stream_events_total", {"outcome": "predicted"}, 40),
-        ("rtserve_stream_events_total", {"outcome": "dead_lettered"}, 6)]
+        ("rtserve_stream_events_total", {"outcome": "dead_lettered"}, 6),
+    ]
     assert got["rtserve_stream_transactions"] == [
         ("rtserve_stream_transactions_total", {"result": "committed"}, 3),
-        ("rtserve_stream_transactions_total", {"result": "aborted"}, 1)]
+        ("rtserve_stream_transactions_total", {"result": "aborted"}, 1),
+    ]
     assert got["rtserve_stream_retries"] == [("rtserve_stream_retries_total", {}, 2)]
     assert got["rtserve_stream_producer_recreations"] == [("rtserve_stream_producer_recreations_total", {}, 1)]
     assert got["rtserve_stream_consumer_lag"] == [
         ("rtserve_stream_consumer_lag", {"topic": "events", "partition": "0"}, 5),  # 50 - (44 + 1)
-        ("rtserve_stream_consumer_lag", {"topic": "events", "partition": "1"}, 0)]  # 9 - (8 + 1)
+        ("rtserve_stream_consumer_lag", {"topic": "events", "partition": "1"}, 0),
+    ]  # 9 - (8 + 1)
     assert got["rtserve_stream_assigned_partitions"] == [("rtserve_stream_assigned_partitions", {}, 2)]
-    buckets = {s[1]["le"]: s[2] for s in got["rtserve_stream_event_to_prediction_seconds"]
-               if s[0].endswith("_bucket")}
+    buckets = {s[1]["le"]: s[2] for s in got["rtserve_stream_event_to_prediction_seconds"] if s[0].endswith("_bucket")}
     assert (buckets["0.005"], buckets["0.015"], buckets["0.05"], buckets["2.5"], buckets["+Inf"]) == (1, 2, 3, 4, 4)
     count = [s[2] for s in got["rtserve_stream_event_to_prediction_seconds"] if s[0].endswith("_count")]
     assert count == [4]
@@ -222,7 +254,8 @@ def test_the_port_serves_metrics_healthz_and_ready():
         assert status == 503 and json.loads(body) == {"ok": False, "loop_age_seconds": 31.0, "stall_seconds": 30}
         status, _, body = get(base + "/nope")
         assert status == 404 and json.loads(body) == {
-            "error": "not found: /metrics, /healthz and /ready are served here"}
+            "error": "not found: /metrics, /healthz and /ready are served here"
+        }
     finally:
         server.shutdown()
         server.server_close()

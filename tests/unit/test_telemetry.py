@@ -22,8 +22,7 @@ IDS = {"model_name": "realtime-classifier", "model_version": "1.0"}
 
 def drift_handler(trained_dir, **settings) -> tuple[RealTimeHandler, object]:
     """The handler with a small drift window (and ``settings``), initialized."""
-    cfg = {**MODEL_YAML, "handler": {**MODEL_YAML["handler"], "drift_window": 100,
-                                     "drift_flush_rows": 16, **settings}}
+    cfg = {**MODEL_YAML, "handler": {**MODEL_YAML["handler"], "drift_window": 100, "drift_flush_rows": 16, **settings}}
     ctx = make_context(trained_dir, cfg)
     handler = RealTimeHandler()
     handler.initialize(ctx)
@@ -45,8 +44,13 @@ def value(handler, name: str, **labels) -> float:
 
 def test_one_batch_updates_every_metric_once_and_records_every_request(handler_ctx, server_env):
     handler, ctx = handler_ctx
-    rows = [json_row({"features": features()}), raw_row(b"{x"), json_row({"features": [1.0]}),
-            json_row({"instances": [features(), features(value=-40.0)]}), json_row({"features": features()})]
+    rows = [
+        json_row({"features": features()}),
+        raw_row(b"{x"),
+        json_row({"features": [1.0]}),
+        json_row({"instances": [features(), features(value=-40.0)]}),
+        json_row({"features": features()}),
+    ]
     start_batch(ctx, len(rows))
     handler.handle(rows, ctx)
     for stage in ("preprocess", "inference", "postprocess"):
@@ -60,8 +64,7 @@ def test_one_batch_updates_every_metric_once_and_records_every_request(handler_c
     assert value(handler, "rtserve_handler_batches_total") == 1
     assert value(handler, "rtserve_schema_violations_total", reason="not_json") == 1
     assert value(handler, "rtserve_schema_violations_total", reason="wrong_length") == 1
-    predicted = sum(value(handler, "rtserve_predictions_total", **{"class": label})
-                    for label in handler.meta.labels)
+    predicted = sum(value(handler, "rtserve_predictions_total", **{"class": label}) for label in handler.meta.labels)
     assert predicted == 4  # 2 plain + 2 v1 instances
     assert value(handler, "rtserve_records_written_total") == 5
     assert value(handler, "rtserve_records_dropped_total") == 0
@@ -70,12 +73,37 @@ def test_one_batch_updates_every_metric_once_and_records_every_request(handler_c
     assert [a["event"] for a in lines] == ["prediction", "rejected", "rejected", "prediction", "prediction"]
     assert len(lines[3]["classes"]) == 2 and lines[0]["model_version"] == "1.0"
     assert {a["batch"] for a in lines} == {lines[0]["batch"]} and lines[0]["batch_size"] == 5
-    assert list(lines[0]) == ["request_id", "time", "model", "model_version", "route", "status",
-                              "event", "batch", "batch_size", "handler_ms", "class", "label",
-                              "answer", "inputs"]
-    assert list(lines[1]) == ["request_id", "time", "model", "model_version", "route", "status",
-                              "event", "batch", "batch_size", "handler_ms", "reason", "answer",
-                              "inputs"]
+    assert list(lines[0]) == [
+        "request_id",
+        "time",
+        "model",
+        "model_version",
+        "route",
+        "status",
+        "event",
+        "batch",
+        "batch_size",
+        "handler_ms",
+        "class",
+        "label",
+        "answer",
+        "inputs",
+    ]
+    assert list(lines[1]) == [
+        "request_id",
+        "time",
+        "model",
+        "model_version",
+        "route",
+        "status",
+        "event",
+        "batch",
+        "batch_size",
+        "handler_ms",
+        "reason",
+        "answer",
+        "inputs",
+    ]
     assert lines[1]["status"] == 400 and lines[1]["reason"] == "not_json"
     assert lines[1]["answer"] == {"error": "request body is not valid JSON"}
     assert lines[1]["inputs"] == "{x"  # what it sent, as text
@@ -94,8 +122,7 @@ def test_record_ids_with_quotes_stay_valid_json(handler_ctx, server_env):
 
 
 @pytest.mark.parametrize("inputs", [True, False])
-def test_a_batch_of_plain_predictions_is_recorded_as_the_general_loop_records_it(handler_ctx, monkeypatch,
-                                                                                 inputs):
+def test_a_batch_of_plain_predictions_is_recorded_as_the_general_loop_records_it(handler_ctx, monkeypatch, inputs):
     """The common batch (every request a plain prediction of one row) takes a shorter path in
     ``Recorder.lines``: byte for byte the lines of the general loop, routes included."""
     import handler.records as records_module
@@ -143,8 +170,7 @@ def test_only_the_common_batch_takes_the_plain_path(handler_ctx):
 
 
 def drift_gauge(handler) -> float | None:
-    return handler.telemetry.metrics.registry.get_sample_value(
-        "rtserve_feature_drift_psi", {**IDS, "feature": "f00"})
+    return handler.telemetry.metrics.registry.get_sample_value("rtserve_feature_drift_psi", {**IDS, "feature": "f00"})
 
 
 def test_drift_gauges_are_exported_once_the_window_has_enough_rows(handler_ctx):
@@ -198,8 +224,8 @@ def test_drift_buffer_is_exact():
     shifted = torch.randn(900, 6, generator=gen) + torch.tensor([0, 0, 2.0, 0, 0, 0])
     pred = torch.randint(0, 3, (900,), generator=gen)
     for start in range(0, 900, 7):
-        direct.update(shifted[start:start + 7], pred[start:start + 7])
-        buffer.add(shifted[start:start + 7], pred[start:start + 7])
+        direct.update(shifted[start : start + 7], pred[start : start + 7])
+        buffer.add(shifted[start : start + 7], pred[start : start + 7])
     buffer.flush()
     a, b = direct.scores(), bulk.scores()
     assert a.rows == b.rows == 500
@@ -214,21 +240,29 @@ def test_metrics_without_a_metrics_directory_fail_the_load(trained_dir, monkeypa
         RealTimeHandler().initialize(make_context(trained_dir, MODEL_YAML))
 
 
-@pytest.mark.parametrize("body,reason", [
-    (b"{", "not_json"), (b"", "empty_body"), (b"[1]", "not_an_object"), (b"{}", "missing_field"),
-    (b'{"features": 3}', "not_a_list"), (b'{"features": [1]}', "wrong_length"),
-    (json.dumps({"features": ["a"] + [1.0] * 31}).encode(), "not_a_number"),
-    (b'{"features": [NaN' + b", 1.0" * 31 + b"]}", "non_finite"),
-    (json.dumps({"features": [1e9] + [1.0] * 31}).encode(), "out_of_range"),
-])
+@pytest.mark.parametrize(
+    "body,reason",
+    [
+        (b"{", "not_json"),
+        (b"", "empty_body"),
+        (b"[1]", "not_an_object"),
+        (b"{}", "missing_field"),
+        (b'{"features": 3}', "not_a_list"),
+        (b'{"features": [1]}', "wrong_length"),
+        (json.dumps({"features": ["a"] + [1.0] * 31}).encode(), "not_a_number"),
+        (b'{"features": [NaN' + b", 1.0" * 31 + b"]}", "non_finite"),
+        (json.dumps({"features": [1e9] + [1.0] * 31}).encode(), "out_of_range"),
+    ],
+)
 def test_violation_reasons_follow_the_real_messages(body, reason):
     batch = parse_batch([raw_row(body)], 32)
     assert violation_reason(batch.errors[0]) == reason
 
 
 @pytest.mark.parametrize("required", [False, True])
-def test_records_that_do_not_fit_the_spool_are_dropped_and_counted_or_refused(trained_dir, server_env,
-                                                                              monkeypatch, required):
+def test_records_that_do_not_fit_the_spool_are_dropped_and_counted_or_refused(
+    trained_dir, server_env, monkeypatch, required
+):
     monkeypatch.setenv("RTSERVE_SPOOL_BYTES", "4096")  # a spool of about five records
     ctx = make_context(trained_dir, {**MODEL_YAML, "records": {"required": required}})
     handler = RealTimeHandler()
@@ -246,9 +280,17 @@ def test_records_that_do_not_fit_the_spool_are_dropped_and_counted_or_refused(tr
         assert written == len(kept) and 0 < written < 12 and written + dropped == 12
         if required:
             assert statuses[0] == [200] * 3 and statuses[-1] == [503] * 3
-            assert last == [{"error": "the request's record cannot be kept (the records spool is full: "
-                             "the records store has been away too long) and records.required is set: "
-                             "retry shortly"}] * 3
+            assert (
+                last
+                == [
+                    {
+                        "error": "the request's record cannot be kept (the records spool is full: "
+                        "the records store has been away too long) and records.required is set: "
+                        "retry shortly"
+                    }
+                ]
+                * 3
+            )
         else:
             assert statuses[-1] == [200] * 3  # answered anyway
             assert all(answer["model_version"] == "1.0" for answer in last)

@@ -27,6 +27,6 @@ def test_held_out_accuracy_above_floor(trained_dir):
     assert meta["labels"] == ["low", "medium", "high"] and len(meta["feature_names"]) == 32
     assert meta["name"] == "realtime-classifier" and meta["version"] == "1.0"
     # the golden set is the first held-out rows, labelled; its accuracy is recorded
-    assert meta["golden"]["labels"] == data.y_test[:len(meta["golden"]["labels"])].tolist()
+    assert meta["golden"]["labels"] == data.y_test[: len(meta["golden"]["labels"])].tolist()
     assert meta["accuracy"] >= ACCURACY_FLOOR_V1
     assert meta["provenance"]["torch"] == torch.__version__

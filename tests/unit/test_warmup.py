@@ -10,11 +10,11 @@ import pytest
 
 from handler.rtserve_handler import RealTimeHandler
 from handler.warmup import HEADER, KEY_ENV
+from rtserve.errors import WrongAnswers
 from rtserve.server.probe import ready
 from rtserve.server.warmup import Rows, WarmupConfig, WarmupError
-from rtserve.errors import WrongAnswers
 from rtserve.settings import WARM_FILE
-from tests.helpers import MODEL_YAML, features, record_batches, json_row, make_context, route_headers, start_batch
+from tests.helpers import MODEL_YAML, features, json_row, make_context, record_batches, route_headers, start_batch
 
 pytestmark = pytest.mark.unit
 
@@ -41,9 +41,12 @@ def handle(handler, ctx, keys: list[str | None]) -> list[dict]:
 
 
 def requests_seen(handler) -> float:
-    return handler.telemetry.metrics.registry.get_sample_value(
-        "rtserve_handler_requests_total",
-        {"model_name": "realtime-classifier", "model_version": "1.0"}) or 0.0
+    return (
+        handler.telemetry.metrics.registry.get_sample_value(
+            "rtserve_handler_requests_total", {"model_name": "realtime-classifier", "model_version": "1.0"}
+        )
+        or 0.0
+    )
 
 
 def test_a_warm_up_batch_is_answered_but_not_recorded(warm_handler, server_env):
@@ -56,12 +59,15 @@ def test_a_warm_up_batch_is_answered_but_not_recorded(warm_handler, server_env):
     assert record_batches(server_env / "records") == []
 
 
-@pytest.mark.parametrize("keys", [
-    [KEY, None],                 # shares a batch with a client request: all recorded
-    ["x" * 43],                  # a client guessing: recorded
-    [KEY[:-1] + "x", KEY],       # one character off
-    [None],
-])
+@pytest.mark.parametrize(
+    "keys",
+    [
+        [KEY, None],  # shares a batch with a client request: all recorded
+        ["x" * 43],  # a client guessing: recorded
+        [KEY[:-1] + "x", KEY],  # one character off
+        [None],
+    ],
+)
 def test_anything_else_is_recorded(warm_handler, server_env, keys):
     handler, ctx = warm_handler
     handle(handler, ctx, keys)
@@ -85,18 +91,33 @@ def test_without_a_key_from_the_server_nothing_is_a_warm_up(trained_dir, server_
 def test_settings_from_config_properties():
     assert WarmupConfig.from_props({}) == WarmupConfig(300, 2.0, 4)
     assert WarmupConfig.from_props({"rtserve_warmup_requests": "0"}).requests == 0
-    got = WarmupConfig.from_props({"rtserve_warmup_requests": "50", "rtserve_warmup_seconds": "0.5",
-                                   "rtserve_warmup_concurrency": "1"})
+    got = WarmupConfig.from_props(
+        {"rtserve_warmup_requests": "50", "rtserve_warmup_seconds": "0.5", "rtserve_warmup_concurrency": "1"}
+    )
     assert got == WarmupConfig(50, 0.5, 1)
 
 
-@pytest.mark.parametrize("props,message", [
-    ({"rtserve_warmup_requests": "many"}, "must be whole numbers"),
-    ({"rtserve_warmup_requests": "-1"}, r"rtserve_warmup_requests must be in \[0, 10000\], got -1"),
-    ({"rtserve_warmup_seconds": "nan"}, r"rtserve_warmup_seconds must be in \[0.1, 60\]"),
-    ({"rtserve_warmup_seconds": "0"}, r"rtserve_warmup_seconds must be in \[0.1, 60\], got 0.0"),
-    ({"rtserve_warmup_concurrency": "0"}, r"rtserve_warmup_concurrency must be in \[1, 64\], got 0"),
-])
+def test_the_defaults_are_what_the_shipped_configs_run_with():
+    """WarmupConfig owns the defaults: the pod's config.properties sets no warm-up key, and the
+    checkout's states the same values."""
+    from rtserve.server.properties import read_properties
+    from tests.conftest import REPO
+
+    pod = read_properties(REPO / "deploy" / "k8s" / "base" / "config.properties")
+    assert not [key for key in pod if key.startswith("rtserve_warmup_")]
+    assert WarmupConfig.from_props(read_properties(REPO / "config.properties")) == WarmupConfig()
+
+
+@pytest.mark.parametrize(
+    "props,message",
+    [
+        ({"rtserve_warmup_requests": "many"}, "must be whole numbers"),
+        ({"rtserve_warmup_requests": "-1"}, r"rtserve_warmup_requests must be in \[0, 10000\], got -1"),
+        ({"rtserve_warmup_seconds": "nan"}, r"rtserve_warmup_seconds must be in \[0.1, 60\]"),
+        ({"rtserve_warmup_seconds": "0"}, r"rtserve_warmup_seconds must be in \[0.1, 60\], got 0.0"),
+        ({"rtserve_warmup_concurrency": "0"}, r"rtserve_warmup_concurrency must be in \[1, 64\], got 0"),
+    ],
+)
 def test_bad_settings_are_refused_naming_the_key(props, message):
     with pytest.raises(WarmupError, match=message):
         WarmupConfig.from_props(props)
@@ -135,15 +156,18 @@ def test_a_wrong_answer_stops_the_warm_up():
     rows = Rows([[0.0, 1.0]], [[0.2, 0.8]])
     sender = _Sender(Client("http://127.0.0.1:9", "http://127.0.0.1:9"), "m", KEY, rows, deadline=0)
     sender._check(0, 200, b'{"prediction": 1, "probabilities": [0.2, 0.8000001]}')
-    for body in (b'{"prediction": 1, "probabilities": [0.3, 0.7]}',
-                 b'{"prediction": 0, "probabilities": [0.2, 0.8]}'):
-        with pytest.raises(WrongAnswers, match=r"m answered golden row 0 of its archive with .* "
-                                               r"the served model is not the one packaged"):
+    for body in (b'{"prediction": 1, "probabilities": [0.3, 0.7]}', b'{"prediction": 0, "probabilities": [0.2, 0.8]}'):
+        with pytest.raises(
+            WrongAnswers,
+            match=r"m answered golden row 0 of its archive with .* "
+            r"the served model is not the one packaged",
+        ):
             sender._check(0, 200, body)
     with pytest.raises(WarmupError, match="warm-up request to m answered 503"):
         sender._check(0, 503, b'{"code": 503}')
-    unchecked = _Sender(Client("http://127.0.0.1:9", "http://127.0.0.1:9"), "m", KEY,
-                        Rows([[0.0, 1.0]], None), deadline=0)
+    unchecked = _Sender(
+        Client("http://127.0.0.1:9", "http://127.0.0.1:9"), "m", KEY, Rows([[0.0, 1.0]], None), deadline=0
+    )
     unchecked._check(0, 200, b'{"prediction": 4}')  # no golden set: only the answer's form
     with pytest.raises(WarmupError, match="answered 200"):
         unchecked._check(0, 200, b'{"error": "x"}')

@@ -12,6 +12,9 @@ from ts.protocol import otf_message_handler as otf
 from handler import worker_io
 
 pytestmark = pytest.mark.unit
+#: TorchServe's own reader and batch parser, as collected (a test that starts a handler in this
+#: process installs rtserve's for good).
+STOCK_READER, STOCK_PARSER = otf._retrieve_buffer, otf._retrieve_inference_msg
 
 
 def frame(data: bytes) -> bytes:
@@ -40,22 +43,20 @@ def buffered(monkeypatch):
 
 
 def test_protocol_reads_the_same_through_the_buffer_across_chunks_and_messages(buffered):
-    batch1 = [(f"id-{i}", {"url_path": "", "explain": "False"}, {"features": [float(i)] * 32})
-              for i in range(5)]
+    batch1 = [(f"id-{i}", {"url_path": "", "explain": "False"}, {"features": [float(i)] * 32}) for i in range(5)]
     batch2 = [("next", {"Content-Type": "application/json"}, {"features": [9.5] * 32})]
     wire = predict_message(batch1) + predict_message(batch2)
     ours, theirs = socket.socketpair()
     with ours, theirs:
-        theirs.sendall(wire[:7])        # a partial first frame ...
-        theirs.sendall(wire[7:3001])    # ... then the rest in odd pieces, both messages back to back
+        theirs.sendall(wire[:7])  # a partial first frame ...
+        theirs.sendall(wire[7:3001])  # ... then the rest in odd pieces, both messages back to back
         theirs.sendall(wire[3001:])
         cmd1, msg1 = otf.retrieve_msg(ours)
         cmd2, msg2 = otf.retrieve_msg(ours)
     assert cmd1 == cmd2 == b"I"
     assert [bytes(r["requestId"]).decode() for r in msg1] == [f"id-{i}" for i in range(5)]
     assert [r["parameters"][0]["value"] for r in msg1] == [body for _, _, body in batch1]
-    assert {bytes(h["name"]): bytes(h["value"]) for h in msg1[0]["headers"]} == {
-        b"url_path": b"", b"explain": b"False"}
+    assert {bytes(h["name"]): bytes(h["value"]) for h in msg1[0]["headers"]} == {b"url_path": b"", b"explain": b"False"}
     assert msg2[0]["parameters"][0]["value"] == {"features": [9.5] * 32}
 
 
@@ -100,6 +101,8 @@ def stock(monkeypatch):
     """TorchServe's own functions, restored after the test whatever it installs."""
     monkeypatch.setattr(otf, "retrieve_msg", otf.retrieve_msg)
     monkeypatch.setattr(service, "create_predict_response", otf.create_predict_response)
+    monkeypatch.setattr(otf, "_retrieve_buffer", STOCK_READER)
+    monkeypatch.setattr(otf, "_retrieve_inference_msg", STOCK_PARSER)
     return monkeypatch
 
 
@@ -128,17 +131,24 @@ def test_the_lean_encoder_writes_torchserves_frame_byte_for_byte(stock):
     for encode in (otf.create_predict_response, ours):
         ctx = batch_context(4)
         answered(ctx)
-        frames.append((bytes(encode(answers, ids, "Prediction success", 200, context=ctx)),
-                       [rp.get_response_headers() for rp in ctx.request_processor]))
+        frames.append(
+            (
+                bytes(encode(answers, ids, "Prediction success", 200, context=ctx)),
+                [rp.get_response_headers() for rp in ctx.request_processor],
+            )
+        )
     assert frames[0] == frames[1]
     assert b"features[3] must be a number" in frames[1][0]
 
 
-@pytest.mark.parametrize("args,kwargs", [
-    ((None, {0: "a"}, "Prediction failed", 503), {}),                    # an error frame
-    (([torch.ones(2)], {0: "a"}, "Prediction success", 200), {"context": "ctx"}),  # a tensor
-    ((["x"], {0: "a"}, "Prediction success", 200), {"context": "ctx", "ts_stream_next": True}),
-])
+@pytest.mark.parametrize(
+    "args,kwargs",
+    [
+        ((None, {0: "a"}, "Prediction failed", 503), {}),  # an error frame
+        (([torch.ones(2)], {0: "a"}, "Prediction success", 200), {"context": "ctx"}),  # a tensor
+        ((["x"], {0: "a"}, "Prediction success", 200), {"context": "ctx", "ts_stream_next": True}),
+    ],
+)
 def test_anything_else_goes_to_torchserves_own_encoder(stock, args, kwargs):
     calls = []
 
@@ -247,3 +257,102 @@ def test_prediction_time_is_skipped_only_while_its_line_would_be_dropped(stock):
     finally:
         metric_logger.setLevel(level)
     assert seen == ["HandlerTime", service.PREDICTION_METRIC]
+
+
+def mixed_message(requests: list[tuple[bytes, list, list]]) -> bytes:
+    """An inference command of raw parts: per request its id, (name, value) headers and
+    (name, content type, value) parameters."""
+    out = b"I"
+    for request_id, headers, parameters in requests:
+        out += frame(request_id)
+        for name, value in headers:
+            out += frame(name) + frame(value)
+        out += struct.pack("!i", -1)
+        for name, content_type, value in parameters:
+            out += frame(name) + frame(content_type) + frame(value)
+        out += struct.pack("!i", -1)
+    return out + struct.pack("!i", -1)
+
+
+MIXED = [
+    (
+        b"id-json",
+        [(b"Host", b"127.0.0.1:8080"), (b"Authorization", b"Bearer k"), (b"x", b"")],
+        [(b"body", b"application/json", b'{"features": [1.5, -2, 3e-7]}')],
+    ),
+    (b"id-text", [], [(b"body", b"text/plain", "caf\u00e9".encode())]),
+    (
+        b"id-binary",
+        [(b"Content-Type", b"application/octet-stream")],
+        [(b"body", b"application/octet-stream", bytes(range(256)))],
+    ),
+    (b"id-bad-json", [], [(b"body", b"application/json", b'{"features": [1,')]),
+    (b"id-bad-text", [], [(b"body", b"text/csv", b"\xff\xfe")]),
+    (b"id-nothing", [], []),
+    (b"id-two", [(b"h", b"v")], [(b"a", b"application/json", b"1"), (b"b", b"text/x", b"two")]),
+]
+
+
+@pytest.mark.parametrize("decode", [None, "false"])
+def test_the_lean_batch_parser_returns_torchserves_batch(buffered, monkeypatch, caplog, decode):
+    """Back-to-back messages in odd pieces, every kind of value, undecodable ones included, with
+    and without TS_DECODE_INPUT_REQUEST: TorchServe's parser and the buffer's give equal lists."""
+    if decode is None:
+        monkeypatch.delenv("TS_DECODE_INPUT_REQUEST", raising=False)
+    else:
+        monkeypatch.setenv("TS_DECODE_INPUT_REQUEST", decode)
+    wire = mixed_message(MIXED) + mixed_message(MIXED[:1]) + mixed_message([])
+    got = {}
+    for name, parse in (("theirs", otf._retrieve_inference_msg), ("ours", buffered.inference_msg)):
+        a, b = socket.socketpair()
+        with a, b, caplog.at_level(logging.WARNING):
+            for start in range(0, len(wire), 37):  # pieces that cut fields and lengths
+                b.sendall(wire[start : start + 37])
+            msgs = []
+            for _ in range(3):
+                assert otf._retrieve_buffer(a, 1) == b"I"
+                msgs.append(parse(a))
+            got[name] = msgs
+    assert got["ours"] == got["theirs"]
+    first = got["ours"][0]
+    assert [bytes(r["requestId"]) for r in first] == [r[0] for r in MIXED]
+    if decode is None:
+        assert first[0]["parameters"][0]["value"] == {"features": [1.5, -2, 3e-7]}
+        assert first[1]["parameters"][0]["value"] == "caf\u00e9"
+        assert "undecodable JSON input" in caplog.text and "undecodable text input" in caplog.text
+    else:
+        assert first[0]["parameters"][0]["value"] == b'{"features": [1.5, -2, 3e-7]}'
+    assert got["ours"][2] == []
+
+
+def test_the_lean_batch_parser_stands_in_only_over_the_pinned_parser(stock, caplog):
+    ctx = batch_context(1)
+    ctx.metrics = None
+    with caplog.at_level(logging.WARNING):
+        assert "inference_msg" not in worker_io.install_lean(ctx, METRIC_LOGGER)
+    assert "batch parser kept: the buffered reads are off" in caplog.text
+    original_reader, original_parser = otf._retrieve_buffer, otf._retrieve_inference_msg
+    stock.setattr(otf, "_retrieve_buffer", worker_io.BufferedReader())
+    original = otf._retrieve_request
+
+    def changed(conn):  # a TorchServe whose request parser changed
+        return original(conn)
+
+    stock.setattr(otf, "_retrieve_request", changed)
+    with caplog.at_level(logging.WARNING):
+        assert "inference_msg" not in worker_io.install_lean(ctx, METRIC_LOGGER)
+    assert "batch parser kept: _retrieve_request is not the pinned 0.12.0 source" in caplog.text
+    stock.setattr(otf, "_retrieve_request", original)
+    assert "inference_msg" in worker_io.install_lean(ctx, METRIC_LOGGER)
+    lean = otf._retrieve_inference_msg
+    assert lean.original is original_parser
+    assert "inference_msg" in worker_io.install_lean(ctx, METRIC_LOGGER)  # once
+    assert otf._retrieve_inference_msg is lean
+    batch = [("id-0", {"url_path": ""}, {"features": [1.5] * 4})]
+    for current in (worker_io.BufferedReader(), original_reader):  # whichever reader is in place
+        stock.setattr(otf, "_retrieve_buffer", current)
+        ours, theirs = socket.socketpair()
+        with ours, theirs:
+            theirs.sendall(predict_message(batch)[1:])
+            (request,) = lean(ours)
+        assert request["parameters"][0]["value"] == {"features": [1.5] * 4}

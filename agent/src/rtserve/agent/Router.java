@@ -53,6 +53,10 @@ import java.util.concurrent.atomic.AtomicLong;
  * Each copy carries the request's body and {@code Content-Type}, its query string, and its
  * {@code Authorization} header, or {@code Bearer <token>} when the routes name a token file.
  * Every copy's outcome is a line of the live log ({@link LiveLog}).
+ *
+ * <p>The other half is Python's, in rtserve/promotion/live/: routes.py writes the routes file (and
+ * holds the sticky bucket's one Python definition), watcher.py aborts a canary by setting its share
+ * to 0, local.py and cluster.py are what the live commands do.
  */
 public final class Router {
     static final int MAX_MIRRORS = 64;
@@ -415,6 +419,7 @@ public final class Router {
             Jobs j = jobs;
             if (j == null) {
                 j = new Jobs(manager.getClass().getClassLoader());
+                LiveLog.limitBodies(j.loader);  // before the first line: none is appended without Jobs
                 jobs = j;
             }
             return j;

@@ -32,7 +32,9 @@ import java.util.Set;
  * <p>Sticky share: a key is in the canary when {@link #bucket} of it is below the percent; the
  * bucket is 100 times the top 53 bits of SHA-256 of the key's UTF-8 bytes (big-endian) over
  * 2^53, in [0, 100). So a key inside p% stays inside for any larger p, and another program computes
- * the same side (Python: {@code (int.from_bytes(sha256(key).digest()[:8], "big") >> 11) / 2**53 * 100}).
+ * the same side (Python: {@code (int.from_bytes(sha256(key).digest()[:8], "big") >> 11) / 2**53 * 100},
+ * {@code sticky_bucket} in rtserve/promotion/live/routes.py, which writes this file; a unit test
+ * compares the two).
  *
  * <p>{@code java -cp rtserve-agent.jar rtserve.agent.Routes FILE...} checks files (a line each: the
  * routes, or {@code invalid:} and the problem; exit 1 if any is invalid);

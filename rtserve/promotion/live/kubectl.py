@@ -1,16 +1,8 @@
-"""Shadow and canary in a cluster (``make k8s-shadow``, ``k8s-shadow-report``, ``k8s-canary``,
-``k8s-live-stop``): the kubectl side. The routes, the report and the canary's decision are
-:mod:`rtserve.promotion.live`'s, composed with this in :mod:`rtserve.cli.k8s`.
+"""The kubectl side of shadow and canary in a cluster: :class:`Cluster` and :class:`LogCopy`.
 
-- The candidate is its own Deployment and Service ``rtserve-candidate`` (deploy/k8s/candidate, an
-  overlay's own ``candidate/`` when it has one), applied on its own with the candidate's image tag.
-- The routes go to the ConfigMap ``rtserve-live-routes``, which the default pods mount and copy
-  into their run directory when it changes (:class:`rtserve.promotion.live.RoutesSync`), and, not
-  to wait up to a minute for the kubelet to bring the update, straight into each ready default
-  pod's routes file as well (``kubectl exec``): the agent reads it within 200 ms.
-- The pods' live logs and records (the answers of the default, for the report's pairs) are read
-  back through ``kubectl exec`` (only what they gained since the last read) and appended to files
-  on this machine, which the report and the canary watcher read as they read a local server's.
+The candidate is its own Deployment and Service ``rtserve-candidate``. The routes go to the ConfigMap
+``rtserve-live-routes`` and, not to wait up to a minute for the kubelet, straight into each default pod.
+The pods' live logs and records are copied here, only what they gained, for the report and the watcher.
 """
 
 from __future__ import annotations
@@ -18,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from handler.audit import event_line
@@ -124,31 +116,44 @@ os.replace(path + ".tmp", path)
 
 
 def candidate_url(namespace: str, model: str, version: str) -> str:
-    """Where the default pods send the candidate's share: its Service's cluster DNS name, the
-    version in the path (so the candidate's own frontend never routes it again)."""
+    """Where the default pods send the candidate's share: its Service's cluster DNS name.
+
+    The version is in the path, so the candidate's own frontend never routes it again.
+    """
     return f"http://{CANDIDATE}.{namespace}.svc:{PORT}/predictions/{model}/{version}"
 
 
 def candidate_target(t: Target, source: Path) -> Target:
-    """The deploy target of the candidate: its Deployment, its build directory, and the
-    kustomization it renders (``source``: the overlay's own candidate/ or deploy/k8s/candidate)."""
+    """The deploy target of the candidate: its Deployment, build directory and kustomization.
+
+    ``source`` is the overlay's own candidate/ or deploy/k8s/candidate.
+    """
     return replace(t, app=CANDIDATE, build_dir=Path(f"{t.build_dir}-candidate"), verify_source=source)
 
 
 def candidate_kustomization(t: Target) -> str:
     """The kustomization of the candidate (``t`` from :func:`candidate_target`)."""
-    return standalone_kustomization(t, t.verify_dir, t.build_dir,
-                                    f"make k8s-shadow/k8s-canary: the candidate {t.version}")
+    return standalone_kustomization(
+        t, t.verify_dir, t.build_dir, f"make k8s-shadow/k8s-canary: the candidate {t.version}"
+    )
 
 
 def configmap(namespace: str, text: str) -> dict:
     """The ConfigMap of the routes ``text``."""
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": ROUTES_CONFIGMAP, "namespace": namespace,
-                         "labels": {"app.kubernetes.io/name": "rtserve",
-                                    "app.kubernetes.io/part-of": "rtserve",
-                                    "app.kubernetes.io/component": "live-routes"}},
-            "data": {ROUTES_KEY: text}}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": ROUTES_CONFIGMAP,
+            "namespace": namespace,
+            "labels": {
+                "app.kubernetes.io/name": "rtserve",
+                "app.kubernetes.io/part-of": "rtserve",
+                "app.kubernetes.io/component": "live-routes",
+            },
+        },
+        "data": {ROUTES_KEY: text},
+    }
 
 
 def parse_read(output: str, files: int) -> list[tuple[int, int, str]]:
@@ -181,8 +186,9 @@ def parse_records(output: str) -> tuple[dict[str, int], str]:
 
 @dataclass
 class LogCopy:
-    """Appends what each default pod's live log and records gained to ``live_log`` and
-    ``records`` here (one file each for all pods; a pod is known by its uid).
+    """Appends what each default pod's live log and records gained to ``live_log`` and ``records`` here.
+
+    One file each for all pods; a pod is known by its uid.
 
     Args:
         from_end: a pod seen for the first time is read from the end its files have then (the
@@ -196,18 +202,29 @@ class LogCopy:
     #: backup), and each segment of its records spool.
     offsets: dict[str, tuple[tuple[int, int], dict[str, int]]] = field(default_factory=dict)
 
-    def pull(self, cluster: "Cluster") -> int:
+    def pull(self, cluster: Cluster) -> int:
         """Read every ready default pod's new lines; returns how many lines were appended.
-        A pod that cannot be read now (ending, restarting) is read at the next pull."""
+
+        A pod that cannot be read now (ending, restarting) is read at the next pull.
+        """
         appended = 0
         for pod in cluster.pods():
             live_at, segments = self.offsets.get(pod.uid, ((0, -1) if self.from_end else (0, 0), None))
             try:
-                [(live_ino, live_end, live)] = parse_read(cluster.exec(
-                    pod.name, "python", "-c", READ_SCRIPT, str(POD_RUN.live_log), *map(str, live_at)), 1)
-                segments, records = parse_records(cluster.exec(
-                    pod.name, "python", "-c", RECORDS_SCRIPT, str(POD_RUN.records), json.dumps(segments),
-                    "end" if self.from_end else "start"))
+                [(live_ino, live_end, live)] = parse_read(
+                    cluster.exec(pod.name, "python", "-c", READ_SCRIPT, str(POD_RUN.live_log), *map(str, live_at)), 1
+                )
+                segments, records = parse_records(
+                    cluster.exec(
+                        pod.name,
+                        "python",
+                        "-c",
+                        RECORDS_SCRIPT,
+                        str(POD_RUN.records),
+                        json.dumps(segments),
+                        "end" if self.from_end else "start",
+                    )
+                )
             except DeployError:
                 continue
             for path, text in ((self.live_log, live), (self.records, records)):
@@ -219,7 +236,7 @@ class LogCopy:
             self.offsets[pod.uid] = ((live_ino, live_end), segments)
         return appended
 
-    def fresh(self) -> "LogCopy":
+    def fresh(self) -> LogCopy:
         """Empty the local files and forget the offsets (a report over everything)."""
         for path in (self.live_log, self.records):
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -236,8 +253,10 @@ class Cluster:
         self.deployed = Deployed(kubectl, namespace, app)
 
     def pods(self, running: bool = False):
-        """The default pods that are ready (the candidate's carry another name label); with
-        ``running``, also those whose rtserve container runs but is not ready yet."""
+        """The default pods that are ready (the candidate's carry another name label).
+
+        With ``running``, also those whose rtserve container runs but is not ready yet.
+        """
         return [p for p in self.deployed.pods() if p.ready or (running and p.running)]
 
     def exec(self, pod: str, *cmd: str) -> str:
@@ -257,24 +276,41 @@ class Cluster:
     def candidate_version(self) -> str | None:
         """The image tag the candidate's Deployment runs, or None when there is none."""
         try:
-            image = self.kubectl("-n", self.namespace, "get", f"deployment/{CANDIDATE}", "-o",
-                                 "jsonpath={.spec.template.spec.containers[?(@.name=='rtserve')].image}",
-                                 capture=True, quiet=True, errors=False).strip()
+            image = self.kubectl(
+                "-n",
+                self.namespace,
+                "get",
+                f"deployment/{CANDIDATE}",
+                "-o",
+                "jsonpath={.spec.template.spec.containers[?(@.name=='rtserve')].image}",
+                capture=True,
+                quiet=True,
+                errors=False,
+            ).strip()
         except DeployError:
             return None
         return image.rsplit(":", 1)[-1] if image else None
 
     def delete_candidate(self) -> None:
         """Delete every object of the candidate (its pod drains within its grace period)."""
-        self.kubectl("-n", self.namespace, "delete",
-                     "deployment,service,networkpolicy,configmap,serviceaccount",
-                     "-l", CANDIDATE_SELECTOR, "--ignore-not-found", "--wait=true")
+        self.kubectl(
+            "-n",
+            self.namespace,
+            "delete",
+            "deployment,service,networkpolicy,configmap,serviceaccount",
+            "-l",
+            CANDIDATE_SELECTOR,
+            "--ignore-not-found",
+            "--wait=true",
+        )
 
     def in_each_pod(self, script: str, path: str, text: str, missed: str, pods=None) -> list[str]:
-        """Run ``python -c script path text`` in each default pod whose rtserve container runs,
-        ready or still starting (one that turns ready later must not serve older routes, and
-        the ConfigMap's copy can reach it a minute late); the pods it ran in (a pod where it
-        fails is named with ``missed``; ``pods``: those, when already listed)."""
+        """Run ``python -c script path text`` in each default pod whose rtserve container runs.
+
+        Ready or still starting: one that turns ready later must not serve older routes, and the
+        ConfigMap's copy can reach it a minute late. Returns the pods it ran in (one where it fails is
+        named with ``missed``; ``pods``: those, when already listed).
+        """
         done = []
         for pod in self.pods(running=True) if pods is None else pods:
             try:
@@ -285,25 +321,26 @@ class Cluster:
         return done
 
     def audit(self, event: dict) -> list[str]:
-        """Append ``event`` (a canary's abort) to each running default pod's audit log; the
-        pods written."""
-        return self.in_each_pod(APPEND_SCRIPT, str(POD_RUN.audit_log), event_line(event),
-                                "the event is not in its audit log")
+        """Append ``event`` (a canary's abort) to each running default pod's audit log; the pods written."""
+        return self.in_each_pod(
+            APPEND_SCRIPT, str(POD_RUN.audit_log), event_line(event), "the event is not in its audit log"
+        )
 
     def publish(self, text: str, manifest: Path) -> list[str]:
-        """The routes ``text`` into the ConfigMap (``manifest``: where its manifest is written
-        and applied from) and straight into the routes file of each default pod whose rtserve
-        container runs; returns the pods written, once each ready one's agent said it read them
-        (one still starting reads them as it starts). A pod that cannot be written now (its
-        container not started) mounts the ConfigMap's new copy, or takes it within a minute
-        (its sync copies a changed ConfigMap)."""
+        """Write the routes ``text`` into the ConfigMap and into each running default pod's routes file.
+
+        ``manifest`` is where the ConfigMap's manifest is written and applied from. Returns the pods
+        written, once each ready one's agent said it read them. A pod that cannot be written now takes
+        the ConfigMap's copy when it starts, or within a minute.
+        """
         manifest.parent.mkdir(parents=True, exist_ok=True)
         manifest.write_text(json.dumps(configmap(self.namespace, text), indent=2) + "\n")
         self.kubectl("apply", "-f", str(manifest))
-        since = datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+        since = datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
         pods = self.pods(running=True)
-        written = self.in_each_pod(WRITE_SCRIPT, str(POD_RUN.live_routes), text,
-                                   "routes not written now; the ConfigMap brings them", pods)
+        written = self.in_each_pod(
+            WRITE_SCRIPT, str(POD_RUN.live_routes), text, "routes not written now; the ConfigMap brings them", pods
+        )
         ready = {p.name for p in pods if p.ready}
         for pod in written:
             if pod in ready:
@@ -311,23 +348,34 @@ class Cluster:
         return written
 
     def await_read(self, pod: str, since: str, timeout: float = AGENT_READ_S) -> bool:
-        """Wait until the frontend's agent in ``pod`` says it read its routes file after
-        ``since`` (its ``[rtserve-agent] live routes:`` line in the container's log), so that
-        when :meth:`publish` returns every written pod routes by the new routes (a canary key
-        sent right after must not meet the old routes in one pod and the new in another). Says
-        so and returns False when the line has not come within ``timeout`` seconds."""
+        """Wait until the agent in ``pod`` logs that it read its routes file after ``since``.
+
+        Its ``[rtserve-agent] live routes:`` line, so that when :meth:`publish` returns every written pod
+        routes by the new routes. Says so and returns False when the line has not come within ``timeout`` s.
+        """
         deadline = time.monotonic() + timeout
         while True:
             try:
-                log = self.kubectl("-n", self.namespace, "logs", pod, "-c", "rtserve",
-                                   f"--since-time={since}", capture=True, quiet=True, errors=False)
+                log = self.kubectl(
+                    "-n",
+                    self.namespace,
+                    "logs",
+                    pod,
+                    "-c",
+                    "rtserve",
+                    f"--since-time={since}",
+                    capture=True,
+                    quiet=True,
+                    errors=False,
+                )
             except DeployError:
                 log = ""
             if AGENT_READ_LINE in log:
                 return True
             if time.monotonic() > deadline:
-                say(f">> {pod}: routes written, but its agent did not say it read them within "
-                    f"{timeout:g} s (it reads them within a second as a rule)")
+                say(
+                    f">> {pod}: routes written, but its agent did not say it read them within "
+                    f"{timeout:g} s (it reads them within a second as a rule)"
+                )
                 return False
             time.sleep(0.25)
-
