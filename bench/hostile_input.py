@@ -13,6 +13,7 @@ other kind, from the handler), and the backend workers' PIDs are unchanged at th
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import random
@@ -52,18 +53,19 @@ KINDS = (
 EXPECTED = {kind: 413 if kind == "oversized" else 400 for kind in KINDS}
 
 
-def _valid(rng: random.Random) -> list[float]:
-    return [round(rng.uniform(-100, 100), 3) for _ in range(N)]
+def _valid(rng: random.Random, n: int = N) -> list[float]:
+    return [round(rng.uniform(-100, 100), 3) for _ in range(n)]
 
 
 def _junk(rng: random.Random):
     return rng.choice([None, True, False, "1.0", "", "🙂", [], {}, [1.0], {"a": 1}, "NaN"])
 
 
-def _bad(rng: random.Random, limit: int) -> tuple[str, bytes, str]:
-    """One bad request: (kind, body, content type)."""
+def _bad(rng: random.Random, limit: int, n: int = N) -> tuple[str, bytes, str]:
+    """One bad request for a model of ``n`` features: (kind, body, content type)."""
     kind = rng.choice(KINDS)
-    good = json.dumps({"features": _valid(rng)})
+    valid = functools.partial(_valid, rng, n)
+    good = json.dumps({"features": valid()})
     if kind == "not-json":
         body = rng.choice([b"hello", b"{features: [1,2]}", b"<xml/>", b"{'features': []}"])
     elif kind == "truncated":
@@ -71,32 +73,32 @@ def _bad(rng: random.Random, limit: int) -> tuple[str, bytes, str]:
     elif kind == "wrong-type":
         body = json.dumps(rng.choice([[1, 2], "features", 3.5, None, True])).encode()
     elif kind == "missing-field":
-        body = json.dumps({rng.choice(["feature", "Features", "x", ""]): _valid(rng)}).encode()
+        body = json.dumps({rng.choice(["feature", "Features", "x", ""]): valid()}).encode()
     elif kind == "wrong-length":
-        body = json.dumps({"features": _valid(rng)[: rng.choice([0, 1, 31])] + [1.0] * rng.choice([0, 2])}).encode()
+        body = json.dumps({"features": valid()[: rng.choice([0, 1, n - 1])] + [1.0] * rng.choice([0, 2])}).encode()
     elif kind == "junk-element":
-        feats = _valid(rng)
-        feats[rng.randrange(N)] = _junk(rng)
+        feats = valid()
+        feats[rng.randrange(n)] = _junk(rng)
         body = json.dumps({"features": feats}).encode()
     elif kind == "nan-inf":
-        feats = [str(v) for v in _valid(rng)]
-        feats[rng.randrange(N)] = rng.choice(["NaN", "Infinity", "-Infinity", "1e999", "-1e400"])
+        feats = [str(v) for v in valid()]
+        feats[rng.randrange(n)] = rng.choice(["NaN", "Infinity", "-Infinity", "1e999", "-1e400"])
         body = ('{"features": [' + ", ".join(feats) + "]}").encode()
     elif kind == "huge-number":
-        feats = [str(v) for v in _valid(rng)]
-        feats[rng.randrange(N)] = rng.choice(["1" + "0" * 400, "1e7", "-3.4e38", str(2**64)])
+        feats = [str(v) for v in valid()]
+        feats[rng.randrange(n)] = rng.choice(["1" + "0" * 400, "1e7", "-3.4e38", str(2**64)])
         body = ('{"features": [' + ", ".join(feats) + "]}").encode()
     elif kind == "unicode":
         body = json.dumps(
-            {"features": ["\u202e" + chr(rng.randint(0x100, 0xD7FF))] * N}, ensure_ascii=rng.random() < 0.5
+            {"features": ["\u202e" + chr(rng.randint(0x100, 0xD7FF))] * n}, ensure_ascii=rng.random() < 0.5
         ).encode()
     elif kind == "enormous-array":
-        body = json.dumps({"features": [1.0] * rng.randint(N + 1, limit // 6)}).encode()
+        body = json.dumps({"features": [1.0] * rng.randint(n + 1, limit // 6)}).encode()
     elif kind == "deep-nesting":
         depth = rng.randint(1_000, limit // 2 - 10)
         body = ('{"features": ' + "[" * depth + "]" * depth + "}").encode()
     elif kind == "oversized":
-        body = json.dumps({"features": _valid(rng), "pad": "x" * (limit + rng.randint(1, 4096))}).encode()
+        body = json.dumps({"features": valid(), "pad": "x" * (limit + rng.randint(1, 4096))}).encode()
     elif kind == "binary":
         body = bytes(rng.randrange(256) for _ in range(rng.randint(1, 512)))
     elif kind == "empty":
@@ -104,18 +106,21 @@ def _bad(rng: random.Random, limit: int) -> tuple[str, bytes, str]:
     elif kind == "form-encoded":
         return kind, good.encode(), "application/x-www-form-urlencoded"
     else:  # nested-features
-        body = json.dumps({"features": [[v] for v in _valid(rng)]}).encode()
+        body = json.dumps({"features": [[v] for v in valid()]}).encode()
     return kind, body, JSON
 
 
-def corpus(n_bad: int, seed: int = 0, limit: int = 65536) -> list[tuple[str, bytes, str, bool]]:
-    """(kind, body, content type, is_valid): ``n_bad`` bad requests, each followed by a valid one."""
+def corpus(n_bad: int, seed: int = 0, limit: int = 65536, n: int = N) -> list[tuple[str, bytes, str, bool]]:
+    """(kind, body, content type, is_valid): ``n_bad`` bad requests, each followed by a valid one.
+
+    ``n`` is the model's feature count (the demo's by default).
+    """
     rng = random.Random(seed)
     items = []
     for _ in range(n_bad):
-        kind, body, ctype = _bad(rng, limit)
+        kind, body, ctype = _bad(rng, limit, n)
         items.append((kind, body, ctype, False))
-        items.append(("valid", json.dumps({"features": _valid(rng)}).encode(), JSON, True))
+        items.append(("valid", json.dumps({"features": _valid(rng, n)}).encode(), JSON, True))
     return items
 
 
@@ -124,10 +129,10 @@ def worker_pids(server: TorchServe, model: str) -> list[int]:
     return sorted(w["pid"] for w in server.client().describe(model)[0]["workers"])
 
 
-def run(server: TorchServe, model: str, n_bad: int, concurrency: int = 16, seed: int = 0) -> dict:
-    """Send the corpus concurrently; return the report."""
+def run(server: TorchServe, model: str, n_bad: int, concurrency: int = 16, seed: int = 0, n: int = N) -> dict:
+    """Send the corpus for a model of ``n`` features concurrently; return the report."""
     limit = int(server.props.get("max_request_size", 6553500))
-    items = corpus(n_bad, seed, limit)
+    items = corpus(n_bad, seed, limit, n)
     url = common.predictions_url(server, model)
     keys = server.client().keys
     pids_before = worker_pids(server, model)

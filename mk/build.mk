@@ -38,8 +38,10 @@ $(UV):
 .PHONY: train
 train: $(MODEL_DIR)/model.pt2 ## Train the demo MODEL_VERSION and export it (deterministic; prints held-out accuracy)
 
-# The example model (examples/breast_cancer.py: scikit-learn's bundled breast cancer data).
+# The example models, on data scikit-learn ships: examples/breast_cancer.py (a classifier, the
+# default) and examples/diabetes.py (a regression); EXAMPLE_NAME picks one.
 EXAMPLE_NAME    ?= breast-cancer
+EXAMPLE_MODULE   = examples.$(subst -,_,$(EXAMPLE_NAME))
 EXAMPLE_VERSION ?= 1.0
 EXAMPLE_DIR     ?= $(DEMO_ARTIFACTS)/$(EXAMPLE_NAME)/$(EXAMPLE_VERSION)
 PACKAGE_SRC     := rtserve/model/package.py handler/model.py handler/drift.py
@@ -54,13 +56,13 @@ $(MODEL_DIR)/model.pt2 $(MODEL_DIR)/meta.json:
 	@echo "error: $@ is missing: export your model into $(ARTIFACTS) with rtserve.model.package.export first (docs/bring-your-own-model.md)"; exit 1
 endif
 
-$(EXAMPLE_DIR)/model.pt2 $(EXAMPLE_DIR)/meta.json &: $(STAMP) examples/breast_cancer.py $(PACKAGE_SRC)
+$(EXAMPLE_DIR)/model.pt2 $(EXAMPLE_DIR)/meta.json &: $(STAMP) examples/$(subst -,_,$(EXAMPLE_NAME)).py $(PACKAGE_SRC)
 	@echo ">> training and packaging the example model into $(EXAMPLE_DIR)"
-	$(PY) -m rtserve model export examples.breast_cancer:packaging --version $(EXAMPLE_VERSION) \
+	$(PY) -m rtserve model export $(EXAMPLE_MODULE):packaging --version $(EXAMPLE_VERSION) \
 	  --out $(EXAMPLE_DIR) --model-config $(MODEL_CONFIG)
 
 .PHONY: example
-example: $(EXAMPLE_DIR)/model.pt2 ## Train, package and archive the example model (model_store/breast-cancer_1.0.mar)
+example: $(EXAMPLE_DIR)/model.pt2 ## Train, package and archive an example model (EXAMPLE_NAME=breast-cancer or diabetes: model_store/<name>_1.0.mar)
 	$(MAKE) --no-print-directory archive MODEL_NAME=$(EXAMPLE_NAME) MODEL_VERSION=$(EXAMPLE_VERSION) ARTIFACTS=$(EXAMPLE_DIR)
 
 .PHONY: archive
