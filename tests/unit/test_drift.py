@@ -109,6 +109,9 @@ def test_the_prediction_reference_of_each_kind(references, training):
     embedding = references["embedding"]["prediction"]
     vectors = answers("embedding", training)
     assert embedding["center"] == pytest.approx(vectors.mean(dim=0).tolist(), abs=1e-6)
+    distances = torch.linalg.vector_norm(vectors - vectors.mean(dim=0), dim=1)
+    deciles = torch.quantile(distances, torch.linspace(0, 1, 11)[1:-1])
+    assert embedding["edges"] == [pytest.approx(deciles.tolist(), abs=1e-5)]  # deciles of the distance
     shares = torch.tensor(embedding["expected"])
     assert shares.shape == (1, 10)  # deciles of the distance to the center
     assert torch.allclose(shares, torch.full_like(shares, 0.1), atol=0.002)
