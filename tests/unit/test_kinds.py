@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from handler.drift import DriftMonitor
@@ -28,6 +30,7 @@ from handler.signature import output_values, target_names
 from rtserve.model.package import PackagingError, check, export
 from tests.conftest import REPO
 from tests.helpers import MODEL_YAML, json_row, make_context, route_headers, start_batch
+from tests.unit.test_fuzz import json_values
 from tests.unit.test_package import random_model, random_rows
 
 pytestmark = pytest.mark.unit
@@ -512,6 +515,58 @@ def test_explanations_past_the_ceiling_get_503_and_predictions_are_kept(handlers
     assert calls == [limit]
     assert set(answers[0]) == {"prediction", "model_version"} and "attributions" in answers[limit]
     assert "explain_max_per_batch" in answers[-1]["error"]
+
+
+valid_row = st.lists(st.floats(-1e3, 1e3, allow_nan=False) | st.integers(-1000, 1000), min_size=7, max_size=7)
+hostile_targets = st.one_of(
+    st.integers(-2, 5), st.integers(), st.sampled_from(["w", "x", "y", "z", "W", "", "zz"]), json_values
+)
+hostile_bodies = st.one_of(
+    st.tuples(valid_row, hostile_targets).map(lambda t: {"features": t[0], "target": t[1]}),
+    valid_row.map(lambda f: {"features": f}),
+    st.lists(st.floats(-1e3, 1e3), max_size=9).map(lambda f: {"features": f}),  # mostly wrong lengths
+    valid_row.map(lambda f: {"instances": [f]}),  # a KServe v1 body
+)
+
+
+def hostile_oracle(body: dict, explain: bool) -> int:
+    """The status a multi-label request must get (independent of handler code), before the ceiling."""
+    features = body.get("features")
+    if features is None:
+        return 400 if explain else 200  # explanations take {"features": [...]} only
+    if len(features) != 7 or any(f != f for f in features):
+        return 400
+    target = body.get("target", 0)
+    valid = (type(target) is int and 0 <= target < 4) or (type(target) is str and target in "wxyz" and len(target) == 1)
+    return 200 if valid or not explain else 400
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(batch=st.lists(st.tuples(hostile_bodies, st.booleans()), min_size=1, max_size=8))
+def test_hostile_multi_label_explain_batches_get_answers_or_their_own_errors(handlers, batch):
+    handler, ctx, _ = handlers["multi"]
+    headers = [EXPLAIN if explain else PREDICT for _, explain in batch]
+    headers = [h if "instances" not in b else {"explain": str(e)} for h, (b, e) in zip(headers, batch)]
+    start_batch(ctx, len(batch), headers)
+    out = handler.handle([json_row(b) for b, _ in batch], ctx)
+    assert len(out) == len(batch)
+    explained = 0
+    for idx, ((body, explain), text) in enumerate(zip(batch, out)):
+        status = ctx.get_response_status(idx)[0]
+        answer = json.loads(text)
+        json.dumps(answer, allow_nan=False)
+        want = hostile_oracle(body, explain)
+        if want == 200 and explain:
+            explained += 1
+            if explained > handler.config.explain_max_per_batch:
+                want = 503
+        assert status == want, (body, explain, answer)
+        if status == 400:
+            assert answer["error"]
+        elif status == 200 and explain:
+            total = sum(answer["attributions"].values())
+            gap = answer["target_probability"] - answer["baseline_probability"]
+            assert abs(total - gap - answer["convergence_delta"]) < 1e-4
 
 
 def test_an_embedding_explanation_answers_501_saying_why_and_predictions_still_answer(handlers):
