@@ -1,8 +1,10 @@
 """Per-feature explanations with Captum's Integrated Gradients (pure: no TorchServe import).
 
-It explains one target class's softmax probability along the straight path from a baseline to the raw
-input: each attribution is a feature's share of ``p(input) - p(baseline)``, up to ``convergence_delta``.
-Raw-space and standardized-space attributions are equal (IG is invariant to a per-feature affine map).
+It explains one scalar of the model's answer along the straight path from a baseline to the raw input: a
+classifier's class's softmax probability, a multi-label model's label's sigmoid probability, a regression's
+target value. Each attribution is a feature's share of ``f(input) - f(baseline)``, up to
+``convergence_delta``. Raw-space and standardized-space attributions are equal (IG is invariant to a
+per-feature affine map). An embedding has no single scalar to attribute: :func:`unsupported`.
 """
 
 from __future__ import annotations
@@ -13,9 +15,16 @@ from dataclasses import dataclass
 import torch
 
 from handler.errors import ExplanationUnsupported
+from handler.signature import CLASSIFICATION, EMBEDDING, MULTI_LABEL, REGRESSION
 
 #: Name of the attribution method, echoed in every explanation.
 METHOD = "integrated_gradients"
+#: The kinds explained, and what of the model's raw output ``[N, width]`` is explained per column.
+EXPLAINED = {
+    CLASSIFICATION: lambda raw: torch.softmax(raw, dim=1),
+    MULTI_LABEL: torch.sigmoid,
+    REGRESSION: lambda raw: raw,
+}
 
 
 @dataclass(frozen=True)
@@ -24,25 +33,29 @@ class Explanation:
 
     target: int
     attributions: list[float]
-    target_probability: float
-    baseline_probability: float
+    target_value: float
+    baseline_value: float
     convergence_delta: float
 
 
 class Explainer:
-    """Integrated Gradients over ``softmax(model(z))``, built once per worker.
+    """Integrated Gradients over one column of the model's answer (:data:`EXPLAINED`), built once per worker.
 
     Args:
-        model: the classifier; takes raw ``[batch, n_features]`` inputs, returns logits.
+        model: takes raw ``[batch, n_features]`` inputs, returns the raw output (logits, values).
         mean: training mean per feature (raw units).
         feature_names: one name per feature, the keys of the attributions.
-        labels: class labels, indexed by class.
+        labels: the output columns' names, indexed by column (classes, labels or regression
+            targets: :func:`handler.signature.target_names`).
         baseline: ``"mean"`` (the training mean: all zeros after normalization) or ``"zero"``
             (all raw features 0).
         n_steps: integration steps per explanation.
         internal_batch_size: most interpolated rows per forward/backward pass.
         device: where ``model`` runs; inputs are copied there, results come back as Python
             numbers.
+        kind: the output's kind, a key of :data:`EXPLAINED`: a document names the explained
+            value ``target_probability`` (classification, multi-label) or ``target_value``
+            (regression), its baseline's likewise.
     """
 
     def __init__(
@@ -55,13 +68,18 @@ class Explainer:
         n_steps: int = 50,
         internal_batch_size: int = 512,
         device: torch.device | str = "cpu",
+        kind: str = CLASSIFICATION,
     ) -> None:
         # Imported here, at worker initialize: captum.attr takes ~0.4 s and pulls in matplotlib.
         from captum.attr import IntegratedGradients
 
         if baseline not in ("mean", "zero"):
             raise ValueError(f"unknown baseline {baseline!r}")
+        if kind not in EXPLAINED:
+            raise unsupported(kind)
         self.model = model
+        self._activation = EXPLAINED[kind]
+        self._value_key = "value" if kind == REGRESSION else "probability"
         self.feature_names = list(feature_names)
         self.labels = list(labels)
         self.baseline_kind = baseline
@@ -74,12 +92,12 @@ class Explainer:
         #: The baseline, shape ``[1, n_features]`` (raw units), on the model's device.
         self.baseline = raw.unsqueeze(0).to(self.device)
         with torch.inference_mode():
-            self._baseline_probabilities = self.probabilities(self.baseline)[0].tolist()
-        self._ig = IntegratedGradients(self.probabilities)
+            self._baseline_values = self.explained(self.baseline)[0].tolist()
+        self._ig = IntegratedGradients(self.explained)
 
-    def probabilities(self, z: torch.Tensor) -> torch.Tensor:
-        """The explained function: class probabilities for raw inputs ``z``."""
-        return torch.softmax(self.model(z), dim=1)
+    def explained(self, z: torch.Tensor) -> torch.Tensor:
+        """The explained function for raw inputs ``z``: the answer's values, one column per target."""
+        return self._activation(self.model(z))
 
     def explain(self, inputs: torch.Tensor, targets: Sequence[int]) -> list[Explanation]:
         """Explain each row of ``inputs`` (raw, ``[k, n_features]``) for its own target.
@@ -99,7 +117,7 @@ class Explainer:
                 return_convergence_delta=True,
             )
         with torch.inference_mode():
-            probs = self.probabilities(inputs).cpu()
+            values = self.explained(inputs).cpu()
         attributions, delta = attributions.cpu(), delta.cpu()
         out = []
         for row, target in enumerate(targets):
@@ -107,23 +125,23 @@ class Explainer:
                 Explanation(
                     target=int(target),
                     attributions=attributions[row].tolist(),
-                    target_probability=float(probs[row, target]),
-                    baseline_probability=float(self._baseline_probabilities[target]),
+                    target_value=float(values[row, target]),
+                    baseline_value=float(self._baseline_values[target]),
                     convergence_delta=float(delta[row]),
                 )
             )
         return out
 
     def document(self, explanation: Explanation) -> dict:
-        """The JSON document of one explanation: attributions and baseline keyed by feature."""
-        names = self.feature_names
+        """The JSON document of one explanation: the target named, attributions and baseline keyed by feature."""
+        names, key = self.feature_names, self._value_key
         return {
             "target": explanation.target,
             "label": self.labels[explanation.target],
             "attributions": dict(zip(names, explanation.attributions)),
             "baseline": dict(zip(names, self.baseline_raw)),
-            "target_probability": explanation.target_probability,
-            "baseline_probability": explanation.baseline_probability,
+            f"target_{key}": explanation.target_value,
+            f"baseline_{key}": explanation.baseline_value,
             "convergence_delta": explanation.convergence_delta,
             "method": METHOD,
             "n_steps": self.n_steps,
@@ -131,11 +149,16 @@ class Explainer:
 
 
 def unsupported(kind: str) -> ExplanationUnsupported:
-    """The 501 an explain request gets from a model whose output is not a classification.
+    """The 501 an explain request gets from a model whose output kind has no explanation (an embedding).
 
-    Integrated Gradients here explain one class's softmax probability; other kinds wait for issue 37.
+    Integrated Gradients attribute one scalar output; an embedding's is a vector whose single numbers
+    mean nothing alone.
     """
+    if kind == EMBEDDING:
+        why = "it has no single scalar output to attribute (an embedding's numbers mean something only together)"
+    else:
+        why = "Integrated Gradients here explain a class's or label's probability or a regression target's value"
+    article = "an" if kind[:1] in "aeiou" else "a"
     return ExplanationUnsupported(
-        f"explanations are not available for a {kind} model yet: this server explains "
-        "classifiers only (Integrated Gradients over one class's probability); ask /predictions instead"
+        f"explanations are not available for {article} {kind} model: {why}; ask /predictions instead"
     )

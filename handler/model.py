@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch.export.graph_signature import InputKind, OutputKind
 
+from handler.drift import check_reference
 from handler.errors import ConfigError
 from handler.signature import (
     CLASSIFICATION,
@@ -52,8 +53,10 @@ class ModelMetadata:
         labels: one unique label per output column (class index order).
         stats: per-feature training statistics, ``{"mean": [...], "std": [...], "min": [...],
             "max": [...]}`` in raw units; ``mean`` is the explanation baseline.
-        drift_reference: decile edges and shares per feature and class shares of the training
-            rows (raw units), see :func:`handler.drift.fit_reference`.
+        drift_reference: decile edges and shares per feature of the training rows (raw units), and
+            the predictions' reference: class shares (``class_expected``) of a classifier, the kind's
+            ``prediction`` of other kinds (:func:`handler.drift.fit_prediction`); checked by
+            :func:`handler.drift.check_reference`. Empty: no drift is scored.
         golden: ``{"features": [[...]], "labels": [int] | None, "probabilities": [[...]]}``:
             rows and the model's own softmax outputs at packaging time.
         accuracy: accuracy on the golden rows (``None`` when they carry no labels).
@@ -134,6 +137,7 @@ class ModelMetadata:
                 raise ConfigError(f"meta.json: stats.{name} must hold {n} finite numbers")
         if self.accuracy is not None and not (_finite(self.accuracy) and 0 <= self.accuracy <= 1):
             raise ConfigError("meta.json: accuracy must be a number in [0, 1] or null")
+        check_reference(self.drift_reference, n, self.output)
 
     @classmethod
     def load(cls, path: str | Path) -> ModelMetadata:

@@ -23,7 +23,7 @@ from handler import worker_io
 from handler.config import HandlerConfig
 from handler.device import choose_device, on_device
 from handler.errors import ConfigError, ExplainCapacityExceeded, InvalidInput
-from handler.explain import Explainer, unsupported
+from handler.explain import EXPLAINED, Explainer, unsupported
 from handler.model import CLASSIFICATION, METADATA_FILE, MULTI_LABEL, PROGRAM_FILE, ModelMetadata, load_program
 from handler.protocols import (
     BINARY_CONTENT_TYPE,
@@ -41,7 +41,7 @@ from handler.protocols import (
 )
 from handler.records import ROUTE_HEADER, Recorder, RecordsConfig, RecordsUnavailable, Spool, spool_bytes, spool_dir
 from handler.schema import ParsedBatch, parse_batch, prediction_document, request_body
-from handler.signature import OUTPUT_NAMES
+from handler.signature import OUTPUT_NAMES, REGRESSION, target_names
 from handler.telemetry import (
     TORCHSERVE_METRICS_LOGGER,
     Telemetry,
@@ -72,7 +72,8 @@ class RealTimeHandler(BaseHandler):
 
     The answer follows the model's output kind (``meta.json``): a classifier's class and softmax
     probabilities; a multi-label model's labels and sigmoid probabilities; a regression's values; an
-    embedding. On the explain routes a classifier's answer is an explanation; other kinds get a 501.
+    embedding. On the explain routes the answer is an explanation of one class's or label's probability
+    or one regression target's value; an embedding gets a 501.
     """
 
     def initialize(self, context: Any) -> None:
@@ -102,18 +103,22 @@ class RealTimeHandler(BaseHandler):
         self.classifier = self.meta.kind == CLASSIFICATION
         self.output = self.meta.output
         self._output_names = OUTPUT_NAMES if self.classifier else (self.output["name"],)
+        #: The names an explain request's ``target`` may give (a classifier's class: its index only).
+        self._target_names = target_names(self.output)
+        self._target_noun = "label" if self.output["kind"] == MULTI_LABEL else "target"
         self.explainer = (
             Explainer(
                 program,
                 self.meta.mean,
                 self.meta.feature_names,
-                self.meta.labels,
+                self._target_names,
                 baseline=self.config.explain_baseline,
                 n_steps=self.config.explain_steps,
                 internal_batch_size=self.config.explain_internal_batch_size,
                 device=self.device,
+                kind=self.meta.kind,
             )
-            if self.classifier
+            if self.meta.kind in EXPLAINED
             else None
         )
         self.telemetry = self._telemetry(context) if self.config.metrics else None
@@ -347,6 +352,7 @@ class RealTimeHandler(BaseHandler):
         The valid rows stay raw features: the exported program does its own preprocessing.
         """
         explain, plain_only, no_route, declared = self._routes()
+        explainable = self.explainer is not None
         other = partial(
             parse_request,
             n_features=self.meta.n_features,
@@ -358,12 +364,14 @@ class RealTimeHandler(BaseHandler):
             self._binary_bodies(data, plain_only),
             self.meta.n_features,
             self.config.feature_limit,
-            explain if self.classifier else (),  # other kinds: no target to parse, a 501 (_outputs)
-            len(self.meta.labels),
+            explain if explainable else (),  # an embedding: no target to parse, a 501 (_outputs)
+            len(self._target_names),
             other=other,
             plain_only=plain_only,
+            target_names=() if self.classifier else self._target_names,
+            target_noun="class" if self.classifier else self._target_noun,
         )
-        if explain and not self.classifier:
+        if explain and not explainable:
             batch.targets = {idx: None for idx in explain if idx not in batch.errors}
         if no_route:
             batch.oip_grpc = self._oip_grpc_requests(data, no_route)
@@ -395,21 +403,25 @@ class RealTimeHandler(BaseHandler):
     def _outputs(self, batch: ParsedBatch) -> torch.Tensor:
         """:meth:`inference` for a model that is not a classifier: what its answers carry.
 
-        Sigmoid probabilities (multi-label) or the output itself (regression, embedding); every
-        explain request of the batch gets a 501 naming the kind.
+        Sigmoid probabilities (multi-label) or the output itself (regression, embedding). The batch's
+        explain requests are explained (:meth:`_explain`), or get a 501 naming the kind (embedding).
         """
         with torch.inference_mode():
             raw = self.model(batch.inputs)
             values = torch.sigmoid(raw) if self.output["kind"] == MULTI_LABEL else raw
-        for idx in batch.targets:
-            batch.errors[idx] = unsupported(self.output["kind"])
+        if batch.targets and self.explainer is not None:
+            self._explain(batch, values)
+        elif batch.targets:
+            for idx in batch.targets:
+                batch.errors[idx] = unsupported(self.output["kind"])
         return values
 
     def _explain(self, batch: ParsedBatch, probabilities: torch.Tensor) -> None:
         """Explain up to ``explain_max_per_batch`` requests, each for its own target.
 
-        The target defaults to the predicted class; the rest of this batch's explain requests get
-        a 503.
+        ``probabilities`` are what the answers carry. The target defaults to the predicted class
+        (classifier), the label of the highest probability (multi-label) or the first target
+        (regression); the rest of this batch's explain requests get a 503.
         """
         limit = self.config.explain_max_per_batch
         chosen = list(batch.targets)[:limit]
@@ -420,14 +432,23 @@ class RealTimeHandler(BaseHandler):
             )
         row_of = {idx: row for row, idx in enumerate(batch.rows)}
         rows = [row_of[idx] for idx in chosen]
-        predicted = probabilities[rows].argmax(dim=1).tolist()
+        regression = self.output["kind"] == REGRESSION
+        predicted = [0] * len(rows) if regression else probabilities[rows].argmax(dim=1).tolist()
         targets = [batch.targets[idx] if batch.targets[idx] is not None else cls for idx, cls in zip(chosen, predicted)]
         explanations = self.explainer.explain(batch.inputs[rows], targets)
-        for idx, cls, explanation in zip(chosen, predicted, explanations):
+        if self.classifier:
+            for idx, cls, explanation in zip(chosen, predicted, explanations):
+                batch.explanations[idx] = {
+                    **self.explainer.document(explanation),
+                    "prediction": cls,
+                    "model_version": self.model_version,
+                }
+            return
+        # another kind: the explanation, then the answer /predictions gives for the row
+        for idx, values, explanation in zip(chosen, probabilities[rows].tolist(), explanations):
             batch.explanations[idx] = {
                 **self.explainer.document(explanation),
-                "prediction": cls,
-                "model_version": self.model_version,
+                **output_document(self.output, values, self.model_version),
             }
 
     def postprocess(self, data: tuple) -> list[str]:
@@ -497,14 +518,19 @@ class RealTimeHandler(BaseHandler):
     def _encode_outputs(self, batch: ParsedBatch, values: torch.Tensor, out: list, binary: set[int]) -> None:
         """:meth:`postprocess`'s answers for a model that is not a classifier (``values`` from :meth:`_outputs`).
 
-        ``batch.classes`` stays None: the per-class metrics and drift do not apply.
+        ``batch.classes`` stays None (the per-class metrics do not apply); ``batch.outputs`` holds
+        ``values`` for the predictions' drift.
         """
+        batch.outputs = values
         rows = values.tolist()
         output, version = self.output, self.model_version
+        explanations = batch.explanations
         first_row: dict[int, int] = {}
         for row, idx in enumerate(batch.rows):
             first_row.setdefault(idx, row)
-            if idx not in batch.protocols:
+            if explanations and idx in explanations:
+                out[idx] = json.dumps(explanations[idx])
+            elif idx not in batch.protocols:
                 out[idx] = json.dumps(output_document(output, rows[row], version))
         for idx, request in batch.protocols.items():
             if idx in batch.errors:  # an explain request (501): its error is its answer

@@ -1,8 +1,8 @@
 """Request parsing and validation: pure functions, no TorchServe import.
 
-A request body is ``{"features": [n numbers]}``; an explanation request may add
-``"target": <class index>``. Each request of a batch is parsed on its own; a bad one becomes
-an :class:`InvalidInput` for that request alone.
+A request body is ``{"features": [n numbers]}``; an explanation request may add ``"target"``: a
+class index, or a label's or a regression target's index or name. Each request of a batch is parsed
+on its own; a bad one becomes an :class:`InvalidInput` for that request alone.
 """
 
 from __future__ import annotations
@@ -123,23 +123,33 @@ def check_numbers(values: Sequence[Any], limit: float, name: str, with_field: bo
             )
 
 
-def parse_target(body: dict, n_classes: int) -> int | None:
-    """The optional ``target`` class of an explanation request (None when absent).
+def parse_target(body: dict, n_classes: int, names: Sequence[str] = (), noun: str = "class") -> int | None:
+    """The optional ``target`` of an explanation request (None when absent), as an output column index.
+
+    Args:
+        body: the decoded request body.
+        n_classes: how many columns ``target`` may index.
+        names: the columns' names a ``target`` may give instead of its index (a classifier's
+            class takes its index only).
+        noun: what a column is, for the message (``class``, ``label``, ``target``).
 
     Raises:
-        InvalidInput: ``target`` is present but not an integer in ``[0, n_classes)``.
+        InvalidInput: ``target`` is present but neither an integer in ``[0, n_classes)`` nor one
+            of ``names``.
     """
     if "target" not in body:
         return None
     target = body["target"]
-    if type(target) is not int or not 0 <= target < n_classes:  # bool excluded
-        raise InvalidInput(
-            f"'target' must be a class index, an integer in [0, {n_classes - 1}], "
-            f"got {short(target) if type(target) is int else json_type(target)}",
-            field="target",
-            reason="bad_target",
-        )
-    return target
+    if type(target) is int and 0 <= target < n_classes:  # bool excluded
+        return target
+    if names and type(target) is str and target in names:
+        return names.index(target)
+    what = f"a {noun} index, an integer in [0, {n_classes - 1}]"
+    if names:
+        listed = ", ".join(map(repr, names))
+        what += f", or a {noun} name ({listed if len(listed) <= 80 else listed[:77] + '...'})"
+    shown = short(target) if type(target) is int or (names and type(target) is str) else json_type(target)
+    raise InvalidInput(f"'target' must be {what}, got {shown}", field="target", reason="bad_target")
 
 
 @dataclass
@@ -167,6 +177,9 @@ class ParsedBatch:
     oip_grpc: dict[int, str] = field(default_factory=dict)
     #: The predicted class of each row of ``inputs``, set when the answers are made.
     classes: list[int] | None = None
+    #: What the answers carry for each row of ``inputs`` (``[rows, width]``) of a model that is not a
+    #: classifier, set when the answers are made (the predictions' drift).
+    outputs: torch.Tensor | None = None
     #: The route each request came through (its record's ``route``), set by the handler.
     routes: list[str] = field(default_factory=list)
 
@@ -208,13 +221,16 @@ def parse_batch(
     n_classes: int = 0,
     other: OtherProtocol | None = None,
     plain_only: Collection[int] = (),
+    target_names: Sequence[str] = (),
+    target_noun: str = "class",
 ) -> ParsedBatch:
     """Parse every request of a batch; valid ones become rows of one float32 tensor.
 
-    Requests whose index is in ``explain`` also get their optional ``target`` checked
-    against ``n_classes``. Bodies of requests not in ``plain_only`` are first offered to
-    ``other`` (KServe v1/v2, see :func:`handler.protocols.parse_request`); its answer, an object
-    with ``vectors``, is kept in ``protocols``. Explanations take only ``{"features": ...}``.
+    Requests whose index is in ``explain`` also get their optional ``target`` checked against
+    ``n_classes`` and ``target_names`` (:func:`parse_target`). Bodies of requests not in
+    ``plain_only`` are first offered to ``other`` (KServe v1/v2, see
+    :func:`handler.protocols.parse_request`); its answer, an object with ``vectors``, is kept in
+    ``protocols``. Explanations take only ``{"features": ...}``.
 
     The common case costs little per request: a ``{"features": [...]}`` body TorchServe already
     decoded is checked for shape and element types in C-level calls, and the range of all such
@@ -244,7 +260,7 @@ def parse_batch(
                 continue
             vector = parse_features(body, n_features, limit)
             if explain and idx in explain:
-                batch.targets[idx] = parse_target(body, n_classes)
+                batch.targets[idx] = parse_target(body, n_classes, target_names, target_noun)
             vectors.append(vector)
             batch.rows.append(idx)
         except InvalidInput as exc:

@@ -40,3 +40,20 @@ def output_values(output: dict, answer: dict) -> list:
 def golden_values(golden: dict) -> list:
     """The golden rows' recorded answers (``probabilities`` of a classifier, else ``outputs``)."""
     return golden.get("probabilities") or golden.get("outputs") or []
+
+
+def target_names(output: dict) -> list[str]:
+    """The names an explanation's ``target`` may take, in output column order.
+
+    A classifier's or multi-label model's labels; a regression's ``targets`` (undeclared: the output's
+    own name for one column, ``name[i]`` for several); none for an embedding (nothing to explain).
+    """
+    kind = output["kind"]
+    if kind in (CLASSIFICATION, MULTI_LABEL):
+        return list(output["labels"])
+    if kind == REGRESSION:
+        if output.get("targets"):
+            return list(output["targets"])
+        name, width = output["name"], output["width"]
+        return [name] if width == 1 else [f"{name}[{i}]" for i in range(width)]
+    return []

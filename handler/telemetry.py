@@ -116,17 +116,19 @@ class HandlerMetrics:
         )
         self.prediction_drift = Gauge(
             "rtserve_prediction_drift_psi",
-            "Population stability index of the predicted class over the recent window",
+            "Population stability index of the predictions over the recent window (classes, or the mean over "
+            "regression targets, labels' positive shares, an embedding's distance to its training mean)",
             LABELS,
             multiprocess_mode="mostrecent",
             **reg,
         )
 
-    def set_drift(self, features: Sequence[float], prediction: float) -> None:
-        """Set the drift gauges (PSI per feature, and of the predicted class)."""
+    def set_drift(self, features: Sequence[float], prediction: float | None) -> None:
+        """Set the drift gauges (PSI per feature, and of the predictions unless None: not scored)."""
         for name, value in zip(self.feature_names, features):
             self.feature_drift.labels(*self.ids, name).set(round(value, 6))
-        self.prediction_drift.labels(*self.ids).set(round(prediction, 6))
+        if prediction is not None:
+            self.prediction_drift.labels(*self.ids).set(round(prediction, 6))
 
 
 class DriftExporter:
@@ -164,8 +166,9 @@ class DriftExporter:
 class DriftBuffer:
     """Feeds a :class:`DriftMonitor` in bulk: rows are kept until ``flush_rows`` arrived, then scored.
 
-    Exact: every row is counted, at most ``flush_rows`` rows late. Rows are kept by reference, the
-    predicted classes as plain ints that become one tensor per flush.
+    Exact: every row is counted, at most ``flush_rows`` rows late. Rows are kept by reference, a
+    classifier's predicted classes as plain ints that become one tensor per flush, another kind's
+    answer values (:meth:`add_outputs`) as the batch's tensor.
     """
 
     def __init__(self, monitor: DriftMonitor, flush_rows: int = 256) -> None:
@@ -173,10 +176,12 @@ class DriftBuffer:
         self.flush_rows = flush_rows
         self._inputs: list[torch.Tensor] = []
         self._classes: list[int] = []
+        self._outputs: list[torch.Tensor] = []
+        self._output_rows = 0
 
     @property
     def _rows(self) -> int:
-        return len(self._classes)
+        return len(self._classes) + self._output_rows
 
     def add(self, inputs: torch.Tensor, classes: Sequence[int] | torch.Tensor) -> None:
         """Keep one batch's valid rows (``[rows, features]``) and predicted classes."""
@@ -185,11 +190,22 @@ class DriftBuffer:
         if len(self._classes) >= self.flush_rows:
             self.flush()
 
+    def add_outputs(self, inputs: torch.Tensor, outputs: torch.Tensor) -> None:
+        """Keep one batch's valid rows (``[rows, features]``) and what their answers carry (``[rows, width]``)."""
+        self._inputs.append(inputs)
+        self._outputs.append(outputs)
+        self._output_rows += len(outputs)
+        if self._output_rows >= self.flush_rows:
+            self.flush()
+
     def flush(self) -> None:
         """Score what is buffered."""
         if self._classes:
             self.monitor.update(torch.cat(self._inputs), torch.tensor(self._classes))
             self._inputs, self._classes = [], []
+        elif self._outputs:
+            self.monitor.update(torch.cat(self._inputs), torch.cat(self._outputs))
+            self._inputs, self._outputs, self._output_rows = [], [], 0
 
 
 class _DropLine(logging.Filter):
@@ -273,7 +289,8 @@ class Telemetry:
         """Account for one handled batch.
 
         ``batch`` is a ``handler.schema.ParsedBatch``; ``classes`` the predicted class of each of its
-        rows, None when it had no valid row.
+        rows, None when it had no valid row or the model is not a classifier (then its drift takes
+        ``batch.outputs``, what the rows' answers carry).
         """
         m = self.metrics
         for stage, seconds in zip(m.stages, stage_seconds):
@@ -304,6 +321,10 @@ class Telemetry:
                 with self._drift_lock:
                     self.buffer.add(batch.inputs, classes)
                     self._drift_rows += len(classes)
+        elif batch.outputs is not None and self.buffer is not None:
+            with self._drift_lock:
+                self.buffer.add_outputs(batch.inputs, batch.outputs)
+                self._drift_rows += len(batch.outputs)
 
     def export_drift(self) -> bool:
         """Score the buffered rows and set the drift gauges, if rows arrived since the last export.

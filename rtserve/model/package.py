@@ -175,8 +175,11 @@ def export(
     with torch.inference_mode():
         golden_p = answer_tensor(kind, forward(golden_x))
         predicted = forward(x).argmax(dim=1) if kind == CLASSIFICATION else None
+        trained = None if kind == CLASSIFICATION else answer_tensor(kind, forward(x))  # the predictions' drift
     if not bool(torch.isfinite(golden_p).all()):
         raise PackagingError(f"the model's {kind} outputs are not finite on the golden rows")
+    if trained is not None and not bool(torch.isfinite(trained).all()):
+        raise PackagingError(f"the model's {kind} outputs are not finite on every training row (the drift reference)")
     accuracy = None if golden_y is None else round(float((golden_p.argmax(dim=1) == golden_y).float().mean()), 6)
     golden = {"features": golden_x.tolist(), "labels": None if golden_y is None else golden_y.tolist()}
     golden["probabilities" if kind == CLASSIFICATION else "outputs"] = golden_p.tolist()
@@ -186,7 +189,7 @@ def export(
         feature_names=feature_names,
         labels=labels,
         stats=stats,
-        drift_reference=fit_reference(x, predicted, len(labels)),
+        drift_reference=fit_reference(x, predicted, len(labels), output=signature, values=trained),
         golden=golden,
         accuracy=accuracy,
         provenance={

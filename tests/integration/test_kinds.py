@@ -2,13 +2,18 @@
 embedding model, exported with ``outputs=``, archived by `make archive ARTIFACTS=<dir>` and served side by side.
 
 Each answers /predictions with the model run in this process (sigmoid or raw) to 1e-5, KServe v1 and OIP v2
-carry its output, the register-time golden check passes, the gate refuses clearly (it compares classifiers
-only today) and /explanations answers 501 naming the kind.
+carry its output, the register-time golden check passes and the gate refuses clearly (it compares classifiers
+only today). /explanations explains a label's probability or a regression target's value as Captum does on
+the model in this process (attributions summing to the output's move from the baseline), also in a
+concurrent burst mixed with predictions and bad requests; an embedding answers 501. The prediction drift
+the server exports stays low on training-like rows and rises on shifted ones, as scored here.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
@@ -17,18 +22,24 @@ import yaml
 from sklearn.datasets import load_diabetes
 from torch import nn
 
+from handler.drift import DriftMonitor
+from handler.model import ModelMetadata
 from rtserve.errors import GateError
+from rtserve.model.archive import read_archive
 from rtserve.model.package import Standardize, export
 from rtserve.promotion.gate import ArchiveMeta, GateConfig
 from rtserve.promotion.history import HISTORY_FILE, History
 from rtserve.promotion.measure import check_golden
 from rtserve.promotion.rollout import Rollout, Verification
 from tests.conftest import REPO, make_archive
+from tests.helpers import record_batches
 from tests.integration.conftest import serve
 
 pytestmark = pytest.mark.integration
 
 MULTI, DIABETES, EMBED = "kinds-multi", "kinds-diabetes", "kinds-embed"
+#: Rows in each worker's drift window; its gauges are exported every 0.2 s.
+DRIFT_WINDOW = 400
 CONFIG = dataclasses.replace(GateConfig.load(), burst_requests=20, warmup_requests=2, concurrency=4)
 
 
@@ -57,6 +68,8 @@ def kinds(build_root, mar_v1, tmp_path_factory):
     root = tmp_path_factory.mktemp("kinds")
     config = yaml.safe_load((REPO / "model" / "model-config.yaml").read_text())
     config.update(minWorkers=1, maxWorkers=1)
+    # a drift window a test fills exactly, exported often
+    config["handler"].update(drift_window=DRIFT_WINDOW, drift_export_seconds=0.2)
     (root / "model-config.yaml").write_text(yaml.safe_dump(config))
     models, mars = {}, {}
 
@@ -182,13 +195,190 @@ def test_kserve_v1_and_oip_v2_carry_the_output(kinds, name, output, width):
 
 
 @pytest.mark.parametrize("name", [MULTI, DIABETES, EMBED])
-def test_the_golden_check_passes_and_explain_answers_501(kinds, name):
+def test_the_golden_check_passes(kinds, name):
     server, _, mars = kinds
     meta = ArchiveMeta.from_mar(mars[name, "1.0"])
     assert check_golden(server.client(timeout=60), name, None, meta, CONFIG) == len(meta.golden["features"])
-    response = post(server, f"explanations/{name}", {"features": meta.golden["features"][0]})
-    assert response.status_code == 501
-    assert response.json()["error"].startswith(f"explanations are not available for a {meta.kind} model yet")
+
+
+def packed_meta(mars, name: str) -> ModelMetadata:
+    """The ``meta.json`` packed inside the served archive."""
+    raw = read_archive(mars[name, "1.0"]).meta
+    return ModelMetadata(**{k: raw[k] for k in ModelMetadata.__dataclass_fields__ if k in raw})
+
+
+def captum(models, name: str, mean: list[float], row: list[float], target: int) -> tuple[list[float], float, float]:
+    """Captum on the model in this process: (attributions, convergence delta, output - baseline output)."""
+    from captum.attr import IntegratedGradients
+
+    model, activation = models[name]
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return activation(model(x))
+
+    x, base = torch.tensor([row]), torch.tensor([mean])
+    attributions, delta = IntegratedGradients(forward).attribute(
+        x, baselines=base, target=target, n_steps=50, return_convergence_delta=True
+    )
+    with torch.no_grad():
+        values = forward(torch.cat([x, base]))[:, target]
+    return attributions[0].tolist(), float(delta[0]), float(values[0] - values[1])
+
+
+def check_explanation(models, mars, name: str, body: dict, row: list[float], target: int, label: str) -> None:
+    """``body`` explains ``target`` as Captum does here; its attributions sum to the output's move (IG's completeness)."""
+    meta = packed_meta(mars, name)
+    attributions, delta, move = captum(models, name, meta.mean, row, target)
+    key = "value" if name == DIABETES else "probability"
+    scale = max(1.0, abs(move))  # diabetes progressions are in the hundreds
+    assert (body["target"], body["label"], body["model_version"]) == (target, label, "1.0")
+    assert list(body["attributions"]) == meta.feature_names
+    assert list(body["attributions"].values()) == pytest.approx(attributions, abs=1e-5 * scale)
+    served_move = body[f"target_{key}"] - body[f"baseline_{key}"]
+    assert served_move == pytest.approx(move, abs=1e-5 * scale)
+    assert sum(body["attributions"].values()) == pytest.approx(
+        served_move + body["convergence_delta"], abs=1e-5 * scale
+    )
+    assert body["convergence_delta"] == pytest.approx(delta, abs=1e-5 * scale)
+    # sum(attributions) is about output - baseline output: 50 steps over the regression's ReLU kinks
+    # leave up to 1.6% of a diabetes progression's move unattributed here
+    assert abs(body["convergence_delta"]) < 0.05 * scale
+
+
+def test_multi_label_and_regression_explanations_equal_captum_on_every_route(kinds):
+    server, models, mars = kinds
+    labels = ["urgent", "billing", "spam"]
+    for row in golden_rows(mars, MULTI, 3):
+        want = in_process(models, MULTI, [row])[0]
+        top = max(range(3), key=want.__getitem__)
+        default = post(server, f"explanations/{MULTI}", {"features": row})
+        assert default.status_code == 200, default.text
+        body = default.json()
+        check_explanation(models, mars, MULTI, body, row, top, labels[top])  # the highest probability
+        assert body["labels"] == [label for label, p in zip(labels, want) if p >= 0.5]
+        assert list(body["probabilities"].values()) == pytest.approx(want, abs=1e-5)
+        by_name = post(server, f"v1/models/{MULTI}:explain", {"features": row, "target": "spam"})
+        assert by_name.status_code == 200, by_name.text
+        check_explanation(models, mars, MULTI, by_name.json(), row, 2, "spam")
+    for row in golden_rows(mars, DIABETES, 3):
+        for path, target in ((f"explanations/{DIABETES}", None), (f"v2/models/{DIABETES}/explain", "progression")):
+            response = post(server, path, {"features": row} | ({} if target is None else {"target": target}))
+            assert response.status_code == 200, response.text
+            body = response.json()
+            check_explanation(models, mars, DIABETES, body, row, 0, "progression")
+            assert body["prediction"] == pytest.approx(in_process(models, DIABETES, [row])[0][0], rel=1e-5)
+
+
+def test_a_bad_target_gets_400_and_an_embedding_explanation_501(kinds):
+    server, _, mars = kinds
+    row = golden_rows(mars, MULTI, 1)[0]
+    bad = post(server, f"explanations/{MULTI}", {"features": row, "target": "ham"})
+    assert bad.status_code == 400
+    assert bad.json() == {
+        "error": "'target' must be a label index, an integer in [0, 2], or a label name "
+        "('urgent', 'billing', 'spam'), got 'ham'",
+        "field": "target",
+    }
+    bad = post(server, f"explanations/{DIABETES}", {"features": golden_rows(mars, DIABETES, 1)[0], "target": 1})
+    assert bad.status_code == 400
+    assert bad.json() == {
+        "error": "'target' must be a target index, an integer in [0, 0], or a target name ('progression'), got 1",
+        "field": "target",
+    }
+    for path in (f"explanations/{EMBED}", f"v1/models/{EMBED}:explain"):
+        response = post(server, path, {"features": row})
+        assert response.status_code == 501
+        assert response.json() == {
+            "error": "explanations are not available for an embedding model: it has no single scalar output to "
+            "attribute (an embedding's numbers mean something only together); ask /predictions instead"
+        }
+    assert post(server, f"predictions/{EMBED}", {"features": row}).status_code == 200
+
+
+def test_a_concurrent_burst_mixing_explanations_predictions_and_bad_requests(kinds):
+    """36 requests at once to the regression: each gets the answer to what it asked.
+
+    An explanation beyond the per-batch ceiling may get 503 + Retry-After; it is then sent again on
+    its own and must succeed.
+    """
+    server, models, mars = kinds
+    rows = ArchiveMeta.from_mar(mars[DIABETES, "1.0"]).golden["features"][:36]
+    jobs = []
+    for i, row in enumerate(rows):
+        route = ("explanations", "predictions", "predictions")[i % 3]
+        body = {"features": row} if i % 4 else {"features": row[:5]}  # every fourth too short
+        jobs.append((route, body))
+    before = len(record_batches(server.files.records))
+    with ThreadPoolExecutor(max_workers=18) as pool:
+        answers = list(pool.map(lambda job: post(server, f"{job[0]}/{DIABETES}", job[1]), jobs))
+    for (route, body), answer, row in zip(jobs, answers, rows):
+        if len(body["features"]) == 5:
+            assert answer.status_code == 400
+            assert answer.json() == {"error": "'features' must have exactly 10 numbers, got 5", "field": "features"}
+        elif route == "predictions":
+            assert answer.status_code == 200, answer.text
+            assert set(answer.json()) == {"prediction", "model_version"}
+            assert answer.json()["prediction"] == pytest.approx(in_process(models, DIABETES, [row])[0][0], rel=1e-5)
+        else:
+            if answer.status_code == 503:
+                assert answer.headers["Retry-After"] == "1"
+                answer = post(server, f"explanations/{DIABETES}", body)
+            assert answer.status_code == 200, answer.text
+            check_explanation(models, mars, DIABETES, answer.json(), row, 0, "progression")
+    batches = record_batches(server.files.records)[before:]
+    assert sum(size for size, _, _ in batches) >= len(jobs)
+    mixed = [b for b in batches if 0 < b[2] < b[0]]
+    assert mixed, f"no batch held both predictions and explanations: {batches}"
+
+
+def scrape(server) -> str:
+    return requests.get(f"{server.props['metrics_address']}/metrics", timeout=10).text
+
+
+def prediction_drift(server, model: str) -> float | None:
+    """The ``rtserve_prediction_drift_psi`` the server exports for ``model`` (None: no series)."""
+    for line in scrape(server).splitlines():
+        if line.startswith("rtserve_prediction_drift_psi{") and f'model_name="{model}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def fill_window(server, model: str, rows: torch.Tensor) -> None:
+    """``rows`` in order through KServe v1 (50 instances a request), sent one request at a time."""
+    for start in range(0, len(rows), 50):
+        response = post(server, f"v1/models/{model}:predict", {"instances": rows[start : start + 50].tolist()})
+        assert response.status_code == 200, response.text
+
+
+def drift_scraped(server, models, mars, name: str, rows: torch.Tensor) -> tuple[float, float]:
+    """Fill the drift window with ``rows``; (the prediction drift scraped, the one scored here on them)."""
+    fill_window(server, name, rows)
+    monitor = DriftMonitor(packed_meta(mars, name).drift_reference, DRIFT_WINDOW)
+    model, activation = models[name]
+    with torch.inference_mode():
+        monitor.update(rows, activation(model(rows)))
+    want = monitor.scores().prediction
+    deadline = time.monotonic() + 10
+    while True:  # the worker's exporter thread sets the gauge within drift_export_seconds
+        got = prediction_drift(server, name)
+        if (got is not None and abs(got - want) < 0.01) or time.monotonic() > deadline:
+            return got, want
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("name", [MULTI, DIABETES, EMBED])
+def test_prediction_drift_stays_low_on_training_like_rows_and_rises_on_shifted_ones(kinds, name):
+    server, models, mars = kinds
+    if name == DIABETES:
+        x = torch.tensor(load_diabetes().data, dtype=torch.float32)
+        calm, step = x[:DRIFT_WINDOW], 2 * x.std(dim=0)  # the training rows, then the holdout's first
+    else:
+        g = torch.Generator().manual_seed(21)
+        calm, step = torch.randn(DRIFT_WINDOW, 6, generator=g) * 3 + 1, 6.0  # fresh rows like the training's
+    got, want = drift_scraped(server, models, mars, name, calm)
+    assert got == pytest.approx(want, abs=0.01) and got < 0.1
+    got, want = drift_scraped(server, models, mars, name, calm + step)  # two standard deviations up
+    assert got == pytest.approx(want, abs=0.01) and got > 0.2
 
 
 def test_register_checks_the_golden_set_and_the_gate_refuses_clearly(kinds):

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from handler.drift import DriftMonitor
@@ -23,10 +26,11 @@ from handler.errors import ConfigError
 from handler.model import FORMAT, FORMAT_V2, ModelMetadata
 from handler.records import Recorder
 from handler.rtserve_handler import RealTimeHandler
-from handler.signature import output_values
+from handler.signature import output_values, target_names
 from rtserve.model.package import PackagingError, check, export
 from tests.conftest import REPO
 from tests.helpers import MODEL_YAML, json_row, make_context, route_headers, start_batch
+from tests.unit.test_fuzz import json_values
 from tests.unit.test_package import random_model, random_rows
 
 pytestmark = pytest.mark.unit
@@ -45,12 +49,12 @@ def model_of(width: int) -> nn.Module:
     return random_model(n_classes=width, seed=width)
 
 
-def exported(root: Path, kind: str, **overrides) -> tuple[Path, nn.Module]:
+def exported(root: Path, kind: str, train_rows: int = 300, **overrides) -> tuple[Path, nn.Module]:
     outputs, width = KINDS[kind]
     model = model_of(width)
     kwargs = dict(feature_names=NAMES, outputs=outputs, version="0.1", out_dir=root / kind)
     kwargs.update(overrides)
-    export(model, random_rows(), **kwargs)
+    export(model, random_rows(train_rows), **kwargs)
     return Path(kwargs["out_dir"]), model
 
 
@@ -94,6 +98,7 @@ def test_each_kind_writes_format_2_with_its_signature_and_golden_outputs(artifac
     assert raw["labels"] == spec.get("labels", [])
     assert "probabilities" not in raw["golden"] and raw["accuracy"] is None
     assert "class_expected" not in raw["drift_reference"]
+    assert raw["drift_reference"]["prediction"]["kind"] == spec["kind"]
     golden = torch.tensor(raw["golden"]["outputs"])
     assert torch.allclose(golden, expected(kind, model, raw["golden"]["features"]), atol=1e-6)
     meta = check(directory)  # reloads and replays the golden set per kind
@@ -325,36 +330,265 @@ def test_kserve_v1_and_oip_v2_carry_the_kinds_output(handlers, kind):
     assert refused["error"] == f"outputs[0].name must be one of '{name}', got 'probabilities'"
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
-def test_explain_answers_501_naming_the_kind_and_predictions_still_answer(handlers, kind):
+# --------------------------------------------------------------------------- explanations
+
+#: The kinds with explanations, and the request headers of each route.
+EXPLAINED = ("multi", "regression", "two")
+PREDICT, EXPLAIN = route_headers(False), route_headers(True)
+#: Attributions and values agree with Captum run directly to this (absolute; the handler's batched pass
+#: over the exported program and Captum's single-row pass over the eager model differ in float32 rounding).
+ATOL = 1e-5
+#: The start of the 400 a bad ``target`` gets, per kind.
+BAD_TARGET = {
+    "multi": "'target' must be a label index, an integer in [0, 3], or a label name ('w', 'x', 'y', 'z')",
+    "regression": "'target' must be a target index, an integer in [0, 0], or a target name ('score')",
+    "two": "'target' must be a target index, an integer in [0, 1], or a target name ('low', 'high')",
+}
+EMBEDDING_501 = (
+    "explanations are not available for an embedding model: it has no single scalar output to attribute "
+    "(an embedding's numbers mean something only together); ask /predictions instead"
+)
+
+
+def captum(kind: str, model: nn.Module, mean: list[float], row: list[float], target: int) -> tuple:
+    """Captum run directly on the eager model's explained value for one row alone.
+
+    Returns (attributions, convergence delta, the value at ``row``, the value at the baseline).
+    """
+    from captum.attr import IntegratedGradients
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        raw = model(x)
+        return torch.sigmoid(raw) if kind == "multi" else raw
+
+    x, base = torch.tensor([row]), torch.tensor([mean])
+    attributions, delta = IntegratedGradients(forward).attribute(
+        x, baselines=base, target=target, n_steps=50, return_convergence_delta=True
+    )
+    with torch.no_grad():
+        values = forward(torch.cat([x, base]))[:, target].tolist()
+    return attributions[0].tolist(), float(delta[0]), values[0], values[1]
+
+
+def assert_explains(handler, model: nn.Module, kind: str, body: dict, row: list[float], target: int) -> None:
+    """``body`` explains ``target`` as Captum does, completely, and carries the row's prediction."""
+    attributions, delta, value, baseline = captum(kind, model, handler.meta.mean, row, target)
+    key = "probability" if kind == "multi" else "value"
+    prediction = answer_of(kind, expected(kind, model, [row])[0].tolist(), handler.output)
+    assert set(body) == {
+        "target",
+        "label",
+        "attributions",
+        "baseline",
+        f"target_{key}",
+        f"baseline_{key}",
+        "convergence_delta",
+        "method",
+        "n_steps",
+    } | set(prediction)
+    assert body["target"] == target and body["label"] == target_names(handler.output)[target]
+    assert list(body["attributions"]) == NAMES
+    assert list(body["attributions"].values()) == pytest.approx(attributions, abs=ATOL)
+    assert list(body["baseline"].values()) == pytest.approx(handler.meta.mean, rel=1e-6)
+    assert body[f"target_{key}"] == pytest.approx(value, abs=ATOL)
+    assert body[f"baseline_{key}"] == pytest.approx(baseline, abs=ATOL)
+    assert body["convergence_delta"] == pytest.approx(delta, abs=ATOL)
+    # completeness: the attributions share out (value - baseline value), up to the delta
+    total = sum(body["attributions"].values())
+    assert total - (body[f"target_{key}"] - body[f"baseline_{key}"]) == pytest.approx(
+        body["convergence_delta"], abs=ATOL
+    )
+    assert abs(body["convergence_delta"]) < 0.01 * max(1.0, abs(value - baseline))
+    assert (body["method"], body["n_steps"]) == ("integrated_gradients", 50)
+    assert output_values(handler.output, body) == pytest.approx(output_values(handler.output, prediction), abs=ATOL)
+
+
+def explain_calls(monkeypatch, handler) -> list[int]:
+    """Record how many rows each call of the handler's explainer gets."""
+    calls: list[int] = []
+    original = handler.explainer.explain
+
+    def spy(inputs, targets):
+        calls.append(len(inputs))
+        return original(inputs, targets)
+
+    monkeypatch.setattr(handler.explainer, "explain", spy)
+    return calls
+
+
+@pytest.mark.parametrize("kind", EXPLAINED)
+def test_explanations_equal_captum_for_a_target_by_index_by_name_and_by_default(handlers, kind, monkeypatch):
+    handler, ctx, model = handlers[kind]
+    calls = explain_calls(monkeypatch, handler)
+    names = target_names(handler.output)
+    last = len(names) - 1
+    rows = random_rows(3, seed=11).tolist()
+    bodies = [
+        {"features": rows[0], "target": last},
+        {"features": rows[1], "target": names[last]},
+        {"features": rows[2]},
+    ]
+    statuses, answers = run(handler, ctx, [json_row(b) for b in bodies], [EXPLAIN] * 3)
+    assert statuses == [200, 200, 200]
+    assert calls == [3], "the batch's explanations share one Captum call"
+    # the default: the label of the highest probability (multi-label), the first target (regression)
+    default = int(expected(kind, model, rows[2:])[0].argmax()) if kind == "multi" else 0
+    for body, row, target in zip(answers, rows, [last, last, default]):
+        assert_explains(handler, model, kind, body, row, target)
+
+
+BAD_TARGETS = [
+    ("multi", 4, "got 4"),
+    ("multi", -1, "got -1"),
+    ("multi", "v", "got 'v'"),
+    ("multi", "W", "got 'W'"),
+    ("multi", 1.0, "got number"),
+    ("multi", True, "got boolean"),
+    ("multi", None, "got null"),
+    ("regression", 1, "got 1"),
+    ("regression", "low", "got 'low'"),
+    ("two", 2, "got 2"),
+    ("two", "mid", "got 'mid'"),
+    ("two", ["low"], "got array"),
+    ("two", 10**30, "got 1000000000000000000000000000000"),
+]
+
+
+@pytest.mark.parametrize("kind,target,got", BAD_TARGETS)
+def test_a_bad_target_gets_its_own_400_naming_target(handlers, kind, target, got):
     handler, ctx, _ = handlers[kind]
-    rows = random_rows(2).tolist()
+    row = random_rows(1, seed=12).tolist()[0]
+    statuses, answers = run(
+        handler, ctx, [json_row({"features": row, "target": target}), json_row({"features": row})], [EXPLAIN] * 2
+    )
+    assert statuses == [400, 200]
+    assert answers[0] == {"error": f"{BAD_TARGET[kind]}, {got}", "field": "target"}
+    assert ctx.get_response_status(0)[1].startswith("'target' must be a")
+    assert "attributions" in answers[1]
+
+
+@pytest.mark.parametrize("kind", ["multi", "two"])
+def test_a_mixed_batch_is_answered_per_request(handlers, kind, monkeypatch):
+    handler, ctx, model = handlers[kind]
+    calls = explain_calls(monkeypatch, handler)
+    rows = random_rows(6, seed=13).tolist()
+    name = target_names(handler.output)[1]
+    v2 = {"inputs": [{"name": "features", "datatype": "FP32", "shape": [2, 7], "data": rows[4:6]}]}
+    requests = [
+        (PREDICT, {"features": rows[0]}),
+        (EXPLAIN, {"features": rows[1], "target": name}),
+        (EXPLAIN, {"features": [1.0, 2.0]}),
+        (EXPLAIN, {"features": rows[2], "target": 99}),
+        (PREDICT, {"features": rows[3], "target": 99}),  # a prediction ignores 'target'
+        ({"explain": "True"}, {"instances": [rows[0]]}),  # KServe's :explain route with a v1 body
+        (REST, v2),
+        (EXPLAIN, {"features": rows[3]}),
+        ({}, {"features": rows[2]}),  # no explain header (gRPC): a prediction
+    ]
+    statuses, answers = run(handler, ctx, [json_row(b) for _, b in requests], [h for h, _ in requests])
+    assert statuses == [200, 200, 400, 400, 200, 400, 200, 200, 200]
+    assert calls == [2]
+    want = expected(kind, model, rows).tolist()
+    for idx, row in ((0, 0), (4, 3), (8, 2)):
+        reference = answer_of(kind, want[row], handler.output)
+        assert set(answers[idx]) == set(reference)
+        assert output_values(handler.output, answers[idx]) == pytest.approx(want[row], abs=1e-5)
+    assert_explains(handler, model, kind, answers[1], rows[1], 1)
+    default = int(torch.tensor(want[3]).argmax()) if kind == "multi" else 0
+    assert_explains(handler, model, kind, answers[7], rows[3], default)
+    assert answers[2] == {"error": "'features' must have exactly 7 numbers, got 2", "field": "features"}
+    assert answers[3] == {"error": f"{BAD_TARGET[kind]}, got 99", "field": "target"}
+    assert answers[5] == {"error": 'explanations take a {"features": [...]} body, not a KServe v1/v2 request'}
+    (tensor,) = answers[6]["outputs"]
+    assert tensor["data"] == pytest.approx([v for w in want[4:6] for v in w], abs=1e-5)
+
+
+def test_explanations_past_the_ceiling_get_503_and_predictions_are_kept(handlers, monkeypatch):
+    handler, ctx, _ = handlers["regression"]
+    limit = handler.config.explain_max_per_batch
+    calls = explain_calls(monkeypatch, handler)
+    rows = random_rows(limit + 2, seed=14).tolist()
+    statuses, answers = run(
+        handler, ctx, [json_row({"features": row}) for row in rows], [PREDICT] + [EXPLAIN] * (limit + 1)
+    )
+    assert statuses == [200] * (limit + 1) + [503]
+    assert calls == [limit]
+    assert set(answers[0]) == {"prediction", "model_version"} and "attributions" in answers[limit]
+    assert "explain_max_per_batch" in answers[-1]["error"]
+
+
+valid_row = st.lists(st.floats(-1e3, 1e3, allow_nan=False) | st.integers(-1000, 1000), min_size=7, max_size=7)
+hostile_targets = st.one_of(
+    st.integers(-2, 5), st.integers(), st.sampled_from(["w", "x", "y", "z", "W", "", "zz"]), json_values
+)
+hostile_bodies = st.one_of(
+    st.tuples(valid_row, hostile_targets).map(lambda t: {"features": t[0], "target": t[1]}),
+    valid_row.map(lambda f: {"features": f}),
+    st.lists(st.floats(-1e3, 1e3), max_size=9).map(lambda f: {"features": f}),  # mostly wrong lengths
+    valid_row.map(lambda f: {"instances": [f]}),  # a KServe v1 body
+)
+
+
+def hostile_oracle(body: dict, explain: bool) -> int:
+    """The status a multi-label request must get (independent of handler code), before the ceiling."""
+    features = body.get("features")
+    if features is None:
+        return 400 if explain else 200  # explanations take {"features": [...]} only
+    if len(features) != 7 or any(f != f for f in features):
+        return 400
+    target = body.get("target", 0)
+    valid = (type(target) is int and 0 <= target < 4) or (type(target) is str and target in "wxyz" and len(target) == 1)
+    return 200 if valid or not explain else 400
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(batch=st.lists(st.tuples(hostile_bodies, st.booleans()), min_size=1, max_size=8))
+def test_hostile_multi_label_explain_batches_get_answers_or_their_own_errors(handlers, batch):
+    handler, ctx, _ = handlers["multi"]
+    headers = [EXPLAIN if explain else PREDICT for _, explain in batch]
+    headers = [h if "instances" not in b else {"explain": str(e)} for h, (b, e) in zip(headers, batch)]
+    start_batch(ctx, len(batch), headers)
+    out = handler.handle([json_row(b) for b, _ in batch], ctx)
+    assert len(out) == len(batch)
+    explained = 0
+    for idx, ((body, explain), text) in enumerate(zip(batch, out)):
+        status = ctx.get_response_status(idx)[0]
+        answer = json.loads(text)
+        json.dumps(answer, allow_nan=False)
+        want = hostile_oracle(body, explain)
+        if want == 200 and explain:
+            explained += 1
+            if explained > handler.config.explain_max_per_batch:
+                want = 503
+        assert status == want, (body, explain, answer)
+        if status == 400:
+            assert answer["error"]
+        elif status == 200 and explain:
+            total = sum(answer["attributions"].values())
+            gap = answer["target_probability"] - answer["baseline_probability"]
+            assert abs(total - gap - answer["convergence_delta"]) < 1e-4
+
+
+def test_an_embedding_explanation_answers_501_saying_why_and_predictions_still_answer(handlers):
+    handler, ctx, model = handlers["embedding"]
+    assert handler.explainer is None
+    rows = random_rows(2, seed=15).tolist()
     statuses, answers = run(
         handler,
         ctx,
-        [json_row({"features": rows[0]}), json_row({"features": rows[1]})],
-        [route_headers(True), route_headers(False)],
+        [
+            json_row({"features": rows[0]}),
+            json_row({"features": rows[1]}),
+            json_row({"features": rows[0], "target": 3}),
+            json_row({"instances": [rows[1]]}),
+            json_row({"features": [1.0]}),
+        ],
+        [EXPLAIN, PREDICT, EXPLAIN, {"explain": "True"}, EXPLAIN],
     )
-    assert statuses == [501, 200]
-    assert answers[0] == {
-        "error": f"explanations are not available for a {handler.output['kind']} model yet: "
-        "this server explains classifiers only (Integrated Gradients over one "
-        "class's probability); ask /predictions instead"
-    }
-
-
-@pytest.mark.parametrize("kind", ["regression", "multi"])
-def test_explain_with_a_target_or_a_protocol_body_answers_501_too(handlers, kind):
-    handler, ctx, _ = handlers[kind]
-    row = random_rows(1).tolist()[0]
-    statuses, answers = run(
-        handler,
-        ctx,
-        [json_row({"features": row, "target": 2}), json_row({"instances": [row]}), json_row({"features": [1.0]})],
-        [route_headers(True), {"explain": "True"}, route_headers(True)],
-    )
-    assert statuses == [501, 501, 400]
-    assert answers[0] == answers[1] and answers[0]["error"].startswith("explanations are not available")
+    assert statuses == [501, 200, 501, 501, 400]
+    assert answers[0] == answers[2] == answers[3] == {"error": EMBEDDING_501}
+    assert answers[1]["embedding"] == pytest.approx(expected("embedding", model, rows[1:])[0].tolist(), abs=1e-5)
+    assert answers[4]["field"] == "features"
 
 
 def test_records_carry_the_kinds_answer(handlers, tmp_path):
@@ -386,12 +620,153 @@ def test_records_carry_the_kinds_answer(handlers, tmp_path):
     assert bad["event"] == "rejected" and bad["status"] == 400
 
 
-def test_drift_without_class_shares_scores_the_features_only(artifacts):
+# --------------------------------------------------------------------------- drift
+
+WINDOW = 400
+#: Two training standard deviations (5) on every feature, in a direction that moves each model's outputs
+#: (the embedding network's first tanh saturates on the positive side: rows shifted up barely move its
+#: vectors, so their drift rightly stays low, while the inputs' drift is high).
+SHIFT = {"multi": 10.0, "regression": 10.0, "two": 10.0, "embedding": -10.0}
+
+
+@pytest.fixture(scope="module")
+def drift_artifacts(tmp_path_factory) -> dict:
+    """Each kind exported from 4,000 training rows: a reference whose deciles are not noise themselves."""
+    root = tmp_path_factory.mktemp("drift")
+    return {kind: exported(root, kind, train_rows=4000) for kind in KINDS}
+
+
+def drift_handler(directory: Path) -> tuple:
+    """A handler with a small drift window whose exports the test makes (its thread waits an hour)."""
+    cfg = {
+        **MODEL_YAML,
+        "handler": {
+            **MODEL_YAML["handler"],
+            "drift_window": WINDOW,
+            "drift_flush_rows": 16,
+            "drift_export_seconds": 3600,
+        },
+    }
+    ctx = make_context(directory, cfg, version="0.1")
+    handler = RealTimeHandler()
+    handler.initialize(ctx)
+    return handler, ctx
+
+
+def send(handler, ctx, rows: torch.Tensor) -> None:
+    """``rows`` as /predictions requests in batches of 32; then the export the worker's thread makes."""
+    for start in range(0, len(rows), 32):
+        statuses, _ = run(handler, ctx, [json_row({"features": r}) for r in rows[start : start + 32].tolist()])
+        assert set(statuses) == {200}
+    assert handler.telemetry.export_drift()
+
+
+def gauge(handler, name: str, **labels) -> float | None:
+    ids = {"model_name": "realtime-classifier", "model_version": "0.1", **labels}
+    return handler.telemetry.metrics.registry.get_sample_value(name, ids)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_prediction_drift_stays_low_on_training_like_rows_and_moves_when_the_inputs_shift(drift_artifacts, kind):
+    directory, model = drift_artifacts[kind]
+    handler, ctx = drift_handler(directory)
+    try:
+        calm = random_rows(WINDOW, seed=16)  # the training rows' distribution, rows it never saw
+        send(handler, ctx, calm)
+        low = gauge(handler, "rtserve_prediction_drift_psi")
+        shifted = calm + SHIFT[kind]
+        send(handler, ctx, shifted)
+        high = gauge(handler, "rtserve_prediction_drift_psi")
+        assert low < 0.1 and high > 0.2, (low, high)
+        # the very score of the window computed here, on the model's own answers
+        monitor = DriftMonitor(handler.meta.drift_reference, WINDOW)
+        monitor.update(shifted, expected(kind, model, shifted.tolist()))
+        assert high == pytest.approx(round(monitor.scores().prediction, 6), abs=1e-5)
+        assert gauge(handler, "rtserve_feature_drift_psi", feature="x0") > 0.2  # the inputs' drift too
+    finally:
+        handler.telemetry.close()
+
+
+def test_an_archive_without_the_predictions_reference_loads_and_scores_the_features_only(artifacts, tmp_path):
+    """An rtserve-model/2 archive exported before the predictions' reference existed."""
     directory, _ = artifacts["regression"]
-    monitor = DriftMonitor(ModelMetadata.load(directory / "meta.json").drift_reference, window=50)
-    monitor.update(random_rows(60), torch.zeros(60, dtype=torch.long))
-    scores = monitor.scores()
-    assert scores.prediction == 0.0 and len(scores.features) == 7 and scores.rows == 50
+    (tmp_path / "model.pt2").write_bytes((directory / "model.pt2").read_bytes())
+    raw = json.loads((directory / "meta.json").read_text())
+    del raw["drift_reference"]["prediction"]
+    (tmp_path / "meta.json").write_text(json.dumps(raw))
+    handler, ctx = drift_handler(tmp_path)
+    try:
+        send(handler, ctx, random_rows(WINDOW, seed=17) + 10.0)
+        assert gauge(handler, "rtserve_prediction_drift_psi") is None  # not scored: no series
+        assert gauge(handler, "rtserve_feature_drift_psi", feature="x0") > 0.2
+    finally:
+        handler.telemetry.close()
+
+
+@pytest.mark.parametrize(
+    "kind,change,message",
+    [
+        (
+            "multi",
+            lambda r: r["prediction"].update(kind="regression"),
+            "drift_reference.prediction.kind must be 'multi_label' (the output's kind), got 'regression'",
+        ),
+        (
+            "two",
+            lambda r: r["prediction"]["edges"].pop(),
+            "drift_reference.prediction.edges must hold 2 lists (one per target) of equally many sorted finite numbers",
+        ),
+        (
+            "multi",
+            lambda r: r["prediction"]["edges"][0].append(0.9),
+            "drift_reference.prediction.edges must hold 4 lists (one per label) of 1 sorted finite numbers",
+        ),
+        (
+            "regression",
+            lambda r: r["prediction"]["expected"][0].__setitem__(0, 2.0),
+            "drift_reference.prediction.expected must hold 1 lists (one per target) of 10 shares in [0, 1]",
+        ),
+        (
+            "embedding",
+            lambda r: r["prediction"].pop("center"),
+            "drift_reference.prediction.center must hold 16 finite numbers (the training mean embedding)",
+        ),
+        (
+            "embedding",
+            lambda r: r["prediction"]["edges"][0].reverse(),
+            "drift_reference.prediction.edges must hold 1 lists (one per distance to the center) of equally many",
+        ),
+        ("embedding", lambda r: r.update(prediction=[1]), "drift_reference.prediction must be an object"),
+        (
+            "regression",
+            lambda r: r.update(class_expected=[1.0]),
+            "drift_reference.class_expected must hold one share per class (1), for a classifier only",
+        ),
+        (
+            "regression",
+            lambda r: r["edges"].pop(),
+            "drift_reference.edges must hold 7 lists (one per feature) of equally many sorted finite numbers",
+        ),
+        ("regression", lambda r: r["expected"][3].append(0.0), "drift_reference.expected must hold 7 lists"),
+    ],
+)
+def test_a_tampered_drift_reference_is_refused_at_load_naming_the_field(artifacts, tmp_path, kind, change, message):
+    directory, _ = artifacts[kind]
+    raw = json.loads((directory / "meta.json").read_text())
+    change(raw["drift_reference"])
+    (tmp_path / "meta.json").write_text(json.dumps(raw))
+    with pytest.raises(ConfigError, match=re.escape(f"meta.json: {message}")):
+        ModelMetadata.load(tmp_path / "meta.json")
+
+
+def test_a_classifier_refuses_a_prediction_block_and_keeps_class_shares(tmp_path):
+    export(random_model(), random_rows(), feature_names=NAMES, labels=list("abcde"), version="0.1", out_dir=tmp_path)
+    raw = json.loads((tmp_path / "meta.json").read_text())
+    assert "prediction" not in raw["drift_reference"] and len(raw["drift_reference"]["class_expected"]) == 5
+    raw["drift_reference"]["prediction"] = {"kind": "classification", "edges": [[0.5]], "expected": [[0.5, 0.5]]}
+    (tmp_path / "meta.json").write_text(json.dumps(raw))
+    with pytest.raises(ConfigError, match=r"drift_reference\.prediction must be an object, for an output that is not"):
+        ModelMetadata.load(tmp_path / "meta.json")
 
 
 PACKAGING = """
