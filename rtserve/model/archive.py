@@ -136,7 +136,7 @@ def golden_label_problem(kind: str, width: int, golden: dict) -> str | None:
         "multi_label": (lambda y: row_of(y, lambda v: type(v) is int and v in (0, 1)), f"a list of {width} 0/1"),
     }
     if kind not in checks:
-        return f"golden.labels must be null for a {kind} output, got a list"
+        return f"golden.labels must be null for an output of kind {kind} (it has no truth), got a list"
     ok, what = checks[kind]
     bad = next((i for i, y in enumerate(labels) if not ok(y)), None)
     if bad is not None:
