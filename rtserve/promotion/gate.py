@@ -470,7 +470,7 @@ class GateReport:
         if self.kind == REGRESSION:
             mae = q["mae"]
             raw = (
-                "n/a"
+                "none"
                 if not mae["default"]
                 else (
                     f"{', '.join(f'{v:.4g}' for v in mae['default'])} and "
@@ -492,7 +492,10 @@ class GateReport:
         agr = self.agreement
         if self.kind == REGRESSION:
             tol = ", ".join(f"{t:.4g}" for t in agr["tolerance"])
-            return f"; values within {self.thresholds['agreement_tolerance']:g} target standard deviations ({tol})"
+            return (
+                f"; values within {self.thresholds['agreement_tolerance']:g} target standard deviations "
+                f"({tol} in target units)"
+            )
         if self.kind == MULTI_LABEL:
             return f"; share of the {agr['decisions']} label decisions equal"
         if self.kind != CLASSIFICATION:

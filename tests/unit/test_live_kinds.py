@@ -122,15 +122,15 @@ def test_a_regression_shadow_report_ranks_by_the_largest_difference():
     defaults = [100.0 + n for n in range(20)]
     candidate = list(defaults)
     candidate[3] += 2.4  # within 2.5: agrees
-    candidate[5] -= 30.0  # the largest
-    candidate[7] += 2.6  # just out
+    candidate[5] += 2.6  # just out
+    candidate[7] -= 30.0  # the largest
     lines = lines_of([live_line("regression", n, v) for n, v in enumerate(candidate)], "regression")
     audit = answers_of([record_line("regression", n, v) for n, v in enumerate(defaults)])
     report = shadow_report("m", lines, audit, "2.0", compare=REGRESSION)
     assert (report.compared, report.agreement, report.kind) == (20, 0.9, "regression")
     assert [(d["of"], d["default"], d["candidate"], d["gap"]) for d in report.disagreements] == [
-        ("req-5", 105.0, 75.0, 3.0),
-        ("req-7", 107.0, 109.6, 0.26),
+        ("req-7", 107.0, 77.0, 3.0),
+        ("req-5", 105.0, 107.6, 0.26),
     ]
     assert report.ranked_by == "by the largest absolute difference, in target standard deviations"
     assert report.comparison["tolerance"] == [2.5]
@@ -143,7 +143,7 @@ def test_a_regression_shadow_report_ranks_by_the_largest_difference():
         "target standard deviations"
     ) in text
     assert "a pair agrees when each value is within 0.25 target standard deviations (2.5 in target units)" in text
-    assert "req-5: default 105.0, candidate 75.0 gap 3.000 (candidate's id cand-5)" in text
+    assert "req-7: default 107.0, candidate 77.0 gap 3.000 (candidate's id cand-7)" in text
     saved = report.json()
     assert saved["kind"] == "regression" and saved["comparison"]["agreeing"].startswith("the default's value")
 
@@ -158,18 +158,18 @@ def test_a_regression_shadow_report_ranks_by_the_largest_difference():
 def test_a_multi_label_shadow_report_agrees_per_label_decision():
     defaults = [["urgent"], ["billing", "spam"], [], ["spam"]] * 5
     candidate = [list(d) for d in defaults]
-    candidate[1] = []  # two decisions differ
-    candidate[2] = ["urgent"]  # one
+    candidate[1] = ["billing"]  # one decision differs
+    candidate[5] = []  # two
     lines = lines_of([live_line("multi_label", n, v) for n, v in enumerate(candidate)], "multi_label")
     audit = answers_of([record_line("multi_label", n, v) for n, v in enumerate(defaults)])
     report = shadow_report("m", lines, audit, "2.0", compare=MULTI)
     assert report.agreement == pytest.approx(1 - 3 / 60, abs=1e-6)  # 3 of 20 x 3 label decisions
     assert [(d["of"], d["default"], d["candidate"], d["gap"]) for d in report.disagreements] == [
-        ("req-1", ["billing", "spam"], [], 2.0),
-        ("req-2", [], ["urgent"], 1.0),
+        ("req-5", ["billing", "spam"], [], 2.0),
+        ("req-1", ["billing", "spam"], ["billing"], 1.0),
     ]
     assert report.classes["default"] == {"urgent": 5, "billing": 5, "spam": 10}
-    assert report.classes["candidate"] == {"urgent": 6, "billing": 4, "spam": 9}
+    assert report.classes["candidate"] == {"urgent": 5, "billing": 4, "spam": 8}
     assert report.comparison["decisions"] == 60
     text = report.text()
     assert "labels on, default: billing 5 (25.00%), spam 10 (50.00%), urgent 5 (25.00%)" in text
@@ -179,16 +179,16 @@ def test_a_multi_label_shadow_report_agrees_per_label_decision():
 def test_an_embedding_shadow_report_ranks_by_the_lowest_cosine():
     defaults = [[1.0, 0.0, 0.0]] * 10
     candidate = [[1.0, 0.1, 0.0]] * 10  # cosine 0.995
-    candidate[4] = [0.0, 1.0, 0.0]  # cosine 0
-    candidate[6] = [1.0, 1.0, 0.0]  # cosine 0.707
+    candidate[4] = [1.0, 1.0, 0.0]  # cosine 0.707
+    candidate[6] = [0.0, 1.0, 0.0]  # cosine 0
     lines = lines_of([live_line("embedding", n, v) for n, v in enumerate(candidate)], "embedding")
     audit = answers_of([record_line("embedding", n, v) for n, v in enumerate(defaults)])
     report = shadow_report("m", lines, audit, "2.0", compare=EMBEDDING)
     assert report.agreement == 0.8
-    assert [(d["of"], d["gap"]) for d in report.disagreements] == [("req-4", 1.0), ("req-6", 0.292893)]
+    assert [(d["of"], d["gap"]) for d in report.disagreements] == [("req-6", 1.0), ("req-4", 0.292893)]
     assert report.disagreements[0]["default"] is None  # a vector is not listed: its cosine is
     assert report.comparison["mean_cosine"] == pytest.approx((8 * 0.995037 + 0.707107) / 10, abs=1e-6)
-    assert "req-6: cosine 0.7071 (candidate's id cand-6)" in report.text()
+    assert "req-4: cosine 0.7071 (candidate's id cand-4)" in report.text()
 
 
 def test_a_default_of_another_kind_is_not_compared():
@@ -209,7 +209,7 @@ def test_a_default_of_another_kind_is_not_compared():
 
 def test_the_canary_judges_a_regressions_agreement():
     def decide(far):
-        shadow = [live_line("regression", n, 10.0 if n < far else 0.0, at=NOW) for n in range(20)]
+        shadow = [live_line("regression", n, 10.0 if n < far else 1.0, at=NOW) for n in range(20)]  # 1.0: agrees
         audit = [record_line("regression", n, 0.0) for n in range(20)]
         return canary_check(CANARY, lines_of(shadow, "regression"), answers_of(audit), "2.0", NOW, REGRESSION)
 
@@ -260,14 +260,19 @@ def test_the_watcher_aborts_a_regression_canary_on_its_agreement(tmp_path):
     result = {}
     thread = threading.Thread(target=lambda: result.update(event=watch(w, lambda _: None, poll_s=0.01)))
     thread.start()
-    time.sleep(0.1)
-    now = time.time() * 1000
-    with open(records, "a") as f:
-        f.write("".join(record_line("regression", n, 0.0) + "\n" for n in range(20)))
-    with open(live_log, "a") as f:
-        f.write("".join(live_line("regression", n, 10.0 if n < 10 else 1.0, at=now) + "\n" for n in range(20)))
-    thread.join(10)
-    assert not thread.is_alive()
+    try:
+        time.sleep(0.1)
+        now = time.time() * 1000
+        with open(records, "a") as f:
+            f.write("".join(record_line("regression", n, 0.0) + "\n" for n in range(20)))
+        with open(live_log, "a") as f:
+            f.write("".join(live_line("regression", n, 10.0 if n < 10 else 1.0, at=now) + "\n" for n in range(20)))
+        thread.join(10)
+    finally:
+        if thread.is_alive():  # it saw no breach: stop it (a canary without a share ends the watcher)
+            set_route(routes, "m", live_log, "canary", None)
+            thread.join(10)
+    assert result["event"] is not None, "the watcher did not abort the canary"
     assert result["event"]["failures"] == [
         "agreement: the default's value to within 0.25 target standard deviations on 50.00% of 20 shadow "
         "requests (at least 80.00%)"
