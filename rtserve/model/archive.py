@@ -1,13 +1,15 @@
 """What a model archive (``.mar``) says about its model, read without loading the model (no torch).
 
 rtserve's one reader of an archive's ``MAR-INF/MANIFEST.json`` and ``meta.json`` (for the promotion gate, the
-OIP routes, the warm-up); :func:`golden_mismatches` compares answers with a golden set. Inside the worker the
+OIP routes, the warm-up); :func:`golden_mismatches` compares answers with a golden set,
+:func:`golden_label_problem` checks its labels per output kind. Inside the worker the
 handler reads ``meta.json`` itself (``handler.model.ModelMetadata``): the archive carries no rtserve.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,7 +53,7 @@ class Archive:
 
     @property
     def golden(self) -> dict:
-        """The golden set (``features``, ``labels`` or None, ``probabilities``); {} if none."""
+        """The golden set (``features``, ``labels`` or None, ``probabilities`` or ``outputs``); {} if none."""
         return self.meta.get("golden") or {}
 
 
@@ -100,3 +102,43 @@ def golden_mismatches(
         if len(want) != len(have) or any(abs(a - b) > tolerance + tolerance * abs(a) for a, b in zip(want, have)):
             bad.append(i)
     return bad + list(range(min(len(expected), len(got)), max(len(expected), len(got))))
+
+
+def golden_label_problem(kind: str, width: int, golden: dict) -> str | None:
+    """What is wrong with a golden set's ``labels`` (the holdout's truth) for an output of ``kind``; None: nothing.
+
+    ``labels`` is null (unlabelled) or one entry per golden row: a class index in ``[0, width)``
+    (classification), a finite number (a regression of width 1) or a list of ``width`` of them
+    (several targets), a list of ``width`` 0/1 (multi-label); an embedding has none.
+    """
+    labels = golden.get("labels")
+    if labels is None:
+        return None
+    rows = len(golden.get("features") or [])
+    if not isinstance(labels, list) or len(labels) != rows:
+        return f"golden.labels must be null or one entry per golden row ({rows})"
+
+    def number(v: object) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    def row_of(y: object, ok) -> bool:
+        return isinstance(y, list) and len(y) == width and all(ok(v) for v in y)
+
+    checks = {
+        "classification": (
+            lambda y: isinstance(y, int) and not isinstance(y, bool) and 0 <= y < width,
+            f"a class index in [0, {width - 1}]",
+        ),
+        "regression": (
+            (lambda y: number(y) or row_of(y, number)) if width == 1 else (lambda y: row_of(y, number)),
+            "a finite number (the target)" if width == 1 else f"a list of {width} finite numbers (the targets)",
+        ),
+        "multi_label": (lambda y: row_of(y, lambda v: type(v) is int and v in (0, 1)), f"a list of {width} 0/1"),
+    }
+    if kind not in checks:
+        return f"golden.labels must be null for an output of kind {kind} (it has no truth), got a list"
+    ok, what = checks[kind]
+    bad = next((i for i, y in enumerate(labels) if not ok(y)), None)
+    if bad is not None:
+        return f"golden.labels[{bad}] must be {what} for a {kind} output of width {width}, got {labels[bad]!r}"
+    return None

@@ -43,6 +43,7 @@ from handler.model import (
 )
 from handler.signature import golden_values
 from rtserve.errors import PackagingError
+from rtserve.model.archive import golden_label_problem
 from rtserve.settings import PACKAGE_HOME
 
 logger = logging.getLogger(__name__)
@@ -111,9 +112,11 @@ def export(
             [names]``, one per column) or ``{"kind": "embedding"}`` (format ``rtserve-model/2``).
         version: the model version (letters, digits, ``.``, ``_``, ``-``).
         out_dir: the artifact directory (created; ``model.pt2`` and ``meta.json`` replaced).
-        holdout: ``(features, labels)`` held out from training: the golden set and its accuracy
-            (classification only; other kinds keep only the features). Without it the golden set
-            is a sample of ``train_features`` and no accuracy is kept.
+        holdout: ``(features, truth)`` held out from training: the golden set, its truth kept as
+            ``golden["labels"]`` per kind (class indices and their accuracy; a regression's targets,
+            one number per row or ``width`` per row; a multi-label's 0/1 rows of ``width``; an
+            embedding keeps the features only). Without it the golden set is a sample of
+            ``train_features``, unlabelled, and no accuracy is kept.
         model_config: the model config the archive will carry (``make archive MODEL_CONFIG=``):
             the exported program is checked on the batch sizes it lets TorchServe form
             (default :data:`MODEL_CONFIG`, the demo's).
@@ -123,7 +126,8 @@ def export(
 
     Raises:
         PackagingError: bad names, labels (or targets) that do not match the output width, a bad
-            output kind or threshold, several outputs, non-finite outputs or statistics, a model
+            output kind or threshold, several outputs, a holdout whose truth does not fit the
+            output (the field named), non-finite outputs or statistics, a model
             that cannot be exported, or an exported program that differs
             from the eager model by more than :data:`TOLERANCE`.
     """
@@ -148,7 +152,7 @@ def export(
     sample = x[:SAMPLE_ROWS]
     with torch.inference_mode():  # a clear error for a wrong output, before export
         signature["width"] = _logits(model, sample, signature).shape[1]
-    holdout_x, holdout_y = _holdout(holdout, x.shape[1], len(labels), kind)
+    holdout_x, holdout_y = _holdout(holdout, x.shape[1], signature)
 
     program = _export(model, x[:8].clone())  # the sample inputs saved with it: keep them small
     sizes = _check_sizes(Path(model_config or MODEL_CONFIG))
@@ -180,7 +184,9 @@ def export(
         raise PackagingError(f"the model's {kind} outputs are not finite on the golden rows")
     if trained is not None and not bool(torch.isfinite(trained).all()):
         raise PackagingError(f"the model's {kind} outputs are not finite on every training row (the drift reference)")
-    accuracy = None if golden_y is None else round(float((golden_p.argmax(dim=1) == golden_y).float().mean()), 6)
+    accuracy = None
+    if golden_y is not None and kind == CLASSIFICATION:
+        accuracy = round(float((golden_p.argmax(dim=1) == golden_y).float().mean()), 6)
     golden = {"features": golden_x.tolist(), "labels": None if golden_y is None else golden_y.tolist()}
     golden["probabilities" if kind == CLASSIFICATION else "outputs"] = golden_p.tolist()
     meta = ModelMetadata(
@@ -226,7 +232,8 @@ def check(artifact_dir: str | Path, version: str | None = None) -> ModelMetadata
 
     Raises:
         PackagingError: a file is missing or refused, ``version`` differs from ``meta.json``'s,
-            or the program's answers on the golden set differ from the recorded ones.
+            the golden set's labels do not fit the output (the field named), or the program's
+            answers on the golden set differ from the recorded ones.
     """
     directory = Path(artifact_dir)
     try:
@@ -240,6 +247,9 @@ def check(artifact_dir: str | Path, version: str | None = None) -> ModelMetadata
             f"{version!r}: set MODEL_VERSION={meta.version} or export again"
         )
     golden = meta.golden or {}
+    problem = golden_label_problem(meta.kind, meta.output["width"], golden)
+    if problem:
+        raise PackagingError(f"{directory}/{METADATA_FILE}: {problem}")
     rows = golden.get("features") or []
     if rows:
         with torch.inference_mode():
@@ -397,20 +407,35 @@ def _logits(model: nn.Module | Any, x: torch.Tensor, signature: dict) -> torch.T
     return out
 
 
-def _holdout(holdout: Any, n_features: int, n_classes: int, kind: str = CLASSIFICATION) -> tuple:
-    """The holdout's rows, and their class indices (None for other kinds: not kept yet)."""
+def _holdout(holdout: Any, n_features: int, signature: dict) -> tuple:
+    """The holdout's rows, and their truth per kind (None for an embedding).
+
+    Class indices (classification, a long tensor); targets as float64 ``[rows]`` for one
+    target or ``[rows, width]`` (regression); 0/1 ``[rows, width]`` (multi-label).
+
+    Raises:
+        PackagingError: the holdout is not a pair of features and truth of the output's shape
+            (the field named: ``holdout features``, ``holdout labels``, ``holdout targets``).
+    """
     if holdout is None:
         return None, None
     if not isinstance(holdout, (tuple, list)) or len(holdout) != 2:
         raise PackagingError("holdout must be a pair (features, labels)")
     hx = _matrix(holdout[0], "holdout features")
+    kind, width = signature["kind"], signature["width"]
+    if kind == EMBEDDING and holdout[1] is None:  # an embedding has no truth to keep
+        return hx, None
     if kind != CLASSIFICATION:
-        if hx.shape[1] != n_features or len(holdout[1]) != len(hx):
+        try:
+            count = len(holdout[1])
+        except TypeError as exc:
+            raise PackagingError(f"holdout {_TRUTH[kind]} must be one entry per row: {exc}") from exc
+        if hx.shape[1] != n_features or count != len(hx):
             raise PackagingError(
                 f"holdout must hold [rows, {n_features}] features and one target per "
-                f"row, got {list(hx.shape)} and {len(holdout[1])} targets"
+                f"row, got {list(hx.shape)} and {count} targets"
             )
-        return hx, None
+        return hx, None if kind == EMBEDDING else _truth(holdout[1], len(hx), kind, width)
     try:
         hy = torch.as_tensor(holdout[1]).long().flatten()
     except (TypeError, ValueError, RuntimeError) as exc:
@@ -420,9 +445,36 @@ def _holdout(holdout: Any, n_features: int, n_classes: int, kind: str = CLASSIFI
             f"holdout must hold [rows, {n_features}] features and one label per "
             f"row, got {list(hx.shape)} and {len(hy)} labels"
         )
-    if len(hy) and not (0 <= int(hy.min()) and int(hy.max()) < n_classes):
-        raise PackagingError(f"holdout labels must be class indices in [0, {n_classes - 1}]")
+    if len(hy) and not (0 <= int(hy.min()) and int(hy.max()) < width):
+        raise PackagingError(f"holdout labels must be class indices in [0, {width - 1}]")
     return hx, hy
+
+
+#: What a holdout's truth is called per kind, in errors.
+_TRUTH = {REGRESSION: "targets", MULTI_LABEL: "labels", EMBEDDING: "targets"}
+
+
+def _truth(values: Any, rows: int, kind: str, width: int) -> torch.Tensor:
+    """A regression's targets or a multi-label's 0/1 rows, checked against the output's ``width``."""
+    what = f"holdout {_TRUTH[kind]}"
+    try:
+        y = torch.as_tensor(values).to(torch.float64)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise PackagingError(f"{what} must be numbers, one row per holdout row: {exc}") from exc
+    if y.dim() == 1 and width == 1 and kind == REGRESSION:
+        y = y.unsqueeze(1)
+    if y.dim() != 2 or list(y.shape) != [rows, width]:
+        per = "per row (one per output column)"
+        raise PackagingError(f"{what} must be {width} numbers {per}, got shape {list(y.shape)}")
+    if kind == REGRESSION:
+        bad = (~torch.isfinite(y)).any(dim=1).nonzero().flatten().tolist()
+        if bad:
+            raise PackagingError(f"{what} must be finite numbers: row {bad[0]} is not")
+        return y.squeeze(1) if width == 1 else y
+    bad = ((y != 0) & (y != 1)).any(dim=1).nonzero().flatten().tolist()
+    if bad:
+        raise PackagingError(f"{what} must be 0 or 1 per label: row {bad[0]} is not")
+    return y.long()
 
 
 def _export(model: nn.Module, sample: torch.Tensor) -> torch.export.ExportedProgram:

@@ -16,6 +16,7 @@ from rtserve.client.rest import Client
 from rtserve.errors import GateError, GoldenMismatch
 from rtserve.model.archive import golden_mismatches
 from rtserve.promotion.gate import ArchiveMeta, GateConfig, percentile
+from rtserve.promotion.kinds import answer_value
 
 
 def answer_rows(
@@ -37,6 +38,26 @@ def answer_rows(
 
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         return list(pool.map(one, rows))
+
+
+def answer_values(
+    client: Client, model: str, version: str, kind: str, rows: Sequence[Sequence[float]], concurrency: int
+) -> list:
+    """Each row's answer as the gate compares it (:func:`rtserve.promotion.kinds.answer_value` of ``kind``).
+
+    Raises:
+        GateError: an answer is not one of ``kind`` (the version and the row named).
+    """
+    values = []
+    for i, answer in enumerate(answer_rows(client, model, version, rows, concurrency)):
+        try:
+            values.append(answer_value(kind, answer))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise GateError(
+                f"{model} {version} answered row {i} with no {kind} answer ({type(exc).__name__}: {exc}): "
+                f"{str(answer)[:200]}"
+            ) from exc
+    return values
 
 
 def check_golden(client: Client, model: str, version: str | None, meta: ArchiveMeta, config: GateConfig) -> int:

@@ -23,15 +23,17 @@ from rtserve.promotion.gate import (
     GateConfig,
     GateReport,
     Measured,
+    comparison,
     decide,
     gate_rows,
     p99_ratio,
     read_requests,
 )
 from rtserve.promotion.history import HISTORY_FILE, History  # noqa: F401 - HISTORY_FILE re-exported
+from rtserve.promotion.kinds import Compare
 from rtserve.promotion.live.evidence import promote_evidence, shadow_report_from_files
 from rtserve.promotion.live.routes import drop_version
-from rtserve.promotion.measure import answer_rows, check_golden, latency_burst
+from rtserve.promotion.measure import answer_values, check_golden, latency_burst
 from rtserve.server.disk import audit_cap
 from rtserve.settings import RunDir
 
@@ -240,17 +242,29 @@ class Rollout:
         run_dir = self.verification.run_dir
         shadow = None
         if run_dir is not None:
-            labels = self.verification.meta(self.model, report.candidate).labels
+            meta = self.verification.meta(self.model, report.candidate)
             files = RunDir(run_dir)
             shadow = shadow_report_from_files(
-                self.model, files.live_log, files.records, report.candidate, report.default, labels
+                self.model,
+                files.live_log,
+                files.records,
+                report.candidate,
+                report.default,
+                meta.labels,
+                Compare.of(meta.output, meta.golden, self.verification.config.kinds),
             )
         report.live, failures = promote_evidence(live.shadow, shadow)
         report.failures += failures
         report.passed = not report.failures
 
     def gate(self, default: str, candidate: str, requests_file: str | Path | None = None) -> GateReport:
-        """Measure both versions on the same rows and bursts and decide (changes nothing)."""
+        """Measure both versions on the same rows and bursts and decide (changes nothing).
+
+        Their answers are compared per the output kind (:mod:`rtserve.promotion.kinds`).
+
+        Raises:
+            GateError: the versions' outputs differ (kind or width), before anything is measured.
+        """
         if self.verification is None:
             raise RolloutError("the gate needs the model store (a Verification)")
         metas = [self.verification.meta(self.model, v) for v in (default, candidate)]
@@ -265,13 +279,12 @@ class Rollout:
             again = latency_burst(self.client, self.model, (default, candidate), features[0], config)
             if p99_ratio(again[candidate], again[default]) < p99_ratio(burst[candidate], burst[default]):
                 burst = again
+        kind = metas[0].kind
         measured = [
-            Measured(
-                v, [a["label"] for a in answer_rows(self.client, self.model, v, features, config.concurrency)], burst[v]
-            )
+            Measured(v, answer_values(self.client, self.model, v, kind, features, config.concurrency), burst[v])
             for v in (default, candidate)
         ]
-        return decide(config, self.model, rows, *measured)
+        return decide(config, self.model, rows, *measured, comparison(metas[0], config))
 
     def _record(self, report: GateReport) -> None:
         """One event in the rollout history and one line in the audit log."""

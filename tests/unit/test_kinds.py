@@ -160,30 +160,80 @@ def test_bad_outputs_are_refused_naming_the_field(tmp_path, outputs, width, mess
     assert not (tmp_path / "out" / "meta.json").exists()
 
 
-def test_a_holdout_gives_the_golden_rows_of_any_kind(tmp_path):
-    holdout = (random_rows(40, seed=9), torch.randn(40))
+def export_holdout(out_dir: Path, kind: str, truth, rows: int = 40):
+    """Export ``kind``'s model with a holdout of ``rows`` rows and ``truth``; its meta.json."""
+    outputs, width = KINDS[kind]
+    features = random_rows(rows, seed=9)
     export(
-        model_of(1),
+        model_of(width),
         random_rows(),
         feature_names=NAMES,
-        outputs=REGRESSION,
+        outputs=outputs,
         version="0.1",
-        out_dir=tmp_path,
-        holdout=holdout,
+        out_dir=out_dir,
+        holdout=(features, truth),
     )
-    raw = json.loads((tmp_path / "meta.json").read_text())
-    assert raw["golden"]["features"] == holdout[0].tolist() and raw["golden"]["labels"] is None
+    return features, json.loads((out_dir / "meta.json").read_text())
+
+
+def test_a_holdout_keeps_its_truth_per_kind_in_the_golden_set(tmp_path):
+    """A regression's targets (floats; a list per row for several), a multi-label's 0/1 rows; an
+    embedding keeps the features only. ``model check`` validates them."""
+    targets = torch.randn(40, dtype=torch.float64) * 1000
+    features, raw = export_holdout(tmp_path / "regression", "regression", targets)
+    assert raw["golden"]["features"] == features.tolist() and raw["golden"]["labels"] == targets.tolist()
     assert raw["accuracy"] is None
-    with pytest.raises(PackagingError, match="one target per row, got .40, 7. and 3 targets"):
-        export(
-            model_of(1),
-            random_rows(),
-            feature_names=NAMES,
-            outputs=REGRESSION,
-            version="0.1",
-            out_dir=tmp_path / "bad",
-            holdout=(holdout[0], [1.0, 2.0, 3.0]),
-        )
+    assert check(tmp_path / "regression").kind == "regression"
+
+    two = [[float(i), -2.5 * i] for i in range(40)]
+    _, raw = export_holdout(tmp_path / "two", "two", two)
+    assert raw["golden"]["labels"] == two
+
+    column = targets.reshape(40, 1).numpy()  # [rows, 1] for one target: kept as one number a row
+    _, raw = export_holdout(tmp_path / "column", "regression", column)
+    assert raw["golden"]["labels"] == targets.tolist()
+
+    tags = (torch.arange(160).reshape(40, 4) % 3 == 0).int().tolist()
+    _, raw = export_holdout(tmp_path / "multi", "multi", tags)
+    assert raw["golden"]["labels"] == tags and check(tmp_path / "multi").kind == "multi_label"
+
+    _, raw = export_holdout(tmp_path / "embedding", "embedding", [0.0] * 40)
+    assert raw["golden"]["labels"] is None
+    _, raw = export_holdout(tmp_path / "embedding-none", "embedding", None)
+    assert raw["golden"]["labels"] is None
+
+
+@pytest.mark.parametrize(
+    "kind,truth,message",
+    [
+        ("regression", [1.0, 2.0, 3.0], r"one target per row, got \[40, 7\] and 3 targets"),
+        ("regression", [[1.0, 2.0]] * 40, r"holdout targets must be 1 numbers per row .*, got shape \[40, 2\]"),
+        ("two", [1.0] * 40, r"holdout targets must be 2 numbers per row .*, got shape \[40\]"),
+        ("regression", [float("nan")] + [1.0] * 39, "holdout targets must be finite numbers: row 0 is not"),
+        ("regression", ["a"] * 40, "holdout targets must be numbers, one row per holdout row"),
+        ("multi", [[0, 1, 2, 0]] + [[0, 1, 0, 0]] * 39, "holdout labels must be 0 or 1 per label: row 0 is not"),
+        ("multi", [[0, 1, 0]] * 40, r"holdout labels must be 4 numbers per row .*, got shape \[40, 3\]"),
+        ("regression", 7, "holdout targets must be one entry per row"),
+    ],
+    ids=["rows", "width 1", "width 2", "not finite", "not numbers", "not 0/1", "labels", "not a list"],
+)
+def test_a_holdout_whose_truth_does_not_fit_the_output_is_refused_naming_it(tmp_path, kind, truth, message):
+    with pytest.raises(PackagingError, match=message):
+        export_holdout(tmp_path / "out", kind, truth)
+    assert not (tmp_path / "out" / "meta.json").exists()
+
+
+def test_model_check_refuses_golden_labels_that_do_not_fit(artifacts, tmp_path):
+    directory, _ = artifacts["two"]
+    for name in ("model.pt2", "meta.json"):
+        (tmp_path / name).write_bytes((directory / name).read_bytes())
+    raw = json.loads((tmp_path / "meta.json").read_text())
+    raw["golden"]["labels"] = [[1.0, 2.0]] * (len(raw["golden"]["features"]) - 1) + [[1.0]]
+    (tmp_path / "meta.json").write_text(json.dumps(raw))
+    row = len(raw["golden"]["features"]) - 1
+    with pytest.raises(PackagingError) as info:
+        check(tmp_path)
+    assert f"golden.labels[{row}] must be a list of 2 finite numbers (the targets) for a regression" in str(info.value)
 
 
 def test_labels_and_outputs_together_or_neither_are_refused(tmp_path):

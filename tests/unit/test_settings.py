@@ -58,6 +58,7 @@ def test_docs_configuration_lists_every_setting():
 
     from handler.config import HandlerConfig
     from handler.records import RecordsConfig
+    from rtserve.promotion.kinds import KIND_KEYS
     from rtserve.server import disk, properties, warmup
     from rtserve.server.properties import read_properties
 
@@ -82,7 +83,9 @@ def test_docs_configuration_lists_every_setting():
     names |= {f"handler.{f.name}" for f in dataclasses.fields(HandlerConfig)}
     names |= {f"records.{f.name}" for f in dataclasses.fields(RecordsConfig)}
     gate = yaml.safe_load((PACKAGE_HOME / "config" / "gate.yaml").read_text())
-    names |= {k for k in gate if k != "live"}
+    sections = {"live", *KIND_KEYS}
+    names |= {k for k in gate if k not in sections}
     names |= {f"live.{section}.{k}" for section, values in gate["live"].items() for k in values}
+    names |= {f"{section}.{k}" for section, keys in KIND_KEYS.items() for k in keys}  # each one, shipped or not
     missing = sorted(n for n in names if f"`{n}`" not in doc)
     assert not missing, f"docs/configuration.md does not list: {', '.join(missing)}"

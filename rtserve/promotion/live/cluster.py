@@ -19,7 +19,13 @@ from rtserve.errors import DeployError, LiveError
 from rtserve.k8s.deploy import Kubectl, Target
 from rtserve.promotion.gate import GateConfig
 from rtserve.promotion.history import History
-from rtserve.promotion.live.evidence import ShadowReport, latest_shadow_version, promote_evidence, save_shadow_report
+from rtserve.promotion.live.evidence import (
+    ShadowReport,
+    compare_for,
+    latest_shadow_version,
+    promote_evidence,
+    save_shadow_report,
+)
 from rtserve.promotion.live.kubectl import POD_RUN, POD_TOKEN_FILE, Cluster, LogCopy, candidate_target, candidate_url
 from rtserve.promotion.live.routes import KEY_HEADER, Route, Routes, checked_percent, read_routes, update_routes
 from rtserve.promotion.live.watcher import CanaryStarted, Watch, run_watcher, start_watcher, stop_watcher, watcher_pid
@@ -209,8 +215,15 @@ class ClusterLive:
                 "no shadow to report on: no shadow route and no shadow line in the pods' "
                 "live logs (`make k8s-shadow MODEL_VERSION=...` first)"
             )
+        kinds = GateConfig.load(self.options.gate_config or Settings().gate_config).kinds
         return save_shadow_report(
-            self.options.model, version, copy.live_log, copy.records, self.archive(version), self.state.shadow_report
+            self.options.model,
+            version,
+            copy.live_log,
+            copy.records,
+            self.archive(version),
+            self.state.shadow_report,
+            kinds,
         )
 
     def watch(self, version: str) -> list[str] | None:
@@ -232,6 +245,7 @@ class ClusterLive:
             config.live.canary,
             pull=lambda: copy.pull(self.cluster),
             publish=self.publish,
+            compare=compare_for(self.archive(version), config.kinds),
         )
         event = run_watcher(w, self.state.canary_pid, poll_s=WATCH_POLL_S)
         return None if event is None else self.cluster.audit(event)  # the pods' own audit trails
@@ -350,7 +364,13 @@ def deploy_evidence(
     live = ClusterLive(replace(options, candidate_dir=None))
     copy = live.pull_logs()
     found = save_shadow_report(
-        options.model, version, copy.live_log, copy.records, live.archive(version), live.state.shadow_report
+        options.model,
+        version,
+        copy.live_log,
+        copy.records,
+        live.archive(version),
+        live.state.shadow_report,
+        config.kinds,
     )
     shown(found, live.state.shadow_report)
     figures, failures = promote_evidence(config.live.shadow, found)

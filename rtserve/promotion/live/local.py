@@ -14,7 +14,7 @@ from rtserve.client.rest import Client
 from rtserve.errors import LiveError
 from rtserve.promotion.gate import GateConfig
 from rtserve.promotion.history import History
-from rtserve.promotion.live.evidence import ShadowReport, latest_shadow_version, save_shadow_report
+from rtserve.promotion.live.evidence import ShadowReport, compare_for, latest_shadow_version, save_shadow_report
 from rtserve.promotion.live.routes import KEY_HEADER, Route, Routes, checked_percent, read_routes, set_route
 from rtserve.promotion.live.watcher import CanaryStarted, Watch, run_watcher, start_watcher, stop_watcher, watcher_pid
 from rtserve.promotion.rollout import Rollout, archive_name
@@ -108,6 +108,7 @@ class ServerLive:
 
         Raises:
             LiveError: there is no shadow to report on.
+            GateError: the gate's config is invalid (its per-kind thresholds compare the answers).
         """
         route = self.route("shadow")
         version = version or (route.version if route else None) or latest_shadow_version(self.run.live_log)
@@ -123,6 +124,7 @@ class ServerLive:
             self.run.records,
             self.settings.model_store / archive_name(model, version),
             self.run.shadow_report,
+            GateConfig.load(self.gate_config).kinds,
         )
 
     def canary(self, model: str, version: str, percent: float) -> CanaryStarted:
@@ -195,6 +197,7 @@ class ServerLive:
                 self.history,
                 config.live.canary,
                 audit_bytes=audit_cap(self.run.path),
+                compare=compare_for(self.settings.model_store / archive_name(model, version), config.kinds),
             ),
             self.run.canary_pid,
         )

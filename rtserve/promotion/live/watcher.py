@@ -11,7 +11,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -19,15 +19,16 @@ from handler.audit import append_event
 from rtserve.errors import LiveError
 from rtserve.promotion.gate import CanaryThresholds
 from rtserve.promotion.history import History
+from rtserve.promotion.kinds import Compare
 from rtserve.promotion.live.evidence import (
     Answer,
     CanaryDecision,
     LiveLine,
     answers_follower,
     canary_check,
+    live_line_parser,
     parse_answer_line,
     parse_lines,
-    parse_live_line,
 )
 from rtserve.promotion.live.routes import Routes, canary_route, read_routes, update_routes
 from rtserve.runtime.logs import LogFollower
@@ -47,7 +48,8 @@ class Watch:
     ``records`` are the default's (its spool, or a file); an abort's event goes to ``audit_log``.
     In a cluster (``make k8s-canary``) the files are the watcher's own copies: ``pull`` appends
     what the pods' live logs and records gained to them before each look, and ``publish`` takes
-    the routes an abort wrote to the pods (:mod:`rtserve.promotion.live.cluster`).
+    the routes an abort wrote to the pods (:mod:`rtserve.promotion.live.cluster`). ``compare``
+    says how the answers of the candidate's output kind agree (from its archive; default a classifier's).
     """
 
     model: str
@@ -62,6 +64,7 @@ class Watch:
     publish: Callable[[Routes], object] | None = None
     #: The audit log's cap (:func:`rtserve.server.disk.audit_cap`); None: no rotation.
     audit_bytes: int | None = None
+    compare: Compare = field(default_factory=Compare)
 
 
 def abort(watch: Watch, decision: CanaryDecision) -> dict:
@@ -110,6 +113,7 @@ def watch(
     window: deque[LiveLine] = deque()
     answers: dict[str, Answer] = {}
     seen: deque[tuple[float, str]] = deque()
+    parse_live_line = live_line_parser(w.compare.kind)
     last_status = 0.0
     out(f"watching canary {w.model} {w.version}: {asdict(w.thresholds)}")
     while True:
@@ -129,7 +133,7 @@ def watch(
             seen.append((now, answer.request_id))
         while seen and seen[0][0] < now - w.thresholds.window_s - 10:  # a margin for late lines
             answers.pop(seen.popleft()[1], None)
-        decision = canary_check(w.thresholds, window, answers, w.version, now * 1000.0)
+        decision = canary_check(w.thresholds, window, answers, w.version, now * 1000.0, w.compare)
         if decision.breaches:
             event = abort(w, decision)
             out(f"ABORTED {decision.text()}")
