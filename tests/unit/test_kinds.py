@@ -30,6 +30,7 @@ from handler.signature import output_values, target_names
 from rtserve.model.package import PackagingError, check, export
 from tests.conftest import REPO
 from tests.helpers import MODEL_YAML, json_row, make_context, route_headers, start_batch
+from tests.unit.test_explain import explain_calls
 from tests.unit.test_fuzz import json_values
 from tests.unit.test_package import random_model, random_rows
 
@@ -451,19 +452,6 @@ def assert_explains(handler, model: nn.Module, kind: str, body: dict, row: list[
     assert abs(body["convergence_delta"]) < 0.01 * max(1.0, abs(value - baseline))
     assert (body["method"], body["n_steps"]) == ("integrated_gradients", 50)
     assert output_values(handler.output, body) == pytest.approx(output_values(handler.output, prediction), abs=ATOL)
-
-
-def explain_calls(monkeypatch, handler) -> list[int]:
-    """Record how many rows each call of the handler's explainer gets."""
-    calls: list[int] = []
-    original = handler.explainer.explain
-
-    def spy(inputs, targets):
-        calls.append(len(inputs))
-        return original(inputs, targets)
-
-    monkeypatch.setattr(handler.explainer, "explain", spy)
-    return calls
 
 
 @pytest.mark.parametrize("kind", EXPLAINED)
