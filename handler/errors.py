@@ -35,6 +35,15 @@ REASONS = (
     "non_finite",
     "out_of_range",
     "bad_target",
+    "wrong_shape",
+    "not_an_integer",
+    "not_a_boolean",
+    "out_of_vocabulary",
+    "not_base64",
+    "not_an_image",
+    "bad_image",
+    "wrong_size",
+    "wrong_channels",
     "invalid",
 )
 #: Response headers carrying an :class:`InvalidInput`'s reason and expected count, so that a

@@ -148,6 +148,20 @@ class Explainer:
         }
 
 
+def unsupported_inputs(dtypes: dict[str, str]) -> ExplanationUnsupported:
+    """The 501 an explain request gets from a model with id or boolean inputs (``{name: dtype}``).
+
+    Integrated Gradients move every input along a straight line from the baseline; ids and
+    booleans have no values in between, and attributions over an embedding layer's output are
+    not offered yet.
+    """
+    discrete = ", ".join(f"{name!r} ({dtype})" for name, dtype in dtypes.items() if dtype != "float32")
+    return ExplanationUnsupported(
+        f"explanations are not available for this model: its input(s) {discrete} are not float32, and "
+        "Integrated Gradients need inputs that vary continuously; ask /predictions instead"
+    )
+
+
 def unsupported(kind: str) -> ExplanationUnsupported:
     """The 501 an explain request gets from a model whose output kind has no explanation (an embedding).
 

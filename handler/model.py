@@ -23,6 +23,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from handler.drift import check_reference
 from handler.errors import ConfigError
+from handler.inputs import FLOAT32, InputSpec, specs_from_meta
 from handler.signature import (
     CLASSIFICATION,
     EMBEDDING,
@@ -67,6 +68,10 @@ class ModelMetadata:
             ``rtserve-model/1``, which is one classification output. For a multi-label output
             ``labels`` holds its labels; for regression and embedding it is empty, and the golden
             set holds ``outputs`` (sigmoid probabilities, values or vectors) for ``probabilities``.
+        inputs: ``rtserve-model/2`` only: named inputs (:class:`handler.inputs.InputSpec` documents);
+            None: one float32 input ``features`` of ``len(feature_names)`` columns. With named
+            inputs the program still takes one float32 row, every input flattened in this order,
+            and ``feature_names`` names each number (``image[0,3,4]``).
     """
 
     name: str
@@ -80,6 +85,17 @@ class ModelMetadata:
     provenance: dict = field(default_factory=dict)
     format: str = FORMAT
     outputs: list[dict] | None = None
+    inputs: list[dict] | None = None
+
+    @property
+    def input_specs(self) -> tuple[InputSpec, ...]:
+        """The named inputs (empty for one ``features`` input)."""
+        return specs_from_meta(self.inputs) if self.inputs is not None else ()
+
+    @property
+    def float_inputs(self) -> bool:
+        """Whether every input is float32 (what Integrated Gradients can vary)."""
+        return all(spec.dtype == FLOAT32 for spec in self.input_specs)
 
     @property
     def output(self) -> dict:
@@ -118,6 +134,15 @@ class ModelMetadata:
                 raise ConfigError(f"meta.json: {key} must be a non-empty string")
         if self.outputs is not None:
             check_outputs(self.outputs, self.labels)
+        if self.inputs is not None:
+            if self.format != FORMAT_V2:
+                raise ConfigError(f"meta.json: inputs are declared in {FORMAT_V2!r} only")
+            width = sum(spec.width for spec in self.input_specs)
+            if width != len(self.feature_names):
+                raise ConfigError(
+                    f"meta.json: the inputs hold {width} numbers per row but feature_names "
+                    f"names {len(self.feature_names)}"
+                )
         least_labels = {CLASSIFICATION: 2, MULTI_LABEL: 1}.get(self.kind, 0)
         for key, least in (("feature_names", 1), ("labels", least_labels)):
             values = getattr(self, key)
@@ -164,10 +189,11 @@ class ModelMetadata:
         return meta
 
     def save(self, path: str | Path) -> None:
-        """Write ``meta.json`` (sorted keys; ``rtserve-model/1`` has no ``outputs`` key)."""
+        """Write ``meta.json`` (sorted keys; no ``outputs`` in ``rtserve-model/1``, no ``inputs`` for ``features``)."""
         raw = asdict(self)
-        if raw["outputs"] is None:
-            del raw["outputs"]
+        for key in ("outputs", "inputs"):
+            if raw[key] is None:
+                del raw[key]
         Path(path).write_text(json.dumps(raw, indent=1, sort_keys=True) + "\n")
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from handler.errors import InvalidInput
+from handler.inputs import BOOL, FLOAT32, INT64, OIP_DATATYPES, NamedInputs, check_values
 from handler.schema import check_numbers, json_type, prediction_document, short
 from handler.signature import (
     CLASS_DATATYPE,
@@ -122,6 +123,122 @@ def parse_request(
     if protocol == OIP_V2:
         return parse_v2(body, n_features, limit, max_instances, binary, output_names)
     return None
+
+
+def parse_named_request(
+    body: Any,
+    named: NamedInputs,
+    limit: float,
+    max_instances: int,
+    output_names: tuple[str, ...] = OUTPUT_NAMES,
+) -> ProtocolRequest | None:
+    """:func:`parse_request` for a model with named inputs: each instance's row, inputs flattened in order.
+
+    KServe v1 instances are ``{name: value}`` objects (or flat rows); an OIP v2 request holds one
+    tensor per input, by name, shaped ``[N, *shape]``, of the input's datatype, as JSON ``data``
+    (flat or nested) or binary tensor data (one ``binary_data_size`` per tensor, in order).
+
+    Raises:
+        InvalidInput: naming the field, as :func:`parse_request`.
+    """
+    binary = None
+    if isinstance(body, BinaryBody):
+        body, binary = split_binary(body.raw, body.header_length)
+        if detect(body) != OIP_V2:
+            raise InvalidInput(
+                f"{BINARY_HEADER} (binary tensor data) is for Open Inference "
+                "Protocol requests only: the JSON header has no 'inputs'"
+            )
+    protocol = detect(body)
+    if protocol == KSERVE_V1:
+        instances = body["instances"]
+        if not isinstance(instances, list) or not 1 <= len(instances) <= max_instances:
+            got = f"{len(instances)} instances" if isinstance(instances, list) else json_type(instances)
+            raise InvalidInput(
+                f"'instances' must be a list of 1 to {max_instances} instances (handler.max_instances), "
+                f"each an object with the inputs {', '.join(named.names)}, got {got}",
+                reason="not_a_list",
+            )
+        rows = []
+        for i, instance in enumerate(instances):
+            try:
+                rows.append(named.row({"features": instance} if isinstance(instance, list) else instance, limit))
+            except InvalidInput as exc:
+                raise InvalidInput(f"instances[{i}]: {exc.message}", reason=exc.reason) from exc
+        return ProtocolRequest(KSERVE_V1, rows)
+    if protocol != OIP_V2:
+        return None
+    request_id = body.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidInput(f"'id' must be a string, got {json_type(request_id)}")
+    tensors = body["inputs"]
+    wanted = ", ".join(repr(n) for n in named.names)
+    if not isinstance(tensors, list) or len(tensors) != len(named.specs):
+        got = f"{len(tensors)} tensors" if isinstance(tensors, list) else json_type(tensors)
+        raise InvalidInput(f"'inputs' must be a list of one tensor per input ({wanted}), got {got}")
+    by_name = {t.get("name"): (i, t) for i, t in enumerate(tensors) if isinstance(t, dict)}
+    n_rows, offset, columns = None, 0, []
+    for spec in named.specs:
+        if spec.name not in by_name:
+            raise InvalidInput(f"'inputs' must hold a tensor named {spec.name!r} (the model takes {wanted})")
+        i, tensor = by_name[spec.name]
+        where = f"inputs[{i}]"
+        datatype = OIP_DATATYPES[spec.dtype]
+        if tensor.get("datatype") != datatype:
+            raise InvalidInput(
+                f"{where}.datatype must be {datatype!r} (input {spec.name!r}), got {_show(tensor.get('datatype'))}"
+            )
+        shape = tensor.get("shape")
+        n = shape[0] if isinstance(shape, list) and shape and type(shape[0]) is int else None
+        if shape != [n, *spec.shape] or not 1 <= n <= max_instances or n_rows not in (None, n):
+            raise InvalidInput(
+                f"{where}.shape must be [N, {', '.join(map(str, spec.shape))}] with N in [1, {max_instances}] "
+                f"(handler.max_instances), the same N for every input, got {short(shape)}"
+            )
+        n_rows = n
+        parameters = tensor.get("parameters", {})
+        if not isinstance(parameters, dict):
+            raise InvalidInput(f"{where}.parameters must be an object, got {json_type(parameters)}")
+        count = n * spec.width
+        if "binary_data_size" in parameters:
+            size, dtype = parameters["binary_data_size"], _NAMED_BINARY[spec.dtype]
+            if binary is None or "data" in tensor or type(size) is not int or size != count * dtype.itemsize:
+                raise InvalidInput(
+                    f"{where}.parameters.binary_data_size must be {count * dtype.itemsize} ({count} {datatype} "
+                    f"values) with the bytes after the JSON header ({BINARY_HEADER}) and no 'data'"
+                )
+            if offset + size > len(binary):
+                raise InvalidInput(f"{where}: the binary tensor data ends before this tensor's {size} bytes")
+            values = np.frombuffer(binary, dtype=dtype, count=count, offset=offset).tolist()
+            offset += size
+        else:
+            values = _flat_data(tensor.get("data"), count, f"{where}.data")
+        check_values(values, spec, f"{where}.data", limit)
+        columns.append([values[r * spec.width : (r + 1) * spec.width] for r in range(n)])
+    if binary is not None and offset != len(binary):
+        raise InvalidInput(f"{len(binary) - offset} bytes after the JSON header belong to no tensor")
+    rows = [[v for column in columns for v in column[r]] for r in range(n_rows)]
+    outputs, binary_outputs = _requested_outputs(
+        body.get("outputs"), _binary_data_output(body.get("parameters")), output_names
+    )
+    return ProtocolRequest(OIP_V2, rows, request_id, outputs, binary_outputs)
+
+
+#: Raw tensor bytes per named input's dtype (little-endian; BOOL one byte each).
+_NAMED_BINARY = {FLOAT32: np.dtype("<f4"), INT64: np.dtype("<i8"), BOOL: np.dtype("?")}
+
+
+def _flat_data(data: Any, count: int, where: str) -> list:
+    """A tensor's JSON ``data``, flat or nested, as a flat row-major list of ``count`` values."""
+    flat = data if isinstance(data, list) else None
+    while flat and any(isinstance(v, list) for v in flat):
+        if not all(isinstance(v, list) for v in flat):
+            flat = None
+            break
+        flat = [v for item in flat for v in item]
+    if flat is None or len(flat) != count:
+        raise InvalidInput(f"{where} must hold {count} values for its shape, flat or nested by its shape")
+    return flat
 
 
 def split_binary(raw: Any, header_length: str) -> tuple[dict, bytes]:

@@ -23,7 +23,8 @@ from handler import worker_io
 from handler.config import HandlerConfig
 from handler.device import choose_device, on_device
 from handler.errors import ConfigError, ExplainCapacityExceeded, InvalidInput
-from handler.explain import EXPLAINED, Explainer, unsupported
+from handler.explain import EXPLAINED, Explainer, unsupported, unsupported_inputs
+from handler.inputs import NamedInputs
 from handler.model import CLASSIFICATION, METADATA_FILE, MULTI_LABEL, PROGRAM_FILE, ModelMetadata, load_program
 from handler.protocols import (
     BINARY_CONTENT_TYPE,
@@ -37,6 +38,7 @@ from handler.protocols import (
     grpc_error,
     output_answer,
     output_document,
+    parse_named_request,
     parse_request,
 )
 from handler.records import ROUTE_HEADER, Recorder, RecordsConfig, RecordsUnavailable, Spool, spool_bytes, spool_dir
@@ -118,9 +120,11 @@ class RealTimeHandler(BaseHandler):
                 device=self.device,
                 kind=self.meta.kind,
             )
-            if self.meta.kind in EXPLAINED
+            if self.meta.kind in EXPLAINED and self.meta.float_inputs
             else None
         )
+        #: A model with named inputs parses each body through them (:mod:`handler.inputs`).
+        self.named = NamedInputs(self.meta.input_specs) if self.meta.inputs else None
         self.telemetry = self._telemetry(context) if self.config.metrics else None
         self.records = RecordsConfig.from_model_yaml(context.model_yaml_config)
         self.recorder = (
@@ -353,13 +357,11 @@ class RealTimeHandler(BaseHandler):
         """
         explain, plain_only, no_route, declared = self._routes()
         explainable = self.explainer is not None
-        other = partial(
-            parse_request,
-            n_features=self.meta.n_features,
-            limit=self.config.feature_limit,
-            max_instances=self.config.max_instances,
-            output_names=self._output_names,
-        )
+        limits = dict(limit=self.config.feature_limit, max_instances=self.config.max_instances)
+        if self.named is None:
+            other = partial(parse_request, n_features=self.meta.n_features, output_names=self._output_names, **limits)
+        else:
+            other = partial(parse_named_request, named=self.named, output_names=self._output_names, **limits)
         batch = parse_batch(
             self._binary_bodies(data, plain_only),
             self.meta.n_features,
@@ -370,6 +372,7 @@ class RealTimeHandler(BaseHandler):
             plain_only=plain_only,
             target_names=() if self.classifier else self._target_names,
             target_noun="class" if self.classifier else self._target_noun,
+            named=self.named,
         )
         if explain and not explainable:
             batch.targets = {idx: None for idx in explain if idx not in batch.errors}
@@ -409,11 +412,8 @@ class RealTimeHandler(BaseHandler):
         with torch.inference_mode():
             raw = self.model(batch.inputs)
             values = torch.sigmoid(raw) if self.output["kind"] == MULTI_LABEL else raw
-        if batch.targets and self.explainer is not None:
+        if batch.targets:
             self._explain(batch, values)
-        elif batch.targets:
-            for idx in batch.targets:
-                batch.errors[idx] = unsupported(self.output["kind"])
         return values
 
     def _explain(self, batch: ParsedBatch, probabilities: torch.Tensor) -> None:
@@ -421,8 +421,17 @@ class RealTimeHandler(BaseHandler):
 
         ``probabilities`` are what the answers carry. The target defaults to the predicted class
         (classifier), the label of the highest probability (multi-label) or the first target
-        (regression); the rest of this batch's explain requests get a 503.
+        (regression); the rest of this batch's explain requests get a 503. Without an explainer
+        (an embedding, or id or boolean inputs) each gets a 501 saying why.
         """
+        if self.explainer is None:
+            for idx in batch.targets:
+                batch.errors[idx] = (
+                    unsupported(self.output["kind"])
+                    if self.output["kind"] not in EXPLAINED
+                    else unsupported_inputs({s.name: s.dtype for s in self.meta.input_specs})
+                )
+            return
         limit = self.config.explain_max_per_batch
         chosen = list(batch.targets)[:limit]
         for idx in list(batch.targets)[limit:]:

@@ -18,6 +18,8 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
+    from handler.inputs import NamedInputs
+
 from handler.errors import HandlerError, InvalidInput
 
 #: Default largest magnitude accepted for a feature. Far beyond any training value, small enough
@@ -223,6 +225,7 @@ def parse_batch(
     plain_only: Collection[int] = (),
     target_names: Sequence[str] = (),
     target_noun: str = "class",
+    named: NamedInputs | None = None,
 ) -> ParsedBatch:
     """Parse every request of a batch; valid ones become rows of one float32 tensor.
 
@@ -236,20 +239,23 @@ def parse_batch(
     decoded is checked for shape and element types in C-level calls, and the range of all such
     values (NaN and infinity fail it) at once on a float64 array; anything unusual goes through
     :func:`parse_features`, which decides exactly as the fast checks do and names the field.
+
+    A model with ``named`` inputs (:class:`handler.inputs.NamedInputs`) parses every body through
+    them: named arrays, images, or the flat ``{"features": [...]}`` form.
     """
     batch = ParsedBatch(size=len(data))
     vectors: list[list] = []
     fast_rows: list[int] = []
     fast: list[list] = []
     for idx, row in enumerate(data):
-        if idx not in explain:
+        if named is None and idx not in explain:
             features = _plain_features(row, n_features)
             if features is not None:
                 fast_rows.append(idx)
                 fast.append(features)
                 continue
         try:
-            body = request_body(row)
+            body = request_body(row) if named is None else named.body(row)
             parsed = other(body) if other is not None and idx not in plain_only else None
             if parsed is not None:
                 if idx in explain:
@@ -258,7 +264,7 @@ def parse_batch(
                 vectors += parsed.vectors
                 batch.rows += [idx] * len(parsed.vectors)
                 continue
-            vector = parse_features(body, n_features, limit)
+            vector = parse_features(body, n_features, limit) if named is None else named.row(body, limit)
             if explain and idx in explain:
                 batch.targets[idx] = parse_target(body, n_classes, target_names, target_noun)
             vectors.append(vector)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import importlib
+import inspect
 import logging
 import platform
 import re
@@ -28,6 +29,7 @@ import rtserve
 from handler.config import HandlerConfig
 from handler.drift import fit_reference
 from handler.errors import ConfigError
+from handler.inputs import BOOL, FLOAT32, INT64, InputSpec, specs_from_meta
 from handler.model import (
     CLASSIFICATION,
     EMBEDDING,
@@ -85,9 +87,10 @@ class Standardize(nn.Module):
 
 def export(
     model: nn.Module,
-    train_features: Any,
+    train_features: Any = None,
     *,
-    feature_names: Sequence[str],
+    inputs: dict | None = None,
+    feature_names: Sequence[str] | None = None,
     labels: Sequence[str] | None = None,
     outputs: dict | None = None,
     version: str,
@@ -102,8 +105,18 @@ def export(
             and returning logits ``[N, C]``; put in eval mode here. Its name in ``meta.json`` is
             its ``model_name`` attribute, else its class name in kebab case.
         train_features: the training rows ``[rows, F]`` (tensor, array or nested lists): the
-            statistics (explanation baseline, drift reference) come from them.
-        feature_names: ``F`` unique names, the keys of explanations and drift metrics.
+            statistics (explanation baseline, drift reference) come from them. Or a dict of named
+            inputs, as ``inputs``.
+        inputs: named inputs instead of ``train_features`` (format ``rtserve-model/2``): ``{name:
+            training rows}`` in the order of the model's inputs, each a tensor ``[rows, ...]`` whose
+            dtype (float, integer ids, bool) and shape are the input's, or ``{"rows": tensor,
+            "vocabulary": n}`` (ids in ``[0, n)``; default the training rows' largest id + 1) or
+            ``{"rows": tensor, "image": {"scale": s, "offset": o}}`` (a float ``[1 or 3, H, W]``
+            image: a request's PNG or JPEG pixel ``p`` becomes ``p * s + o``). ``model.forward``
+            takes them by name. The program takes one float32 row, the inputs flattened in order
+            (:class:`FlatInputs`); the holdout's features are such a dict too.
+        feature_names: ``F`` unique names, the keys of explanations and drift metrics (one tensor
+            of features only: named inputs name their numbers ``name[i]``, ``name[c,h,w]``).
         labels: ``C`` unique class labels, in output column order: one classification output
             (``meta.json`` format ``rtserve-model/1``). Give this or ``outputs``.
         outputs: ``{name: {"kind": ...}}``, exactly one output, its kind one of
@@ -137,6 +150,21 @@ def export(
         raise PackagingError(
             f"version must be 1-64 letters, digits, '.', '_' or '-' starting with a letter or digit, got {version!r}"
         )
+    if isinstance(train_features, dict):
+        train_features, inputs = None, train_features
+    if (train_features is None) == (inputs is None):
+        raise PackagingError("give the training rows once: train_features (one tensor) or inputs ({name: rows})")
+    user_model, specs = model, ()
+    if inputs is not None:
+        if feature_names is not None:
+            raise PackagingError("feature_names names one tensor's columns: named inputs name their own numbers")
+        specs, parts = _input_specs(inputs)
+        _check_forward(model, specs)
+        model = FlatInputs(model, specs)
+        train_features = _flat(parts)
+        feature_names = [name for spec in specs for name in spec.element_names()]
+    elif feature_names is None:
+        raise PackagingError("feature_names is required with train_features: one name per column")
     x = _matrix(train_features, "train_features")
     feature_names = _names(feature_names, "feature_names")
     signature = _output_signature(labels, outputs)
@@ -152,6 +180,8 @@ def export(
     sample = x[:SAMPLE_ROWS]
     with torch.inference_mode():  # a clear error for a wrong output, before export
         signature["width"] = _logits(model, sample, signature).shape[1]
+    if specs and isinstance(holdout, (tuple, list)) and len(holdout) == 2:
+        holdout = (_flat(_named_rows(holdout[0], specs, "holdout features")), holdout[1])
     holdout_x, holdout_y = _holdout(holdout, x.shape[1], signature)
 
     program = _export(model, x[:8].clone())  # the sample inputs saved with it: keep them small
@@ -190,7 +220,7 @@ def export(
     golden = {"features": golden_x.tolist(), "labels": None if golden_y is None else golden_y.tolist()}
     golden["probabilities" if kind == CLASSIFICATION else "outputs"] = golden_p.tolist()
     meta = ModelMetadata(
-        name=str(getattr(model, "model_name", "") or _kebab(type(model).__name__)),
+        name=str(getattr(user_model, "model_name", "") or _kebab(type(user_model).__name__)),
         version=version,
         feature_names=feature_names,
         labels=labels,
@@ -204,13 +234,14 @@ def export(
             "rtserve": rtserve.__version__,
             "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "packed_by": "rtserve.model.package.export",
-            "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
+            "model_class": f"{type(user_model).__module__}.{type(user_model).__qualname__}",
             "train_rows": len(x),
             "checked_batch_sizes": sizes,
             "tolerance": TOLERANCE,
         },
-        format=FORMAT if outputs is None else FORMAT_V2,
-        outputs=None if outputs is None else [signature],
+        format=FORMAT if outputs is None and not specs else FORMAT_V2,
+        outputs=None if outputs is None and not specs else [signature],
+        inputs=[spec.document() for spec in specs] or None,
     )
     meta.validate()
     meta.save(out / METADATA_FILE)
@@ -475,6 +506,118 @@ def _truth(values: Any, rows: int, kind: str, width: int) -> torch.Tensor:
     if bad:
         raise PackagingError(f"{what} must be 0 or 1 per label: row {bad[0]} is not")
     return y.long()
+
+
+class FlatInputs(nn.Module):
+    """A model with named inputs behind one float32 row per request (what the handler sends).
+
+    Splits the row in signature order, restores each input's shape and dtype (ids and booleans
+    travel as exact floats) and calls ``model(**inputs)``.
+    """
+
+    def __init__(self, model: nn.Module, specs: Sequence[InputSpec]) -> None:
+        super().__init__()
+        self.model = model
+        self.layout, start = [], 0
+        for spec in specs:
+            self.layout.append((spec.name, start, start + spec.width, spec.shape, spec.dtype))
+            start += spec.width
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The model's output for rows ``[N, width]``."""
+        named = {}
+        for name, start, stop, shape, dtype in self.layout:
+            part = x[:, start:stop].unflatten(1, shape)
+            named[name] = part.to(torch.int64) if dtype == INT64 else part != 0 if dtype == BOOL else part
+        return self.model(**named)
+
+
+#: The keys a named input's dict takes besides ``rows``.
+_INPUT_KEYS = {"rows", "vocabulary", "image"}
+_INPUT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+
+
+def _input_specs(inputs: Any) -> tuple[tuple[InputSpec, ...], list[torch.Tensor]]:
+    """The named inputs' specs and training rows, from ``export(inputs=...)``.
+
+    Raises:
+        PackagingError: not a dict of tensors or ``{"rows": ...}`` dicts with one row count, a bad
+            name, dtype or encoding (the input named).
+    """
+    if not isinstance(inputs, dict) or not inputs:
+        raise PackagingError("inputs must be a dict {name: training rows} naming at least one input")
+    documents, parts = [], []
+    for name, value in inputs.items():
+        where = f"inputs[{name!r}]"
+        if not isinstance(name, str) or not _INPUT_NAME.fullmatch(name):
+            raise PackagingError(f"{where}: an input's name must be a Python identifier (model.forward takes it)")
+        options = dict(value) if isinstance(value, dict) else {"rows": value}
+        unknown = sorted(set(options) - _INPUT_KEYS)
+        if unknown or "rows" not in options:
+            raise PackagingError(f"{where} must be a tensor or a dict with 'rows' (and 'vocabulary' or 'image')")
+        try:
+            rows = torch.as_tensor(options["rows"])
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise PackagingError(f"{where}: rows must be an array: {exc}") from exc
+        if rows.dim() < 2 or len(rows) < 2:
+            raise PackagingError(f"{where}: rows must be [rows, ...] with at least two rows, got {list(rows.shape)}")
+        dtype = BOOL if rows.dtype == torch.bool else FLOAT32 if rows.is_floating_point() else INT64
+        document = {"name": name, "dtype": dtype, "shape": list(rows.shape[1:])}
+        if dtype == INT64:
+            if int(rows.min()) < 0:
+                raise PackagingError(f"{where}: ids must be at least 0, got {int(rows.min())}")
+            document["vocabulary"] = int(options.get("vocabulary") or int(rows.max()) + 1)
+        elif "vocabulary" in options:
+            raise PackagingError(f"{where}: a vocabulary is for integer ids, the rows are {rows.dtype}")
+        if "image" in options:
+            image = options["image"] if isinstance(options["image"], dict) else {}
+            document["image"] = {"scale": float(image.get("scale", 1 / 255)), "offset": float(image.get("offset", 0.0))}
+        documents.append(document)
+        parts.append(rows)
+    if len({len(p) for p in parts}) != 1:
+        raise PackagingError(f"inputs must hold the same number of rows, got {[len(p) for p in parts]}")
+    try:
+        specs = specs_from_meta(documents)
+    except ConfigError as exc:
+        raise PackagingError(str(exc).replace("meta.json: ", "")) from exc
+    for spec, rows in zip(specs, parts):
+        if spec.vocabulary is not None and int(rows.max()) >= spec.vocabulary:
+            raise PackagingError(
+                f"inputs[{spec.name!r}]: an id {int(rows.max())} is beyond the vocabulary {spec.vocabulary}"
+            )
+    return specs, parts
+
+
+def _named_rows(value: Any, specs: Sequence[InputSpec], what: str) -> list[torch.Tensor]:
+    """A holdout's named inputs as tensors of each spec's shape, in signature order."""
+    if not isinstance(value, dict) or set(value) != {s.name for s in specs}:
+        raise PackagingError(f"{what} must be a dict with the inputs {', '.join(s.name for s in specs)}")
+    parts = []
+    for spec in specs:
+        rows = torch.as_tensor(value[spec.name])
+        if list(rows.shape[1:]) != list(spec.shape):
+            raise PackagingError(
+                f"{what}[{spec.name!r}] must be [rows, {', '.join(map(str, spec.shape))}], got {list(rows.shape)}"
+            )
+        parts.append(rows)
+    return parts
+
+
+def _flat(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Named inputs' rows as one float32 matrix, each flattened, in order."""
+    return torch.cat([p.reshape(len(p), -1).to(torch.float32) for p in parts], dim=1)
+
+
+def _check_forward(model: nn.Module, specs: Sequence[InputSpec]) -> None:
+    """Refuse a model whose ``forward`` cannot take the named inputs as keyword arguments."""
+    try:
+        inspect.signature(model.forward).bind(**{spec.name: None for spec in specs})
+    except TypeError as exc:
+        raise PackagingError(
+            f"model.forward must take the inputs by name ({', '.join(s.name for s in specs)}): {exc}"
+        ) from exc
+    except ValueError:  # no signature to read (a builtin): the export says what fails
+        pass
 
 
 def _export(model: nn.Module, sample: torch.Tensor) -> torch.export.ExportedProgram:
