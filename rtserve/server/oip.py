@@ -17,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from handler.inputs import OIP_DATATYPES
 from handler.signature import (
     CLASS_DATATYPE,
     CLASS_OUTPUT,
@@ -50,6 +51,8 @@ class ModelInfo:
     n_classes: int
     #: The output signature of a model that is not a classifier (``rtserve-model/2``), else None.
     output: dict | None = None
+    #: The named inputs ``meta.json`` declares (``rtserve-model/2``); empty: one ``features`` tensor.
+    inputs: tuple[dict, ...] = ()
 
     def metadata(self) -> dict:
         """The OIP model metadata response."""
@@ -57,7 +60,11 @@ class ModelInfo:
             "name": self.name,
             "versions": [self.version],
             "platform": PLATFORM,
-            "inputs": [{"name": INPUT_NAME, "datatype": INPUT_DATATYPE, "shape": [-1, self.n_features]}],
+            "inputs": [
+                {"name": spec["name"], "datatype": OIP_DATATYPES[spec["dtype"]], "shape": [-1, *spec["shape"]]}
+                for spec in self.inputs
+            ]
+            or [{"name": INPUT_NAME, "datatype": INPUT_DATATYPE, "shape": [-1, self.n_features]}],
             "outputs": (
                 [{"name": self.output["name"], "datatype": "FP32", "shape": [-1, self.output["width"]]}]
                 if self.output
@@ -78,7 +85,8 @@ def read_archive(mar: Path) -> ModelInfo:
     archive = read_mar(mar)
     output = (archive.meta.get("outputs") or [None])[0]
     output = output if output and output.get("kind") != "classification" else None
-    return ModelInfo(archive.name, archive.version, archive.n_features, len(archive.labels), output)
+    inputs = tuple(archive.meta.get("inputs") or ())
+    return ModelInfo(archive.name, archive.version, archive.n_features, len(archive.labels), output, inputs)
 
 
 def read_models(model_store: Path, models: list[str]) -> dict[str, ModelInfo]:
