@@ -44,6 +44,7 @@ REASONS = (
     "bad_image",
     "wrong_size",
     "wrong_channels",
+    "too_long",
     "invalid",
 )
 #: Response headers carrying an :class:`InvalidInput`'s reason and expected count, so that a

@@ -25,6 +25,10 @@ DTYPES = (FLOAT32, INT64, BOOL)
 OIP_DATATYPES = {FLOAT32: "FP32", INT64: "INT64", BOOL: "BOOL"}
 #: Ids travel in the float32 row: every integer up to 2**24 is exact there.
 MAX_VOCABULARY = 2**24
+#: A sequence's length in its shape: it varies per request (``max_length`` bounds it).
+DYNAMIC = -1
+#: The fewest positions a batch of sequences is cut to (the exported program's shortest length).
+MIN_BATCH_LENGTH = 2
 #: The leading bytes of the image formats a request may carry.
 PNG_MAGIC, JPEG_MAGIC = b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff"
 #: The Pillow mode of an image of 1 or 3 channels.
@@ -40,8 +44,12 @@ class InputSpec:
     Attributes:
         name: the key of the request body.
         dtype: one of :data:`DTYPES`.
-        shape: the sizes of one row's dimensions (the batch dimension excluded).
+        shape: the sizes of one row's dimensions (the batch dimension excluded); a sequence's first
+            is :data:`DYNAMIC`, its length, from 1 to ``max_length``.
         vocabulary: int64 only: ids are in ``[0, vocabulary)``.
+        max_length: a sequence only: the longest it may be (its row is padded to this).
+        padding: a sequence only: the value its row is padded with (per request, and per batch to the
+            batch's longest, at least 2 positions).
         image: float32 ``[channels, height, width]`` of 1 or 3 channels only, ``{"scale", "offset"}``:
             a decoded PNG or JPEG pixel ``p`` in ``[0, 255]`` becomes ``p * scale + offset``.
     """
@@ -51,18 +59,35 @@ class InputSpec:
     shape: tuple[int, ...]
     vocabulary: int | None = None
     image: dict | None = None
+    max_length: int | None = None
+    padding: float | None = None
+
+    @property
+    def sequence(self) -> bool:
+        """Whether the first dimension is a length that varies per request."""
+        return self.shape[0] == DYNAMIC
+
+    @property
+    def inner(self) -> int:
+        """How many numbers one position of a sequence holds (the whole row otherwise)."""
+        return math.prod(self.shape[1:]) if self.sequence else math.prod(self.shape)
+
+    @property
+    def padded_shape(self) -> tuple[int, ...]:
+        """The shape of one row as it travels: a sequence at ``max_length``."""
+        return (self.max_length, *self.shape[1:]) if self.sequence else self.shape
 
     @property
     def width(self) -> int:
-        """How many numbers one row of this input holds."""
-        return math.prod(self.shape)
+        """How many numbers one row of this input holds (a sequence padded to ``max_length``)."""
+        return math.prod(self.padded_shape)
 
     def element_names(self) -> list[str]:
         """One name per number, in row-major order: ``name[i]``, ``name[c,h,w]``."""
         if len(self.shape) == 1:
-            return [f"{self.name}[{i}]" for i in range(self.shape[0])]
+            return [f"{self.name}[{i}]" for i in range(self.width)]
         names = [""]
-        for size in self.shape:
+        for size in self.padded_shape:
             names = [f"{prefix},{i}" if prefix else str(i) for prefix in names for i in range(size)]
         return [f"{self.name}[{n}]" for n in names]
 
@@ -73,6 +98,8 @@ class InputSpec:
             out["vocabulary"] = self.vocabulary
         if self.image is not None:
             out["image"] = dict(self.image)
+        if self.sequence:
+            out.update(max_length=self.max_length, padding=self.padding)
         return out
 
 
@@ -98,9 +125,30 @@ def specs_from_meta(raw: Any) -> tuple[InputSpec, ...]:
         dtype, shape = entry.get("dtype"), entry.get("shape")
         if dtype not in DTYPES:
             raise ConfigError(f"{where}.dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-        if not isinstance(shape, list) or not shape or not all(type(s) is int and s > 0 for s in shape):
-            raise ConfigError(f"{where}.shape must be a list of positive sizes, got {shape!r}")
-        vocabulary, image = entry.get("vocabulary"), entry.get("image")
+        if (
+            not isinstance(shape, list)
+            or not shape
+            or not all(type(s) is int and (s > 0 or (s == DYNAMIC and i == 0)) for i, s in enumerate(shape))
+        ):
+            raise ConfigError(
+                f"{where}.shape must be a list of positive sizes (the first may be {DYNAMIC}: a sequence), "
+                f"got {shape!r}"
+            )
+        max_length, padding, vocabulary = entry.get("max_length"), entry.get("padding"), entry.get("vocabulary")
+        if shape[0] == DYNAMIC:
+            if type(max_length) is not int or max_length < MIN_BATCH_LENGTH:
+                raise ConfigError(f"{where}.max_length must be an integer of at least {MIN_BATCH_LENGTH} (a sequence)")
+            if not isinstance(padding, (int, float)) or isinstance(padding, bool) or not math.isfinite(padding):
+                raise ConfigError(f"{where}.padding must be a number (a sequence's padding value)")
+            if any(spec.sequence for spec in specs):
+                raise ConfigError(f"{where}: one sequence input per model is supported")
+            if dtype == INT64 and not (float(padding).is_integer() and 0 <= padding < (vocabulary or MAX_VOCABULARY)):
+                raise ConfigError(f"{where}.padding must be an id of the vocabulary (an int64 sequence)")
+            if dtype == BOOL and padding not in (0, 1):
+                raise ConfigError(f"{where}.padding must be 0 or 1 (a bool sequence)")
+        elif max_length is not None or padding is not None:
+            raise ConfigError(f"{where}: max_length and padding are for a sequence (shape [{DYNAMIC}, ...])")
+        image = entry.get("image")
         if vocabulary is not None and (
             dtype != INT64 or type(vocabulary) is not int or not 0 < vocabulary <= MAX_VOCABULARY
         ):
@@ -112,7 +160,9 @@ def specs_from_meta(raw: Any) -> tuple[InputSpec, ...]:
                 isinstance(image.get(k), (int, float)) and math.isfinite(image[k]) for k in ("scale", "offset")
             ):
                 raise ConfigError(f"{where}.image must be {{'scale': number, 'offset': number}}")
-        specs.append(InputSpec(name, dtype, tuple(shape), vocabulary, image))
+        specs.append(InputSpec(name, dtype, tuple(shape), vocabulary, image, max_length, padding))
+    if any(spec.sequence for spec in specs[:-1]):
+        raise ConfigError("meta.json: the sequence input must be the last of inputs (its row is cut per batch)")
     return tuple(specs)
 
 
@@ -139,6 +189,10 @@ class NamedInputs:
         self.width = sum(s.width for s in self.specs)
         self.names = [s.name for s in self.specs]
         self.image = self.specs[0] if len(self.specs) == 1 and self.specs[0].image is not None else None
+        last = self.specs[-1]
+        #: A sequence input's (first column, numbers per position, padding value), else None: the
+        #: handler cuts a batch's rows after the longest sequence (:class:`handler.model.CutPadding`).
+        self.sequence = (self.width - last.width, last.inner, last.padding) if last.sequence else None
         #: (column, spec) per column whose values are checked in the flat form: ids and booleans.
         self._discrete: list[tuple[int, InputSpec]] = []
         start = 0
@@ -207,15 +261,28 @@ def flatten(value: Any, spec: InputSpec, limit: float) -> list:
     """
     from handler.schema import json_type
 
+    shape = spec.shape
+    if spec.sequence:
+        length = len(value) if type(value) is list else 0
+        if not 1 <= length <= spec.max_length:
+            too_long = length > spec.max_length
+            raise InvalidInput(
+                f"{spec.name} must be a sequence of 1 to {spec.max_length} positions (input {spec.name!r}), got "
+                f"{f'{length} positions' if type(value) is list else json_type(value)}",
+                field=spec.name,
+                reason="too_long" if too_long else "wrong_shape",
+                expected=spec.max_length if too_long else None,
+            )
+        shape = (length, *shape[1:])
     level: list[tuple[str, Any]] = [(spec.name, value)]
-    for size in spec.shape:
+    for size in shape:
         nested: list[tuple[str, Any]] = []
         for where, item in level:
             if type(item) is not list or len(item) != size:
                 got = f"{len(item)} entries" if type(item) is list else json_type(item)
                 raise InvalidInput(
                     f"{where} must be an array of {size} {'entry' if size == 1 else 'entries'} "
-                    f"(input {spec.name!r} has shape {list(spec.shape)}), got {got}",
+                    f"(input {spec.name!r} has shape {list(shape)}), got {got}",
                     field=where,
                     reason="wrong_shape",
                     expected=size,
@@ -226,6 +293,8 @@ def flatten(value: Any, spec: InputSpec, limit: float) -> list:
     if not (_plain(out, spec) and _in_range(out, spec, limit)):  # find the bad element and name it
         for where, element in level:
             _check_element(element, spec, where, limit)
+    if spec.sequence:
+        out += [spec.padding] * (spec.width - len(out))
     return out
 
 

@@ -23,7 +23,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from handler.drift import check_reference
 from handler.errors import ConfigError
-from handler.inputs import FLOAT32, InputSpec, specs_from_meta
+from handler.inputs import FLOAT32, MIN_BATCH_LENGTH, InputSpec, specs_from_meta
 from handler.signature import (
     CLASSIFICATION,
     EMBEDDING,
@@ -373,6 +373,33 @@ def load_program(
     return _named(module.forward, "exported module (handler.direct_forward off)")
 
 
+class CutPadding:
+    """A forward function fed each batch cut after its longest sequence (a model with a sequence input).
+
+    A sequence input is the last of a row, padded to ``max_length``; the batch is cut after the
+    last position where any row holds something other than ``padding`` (at least
+    :data:`handler.inputs.MIN_BATCH_LENGTH` positions, the exported program's shortest), so a batch of
+    short sequences costs what short sequences cost. Export checks the answers do not change.
+    """
+
+    __slots__ = ("forward", "start", "inner", "padding", "forward_path")
+
+    def __init__(self, forward: Callable[[torch.Tensor], torch.Tensor], start: int, inner: int, padding: float) -> None:
+        self.forward, self.start, self.inner, self.padding = forward, start, inner, padding
+        path = getattr(forward, "forward_path", "")
+        self.forward_path = f"{path}{'; ' if path else ''}each batch cut after its longest sequence"
+
+    def cut(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` without the positions every row pads."""
+        used = (x[:, self.start :] != self.padding).unflatten(1, (-1, self.inner)).any(dim=2).any(dim=0)
+        positions = used.nonzero()
+        length = max(MIN_BATCH_LENGTH, int(positions[-1]) + 1 if len(positions) else 0)
+        return x[:, : self.start + length * self.inner]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward(self.cut(x))
+
+
 class _Named:
     """A forward function with a ``forward_path`` line for the worker's log."""
 
@@ -391,8 +418,9 @@ def _named(forward: Callable, path: str) -> Callable[[torch.Tensor], torch.Tenso
 
 # --------------------------------------------------------------------------- direct forward
 
-#: Node targets :func:`direct_forward` runs besides ATen operator overloads.
-_PLAIN_TARGETS = (operator.getitem,)
+#: Node targets :func:`direct_forward` runs besides ATen operator overloads: ``getitem``, and the
+#: integer arithmetic of dynamic sizes (a sequence's width, an embedding bag's offsets).
+_PLAIN_TARGETS = (operator.getitem, operator.add, operator.sub, operator.mul, operator.floordiv)
 
 
 class DirectForward:
@@ -417,7 +445,7 @@ class DirectForward:
             if fills:
                 args = list(args)
                 for pos, slot in fills:
-                    args[pos] = env[slot]
+                    args[pos] = env[slot] if type(slot) is int else [v if i is None else env[i] for v, i in slot]
             env[out] = op(*args, **kwargs)
         return env[self.result]
 
@@ -496,7 +524,8 @@ def _argument(arg: Any, slots: dict[str, int], constants: dict[str, Any]) -> tup
     """How :class:`DirectForward` passes one operator argument.
 
     Returns (value, None) for a constant, (None, slot) for a value computed in the graph or the
-    user input, (_REFUSED, None) for anything else (nested graph values included).
+    user input, (None, ((value, slot), ...)) for a flat list holding such values, (_REFUSED, None)
+    for anything else.
     """
     if isinstance(arg, torch.fx.Node):
         if arg.name in constants:
@@ -508,4 +537,9 @@ def _argument(arg: Any, slots: dict[str, int], constants: dict[str, Any]) -> tup
         return arg, None
     if isinstance(arg, (tuple, list)) and all(isinstance(a, _PLAIN) for a in arg):
         return arg, None
+    if isinstance(arg, (tuple, list)):  # a list of graph values (``cat``'s tensors): filled per call
+        items = [_argument(a, slots, constants) for a in arg]
+        if any(value is _REFUSED or isinstance(value, (tuple, list)) for value, _ in items):
+            return _REFUSED, None
+        return None, tuple(items)
     return _REFUSED, None

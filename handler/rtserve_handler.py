@@ -25,7 +25,15 @@ from handler.device import choose_device, on_device
 from handler.errors import ConfigError, ExplainCapacityExceeded, InvalidInput
 from handler.explain import EXPLAINED, Explainer, unsupported, unsupported_inputs
 from handler.inputs import NamedInputs
-from handler.model import CLASSIFICATION, METADATA_FILE, MULTI_LABEL, PROGRAM_FILE, ModelMetadata, load_program
+from handler.model import (
+    CLASSIFICATION,
+    METADATA_FILE,
+    MULTI_LABEL,
+    PROGRAM_FILE,
+    CutPadding,
+    ModelMetadata,
+    load_program,
+)
 from handler.protocols import (
     BINARY_CONTENT_TYPE,
     BINARY_HEADER,
@@ -99,6 +107,10 @@ class RealTimeHandler(BaseHandler):
         torch.set_num_threads(self.config.num_threads)
         self.device = choose_device(self.config.device, context.system_properties.get("gpu_id"))
         program = load_program(os.path.join(model_dir, PROGRAM_FILE), self.device, direct=self.config.direct_forward)
+        #: A model with named inputs parses each body through them (:mod:`handler.inputs`).
+        self.named = NamedInputs(self.meta.input_specs) if self.meta.inputs else None
+        if self.named is not None and self.named.sequence is not None:
+            program = CutPadding(program, *self.named.sequence)
         self.model = on_device(program, self.device)  # CPU tensors in and out
         self._json_parts = _json_parts(self.meta.labels, self.model_version)
         #: The one branch per batch: a classifier takes today's path, other kinds :meth:`_outputs`.
@@ -123,8 +135,6 @@ class RealTimeHandler(BaseHandler):
             if self.meta.kind in EXPLAINED and self.meta.float_inputs
             else None
         )
-        #: A model with named inputs parses each body through them (:mod:`handler.inputs`).
-        self.named = NamedInputs(self.meta.input_specs) if self.meta.inputs else None
         self.telemetry = self._telemetry(context) if self.config.metrics else None
         self.records = RecordsConfig.from_model_yaml(context.model_yaml_config)
         self.recorder = (

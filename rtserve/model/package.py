@@ -29,7 +29,7 @@ import rtserve
 from handler.config import HandlerConfig
 from handler.drift import fit_reference
 from handler.errors import ConfigError
-from handler.inputs import BOOL, FLOAT32, INT64, InputSpec, specs_from_meta
+from handler.inputs import BOOL, FLOAT32, INT64, MIN_BATCH_LENGTH, InputSpec, specs_from_meta
 from handler.model import (
     CLASSIFICATION,
     EMBEDDING,
@@ -40,6 +40,7 @@ from handler.model import (
     MULTI_LABEL,
     PROGRAM_FILE,
     REGRESSION,
+    CutPadding,
     ModelMetadata,
     load_program,
 )
@@ -158,9 +159,9 @@ def export(
     if inputs is not None:
         if feature_names is not None:
             raise PackagingError("feature_names names one tensor's columns: named inputs name their own numbers")
-        specs, parts = _input_specs(inputs)
-        _check_forward(model, specs)
-        model = FlatInputs(model, specs)
+        specs, parts, lengths = _input_specs(inputs)
+        _check_forward(model, specs, lengths)
+        model = FlatInputs(model, specs, lengths)
         train_features = _flat(parts)
         feature_names = [name for spec in specs for name in spec.element_names()]
     elif feature_names is None:
@@ -184,7 +185,8 @@ def export(
         holdout = (_flat(_named_rows(holdout[0], specs, "holdout features")), holdout[1])
     holdout_x, holdout_y = _holdout(holdout, x.shape[1], signature)
 
-    program = _export(model, x[:8].clone())  # the sample inputs saved with it: keep them small
+    sequence = specs[-1] if specs and specs[-1].sequence else None
+    program = _export(model, x[:8].clone(), sequence and (x.shape[1] - sequence.width, sequence))  # keep it small
     sizes = _check_sizes(Path(model_config or MODEL_CONFIG))
     g = torch.Generator().manual_seed(0)
     checks = {"sample": sample}
@@ -193,6 +195,11 @@ def export(
     module = program.module()
     for what, rows in checks.items():
         _compare(model, module, rows, what)
+    if sequence is not None:  # as the handler runs it: each batch cut after its longest sequence
+        cut = CutPadding(module, x.shape[1] - sequence.width, sequence.inner, sequence.padding)
+        shortest = torch.argsort((x[:, -sequence.width :] != sequence.padding).sum(dim=1))
+        for what, rows in {**checks, "the shortest row alone": x[shortest[:1]], "short rows": x[shortest[:8]]}.items():
+            _compare(model, cut, rows, f"{what}, cut after its longest {sequence.name!r}")
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -512,33 +519,43 @@ class FlatInputs(nn.Module):
     """A model with named inputs behind one float32 row per request (what the handler sends).
 
     Splits the row in signature order, restores each input's shape and dtype (ids and booleans
-    travel as exact floats) and calls ``model(**inputs)``.
+    travel as exact floats) and calls ``model(**inputs)``. A sequence, the last input, takes the
+    rest of the row, whatever its length (the handler cuts a batch after its longest sequence);
+    with ``lengths`` the model also gets ``{name}_lengths``, int64 ``[N]``: each row's positions up
+    to its last that is not all padding.
     """
 
-    def __init__(self, model: nn.Module, specs: Sequence[InputSpec]) -> None:
+    def __init__(self, model: nn.Module, specs: Sequence[InputSpec], lengths: bool = False) -> None:
         super().__init__()
         self.model = model
+        self.lengths = lengths
         self.layout, start = [], 0
         for spec in specs:
-            self.layout.append((spec.name, start, start + spec.width, spec.shape, spec.dtype))
+            stop = None if spec.sequence else start + spec.width
+            shape = (-1, *spec.shape[1:]) if spec.sequence else spec.shape
+            self.layout.append((spec.name, start, stop, shape, spec.dtype, spec.padding if spec.sequence else None))
             start += spec.width
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The model's output for rows ``[N, width]``."""
+        """The model's output for rows ``[N, width]`` (a sequence cut to any length of at least 2)."""
         named = {}
-        for name, start, stop, shape, dtype in self.layout:
+        for name, start, stop, shape, dtype, padding in self.layout:
             part = x[:, start:stop].unflatten(1, shape)
+            if padding is not None and self.lengths:
+                used = (part != padding).flatten(2).any(dim=2) if part.dim() > 2 else part != padding
+                positions = torch.arange(1, part.shape[1] + 1, device=x.device)
+                named[f"{name}_lengths"] = (used * positions).amax(dim=1)
             named[name] = part.to(torch.int64) if dtype == INT64 else part != 0 if dtype == BOOL else part
         return self.model(**named)
 
 
 #: The keys a named input's dict takes besides ``rows``.
-_INPUT_KEYS = {"rows", "vocabulary", "image"}
+_INPUT_KEYS = {"rows", "vocabulary", "image", "padding", "max_length", "lengths"}
 _INPUT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
 
-def _input_specs(inputs: Any) -> tuple[tuple[InputSpec, ...], list[torch.Tensor]]:
-    """The named inputs' specs and training rows, from ``export(inputs=...)``.
+def _input_specs(inputs: Any) -> tuple[tuple[InputSpec, ...], list[torch.Tensor], bool]:
+    """The named inputs' specs (a sequence last), training rows, and whether the model takes its lengths.
 
     Raises:
         PackagingError: not a dict of tensors or ``{"rows": ...}`` dicts with one row count, a bad
@@ -572,10 +589,26 @@ def _input_specs(inputs: Any) -> tuple[tuple[InputSpec, ...], list[torch.Tensor]
         if "image" in options:
             image = options["image"] if isinstance(options["image"], dict) else {}
             document["image"] = {"scale": float(image.get("scale", 1 / 255)), "offset": float(image.get("offset", 0.0))}
+        if "padding" in options:  # a sequence: its rows padded to their longest, or to max_length
+            document.update(shape=[-1, *rows.shape[2:]], padding=options["padding"])
+            document["max_length"] = options.get("max_length") or rows.shape[1]
+            if document["max_length"] < rows.shape[1]:
+                raise PackagingError(
+                    f"{where}: rows are {rows.shape[1]} long, beyond max_length {document['max_length']}"
+                )
+            if rows.shape[1] < document["max_length"]:
+                pad = torch.full(
+                    (len(rows), document["max_length"] - rows.shape[1], *rows.shape[2:]), options["padding"]
+                )
+                rows = torch.cat([rows, pad.to(rows.dtype)], dim=1)
+        elif "max_length" in options or "lengths" in options:
+            raise PackagingError(f"{where}: max_length and lengths are for a sequence: give its padding value")
         documents.append(document)
         parts.append(rows)
     if len({len(p) for p in parts}) != 1:
         raise PackagingError(f"inputs must hold the same number of rows, got {[len(p) for p in parts]}")
+    order = sorted(range(len(documents)), key=lambda i: "padding" in documents[i])  # a sequence last
+    documents, parts = [documents[i] for i in order], [parts[i] for i in order]
     try:
         specs = specs_from_meta(documents)
     except ConfigError as exc:
@@ -585,7 +618,8 @@ def _input_specs(inputs: Any) -> tuple[tuple[InputSpec, ...], list[torch.Tensor]
             raise PackagingError(
                 f"inputs[{spec.name!r}]: an id {int(rows.max())} is beyond the vocabulary {spec.vocabulary}"
             )
-    return specs, parts
+    lengths = any(isinstance(v, dict) and v.get("lengths") for v in inputs.values())
+    return specs, parts, lengths
 
 
 def _named_rows(value: Any, specs: Sequence[InputSpec], what: str) -> list[torch.Tensor]:
@@ -595,10 +629,12 @@ def _named_rows(value: Any, specs: Sequence[InputSpec], what: str) -> list[torch
     parts = []
     for spec in specs:
         rows = torch.as_tensor(value[spec.name])
-        if list(rows.shape[1:]) != list(spec.shape):
-            raise PackagingError(
-                f"{what}[{spec.name!r}] must be [rows, {', '.join(map(str, spec.shape))}], got {list(rows.shape)}"
-            )
+        if spec.sequence and rows.dim() >= 2 and 0 < rows.shape[1] <= spec.max_length:
+            missing = (len(rows), spec.max_length - rows.shape[1], *rows.shape[2:])
+            rows = torch.cat([rows, torch.full(missing, spec.padding).to(rows.dtype)], dim=1)
+        if list(rows.shape[1:]) != list(spec.padded_shape):
+            shape = ", ".join(map(str, spec.padded_shape))
+            raise PackagingError(f"{what}[{spec.name!r}] must be [rows, {shape}], got {list(rows.shape)}")
         parts.append(rows)
     return parts
 
@@ -608,22 +644,30 @@ def _flat(parts: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([p.reshape(len(p), -1).to(torch.float32) for p in parts], dim=1)
 
 
-def _check_forward(model: nn.Module, specs: Sequence[InputSpec]) -> None:
-    """Refuse a model whose ``forward`` cannot take the named inputs as keyword arguments."""
+def _check_forward(model: nn.Module, specs: Sequence[InputSpec], lengths: bool) -> None:
+    """Refuse a model whose ``forward`` cannot take the named inputs (and lengths) as keyword arguments."""
+    names = [spec.name for spec in specs] + [f"{spec.name}_lengths" for spec in specs if spec.sequence and lengths]
     try:
-        inspect.signature(model.forward).bind(**{spec.name: None for spec in specs})
+        inspect.signature(model.forward).bind(**dict.fromkeys(names))
     except TypeError as exc:
-        raise PackagingError(
-            f"model.forward must take the inputs by name ({', '.join(s.name for s in specs)}): {exc}"
-        ) from exc
+        raise PackagingError(f"model.forward must take the inputs by name ({', '.join(names)}): {exc}") from exc
     except ValueError:  # no signature to read (a builtin): the export says what fails
         pass
 
 
-def _export(model: nn.Module, sample: torch.Tensor) -> torch.export.ExportedProgram:
+def _export(
+    model: nn.Module, sample: torch.Tensor, sequence: tuple[int, InputSpec] | None = None
+) -> torch.export.ExportedProgram:
+    """``torch.export`` with a dynamic batch, and with ``sequence`` ``(first column, spec)`` a dynamic width."""
     batch = torch.export.Dim("batch", min=1)
+    dims = {0: batch}
+    if sequence is not None:
+        start, spec = sequence
+        length = torch.export.Dim("length", min=MIN_BATCH_LENGTH, max=spec.max_length)
+        width = length if spec.inner == 1 else length * spec.inner
+        dims[1] = width + start if start else width
     try:
-        return torch.export.export(model, (sample,), dynamic_shapes=({0: batch},), strict=False)
+        return torch.export.export(model, (sample,), dynamic_shapes=(dims,), strict=False)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise PackagingError(

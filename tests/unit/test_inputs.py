@@ -309,3 +309,108 @@ def test_explanations_attribute_pixels_and_refuse_ids_with_501(handlers):
     statuses, out = run(mixed, mctx, [{"body": body}], headers)
     assert statuses == [501], out
     assert "'ids' (int64), 'flag' (bool) are not float32" in json.loads(out[0])["error"]
+
+
+# --------------------------------------------------------------------------- sequences
+
+
+class Tokens(nn.Module):
+    """ids [length] (padding 0) and a float pair -> 3 logits; the padding masked, so its answer ignores it."""
+
+    def __init__(self, mean_over_padding: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(2)
+        self.embed = nn.Embedding(30, 8, padding_idx=0)
+        self.conv = nn.Conv1d(8, 8, 3, padding=1)
+        self.out = nn.Linear(8 + 2 + 1, 3)
+        self.mean_over_padding = mean_over_padding
+
+    def forward(self, extra: torch.Tensor, tokens: torch.Tensor, tokens_lengths: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.conv(self.embed(tokens).transpose(1, 2)))
+        pooled = h.mean(dim=2) if self.mean_over_padding else h.masked_fill((tokens == 0).unsqueeze(1), 0).amax(dim=2)
+        return self.out(torch.cat([pooled, extra, tokens_lengths.unsqueeze(1).float() / 16], dim=1))
+
+
+def token_rows(n: int, seed: int = 0, longest: int = 12) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    rows = torch.zeros(n, longest, dtype=torch.long)
+    for i, length in enumerate(torch.randint(1, longest + 1, (n,), generator=g).tolist()):
+        rows[i, :length] = torch.randint(1, 30, (length,), generator=g)
+    return rows
+
+
+def sequence_inputs(model_rows: int = 200, **options) -> dict:
+    tokens = {"rows": token_rows(model_rows), "padding": 0, "max_length": 16, "vocabulary": 30, "lengths": True}
+    return {"tokens": {**tokens, **options}, "extra": torch.rand(model_rows, 2)}
+
+
+@pytest.fixture(scope="module")
+def sequence(tmp_path_factory) -> tuple:
+    directory = tmp_path_factory.mktemp("sequence")
+    export(Tokens(), inputs=sequence_inputs(), labels=LABELS, version="0.1", out_dir=directory)
+    ctx = make_context(directory, MODEL_YAML, version="0.1")
+    handler = RealTimeHandler()
+    handler.initialize(ctx)
+    return directory, handler, ctx
+
+
+def test_a_sequence_is_the_last_input_padded_to_max_length(sequence):
+    meta = check(sequence[0])
+    assert [spec["name"] for spec in meta.inputs] == ["extra", "tokens"]
+    assert meta.inputs[1] == {
+        "name": "tokens",
+        "dtype": "int64",
+        "shape": [-1],
+        "vocabulary": 30,
+        "max_length": 16,
+        "padding": 0,
+    }
+    assert meta.n_features == 2 + 16 and meta.feature_names[-1] == "tokens[15]"
+
+
+def test_sequences_of_any_length_in_one_batch_answer_as_each_alone(sequence):
+    _, handler, ctx = sequence
+    model = Tokens()
+    lengths = [1, 3, 16, 2, 7]
+    bodies = [
+        {"tokens": token_rows(1, seed=s, longest=n)[0].clamp(min=1).tolist(), "extra": [0.2, 0.7]}
+        for s, n in enumerate(lengths)
+    ]
+    statuses, out = run(handler, ctx, [{"body": b} for b in bodies])
+    assert statuses == [200] * len(bodies), out
+    assert "cut after its longest sequence" in handler.model.forward_path
+    for body, text in zip(bodies, out):
+        ids = torch.tensor([body["tokens"]])
+        with torch.inference_mode():
+            want = torch.softmax(model(torch.tensor([body["extra"]]), ids, torch.tensor([ids.shape[1]])), dim=1)
+        assert json.loads(text)["probabilities"] == pytest.approx(want[0].tolist(), abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "field", "reason"),
+    [
+        ([5] * 17, "tokens", "too_long"),
+        ([], "tokens", "wrong_shape"),
+        ([5, 30], "tokens[1]", "out_of_vocabulary"),
+        ([5, -1], "tokens[1]", "out_of_vocabulary"),
+        ([5, 2.5], "tokens[1]", "not_an_integer"),
+        ("abc", "tokens", "wrong_shape"),
+    ],
+)
+def test_a_bad_sequence_gets_its_own_400(sequence, tokens, field, reason):
+    _, handler, ctx = sequence
+    good = {"tokens": [4, 5, 6], "extra": [0.1, 0.2]}
+    statuses, out = run(handler, ctx, [{"body": good}, {"body": {**good, "tokens": tokens}}])
+    assert statuses == [200, 400], out
+    assert json.loads(out[1])["field"] == field
+    assert ctx.get_response_headers(1)["X-Rtserve-Reason"] == reason
+
+
+def test_export_refuses_a_model_whose_answer_depends_on_the_padding(tmp_path):
+    with pytest.raises(PackagingError, match="cut after its longest 'tokens'"):
+        export(Tokens(mean_over_padding=True), inputs=sequence_inputs(), labels=LABELS, version="1", out_dir=tmp_path)
+
+
+def test_export_refuses_sequences_longer_than_max_length(tmp_path):
+    with pytest.raises(PackagingError, match="rows are 12 long, beyond max_length 8"):
+        export(Tokens(), inputs=sequence_inputs(max_length=8), labels=LABELS, version="1", out_dir=tmp_path)
