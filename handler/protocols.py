@@ -190,16 +190,22 @@ def parse_named_request(
             )
         shape = tensor.get("shape")
         n = shape[0] if isinstance(shape, list) and shape and type(shape[0]) is int else None
-        if shape != [n, *spec.shape] or not 1 <= n <= max_instances or n_rows not in (None, n):
+        length = shape[1] if spec.sequence and isinstance(shape, list) and len(shape) > 1 else None
+        row_shape = [length, *spec.shape[1:]] if spec.sequence else list(spec.shape)
+        fits = type(length) is int and 1 <= length <= spec.max_length if spec.sequence else True
+        if not fits or shape != [n, *row_shape] or not 1 <= n <= max_instances or n_rows not in (None, n):
+            dims = ", ".join(["L", *map(str, spec.shape[1:])] if spec.sequence else map(str, spec.shape))
+            lengths = f", L in [1, {spec.max_length}] (rows padded with {spec.padding})" if spec.sequence else ""
             raise InvalidInput(
-                f"{where}.shape must be [N, {', '.join(map(str, spec.shape))}] with N in [1, {max_instances}] "
-                f"(handler.max_instances), the same N for every input, got {short(shape)}"
+                f"{where}.shape must be [N, {dims}] with N in [1, {max_instances}] (handler.max_instances), "
+                f"the same N for every input{lengths}, got {short(shape)}"
             )
         n_rows = n
+        row_width = spec.width if not spec.sequence else length * spec.inner
         parameters = tensor.get("parameters", {})
         if not isinstance(parameters, dict):
             raise InvalidInput(f"{where}.parameters must be an object, got {json_type(parameters)}")
-        count = n * spec.width
+        count = n * row_width
         if "binary_data_size" in parameters:
             size, dtype = parameters["binary_data_size"], _NAMED_BINARY[spec.dtype]
             if binary is None or "data" in tensor or type(size) is not int or size != count * dtype.itemsize:
@@ -214,7 +220,8 @@ def parse_named_request(
         else:
             values = _flat_data(tensor.get("data"), count, f"{where}.data")
         check_values(values, spec, f"{where}.data", limit)
-        columns.append([values[r * spec.width : (r + 1) * spec.width] for r in range(n)])
+        pad = [spec.padding] * (spec.width - row_width)  # a sequence's rows to max_length
+        columns.append([values[r * row_width : (r + 1) * row_width] + pad for r in range(n)])
     if binary is not None and offset != len(binary):
         raise InvalidInput(f"{len(binary) - offset} bytes after the JSON header belong to no tensor")
     rows = [[v for column in columns for v in column[r]] for r in range(n_rows)]

@@ -212,23 +212,23 @@ def fill_window(server, images: torch.Tensor) -> None:
         assert response.status_code == 200, response.text
 
 
-def scraped(server, metric: str) -> dict[str, float]:
-    """``feature`` label (or '') -> value of ``metric``'s series for the example."""
+def scraped(server, metric: str, name: str = NAME) -> dict[str, float]:
+    """``feature`` label (or '') -> value of ``metric``'s series for the example ``name``."""
     text = requests.get(f"{server.props['metrics_address']}/metrics", timeout=10).text
     out = {}
     for line in text.splitlines():
-        if line.startswith(metric + "{") and f'model_name="{NAME}"' in line:
+        if line.startswith(metric + "{") and f'model_name="{name}"' in line:
             feature = line.split('feature="', 1)[1].split('"', 1)[0] if 'feature="' in line else ""
             out[feature] = float(line.rsplit(" ", 1)[1])
     return out
 
 
-def settled(server, metric: str) -> dict[str, float]:
+def settled(server, metric: str, name: str = NAME) -> dict[str, float]:
     """``metric``'s series once two scrapes 0.5 s apart agree (the exporter runs every 0.2 s)."""
-    before = scraped(server, metric)
+    before = scraped(server, metric, name)
     for _ in range(20):
         time.sleep(0.5)
-        now = scraped(server, metric)
+        now = scraped(server, metric, name)
         if now and now == before:
             return now
         before = now

@@ -414,3 +414,32 @@ def test_export_refuses_a_model_whose_answer_depends_on_the_padding(tmp_path):
 def test_export_refuses_sequences_longer_than_max_length(tmp_path):
     with pytest.raises(PackagingError, match="rows are 12 long, beyond max_length 8"):
         export(Tokens(), inputs=sequence_inputs(max_length=8), labels=LABELS, version="1", out_dir=tmp_path)
+
+
+def test_oip_v2_sends_sequences_padded_to_the_batch_s_longest(sequence):
+    _, handler, ctx = sequence
+    model = Tokens()
+    ids = [[4, 5, 6, 0, 0], [7, 8, 9, 10, 11]]
+    v2 = {
+        "inputs": [
+            {"name": "tokens", "datatype": "INT64", "shape": [2, 5], "data": ids},
+            {"name": "extra", "datatype": "FP32", "shape": [2, 2], "data": [0.1, 0.2, 0.3, 0.4]},
+        ]
+    }
+    too_long = {
+        "inputs": [
+            {**v2["inputs"][0], "shape": [1, 17], "data": [4] * 17},
+            {**v2["inputs"][1], "shape": [1, 2], "data": [0.1, 0.2]},
+        ]
+    }
+    statuses, out = run(
+        handler, ctx, [{"body": v2}, {"body": too_long}], [{"explain": "False"}] * 2
+    )  # a KServe REST route
+    assert statuses == [200, 400], out
+    with torch.inference_mode():
+        want = torch.softmax(
+            model(torch.tensor([[0.1, 0.2], [0.3, 0.4]]), torch.tensor(ids), torch.tensor([3, 5])), dim=1
+        )
+    got = {o["name"]: o for o in json.loads(out[0])["outputs"]}["probabilities"]["data"]
+    assert got == pytest.approx(want.flatten().tolist(), abs=1e-5)
+    assert "L in [1, 16] (rows padded with 0)" in json.loads(out[1])["error"]
