@@ -1,7 +1,9 @@
 """Input and prediction drift against the training distribution (no TorchServe import).
 
 Training stores per-feature decile edges and bin shares, and a reference for the model's predictions
-(:func:`fit_prediction`: class shares of a classifier; per kind for the others). :class:`DriftMonitor` keeps
+(:func:`fit_prediction`: class shares of a classifier; per kind for the others). Named inputs add what
+their kind is watched by (:func:`input_views`): an image's mean intensity per channel and a sequence's
+length, in deciles like a feature, and an id sequence's token shares. :class:`DriftMonitor` keeps
 a sliding window's bin counts in a ring buffer and scores them with the population stability index
 ``sum((a - e) * ln(a / e))``: < 0.1 stable, 0.1-0.2 moderate shift, > 0.2 significant.
 """
@@ -9,6 +11,7 @@ a sliding window's bin counts in a ring buffer and scores them with the populati
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +24,79 @@ from handler.signature import CLASSIFICATION, EMBEDDING, MULTI_LABEL
 EPSILON = 1e-4
 
 
+def input_views(specs: Sequence[Any]) -> tuple[list[dict], dict | None]:
+    """What named inputs are watched by beyond their numbers: derived columns, and token shares.
+
+    Returns ``(derived, tokens)``: one ``{"name", "op", "start", "stop", ...}`` per derived column
+    (``mean``: an image channel's mean intensity, ``image.intensity[c]``; ``length``: a sequence's
+    positions up to its last one that is not all padding, ``chars.length``), and for an int64 sequence
+    ``{"name": "chars.tokens", "start", "stop", "padding", "vocabulary"}`` (None otherwise).
+
+    Args:
+        specs: the model's :class:`handler.inputs.InputSpec`, in row order.
+    """
+    derived, tokens, start = [], None, 0
+    for spec in specs:
+        if spec.image is not None:
+            plane = spec.shape[1] * spec.shape[2]
+            for c in range(spec.shape[0]):
+                first = start + c * plane
+                derived.append(
+                    {"name": f"{spec.name}.intensity[{c}]", "op": "mean", "start": first, "stop": first + plane}
+                )
+        if spec.sequence:
+            derived.append(
+                {
+                    "name": f"{spec.name}.length",
+                    "op": "length",
+                    "start": start,
+                    "stop": start + spec.width,
+                    "inner": spec.inner,
+                    "padding": spec.padding,
+                }
+            )
+            if spec.dtype == "int64" and spec.inner == 1:
+                tokens = {
+                    "name": f"{spec.name}.tokens",
+                    "start": start,
+                    "stop": start + spec.width,
+                    "padding": spec.padding,
+                    "vocabulary": spec.vocabulary,
+                }
+        start += spec.width
+    return derived, tokens
+
+
+def derived_columns(x: torch.Tensor, derived: Sequence[dict]) -> torch.Tensor:
+    """``x`` ``[rows, features]`` with one column appended per entry of ``derived`` (:func:`input_views`)."""
+    if not derived:
+        return x
+    columns = [x]
+    for view in derived:
+        part = x[:, view["start"] : view["stop"]]
+        if view["op"] == "mean":
+            columns.append(part.mean(dim=1, keepdim=True))
+        else:
+            used = (part != view["padding"]).unflatten(1, (-1, view["inner"])).any(dim=2)
+            positions = torch.arange(1, used.shape[1] + 1, dtype=x.dtype)
+            columns.append((used * positions).amax(dim=1, keepdim=True))
+    return torch.cat(columns, dim=1)
+
+
+def token_counts(x: torch.Tensor, tokens: dict) -> torch.Tensor:
+    """``[rows, vocabulary]``: how often each id appears in each row's sequence, padding left out."""
+    ids = x[:, tokens["start"] : tokens["stop"]].long()
+    counts = torch.zeros(len(x), tokens["vocabulary"]).scatter_add_(1, ids, torch.ones(ids.shape))
+    counts[:, int(tokens["padding"])] = 0
+    return counts
+
+
+def drift_names(reference: dict) -> list[str]:
+    """The names of the scores :class:`DriftMonitor` gives after the features': derived columns, token shares."""
+    names = [view["name"] for view in reference.get("derived", [])]
+    return names + ([reference["tokens"]["name"]] if reference.get("tokens") else [])
+
+
 def fit_reference(
     x: torch.Tensor,
     classes: torch.Tensor | None,
@@ -29,6 +105,7 @@ def fit_reference(
     *,
     output: dict | None = None,
     values: torch.Tensor | None = None,
+    specs: Sequence[Any] = (),
 ) -> dict:
     """The training reference for ``meta.json``: decile edges and shares per feature, and the predictions'.
 
@@ -42,12 +119,21 @@ def fit_reference(
             ``prediction`` reference (:func:`fit_prediction`).
         values: ``[rows, width]``: what the answers carry for ``x`` (sigmoid probabilities,
             regression values, embeddings).
+        specs: named inputs (:func:`input_views`): their derived columns are binned like features
+            (``derived``), an id sequence's token shares kept (``tokens``).
     """
+    derived, tokens = input_views(specs)
+    x = derived_columns(x, derived)
     qs = torch.linspace(0, 1, bins + 1)[1:-1]
     edges = torch.quantile(x.T.contiguous(), qs, dim=1).T.contiguous()  # [features, bins-1]
     idx = torch.searchsorted(edges, x.T.contiguous())  # [features, rows]
     counts = torch.zeros(x.shape[1], bins).scatter_add_(1, idx, torch.ones_like(idx, dtype=torch.float))
     reference = {"edges": edges.tolist(), "expected": (counts / len(x)).tolist()}
+    if derived:
+        reference["derived"] = derived
+    if tokens is not None:
+        total = token_counts(x, tokens).sum(dim=0)
+        reference["tokens"] = {**tokens, "expected": (total / total.sum().clamp_min(1)).tolist()}
     if classes is not None:
         class_counts = torch.bincount(classes, minlength=n_classes).float()
         reference["class_expected"] = (class_counts / len(classes)).tolist()
@@ -114,7 +200,8 @@ class DriftScores:
     """Current drift scores over the window.
 
     Attributes:
-        features: PSI per input feature.
+        features: PSI per input feature, then per derived column and of the token shares
+            (:func:`drift_names`).
         prediction: PSI of the predictions: of the class mix (classifier), else the mean of
             :attr:`outputs`; None when the reference has nothing to score them against.
         rows: rows in the window.
@@ -132,6 +219,12 @@ class DriftMonitor:
     """Sliding-window PSI per feature and of the predictions (see :func:`fit_prediction`)."""
 
     def __init__(self, reference: dict, window: int = 2000) -> None:
+        self.derived = reference.get("derived", [])
+        self.tokens = reference.get("tokens")
+        if self.tokens is not None:
+            self.tokens_expected = torch.tensor(self.tokens["expected"], dtype=torch.float32)
+            self.token_counts = torch.zeros(len(self.tokens_expected))
+            self.token_rows = torch.zeros(window, len(self.tokens_expected))
         self.edges = torch.tensor(reference["edges"], dtype=torch.float32)
         self.expected = torch.tensor(reference["expected"], dtype=torch.float32)
         # class shares of a classifier; another kind's reference is its "prediction"
@@ -172,6 +265,8 @@ class DriftMonitor:
         if len(x) == 0:
             return
         x, predictions = x[-self.window :], predictions[-self.window :]
+        tokens = token_counts(x, self.tokens) if self.tokens is not None else None
+        x = derived_columns(x, self.derived)
         n = len(x)
         bins = torch.searchsorted(self.edges, x.T.contiguous()).T + self.offsets  # [n, features]
         out = None
@@ -187,6 +282,11 @@ class DriftMonitor:
             if out is not None:
                 evicted = self.out_bins[old].flatten()
                 self.out_counts.index_add_(0, evicted, torch.full((evicted.numel(),), -1.0))
+            if tokens is not None:
+                self.token_counts -= self.token_rows[old].sum(dim=0)
+        if tokens is not None:
+            self.token_rows[slots] = tokens
+            self.token_counts += tokens.sum(dim=0)
         self.bins[slots] = bins
         self.counts.index_add_(0, bins.flatten(), torch.ones(bins.numel()))
         if self.has_classes:
@@ -202,9 +302,12 @@ class DriftMonitor:
         """PSI per feature and of the predictions over the rows in the window."""
         scored = self.has_classes or self.output_kind is not None
         if self.rows == 0:
-            return DriftScores([0.0] * len(self.expected), 0.0 if scored else None, 0)
+            return DriftScores([0.0] * (len(self.expected) + (self.tokens is not None)), 0.0 if scored else None, 0)
         shares = self.counts.view(len(self.expected), self.n_bins) / self.rows
         features = psi(shares, self.expected).tolist()
+        if self.tokens is not None:
+            token_shares = self.token_counts / self.token_counts.sum().clamp_min(1)
+            features.append(float(psi(token_shares, self.tokens_expected)))
         if self.has_classes:
             return DriftScores(features, float(psi(self.class_counts / self.rows, self.class_expected)), self.rows)
         if self.output_kind is None:
@@ -227,7 +330,25 @@ def check_reference(reference: Any, n_features: int, output: dict) -> None:
         raise ConfigError(f"{where} must be an object")
     if not reference:
         return
-    _check_bins(reference, where, n_features, "feature")
+    derived, tokens = reference.get("derived", []), reference.get("tokens")
+    if not isinstance(derived, list) or not all(
+        isinstance(v, dict)
+        and v.get("op") in ("mean", "length")
+        and isinstance(v.get("name"), str)
+        and isinstance(v.get("start"), int)
+        and isinstance(v.get("stop"), int)
+        and 0 <= v["start"] < v["stop"] <= n_features
+        for v in derived
+    ):
+        raise ConfigError(f"{where}.derived must be a list of views (name, op mean or length, columns in the row)")
+    if tokens is not None and (
+        not isinstance(tokens, dict)
+        or not isinstance(tokens.get("vocabulary"), int)
+        or not _numbers(tokens.get("expected"), tokens["vocabulary"])
+        or not 0 <= tokens.get("start", -1) < tokens.get("stop", -1) <= n_features
+    ):
+        raise ConfigError(f"{where}.tokens must hold one share per id of the vocabulary and the sequence's columns")
+    _check_bins(reference, where, n_features + len(derived), "feature")
     kind, width = output["kind"], output["width"]
     if "class_expected" in reference and (kind != CLASSIFICATION or not _numbers(reference["class_expected"], width)):
         raise ConfigError(f"{where}.class_expected must hold one share per class ({width}), for a classifier only")

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from handler.drift import DriftMonitor
+from handler.drift import DriftMonitor, drift_names
 from handler.errors import ConfigError, HandlerError
 
 logger = logging.getLogger(__name__)
@@ -273,7 +273,8 @@ class Telemetry:
         drift_flush_rows: int = 256,
         registry: CollectorRegistry | None = None,
     ) -> None:
-        self.metrics = HandlerMetrics(model, version, labels, feature_names, registry)
+        names = list(feature_names) + drift_names(drift_reference or {})  # derived views, token shares
+        self.metrics = HandlerMetrics(model, version, labels, names, registry)
         self.drift = DriftMonitor(drift_reference, drift_window) if drift_reference else None
         self.buffer = DriftBuffer(self.drift, min(drift_flush_rows, drift_window)) if self.drift else None
         #: Guards the drift buffer and window between the request loop and the exporter.

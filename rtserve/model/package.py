@@ -232,7 +232,7 @@ def export(
         feature_names=feature_names,
         labels=labels,
         stats=stats,
-        drift_reference=fit_reference(x, predicted, len(labels), output=signature, values=trained),
+        drift_reference=fit_reference(x, predicted, len(labels), output=signature, values=trained, specs=specs),
         golden=golden,
         accuracy=accuracy,
         provenance={

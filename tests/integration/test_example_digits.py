@@ -247,7 +247,7 @@ def test_drift_stays_low_on_training_images_and_moves_when_they_change(example):
     pixels, prediction = settled(server, "rtserve_feature_drift_psi"), settled(server, "rtserve_prediction_drift_psi")
     print("faded images: tenth largest pixel PSI", sorted(pixels.values())[-10], "prediction PSI", prediction[""])
     assert sorted(pixels.values())[-10] > 0.2, sorted(pixels.values())[-10:]
-    assert "image[0,3,4]" in pixels
+    assert "image[0,3,4]" in pixels and pixels["image.intensity[0]"] > 0.2, pixels["image.intensity[0]"]
 
 
 def test_explanations_attribute_the_digit_to_pixels(example):

@@ -220,7 +220,9 @@ def test_drift_moves_when_the_names_change_and_ids_are_not_explained(example):
     print(
         "prediction PSI on training names", low, "on names starting zzzz", high, "position 0", positions[f"{INPUT}[0]"]
     )
-    assert low < 0.1 and high > 0.2 and positions[f"{INPUT}[0]"] > 0.2
+    print("length PSI", positions[f"{INPUT}.length"], "token shares PSI", positions[f"{INPUT}.tokens"])
+    assert low < 0.1 and high > 0.2 and positions[f"{INPUT}[0]"] > 0.2 and positions[f"{INPUT}.tokens"] > 0.2
+    assert positions[f"{INPUT}.length"] < 0.1  # the names kept their lengths
     response = post(server, f"explanations/{NAME}", {INPUT: encode("Müller", alphabet)})
     assert response.status_code == 501, response.text
     assert "'chars' (int64) are not float32" in json.loads(response.text)["error"]

@@ -443,3 +443,42 @@ def test_oip_v2_sends_sequences_padded_to_the_batch_s_longest(sequence):
     got = {o["name"]: o for o in json.loads(out[0])["outputs"]}["probabilities"]["data"]
     assert got == pytest.approx(want.flatten().tolist(), abs=1e-5)
     assert "L in [1, 16] (rows padded with 0)" in json.loads(out[1])["error"]
+
+
+# --------------------------------------------------------------------------- drift per input kind
+
+
+def test_an_image_s_channel_intensity_drifts_when_the_images_fade(artifacts):
+    from handler.drift import DriftMonitor, drift_names
+
+    meta = ModelMetadata.load(artifacts["digits"] / "meta.json")
+    reference = meta.drift_reference
+    assert drift_names(reference) == ["image.intensity[0]"]
+    monitor = DriftMonitor(reference, window=200)
+    train = mixed_inputs(200)["image"].flatten(1)  # the rows the archive was exported from
+    monitor.update(train, torch.zeros(200, dtype=torch.long))
+    assert monitor.scores().features[-1] < 0.1
+    monitor.update(train * 0.5, torch.zeros(200, dtype=torch.long))
+    assert monitor.scores().features[-1] > 1.0
+
+
+def test_a_sequence_s_length_and_token_shares_drift(sequence):
+    from handler.drift import DriftMonitor, drift_names
+
+    meta = ModelMetadata.load(sequence[0] / "meta.json")
+    assert drift_names(meta.drift_reference) == ["tokens.length", "tokens.tokens"]
+    rows = token_rows(200)
+    x = torch.cat([torch.rand(200, 2), torch.nn.functional.pad(rows, (0, 4)).float()], dim=1)
+    monitor = DriftMonitor(meta.drift_reference, window=200)
+    monitor.update(x, torch.zeros(200, dtype=torch.long))
+    length, tokens = monitor.scores().features[-2:]
+    assert length < 0.1 and tokens < 0.1, (length, tokens)
+    short = x.clone()
+    short[:, 4:] = 0  # every sequence two tokens long
+    monitor.update(short, torch.zeros(200, dtype=torch.long))
+    assert monitor.scores().features[-2] > 1.0
+    one_token = x.clone()
+    one_token[:, 2:] = torch.where(one_token[:, 2:] != 0, 7.0, 0.0)  # the same length, one token
+    monitor.update(one_token, torch.zeros(200, dtype=torch.long))
+    length, tokens = monitor.scores().features[-2:]
+    assert length < 0.1 and tokens > 1.0, (length, tokens)
