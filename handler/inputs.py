@@ -363,7 +363,7 @@ def _check_element(value: Any, spec: InputSpec, where: str, limit: float, flat: 
     if type(value) is not float and type(value) is not int:
         raise InvalidInput(f"{where} must be a number, got {json_type(value)}", field=where, reason="not_a_number")
     if not -limit <= value <= limit:
-        finite = math.isfinite(value)
+        finite = type(value) is int or math.isfinite(value)  # an integer beyond float64 is finite
         raise InvalidInput(
             f"{where} must be {'in range' if finite else 'a finite number'} within [-{limit:g}, {limit:g}], "
             f"got {short(value)}",

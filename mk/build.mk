@@ -38,9 +38,11 @@ $(UV):
 .PHONY: train
 train: $(MODEL_DIR)/model.pt2 ## Train the demo MODEL_VERSION and export it (deterministic; prints held-out accuracy)
 
-# The example models, on data scikit-learn ships: examples/breast_cancer.py (a classifier, the
-# default), examples/diabetes.py (a regression), examples/digits.py (an image classifier, a CNN) and
-# examples/names.py (a sequence of characters: a surname's language); EXAMPLE_NAME picks one.
+# The example models, on data installed packages ship (scikit-learn's, palmerpenguins', Faker's):
+# examples/breast_cancer.py (a classifier, the default), examples/diabetes.py (a regression),
+# examples/digits.py (an image classifier, a CNN), examples/penguins.py (measurements and ids into an
+# embedding bag) and examples/names.py (a sequence of characters: a surname's language); EXAMPLE_NAME
+# picks one.
 EXAMPLE_NAME    ?= breast-cancer
 EXAMPLE_MODULE   = examples.$(subst -,_,$(EXAMPLE_NAME))
 EXAMPLE_VERSION ?= 1.0
@@ -63,7 +65,7 @@ $(EXAMPLE_DIR)/model.pt2 $(EXAMPLE_DIR)/meta.json &: $(STAMP) examples/$(subst -
 	  --out $(EXAMPLE_DIR) --model-config $(MODEL_CONFIG)
 
 .PHONY: example
-example: $(EXAMPLE_DIR)/model.pt2 ## Train, package and archive an example model (EXAMPLE_NAME=breast-cancer, diabetes, digits or names: model_store/<name>_1.0.mar)
+example: $(EXAMPLE_DIR)/model.pt2 ## Train, package and archive an example model (EXAMPLE_NAME=breast-cancer, diabetes, digits, penguins or names: model_store/<name>_1.0.mar)
 	$(MAKE) --no-print-directory archive MODEL_NAME=$(EXAMPLE_NAME) MODEL_VERSION=$(EXAMPLE_VERSION) ARTIFACTS=$(EXAMPLE_DIR)
 
 .PHONY: archive

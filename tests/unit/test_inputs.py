@@ -253,6 +253,8 @@ def hostile_mixed() -> list[tuple[dict, str, str]]:
     body, _ = good_body()
     nan_image = json.loads(json.dumps(body["image"]))
     nan_image[0][2][5] = float("nan")
+    huge_image = json.loads(json.dumps(body["image"]))
+    huge_image[0][1][1] = 10**400  # a JSON integer beyond float64
     return [
         ({**body, "ids": [1, 2, 10]}, "ids[2]", "out_of_vocabulary"),
         ({**body, "ids": [1, 2.5, 3]}, "ids[1]", "not_an_integer"),
@@ -261,6 +263,7 @@ def hostile_mixed() -> list[tuple[dict, str, str]]:
         ({**body, "image": body["image"][0]}, "image", "wrong_shape"),
         ({**body, "image": [body["image"][0][:7]]}, "image[0]", "wrong_shape"),
         ({**body, "image": [nan_image[0]]}, "image[0][2][5]", "non_finite"),
+        ({**body, "image": huge_image}, "image[0][1][1]", "out_of_range"),
         ({**body, "image": {"b64": "%%%"}}, "image.b64", "not_base64"),
         ({**body, "image": {"b64": base64.b64encode(b"GIF89a....").decode()}}, "image.b64", "not_an_image"),
         ({k: v for k, v in body.items() if k != "ids"}, "ids", "missing_field"),
