@@ -7,9 +7,8 @@ reads its CSV from the installed package, nothing is downloaded. The model takes
 standardized inside the model, and ``category`` int64 ``[2]`` (island id, sex id), summed from one
 embedding table through per-column offsets (an ``nn.EmbeddingBag``).
 
-The input's one vocabulary is :data:`VOCABULARY` (3, the island's), so the server refuses an id of 3
-or more in either column; a sex id of 2 is accepted and means "unknown": it indexes the table's
-padding row, which contributes nothing (the sex column's own vocabulary of 2 cannot be declared).
+Each column declares its own vocabulary (:data:`VOCABULARY`: 3 islands, 2 sexes), so the server refuses
+an island id of 3 or a sex id of 2 with a 400 naming the column.
 
     python -m rtserve model export examples.penguins:packaging --version 1.0 \\
         --out artifacts/penguins/1.0          # what `make example EXAMPLE_NAME=penguins` runs
@@ -42,8 +41,8 @@ ISLANDS = ("Biscoe", "Dream", "Torgersen")
 SEXES = ("female", "male")
 #: The classes, in output column order.
 SPECIES = ("Adelie", "Chinstrap", "Gentoo")
-#: The ``category`` input's declared vocabulary: every id in either column is in ``[0, VOCABULARY)``.
-VOCABULARY = max(len(ISLANDS), len(SEXES))
+#: The ``category`` input's vocabulary per column: island ids in ``[0, 3)``, sex ids in ``[0, 2)``.
+VOCABULARY = [len(ISLANDS), len(SEXES)]
 #: The seed the weights start from, whatever the training seed.
 INIT_SEED = 0
 
@@ -51,8 +50,7 @@ INIT_SEED = 0
 class PenguinsNet(nn.Module):
     """Standardized measurements beside the summed embeddings of island and sex -> MLP (3 logits).
 
-    Column ``c`` of ``category`` indexes rows ``c * VOCABULARY + id`` of one table; the sex column's
-    row for id 2 (unknown) is the padding row: zero, never trained, left out of the sum.
+    Column ``c`` of ``category`` indexes rows ``sum(VOCABULARY[:c]) + id`` of one table.
     """
 
     model_name = "penguins"
@@ -61,10 +59,8 @@ class PenguinsNet(nn.Module):
         super().__init__()
         self.norm = norm
         columns = 2
-        self.register_buffer("offsets", torch.arange(columns) * VOCABULARY)
-        self.embed = nn.EmbeddingBag(
-            columns * VOCABULARY, embedding_dim, mode="sum", padding_idx=VOCABULARY + len(SEXES)
-        )
+        self.register_buffer("offsets", torch.tensor([sum(VOCABULARY[:c]) for c in range(columns)]))
+        self.embed = nn.EmbeddingBag(sum(VOCABULARY), embedding_dim, mode="sum")
         self.layers = nn.Sequential(
             nn.Linear(len(MEASUREMENTS) + embedding_dim, hidden), nn.ReLU(), nn.Linear(hidden, len(SPECIES))
         )

@@ -46,7 +46,8 @@ class InputSpec:
         dtype: one of :data:`DTYPES`.
         shape: the sizes of one row's dimensions (the batch dimension excluded); a sequence's first
             is :data:`DYNAMIC`, its length, from 1 to ``max_length``.
-        vocabulary: int64 only: ids are in ``[0, vocabulary)``.
+        vocabulary: int64 only: ids are in ``[0, vocabulary)``; a list gives one vocabulary per
+            column of the last dimension (several categorical features in one input).
         max_length: a sequence only: the longest it may be (its row is padded to this).
         padding: a sequence only: the value its row is padded with (per request, and per batch to the
             batch's longest, at least 2 positions).
@@ -57,7 +58,7 @@ class InputSpec:
     name: str
     dtype: str
     shape: tuple[int, ...]
-    vocabulary: int | None = None
+    vocabulary: int | tuple[int, ...] | None = None
     image: dict | None = None
     max_length: int | None = None
     padding: float | None = None
@@ -95,7 +96,7 @@ class InputSpec:
         """Its entry in ``meta.json``'s ``inputs``."""
         out: dict[str, Any] = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
         if self.vocabulary is not None:
-            out["vocabulary"] = self.vocabulary
+            out["vocabulary"] = list(self.vocabulary) if isinstance(self.vocabulary, (list, tuple)) else self.vocabulary
         if self.image is not None:
             out["image"] = dict(self.image)
         if self.sequence:
@@ -149,10 +150,16 @@ def specs_from_meta(raw: Any) -> tuple[InputSpec, ...]:
         elif max_length is not None or padding is not None:
             raise ConfigError(f"{where}: max_length and padding are for a sequence (shape [{DYNAMIC}, ...])")
         image = entry.get("image")
+        sizes = vocabulary if isinstance(vocabulary, list) and shape[0] != DYNAMIC else [vocabulary]
         if vocabulary is not None and (
-            dtype != INT64 or type(vocabulary) is not int or not 0 < vocabulary <= MAX_VOCABULARY
+            dtype != INT64
+            or not all(type(v) is int and 0 < v <= MAX_VOCABULARY for v in sizes)
+            or (isinstance(vocabulary, list) and len(vocabulary) != shape[-1])
         ):
-            raise ConfigError(f"{where}.vocabulary must be an integer in [1, {MAX_VOCABULARY}] on an int64 input")
+            raise ConfigError(
+                f"{where}.vocabulary must be an integer in [1, {MAX_VOCABULARY}] on an int64 input, or a list "
+                "of such integers, one per column of its last dimension"
+            )
         if image is not None:
             if dtype != FLOAT32 or len(shape) != 3 or shape[0] not in _MODES:
                 raise ConfigError(f"{where}.image needs a float32 input of shape [1 or 3, height, width]")
@@ -160,6 +167,7 @@ def specs_from_meta(raw: Any) -> tuple[InputSpec, ...]:
                 isinstance(image.get(k), (int, float)) and math.isfinite(image[k]) for k in ("scale", "offset")
             ):
                 raise ConfigError(f"{where}.image must be {{'scale': number, 'offset': number}}")
+        vocabulary = tuple(vocabulary) if isinstance(vocabulary, list) else vocabulary
         specs.append(InputSpec(name, dtype, tuple(shape), vocabulary, image, max_length, padding))
     if any(spec.sequence for spec in specs[:-1]):
         raise ConfigError("meta.json: the sequence input must be the last of inputs (its row is cut per batch)")
@@ -193,12 +201,12 @@ class NamedInputs:
         #: A sequence input's (first column, numbers per position, padding value), else None: the
         #: handler cuts a batch's rows after the longest sequence (:class:`handler.model.CutPadding`).
         self.sequence = (self.width - last.width, last.inner, last.padding) if last.sequence else None
-        #: (column, spec) per column whose values are checked in the flat form: ids and booleans.
-        self._discrete: list[tuple[int, InputSpec]] = []
+        #: (column, spec, index in the input) per column checked in the flat form: ids and booleans.
+        self._discrete: list[tuple[int, InputSpec, int]] = []
         start = 0
         for spec in self.specs:
             if spec.dtype != FLOAT32:
-                self._discrete += [(start + i, spec) for i in range(spec.width)]
+                self._discrete += [(start + i, spec, i) for i in range(spec.width)]
             start += spec.width
 
     def body(self, row: Any) -> Any:
@@ -248,8 +256,8 @@ class NamedInputs:
         return out
 
     def _check_flat(self, values: list) -> None:
-        for column, spec in self._discrete:
-            _check_element(values[column], spec, f"features[{column}]", math.inf, flat=True)
+        for column, spec, index in self._discrete:
+            _check_element(values[column], spec, f"features[{column}]", math.inf, flat=True, index=index)
 
 
 def flatten(value: Any, spec: InputSpec, limit: float) -> list:
@@ -291,8 +299,8 @@ def flatten(value: Any, spec: InputSpec, limit: float) -> list:
         level = nested
     out = [v for _, v in level]
     if not (_plain(out, spec) and _in_range(out, spec, limit)):  # find the bad element and name it
-        for where, element in level:
-            _check_element(element, spec, where, limit)
+        for index, (where, element) in enumerate(level):
+            _check_element(element, spec, where, limit, index=index)
     if spec.sequence:
         out += [spec.padding] * (spec.width - len(out))
     return out
@@ -306,7 +314,7 @@ def check_values(values: list, spec: InputSpec, where: str, limit: float) -> Non
     """
     if not (_plain(values, spec) and _in_range(values, spec, limit)):
         for i, element in enumerate(values):
-            _check_element(element, spec, f"{where}[{i}]", limit)
+            _check_element(element, spec, f"{where}[{i}]", limit, index=i)
 
 
 def _plain(values: list, spec: InputSpec) -> bool:
@@ -323,15 +331,21 @@ def _in_range(values: list, spec: InputSpec, limit: float) -> bool:
     if spec.dtype == BOOL:
         return True
     if spec.dtype == INT64:
+        if isinstance(spec.vocabulary, (list, tuple)):
+            tops = spec.vocabulary
+            return all(0 <= v < tops[i % len(tops)] for i, v in enumerate(values))
         return not values or (min(values) >= 0 and max(values) < _top(spec))
     return all(-limit <= v <= limit for v in values)  # NaN compares False
 
 
-def _top(spec: InputSpec) -> int:
+def _top(spec: InputSpec, index: int = 0) -> int:
+    """The vocabulary of element ``index`` of the input's row (row-major)."""
+    if isinstance(spec.vocabulary, (list, tuple)):
+        return spec.vocabulary[index % len(spec.vocabulary)]
     return spec.vocabulary if spec.vocabulary is not None else MAX_VOCABULARY
 
 
-def _check_element(value: Any, spec: InputSpec, where: str, limit: float, flat: bool = False) -> None:
+def _check_element(value: Any, spec: InputSpec, where: str, limit: float, flat: bool = False, index: int = 0) -> None:
     """Refuse one element that does not fit its input (the flat form's ids and booleans may be floats)."""
     from handler.schema import json_type, short
 
@@ -352,10 +366,10 @@ def _check_element(value: Any, spec: InputSpec, where: str, limit: float, flat: 
                 field=where,
                 reason="not_an_integer",
             )
-        if not 0 <= value < _top(spec):
+        top = _top(spec, index)
+        if not 0 <= value < top:
             raise InvalidInput(
-                f"{where} must be an id in [0, {_top(spec) - 1}] (the vocabulary of input {spec.name!r}), "
-                f"got {short(value)}",
+                f"{where} must be an id in [0, {top - 1}] (the vocabulary of input {spec.name!r}), got {short(value)}",
                 field=where,
                 reason="out_of_vocabulary",
             )

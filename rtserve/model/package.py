@@ -583,7 +583,10 @@ def _input_specs(inputs: Any) -> tuple[tuple[InputSpec, ...], list[torch.Tensor]
         if dtype == INT64:
             if int(rows.min()) < 0:
                 raise PackagingError(f"{where}: ids must be at least 0, got {int(rows.min())}")
-            document["vocabulary"] = int(options.get("vocabulary") or int(rows.max()) + 1)
+            vocabulary = options.get("vocabulary") or int(rows.max()) + 1
+            document["vocabulary"] = (
+                [int(v) for v in vocabulary] if isinstance(vocabulary, (list, tuple)) else int(vocabulary)
+            )
         elif "vocabulary" in options:
             raise PackagingError(f"{where}: a vocabulary is for integer ids, the rows are {rows.dtype}")
         if "image" in options:
@@ -614,9 +617,15 @@ def _input_specs(inputs: Any) -> tuple[tuple[InputSpec, ...], list[torch.Tensor]
     except ConfigError as exc:
         raise PackagingError(str(exc).replace("meta.json: ", "")) from exc
     for spec, rows in zip(specs, parts):
-        if spec.vocabulary is not None and int(rows.max()) >= spec.vocabulary:
+        if spec.vocabulary is None:
+            continue
+        tops = torch.tensor(spec.vocabulary if isinstance(spec.vocabulary, tuple) else [spec.vocabulary])
+        highest = rows.reshape(-1, len(tops)).amax(dim=0) if len(tops) > 1 else rows.max().reshape(1)
+        if bool((highest >= tops).any()):
+            column = int((highest >= tops).nonzero()[0])
             raise PackagingError(
-                f"inputs[{spec.name!r}]: an id {int(rows.max())} is beyond the vocabulary {spec.vocabulary}"
+                f"inputs[{spec.name!r}]: an id {int(highest[column])} is beyond the vocabulary "
+                f"{int(tops[column])}{f' of column {column}' if len(tops) > 1 else ''}"
             )
     lengths = any(isinstance(v, dict) and v.get("lengths") for v in inputs.values())
     return specs, parts, lengths

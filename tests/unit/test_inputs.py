@@ -485,3 +485,22 @@ def test_a_sequence_s_length_and_token_shares_drift(sequence):
     monitor.update(one_token, torch.zeros(200, dtype=torch.long))
     length, tokens = monitor.scores().features[-2:]
     assert length < 0.1 and tokens > 1.0, (length, tokens)
+
+
+def test_a_vocabulary_per_column_refuses_each_column_s_own_ids():
+    from handler.errors import InvalidInput
+    from handler.inputs import NamedInputs
+
+    (spec,) = specs_from_meta([{"name": "category", "dtype": "int64", "shape": [2], "vocabulary": [3, 2]}])
+    named = NamedInputs([spec])
+    assert named.row({"category": [2, 1]}, 1e6) == [2, 1]
+    for body, field in (
+        ({"category": [3, 1]}, "category[0]"),
+        ({"category": [0, 2]}, "category[1]"),
+        ({"features": [1.0, 2.0]}, "features[1]"),
+    ):
+        with pytest.raises(InvalidInput) as info:
+            named.row(body, 1e6)
+        assert info.value.field == field and info.value.reason == "out_of_vocabulary", info.value.message
+    with pytest.raises(ConfigError, match="one per column of its last dimension"):
+        specs_from_meta([{"name": "category", "dtype": "int64", "shape": [2], "vocabulary": [3, 2, 4]}])
