@@ -9,6 +9,7 @@ from typing import Any
 
 from handler.device import DEVICE_SETTINGS
 from handler.errors import ConfigError
+from handler.inputs import DEFAULT_MAX_INSTANCES
 from handler.schema import DEFAULT_FEATURE_LIMIT
 
 #: Baselines Integrated Gradients can start from (see handler/explain.py).
@@ -81,7 +82,7 @@ class HandlerConfig:
     drift_window: int = 2000
     drift_export_seconds: float = 5.0
     drift_flush_rows: int = 256
-    max_instances: int = 64
+    max_instances: int = DEFAULT_MAX_INSTANCES
     buffered_reads: bool = True
     lean_worker: bool = True
     direct_forward: bool = True

@@ -29,6 +29,12 @@ MAX_VOCABULARY = 2**24
 DYNAMIC = -1
 #: The fewest positions a batch of sequences is cut to (the exported program's shortest length).
 MIN_BATCH_LENGTH = 2
+#: Most instances in one KServe v1 or v2 request unless ``handler.max_instances`` says otherwise.
+DEFAULT_MAX_INSTANCES = 64
+#: The most bytes one number takes in a JSON body (``-1.2345678901234567e+300``, then ``, ``).
+JSON_NUMBER_BYTES = 26
+#: Room in a body beyond its numbers: names, brackets, an ``id``, a ``target``.
+BODY_SLACK = 4096
 #: The leading bytes of the image formats a request may carry.
 PNG_MAGIC, JPEG_MAGIC = b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff"
 #: The Pillow mode of an image of 1 or 3 channels.
@@ -172,6 +178,15 @@ def specs_from_meta(raw: Any) -> tuple[InputSpec, ...]:
     if any(spec.sequence for spec in specs[:-1]):
         raise ConfigError("meta.json: the sequence input must be the last of inputs (its row is cut per batch)")
     return tuple(specs)
+
+
+def largest_body(width: int, max_instances: int) -> int:
+    """The most bytes a valid request of a model of ``width`` numbers per row can take.
+
+    A KServe v1 or v2 request of ``max_instances`` rows, every number as long as JSON writes it (an
+    image's base64 PNG, a sequence or binary tensor data are smaller than their rows as JSON numbers).
+    """
+    return width * JSON_NUMBER_BYTES * max_instances + BODY_SLACK
 
 
 class _RawImage:

@@ -20,10 +20,12 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
 
+from handler.inputs import DEFAULT_MAX_INSTANCES, largest_body
 from handler.records import SPOOL_DIR_ENV
 from handler.warmup import KEY_ENV
 from rtserve.client.rest import Client, TorchServeError
-from rtserve.errors import DiskBudgetError, PortInUseError, ServerError, WrongAnswers
+from rtserve.errors import ArchiveError, DiskBudgetError, PortInUseError, ServerError, WrongAnswers
+from rtserve.model.archive import read_archive
 from rtserve.runtime.logs import backup, read_rotated
 from rtserve.runtime.ports import free_ports
 from rtserve.runtime.process import PidFile, last_lines, spawn, stop_recorded, tail, terminate, wait_until
@@ -50,6 +52,8 @@ from rtserve.settings import CANARY_WATCHER_MARKS, PACKAGE_HOME, RunDir, Setting
 
 logger = logging.getLogger(__name__)
 
+#: TorchServe's own ``max_request_size`` (6.5 MB) where the config sets none, and its key.
+TORCHSERVE_MAX_REQUEST, MAX_REQUEST_KEY = 6553500, "max_request_size"
 #: The config.properties a server starts from unless told otherwise (the checkout's).
 DEFAULT_CONFIG = PACKAGE_HOME / "config.properties"
 #: rtserve's log4j2 configuration for the frontend: access, model, metrics and error logs without
@@ -239,7 +243,27 @@ class TorchServe:
             self.budget.shares().live_log,
         )
         props[BUDGET_KEY] = str(self.budget.total)  # resolved: what later commands read back
+        props[MAX_REQUEST_KEY] = str(self.request_limit(props))
         return props
+
+    def request_limit(self, props: dict[str, str]) -> int:
+        """``max_request_size``: the configured one, raised to what the largest model loaded at start needs.
+
+        A model's need follows from its signature (:func:`handler.inputs.largest_body`: its numbers per
+        row, ``handler.max_instances`` rows), so a model with large inputs (images, long sequences) is
+        not refused whole by a limit sized for the demo. An archive that cannot be read is left to
+        the frontend, which refuses it by name.
+        """
+        limit = int(props.get(MAX_REQUEST_KEY, TORCHSERVE_MAX_REQUEST))
+        for spec in self.models:
+            if "=" not in spec:
+                continue
+            try:
+                width = read_archive(self.model_store / spec.split("=", 1)[1]).n_features
+            except ArchiveError:
+                continue
+            limit = max(limit, largest_body(width, DEFAULT_MAX_INSTANCES))
+        return limit
 
     @property
     def budget(self) -> DiskBudget:

@@ -119,3 +119,31 @@ def test_the_log_tail_leaves_out_the_two_lines_per_batch(tmp_path):
     tail = server.log_tail()
     assert event.strip() in tail
     assert "Looping backend" not in tail and "Backend response time" not in tail
+
+
+def archive(store, name: str, n_features: int) -> str:
+    """A .mar holding only what the request limit reads (manifest and meta.json)."""
+    import json
+    import zipfile
+
+    store.mkdir(parents=True, exist_ok=True)
+    meta = {"version": "1.0", "labels": ["a", "b"], "feature_names": [f"x{i}" for i in range(n_features)]}
+    with zipfile.ZipFile(store / f"{name}.mar", "w") as zf:
+        zf.writestr("MAR-INF/MANIFEST.json", json.dumps({"model": {"modelName": name, "modelVersion": "1.0"}}))
+        zf.writestr("meta.json", json.dumps(meta))
+    return f"{name}={name}.mar"
+
+
+def test_the_request_limit_grows_to_the_widest_model_loaded(tmp_path):
+    from handler.inputs import largest_body
+
+    store = tmp_path / "store"
+    small = TorchServe(tmp_path / "run", store, models=[archive(store, "demo", 32)])
+    assert small.effective_props(41234, 41236)["max_request_size"] == "65536"  # the config's: the demo fits
+    assert largest_body(32, 64) < 65536
+    wide = TorchServe(
+        tmp_path / "run", store, models=[archive(store, "demo", 32), archive(store, "image", 3 * 32 * 32)]
+    )
+    assert wide.effective_props(41234, 41236)["max_request_size"] == str(largest_body(3 * 32 * 32, 64))
+    broken = TorchServe(tmp_path / "run", store, models=["gone=gone.mar"])
+    assert broken.effective_props(41234, 41236)["max_request_size"] == "65536"
