@@ -1,9 +1,10 @@
-"""The example models the per-kind checks run (make bench-kinds), one table entry each.
+"""The example models the per-kind checks run (make bench-kinds, make gpu-check), one table entry each.
 
 An entry names an example as ``make example EXAMPLE_NAME=<name>`` does: its module is
 ``examples/<name with - as _>.py``, its artifacts ``artifacts/<name>/<version>`` and its archive
 ``<name>_<version>.mar``. An entry whose module is not in the checkout is left out (an example
-written on another branch). Nothing here imports torch.
+written on another branch). Nothing here imports torch: the GPU check reads this on a machine with
+only torch and numpy.
 
     python -m bench.example_models            # the examples present, one name a line
     python -m bench.example_models --build    # make example for each (make examples)
