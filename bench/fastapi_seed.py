@@ -14,6 +14,14 @@ program's module; ``direct``, rtserve's ``handler.model.direct_forward`` of that
 who hand-rolls FastAPI serves the first; the benchmark measures all three and compares rtserve
 with the fastest.
 
+Any other artifact directory (named inputs, an image input, an output that is not a
+classification: the example models ``make bench-kinds`` runs) is served in its program forms
+(``program``, ``direct``) by :func:`signature_app`: it takes the bodies rtserve's ``/predictions``
+takes for that model (named arrays, ``{"b64": PNG}``, raw PNG bytes, or the flat
+``{"features": [...]}``), parsed and checked by the handler's own pure parsers
+(:class:`handler.inputs.NamedInputs`, :func:`handler.schema.parse_features`), and answers the same
+JSON.
+
 TCP_NODELAY: asyncio sets it only on sockets whose ``proto`` is ``IPPROTO_TCP``. Uvicorn's
 multi-worker mode (``--workers 2``) binds its listening socket with ``socket.socket(AF_INET)``,
 whose ``proto`` is 0, so with the asyncio loop accepted connections keep Nagle's algorithm and a
@@ -87,10 +95,10 @@ def load_form(model_dir: str | Path, form: str):
     return model.eval()
 
 
-def check_forms(model_dir: str | Path) -> dict[str, float]:
-    """Every form's logits on the golden set's rows against the eager module's: the largest
-    absolute difference per form. Raises ValueError when one differs by more than
-    :data:`FORM_TOLERANCE` (the forms would not be the same model)."""
+def check_forms(model_dir: str | Path, forms: tuple[str, ...] = FORMS) -> dict[str, float]:
+    """Every form's outputs on the golden set's rows against the first form's (the eager module's
+    by default): the largest absolute difference per form. Raises ValueError when one differs by
+    more than :data:`FORM_TOLERANCE` (the forms would not be the same model)."""
     import torch
 
     from handler.model import ModelMetadata
@@ -98,15 +106,78 @@ def check_forms(model_dir: str | Path) -> dict[str, float]:
     meta = ModelMetadata.load(Path(model_dir) / "meta.json")
     x = torch.tensor(meta.golden["features"], dtype=torch.float32)
     with torch.no_grad():
-        reference = load_form(model_dir, "eager")(x)
-        diffs = {form: float((load_form(model_dir, form)(x) - reference).abs().max()) for form in FORMS}
+        reference = load_form(model_dir, forms[0])(x)
+        diffs = {form: float((load_form(model_dir, form)(x) - reference).abs().max()) for form in forms}
     wrong = {form: d for form, d in diffs.items() if not d <= FORM_TOLERANCE}
     if wrong:
         raise ValueError(
-            f"forms answer differently from the eager module on {len(x)} golden "
+            f"forms answer differently from the {forms[0]} form on {len(x)} golden "
             f"rows: {wrong} (tolerance {FORM_TOLERANCE})"
         )
     return diffs
+
+
+def is_demo_kind(meta) -> bool:  # noqa: ANN001 - handler.model.ModelMetadata, imported late
+    """Whether :func:`create_app`'s own endpoint serves the model: a classifier of one ``features`` input."""
+    from handler.signature import CLASSIFICATION
+
+    return meta.inputs is None and meta.kind == CLASSIFICATION
+
+
+def signature_app(model_dir: str | Path, form: str = "direct"):
+    """The tuned FastAPI app for any model: its body parsed as rtserve's handler parses it.
+
+    An ``async def`` endpoint on the event loop, the body read raw (no pydantic model: the
+    handler's parsers check shapes, types, ranges and images), one row per request, and the JSON
+    ``/predictions`` answers for the model's output kind, already encoded. A bad body gets the
+    handler's 400 and ``{"error": ...}``.
+
+    Raises:
+        ValueError: ``form`` is ``eager`` (only the demo has a module to rebuild).
+    """
+    import torch
+    from fastapi import FastAPI, Request, Response
+
+    from handler.errors import InvalidInput
+    from handler.inputs import NamedInputs
+    from handler.model import ModelMetadata
+    from handler.protocols import output_document
+    from handler.schema import DEFAULT_FEATURE_LIMIT, parse_features, prediction_document, request_body
+    from handler.signature import CLASSIFICATION
+    from rtserve.model.package import answer_tensor
+
+    if form == "eager":
+        raise ValueError(f"{model_dir}: only the demo's module can be served eager; forms here: program, direct")
+    torch.set_num_threads(1)
+    meta = ModelMetadata.load(Path(model_dir) / "meta.json")
+    model = load_form(model_dir, form)
+    named = NamedInputs(meta.input_specs) if meta.inputs else None
+    kind, output, labels, version = meta.kind, meta.output, meta.labels, meta.version
+    encode = json.JSONEncoder(separators=(",", ":")).encode
+
+    def row_of(data: bytes) -> list:
+        if named is None:
+            return parse_features(request_body({"body": data}), meta.n_features, DEFAULT_FEATURE_LIMIT)
+        return named.row(named.body({"body": data}), DEFAULT_FEATURE_LIMIT)
+
+    def document(values: list) -> dict:
+        if kind == CLASSIFICATION:
+            return prediction_document(values.index(max(values)), values, labels, version)
+        return output_document(output, values, version)
+
+    app = FastAPI()
+
+    @app.post("/predict", response_class=Response)
+    async def predict(request: Request) -> Response:
+        try:
+            row = row_of(await request.body())
+        except InvalidInput as exc:
+            return Response(encode(exc.body()), status_code=exc.status, media_type="application/json")
+        with torch.inference_mode():
+            values = answer_tensor(kind, model(torch.tensor([row], dtype=torch.float32)))[0].tolist()
+        return Response(encode(document(values)), media_type="application/json")
+
+    return app
 
 
 def create_app(model_dir: str | Path, async_endpoint: bool = False, form: str = FORMS[0]):
@@ -118,6 +189,12 @@ def create_app(model_dir: str | Path, async_endpoint: bool = False, form: str = 
     (FastAPI otherwise validates a returned ``dict`` against its annotation and walks it through
     ``jsonable_encoder`` before encoding it). Otherwise a plain ``def`` returning the ``dict``,
     as the seed writes it. ``form``: the model's form (:func:`load_form`).
+
+    A model that is not a classifier of one ``features`` input is served by :func:`signature_app`
+    (tuned only).
+
+    Raises:
+        ValueError: such a model without ``async_endpoint``, or in the eager form.
     """
     import torch
     from fastapi import FastAPI, Response
@@ -125,8 +202,12 @@ def create_app(model_dir: str | Path, async_endpoint: bool = False, form: str = 
 
     from handler.model import ModelMetadata
 
-    torch.set_num_threads(1)
     meta = ModelMetadata.load(Path(model_dir) / "meta.json")
+    if not is_demo_kind(meta):
+        if not async_endpoint:
+            raise ValueError(f"{model_dir}: a model with named inputs or another output kind is served tuned only")
+        return signature_app(model_dir, form)
+    torch.set_num_threads(1)
     model = load_form(model_dir, form)  # normalizes inside
 
     class PredictRequest(BaseModel):

@@ -31,9 +31,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 import requests
@@ -53,6 +54,7 @@ logger = logging.getLogger("bench.perf")
 
 WRK_SCRIPT = Path(__file__).with_name("wrk_post.lua")
 REQUEST = REPO / "examples" / "request.json"
+JSON = "application/json"
 CONCURRENCIES = (1, 8, 32, 64)
 #: The JVM option that keeps TorchServe from starting a thread per batch (config.properties).
 COMMON_POOL = " -Djava.util.concurrent.ForkJoinPool.common.parallelism=2"
@@ -168,6 +170,16 @@ class Point:
     rss_mb: float
     cpu_split_us_per_request: dict = field(default_factory=dict)
     steal_pct: float = 0.0
+    #: The :class:`Body` sent, by name ("" for a run of one body).
+    body: str = ""
+
+
+class Body(NamedTuple):
+    """A request body the load tool sends: a name for the tables, its file and its Content-Type."""
+
+    name: str
+    path: Path
+    content_type: str = JSON
 
 
 @dataclass
@@ -315,8 +327,11 @@ def wrk_path() -> str:
     return path
 
 
-def run_wrk(url: str, concurrency: int, seconds: float, token: str | None, body: Path = REQUEST) -> dict:
-    """One closed-loop wrk run; returns the JSON summary printed by ``wrk_post.lua``."""
+def run_wrk(
+    url: str, concurrency: int, seconds: float, token: str | None, body: Path = REQUEST, content_type: str = JSON
+) -> dict:
+    """One closed-loop wrk run of POSTs of ``body`` as ``content_type``; returns the JSON summary
+    printed by ``wrk_post.lua``."""
     cmd = [
         wrk_path(),
         "-t1",
@@ -330,6 +345,7 @@ def run_wrk(url: str, concurrency: int, seconds: float, token: str | None, body:
         "--",
         str(body),
         token or "",
+        content_type,
     ]
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -365,17 +381,19 @@ def measure_point(
     warmup: float,
     retries: int = 0,
     busy_pct: float = 10.0,
+    body: Body | None = None,
 ) -> Point:
-    """Measure one point; while it was disturbed (other processes used more than ``busy_pct``
-    of the CPU during it, or the hypervisor took more than that share from the cores), wait for
-    a quiet moment and measure again (at most ``retries`` more times), keeping the least
-    disturbed run."""
-    best = _measure_once(url, token, pid, concurrency, seconds, warmup)
+    """Measure one point of POSTs of ``body`` (default :data:`REQUEST` as JSON); while it was
+    disturbed (other processes used more than ``busy_pct`` of the CPU during it, or the
+    hypervisor took more than that share from the cores), wait for a quiet moment and measure
+    again (at most ``retries`` more times), keeping the least disturbed run."""
+    body = body or Body("", REQUEST)
+    best = _measure_once(url, token, pid, concurrency, seconds, warmup, body)
     for _ in range(retries):
         if _disturbance(best) <= busy_pct:
             break
         wait_quiet(120, busy_pct, pid)
-        again = _measure_once(url, token, pid, concurrency, seconds, warmup)
+        again = _measure_once(url, token, pid, concurrency, seconds, warmup, body)
         logger.info(
             "   (c=%d disturbed: other processes %.0f%%, steal %.0f%% of the CPU; measured again: %.0f%%, %.0f%%)",
             concurrency,
@@ -395,15 +413,15 @@ def _disturbance(point: Point) -> float:
 
 
 def _measure_once(
-    url: str, token: Callable[[], str | None], pid: int, concurrency: int, seconds: float, warmup: float
+    url: str, token: Callable[[], str | None], pid: int, concurrency: int, seconds: float, warmup: float, body: Body
 ) -> Point:
     """Warm up (excluded), then one measured run with server CPU and memory around it."""
     if warmup > 0:
-        run_wrk(url, concurrency, warmup, token())
+        run_wrk(url, concurrency, warmup, token(), body.path, body.content_type)
     busy0, steal0 = busy_cpu(), steal_cpu()
     cpu0, root0 = tree_cpu(pid)
     split0 = thread_cpu(pid)
-    res = run_wrk(url, concurrency, seconds, token())
+    res = run_wrk(url, concurrency, seconds, token(), body.path, body.content_type)
     cpu1, root1 = tree_cpu(pid)
     split1 = thread_cpu(pid)
     cpu, root = cpu1 - cpu0, root1 - root0
@@ -437,6 +455,7 @@ def _measure_once(
             for k, v in sorted(split1.items(), key=lambda kv: -kv[1])
             if n and v - split0.get(k, 0.0) > 0
         },
+        body=body.name,
     )
 
 
@@ -444,11 +463,15 @@ def _measure_once(
 
 
 class Server:
-    """A server under test: start (timed to the first prediction), URL, token, root PID, stop."""
+    """A server under test: start (timed to the first prediction), URL, token, root PID, stop.
+
+    ``body`` is what its first and second requests send, and its load unless told otherwise.
+    """
 
     name = "server"
     description = ""
     url = ""
+    body = Body("", REQUEST)
 
     def start(self) -> tuple[float, float]:
         """Start and return (cold start to first prediction in s, first request in ms)."""
@@ -470,11 +493,15 @@ class Server:
         """What to record about this server's configuration."""
         return {}
 
+    def post(self) -> tuple[int, float]:
+        """One timed POST of :attr:`body` (:func:`timed_post`): (status, seconds)."""
+        token = self.token()
+        headers = {"Content-Type": self.body.content_type, **({"Authorization": f"Bearer {token}"} if token else {})}
+        return timed_post(self.url, self.body.path.read_bytes(), headers)
+
     def second_request_ms(self) -> float:
         """The latency of one more request right after the first (ms)."""
-        status, seconds = timed_post(
-            self.url, REQUEST.read_bytes(), {"Authorization": f"Bearer {self.token()}"} if self.token() else {}
-        )
+        status, seconds = self.post()
         if status != 200:
             raise BenchError(f"{self.name}: second request answered {status}")
         return round(seconds * 1000, 2)
@@ -566,8 +593,10 @@ class FastAPISeed(Server):
         async_endpoint: bool = False,
         form: str = FORMS[0],
         name: str | None = None,
+        body: Body | None = None,
     ) -> None:
         self.workers = workers
+        self.body = body or self.body
         self.model_dir = model_dir
         self.run_dir = run_dir
         self.async_endpoint = async_endpoint
@@ -608,10 +637,9 @@ class FastAPISeed(Server):
             log,
             cwd=REPO,
         )
-        body = REQUEST.read_bytes()
         try:
             return _first_prediction(
-                lambda: timed_post(self.url, body, {}),
+                self.post,
                 lambda: (
                     len(tree(self.proc.pid)) >= (1 if self.workers == 1 else self.workers + 1) and _port_open(self.port)
                 ),
@@ -661,30 +689,33 @@ class RtServe(Server):
         overrides: dict | None = None,
         log_config: Path | None | str = "shipped",
         settings: Settings | None = None,
+        model: str = MODEL,
+        body: Body | None = None,
     ) -> None:
         self.name = name
+        self.model = model
+        self.body = body or self.body
         self.description = VARIANTS.get(name, (name,))[0]
         kwargs: dict = {} if log_config == "shipped" else {"log_config": log_config}
         if settings is not None:
             kwargs["settings"] = settings
-        self.ts = on_free_ports(run_dir, model_store, [f"{MODEL}={mar}"], overrides, **kwargs)
-        self.url = f"{self.ts.props['inference_address']}/predictions/{MODEL}"
+        self.ts = on_free_ports(run_dir, model_store, [f"{model}={mar}"], overrides, **kwargs)
+        self.url = f"{self.ts.props['inference_address']}/predictions/{model}"
         self.client = self.ts.client(timeout=5.0, retries=0)
 
     def start(self) -> tuple[float, float]:
-        body = REQUEST.read_bytes()
         started = time.monotonic()
         self.ts.start()
 
         def ready() -> bool:
             """rtserve's own readiness (what `make serve` and the pod's probe wait for): /ping,
             every worker READY and one real prediction; the first request after it is timed."""
-            self.ts.wait_ready(timeout=120, models=[MODEL])
+            self.ts.wait_ready(timeout=120, models=[self.model])
             return True
 
         try:
             return _first_prediction(
-                lambda: timed_post(self.url, body, {"Authorization": f"Bearer {self.token()}"}),
+                self.post,
                 ready,
                 started,
                 120,
@@ -737,7 +768,7 @@ class RtServe(Server):
         self.ts.stop()
 
     def settings(self) -> dict:
-        desc = self.client.describe(MODEL)[0]
+        desc = self.client.describe(self.model)[0]
         props = self.ts.props
         return {
             "batchSize": desc.get("batchSize"),
@@ -773,8 +804,16 @@ def bench_server(
     quiet_wait: float = 0.0,
     retries: int = 0,
     server_warmup: float = 10.0,
+    bodies: Sequence[Body] = (),
+    check: Callable[[Server], None] | None = None,
 ) -> ServerResult:
     """Start ``server``, measure every concurrency (and the soak), stop it.
+
+    Each of ``bodies`` is measured at every concurrency (concurrency by concurrency, the bodies
+    in order at each; default: the server's own ``body``); the warm-up and the soak send the
+    server's own. ``check``, when given, is called
+    on the started server before any load (it raises to stop the run: answers that differ from
+    another server's, say).
 
     After the start (timed) and before the first point, ``server_warmup`` seconds of load at the
     highest concurrency, then half as long at the lowest, are excluded: the JVM's JIT compilers
@@ -813,19 +852,23 @@ def bench_server(
         )
         if isinstance(server, RtServe):
             result.settings["warmup"] = asdict(server.ts.warmup)
+        if check is not None:
+            check(server)
+        own = server.body
         if server_warmup > 0:
-            run_wrk(server.url, max(concurrencies), server_warmup, server.token())
+            run_wrk(server.url, max(concurrencies), server_warmup, server.token(), own.path, own.content_type)
             if min(concurrencies) < max(concurrencies):
-                run_wrk(server.url, min(concurrencies), server_warmup / 2, server.token())
-        for c in concurrencies:
-            before = server.counters() if c == 1 and isinstance(server, RtServe) else None
-            point = measure_point(server.url, server.token, server.pid(), c, seconds, warmup, retries)
+                run_wrk(server.url, min(concurrencies), server_warmup / 2, server.token(), own.path, own.content_type)
+        for c, body in ((c, body) for c in concurrencies for body in bodies or (own,)):
+            before = server.counters() if c == 1 and isinstance(server, RtServe) and not result.breakdown else None
+            point = measure_point(server.url, server.token, server.pid(), c, seconds, warmup, retries, body=body)
             if before is not None:
                 result.breakdown = breakdown(before, server.counters(), point)
             result.points.append(point)
             logger.info(
-                "   c=%-3d %8.0f req/s  p50 %6.2f  p95 %6.2f  p99 %6.2f ms  err %d  "
+                "   %sc=%-3d %8.0f req/s  p50 %6.2f  p95 %6.2f  p99 %6.2f ms  err %d  "
                 "CPU %.3f ms/req (root %.0f%%)  RSS %.0f MiB  others %.0f%%  steal %.1f%%",
+                f"{body.name} " if body.name else "",
                 c,
                 point.rps,
                 point.p50_ms,
@@ -840,7 +883,7 @@ def bench_server(
             )
         if soak > 0:
             c = max(concurrencies)
-            point = measure_point(server.url, server.token, server.pid(), c, soak, 0)
+            point = measure_point(server.url, server.token, server.pid(), c, soak, 0, body=own)
             result.soak = {**asdict(point), "rss_after_mb": tree_rss_mb(server.pid())}
             logger.info(
                 "   soak %.0fs at c=%d: %.0f req/s, p99 %.2f ms, RSS after %.0f MiB",

@@ -1,15 +1,19 @@
 -- wrk script for rtserve's benchmark: POST one JSON body with an optional bearer token, and
 -- print a one-line JSON summary (requests, errors, latency percentiles in microseconds) that
--- bench/perf.py parses. Arguments after `--`: BODY_FILE [TOKEN].
-local body_file, token = nil, nil
+-- bench/perf.py parses. Arguments after `--`: BODY_FILE [TOKEN [CONTENT_TYPE]] (default
+-- application/json).
+local body_file, token, content_type = nil, nil, nil
 
 function init(args)
-  body_file, token = args[1], args[2]
+  body_file, token, content_type = args[1], args[2], args[3]
   local f = assert(io.open(body_file, "rb"))
   wrk.body = f:read("*a")
   f:close()
   wrk.method = "POST"
-  wrk.headers["Content-Type"] = "application/json"
+  if not content_type or content_type == "" then
+    content_type = "application/json"
+  end
+  wrk.headers["Content-Type"] = content_type
   if token and token ~= "" then
     wrk.headers["Authorization"] = "Bearer " .. token
   end

@@ -29,6 +29,10 @@ bench-tail: $(MAR) $(MODEL_DIR)/model.pt2 $(AGENT_JAR) bench-deps bench-perf-dep
 bench-quick: $(MAR) $(MODEL_DIR)/model.pt2 $(AGENT_JAR) bench-deps ## rtserve as shipped vs the tuned FastAPI (model eager, exported, direct) at c=1, 8, 64 (about 2.5 min): before/after a request-path change
 	$(PY) -m bench.perf --quick --model-store $(MODEL_STORE) --version $(MODEL_VERSION) $(BENCH_ARGS)
 
+.PHONY: bench-kinds
+bench-kinds: examples $(AGENT_JAR) bench-deps ## Each example model (regression, image CNN: arrays and PNG, ...) on rtserve vs the tuned FastAPI serving the same program: c=1 p50/p99, c=64 req/s and p99 (about 6 min)
+	$(PY) -m bench.kinds --model-store $(MODEL_STORE) --artifacts $(DEMO_ARTIFACTS) $(BENCH_ARGS)
+
 .PHONY: bench-handler
 # The AOTInductor-compiled program, kept as a file (compiling takes about a minute on 2 cores).
 COMPILED := build/compiled/$(MODEL_NAME)_$(MODEL_VERSION).aoti.pt2

@@ -68,6 +68,11 @@ $(EXAMPLE_DIR)/model.pt2 $(EXAMPLE_DIR)/meta.json &: $(STAMP) examples/$(subst -
 example: $(EXAMPLE_DIR)/model.pt2 ## Train, package and archive an example model (EXAMPLE_NAME=breast-cancer, diabetes, digits, penguins or names: model_store/<name>_1.0.mar)
 	$(MAKE) --no-print-directory archive MODEL_NAME=$(EXAMPLE_NAME) MODEL_VERSION=$(EXAMPLE_VERSION) ARTIFACTS=$(EXAMPLE_DIR)
 
+# The examples make bench-kinds and make gpu-check cover: bench/example_models.py lists them.
+.PHONY: examples
+examples: $(STAMP) ## make example for every example of bench/example_models.py in the checkout (make bench-kinds, make gpu-check)
+	$(PY) -m bench.example_models --build --artifacts $(DEMO_ARTIFACTS) --model-store $(MODEL_STORE)
+
 .PHONY: archive
 archive: $(MAR) ## Pack ARTIFACTS (default: the demo) into model_store/$(MODEL_NAME)_$(MODEL_VERSION).mar
 

@@ -4,7 +4,7 @@ Scripts whose ``main()`` another test already runs: drain, overload (own servers
 hostile_input, rollout_load, explain_latency, probe_cost (``--attach`` to their module's server),
 the rolling rehearsal (nginx) and the pod rollout (pod tier). Here: the others. ``bench/perf.py --smoke``
 starts its own server, as it measures the cold start; so does ``k8s_footprint.py``, which runs
-TorchServe the way the pod does.
+TorchServe the way the pod does, and ``kinds.py`` (rtserve and the peer on the digits example).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import re
 
 import pytest
 
-from bench import fastapi_seed, handler_micro, k8s_footprint, perf, request_histogram, tune
+from bench import fastapi_seed, handler_micro, k8s_footprint, kinds, perf, request_histogram, tune
 from tests.conftest import require
-from tests.helpers import bench_main
+from tests.helpers import bench_main, make
 
 pytestmark = pytest.mark.integration
 
@@ -69,6 +69,37 @@ def test_perf_main_smoke(servers, mar_v1, build_root, tmp_path, capsys):
     assert report["handler"]["handle_us_per_request"] > 0
     assert (tmp_path / "perf.png").stat().st_size > 0
     assert servers in capsys.readouterr().out
+
+
+def test_kinds_main_smoke(build_root, tmp_path, capsys):
+    """make bench-kinds' script on the digits example at c=1 for 1 s per body form: rtserve and the
+    peer answer the check rows alike in every form (array, base64 PNG, raw PNG), every point is
+    measured without errors, and the c=64 target is said not to be measured."""
+    require("wrk")
+    require("fastapi")
+    where = [f"DEMO_ARTIFACTS={build_root / 'artifacts'}", f"MODEL_STORE={build_root / 'model_store'}"]
+    done = make("example", "EXAMPLE_NAME=digits", *where, timeout=900)
+    assert done.returncode == 0, f"make example failed:\n{done.stdout[-3000:]}"
+    rc, report = bench_main(
+        kinds.main,
+        tmp_path / "kinds.json",
+        *("--kinds", "digits", "--forms", "direct", "--concurrency", 1, "--duration", 1, "--warmup", 0),
+        *("--server-warmup", 0, "--retry-busy", 0, "--check-rows", 2),
+        *("--artifacts", build_root / "artifacts", "--model-store", build_root / "model_store"),
+    )
+    assert rc == 0
+    (kind,) = report["kinds"]
+    assert [b["name"] for b in kind["bodies"]] == ["json", "png-b64", "png"]
+    assert [s["name"] for s in kind["servers"]] == ["torchserve", "fastapi-2w-async-direct"]
+    assert kind["answers_check"]["fastapi-2w-async-direct"] <= kinds.ANSWER_TOLERANCE
+    for server in kind["servers"]:
+        assert [p["body"] for p in server["points"]] == ["json", "png-b64", "png"], server["name"]
+        assert all(p["requests"] > 0 and p["errors"] == 0 for p in server["points"]), server["points"]
+    for body in kind["by_body"].values():
+        assert [t["met"] is None for t in body["targets"]] == [True, False], body["targets"]
+    text = (tmp_path / "kinds.txt").read_text()
+    assert text.startswith("== digits") and "[not measured] json: c=64 throughput" in text
+    assert "torchserve / best FastAPI" in capsys.readouterr().out
 
 
 def test_the_peers_forms_are_one_model(trained_dir, monkeypatch):
