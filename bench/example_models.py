@@ -49,6 +49,7 @@ EXAMPLES = (
     Example("diabetes", "regression, 10 float features"),
     Example("digits", "CNN classifier, one image input [1, 8, 8]: arrays, base64 PNG or raw PNG"),
     Example("penguins", "classifier, named inputs: float [4] and int64 ids [2]"),
+    Example("names", "sequence classifier, one int64 sequence of 1-24 character ids"),
 )
 
 

@@ -67,17 +67,25 @@ def nest(values: list, shape: tuple[int, ...]) -> list:
 
 def named_body(specs: list[dict], row: list[float]) -> dict:
     """A flat row (the program's input, as the golden set holds it) as the named JSON body a user
-    sends: each input's numbers in its shape, ids as integers and flags as booleans."""
+    sends: each input's numbers in its shape, ids as integers and flags as booleans; a sequence
+    without its trailing padding."""
+    from handler.inputs import specs_from_meta
+
     body, start = {}, 0
-    for spec in specs:
-        width = math.prod(spec["shape"])
-        values = row[start : start + width]
-        start += width
-        if spec["dtype"] == "int64":
+    for spec in specs_from_meta(specs):
+        values = row[start : start + spec.width]
+        start += spec.width
+        if spec.dtype == "int64":
             values = [int(round(v)) for v in values]
-        elif spec["dtype"] == "bool":
+        elif spec.dtype == "bool":
             values = [bool(v) for v in values]
-        body[spec["name"]] = nest(values, tuple(spec["shape"]))
+        shape = spec.padded_shape
+        if spec.sequence:
+            positions = [values[i : i + spec.inner] for i in range(0, len(values), spec.inner)]
+            used = [i for i, p in enumerate(positions) if any(v != spec.padding for v in p)]
+            length = used[-1] + 1 if used else 1
+            values, shape = values[: length * spec.inner], (length, *spec.shape[1:])
+        body[spec.name] = nest(values, tuple(shape))
     return body
 
 
