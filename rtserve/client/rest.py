@@ -168,7 +168,7 @@ class Client:
         """
         return self._predict(f"/predictions/{model}" + (f"/{version}" if version else ""), payload)
 
-    def predict_instances(self, model: str, instances: list[list[float]]) -> list[dict]:
+    def predict_instances(self, model: str, instances: list[list[float] | dict]) -> list[dict]:
         """POST several rows as one KServe v1 request; returns one answer per row.
 
         ``/v1/models/{model}:predict`` (served by rtserve's frontend agent) takes at most the

@@ -338,7 +338,7 @@ class StreamConsumer:
 
         So each event's refusal (e.g. a wrong feature count) is its own.
         """
-        rows = [e.request["features"] for e in events]
+        rows = [e.request["features"] if "features" in e.request else e.request for e in events]
         answer = self._ask(lambda: self.client.predict_instances(self.config.model, rows))
         if isinstance(answer, TorchServeError):
             return [self._predict(e) for e in events]

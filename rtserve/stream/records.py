@@ -28,7 +28,7 @@ class Source:
 
 @dataclass(frozen=True)
 class Event:
-    """A valid event: the request to send (``{"features": [...]}``) and its optional ``id``."""
+    """A valid event: the request to send (``{"features": [...]}``, or a named-input model's inputs) and its ``id``."""
 
     request: dict
     id: Any = None
@@ -43,6 +43,10 @@ def parse_event(value: bytes | None, n_features: int | None = None, limit: float
         InvalidInput: naming the field, exactly as the handler would answer over HTTP.
     """
     body = request_body({"data": value})
+    if isinstance(body, dict) and "features" not in body and set(body) - {"id"}:
+        # a model with named inputs (``{"image": ..., "id": ...}``): its server checks each input and
+        # names the one at fault; the consumer sends the event's inputs as one KServe v1 instance
+        return Event({k: v for k, v in body.items() if k != "id"}, body.get("id"))
     count = n_features
     if count is None and isinstance(body, dict) and "features" in body:
         if not isinstance(body["features"], list):  # (the handler's message names the count)

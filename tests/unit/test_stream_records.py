@@ -128,3 +128,10 @@ def test_a_background_consumer_that_cannot_start_says_why(tmp_path, monkeypatch)
         service.start(tmp_path / "stream", ["--batch", "x"])
     assert service.pid(tmp_path / "stream") is None
     assert service.stop(tmp_path / "stream") is None
+
+
+def test_a_named_input_event_is_passed_to_the_server_whole():
+    event = records.parse_event(b'{"image": [[[0.5]]], "flags": [true], "id": "scan-3"}')
+    assert event == records.Event({"image": [[[0.5]]], "flags": [True]}, "scan-3")
+    with pytest.raises(InvalidInput, match="missing required field 'features'"):
+        records.parse_event(b'{"id": 7}')  # nothing to score: refused here, as before
