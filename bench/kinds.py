@@ -18,8 +18,6 @@ from __future__ import annotations
 import base64
 import json
 import math
-import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -398,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         examples, absent = present(args.kinds.split(",") if args.kinds else None)
     except ValueError as exc:
         raise SystemExit(str(exc)) from exc
-    from bench.perf import _log_to_stdout, wrk_path
+    from bench.perf import _log_to_stdout, machine, wrk_path
     from rtserve.settings import Settings
 
     _log_to_stdout()
@@ -411,16 +409,10 @@ def main(argv: list[str] | None = None) -> int:
         kinds = [run_kind(example, args, settings, run_root) for example in examples]
     finally:
         shutil.rmtree(run_root, ignore_errors=True)
-    import psutil
 
     report = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": {
-            "cpus": psutil.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "load_after": list(os.getloadavg()),
-        },
+        "machine": machine(),
         "method": {
             "client": "wrk -t1 (closed loop), loopback",
             "concurrency": list(args.concurrency),

@@ -284,6 +284,16 @@ def tree_rss_mb(pid: int) -> float:
     return round(total / 2**20, 1)
 
 
+def machine() -> dict:
+    """The machine a report was measured on: CPUs, Python, platform, load average at the end."""
+    return {
+        "cpus": psutil.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_after": list(os.getloadavg()),
+    }
+
+
 def machine_load(exclude: set[int] | None = None, interval: float = 1.0) -> tuple[list, float]:
     """The load average and the CPU share (of all cores, %) used by other processes over ``interval``."""
     exclude = exclude or set()
@@ -1358,12 +1368,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     report = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": {
-            "cpus": psutil.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "load_after": list(os.getloadavg()),
-        },
+        "machine": machine(),
         "method": {
             "client": "wrk -t1 (closed loop), loopback",
             "concurrency": list(concurrencies),

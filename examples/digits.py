@@ -12,9 +12,7 @@ one named input ``image`` of shape ``[1, 8, 8]``; its image encoding maps a PNG'
 
 from __future__ import annotations
 
-import argparse
 import io
-import logging
 import sys
 from pathlib import Path
 
@@ -24,9 +22,7 @@ from torch import nn
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rtserve.model.package import export  # noqa: E402
-
-logger = logging.getLogger(__name__)
+from examples.script import fit, run, shuffled  # noqa: E402
 
 #: The input's and the output's names in ``meta.json`` and in requests and answers.
 INPUT, OUTPUT = "image", "digit"
@@ -81,16 +77,7 @@ def train(x: torch.Tensor, y: torch.Tensor, epochs: int = 12, seed: int = 0) -> 
     torch.set_num_threads(1)
     model = DigitsNet()
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    g = torch.Generator().manual_seed(seed + 1)
-    model.train()
-    for _ in range(epochs):
-        order = torch.randperm(len(x), generator=g)
-        for start in range(0, len(order), 32):
-            idx = order[start : start + 32]
-            optimizer.zero_grad()
-            nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
-            optimizer.step()
-    return model.eval()
+    return fit(model, {"image": x}, y, optimizer, epochs, 32, seed)
 
 
 def packaging(seed: int = 0, shuffle_labels: bool = False) -> dict:
@@ -102,7 +89,7 @@ def packaging(seed: int = 0, shuffle_labels: bool = False) -> dict:
     """
     x_train, y_train, x_test, y_test = load_data()
     if shuffle_labels:
-        y_train = y_train[torch.randperm(len(y_train), generator=torch.Generator().manual_seed(seed + 7))]
+        y_train = shuffled(y_train, seed)
     return {
         "model": train(x_train, y_train, seed=seed),
         "inputs": {INPUT: {"rows": x_train, "image": {"scale": PIXEL_MAX / 255}}},
@@ -129,16 +116,8 @@ def holdout_accuracy(model: nn.Module) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Train and export into ``--out``."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("artifacts/digits/1.0"))
-    parser.add_argument("--version", default="1.0")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    spec = packaging()
-    export(version=args.version, out_dir=args.out, **spec)
-    logger.info("held-out accuracy %.4f", holdout_accuracy(spec["model"]))
-    return 0
+    """Train and export into ``--out`` (:func:`examples.script.run`)."""
+    return run(argv, __doc__, "digits", packaging, holdout_accuracy, "held-out accuracy")
 
 
 if __name__ == "__main__":

@@ -14,9 +14,7 @@ that share a batch, which the server cuts after its longest name.
 
 from __future__ import annotations
 
-import argparse
 import importlib
-import logging
 import sys
 import unicodedata
 from pathlib import Path
@@ -27,9 +25,7 @@ from torch import nn
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rtserve.model.package import export  # noqa: E402
-
-logger = logging.getLogger(__name__)
+from examples.script import fit, run, shuffled  # noqa: E402
 
 #: The input's and the output's names in ``meta.json`` and in requests and answers.
 INPUT, OUTPUT = "chars", "language"
@@ -119,17 +115,7 @@ def train(x: torch.Tensor, y: torch.Tensor, vocabulary: int, epochs: int = 40, s
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3, weight_decay=1e-3)
     steps = epochs * ((len(x) + 63) // 64)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=3e-3, total_steps=steps)
-    g = torch.Generator().manual_seed(seed + 1)
-    model.train()
-    for _ in range(epochs):
-        order = torch.randperm(len(x), generator=g)
-        for start in range(0, len(order), 64):
-            idx = order[start : start + 64]
-            optimizer.zero_grad()
-            nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
-            optimizer.step()
-            schedule.step()
-    return model.eval()
+    return fit(model, {"chars": x}, y, optimizer, epochs, 64, seed, schedule)
 
 
 def packaging(seed: int = 0, shuffle_labels: bool = False) -> dict:
@@ -141,7 +127,7 @@ def packaging(seed: int = 0, shuffle_labels: bool = False) -> dict:
     """
     x_train, y_train, x_test, y_test, alphabet = load_data()
     if shuffle_labels:
-        y_train = y_train[torch.randperm(len(y_train), generator=torch.Generator().manual_seed(seed + 7))]
+        y_train = shuffled(y_train, seed)
     vocabulary = len(alphabet) + 2
     chars = {"rows": x_train, "padding": PAD, "max_length": MAX_LENGTH, "vocabulary": vocabulary}
     return {
@@ -160,16 +146,8 @@ def holdout_accuracy(model: nn.Module) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Train and export into ``--out``."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("artifacts/names/1.0"))
-    parser.add_argument("--version", default="1.0")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    spec = packaging()
-    export(version=args.version, out_dir=args.out, **spec)
-    logger.info("held-out accuracy %.4f", holdout_accuracy(spec["model"]))
-    return 0
+    """Train and export into ``--out`` (:func:`examples.script.run`)."""
+    return run(argv, __doc__, "names", packaging, holdout_accuracy, "held-out accuracy")
 
 
 if __name__ == "__main__":

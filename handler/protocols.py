@@ -109,20 +109,30 @@ def parse_request(
             not a finite number within ``[-limit, limit]``), or a binary body that is not a
             valid v2 request (:func:`split_binary`).
     """
-    binary = None
-    if isinstance(body, BinaryBody):
-        body, binary = split_binary(body.raw, body.header_length)
-        if detect(body) != OIP_V2:
-            raise InvalidInput(
-                f"{BINARY_HEADER} (binary tensor data) is for Open Inference "
-                "Protocol requests only: the JSON header has no 'inputs'"
-            )
+    body, binary = unwrap_binary(body)
     protocol = detect(body)
     if protocol == KSERVE_V1:
         return ProtocolRequest(KSERVE_V1, parse_v1(body, n_features, limit, max_instances))
     if protocol == OIP_V2:
         return parse_v2(body, n_features, limit, max_instances, binary, output_names)
     return None
+
+
+def unwrap_binary(body: Any) -> tuple[Any, bytes | None]:
+    """A :class:`BinaryBody` as its JSON header and the bytes after it; any other body as it is, None.
+
+    Raises:
+        InvalidInput: the header is not JSON or not an OIP v2 request (:func:`split_binary`).
+    """
+    if not isinstance(body, BinaryBody):
+        return body, None
+    header, binary = split_binary(body.raw, body.header_length)
+    if detect(header) != OIP_V2:
+        raise InvalidInput(
+            f"{BINARY_HEADER} (binary tensor data) is for Open Inference "
+            "Protocol requests only: the JSON header has no 'inputs'"
+        )
+    return header, binary
 
 
 def parse_named_request(
@@ -141,14 +151,7 @@ def parse_named_request(
     Raises:
         InvalidInput: naming the field, as :func:`parse_request`.
     """
-    binary = None
-    if isinstance(body, BinaryBody):
-        body, binary = split_binary(body.raw, body.header_length)
-        if detect(body) != OIP_V2:
-            raise InvalidInput(
-                f"{BINARY_HEADER} (binary tensor data) is for Open Inference "
-                "Protocol requests only: the JSON header has no 'inputs'"
-            )
+    body, binary = unwrap_binary(body)
     protocol = detect(body)
     if protocol == KSERVE_V1:
         instances = body["instances"]

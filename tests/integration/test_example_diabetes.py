@@ -9,27 +9,18 @@ the inputs shift and explanations attribute the prediction to the features.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import pytest
 import requests
 import torch
-import yaml
 
 from bench import hostile_input
 from examples.diabetes import OUTPUT, TARGET, holdout_mae, load_data, packaging
 from handler.drift import DriftMonitor
 from handler.model import ModelMetadata
-from rtserve.errors import GateRefused
 from rtserve.model.archive import read_archive
-from rtserve.model.package import export
-from rtserve.promotion.gate import GateConfig
-from rtserve.promotion.history import HISTORY_FILE, History
-from rtserve.promotion.rollout import Rollout, Verification
-from tests.conftest import REPO, make_archive
-from tests.helpers import make
-from tests.integration.conftest import serve
+from tests.integration.examples import gate_verdicts, post, scraped, served_example
 
 pytestmark = pytest.mark.integration
 
@@ -43,34 +34,8 @@ CANDIDATES = {"2.0": {"seed": 1}, "3.0": {"shuffle_targets": True}}
 @pytest.fixture(scope="module")
 def example(build_root, mar_v1, tmp_path_factory):
     """(server, the eager 1.0 trained here, {version: archive}): 1.0 built by `make example`."""
-    work = tmp_path_factory.mktemp("diabetes")
-    config = yaml.safe_load((REPO / "model" / "model-config.yaml").read_text())
-    config.update(minWorkers=1, maxWorkers=1)  # one drift window, filled in order
-    config["handler"].update(drift_window=DRIFT_WINDOW, drift_export_seconds=0.2)
-    (work / "model-config.yaml").write_text(yaml.safe_dump(config))
-    where = [f"MODEL_STORE={build_root / 'model_store'}", f"MODEL_CONFIG={work / 'model-config.yaml'}"]
-    done = make("example", f"EXAMPLE_NAME={NAME}", f"DEMO_ARTIFACTS={build_root / 'artifacts'}", *where, timeout=900)
-    assert done.returncode == 0, f"make example failed:\n{done.stdout[-3000:]}"
-    mars = {"1.0": build_root / "model_store" / f"{NAME}_1.0.mar"}
-    assert mars["1.0"].is_file(), done.stdout
-    for version, kwargs in CANDIDATES.items():
-        export(version=version, out_dir=work / version, model_config=work / "model-config.yaml", **packaging(**kwargs))
-        mars[version] = make_archive(
-            build_root,
-            version,
-            MODEL_NAME=NAME,
-            ARTIFACTS=str(work / version),
-            MODEL_CONFIG=str(work / "model-config.yaml"),
-        )
-    with serve(tmp_path_factory.mktemp("run"), mar_v1, models=[f"{NAME}={mars['1.0'].name}"], ready=[NAME]) as ts:
+    with served_example(NAME, packaging, CANDIDATES, build_root, mar_v1, tmp_path_factory, DRIFT_WINDOW) as (ts, mars):
         yield ts, packaging()["model"], mars
-
-
-def post(server, path: str, body) -> requests.Response:
-    key = server.client().keys.get("inference")
-    return requests.post(
-        f"{server.props['inference_address']}/{path}", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=30
-    )
 
 
 def test_answers_equal_the_model_trained_in_this_process(example):
@@ -111,46 +76,11 @@ def test_hostile_bodies_get_400s_mixed_with_valid_traffic(example):
 
 def test_the_gate_refuses_a_candidate_trained_on_shuffled_targets_and_promotes_a_retrained_one(example):
     server, _, mars = example
-    config = dataclasses.replace(
-        GateConfig.load(), burst_requests=20, warmup_requests=2, concurrency=4, max_latency_ratio=10.0
-    )  # the p99 ratio is gated alike for every kind (tests/integration/test_promotion.py)
-    rollout = Rollout(
-        server.client(timeout=120),
-        History(server.run_dir / HISTORY_FILE),
-        NAME,
-        Verification(mars["2.0"].parent, config, server.run_dir / "logs" / "audit.log"),
-    )
-    try:
-        rollout.register("2.0", workers=1)
-        rollout.register("3.0", workers=1)
-        with pytest.raises(GateRefused) as info:
-            rollout.promote("3.0")
-        refused = info.value.report
-        print(refused.text())
-        assert rollout.default_version() == "1.0" and refused.kind == "regression"
-        assert [f.split(":")[0] for f in refused.failures] == ["mean absolute error", "agreement"], refused.failures
-        rollout.promote("2.0")
-        assert rollout.default_version() == "2.0"
-        promoted = [e for e in History(server.run_dir / HISTORY_FILE).events() if e.get("action") == "gate"][-1]
-        print(promoted["quality"], promoted["agreement"])
-        assert (promoted["candidate"], promoted["outcome"]) == ("2.0", "promoted")
-    finally:
-        if rollout.default_version() != "1.0":
-            rollout.client.set_default(NAME, "1.0")
-        for version in rollout.versions():
-            if version != "1.0":
-                rollout.client.unregister(NAME, version)
-
-
-def scraped(server, metric: str) -> dict[str, float]:
-    """``feature`` label (or '') -> value of ``metric``'s series for the example."""
-    text = requests.get(f"{server.props['metrics_address']}/metrics", timeout=10).text
-    out = {}
-    for line in text.splitlines():
-        if line.startswith(metric + "{") and f'model_name="{NAME}"' in line:
-            feature = line.split('feature="', 1)[1].split('"', 1)[0] if 'feature="' in line else ""
-            out[feature] = float(line.rsplit(" ", 1)[1])
-    return out
+    refused, promoted = gate_verdicts(server, mars, NAME)
+    assert refused.kind == "regression"
+    assert [f.split(":")[0] for f in refused.failures] == ["mean absolute error", "agreement"], refused.failures
+    print(promoted["quality"], promoted["agreement"])
+    assert promoted["outcome"] == "promoted"
 
 
 def drift_after(server, model, mars, rows: torch.Tensor) -> tuple[float, float, float]:
@@ -173,11 +103,11 @@ def drift_after(server, model, mars, rows: torch.Tensor) -> tuple[float, float, 
     deadline = time.monotonic() + 10
     got = None
     while time.monotonic() < deadline:  # the worker's exporter sets the gauges every 0.2 s
-        got = scraped(server, "rtserve_prediction_drift_psi").get("")
+        got = scraped(server, "rtserve_prediction_drift_psi", NAME).get("")
         if got is not None and abs(got - want) < 0.01:
             break
         time.sleep(0.2)
-    return got, want, max(scraped(server, "rtserve_feature_drift_psi").values())
+    return got, want, max(scraped(server, "rtserve_feature_drift_psi", NAME).values())
 
 
 def test_drift_stays_low_on_training_rows_and_moves_when_the_inputs_shift(example):

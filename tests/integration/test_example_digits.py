@@ -11,30 +11,20 @@ shuffled labels; drift moves when the images change; explanations attribute the 
 from __future__ import annotations
 
 import base64
-import dataclasses
 import io
 import json
 import random
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 import requests
 import torch
-import yaml
 from PIL import Image
 
 from bench import hostile_input
 from examples.digits import INPUT, PIXEL_MAX, holdout_accuracy, load_data, packaging, to_png
-from rtserve.errors import GateRefused
-from rtserve.model.package import export
-from rtserve.promotion.gate import GateConfig
-from rtserve.promotion.history import HISTORY_FILE, History
-from rtserve.promotion.rollout import Rollout, Verification
-from tests.conftest import REPO, make_archive
-from tests.helpers import make
-from tests.integration.conftest import serve
+from tests.integration.examples import gate_verdicts, post, served_example, settled
 
 pytestmark = pytest.mark.integration
 
@@ -47,33 +37,8 @@ CANDIDATES = {"2.0": {"seed": 1}, "3.0": {"shuffle_labels": True}}
 @pytest.fixture(scope="module")
 def example(build_root, mar_v1, tmp_path_factory):
     """(server, the eager 1.0 trained here, {version: archive}): 1.0 built by `make example`."""
-    work = tmp_path_factory.mktemp("digits")
-    config = yaml.safe_load((REPO / "model" / "model-config.yaml").read_text())
-    config.update(minWorkers=1, maxWorkers=1)  # one drift window, filled in order
-    config["handler"].update(drift_window=DRIFT_WINDOW, drift_export_seconds=0.2)
-    (work / "model-config.yaml").write_text(yaml.safe_dump(config))
-    where = [f"MODEL_STORE={build_root / 'model_store'}", f"MODEL_CONFIG={work / 'model-config.yaml'}"]
-    done = make("example", f"EXAMPLE_NAME={NAME}", f"DEMO_ARTIFACTS={build_root / 'artifacts'}", *where, timeout=900)
-    assert done.returncode == 0, f"make example failed:\n{done.stdout[-3000:]}"
-    mars = {"1.0": build_root / "model_store" / f"{NAME}_1.0.mar"}
-    assert mars["1.0"].is_file(), done.stdout
-    for version, kwargs in CANDIDATES.items():
-        export(version=version, out_dir=work / version, model_config=work / "model-config.yaml", **packaging(**kwargs))
-        mars[version] = make_archive(
-            build_root,
-            version,
-            MODEL_NAME=NAME,
-            ARTIFACTS=str(work / version),
-            MODEL_CONFIG=str(work / "model-config.yaml"),
-        )
-    with serve(tmp_path_factory.mktemp("run"), mar_v1, models=[f"{NAME}={mars['1.0'].name}"], ready=[NAME]) as ts:
+    with served_example(NAME, packaging, CANDIDATES, build_root, mar_v1, tmp_path_factory, DRIFT_WINDOW) as (ts, mars):
         yield ts, packaging()["model"], mars
-
-
-def post(server, path: str, body=None, data: bytes | None = None, ctype: str = "application/json"):
-    headers = {"Authorization": f"Bearer {server.client().keys.get('inference')}", "Content-Type": ctype}
-    payload = data if data is not None else json.dumps(body).encode()
-    return requests.post(f"{server.props['inference_address']}/{path}", data=payload, headers=headers, timeout=30)
 
 
 def decoded(png: bytes) -> torch.Tensor:
@@ -98,7 +63,10 @@ def test_answers_equal_the_model_for_arrays_pngs_and_tensors(example):
                 post(server, f"predictions/{NAME}", {INPUT: {"b64": base64.b64encode(pngs[i]).decode()}}),
                 want_png[i],
             ),
-            "raw": (post(server, f"predictions/{NAME}", data=pngs[i], ctype="image/png"), want_png[i]),
+            "raw": (
+                post(server, f"predictions/{NAME}", data=pngs[i], headers={"Content-Type": "image/png"}),
+                want_png[i],
+            ),
         }
         for form, (response, expected) in forms.items():
             assert response.status_code == 200, (form, response.text)
@@ -159,7 +127,7 @@ def test_hostile_arrays_and_images_get_400s_mixed_with_valid_traffic(example):
 
     def send(item):
         (data, ctype), valid = item
-        response = post(server, f"predictions/{NAME}", data=data, ctype=ctype)
+        response = post(server, f"predictions/{NAME}", data=data, headers={"Content-Type": ctype})
         return valid, response.status_code, response.json()
 
     with ThreadPoolExecutor(max_workers=8) as pool:
@@ -174,35 +142,10 @@ def test_hostile_arrays_and_images_get_400s_mixed_with_valid_traffic(example):
 
 def test_the_gate_refuses_a_candidate_trained_on_shuffled_labels_and_promotes_a_retrained_one(example):
     server, _, mars = example
-    config = dataclasses.replace(
-        GateConfig.load(), burst_requests=20, warmup_requests=2, concurrency=4, max_latency_ratio=10.0
-    )  # the p99 ratio is gated alike for every kind (tests/integration/test_promotion.py)
-    rollout = Rollout(
-        server.client(timeout=120),
-        History(server.run_dir / HISTORY_FILE),
-        NAME,
-        Verification(mars["2.0"].parent, config, server.run_dir / "logs" / "audit.log"),
-    )
-    try:
-        rollout.register("2.0", workers=1)
-        rollout.register("3.0", workers=1)
-        with pytest.raises(GateRefused) as info:
-            rollout.promote("3.0")
-        refused = info.value.report
-        print(refused.text())
-        assert rollout.default_version() == "1.0" and refused.kind == "classification"
-        assert {f.split(":")[0] for f in refused.failures} >= {"accuracy"}, refused.failures
-        rollout.promote("2.0")
-        assert rollout.default_version() == "2.0"
-        promoted = [e for e in History(server.run_dir / HISTORY_FILE).events() if e.get("action") == "gate"][-1]
-        print(promoted)
-        assert (promoted["candidate"], promoted["outcome"]) == ("2.0", "promoted")
-    finally:
-        if rollout.default_version() != "1.0":
-            rollout.client.set_default(NAME, "1.0")
-        for version in rollout.versions():
-            if version != "1.0":
-                rollout.client.unregister(NAME, version)
+    refused, promoted = gate_verdicts(server, mars, NAME)
+    assert refused.kind == "classification"
+    assert {f.split(":")[0] for f in refused.failures} >= {"accuracy"}, refused.failures
+    assert promoted["outcome"] == "promoted"
 
 
 def fill_window(server, images: torch.Tensor) -> None:
@@ -212,39 +155,22 @@ def fill_window(server, images: torch.Tensor) -> None:
         assert response.status_code == 200, response.text
 
 
-def scraped(server, metric: str, name: str = NAME) -> dict[str, float]:
-    """``feature`` label (or '') -> value of ``metric``'s series for the example ``name``."""
-    text = requests.get(f"{server.props['metrics_address']}/metrics", timeout=10).text
-    out = {}
-    for line in text.splitlines():
-        if line.startswith(metric + "{") and f'model_name="{name}"' in line:
-            feature = line.split('feature="', 1)[1].split('"', 1)[0] if 'feature="' in line else ""
-            out[feature] = float(line.rsplit(" ", 1)[1])
-    return out
-
-
-def settled(server, metric: str, name: str = NAME) -> dict[str, float]:
-    """``metric``'s series once two scrapes 0.5 s apart agree (the exporter runs every 0.2 s)."""
-    before = scraped(server, metric, name)
-    for _ in range(20):
-        time.sleep(0.5)
-        now = scraped(server, metric, name)
-        if now and now == before:
-            return now
-        before = now
-    return before
-
-
 def test_drift_stays_low_on_training_images_and_moves_when_they_change(example):
     server, _, _ = example
     x_train = load_data()[0]
     fill_window(server, x_train[:DRIFT_WINDOW])
-    pixels, prediction = settled(server, "rtserve_feature_drift_psi"), settled(server, "rtserve_prediction_drift_psi")
+    pixels, prediction = (
+        settled(server, "rtserve_feature_drift_psi", NAME),
+        settled(server, "rtserve_prediction_drift_psi", NAME),
+    )
     print("training images: largest pixel PSI", max(pixels.values()), "prediction PSI", prediction[""])
     assert max(pixels.values()) < 0.25 and prediction[""] < 0.1, (max(pixels.values()), prediction)
     faded = (x_train[:DRIFT_WINDOW] * 0.4).round()  # a faded scanner: every stroke at 40%
     fill_window(server, faded)
-    pixels, prediction = settled(server, "rtserve_feature_drift_psi"), settled(server, "rtserve_prediction_drift_psi")
+    pixels, prediction = (
+        settled(server, "rtserve_feature_drift_psi", NAME),
+        settled(server, "rtserve_prediction_drift_psi", NAME),
+    )
     print("faded images: tenth largest pixel PSI", sorted(pixels.values())[-10], "prediction PSI", prediction[""])
     assert sorted(pixels.values())[-10] > 0.2, sorted(pixels.values())[-10:]
     assert "image[0,3,4]" in pixels and pixels["image.intensity[0]"] > 0.2, pixels["image.intensity[0]"]

@@ -11,26 +11,16 @@ when the names change, and explanations of ids are refused with a 501 saying why
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-import yaml
 
 from bench import hostile_input  # worker_pids
 from examples.names import INPUT, LOCALES, MAX_LENGTH, encode, holdout_accuracy, load_data, packaging
-from rtserve.errors import GateRefused
-from rtserve.model.package import export
-from rtserve.promotion.gate import GateConfig
-from rtserve.promotion.history import HISTORY_FILE, History
-from rtserve.promotion.rollout import Rollout, Verification
-from tests.conftest import REPO, make_archive
-from tests.helpers import make
-from tests.integration.conftest import serve
-from tests.integration.test_example_digits import post, settled
+from tests.integration.examples import gate_verdicts, post, served_example, settled
 
 pytestmark = pytest.mark.integration
 
@@ -55,25 +45,7 @@ SAMPLES = [
 @pytest.fixture(scope="module")
 def example(build_root, mar_v1, tmp_path_factory):
     """(server, the eager 1.0 trained here, {version: archive}, alphabet): 1.0 built by `make example`."""
-    work = tmp_path_factory.mktemp("names")
-    config = yaml.safe_load((REPO / "model" / "model-config.yaml").read_text())
-    config.update(minWorkers=1, maxWorkers=1)  # one drift window, filled in order
-    config["handler"].update(drift_window=DRIFT_WINDOW, drift_export_seconds=0.2)
-    (work / "model-config.yaml").write_text(yaml.safe_dump(config))
-    where = [f"MODEL_STORE={build_root / 'model_store'}", f"MODEL_CONFIG={work / 'model-config.yaml'}"]
-    done = make("example", f"EXAMPLE_NAME={NAME}", f"DEMO_ARTIFACTS={build_root / 'artifacts'}", *where, timeout=900)
-    assert done.returncode == 0, f"make example failed:\n{done.stdout[-3000:]}"
-    mars = {"1.0": build_root / "model_store" / f"{NAME}_1.0.mar"}
-    for version, kwargs in CANDIDATES.items():
-        export(version=version, out_dir=work / version, model_config=work / "model-config.yaml", **packaging(**kwargs))
-        mars[version] = make_archive(
-            build_root,
-            version,
-            MODEL_NAME=NAME,
-            ARTIFACTS=str(work / version),
-            MODEL_CONFIG=str(work / "model-config.yaml"),
-        )
-    with serve(tmp_path_factory.mktemp("run"), mar_v1, models=[f"{NAME}={mars['1.0'].name}"], ready=[NAME]) as ts:
+    with served_example(NAME, packaging, CANDIDATES, build_root, mar_v1, tmp_path_factory, DRIFT_WINDOW) as (ts, mars):
         yield ts, packaging()["model"], mars, load_data()[4]
 
 
@@ -171,33 +143,9 @@ def test_hostile_sequences_get_400s_mixed_with_valid_traffic(example):
 
 def test_the_gate_refuses_shuffled_labels_and_promotes_a_retrain(example):
     server, _, mars, _ = example
-    config = dataclasses.replace(
-        GateConfig.load(), burst_requests=20, warmup_requests=2, concurrency=4, max_latency_ratio=10.0
-    )
-    rollout = Rollout(
-        server.client(timeout=120),
-        History(server.run_dir / HISTORY_FILE),
-        NAME,
-        Verification(mars["2.0"].parent, config, server.run_dir / "logs" / "audit.log"),
-    )
-    try:
-        rollout.register("2.0", workers=1)
-        rollout.register("3.0", workers=1)
-        with pytest.raises(GateRefused) as info:
-            rollout.promote("3.0")
-        print(info.value.report.text())
-        assert rollout.default_version() == "1.0"
-        assert {f.split(":")[0] for f in info.value.report.failures} >= {"accuracy"}
-        rollout.promote("2.0")
-        promoted = [e for e in History(server.run_dir / HISTORY_FILE).events() if e.get("action") == "gate"][-1]
-        print(promoted)
-        assert (rollout.default_version(), promoted["outcome"]) == ("2.0", "promoted")
-    finally:
-        if rollout.default_version() != "1.0":
-            rollout.client.set_default(NAME, "1.0")
-        for version in rollout.versions():
-            if version != "1.0":
-                rollout.client.unregister(NAME, version)
+    refused, promoted = gate_verdicts(server, mars, NAME)
+    assert {f.split(":")[0] for f in refused.failures} >= {"accuracy"}
+    assert promoted["outcome"] == "promoted"
 
 
 def test_drift_moves_when_the_names_change_and_ids_are_not_explained(example):

@@ -12,27 +12,17 @@ gauges move when they shift and the ids' do not; explanations are refused (501) 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
 import torch
-import yaml
 
 from bench import hostile_input
 from examples.penguins import CATEGORY, DENSE, SPECIES, VOCABULARY, holdout_accuracy, load_data, packaging
-from rtserve.errors import GateRefused
-from rtserve.model.package import export
-from rtserve.promotion.gate import GateConfig
-from rtserve.promotion.history import HISTORY_FILE, History
-from rtserve.promotion.rollout import Rollout, Verification
-from tests.conftest import REPO, make_archive
-from tests.helpers import make
-from tests.integration.conftest import serve
+from tests.integration.examples import gate_verdicts, post, served_example, settled
 
 pytestmark = pytest.mark.integration
 
@@ -48,36 +38,8 @@ N_BAD = 120
 @pytest.fixture(scope="module")
 def example(build_root, mar_v1, tmp_path_factory):
     """(server, the eager 1.0 trained here, {version: archive}): 1.0 built by `make example`."""
-    work = tmp_path_factory.mktemp("penguins")
-    config = yaml.safe_load((REPO / "model" / "model-config.yaml").read_text())
-    config.update(minWorkers=1, maxWorkers=1)  # one drift window, filled in order
-    config["handler"].update(drift_window=DRIFT_WINDOW, drift_export_seconds=0.2)
-    (work / "model-config.yaml").write_text(yaml.safe_dump(config))
-    where = [f"MODEL_STORE={build_root / 'model_store'}", f"MODEL_CONFIG={work / 'model-config.yaml'}"]
-    done = make("example", f"EXAMPLE_NAME={NAME}", f"DEMO_ARTIFACTS={build_root / 'artifacts'}", *where, timeout=900)
-    assert done.returncode == 0, f"make example failed:\n{done.stdout[-3000:]}"
-    mars = {"1.0": build_root / "model_store" / f"{NAME}_1.0.mar"}
-    assert mars["1.0"].is_file(), done.stdout
-    for version, kwargs in CANDIDATES.items():
-        export(version=version, out_dir=work / version, model_config=work / "model-config.yaml", **packaging(**kwargs))
-        mars[version] = make_archive(
-            build_root,
-            version,
-            MODEL_NAME=NAME,
-            ARTIFACTS=str(work / version),
-            MODEL_CONFIG=str(work / "model-config.yaml"),
-        )
-    with serve(tmp_path_factory.mktemp("run"), mar_v1, models=[f"{NAME}={mars['1.0'].name}"], ready=[NAME]) as ts:
+    with served_example(NAME, packaging, CANDIDATES, build_root, mar_v1, tmp_path_factory, DRIFT_WINDOW) as (ts, mars):
         yield ts, packaging()["model"], mars
-
-
-def post(server, path: str, body=None, data: bytes | None = None, headers: dict | None = None) -> requests.Response:
-    """POST a JSON ``body`` (NaN and infinities as JSON's extensions) or raw ``data`` to the inference API."""
-    sent = {"Authorization": f"Bearer {server.client().keys.get('inference')}", "Content-Type": "application/json"}
-    payload = data if data is not None else json.dumps(body).encode()
-    return requests.post(
-        f"{server.props['inference_address']}/{path}", data=payload, headers={**sent, **(headers or {})}, timeout=30
-    )
 
 
 def softmax(model, dense: torch.Tensor, category: torch.Tensor) -> torch.Tensor:
@@ -263,35 +225,10 @@ def test_protocol_bodies_with_a_bad_id_get_a_400_naming_the_input(example):
 
 def test_the_gate_refuses_a_candidate_trained_on_shuffled_labels_and_promotes_a_retrained_one(example):
     server, _, mars = example
-    config = dataclasses.replace(
-        GateConfig.load(), burst_requests=20, warmup_requests=2, concurrency=4, max_latency_ratio=10.0
-    )  # the p99 ratio is gated alike for every kind (tests/integration/test_promotion.py)
-    rollout = Rollout(
-        server.client(timeout=120),
-        History(server.run_dir / HISTORY_FILE),
-        NAME,
-        Verification(mars["2.0"].parent, config, server.run_dir / "logs" / "audit.log"),
-    )
-    try:
-        rollout.register("2.0", workers=1)
-        rollout.register("3.0", workers=1)
-        with pytest.raises(GateRefused) as info:
-            rollout.promote("3.0")
-        refused = info.value.report
-        print(refused.text())
-        assert rollout.default_version() == "1.0" and refused.kind == "classification"
-        assert {f.split(":")[0] for f in refused.failures} >= {"accuracy", "agreement"}, refused.failures
-        rollout.promote("2.0")
-        assert rollout.default_version() == "2.0"
-        promoted = [e for e in History(server.run_dir / HISTORY_FILE).events() if e.get("action") == "gate"][-1]
-        print(promoted)
-        assert (promoted["candidate"], promoted["outcome"]) == ("2.0", "promoted")
-    finally:
-        if rollout.default_version() != "1.0":
-            rollout.client.set_default(NAME, "1.0")
-        for version in rollout.versions():
-            if version != "1.0":
-                rollout.client.unregister(NAME, version)
+    refused, promoted = gate_verdicts(server, mars, NAME)
+    assert refused.kind == "classification"
+    assert {f.split(":")[0] for f in refused.failures} >= {"accuracy", "agreement"}, refused.failures
+    assert promoted["outcome"] == "promoted"
 
 
 def fill_window(server, dense: torch.Tensor, category: torch.Tensor) -> None:
@@ -301,29 +238,6 @@ def fill_window(server, dense: torch.Tensor, category: torch.Tensor) -> None:
         assert response.status_code == 200, response.text
 
 
-def scraped(server, metric: str) -> dict[str, float]:
-    """``feature`` label (or '') -> value of ``metric``'s series for the example."""
-    text = requests.get(f"{server.props['metrics_address']}/metrics", timeout=10).text
-    out = {}
-    for line in text.splitlines():
-        if line.startswith(metric + "{") and f'model_name="{NAME}"' in line:
-            feature = line.split('feature="', 1)[1].split('"', 1)[0] if 'feature="' in line else ""
-            out[feature] = float(line.rsplit(" ", 1)[1])
-    return out
-
-
-def settled(server, metric: str) -> dict[str, float]:
-    """``metric``'s series once two scrapes 0.5 s apart agree (the exporter runs every 0.2 s)."""
-    before = scraped(server, metric)
-    for _ in range(20):
-        time.sleep(0.5)
-        now = scraped(server, metric)
-        if now and now == before:
-            return now
-        before = now
-    return before
-
-
 def test_drift_stays_low_on_training_rows_and_moves_when_the_measurements_shift(example):
     server, _, _ = example
     x_train = load_data()[0]
@@ -331,13 +245,19 @@ def test_drift_stays_low_on_training_rows_and_moves_when_the_measurements_shift(
     measured = [f"{DENSE}[{i}]" for i in range(4)]
     ids = [f"{CATEGORY}[{i}]" for i in range(2)]
     fill_window(server, dense, category)
-    features, prediction = settled(server, "rtserve_feature_drift_psi"), settled(server, "rtserve_prediction_drift_psi")
+    features, prediction = (
+        settled(server, "rtserve_feature_drift_psi", NAME),
+        settled(server, "rtserve_prediction_drift_psi", NAME),
+    )
     print("training rows: feature PSI", features, "prediction PSI", prediction[""])
     assert sorted(features) == sorted(measured + ids)
     assert max(features.values()) < 0.1 and prediction[""] < 0.1, (features, prediction)
     shifted = dense + 1.5 * x_train[DENSE].std(dim=0)  # every measurement 1.5 spreads up; ids as they were
     fill_window(server, shifted, category)
-    features, prediction = settled(server, "rtserve_feature_drift_psi"), settled(server, "rtserve_prediction_drift_psi")
+    features, prediction = (
+        settled(server, "rtserve_feature_drift_psi", NAME),
+        settled(server, "rtserve_prediction_drift_psi", NAME),
+    )
     print("shifted measurements: feature PSI", features, "prediction PSI", prediction[""])
     assert min(features[f] for f in measured) > 0.2, features
     assert max(features[f] for f in ids) < 0.1, features
