@@ -131,7 +131,7 @@ def worker_pids(server: TorchServe, model: str) -> list[int]:
 
 def run(server: TorchServe, model: str, n_bad: int, concurrency: int = 16, seed: int = 0, n: int = N) -> dict:
     """Send the corpus for a model of ``n`` features concurrently; return the report."""
-    limit = int(server.props.get("max_request_size", 6553500))
+    limit = server.request_limit(server.props)  # what the frontend runs with: raised for wide models
     items = corpus(n_bad, seed, limit, n)
     url = common.predictions_url(server, model)
     keys = server.client().keys
