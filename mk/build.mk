@@ -73,6 +73,13 @@ example: $(EXAMPLE_DIR)/model.pt2 ## Train, package and archive an example model
 examples: $(STAMP) ## make example for every example of bench/example_models.py in the checkout (make bench-kinds, make gpu-check)
 	$(PY) -m bench.example_models --build --artifacts $(DEMO_ARTIFACTS) --model-store $(MODEL_STORE)
 
+# On a machine with a CUDA GPU; elsewhere it says none was found and fails (exit status 2).
+GPU_CHECK_ARGS ?=
+
+.PHONY: gpu-check
+gpu-check: $(STAMP) ## On a CUDA GPU: the GPU tests, and each example's forward pass at batch 1 and 64 on the GPU vs the CPU
+	PYTHON=$(PY) scripts/gpu-check --build --artifacts $(DEMO_ARTIFACTS) --model-store $(MODEL_STORE) $(GPU_CHECK_ARGS)
+
 .PHONY: archive
 archive: $(MAR) ## Pack ARTIFACTS (default: the demo) into model_store/$(MODEL_NAME)_$(MODEL_VERSION).mar
 

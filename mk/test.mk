@@ -31,13 +31,6 @@ test: $(STAMP) $(AGENT_JAR) $(if $(TEST_SPLIT_ON),$(WHEELHOUSE_STAMP)) ## Run th
 	  TEST_CLUSTER=$(call sq,$(TEST_CLUSTER)) TEST_CLUSTER_ARGS=$(call sq,$(TEST_CLUSTER_ARGS)) \
 	  TEST_BESIDE=$(call sq,$(TEST_BESIDE)) TEST_BESIDE_ARGS=$(call sq,$(TEST_BESIDE_ARGS)) scripts/test
 
-# On a machine with a CUDA GPU; elsewhere it says none was found and fails (exit status 2).
-GPU_CHECK_ARGS ?=
-
-.PHONY: gpu-check
-gpu-check: $(STAMP) ## On a CUDA GPU: the GPU tests, and each example's forward pass at batch 1 and 64 on the GPU vs the CPU
-	PYTHON=$(PY) scripts/gpu-check --build --artifacts $(DEMO_ARTIFACTS) --model-store $(MODEL_STORE) $(GPU_CHECK_ARGS)
-
 .PHONY: test-rules
 test-rules: monitor-deps ## Check the alerting rules and run their unit tests (promtool)
 	promtool check rules $(MONITORING_DIR)/rtserve-alerts.yml
