@@ -154,14 +154,7 @@ def parse_named_request(
     body, binary = unwrap_binary(body)
     protocol = detect(body)
     if protocol == KSERVE_V1:
-        instances = body["instances"]
-        if not isinstance(instances, list) or not 1 <= len(instances) <= max_instances:
-            got = f"{len(instances)} instances" if isinstance(instances, list) else json_type(instances)
-            raise InvalidInput(
-                f"'instances' must be a list of 1 to {max_instances} instances (handler.max_instances), "
-                f"each an object with the inputs {', '.join(named.names)}, got {got}",
-                reason="not_a_list",
-            )
+        instances = _instances(body, max_instances, f"an object with the inputs {', '.join(named.names)}")
         rows = []
         for i, instance in enumerate(instances):
             try:
@@ -290,20 +283,30 @@ def split_binary(raw: Any, header_length: str) -> tuple[dict, bytes]:
     return header, bytes(raw[length:])
 
 
+def _instances(body: dict, max_instances: int, each: str) -> list:
+    """A KServe v1 body's ``instances``: a list of 1 to ``max_instances`` (``each`` says what one is).
+
+    Raises:
+        InvalidInput: not a list, or too few or too many.
+    """
+    instances = body["instances"]
+    if not isinstance(instances, list) or not 1 <= len(instances) <= max_instances:
+        got = f"{len(instances)} instances" if isinstance(instances, list) else json_type(instances)
+        raise InvalidInput(
+            f"'instances' must be a list of 1 to {max_instances} instances (handler.max_instances), each {each}, "
+            f"got {got}",
+            reason="not_a_list",
+        )
+    return instances
+
+
 def parse_v1(body: dict, n_features: int, limit: float, max_instances: int) -> list[list[float]]:
     """The instances of a KServe v1 ``{"instances": [[n numbers], ...]}`` body.
 
     Raises:
         InvalidInput: naming the field.
     """
-    instances = body["instances"]
-    if not isinstance(instances, list) or not 1 <= len(instances) <= max_instances:
-        got = f"{len(instances)} instances" if isinstance(instances, list) else json_type(instances)
-        raise InvalidInput(
-            f"'instances' must be a list of 1 to {max_instances} instances "
-            f"(handler.max_instances), each a list of {n_features} numbers, got {got}",
-            reason="not_a_list",
-        )
+    instances = _instances(body, max_instances, f"a list of {n_features} numbers")
     for i, instance in enumerate(instances):
         if not isinstance(instance, list) or len(instance) != n_features:
             got = f"{len(instance)} numbers" if isinstance(instance, list) else json_type(instance)
