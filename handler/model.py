@@ -13,7 +13,7 @@ import math
 import operator
 import re
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,10 +64,13 @@ class ModelMetadata:
         provenance: torch version, creation time and what packed it.
         format: the contract version, :data:`FORMAT` or :data:`FORMAT_V2`.
         outputs: ``rtserve-model/2`` only: the output signature, one ``{"name", "kind", "width"}``
-            (with ``labels``; ``threshold`` for multi-label; ``targets`` for regression); None in
-            ``rtserve-model/1``, which is one classification output. For a multi-label output
-            ``labels`` holds its labels; for regression and embedding it is empty, and the golden
-            set holds ``outputs`` (sigmoid probabilities, values or vectors) for ``probabilities``.
+            per output (with ``labels``; ``threshold`` for multi-label; ``targets`` for regression),
+            in the program's column order; None in ``rtserve-model/1``, which is one
+            classification output. ``labels`` holds the first output's labels (empty for a
+            regression or embedding). With one output that is not a classification, or with
+            several, the golden set holds ``outputs`` (what the answers carry, every output's
+            columns side by side: :func:`answer_columns`) for ``probabilities``; the golden
+            ``labels`` (truth), ``accuracy`` and the drift reference are the first output's.
         inputs: ``rtserve-model/2`` only: named inputs (:class:`handler.inputs.InputSpec` documents);
             None: one float32 input ``features`` of ``len(feature_names)`` columns. With named
             inputs the program still takes one float32 row, every input flattened in this order,
@@ -99,14 +102,19 @@ class ModelMetadata:
 
     @property
     def output(self) -> dict:
-        """The one output's signature (``rtserve-model/1``: the classification it implies)."""
+        """The first (or only) output's signature (``rtserve-model/1``: the classification it implies)."""
         if self.outputs:
             return self.outputs[0]
         return {"name": "probabilities", "kind": CLASSIFICATION, "labels": self.labels, "width": len(self.labels)}
 
     @property
+    def signature(self) -> list[dict]:
+        """Every output's signature, in column order (one for ``rtserve-model/1``)."""
+        return self.outputs if self.outputs else [self.output]
+
+    @property
     def kind(self) -> str:
-        """The output's kind, one of :data:`KINDS`."""
+        """The first (or only) output's kind, one of :data:`KINDS`."""
         return self.outputs[0]["kind"] if self.outputs else CLASSIFICATION
 
     @property
@@ -198,27 +206,54 @@ class ModelMetadata:
 
 
 def check_outputs(outputs: Any, labels: list[str]) -> None:
-    """Check ``meta.json``'s output signature (one output of a known kind, consistent fields).
+    """Check ``meta.json``'s output signature: one output or several, each of a known kind with consistent fields.
+
+    Names are unique; ``labels`` (the top-level field) is the first output's.
 
     Raises:
-        ConfigError: naming the field at fault.
+        ConfigError: naming the field at fault (``outputs[1].width``).
     """
-    if not isinstance(outputs, list) or len(outputs) != 1 or not isinstance(outputs[0], dict):
-        raise ConfigError("meta.json: outputs must be a list of exactly one output object")
-    out = outputs[0]
+    if not isinstance(outputs, list) or not outputs or not all(isinstance(out, dict) for out in outputs):
+        raise ConfigError("meta.json: outputs must be a non-empty list of output objects")
+    seen: dict[str, int] = {}
+    for i, out in enumerate(outputs):
+        _check_output(out, f"meta.json: outputs[{i}]", labels if i == 0 else None)
+        if out["name"] in seen:
+            raise ConfigError(
+                f"meta.json: outputs[{i}].name {out['name']!r} repeats outputs[{seen[out['name']]}].name: "
+                "each output needs a name of its own"
+            )
+        seen[out["name"]] = i
+    kind = outputs[0]["kind"]
+    if kind in (REGRESSION, EMBEDDING) and labels:
+        raise ConfigError(f"meta.json: labels must be empty for a {kind} output")
+
+
+def _check_output(out: dict, where: str, labels: list[str] | None) -> None:
+    """Check one output's signature (``labels``: the top-level labels it must equal; None past the first)."""
     kind, width = out.get("kind"), out.get("width")
     if not isinstance(out.get("name"), str) or not out["name"]:
-        raise ConfigError("meta.json: outputs[0].name must be a non-empty string")
+        raise ConfigError(f"{where}.name must be a non-empty string")
     if kind not in KINDS:
-        raise ConfigError(f"meta.json: outputs[0].kind must be one of {', '.join(KINDS)}, got {kind!r}")
+        raise ConfigError(f"{where}.kind must be one of {', '.join(KINDS)}, got {kind!r}")
     if type(width) is not int or width < 1:
-        raise ConfigError("meta.json: outputs[0].width must be a positive integer")
-    if kind in (CLASSIFICATION, MULTI_LABEL) and out.get("labels") != labels:
-        raise ConfigError("meta.json: outputs[0].labels must equal labels")
-    if kind in (CLASSIFICATION, MULTI_LABEL) and len(labels) != width:
-        raise ConfigError("meta.json: outputs[0].width must be the number of labels")
+        raise ConfigError(f"{where}.width must be a positive integer")
+    if kind in (CLASSIFICATION, MULTI_LABEL):
+        own = out.get("labels")
+        if labels is not None and own != labels:
+            raise ConfigError(f"{where}.labels must equal labels")
+        least = 2 if kind == CLASSIFICATION else 1
+        if (
+            not isinstance(own, list)
+            or len(own) < least
+            or not all(isinstance(v, str) and v for v in own)
+            or len(set(own)) != len(own)
+        ):
+            raise ConfigError(f"{where}.labels must be at least {least} unique non-empty strings")
+        if len(own) != width:
+            raise ConfigError(f"{where}.width must be the number of labels")
     if kind == MULTI_LABEL and not (_finite(out.get("threshold")) and 0 < out["threshold"] < 1):
-        raise ConfigError("meta.json: outputs[0].threshold must be a number in (0, 1)")
+        raise ConfigError(f"{where}.threshold must be a number in (0, 1)")
     targets = out.get("targets")
     if (
         kind == REGRESSION
@@ -227,9 +262,32 @@ def check_outputs(outputs: Any, labels: list[str]) -> None:
             not isinstance(targets, list) or len(targets) != width or not all(isinstance(t, str) and t for t in targets)
         )
     ):
-        raise ConfigError("meta.json: outputs[0].targets must name each of the width's columns")
-    if kind in (REGRESSION, EMBEDDING) and labels:
-        raise ConfigError(f"meta.json: labels must be empty for a {kind} output")
+        raise ConfigError(f"{where}.targets must name each of the width's columns")
+
+
+#: What an answer carries for an output's raw columns, per kind (:func:`answer_columns`).
+_ANSWERS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    CLASSIFICATION: lambda raw: torch.softmax(raw, dim=1),
+    MULTI_LABEL: torch.sigmoid,
+    REGRESSION: lambda raw: raw,
+    EMBEDDING: lambda raw: raw,
+}
+
+
+def answer_columns(outputs: Sequence[dict], raw: torch.Tensor) -> torch.Tensor:
+    """What the answers carry for the program's output ``raw`` ``[N, sum of widths]``, column for column.
+
+    Per output's columns (``outputs``: the signature, in column order): softmax probabilities
+    (classification), sigmoid probabilities (multi-label), the values themselves (regression,
+    embedding). One output is transformed whole.
+    """
+    if len(outputs) == 1:
+        return _ANSWERS[outputs[0]["kind"]](raw)
+    parts, start = [], 0
+    for out in outputs:
+        parts.append(_ANSWERS[out["kind"]](raw[:, start : start + out["width"]]))
+        start += out["width"]
+    return torch.cat(parts, dim=1)
 
 
 def _finite(value: Any) -> bool:

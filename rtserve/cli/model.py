@@ -61,18 +61,17 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Validate an artifact directory and replay its golden set."""
-    from rtserve.model.package import check
+    from rtserve.model.package import check, describe_outputs
 
     meta = check(args.artifacts, args.version)
     logger.info(
-        "%s: %s %s (%s), %d features, %s output of width %d, golden set of %d rows replayed",
+        "%s: %s %s (%s), %d features, %s, golden set of %d rows replayed",
         args.artifacts,
         meta.name,
         meta.version,
         meta.format,
         meta.n_features,
-        meta.kind,
-        meta.output["width"],
+        describe_outputs(meta.signature),
         len((meta.golden or {}).get("features") or []),
     )
     return 0

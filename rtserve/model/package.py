@@ -4,7 +4,8 @@
 ``python -m rtserve model export my_module:packaging`` does it for a function returning ``model``,
 ``train_features``, ``feature_names``, ``labels`` or ``outputs``, and optionally ``holdout``
 (docs/bring-your-own-model.md). ``labels`` means one classification output (``rtserve-model/1``);
-``outputs`` names one output of any kind (``rtserve-model/2``).
+``outputs`` names one output or several, of any kind (``rtserve-model/2``; several behind
+:class:`FlatOutputs`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from handler.model import (
     REGRESSION,
     CutPadding,
     ModelMetadata,
+    answer_columns,
     load_program,
 )
 from handler.signature import golden_values
@@ -120,10 +122,13 @@ def export(
             of features only: named inputs name their numbers ``name[i]``, ``name[c,h,w]``).
         labels: ``C`` unique class labels, in output column order: one classification output
             (``meta.json`` format ``rtserve-model/1``). Give this or ``outputs``.
-        outputs: ``{name: {"kind": ...}}``, exactly one output, its kind one of
+        outputs: ``{name: {"kind": ...}}``, one output or several, each of kind
             ``{"kind": "classification", "labels": [...]}``, ``{"kind": "multi_label", "labels":
             [...], "threshold": 0.5}``, ``{"kind": "regression"}`` (optionally ``"targets":
             [names]``, one per column) or ``{"kind": "embedding"}`` (format ``rtserve-model/2``).
+            With several, the model returns a tuple of ``[N, width]`` tensors in this order or a
+            dict of them by name; the program returns them side by side (:class:`FlatOutputs`),
+            and the holdout's truth, the accuracy and the drift reference are the first output's.
         version: the model version (letters, digits, ``.``, ``_``, ``-``).
         out_dir: the artifact directory (created; ``model.pt2`` and ``meta.json`` replaced).
         holdout: ``(features, truth)`` held out from training: the golden set, its truth kept as
@@ -140,7 +145,8 @@ def export(
 
     Raises:
         PackagingError: bad names, labels (or targets) that do not match the output width, a bad
-            output kind or threshold, several outputs, a holdout whose truth does not fit the
+            output kind or threshold, a model that returns another number of outputs or other
+            names than ``outputs`` gives, a holdout whose truth does not fit the (first)
             output (the field named), non-finite outputs or statistics, a model
             that cannot be exported, or an exported program that differs
             from the eager model by more than :data:`TOLERANCE`.
@@ -168,7 +174,8 @@ def export(
         raise PackagingError("feature_names is required with train_features: one name per column")
     x = _matrix(train_features, "train_features")
     feature_names = _names(feature_names, "feature_names")
-    signature = _output_signature(labels, outputs)
+    signatures = _output_signatures(labels, outputs)
+    signature = signatures[0]  # the first output: the holdout's truth, accuracy and drift
     kind = signature["kind"]
     labels = signature.get("labels", [])
     if len(feature_names) != x.shape[1]:
@@ -180,7 +187,9 @@ def export(
     model = model.eval()
     sample = x[:SAMPLE_ROWS]
     with torch.inference_mode():  # a clear error for a wrong output, before export
-        signature["width"] = _logits(model, sample, signature).shape[1]
+        _output_widths(model, sample, signatures)
+    if len(signatures) > 1:
+        model = FlatOutputs(model, [s["name"] for s in signatures])
     if specs and isinstance(holdout, (tuple, list)) and len(holdout) == 2:
         holdout = (_flat(_named_rows(holdout[0], specs, "holdout features")), holdout[1])
     holdout_x, holdout_y = _holdout(holdout, x.shape[1], signature)
@@ -213,19 +222,22 @@ def export(
     else:
         golden_x = x[torch.randperm(len(x), generator=g)[:GOLDEN_ROWS]]
         golden_y = None
+    first = slice(0, signature["width"])  # the first output's columns
     with torch.inference_mode():
-        golden_p = answer_tensor(kind, forward(golden_x))
-        predicted = forward(x).argmax(dim=1) if kind == CLASSIFICATION else None
-        trained = None if kind == CLASSIFICATION else answer_tensor(kind, forward(x))  # the predictions' drift
+        golden_p = answer_columns(signatures, forward(golden_x))
+        trained = forward(x)[:, first]
+        predicted = trained.argmax(dim=1) if kind == CLASSIFICATION else None
+        trained = None if kind == CLASSIFICATION else answer_columns([signature], trained)  # the predictions' drift
+    what = kind if len(signatures) == 1 else "several"
     if not bool(torch.isfinite(golden_p).all()):
-        raise PackagingError(f"the model's {kind} outputs are not finite on the golden rows")
+        raise PackagingError(f"the model's {what} outputs are not finite on the golden rows")
     if trained is not None and not bool(torch.isfinite(trained).all()):
         raise PackagingError(f"the model's {kind} outputs are not finite on every training row (the drift reference)")
     accuracy = None
     if golden_y is not None and kind == CLASSIFICATION:
-        accuracy = round(float((golden_p.argmax(dim=1) == golden_y).float().mean()), 6)
+        accuracy = round(float((golden_p[:, first].argmax(dim=1) == golden_y).float().mean()), 6)
     golden = {"features": golden_x.tolist(), "labels": None if golden_y is None else golden_y.tolist()}
-    golden["probabilities" if kind == CLASSIFICATION else "outputs"] = golden_p.tolist()
+    golden["probabilities" if kind == CLASSIFICATION and len(signatures) == 1 else "outputs"] = golden_p.tolist()
     meta = ModelMetadata(
         name=str(getattr(user_model, "model_name", "") or _kebab(type(user_model).__name__)),
         version=version,
@@ -247,18 +259,17 @@ def export(
             "tolerance": TOLERANCE,
         },
         format=FORMAT if outputs is None and not specs else FORMAT_V2,
-        outputs=None if outputs is None and not specs else [signature],
+        outputs=None if outputs is None and not specs else signatures,
         inputs=[spec.document() for spec in specs] or None,
     )
     meta.validate()
     meta.save(out / METADATA_FILE)
     logger.info(
-        "exported %s %s (%d features, %s output of width %d%s) -> %s",
+        "exported %s %s (%d features, %s%s) -> %s",
         meta.name,
         version,
         len(feature_names),
-        kind,
-        signature["width"],
+        describe_outputs(signatures),
         "" if accuracy is None else f", golden-set accuracy {accuracy:.4f}",
         out,
     )
@@ -291,7 +302,7 @@ def check(artifact_dir: str | Path, version: str | None = None) -> ModelMetadata
     rows = golden.get("features") or []
     if rows:
         with torch.inference_mode():
-            got = answer_tensor(meta.kind, forward(torch.tensor(rows, dtype=torch.float32)))
+            got = answer_columns(meta.signature, forward(torch.tensor(rows, dtype=torch.float32)))
         want = torch.tensor(golden_values(golden), dtype=torch.float32)
         bad = (~torch.isclose(got, want, rtol=TOLERANCE, atol=TOLERANCE)).any(dim=1)
         if got.shape != want.shape or bool(bad.any()):
@@ -303,16 +314,20 @@ def check(artifact_dir: str | Path, version: str | None = None) -> ModelMetadata
 
 
 def answer_tensor(kind: str, raw: torch.Tensor) -> torch.Tensor:
-    """What an answer of ``kind`` carries for the model's raw output ``[N, width]``.
+    """What an answer of ``kind`` carries for one output's raw columns ``[N, width]``.
 
     Softmax probabilities (classification), sigmoid probabilities (multi-label), the values
-    themselves (regression, embedding).
+    themselves (regression, embedding): :func:`handler.model.answer_columns` for one output.
     """
-    if kind == CLASSIFICATION:
-        return torch.softmax(raw, dim=1)
-    if kind == MULTI_LABEL:
-        return torch.sigmoid(raw)
-    return raw
+    return answer_columns([{"kind": kind}], raw)
+
+
+def describe_outputs(signatures: Sequence[dict]) -> str:
+    """The outputs in a few words: ``regression output of width 1``, or ``2 outputs (digit: ..., ...)``."""
+    if len(signatures) == 1:
+        return f"{signatures[0]['kind']} output of width {signatures[0]['width']}"
+    each = ", ".join(f"{s['name']}: {s['kind']} of width {s['width']}" for s in signatures)
+    return f"{len(signatures)} outputs ({each})"
 
 
 # --------------------------------------------------------------------------- checks
@@ -326,12 +341,12 @@ _OUTPUT_KEYS = {
 }
 
 
-def _output_signature(labels: Any, outputs: Any) -> dict:
-    """The one output's signature (without its width) from ``labels=`` or ``outputs=``.
+def _output_signatures(labels: Any, outputs: Any) -> list[dict]:
+    """Each output's signature (without its width) from ``labels=`` or ``outputs=``, in column order.
 
     Raises:
-        PackagingError: neither or both given, several outputs, an unknown kind or key, bad labels,
-            targets or threshold (the field named).
+        PackagingError: neither or both given, no output, a bad name, an unknown kind or key, bad
+            labels, targets or threshold (the field named).
     """
     if (labels is None) == (outputs is None):
         raise PackagingError(
@@ -341,15 +356,18 @@ def _output_signature(labels: Any, outputs: Any) -> dict:
         labels = _names(labels, "labels")
         if len(labels) < 2:
             raise PackagingError("labels must name at least two classes")
-        return {"name": "probabilities", "kind": CLASSIFICATION, "labels": labels}
+        return [{"name": "probabilities", "kind": CLASSIFICATION, "labels": labels}]
     if not isinstance(outputs, dict) or not outputs:
-        raise PackagingError('outputs must be a dict {name: {"kind": ...}} naming one output')
-    if len(outputs) > 1:
-        raise PackagingError(
-            f"outputs names {len(outputs)} outputs ({', '.join(map(repr, outputs))}): "
-            "several outputs are not supported yet; give exactly one"
-        )
-    ((name, spec),) = outputs.items()
+        raise PackagingError('outputs must be a dict {name: {"kind": ...}} naming one output or several')
+    return [_one_output(name, spec) for name, spec in outputs.items()]
+
+
+def _one_output(name: Any, spec: Any) -> dict:
+    """One output's signature (without its width) from its ``outputs=`` entry.
+
+    Raises:
+        PackagingError: as :func:`_output_signatures`.
+    """
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}", name):
         raise PackagingError(
             f"outputs: the output's name must be 1-64 letters, digits, '_', '.' or '-' "
@@ -422,19 +440,58 @@ def _stats(x: torch.Tensor, names: list[str]) -> dict:
     return {k: v.tolist() for k, v in stats.items()}
 
 
-def _logits(model: nn.Module | Any, x: torch.Tensor, signature: dict) -> torch.Tensor:
-    """The model's output on ``x``, checked against the output ``signature``."""
+def _output_widths(model: nn.Module | Any, x: torch.Tensor, signatures: list[dict]) -> None:
+    """Run the model on ``x``, check its output(s) against ``signatures`` and set each one's ``width``.
+
+    One output: one tensor ``[N, width]``. Several: a tuple (or list) of such tensors in the
+    signatures' order, or a dict of them by name.
+
+    Raises:
+        PackagingError: the model fails, or returns another number of tensors or other names than
+            the signatures give, or a tensor that does not fit its output (the output named).
+    """
     try:
         out = model(x)
     except Exception as exc:
         raise PackagingError(f"the model fails on train_features rows of shape {list(x.shape)}: {exc}") from exc
-    if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != len(x):
+    if len(signatures) == 1:
+        signatures[0]["width"] = _checked(out, len(x), signatures[0]).shape[1]
+        return
+    names = [s["name"] for s in signatures]
+    listed = f"outputs names {len(names)} ({', '.join(map(repr, names))})"
+    if isinstance(out, dict):
+        if set(out) != set(names):
+            raise PackagingError(
+                f"the model returns a dict of {', '.join(map(repr, out)) or 'nothing'} but {listed}: "
+                "return one tensor per output, keyed by its name"
+            )
+        parts = [out[name] for name in names]
+    elif isinstance(out, (tuple, list)):
+        if len(out) != len(names):
+            raise PackagingError(
+                f"the model returns {len(out)} tensors but {listed}: return one tensor per output, in that order"
+            )
+        parts = list(out)
+    else:
+        got = f"one tensor {list(out.shape)}" if isinstance(out, torch.Tensor) else type(out).__name__
+        raise PackagingError(
+            f"the model returns {got} but {listed}: return a tuple of tensors in that order, or a dict by name"
+        )
+    for signature, part in zip(signatures, parts):
+        signature["width"] = _checked(part, len(x), signature, several=True).shape[1]
+
+
+def _checked(out: Any, rows: int, signature: dict, several: bool = False) -> torch.Tensor:
+    """One output's tensor, checked against its ``signature`` (``several``: name the output in errors)."""
+    if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != rows:
         shape = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        if several:
+            raise PackagingError(f"the model's output {signature['name']!r} must be one tensor [N, width], got {shape}")
         raise PackagingError(f"the model must return one tensor [N, C], got {shape}")
     for key in ("labels", "targets"):
         names = signature.get(key)
         if names is not None and out.shape[1] != len(names):
-            v1 = signature["name"] == "probabilities" and key == "labels"  # labels=, as before
+            v1 = signature["name"] == "probabilities" and key == "labels" and not several  # labels=, as before
             where = "labels" if v1 else f"outputs[{signature['name']!r}].{key}"
             raise PackagingError(
                 f"{where} has {len(names)} entries but the model returns {out.shape[1]} "
@@ -547,6 +604,26 @@ class FlatInputs(nn.Module):
                 named[f"{name}_lengths"] = (used * positions).amax(dim=1)
             named[name] = part.to(torch.int64) if dtype == INT64 else part != 0 if dtype == BOOL else part
         return self.model(**named)
+
+
+class FlatOutputs(nn.Module):
+    """A model with several outputs behind one tensor ``[N, sum of widths]`` (what the program returns).
+
+    ``model`` returns a tuple (or list) of ``[N, width]`` tensors, one per output in ``names``'
+    order, or a dict of them by name; they are concatenated side by side in that order. The
+    handler splits the columns again by ``meta.json``'s ``outputs`` widths.
+    """
+
+    def __init__(self, model: nn.Module, names: Sequence[str]) -> None:
+        super().__init__()
+        self.model = model
+        self.names = list(names)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Every output's columns side by side, for rows ``[N, F]``."""
+        out = self.model(x)
+        parts = [out[name] for name in self.names] if isinstance(out, dict) else list(out)
+        return torch.cat(parts, dim=1)
 
 
 #: The keys a named input's dict takes besides ``rows``.

@@ -112,11 +112,6 @@ def test_each_kind_writes_format_2_with_its_signature_and_golden_outputs(artifac
     "outputs,width,message",
     [
         (
-            {"a": {"kind": "regression"}, "b": {"kind": "embedding"}},
-            1,
-            "outputs names 2 outputs ('a', 'b'): several outputs are not supported yet",
-        ),
-        (
             {"t": {"kind": "ranking"}},
             1,
             "outputs['t'].kind must be one of classification, multi_label, regression, embedding, got 'ranking'",

@@ -1,0 +1,270 @@
+"""Models with several outputs (``rtserve-model/2``): export, ``meta.json`` and ``model check``.
+
+A network with four heads, one of each kind, returns a tuple in the signature's order or a dict by name;
+``export`` wraps it in ``FlatOutputs`` so the program returns every output's columns side by side, and
+``meta.json`` lists each output with its width in that column order. The golden set records what every
+output's answer carries (softmax per classification, sigmoid per multi-label), the holdout's truth,
+accuracy and drift reference are the first output's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from handler.errors import ConfigError
+from handler.model import FORMAT_V2, ModelMetadata, answer_columns
+from rtserve.cli.model import cmd_check
+from rtserve.model.package import FlatOutputs, PackagingError, check, export
+from tests.unit.test_package import random_rows
+
+pytestmark = pytest.mark.unit
+
+NAMES = [f"x{i}" for i in range(7)]
+#: One output of each kind, in column order; widths 3, 2, 2 and 4.
+OUTPUTS = {
+    "digit": {"kind": "classification", "labels": ["zero", "one", "two"]},
+    "tags": {"kind": "multi_label", "labels": ["red", "blue"], "threshold": 0.4},
+    "score": {"kind": "regression", "targets": ["low", "high"]},
+    "vector": {"kind": "embedding"},
+}
+WIDTHS = {"digit": 3, "tags": 2, "score": 2, "vector": 4}
+
+
+class Heads(nn.Module):
+    """One body, a head per output: a tuple in ``OUTPUTS``' order, or a dict (in reverse order, by name)."""
+
+    def __init__(self, as_dict: bool = False, widths: dict | None = None, seed: int = 5) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.as_dict = as_dict
+        self.body = nn.Sequential(nn.Linear(7, 24), nn.Tanh(), nn.Linear(24, 24), nn.GELU())
+        self.heads = nn.ModuleDict({name: nn.Linear(24, w) for name, w in (widths or WIDTHS).items()})
+
+    def forward(self, x: torch.Tensor):
+        h = self.body(x)
+        out = {name: head(h) for name, head in self.heads.items()}
+        return dict(reversed(list(out.items()))) if self.as_dict else tuple(out.values())
+
+
+def eager(model: nn.Module, rows, outputs: dict = OUTPUTS) -> dict[str, torch.Tensor]:
+    """What each output's answer carries for ``rows``, computed here from the eager model."""
+    with torch.inference_mode():
+        out = model(torch.as_tensor(rows, dtype=torch.float32))
+    parts = out if isinstance(out, dict) else dict(zip(outputs, out))
+    activation = {"classification": lambda t: torch.softmax(t, dim=1), "multi_label": torch.sigmoid}
+    return {name: activation.get(spec["kind"], lambda t: t)(parts[name]) for name, spec in outputs.items()}
+
+
+def export_heads(out_dir: Path, model: nn.Module | None = None, outputs: dict = OUTPUTS, **overrides) -> dict:
+    """Export ``model`` (default: the tuple heads) with ``outputs``; its meta.json as written."""
+    kwargs = dict(feature_names=NAMES, outputs=outputs, version="0.1", out_dir=out_dir, **overrides)
+    export(model or Heads(), random_rows(), **kwargs)
+    return json.loads((Path(out_dir) / "meta.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def heads(tmp_path_factory) -> tuple[Path, nn.Module]:
+    """The tuple heads exported with a holdout: truth for the first output (class indices)."""
+    directory = tmp_path_factory.mktemp("outputs") / "heads"
+    model = Heads()
+    export_heads(directory, model, holdout=(random_rows(40, seed=9), torch.arange(40) % 3))
+    return directory, model
+
+
+def copy(directory: Path, to: Path) -> dict:
+    """Copy an artifact directory; its meta.json."""
+    for name in ("model.pt2", "meta.json"):
+        (to / name).write_bytes((directory / name).read_bytes())
+    return json.loads((to / "meta.json").read_text())
+
+
+# --------------------------------------------------------------------------- export and meta.json
+
+
+def test_several_outputs_are_listed_with_their_widths_in_column_order(heads):
+    directory, model = heads
+    raw = json.loads((directory / "meta.json").read_text())
+    assert raw["format"] == FORMAT_V2
+    assert raw["outputs"] == [{"name": name, **spec, "width": WIDTHS[name]} for name, spec in OUTPUTS.items()]
+    assert raw["labels"] == ["zero", "one", "two"]  # the first output's
+    meta = check(directory)  # the handler's loader, then every output's golden values replayed
+    assert [out["name"] for out in meta.signature] == list(OUTPUTS) and meta.output["name"] == "digit"
+
+
+def test_the_golden_set_records_every_outputs_answer_side_by_side(heads):
+    directory, model = heads
+    raw = json.loads((directory / "meta.json").read_text())
+    golden = raw["golden"]
+    assert "probabilities" not in golden and len(golden["outputs"][0]) == sum(WIDTHS.values())
+    want = eager(model, golden["features"])
+    got = torch.tensor(golden["outputs"])
+    start = 0
+    for name, width in WIDTHS.items():
+        assert torch.allclose(got[:, start : start + width], want[name], atol=1e-6), name
+        start += width
+    digit = got[:, :3]
+    assert torch.allclose(digit.sum(dim=1), torch.ones(len(digit)), atol=1e-6)  # softmax over its own columns
+
+
+def test_the_first_output_gives_the_truth_accuracy_and_drift_reference(heads):
+    directory, model = heads
+    raw = json.loads((directory / "meta.json").read_text())
+    truth = (torch.arange(40) % 3).tolist()
+    assert raw["golden"]["labels"] == truth
+    predicted = eager(model, raw["golden"]["features"])["digit"].argmax(dim=1)
+    assert raw["accuracy"] == pytest.approx(float((predicted == torch.tensor(truth)).float().mean()), abs=1e-6)
+    reference = raw["drift_reference"]
+    assert len(reference["class_expected"]) == 3 and "prediction" not in reference
+
+
+def test_a_first_output_of_another_kind_keeps_its_own_prediction_reference(tmp_path):
+    outputs = {"score": OUTPUTS["score"], "digit": OUTPUTS["digit"]}
+    model = Heads(as_dict=True, widths={"score": 2, "digit": 3})
+    targets = torch.randn(40, 2, dtype=torch.float64)
+    raw = export_heads(tmp_path, model, outputs, holdout=(random_rows(40, seed=9), targets))
+    assert raw["labels"] == [] and raw["accuracy"] is None
+    assert raw["golden"]["labels"] == targets.tolist()
+    reference = raw["drift_reference"]
+    assert "class_expected" not in reference and reference["prediction"]["kind"] == "regression"
+    assert len(reference["prediction"]["edges"]) == 2  # one per target of the first output
+    assert check(tmp_path).kind == "regression"
+
+
+def test_a_dict_by_name_and_a_tuple_in_order_export_the_same_program(heads, tmp_path):
+    directory, _ = heads
+    raw = export_heads(tmp_path, Heads(as_dict=True), holdout=(random_rows(40, seed=9), torch.arange(40) % 3))
+    assert raw["outputs"] == json.loads((directory / "meta.json").read_text())["outputs"]
+    want = json.loads((directory / "meta.json").read_text())["golden"]["outputs"]
+    assert torch.allclose(torch.tensor(raw["golden"]["outputs"]), torch.tensor(want), atol=1e-6)
+
+
+def test_flat_outputs_concatenates_in_signature_order():
+    rows = random_rows(5)
+    flat = FlatOutputs(Heads(as_dict=True), list(OUTPUTS))(rows)
+    parts = Heads()(rows)
+    assert torch.equal(flat, torch.cat(parts, dim=1))
+
+
+def test_answer_columns_transforms_each_outputs_own_columns():
+    raw = torch.randn(6, 11)
+    signature = [{"name": n, "kind": s["kind"], "width": WIDTHS[n]} for n, s in OUTPUTS.items()]
+    got = answer_columns(signature, raw)
+    assert torch.allclose(got[:, :3], torch.softmax(raw[:, :3], dim=1))
+    assert torch.allclose(got[:, 3:5], torch.sigmoid(raw[:, 3:5]))
+    assert torch.equal(got[:, 5:], raw[:, 5:])
+
+
+class Shaped(nn.Module):
+    """Returns what ``make(x)`` builds: refusals of outputs that do not fit the signature."""
+
+    def __init__(self, make) -> None:
+        super().__init__()
+        self.make = make
+        self.scale = nn.Parameter(torch.ones(1))
+
+    def forward(self, x: torch.Tensor):
+        return self.make(x * self.scale)
+
+
+def cols(x: torch.Tensor, width: int) -> torch.Tensor:
+    return x[:, :1].repeat(1, width)
+
+
+TWO = {"digit": OUTPUTS["digit"], "vector": OUTPUTS["vector"]}
+
+
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        (
+            lambda x: (cols(x, 3), cols(x, 4), cols(x, 1)),
+            "the model returns 3 tensors but outputs names 2 ('digit', 'vector'): return one tensor per output, "
+            "in that order",
+        ),
+        (lambda x: (cols(x, 3),), "the model returns 1 tensors but outputs names 2 ('digit', 'vector')"),
+        (
+            lambda x: {"digit": cols(x, 3), "embedding": cols(x, 4)},
+            "the model returns a dict of 'digit', 'embedding' but outputs names 2 ('digit', 'vector'): "
+            "return one tensor per output, keyed by its name",
+        ),
+        (
+            lambda x: cols(x, 7),
+            "the model returns one tensor [256, 7] but outputs names 2 ('digit', 'vector'): return a tuple",
+        ),
+        (
+            lambda x: (cols(x, 5), cols(x, 4)),
+            "outputs['digit'].labels has 3 entries but the model returns 5 values per row",
+        ),
+        (
+            lambda x: (cols(x, 3), x[:, 0]),
+            "the model's output 'vector' must be one tensor [N, width], got [256]",
+        ),
+        (
+            lambda x: (cols(x, 3), cols(x, 4) / 0),
+            "the model returns non-finite outputs on training rows (output 'vector')",
+        ),
+    ],
+    ids=["tuple too long", "tuple too short", "dict names", "one tensor", "width", "not 2-D", "not finite"],
+)
+def test_outputs_that_do_not_fit_the_signature_are_refused_naming_the_output(tmp_path, make, message):
+    with pytest.raises(PackagingError) as info:
+        export_heads(tmp_path / "out", Shaped(make), TWO)
+    assert message in str(info.value)
+    assert not (tmp_path / "out" / "meta.json").exists()
+
+
+def test_a_bad_entry_among_several_outputs_is_refused_naming_it(tmp_path):
+    outputs = {**TWO, "tags": {"kind": "multi_label", "labels": ["a"], "threshold": 2}}
+    with pytest.raises(PackagingError, match=re.escape("outputs['tags'].threshold must be a number in (0, 1)")):
+        export_heads(tmp_path / "out", Heads(), outputs)
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda o: o[2].update(name="digit"), "outputs[2].name 'digit' repeats outputs[0].name"),
+        (lambda o: o[1].update(width=3), "outputs[1].width must be the number of labels"),
+        (lambda o: o[1]["labels"].append("red"), "outputs[1].labels must be at least 1 unique non-empty strings"),
+        (lambda o: o[3].update(kind="ranking"), "outputs[3].kind must be one of"),
+        (lambda o: o[2].update(targets=["low"]), "outputs[2].targets must name each of the width's columns"),
+        (lambda o: o[0]["labels"].reverse(), "outputs[0].labels must equal labels"),
+        (lambda o: o.append(7), "outputs must be a non-empty list of output objects"),
+    ],
+    ids=["duplicate name", "width", "labels", "kind", "targets", "first labels", "not an object"],
+)
+def test_a_tampered_signature_of_several_outputs_is_refused_at_load(heads, tmp_path, change, message):
+    directory, _ = heads
+    raw = copy(directory, tmp_path)
+    change(raw["outputs"])
+    (tmp_path / "meta.json").write_text(json.dumps(raw))
+    with pytest.raises(ConfigError, match=re.escape(f"meta.json: {message}")):
+        ModelMetadata.load(tmp_path / "meta.json")
+    with pytest.raises(PackagingError, match=re.escape(message)):
+        check(tmp_path)
+
+
+def test_model_check_replays_every_outputs_golden_columns(heads, tmp_path):
+    directory, _ = heads
+    raw = copy(directory, tmp_path)
+    raw["golden"]["outputs"][3][-1] += 0.01  # the last output's last column
+    (tmp_path / "meta.json").write_text(json.dumps(raw))
+    with pytest.raises(PackagingError, match=r"differ from the golden set .*rows \[3\]"):
+        check(tmp_path)
+
+
+def test_model_check_names_every_output(heads, caplog):
+    directory, _ = heads
+    with caplog.at_level(logging.INFO, logger="rtserve.cli.model"):
+        assert cmd_check(Namespace(artifacts=directory, version="0.1")) == 0
+    assert (
+        "4 outputs (digit: classification of width 3, tags: multi_label of width 2, "
+        "score: regression of width 2, vector: embedding of width 4), golden set of 40 rows replayed"
+    ) in caplog.text
