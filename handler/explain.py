@@ -176,3 +176,16 @@ def unsupported(kind: str) -> ExplanationUnsupported:
     return ExplanationUnsupported(
         f"explanations are not available for {article} {kind} model: {why}; ask /predictions instead"
     )
+
+
+def unsupported_outputs(names: Sequence[str]) -> ExplanationUnsupported:
+    """The 501 an explain request gets from a model with several outputs (``names``, in order).
+
+    An explanation attributes one scalar of one output; naming the output in ``target`` is not
+    offered yet.
+    """
+    listed = ", ".join(map(repr, names))
+    return ExplanationUnsupported(
+        f"explanations are not available for a model with several outputs ({listed}) yet: an explanation "
+        "attributes one number of one output, and a target cannot name the output; ask /predictions instead"
+    )

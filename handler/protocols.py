@@ -531,13 +531,17 @@ def answer(
 
 
 def output_document(output: dict, values: Sequence[float], model_version: str) -> dict:
-    """The answer to one row of a model whose output is not a classification.
+    """The answer to one row for one output of ``output``'s kind.
 
-    ``values`` is what :func:`rtserve.model.package.answer_tensor` gives for the row: sigmoid
+    ``values`` is what :func:`handler.model.answer_columns` gives for the row's output columns:
+    softmax probabilities (classification: the first highest is the ``prediction``), sigmoid
     probabilities (multi-label: ``labels`` are those at or over the threshold), the regression's
     values (a number for one, a list for several, in ``targets`` order) or the embedding.
     """
     kind = output["kind"]
+    if kind == "classification":
+        values = list(values)
+        return prediction_document(values.index(max(values)), values, output["labels"], model_version)
     if kind == "multi_label":
         threshold = output["threshold"]
         labels = output["labels"]
@@ -551,6 +555,23 @@ def output_document(output: dict, values: Sequence[float], model_version: str) -
     return {"embedding": list(values), "model_version": model_version}
 
 
+def outputs_document(outputs: Sequence[dict], values: Sequence[float], model_version: str) -> dict:
+    """The answer to one row of a model that is not ``rtserve-model/1``'s classifier (``outputs``: its signature).
+
+    One output: its :func:`output_document`. Several: ``{"outputs": {name: document}, "model_version"}``,
+    each output's document (without ``model_version``) from its own columns of ``values``, in order.
+    """
+    if len(outputs) == 1:
+        return output_document(outputs[0], values, model_version)
+    documents, start = {}, 0
+    for output in outputs:
+        document = output_document(output, values[start : start + output["width"]], model_version)
+        del document["model_version"]
+        documents[output["name"]] = document
+        start += output["width"]
+    return {"outputs": documents, "model_version": model_version}
+
+
 def output_answer(
     request: ProtocolRequest, output: dict, values: Sequence[Sequence[float]], model_name: str, model_version: str
 ) -> dict:
@@ -559,19 +580,38 @@ def output_answer(
     KServe v1 answers each instance's :func:`output_document`; OIP v2 the output tensor by its
     name, FP32, shape ``[instances, width]``.
     """
+    return outputs_answer(request, [output], values, model_name, model_version)
+
+
+def outputs_answer(
+    request: ProtocolRequest,
+    outputs: Sequence[dict],
+    values: Sequence[Sequence[float]],
+    model_name: str,
+    model_version: str,
+) -> dict:
+    """:func:`answer` for the signature ``outputs`` (one output that is not a classification, or several).
+
+    KServe v1 answers each instance's :func:`outputs_document`. OIP v2 answers one FP32 tensor
+    ``[instances, width]`` per output, by its name, holding what its documents carry (a
+    classification's probabilities): with several outputs, those the request named, in its order.
+    """
     if request.protocol == KSERVE_V1:
-        return {"predictions": [output_document(output, row, model_version) for row in values]}
+        return {"predictions": [outputs_document(outputs, row, model_version) for row in values]}
     out: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
     if request.id is not None:
         out["id"] = request.id
-    out["outputs"] = [
-        {
+    tensors, start = {}, 0
+    for output in outputs:
+        stop = start + output["width"]
+        tensors[output["name"]] = {
             "name": output["name"],
             "datatype": "FP32",
             "shape": [len(values), output["width"]],
-            "data": [v for row in values for v in row],
+            "data": [v for row in values for v in row[start:stop]],
         }
-    ]
+        start = stop
+    out["outputs"] = list(tensors.values()) if len(outputs) == 1 else [tensors[name] for name in request.outputs]
     return out
 
 

@@ -23,7 +23,7 @@ from handler import worker_io
 from handler.config import HandlerConfig
 from handler.device import choose_device, on_device
 from handler.errors import ConfigError, ExplainCapacityExceeded, InvalidInput
-from handler.explain import EXPLAINED, Explainer, unsupported, unsupported_inputs
+from handler.explain import EXPLAINED, Explainer, unsupported, unsupported_inputs, unsupported_outputs
 from handler.inputs import NamedInputs
 from handler.model import (
     CLASSIFICATION,
@@ -32,6 +32,7 @@ from handler.model import (
     PROGRAM_FILE,
     CutPadding,
     ModelMetadata,
+    answer_columns,
     load_program,
 )
 from handler.protocols import (
@@ -44,8 +45,8 @@ from handler.protocols import (
     detect,
     encode_binary,
     grpc_error,
-    output_answer,
-    output_document,
+    outputs_answer,
+    outputs_document,
     parse_named_request,
     parse_request,
 )
@@ -82,8 +83,9 @@ class RealTimeHandler(BaseHandler):
 
     The answer follows the model's output kind (``meta.json``): a classifier's class and softmax
     probabilities; a multi-label model's labels and sigmoid probabilities; a regression's values; an
-    embedding. On the explain routes the answer is an explanation of one class's or label's probability
-    or one regression target's value; an embedding gets a 501.
+    embedding; with several outputs, each output's answer by name. On the explain routes the answer is
+    an explanation of one class's or label's probability or one regression target's value; an
+    embedding, or a model with several outputs, gets a 501.
     """
 
     def initialize(self, context: Any) -> None:
@@ -113,10 +115,13 @@ class RealTimeHandler(BaseHandler):
             program = CutPadding(program, *self.named.sequence)
         self.model = on_device(program, self.device)  # CPU tensors in and out
         self._json_parts = _json_parts(self.meta.labels, self.model_version)
-        #: The one branch per batch: a classifier takes today's path, other kinds :meth:`_outputs`.
-        self.classifier = self.meta.kind == CLASSIFICATION
+        #: Every output's signature in column order; :attr:`output` is the first, which metrics,
+        #: drift and records follow.
+        self.signature = self.meta.signature
         self.output = self.meta.output
-        self._output_names = OUTPUT_NAMES if self.classifier else (self.output["name"],)
+        #: The one branch per batch: one classifier takes today's path, anything else :meth:`_outputs`.
+        self.classifier = self.meta.kind == CLASSIFICATION and len(self.signature) == 1
+        self._output_names = OUTPUT_NAMES if self.classifier else tuple(out["name"] for out in self.signature)
         #: The names an explain request's ``target`` may give (a classifier's class: its index only).
         self._target_names = target_names(self.output)
         self._target_noun = "label" if self.output["kind"] == MULTI_LABEL else "target"
@@ -132,7 +137,7 @@ class RealTimeHandler(BaseHandler):
                 device=self.device,
                 kind=self.meta.kind,
             )
-            if self.meta.kind in EXPLAINED and self.meta.float_inputs
+            if self.meta.kind in EXPLAINED and self.meta.float_inputs and len(self.signature) == 1
             else None
         )
         self.telemetry = self._telemetry(context) if self.config.metrics else None
@@ -165,7 +170,9 @@ class RealTimeHandler(BaseHandler):
             self.meta.n_features,
             f"{len(self.meta.labels)} classes"
             if self.classifier
-            else f"a {self.output['kind']} output of width {self.output['width']}",
+            else f"a {self.output['kind']} output of width {self.output['width']}"
+            if len(self.signature) == 1
+            else f"{len(self.signature)} outputs ({', '.join(out['name'] for out in self.signature)})",
             self.buffered_reads,
         )
         logger.info("forward pass: %s", program.forward_path)
@@ -255,7 +262,8 @@ class RealTimeHandler(BaseHandler):
             batch = parse_batch([row, row], self.meta.n_features, self.config.feature_limit)
             _, probabilities = self.inference(batch)
             if not self.classifier:
-                _ = [json.dumps(output_document(self.output, v, self.model_version)) for v in probabilities.tolist()]
+                version = self.model_version
+                _ = [json.dumps(outputs_document(self.signature, v, version)) for v in probabilities.tolist()]
                 continue
             classes = probabilities.argmax(dim=1).tolist()
             for cls, probs in zip(classes, probabilities.tolist()):
@@ -414,14 +422,15 @@ class RealTimeHandler(BaseHandler):
         return batch, probabilities
 
     def _outputs(self, batch: ParsedBatch) -> torch.Tensor:
-        """:meth:`inference` for a model that is not a classifier: what its answers carry.
+        """:meth:`inference` for a model that is not one classifier: what its answers carry.
 
-        Sigmoid probabilities (multi-label) or the output itself (regression, embedding). The batch's
-        explain requests are explained (:meth:`_explain`), or get a 501 naming the kind (embedding).
+        Sigmoid probabilities (multi-label) or the output itself (regression, embedding); with several
+        outputs, each one's in its own columns (:func:`handler.model.answer_columns`). The batch's
+        explain requests are explained (:meth:`_explain`), or get a 501 saying why (an embedding,
+        several outputs).
         """
         with torch.inference_mode():
-            raw = self.model(batch.inputs)
-            values = torch.sigmoid(raw) if self.output["kind"] == MULTI_LABEL else raw
+            values = answer_columns(self.signature, self.model(batch.inputs))
         if batch.targets:
             self._explain(batch, values)
         return values
@@ -432,12 +441,14 @@ class RealTimeHandler(BaseHandler):
         ``probabilities`` are what the answers carry. The target defaults to the predicted class
         (classifier), the label of the highest probability (multi-label) or the first target
         (regression); the rest of this batch's explain requests get a 503. Without an explainer
-        (an embedding, or id or boolean inputs) each gets a 501 saying why.
+        (an embedding, several outputs, or id or boolean inputs) each gets a 501 saying why.
         """
         if self.explainer is None:
             for idx in batch.targets:
                 batch.errors[idx] = (
-                    unsupported(self.output["kind"])
+                    unsupported_outputs([out["name"] for out in self.signature])
+                    if len(self.signature) > 1
+                    else unsupported(self.output["kind"])
                     if self.output["kind"] not in EXPLAINED
                     else unsupported_inputs({s.name: s.dtype for s in self.meta.input_specs})
                 )
@@ -467,7 +478,7 @@ class RealTimeHandler(BaseHandler):
         for idx, values, explanation in zip(chosen, probabilities[rows].tolist(), explanations):
             batch.explanations[idx] = {
                 **self.explainer.document(explanation),
-                **output_document(self.output, values, self.model_version),
+                **outputs_document(self.signature, values, self.model_version),
             }
 
     def postprocess(self, data: tuple) -> list[str]:
@@ -535,14 +546,19 @@ class RealTimeHandler(BaseHandler):
         return out
 
     def _encode_outputs(self, batch: ParsedBatch, values: torch.Tensor, out: list, binary: set[int]) -> None:
-        """:meth:`postprocess`'s answers for a model that is not a classifier (``values`` from :meth:`_outputs`).
+        """:meth:`postprocess`'s answers for a model that is not one classifier (``values`` from :meth:`_outputs`).
 
-        ``batch.classes`` stays None (the per-class metrics do not apply); ``batch.outputs`` holds
-        ``values`` for the predictions' drift.
+        Metrics, drift and records follow the first output: its classes in ``batch.classes`` when it
+        is a classification (with several outputs), else its values in ``batch.outputs`` (the
+        per-class metrics do not apply).
         """
-        batch.outputs = values
+        head = values if len(self.signature) == 1 else values[:, : self.output["width"]]
+        if self.output["kind"] == CLASSIFICATION:
+            batch.classes = head.argmax(dim=1).tolist()
+        else:
+            batch.outputs = head
         rows = values.tolist()
-        output, version = self.output, self.model_version
+        signature, version = self.signature, self.model_version
         explanations = batch.explanations
         first_row: dict[int, int] = {}
         for row, idx in enumerate(batch.rows):
@@ -550,13 +566,13 @@ class RealTimeHandler(BaseHandler):
             if explanations and idx in explanations:
                 out[idx] = json.dumps(explanations[idx])
             elif idx not in batch.protocols:
-                out[idx] = json.dumps(output_document(output, rows[row], version))
+                out[idx] = json.dumps(outputs_document(signature, rows[row], version))
         for idx, request in batch.protocols.items():
             if idx in batch.errors:  # an explain request (501): its error is its answer
                 continue
             start = first_row[idx]
-            document = output_answer(
-                request, output, rows[start : start + len(request.vectors)], self.context.model_name, version
+            document = outputs_answer(
+                request, signature, rows[start : start + len(request.vectors)], self.context.model_name, version
             )
             if request.binary:
                 out[idx], length = encode_binary(document, request.binary)

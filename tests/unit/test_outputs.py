@@ -1,10 +1,11 @@
-"""Models with several outputs (``rtserve-model/2``): export, ``meta.json`` and ``model check``.
+"""Models with several outputs (``rtserve-model/2``): export, ``meta.json``, ``model check`` and the answers.
 
 A network with four heads, one of each kind, returns a tuple in the signature's order or a dict by name;
 ``export`` wraps it in ``FlatOutputs`` so the program returns every output's columns side by side, and
 ``meta.json`` lists each output with its width in that column order. The golden set records what every
 output's answer carries (softmax per classification, sigmoid per multi-label), the holdout's truth,
-accuracy and drift reference are the first output's.
+accuracy and drift reference are the first output's. The handler answers each output by name over
+rtserve's body, KServe v1 and OIP v2 (JSON and binary), equal to the eager model to 1e-5.
 """
 
 from __future__ import annotations
@@ -15,14 +16,18 @@ import re
 from argparse import Namespace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
 from handler.errors import ConfigError
 from handler.model import FORMAT_V2, ModelMetadata, answer_columns
+from handler.records import Recorder
+from handler.rtserve_handler import RealTimeHandler
 from rtserve.cli.model import cmd_check
 from rtserve.model.package import FlatOutputs, PackagingError, check, export
+from tests.helpers import MODEL_YAML, json_row, make_context, route_headers, start_batch
 from tests.unit.test_package import random_rows
 
 pytestmark = pytest.mark.unit
@@ -268,3 +273,173 @@ def test_model_check_names_every_output(heads, caplog):
         "4 outputs (digit: classification of width 3, tags: multi_label of width 2, "
         "score: regression of width 2, vector: embedding of width 4), golden set of 40 rows replayed"
     ) in caplog.text
+
+
+# --------------------------------------------------------------------------- the handler's answers
+
+#: A KServe REST route's headers (TorchServe sets ``explain``; no ``url_path``).
+REST = {"explain": "False"}
+PREDICT, EXPLAIN = route_headers(False), route_headers(True)
+
+
+@pytest.fixture(scope="module")
+def served(heads) -> tuple:
+    """A handler on the exported heads (its warm-up ran at initialize), its context and the eager model."""
+    directory, model = heads
+    ctx = make_context(directory, MODEL_YAML, version="0.1")
+    handler = RealTimeHandler()
+    handler.initialize(ctx)
+    return handler, ctx, model
+
+
+def run(handler, ctx, rows: list, headers=None) -> tuple[list[int], list]:
+    start_batch(ctx, len(rows), headers)
+    out = handler.handle(rows, ctx)
+    assert isinstance(out, list) and len(out) == len(rows)
+    return [ctx.get_response_status(i)[0] for i in range(len(rows))], out
+
+
+def assert_document(got: dict, want: dict[str, torch.Tensor], row: int) -> None:
+    """One row's several-output document equals the eager model's answers to 1e-5, each in its kind's form."""
+    assert list(got) == ["outputs", "model_version"] and got["model_version"] == "0.1"
+    documents = got["outputs"]
+    assert list(documents) == list(OUTPUTS)  # column order
+    digit, tags = want["digit"][row].tolist(), want["tags"][row].tolist()
+    assert set(documents["digit"]) == {"prediction", "label", "probabilities"}
+    assert documents["digit"]["probabilities"] == pytest.approx(digit, abs=1e-5)
+    assert documents["digit"]["prediction"] == max(range(3), key=digit.__getitem__)
+    assert documents["digit"]["label"] == OUTPUTS["digit"]["labels"][documents["digit"]["prediction"]]
+    assert set(documents["tags"]) == {"labels", "probabilities"}
+    assert list(documents["tags"]["probabilities"]) == ["red", "blue"]
+    assert list(documents["tags"]["probabilities"].values()) == pytest.approx(tags, abs=1e-5)
+    assert documents["tags"]["labels"] == [label for label, p in zip(["red", "blue"], tags) if p >= 0.4]
+    assert documents["score"] == {"prediction": pytest.approx(want["score"][row].tolist(), abs=1e-5)}
+    assert documents["vector"] == {"embedding": pytest.approx(want["vector"][row].tolist(), abs=1e-5)}
+
+
+def test_answers_carry_every_output_by_name_equal_to_the_eager_model_beside_a_bad_request(served):
+    handler, ctx, model = served
+    rows = random_rows(3, seed=21).tolist()
+    statuses, out = run(
+        handler,
+        ctx,
+        [json_row({"features": rows[0]}), json_row({"features": [1.0]}), json_row({"features": rows[2]})],
+        [PREDICT] * 3,
+    )
+    assert statuses == [200, 400, 200]
+    answers = [json.loads(o) for o in out]
+    assert answers[1] == {"error": "'features' must have exactly 7 numbers, got 1", "field": "features"}
+    want = eager(model, rows)
+    assert_document(answers[0], want, 0)
+    assert_document(answers[2], want, 2)
+
+
+def test_kserve_v1_answers_a_list_of_several_output_documents(served):
+    handler, ctx, model = served
+    rows = random_rows(4, seed=22).tolist()
+    statuses, (out,) = run(handler, ctx, [json_row({"instances": rows})], [REST])
+    assert statuses == [200]
+    predictions = json.loads(out)["predictions"]
+    assert len(predictions) == 4
+    want = eager(model, rows)
+    for row, document in enumerate(predictions):
+        assert_document(document, want, row)
+
+
+def v2(rows: list, **extra) -> dict:
+    """An OIP v2 request for ``rows`` (``extra``: its ``outputs``, ``parameters``)."""
+    tensor = {"name": "features", "datatype": "FP32", "shape": [len(rows), 7], "data": rows}
+    return {"id": "r1", "inputs": [tensor], **extra}
+
+
+def test_oip_v2_carries_every_output_tensor_by_its_real_name(served):
+    handler, ctx, model = served
+    rows = random_rows(3, seed=23).tolist()
+    want = eager(model, rows)
+    subset = v2(rows, outputs=[{"name": "vector"}, {"name": "digit"}])
+    refused = v2(rows, outputs=[{"name": "probabilities"}])
+    statuses, out = run(handler, ctx, [json_row(v2(rows)), json_row(subset), json_row(refused)], [REST] * 3)
+    assert statuses == [200, 200, 400]
+    every, some, error = (json.loads(o) for o in out)
+    assert (every["id"], every["model_name"], every["model_version"]) == ("r1", "realtime-classifier", "0.1")
+    assert [t["name"] for t in every["outputs"]] == list(OUTPUTS)
+    for tensor in every["outputs"]:
+        name = tensor["name"]
+        assert (tensor["datatype"], tensor["shape"]) == ("FP32", [3, WIDTHS[name]])
+        assert tensor["data"] == pytest.approx(want[name].flatten().tolist(), abs=1e-5), name
+    assert [t["name"] for t in some["outputs"]] == ["vector", "digit"]  # as the request named them
+    assert some["outputs"][1] == every["outputs"][0]
+    assert error["error"] == ("outputs[0].name must be one of 'digit', 'tags', 'score', 'vector', got 'probabilities'")
+
+
+def test_oip_v2_binary_outputs_carry_every_tensors_bytes(served):
+    handler, ctx, model = served
+    rows = random_rows(2, seed=24).tolist()
+    body = v2(rows, parameters={"binary_data_output": True})
+    statuses, (out,) = run(handler, ctx, [json_row(body)], [REST])
+    assert statuses == [200]
+    length = int(ctx.get_response_headers(0)["Inference-Header-Content-Length"])
+    header, tail = json.loads(out[:length]), out[length:]
+    want = eager(model, rows)
+    at = 0
+    for tensor in header["outputs"]:
+        size = tensor["parameters"]["binary_data_size"]
+        assert "data" not in tensor and size == 2 * WIDTHS[tensor["name"]] * 4
+        values = np.frombuffer(tail[at : at + size], dtype="<f4").tolist()
+        assert values == pytest.approx(want[tensor["name"]].flatten().tolist(), abs=1e-5)
+        at += size
+    assert at == len(tail) and [t["name"] for t in header["outputs"]] == list(OUTPUTS)
+
+
+SEVERAL_501 = (
+    "explanations are not available for a model with several outputs ('digit', 'tags', 'score', 'vector') yet: "
+    "an explanation attributes one number of one output, and a target cannot name the output; "
+    "ask /predictions instead"
+)
+
+
+def test_an_explanation_answers_501_saying_why_and_predictions_still_answer(served):
+    handler, ctx, model = served
+    assert handler.explainer is None
+    rows = random_rows(2, seed=25).tolist()
+    statuses, out = run(
+        handler,
+        ctx,
+        [
+            json_row({"features": rows[0]}),
+            json_row({"features": rows[1]}),
+            json_row({"features": rows[0], "target": "digit:one"}),
+            json_row({"instances": [rows[1]]}),
+            json_row({"features": [1.0]}),
+        ],
+        [EXPLAIN, PREDICT, EXPLAIN, {"explain": "True"}, EXPLAIN],
+    )
+    assert statuses == [501, 200, 501, 501, 400]
+    answers = [json.loads(o) for o in out]
+    assert answers[0] == answers[2] == answers[3] == {"error": SEVERAL_501}
+    assert_document(answers[1], eager(model, rows), 1)
+    assert answers[4]["field"] == "features"
+
+
+def test_records_and_metrics_follow_the_first_output(served, tmp_path):
+    handler, ctx, model = served
+
+    class Spool:
+        directory, budget, lines = tmp_path, 1 << 20, []
+
+        def append(self, data: bytes) -> bool:
+            self.lines += data.decode().splitlines()
+            return True
+
+    spool = Spool()
+    before = handler.recorder
+    handler.recorder = Recorder(spool, "m", "0.1", handler.meta.labels, kind=handler.meta.kind)
+    try:
+        rows = random_rows(3, seed=26).tolist()
+        _, out = run(handler, ctx, [json_row({"features": r}) for r in rows], [PREDICT] * 3)
+    finally:
+        handler.recorder = before
+    classes = eager(model, rows)["digit"].argmax(dim=1).tolist()
+    lines = [json.loads(line) for line in spool.lines]
+    assert [(line["class"], line["label"]) for line in lines] == [(c, OUTPUTS["digit"]["labels"][c]) for c in classes]
+    assert [line["answer"] for line in lines] == [json.loads(o) for o in out]
