@@ -37,6 +37,44 @@ def output_values(output: dict, answer: dict) -> list:
     return list(answer["embedding"])
 
 
+def answer_numbers(outputs: list[dict], answer: dict) -> list:
+    """The numbers an answer carries for the model's ``outputs`` (its signature), in column order.
+
+    What a golden row records: one output's :func:`output_values`; several outputs' side by side,
+    each from its own document in the answer's ``outputs`` (``{name: document}``).
+
+    Raises:
+        KeyError, TypeError: ``answer`` is not an answer of that signature.
+    """
+    if len(outputs) == 1:
+        return output_values(outputs[0], answer)
+    documents = answer["outputs"]
+    return [v for output in outputs for v in output_values(output, documents[output["name"]])]
+
+
+def first_answer(answer: dict) -> dict:
+    """The first output's document of a several-output answer (``{"outputs": {name: document}}``).
+
+    Any other answer as it is. The first output is the first key: the handler writes them in
+    column order and JSON objects keep their order through Python's ``json``.
+    """
+    documents = answer.get("outputs")
+    if isinstance(documents, dict) and documents:
+        return next(iter(documents.values()))
+    return answer
+
+
+def first_golden(golden: dict, outputs: list[dict] | None) -> dict:
+    """``golden`` as a one-output model's: its recorded answers cut to the first output's columns.
+
+    Unchanged for one output (or ``rtserve-model/1``, None).
+    """
+    if not outputs or len(outputs) == 1 or not golden.get("outputs"):
+        return golden
+    width = outputs[0]["width"]
+    return {**golden, "outputs": [row[:width] for row in golden["outputs"]]}
+
+
 def golden_values(golden: dict) -> list:
     """The golden rows' recorded answers (``probabilities`` of a classifier, else ``outputs``)."""
     return golden.get("probabilities") or golden.get("outputs") or []

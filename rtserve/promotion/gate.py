@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from handler.signature import CLASSIFICATION, MULTI_LABEL, REGRESSION
+from handler.signature import CLASSIFICATION, MULTI_LABEL, REGRESSION, first_golden
 from rtserve.errors import ArchiveError, GateError
 from rtserve.model.archive import golden_label_problem, golden_mismatches, read_archive  # noqa: F401 - re-exported
 from rtserve.promotion.kinds import (
@@ -220,8 +220,11 @@ class ArchiveMeta:
     labels: list[str]
     n_features: int
     golden: dict
-    #: The output signature (``rtserve-model/2``); None for ``rtserve-model/1``, a classifier.
+    #: The (first) output's signature (``rtserve-model/2``); None for ``rtserve-model/1``, a classifier.
+    #: With several outputs the gate compares the first; the golden replay checks them all.
     output: dict | None = None
+    #: Every output's signature (``rtserve-model/2``), in column order; None for ``rtserve-model/1``.
+    outputs: list[dict] | None = None
 
     @property
     def kind(self) -> str:
@@ -232,6 +235,11 @@ class ArchiveMeta:
     def width(self) -> int:
         """The output's width: values per answer (a classifier's: its classes)."""
         return self.output["width"] if self.output else len(self.labels)
+
+    @property
+    def output_golden(self) -> dict:
+        """The golden set as the (first) output's: its recorded answers cut to that output's columns."""
+        return first_golden(self.golden, self.outputs)
 
     @classmethod
     def from_mar(cls, mar: str | Path) -> ArchiveMeta:
@@ -246,8 +254,9 @@ class ArchiveMeta:
         archive = read_archive(mar)
         if not archive.golden.get("features"):
             raise ArchiveError(f"{mar} has no golden set: package it with rtserve.model.package.export")
-        outputs = archive.meta.get("outputs") or [None]
-        meta = cls(archive.meta_version, archive.labels, archive.n_features, archive.golden, outputs[0])
+        outputs = archive.meta.get("outputs") or None
+        first = outputs[0] if outputs else None
+        meta = cls(archive.meta_version, archive.labels, archive.n_features, archive.golden, first, outputs)
         problem = golden_label_problem(meta.kind, meta.width, meta.golden)
         if problem:
             raise ArchiveError(f"{mar}: {problem}")
@@ -324,7 +333,7 @@ def gate_rows(default: ArchiveMeta, candidate: ArchiveMeta, requests: Sequence[l
 
 def comparison(default: ArchiveMeta, config: GateConfig) -> Compare:
     """How the gate compares answers of the default's output kind (a regression's scale from its golden set)."""
-    return Compare.of(default.output, default.golden, config.kinds)
+    return Compare.of(default.output, default.output_golden, config.kinds)
 
 
 def read_requests(path: str | Path, n_features: int, max_rows: int) -> list[list[float]]:

@@ -24,7 +24,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from handler.signature import CLASSIFICATION, EMBEDDING, MULTI_LABEL, REGRESSION, golden_values, output_values
+from handler.signature import (
+    CLASSIFICATION,
+    EMBEDDING,
+    MULTI_LABEL,
+    REGRESSION,
+    first_answer,
+    golden_values,
+    output_values,
+)
 
 
 @dataclass(frozen=True)
@@ -66,10 +74,12 @@ def answer_value(kind: str, answer: dict) -> Any:
 
     The class label (a string), the regression's values and the embedding (tuples of floats, through
     :func:`handler.signature.output_values`), the multi-label's labels on (a frozenset of strings).
+    A model with several outputs is compared by its first (:func:`handler.signature.first_answer`).
 
     Raises:
         KeyError, TypeError, ValueError: ``answer`` is not an answer of that kind.
     """
+    answer = first_answer(answer)
     if kind == CLASSIFICATION:
         label = answer["label"]
         if not isinstance(label, str):

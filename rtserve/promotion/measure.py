@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from handler.signature import golden_values, output_values
+from handler.signature import answer_numbers, golden_values
 from rtserve.client.rest import Client
 from rtserve.errors import GateError, GoldenMismatch
 from rtserve.model.archive import golden_mismatches
@@ -67,8 +67,8 @@ def check_golden(client: Client, model: str, version: str | None, meta: ArchiveM
         GoldenMismatch: rows whose served probabilities differ from the packaging-time ones.
     """
     answers = answer_rows(client, model, version, meta.golden["features"], config.concurrency)
-    output = meta.output or {"kind": "classification"}
-    got = [output_values(output, a) for a in answers]  # probabilities, values or vectors per kind
+    signature = meta.outputs or [meta.output or {"kind": "classification"}]
+    got = [answer_numbers(signature, a) for a in answers]  # every output's probabilities, values or vectors
     want = golden_values(meta.golden)
     bad = golden_mismatches(want, got, config.golden_tolerance)
     if bad:

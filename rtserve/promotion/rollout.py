@@ -251,7 +251,7 @@ class Rollout:
                 report.candidate,
                 report.default,
                 meta.labels,
-                Compare.of(meta.output, meta.golden, self.verification.config.kinds),
+                Compare.of(meta.output, meta.output_golden, self.verification.config.kinds),
             )
         report.live, failures = promote_evidence(live.shadow, shadow)
         report.failures += failures

@@ -49,8 +49,9 @@ class ModelInfo:
     version: str
     n_features: int
     n_classes: int
-    #: The output signature of a model that is not a classifier (``rtserve-model/2``), else None.
-    output: dict | None = None
+    #: The output signature of a model that is not one classifier (``rtserve-model/2``: one output of
+    #: another kind, or several), else empty.
+    outputs: tuple[dict, ...] = ()
     #: The named inputs ``meta.json`` declares (``rtserve-model/2``); empty: one ``features`` tensor.
     inputs: tuple[dict, ...] = ()
 
@@ -66,8 +67,8 @@ class ModelInfo:
             ]
             or [{"name": INPUT_NAME, "datatype": INPUT_DATATYPE, "shape": [-1, self.n_features]}],
             "outputs": (
-                [{"name": self.output["name"], "datatype": "FP32", "shape": [-1, self.output["width"]]}]
-                if self.output
+                [{"name": out["name"], "datatype": "FP32", "shape": [-1, out["width"]]} for out in self.outputs]
+                if self.outputs
                 else [
                     {"name": CLASS_OUTPUT, "datatype": CLASS_DATATYPE, "shape": [-1]},
                     {"name": PROBABILITIES_OUTPUT, "datatype": PROBABILITIES_DATATYPE, "shape": [-1, self.n_classes]},
@@ -83,10 +84,11 @@ def read_archive(mar: Path) -> ModelInfo:
         ArchiveError: the archive cannot be read or lacks what is needed.
     """
     archive = read_mar(mar)
-    output = (archive.meta.get("outputs") or [None])[0]
-    output = output if output and output.get("kind") != "classification" else None
+    outputs = archive.meta.get("outputs") or []
+    lone_classifier = len(outputs) == 1 and outputs[0].get("kind") == "classification"
     inputs = tuple(archive.meta.get("inputs") or ())
-    return ModelInfo(archive.name, archive.version, archive.n_features, len(archive.labels), output, inputs)
+    outputs = () if lone_classifier else tuple(outputs)
+    return ModelInfo(archive.name, archive.version, archive.n_features, len(archive.labels), outputs, inputs)
 
 
 def read_models(model_store: Path, models: list[str]) -> dict[str, ModelInfo]:

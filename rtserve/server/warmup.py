@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
-from handler.signature import CLASSIFICATION, output_values
+from handler.signature import CLASSIFICATION, answer_numbers
 from handler.warmup import HEADER, QUERY_PARAMETER
 from rtserve.client.rest import Client
 from rtserve.errors import ArchiveError, WarmupError, WrongAnswers
@@ -96,9 +96,10 @@ class Rows:
 
     features: list[list[float]]
     probabilities: list[list[float]] | None
-    #: The output signature of a model that is not a classifier (``rtserve-model/2``): then
-    #: ``probabilities`` holds the golden outputs its answers carry (``handler.signature.output_values``).
-    output: dict | None = None
+    #: The output signature of a model that is not one classifier (``rtserve-model/2``: one output of
+    #: another kind, or several): then ``probabilities`` holds the golden outputs its answers carry
+    #: (every output's side by side: ``handler.signature.answer_numbers``).
+    signature: list[dict] | None = None
 
     @classmethod
     def from_mar(cls, mar: Path) -> Rows:
@@ -113,12 +114,12 @@ class Rows:
             raise WarmupError(str(exc)) from exc
         golden = meta.get("golden") or {}
         width = len(meta["feature_names"])
-        output = (meta.get("outputs") or [None])[0]
-        if output is not None and output.get("kind") != CLASSIFICATION:
+        outputs = meta.get("outputs") or []
+        if len(outputs) > 1 or (outputs and outputs[0].get("kind") != CLASSIFICATION):
             return cls(
                 [list(map(float, r)) for r in golden.get("features") or [[0.0] * width]],
                 golden.get("outputs") or None,
-                output,
+                outputs,
             )
         if golden.get("features") and golden.get("probabilities"):
             return cls(
@@ -216,12 +217,12 @@ class _Sender:
             answer = json.loads(body)
         except ValueError:
             answer = None
-        output = self.rows.output
-        if status != 200 or not isinstance(answer, dict) or (output is None and "prediction" not in answer):
+        signature = self.rows.signature
+        if status != 200 or not isinstance(answer, dict) or (signature is None and "prediction" not in answer):
             raise WarmupError(f"warm-up request to {self.model} answered {status}: {body[:300]!r}")
         expected = self.rows.probabilities
-        if output is not None:
-            self._check_output(i, answer, output, expected)
+        if signature is not None:
+            self._check_output(i, answer, signature, expected)
             return
         if expected is None:
             return
@@ -237,14 +238,13 @@ class _Sender:
                 f"expected probabilities {want}: the served model is not the one packaged"
             )
 
-    def _check_output(self, i: int, answer: dict, output: dict, expected: list | None) -> None:
-        """:meth:`_check` for a model that is not a classifier: its kind's values, to the tolerance."""
+    def _check_output(self, i: int, answer: dict, signature: list[dict], expected: list | None) -> None:
+        """:meth:`_check` for a model that is not one classifier: every output's values, to the tolerance."""
         try:
-            got = output_values(output, answer)
+            got = answer_numbers(signature, answer)
         except (KeyError, TypeError) as exc:
-            raise WarmupError(
-                f"warm-up request to {self.model} answered {answer!r:.300}, not a {output['kind']} answer"
-            ) from exc
+            what = f"a {signature[0]['kind']}" if len(signature) == 1 else f"a {len(signature)}-output"
+            raise WarmupError(f"warm-up request to {self.model} answered {answer!r:.300}, not {what} answer") from exc
         if expected is not None and golden_mismatches([expected[i]], [got], TOLERANCE):
             raise WrongAnswers(
                 f"{self.model} answered golden row {i} of its archive with {answer!r:.300}, "

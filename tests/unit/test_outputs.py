@@ -5,7 +5,9 @@ A network with four heads, one of each kind, returns a tuple in the signature's 
 ``meta.json`` lists each output with its width in that column order. The golden set records what every
 output's answer carries (softmax per classification, sigmoid per multi-label), the holdout's truth,
 accuracy and drift reference are the first output's. The handler answers each output by name over
-rtserve's body, KServe v1 and OIP v2 (JSON and binary), equal to the eager model to 1e-5.
+rtserve's body, KServe v1 and OIP v2 (JSON and binary), equal to the eager model to 1e-5. The warm-up,
+``model check`` and the gate's golden replay check every output; the gate's comparison, the live
+evidence, metrics, records and drift follow the first output.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import zipfile
 from argparse import Namespace
 from pathlib import Path
 
@@ -21,12 +24,21 @@ import pytest
 import torch
 from torch import nn
 
+from handler.drift import DriftMonitor
 from handler.errors import ConfigError
 from handler.model import FORMAT_V2, ModelMetadata, answer_columns
 from handler.records import Recorder
 from handler.rtserve_handler import RealTimeHandler
 from rtserve.cli.model import cmd_check
+from rtserve.client.rest import Client
+from rtserve.errors import GoldenMismatch, WarmupError, WrongAnswers
 from rtserve.model.package import FlatOutputs, PackagingError, check, export
+from rtserve.promotion.gate import ArchiveMeta, GateConfig, comparison
+from rtserve.promotion.kinds import answer_value, regression_scale
+from rtserve.promotion.live.evidence import archive_compare
+from rtserve.promotion.measure import check_golden
+from rtserve.server.oip import read_archive as oip_read_archive
+from rtserve.server.warmup import Rows, _Sender
 from tests.helpers import MODEL_YAML, json_row, make_context, route_headers, start_batch
 from tests.unit.test_package import random_rows
 
@@ -443,3 +455,123 @@ def test_records_and_metrics_follow_the_first_output(served, tmp_path):
     lines = [json.loads(line) for line in spool.lines]
     assert [(line["class"], line["label"]) for line in lines] == [(c, OUTPUTS["digit"]["labels"][c]) for c in classes]
     assert [line["answer"] for line in lines] == [json.loads(o) for o in out]
+
+
+# --------------------------------------------------------------------------- golden set, warm-up, gate, drift
+
+
+def mar_of(directory: Path, to: Path) -> Path:
+    """An archive holding what the readers of ``.mar`` files read: the manifest and ``meta.json``."""
+    mar = to / "heads.mar"
+    with zipfile.ZipFile(mar, "w") as zf:
+        zf.writestr("MAR-INF/MANIFEST.json", json.dumps({"model": {"modelName": "heads", "modelVersion": "0.1"}}))
+        zf.writestr("meta.json", (directory / "meta.json").read_text())
+    return mar
+
+
+def golden_answers(served, features: list) -> list[dict]:
+    """The handler's answers to the golden rows, as ``/predictions`` sends them."""
+    handler, ctx, _ = served
+    statuses, out = run(handler, ctx, [json_row({"features": row}) for row in features], [PREDICT] * len(features))
+    assert set(statuses) == {200}
+    return [json.loads(o) for o in out]
+
+
+def test_the_warm_up_checks_every_outputs_golden_values(heads, served, tmp_path):
+    directory, _ = heads
+    rows = Rows.from_mar(mar_of(directory, tmp_path))
+    meta = json.loads((directory / "meta.json").read_text())
+    assert rows.signature == meta["outputs"] and rows.probabilities == meta["golden"]["outputs"]
+    answers = golden_answers(served, rows.features[:3])
+    sender = _Sender(Client("http://127.0.0.1:9", "http://127.0.0.1:9"), "heads", "k", rows, deadline=0)
+    for i, answer in enumerate(answers):
+        sender._check(i, 200, json.dumps(answer).encode())
+    wrong = json.loads(json.dumps(answers[1]))
+    wrong["outputs"]["vector"]["embedding"][-1] += 0.01  # the last output
+    with pytest.raises(WrongAnswers, match="heads answered golden row 1 of its archive with"):
+        sender._check(1, 200, json.dumps(wrong).encode())
+    with pytest.raises(WarmupError, match="not a 4-output answer"):
+        sender._check(0, 200, json.dumps(answers[0]["outputs"]["digit"]).encode())
+
+
+def test_the_gate_replays_every_output_and_compares_the_first(heads, served, tmp_path, monkeypatch):
+    directory, _ = heads
+    meta = ArchiveMeta.from_mar(mar_of(directory, tmp_path))
+    assert meta.output["name"] == "digit" and [o["name"] for o in meta.outputs] == list(OUTPUTS)
+    assert meta.golden_labels()[:3] == ["zero", "one", "two"]  # the holdout's truth: the first output's
+    compare = comparison(meta, GateConfig.load())
+    assert compare.kind == "classification"
+    answers = golden_answers(served, meta.golden["features"])
+    assert [answer_value(compare.kind, a) for a in answers[:2]] == [a["outputs"]["digit"]["label"] for a in answers[:2]]
+    monkeypatch.setattr("rtserve.promotion.measure.answer_rows", lambda *args: answers)
+    config = GateConfig.load()
+    assert check_golden(None, "heads", "0.1", meta, config) == len(answers)
+    answers[7]["outputs"]["score"]["prediction"][1] += 0.01
+    with pytest.raises(GoldenMismatch, match=r"answers 1 of 40 golden rows differently .*rows \[7\]"):
+        check_golden(None, "heads", "0.1", meta, config)
+
+
+def test_a_first_regression_is_compared_on_its_own_columns(tmp_path):
+    outputs = {"score": OUTPUTS["score"], "digit": OUTPUTS["digit"]}
+    export_heads(tmp_path / "art", Heads(as_dict=True, widths={"score": 2, "digit": 3}), outputs)
+    mar = mar_of(tmp_path / "art", tmp_path)
+    meta = ArchiveMeta.from_mar(mar)
+    compare = comparison(meta, GateConfig.load())
+    live, _ = archive_compare(mar)
+    assert compare.kind == live.kind == "regression" and len(compare.scale) == len(live.scale) == 2
+    assert compare.scale == regression_scale({"labels": None, "outputs": [r[:2] for r in meta.golden["outputs"]]})
+    answer = {"outputs": {"score": {"prediction": [1.0, 2.0]}, "digit": {"label": "one"}}, "model_version": "0.1"}
+    assert answer_value("regression", answer) == (1.0, 2.0)
+
+
+def test_the_oip_metadata_lists_every_output(heads, tmp_path):
+    directory, _ = heads
+    metadata = oip_read_archive(mar_of(directory, tmp_path)).metadata()
+    assert metadata["outputs"] == [
+        {"name": name, "datatype": "FP32", "shape": [-1, width]} for name, width in WIDTHS.items()
+    ]
+
+
+#: Rows in the drift window; the inputs shift by two training standard deviations.
+WINDOW, SHIFT = 400, 10.0
+
+
+@pytest.mark.parametrize("first", ["digit", "score"])
+def test_prediction_drift_follows_the_first_output(tmp_path, first):
+    outputs = {first: OUTPUTS[first], **{k: v for k, v in OUTPUTS.items() if k != first}}
+    model = Heads(as_dict=True)
+    directory = tmp_path / first
+    export(model, random_rows(4000), feature_names=NAMES, outputs=outputs, version="0.1", out_dir=directory)
+    config = {
+        **MODEL_YAML,
+        "handler": {
+            **MODEL_YAML["handler"],
+            "drift_window": WINDOW,
+            "drift_flush_rows": 16,
+            "drift_export_seconds": 3600,
+        },
+    }
+    ctx = make_context(directory, config, version="0.1")
+    handler = RealTimeHandler()
+    handler.initialize(ctx)
+    try:
+        scores = []
+        for rows in (random_rows(WINDOW, seed=16), random_rows(WINDOW, seed=16) + SHIFT):
+            for start in range(0, len(rows), 32):
+                statuses, _ = run(handler, ctx, [json_row({"features": r}) for r in rows[start : start + 32].tolist()])
+                assert set(statuses) == {200}
+            assert handler.telemetry.export_drift()
+            scores.append(
+                handler.telemetry.metrics.registry.get_sample_value(
+                    "rtserve_prediction_drift_psi", {"model_name": "realtime-classifier", "model_version": "0.1"}
+                )
+            )
+        low, high = scores
+        assert low < 0.1 and high > 0.2, (low, high)
+        # the very score of the window, from the first output's answers computed here
+        answers = eager(model, rows, outputs)[first]
+        monitor = DriftMonitor(handler.meta.drift_reference, WINDOW)
+        monitor.update(rows, answers.argmax(dim=1) if first == "digit" else answers)
+        assert high == pytest.approx(round(monitor.scores().prediction, 6), abs=1e-5)
+    finally:
+        handler.telemetry.close()

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from handler.records import SEGMENT_SUFFIX
-from handler.signature import CLASSIFICATION, EMBEDDING, MULTI_LABEL, REGRESSION
+from handler.signature import CLASSIFICATION, EMBEDDING, MULTI_LABEL, REGRESSION, first_answer, first_golden
 from rtserve.errors import ArchiveError
 from rtserve.model.archive import read_archive
 from rtserve.promotion.gate import CanaryThresholds, ShadowThresholds, percentile
@@ -121,11 +121,12 @@ def live_line_parser(kind: str) -> Callable[[str], LiveLine | None]:
 
 
 def _answer(body: str) -> tuple[str | None, tuple[float, ...] | None]:
-    """The label and probabilities of a prediction's body (None, None: another body)."""
+    """The label and probabilities of a prediction's body (None, None: another body; several outputs: the first's)."""
     try:
         answer = json.loads(body)
     except ValueError:
         return None, None
+    answer = first_answer(answer) if isinstance(answer, dict) else answer
     if not isinstance(answer, dict) or not isinstance(answer.get("label"), str):
         return None, None
     probs = answer.get("probabilities")
@@ -656,15 +657,16 @@ def latest_shadow_version(live_log: str | Path) -> str | None:
 def archive_compare(archive: Path, thresholds: KindThresholds | None = None) -> tuple[Compare, list[str]]:
     """How the live evidence compares answers of the candidate's ``archive``, and its label order.
 
-    Its output kind (a regression's scale from its golden set, :func:`~rtserve.promotion.kinds.regression_scale`)
-    with the gate's per-kind ``thresholds``.
+    Its (first) output's kind (a regression's scale from its golden set,
+    :func:`~rtserve.promotion.kinds.regression_scale`) with the gate's per-kind ``thresholds``.
 
     Raises:
         ArchiveError: the archive cannot be read.
     """
     found = read_archive(archive)
-    outputs = found.meta.get("outputs") or [None]
-    return Compare.of(outputs[0], found.golden, thresholds), found.labels
+    outputs = found.meta.get("outputs") or None
+    first = outputs[0] if outputs else None
+    return Compare.of(first, first_golden(found.golden, outputs), thresholds), found.labels
 
 
 def compare_for(archive: Path, thresholds: KindThresholds | None = None) -> Compare:
