@@ -1,8 +1,9 @@
 """The model contract: an exported program plus ``meta.json`` (no TorchServe import).
 
 ``model.pt2`` is a ``torch.export`` program from raw float32 features ``[N, F]`` (preprocessing inside, ``N``
-dynamic) to logits ``[N, C]``; ``meta.json`` (:class:`ModelMetadata`) holds names, labels, training statistics,
-the golden set and provenance. :func:`load_program` never executes code carried by the file.
+dynamic) to logits ``[N, C]`` (several outputs: their columns side by side, :func:`answer_columns`);
+``meta.json`` (:class:`ModelMetadata`) holds names, labels, the output signature, training statistics, the
+golden set and provenance. :func:`load_program` never executes code carried by the file.
 """
 
 from __future__ import annotations
