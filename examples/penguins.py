@@ -75,7 +75,7 @@ def load_frame():
     return load_penguins().dropna().reset_index(drop=True)
 
 
-def _ids(values, names: tuple[str, ...]) -> list[int]:
+def column_ids(values, names: tuple[str, ...]) -> list[int]:
     """Each value's position in ``names`` (a value outside them is an error, not a new id)."""
     index = {name: i for i, name in enumerate(names)}
     unknown = sorted(set(values) - set(index))
@@ -93,8 +93,8 @@ def load_data(seed: int = 0, holdout_share: float = 0.2):
 
     frame = load_frame()
     dense = torch.tensor(frame[list(MEASUREMENTS)].to_numpy(dtype="float64"), dtype=torch.float32)
-    category = torch.tensor([_ids(frame["island"], ISLANDS), _ids(frame["sex"], SEXES)]).T.contiguous()
-    y = torch.tensor(_ids(frame["species"], SPECIES))
+    category = torch.tensor([column_ids(frame["island"], ISLANDS), column_ids(frame["sex"], SEXES)]).T.contiguous()
+    y = torch.tensor(column_ids(frame["species"], SPECIES))
     train, test = train_test_split(
         torch.arange(len(y)).numpy(), test_size=holdout_share, random_state=seed, stratify=y.numpy()
     )

@@ -23,7 +23,7 @@ def run(argv: list[str] | None, doc: str, name: str, packaging: Callable[[], dic
         doc: the example's docstring (the help text).
         name: the example's name (the default ``--out`` is ``artifacts/<name>/1.0``).
         packaging: returns what :func:`rtserve.model.package.export` takes.
-        score: the trained model's held-out figure, logged as ``what`` (``held-out accuracy``).
+        score: the trained model's held-out figure (or figures, a tuple), logged as ``what``.
     """
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path(f"artifacts/{name}/1.0"))
@@ -32,7 +32,8 @@ def run(argv: list[str] | None, doc: str, name: str, packaging: Callable[[], dic
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     spec = packaging()
     export(version=args.version, out_dir=args.out, **spec)
-    logger.info("%s %.4f", what, score(spec["model"]))
+    scores = score(spec["model"])
+    logger.info("%s %s", what, ", ".join(f"{v:.4f}" for v in (scores if isinstance(scores, tuple) else (scores,))))
     return 0
 
 
@@ -45,20 +46,24 @@ def fit(
     batch: int,
     seed: int,
     schedule: torch.optim.lr_scheduler.LRScheduler | None = None,
+    loss: Callable = torch.nn.functional.cross_entropy,
 ) -> torch.nn.Module:
-    """Cross-entropy on mini-batches of ``batch`` rows, ``model(**inputs)``; eval mode at the end.
+    """``loss(model(**inputs), y)`` (cross-entropy) on mini-batches of ``batch`` rows; eval mode at the end.
 
     ``seed`` orders the rows each epoch (the weights' seed is the caller's): two seeds are two
-    retrains of one recipe. ``schedule`` steps after each batch.
+    retrains of one recipe. ``schedule`` steps after each batch. ``y`` is a tensor, or a dict of
+    tensors (one per output) that ``loss`` takes as such.
     """
     g = torch.Generator().manual_seed(seed + 1)
+    rows = len(next(iter(y.values()))) if isinstance(y, dict) else len(y)
     model.train()
     for _ in range(epochs):
-        order = torch.randperm(len(y), generator=g)
+        order = torch.randperm(rows, generator=g)
         for start in range(0, len(order), batch):
             idx = order[start : start + batch]
             optimizer.zero_grad()
-            torch.nn.functional.cross_entropy(model(**{k: v[idx] for k, v in inputs.items()}), y[idx]).backward()
+            truth = {k: v[idx] for k, v in y.items()} if isinstance(y, dict) else y[idx]
+            loss(model(**{k: v[idx] for k, v in inputs.items()}), truth).backward()
             optimizer.step()
             if schedule is not None:
                 schedule.step()

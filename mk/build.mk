@@ -41,7 +41,8 @@ train: $(MODEL_DIR)/model.pt2 ## Train the demo MODEL_VERSION and export it (det
 # The example models, on data installed packages ship (scikit-learn's, palmerpenguins', Faker's):
 # examples/breast_cancer.py (a classifier, the default), examples/diabetes.py (a regression),
 # examples/digits.py (an image classifier, a CNN), examples/penguins.py (measurements and ids into an
-# embedding bag) and examples/names.py (a sequence of characters: a surname's language); EXAMPLE_NAME
+# embedding bag), examples/penguin_heads.py (the same inputs, three outputs: species, body mass and an
+# embedding) and examples/names.py (a sequence of characters: a surname's language); EXAMPLE_NAME
 # picks one.
 EXAMPLE_NAME    ?= breast-cancer
 EXAMPLE_MODULE   = examples.$(subst -,_,$(EXAMPLE_NAME))
@@ -65,7 +66,7 @@ $(EXAMPLE_DIR)/model.pt2 $(EXAMPLE_DIR)/meta.json &: $(STAMP) examples/$(subst -
 	  --out $(EXAMPLE_DIR) --model-config $(MODEL_CONFIG)
 
 .PHONY: example
-example: $(EXAMPLE_DIR)/model.pt2 ## Train, package and archive an example model (EXAMPLE_NAME=breast-cancer, diabetes, digits, penguins or names: model_store/<name>_1.0.mar)
+example: $(EXAMPLE_DIR)/model.pt2 ## Train, package and archive an example model (EXAMPLE_NAME=breast-cancer, diabetes, digits, penguins, penguin-heads or names: model_store/<name>_1.0.mar)
 	$(MAKE) --no-print-directory archive MODEL_NAME=$(EXAMPLE_NAME) MODEL_VERSION=$(EXAMPLE_VERSION) ARTIFACTS=$(EXAMPLE_DIR)
 
 # The examples make bench-kinds and make gpu-check cover: bench/example_models.py lists them.
