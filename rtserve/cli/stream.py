@@ -1,8 +1,9 @@
-"""``python -m rtserve stream``: score a Kafka topic's events through the running TorchServe, exactly once.
+"""``python -m rtserve stream``: score a Kafka topic's events through the running TorchServe, exactly or at least once.
 
     python -m rtserve stream run [--kafka-run-dir .run/kafka | --bootstrap 127.0.0.1:9092]
         [--model realtime-classifier] [--group rtserve-stream] [--input events]
         [--output predictions] [--dead-letters events.dlq] [--features 32]
+        [--guarantee exactly-once|at-least-once] [--linger 0.002]
         [--metrics-port 8088 --metrics-host 127.0.0.1] [--token-file TOKENS]
 
     python -m rtserve stream start [--stream-dir .run/stream] [-- RUN OPTIONS]
@@ -32,7 +33,8 @@ STREAM_DIR = PACKAGE_HOME / ".run" / "stream"
 def cmd_run(args: argparse.Namespace) -> int:
     """Consume --input, write one prediction (--output) or dead letter (--dead-letters) per event.
 
-    Each transaction commits the consumed offsets with what it wrote.
+    Exactly once, each transaction commits the consumed offsets with what it wrote; at least once,
+    the offsets follow the outputs' delivery.
     """
     from rtserve.gateway.nginx import parse_tokens
     from rtserve.stream import local, metrics
@@ -51,6 +53,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         instances=args.instances,
         n_features=args.features,
+        linger=args.linger,
+        guarantee=args.guarantee,
     )
     # A gateway's shared token (the Secret's file, in Kubernetes), else TorchServe's key file.
     token = parse_tokens(Path(args.token_file).read_text())[0] if args.token_file else None
@@ -143,6 +147,24 @@ def add(groups: argparse._SubParsersAction) -> None:
             },
         ),
         (["--features"], {"type": int, "help": "the model's feature count (default: TorchServe checks it)"}),
+        (
+            ["--linger"],
+            {
+                "type": float,
+                "default": 0.002,
+                "help": "seconds a micro-batch waits for more events before it is sent (at most --instances)",
+            },
+        ),
+        (
+            ["--guarantee"],
+            {
+                "choices": ["exactly-once", "at-least-once"],
+                "default": "exactly-once",
+                "help": "exactly-once: outputs and offsets in one transaction; at-least-once: no transactions, "
+                "offsets committed once the outputs are delivered (a crash or rebalance can write an output "
+                "twice; each carries its source to drop them)",
+            },
+        ),
         (
             ["--token-file"],
             {
