@@ -380,8 +380,12 @@ class StreamConsumer:
         """
         self.assigned = frozenset()
         self.finish(settle=False)
-        self._discard()
+        dropped = len(self._discard()) + len(self._released)
         self._released = []
+        if dropped:
+            logger.info(
+                "partitions revoked: dropped %d polled events not committed (their next owner reads them)", dropped
+            )
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Take a rebalance's new partitions: paused while the member backs off, else fetching.
@@ -583,7 +587,8 @@ class StreamConsumer:
         fences it and aborts what it left open (a producer that lost its broker mid-way fails its next
         transaction). Without ``settle``, the seek waits for the next step.
         """
-        logger.warning("commit failed (%s): aborted, rewinding to the committed offsets", why)
+        what = "transaction" if self.transactional else "commit"
+        logger.warning("%s failed (%s): aborted, rewinding to the committed offsets", what, why)
         self.counts.aborted += 1
         if opened:
             self.producer = None
