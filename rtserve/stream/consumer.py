@@ -180,6 +180,7 @@ class StreamConsumer:
                 "isolation.level": "read_committed",
                 "log_level": 4,
                 "session.timeout.ms": int(config.session_timeout * 1000),
+                "on_commit": self._committed,
                 **self.metrics.consumer_settings(),
             }
         )
@@ -192,6 +193,8 @@ class StreamConsumer:
         self._pending: deque[Chunk] = deque()
         self._released: list[tuple[Message, tuple[str, bytes], str | None]] = []
         self._in_flight: InFlight | None = None
+        #: At least once: the offsets after the delivered events, per (topic, partition).
+        self._delivered: dict[tuple[str, int], int] = {}
         self._failures = 0
         #: While backing off after a transient failure: when the paused partitions resume.
         self._resume_at: float | None = None
@@ -255,6 +258,7 @@ class StreamConsumer:
                 self._drain()
         finally:
             self.finish(settle=False)
+            self._commit_delivered()
             self.pool.shutdown(wait=True)
             self.consumer.close()
 
@@ -380,6 +384,7 @@ class StreamConsumer:
         """
         self.assigned = frozenset()
         self.finish(settle=False)
+        self._commit_delivered()
         dropped = len(self._discard()) + len(self._released)
         self._released = []
         if dropped:
@@ -524,15 +529,17 @@ class StreamConsumer:
         return self.metrics.wall()
 
     def _deliver(self, producer: Producer, messages: list[Message], outputs: list[tuple[str, bytes]], _: Any) -> float:
-        """On the commit thread, at least once: write ``outputs``, and once every one is delivered, the offsets.
+        """On the commit thread, at least once: write ``outputs`` and wait until every one is delivered.
+
+        :meth:`finish` then commits the offsets, on the polling thread (a commit made on another thread
+        while it polls is answered to the poll, and its caller waits for ever).
 
         Returns:
-            When the offsets were committed (wall clock).
+            When the last was delivered (wall clock).
 
         Raises:
-            KafkaException: an output was not delivered, or the group refused the offsets (the member
-                left it): :meth:`finish` rewinds to the committed offsets, and what was delivered is
-                written again.
+            KafkaException: an output was not delivered (:meth:`finish` rewinds to the committed
+                offsets, and what was delivered is written again).
         """
         failed: list[KafkaError] = []
 
@@ -545,9 +552,6 @@ class StreamConsumer:
         left = producer.flush(TXN_TIMEOUT)
         if failed or left:
             raise KafkaException(failed[0] if failed else KafkaError(KafkaError._MSG_TIMED_OUT, f"{left} undelivered"))
-        for tp in self.consumer.commit(offsets=next_offsets(messages), asynchronous=False) or []:
-            if tp.error is not None:
-                raise KafkaException(tp.error)
         return self.metrics.wall()
 
     def finish(self, wait: bool = True, settle: bool = True) -> int | None:
@@ -565,6 +569,8 @@ class StreamConsumer:
         self._in_flight = None
         try:
             at = done.commit.result(timeout=COMMIT_DEADLINE)
+            if not self.transactional:  # the outputs are delivered: their offsets now
+                self._commit_offsets(done.messages, wait)
         except KafkaException as exc:
             self._abort(str(exc.args[0]), settle=settle)
             return None
@@ -579,6 +585,43 @@ class StreamConsumer:
             else:
                 self.counts.dead_letters += 1
         return len(done.messages)
+
+    def _commit_offsets(self, messages: list[Message], wait: bool) -> None:
+        """At least once: commit the offsets after ``messages`` (``wait``: synchronously, else in the background).
+
+        In the background a failure is only logged (:meth:`_committed`): a later commit carries later
+        offsets, and a member that loses its partitions first leaves those events to be written again.
+
+        Raises:
+            KafkaException: a synchronous commit failed.
+        """
+        offsets = next_offsets(messages)
+        self._delivered.update({(tp.topic, tp.partition): tp.offset for tp in offsets})
+        if not wait:
+            self.consumer.commit(offsets=offsets, asynchronous=True)
+            return
+        for tp in self.consumer.commit(offsets=offsets, asynchronous=False) or []:
+            if tp.error is not None:
+                raise KafkaException(tp.error)
+
+    def _commit_delivered(self) -> None:
+        """At least once, before partitions go: commit every delivered event's offset synchronously.
+
+        A background commit may still be on its way; this one returns once the group has them all.
+        """
+        if self.transactional or not self._delivered:
+            return
+        offsets = [TopicPartition(t, p, o) for (t, p), o in self._delivered.items()]
+        self._delivered = {}
+        try:
+            self.consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            logger.warning("offset commit failed (%s): those events are written again", exc.args[0])
+
+    def _committed(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        """The answer to a background offset commit (librdkafka's, served by the poll)."""
+        if err is not None:
+            logger.warning("offset commit failed (%s): those events are written again if the partitions move", err)
 
     def _abort(self, why: str, opened: bool = True, settle: bool = True) -> None:
         """Give up everything not committed and seek back to the group's committed offsets (:meth:`_settle`).

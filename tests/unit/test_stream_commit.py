@@ -37,6 +37,7 @@ def test_a_commit_past_its_deadline_gives_the_step_up_and_drops_the_producer(mon
     member = StreamConsumer.__new__(StreamConsumer)  # only the parts finish() reads on a failure
     member.counts, member.producer, member._unsettled = Counts(), object(), False
     member.config, member._pending, member._forming, member._released = StreamConfig("x:1"), deque(), [], []
+    member._delivered = {}
     member._in_flight = InFlight([], [], Future())  # a commit that never ends
     began = time.monotonic()
     assert member.finish(settle=False) is None
