@@ -109,6 +109,8 @@ def check_numbers(values: Sequence[Any], limit: float, name: str, with_field: bo
     """
     for i, value in enumerate(values):
         kind = type(value)
+        if (kind is float or kind is int) and -limit <= value <= limit:  # (the common case: no other work)
+            continue
         where = f"{name}[{i}]"
         if kind is not float and kind is not int:  # bool is a subclass of int: excluded here
             raise InvalidInput(

@@ -47,14 +47,16 @@ kafka-status: ## Show whether the broker of KAFKA_RUN_DIR runs, its bootstrap ad
 
 # The stream consumer (python -m rtserve stream run) in the background, against the broker of
 # KAFKA_RUN_DIR and the server of RUN_DIR (its key file); STREAM_ARGS: more options of `stream run`
-# (e.g. STREAM_ARGS="--group fraud --features 32").
+# (e.g. STREAM_ARGS="--group fraud --features 32"); GUARANTEE: exactly-once (transactions) or
+# at-least-once (docs/streaming.md: when duplicates appear).
 STREAM_DIR  ?= $(RUN_DIR)/stream
 STREAM_ARGS ?=
+GUARANTEE   ?= exactly-once
 
 .PHONY: stream
-stream: | $(STAMP) ## Start the stream consumer in the background: events -> predictions (dead letters: events.dlq), exactly once, through the running server
+stream: | $(STAMP) ## Start the stream consumer in the background: events -> predictions (dead letters: events.dlq), exactly once (GUARANTEE=at-least-once: no transactions), through the running server
 	$(PY) -m rtserve stream start --stream-dir $(STREAM_DIR) -- --kafka-run-dir $(KAFKA_RUN_DIR) --run-dir $(RUN_DIR) \
-	  --inference $(INFERENCE_URL) --management $(MANAGEMENT_URL) --model $(MODEL_NAME)$(if $(STREAM_ARGS), $(STREAM_ARGS))
+	  --inference $(INFERENCE_URL) --management $(MANAGEMENT_URL) --model $(MODEL_NAME) --guarantee $(GUARANTEE)$(if $(STREAM_ARGS), $(STREAM_ARGS))
 
 .PHONY: stream-stop
 stream-stop: ## Stop the stream consumer `make stream` started (it finishes its step and leaves its group)

@@ -1,8 +1,9 @@
-"""``python -m rtserve stream``: score a Kafka topic's events through the running TorchServe, exactly once.
+"""``python -m rtserve stream``: score a Kafka topic's events through the running TorchServe, exactly or at least once.
 
     python -m rtserve stream run [--kafka-run-dir .run/kafka | --bootstrap 127.0.0.1:9092]
         [--model realtime-classifier] [--group rtserve-stream] [--input events]
         [--output predictions] [--dead-letters events.dlq] [--features 32]
+        [--guarantee exactly-once|at-least-once] [--linger 0.002]
         [--metrics-port 8088 --metrics-host 127.0.0.1] [--token-file TOKENS]
 
     python -m rtserve stream start [--stream-dir .run/stream] [-- RUN OPTIONS]
@@ -15,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import signal
 import socket
 import threading
@@ -32,7 +34,8 @@ STREAM_DIR = PACKAGE_HOME / ".run" / "stream"
 def cmd_run(args: argparse.Namespace) -> int:
     """Consume --input, write one prediction (--output) or dead letter (--dead-letters) per event.
 
-    Each transaction commits the consumed offsets with what it wrote.
+    Exactly once, each transaction commits the consumed offsets with what it wrote; at least once,
+    the offsets follow the outputs' delivery.
     """
     from rtserve.gateway.nginx import parse_tokens
     from rtserve.stream import local, metrics
@@ -51,6 +54,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         instances=args.instances,
         n_features=args.features,
+        linger=args.linger,
+        guarantee=args.guarantee,
     )
     # A gateway's shared token (the Secret's file, in Kubernetes), else TorchServe's key file.
     token = parse_tokens(Path(args.token_file).read_text())[0] if args.token_file else None
@@ -63,6 +68,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     server = metrics.serve(observed, host, port) if port else None
     try:
         member = StreamConsumer(config, client(args, token), observed)
+        # what is loaded now lives as long as the process: keep it out of every later collection
+        gc.collect()
+        gc.freeze()
         where = f"; metrics on http://{host}:{server.server_port}/metrics" if server else ""
         print(
             f">> consuming {config.input} at {bootstrap} (group {config.group}) into {config.output}, "
@@ -76,7 +84,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             server.server_close()
     print(
         f"{STOPPED}{counts.predictions} predictions, {counts.dead_letters} dead letters in "
-        f"{counts.transactions} transactions ({counts.aborted} aborted, {counts.retries} retries)"
+        f"{counts.transactions} {'transactions' if config.guarantee == 'exactly-once' else 'commits'} "
+        f"({counts.aborted} aborted, {counts.retries} retries)"
     )
     return 0
 
@@ -143,6 +152,24 @@ def add(groups: argparse._SubParsersAction) -> None:
             },
         ),
         (["--features"], {"type": int, "help": "the model's feature count (default: TorchServe checks it)"}),
+        (
+            ["--linger"],
+            {
+                "type": float,
+                "default": 0.002,
+                "help": "seconds a micro-batch waits for more events before it is sent (at most --instances)",
+            },
+        ),
+        (
+            ["--guarantee"],
+            {
+                "choices": ["exactly-once", "at-least-once"],
+                "default": "exactly-once",
+                "help": "exactly-once: outputs and offsets in one transaction; at-least-once: no transactions, "
+                "offsets committed once the outputs are delivered (a crash or rebalance can write an output "
+                "twice; each carries its source to drop them)",
+            },
+        ),
         (
             ["--token-file"],
             {

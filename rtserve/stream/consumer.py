@@ -1,8 +1,12 @@
-"""The stream consumer: one prediction or dead letter per Kafka event, exactly once, scored by TorchServe.
+"""The stream consumer: one prediction or dead letter per Kafka event, by TorchServe, exactly or at least once.
 
-A step polls a batch, scores it (no transaction open meanwhile), then commits outputs and offsets in one
-transaction on the commit thread while the next step scores. A transient failure writes nothing and retries
-after a backoff; a failed transaction rewinds to the group's committed offsets. The design: docs/streaming.md.
+A continuous pipeline: polled events form micro-batches (``instances`` events or ``linger`` seconds), up
+to ``concurrency`` requests are in flight, and answers are released in the order the events were polled
+(so per partition in offset order). One commit at a time writes what has been released, while scoring
+goes on: exactly once, a transaction with the outputs and the offsets; at least once, the outputs, then
+the offsets once each output's delivery is confirmed. A transient failure drops what was not yet handed
+to a commit, rewinds and retries after a backoff; a failed commit rewinds to the group's committed
+offsets. The design: docs/streaming.md.
 """
 
 from __future__ import annotations
@@ -10,13 +14,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from requests.adapters import HTTPAdapter
 
 from handler.errors import InvalidInput
@@ -46,6 +52,16 @@ MAX_EVENT_BYTES = 65536
 
 #: The route of the consumer's requests in their records (:data:`handler.records.ROUTE_HEADER`).
 STREAM_ROUTE = "stream"
+#: What a member promises per event: once in the outputs (transactions), or at least once (no
+#: transactions: a crash or a rebalance between an output's delivery and its offset's commit
+#: writes that output again when the event is read again).
+EXACTLY_ONCE, AT_LEAST_ONCE = "exactly-once", "at-least-once"
+GUARANTEES = (EXACTLY_ONCE, AT_LEAST_ONCE)
+#: How long the loop waits for Kafka while work is in flight (answers to release, a commit to
+#: end): its reaction time to both.
+BUSY_POLL = 0.001
+#: The longest :meth:`StreamConsumer.close` waits for the requests in flight before it gives them up.
+DRAIN_TIMEOUT = 30.0
 
 
 @dataclass(frozen=True)
@@ -59,10 +75,13 @@ class StreamConfig:
     output: str = "predictions"
     dead_letters: str = "events.dlq"
     transactional_id: str = "rtserve-stream"
-    #: Most events per poll (and per transaction); the first is waited for at most ``poll``
-    #: seconds, the others are those already fetched.
+    #: Most events per poll and per commit (transaction); an idle member waits at most ``poll``
+    #: seconds for the first.
     batch: int = 512
     poll: float = 0.5
+    #: A micro-batch is sent once it holds ``instances`` events or its first has waited this long.
+    linger: float = 0.002
+    guarantee: str = EXACTLY_ONCE
     #: Requests in flight to TorchServe at once.
     concurrency: int = 16
     #: Events per request to TorchServe: a KServe v1 ``instances`` request (at most the model's
@@ -87,6 +106,12 @@ class StreamConfig:
                 f"stream setting max_event_bytes must be within 1..524288 (an output "
                 f"must fit a 1 MB record), got {self.max_event_bytes}"
             )
+        if self.guarantee not in GUARANTEES:
+            raise StreamError(
+                f"stream setting guarantee must be one of {', '.join(GUARANTEES)}, got {self.guarantee!r}"
+            )
+        if not 0 <= self.linger <= 1:
+            raise StreamError(f"stream setting linger must be within 0..1 s, got {self.linger}")
         for name in ("poll", "backoff", "max_backoff", "session_timeout"):
             if not getattr(self, name) > 0:
                 raise StreamError(f"stream setting {name} must be positive, got {getattr(self, name)}")
@@ -108,14 +133,23 @@ class Counts:
 
 @dataclass
 class InFlight:
-    """A step whose transaction commits on the commit thread.
+    """Released events being committed on the commit thread.
 
-    Its events, their outputs, and the commit's future: its wall-clock end (or its :class:`KafkaException`).
+    Their outputs, and the commit's future: its wall-clock end (or its :class:`KafkaException`).
     """
 
     messages: list[Message]
     outputs: list[tuple[str, bytes]]
     commit: Future
+
+
+@dataclass
+class Chunk:
+    """A micro-batch: events polled by ``member``, and the future of their outputs (one per event, in order)."""
+
+    messages: list[Message]
+    member: str | None
+    outputs: Future
 
 
 class Transient(StreamError):
@@ -126,7 +160,10 @@ class Transient(StreamError):
 
 
 class StreamConsumer:
-    """One member of the consumer group ``config.group`` (see the module's docstring)."""
+    """One member of the consumer group ``config.group`` (see the module's docstring).
+
+    Every Kafka call but the commit's is made on the thread that runs :meth:`run` (or :meth:`step`).
+    """
 
     def __init__(self, config: StreamConfig, client: Client, metrics: StreamMetrics | None = None) -> None:
         self.config = config
@@ -143,16 +180,25 @@ class StreamConsumer:
                 "isolation.level": "read_committed",
                 "log_level": 4,
                 "session.timeout.ms": int(config.session_timeout * 1000),
+                "on_commit": self._committed,
                 **self.metrics.consumer_settings(),
             }
         )
         self.producer: Producer | None = self._producer()
         self.pool = ThreadPoolExecutor(config.concurrency, thread_name_prefix="stream-score")
+        #: Polled, not yet sent: the micro-batch being formed, and when its first event came.
+        self._forming: list[Message] = []
+        self._formed_at = 0.0
+        #: Sent micro-batches, in poll order; and the released events (with their outputs) not yet committed.
+        self._pending: deque[Chunk] = deque()
+        self._released: list[tuple[Message, tuple[str, bytes], str | None]] = []
         self._in_flight: InFlight | None = None
+        #: At least once: the offsets after the delivered events, per (topic, partition).
+        self._delivered: dict[tuple[str, int], int] = {}
         self._failures = 0
         #: While backing off after a transient failure: when the paused partitions resume.
         self._resume_at: float | None = None
-        #: A transaction failed and the partitions are not yet back at the committed offsets.
+        #: A commit failed and the partitions are not yet back at the committed offsets.
         self._unsettled = False
         #: The partitions of the last rebalance, as (topic, partition), set by the polling thread's
         #: callbacks: readable from any thread (``consumer.assignment()`` waits on librdkafka's group
@@ -170,28 +216,32 @@ class StreamConsumer:
         client.session.headers[ROUTE_HEADER] = STREAM_ROUTE  # the records say where it came from
         self._client = client
 
+    @property
+    def transactional(self) -> bool:
+        return self.config.guarantee == EXACTLY_ONCE
+
     def _producer(self) -> Producer:
         self.metrics.producer_starting()
         # A request to a broker that went away fails after TXN_TIMEOUT, as the transactional
         # calls' own timeouts say (librdkafka's default, 60 s, outlasts them). A transaction begun
         # right after the previous commit meets CONCURRENT_TRANSACTIONS and is retried after
         # ``retry.backoff.ms``: librdkafka's 100 ms made back-to-back transactions take 108 ms, not 15.
-        producer = Producer(
-            {
-                "bootstrap.servers": self.config.bootstrap,
-                "transactional.id": self.config.transactional_id,
-                "socket.timeout.ms": int(TXN_TIMEOUT * 1000),
-                "retry.backoff.ms": RETRY_BACKOFF_MS,
-                "linger.ms": 5,
-                "log_level": 4,
-            }
-        )
-        producer.init_transactions(TXN_TIMEOUT)
+        settings = {
+            "bootstrap.servers": self.config.bootstrap,
+            "socket.timeout.ms": int(TXN_TIMEOUT * 1000),
+            "retry.backoff.ms": RETRY_BACKOFF_MS,
+            "log_level": 4,
+        }
+        if self.transactional:
+            producer = Producer({**settings, "transactional.id": self.config.transactional_id, "linger.ms": 5})
+            producer.init_transactions(TXN_TIMEOUT)
+        else:  # idempotent: a retried send is not written twice
+            producer = Producer({**settings, "enable.idempotence": True, "linger.ms": 1})
         self.metrics.producer_ready()
         return producer
 
     def run(self, stop: threading.Event) -> Counts:
-        """Consume until ``stop`` is set; then leave the group."""
+        """Consume until ``stop`` is set; then commit what was scored and leave the group."""
         self.consumer.subscribe([self.config.input], on_assign=self._on_assign, on_revoke=self._on_revoke)
         try:
             while not stop.is_set():
@@ -202,42 +252,110 @@ class StreamConsumer:
         return self.counts
 
     def close(self) -> None:
-        """End the commit in flight (counted), then leave the group."""
-        self.finish(settle=False)
-        self.pool.shutdown(wait=True)
-        self.consumer.close()
+        """Score what was polled (at most :data:`DRAIN_TIMEOUT`), commit it, then leave the group."""
+        try:
+            if self._resume_at is None and not self._unsettled:
+                self._drain()
+        finally:
+            self.finish(settle=False)
+            self._commit_delivered()
+            self.pool.shutdown(wait=True)
+            self.consumer.close()
 
     def step(self) -> int:
-        """Poll and score one batch, and hand it to the commit thread once the previous step's transaction ended.
+        """One turn of the loop: poll, send micro-batches, release answers in order, hand a commit over.
 
         Returns:
-            The events that ended committed in this call (the previous step's): 0 when it failed, after a
-            retry, and while backing off.
+            The events whose commit ended in this turn (0 when it failed, and while backing off).
         """
         if self._resume_at is not None:
             self._hold()
             return 0
         if self._unsettled and not self._settle():
             return 0
-        messages = self._poll(self.config.poll)
+        busy = self._forming or self._pending or self._released or self._in_flight
+        messages = self._poll(self._wait(busy))
         if self._unsettled:  # a rebalance in the poll met a failed commit: read again once settled
             return 0
-        if not messages:
-            return self.finish(wait=False) or 0
-        member = self.consumer.memberid()
-        try:
-            outputs = self.score(messages)
-        except Transient as exc:
-            written = self.finish()
-            if written is not None:  # (else the failed commit's abort rewound these events too)
-                self._retry_later(messages, exc)
-            return written or 0
-        self._failures = 0
-        written = self.finish()
-        if written is None:  # the previous transaction failed: these events are read again too
+        self._form(messages)
+        written = self.finish(wait=False)
+        if written is None:  # the commit failed: every event after the committed offsets is read again
             return 0
-        self.commit(messages, outputs, member)
+        try:
+            self._release()
+        except Transient as exc:
+            self._retry_later(exc)
+            return written
+        self._failures = 0
+        if self._in_flight is None and self._released:
+            self._hand_over()
         return written
+
+    def _wait(self, busy: bool) -> float:
+        """How long the next poll may wait: until the forming micro-batch is due, briefly while busy."""
+        if self._forming:
+            return max(0.0, min(BUSY_POLL, self._formed_at + self.config.linger - time.monotonic()))
+        return BUSY_POLL if busy else self.config.poll
+
+    def _form(self, messages: list[Message]) -> None:
+        """Add polled ``messages`` to the micro-batch; send it when full or due (a full pipeline waits)."""
+        if messages and not self._forming:
+            self._formed_at = time.monotonic()
+        self._forming.extend(messages)
+        size = self.config.instances
+        while len(self._forming) >= size or (
+            self._forming and time.monotonic() >= self._formed_at + self.config.linger
+        ):
+            if len(self._pending) >= self.config.concurrency:  # backpressure: the oldest answer first
+                wait_futures([self._pending[0].outputs], timeout=self.config.poll)
+                return
+            chunk, self._forming = self._forming[:size], self._forming[size:]
+            self._pending.append(Chunk(chunk, self.consumer.memberid(), self.pool.submit(self.score, chunk)))
+            self._formed_at = time.monotonic()
+
+    def _release(self) -> None:
+        """Move the answered micro-batches at the head of the queue (poll order) to the released events.
+
+        Raises:
+            Transient: TorchServe did not answer one now (it and everything after it are dropped by the caller).
+            StreamError: a refusal no event can fix.
+        """
+        while self._pending and self._pending[0].outputs.done():
+            chunk = self._pending[0]
+            outputs = chunk.outputs.result()  # (raises what scoring raised)
+            self._pending.popleft()
+            self._released.extend((m, o, chunk.member) for m, o in zip(chunk.messages, outputs))
+
+    def _hand_over(self) -> None:
+        """Commit up to ``batch`` released events on the commit thread."""
+        taken, self._released = self._released[: self.config.batch], self._released[self.config.batch :]
+        members = {member for _, _, member in taken}  # (one, unless the member rejoined under a new id)
+        self.commit([m for m, _, _ in taken], [o for _, o, _ in taken], members.pop() if len(members) == 1 else None)
+
+    def _drain(self) -> None:
+        """On stop: send what is forming, wait for the answers (at most :data:`DRAIN_TIMEOUT`), commit them."""
+        deadline = time.monotonic() + DRAIN_TIMEOUT
+        try:
+            while (self._forming or self._pending) and time.monotonic() < deadline:
+                self._formed_at = -float("inf")  # due now
+                self._form([])
+                if self._pending:
+                    wait_futures([self._pending[0].outputs], timeout=max(0.0, min(0.1, deadline - time.monotonic())))
+                self._release()
+        except StreamError as exc:  # (read again by the next member, from the committed offsets)
+            logger.warning("stopping: dropped what was not answered (%s)", exc)
+        self._discard()
+        while self._released and self.finish() is not None:
+            self._hand_over()
+
+    def _discard(self) -> list[Message]:
+        """Drop what is forming and what was sent (their answers are not used): the events dropped."""
+        dropped = [m for c in self._pending for m in c.messages] + self._forming
+        for chunk in self._pending:
+            chunk.outputs.cancel()
+        self._pending.clear()
+        self._forming = []
+        return dropped
 
     def _poll(self, timeout: float) -> list[Message]:
         """Up to ``batch`` events: at most ``timeout`` seconds' wait for the first, then only those already fetched.
@@ -260,11 +378,19 @@ class StreamConsumer:
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Handle partitions about to go (a rebalance, or the member leaving).
 
-        The commit in flight ends first, under the generation its offsets name. If it failed, the member is
-        rewound at its next step (the partitions it gets are read from the committed offsets anyway).
+        The commit in flight ends first, under the generation its offsets name; what was polled and not
+        yet committed is dropped (the partitions' next owners read it from the committed offsets). If the
+        commit failed, the member is rewound at its next step.
         """
         self.assigned = frozenset()
         self.finish(settle=False)
+        self._commit_delivered()
+        dropped = len(self._discard()) + len(self._released)
+        self._released = []
+        if dropped:
+            logger.info(
+                "partitions revoked: dropped %d polled events not committed (their next owner reads them)", dropped
+            )
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Take a rebalance's new partitions: paused while the member backs off, else fetching.
@@ -322,16 +448,13 @@ class StreamConsumer:
         return outputs
 
     def _answers(self, events: list[records.Event]) -> list[dict | TorchServeError]:
-        """TorchServe's answer to each event (or its refusal), asked concurrently.
+        """TorchServe's answer to each event (or its refusal), on this scoring thread.
 
-        ``instances`` events per KServe v1 request, or one ``/predictions`` request each (``instances`` 1).
+        ``instances`` > 1: the events in one KServe v1 request; 1: one ``/predictions`` request each.
         """
-        size = self.config.instances
-        if size == 1:
-            futures = [self.pool.submit(self._predict, e) for e in events]
-            return [f.result() for f in futures]
-        futures = [self.pool.submit(self._predict_many, events[i : i + size]) for i in range(0, len(events), size)]
-        return [answer for f in futures for answer in f.result()]
+        if self.config.instances == 1:
+            return [self._predict(e) for e in events]
+        return self._predict_many(events) if events else []
 
     def _predict_many(self, events: list[records.Event]) -> list[dict | TorchServeError]:
         """Ask one request for ``events``; if TorchServe refuses it as a whole (400), ask each event alone.
@@ -364,16 +487,16 @@ class StreamConsumer:
             raise StreamError(f"TorchServe refused {self.config.model} for every event: {exc}") from exc
 
     def commit(self, messages: list[Message], outputs: list[tuple[str, bytes]], member: str | None) -> bool:
-        """Hand ``outputs`` and the consumed offsets to the commit thread, to be written in one transaction.
+        """Hand ``outputs`` and the offsets after ``messages`` to the commit thread.
 
         :meth:`finish` takes its outcome; none may be in flight. ``member`` is the member id the events were
         polled under: once it is no longer the consumer's (its session ended while it scored, so the broker
-        would refuse the offsets), the step is given up here, without the round trip.
+        would refuse the offsets), they are given up here, without the round trip.
 
         Returns:
-            Whether it was handed over.
+            Whether they were handed over.
         """
-        assert self._in_flight is None, "one transaction at a time"
+        assert self._in_flight is None, "one commit at a time"
         group = self.consumer.consumer_group_metadata()  # (taken before the check below)
         now = self.consumer.memberid()
         if not member or now != member:
@@ -383,9 +506,8 @@ class StreamConsumer:
                 opened=False,
             )
             return False
-        self._in_flight = InFlight(
-            messages, outputs, on_daemon_thread(self._transact, self.producer, messages, outputs, group)
-        )
+        write = self._transact if self.transactional else self._deliver
+        self._in_flight = InFlight(messages, outputs, on_daemon_thread(write, self.producer, messages, outputs, group))
         return True
 
     def _transact(
@@ -406,11 +528,37 @@ class StreamConsumer:
         producer.commit_transaction(TXN_TIMEOUT)
         return self.metrics.wall()
 
-    def finish(self, wait: bool = True, settle: bool = True) -> int | None:
-        """Take the outcome of the transaction in flight (``wait``: waiting for it; else only if it has ended).
+    def _deliver(self, producer: Producer, messages: list[Message], outputs: list[tuple[str, bytes]], _: Any) -> float:
+        """On the commit thread, at least once: write ``outputs`` and wait until every one is delivered.
 
-        Its events are counted, or on failure the step is given up (:meth:`_abort`; with ``settle``, rewound to
-        the committed offsets now, else at the next step).
+        :meth:`finish` then commits the offsets, on the polling thread (a commit made on another thread
+        while it polls is answered to the poll, and its caller waits for ever).
+
+        Returns:
+            When the last was delivered (wall clock).
+
+        Raises:
+            KafkaException: an output was not delivered (:meth:`finish` rewinds to the committed
+                offsets, and what was delivered is written again).
+        """
+        failed: list[KafkaError] = []
+
+        def delivered(err: KafkaError | None, _msg: Message) -> None:
+            if err is not None:
+                failed.append(err)
+
+        for msg, (topic, value) in zip(messages, outputs):
+            producer.produce(topic, key=msg.key(), value=value, on_delivery=delivered)
+        left = producer.flush(TXN_TIMEOUT)
+        if failed or left:
+            raise KafkaException(failed[0] if failed else KafkaError(KafkaError._MSG_TIMED_OUT, f"{left} undelivered"))
+        return self.metrics.wall()
+
+    def finish(self, wait: bool = True, settle: bool = True) -> int | None:
+        """Take the outcome of the commit in flight (``wait``: waiting for it; else only if it has ended).
+
+        Its events are counted, or on failure everything not committed is given up (:meth:`_abort`; with
+        ``settle``, rewound to the committed offsets now, else at the next step).
 
         Returns:
             The events it committed (0: none in flight, or still committing), None when it failed.
@@ -421,6 +569,8 @@ class StreamConsumer:
         self._in_flight = None
         try:
             at = done.commit.result(timeout=COMMIT_DEADLINE)
+            if not self.transactional:  # the outputs are delivered: their offsets now
+                self._commit_offsets(done.messages, wait)
         except KafkaException as exc:
             self._abort(str(exc.args[0]), settle=settle)
             return None
@@ -436,25 +586,65 @@ class StreamConsumer:
                 self.counts.dead_letters += 1
         return len(done.messages)
 
-    def _abort(self, why: str, opened: bool = True, settle: bool = True) -> None:
-        """Give the step up and seek back to the group's committed offsets (:meth:`_settle`).
+    def _commit_offsets(self, messages: list[Message], wait: bool) -> None:
+        """At least once: commit the offsets after ``messages`` (``wait``: synchronously, else in the background).
 
-        If a transaction was ``opened``, its producer is dropped: the next one, with the same transactional id,
+        In the background a failure is only logged (:meth:`_committed`): a later commit carries later
+        offsets, and a member that loses its partitions first leaves those events to be written again.
+
+        Raises:
+            KafkaException: a synchronous commit failed.
+        """
+        offsets = next_offsets(messages)
+        self._delivered.update({(tp.topic, tp.partition): tp.offset for tp in offsets})
+        if not wait:
+            self.consumer.commit(offsets=offsets, asynchronous=True)
+            return
+        for tp in self.consumer.commit(offsets=offsets, asynchronous=False) or []:
+            if tp.error is not None:
+                raise KafkaException(tp.error)
+
+    def _commit_delivered(self) -> None:
+        """At least once, before partitions go: commit every delivered event's offset synchronously.
+
+        A background commit may still be on its way; this one returns once the group has them all.
+        """
+        if self.transactional or not self._delivered:
+            return
+        offsets = [TopicPartition(t, p, o) for (t, p), o in self._delivered.items()]
+        self._delivered = {}
+        try:
+            self.consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            logger.warning("offset commit failed (%s): those events are written again", exc.args[0])
+
+    def _committed(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        """The answer to a background offset commit (librdkafka's, served by the poll)."""
+        if err is not None:
+            logger.warning("offset commit failed (%s): those events are written again if the partitions move", err)
+
+    def _abort(self, why: str, opened: bool = True, settle: bool = True) -> None:
+        """Give up everything not committed and seek back to the group's committed offsets (:meth:`_settle`).
+
+        If a commit was ``opened``, its producer is dropped: the next one, with the same transactional id,
         fences it and aborts what it left open (a producer that lost its broker mid-way fails its next
         transaction). Without ``settle``, the seek waits for the next step.
         """
-        logger.warning("transaction failed (%s): aborted, rewinding to the committed offsets", why)
+        what = "transaction" if self.transactional else "commit"
+        logger.warning("%s failed (%s): aborted, rewinding to the committed offsets", what, why)
         self.counts.aborted += 1
         if opened:
             self.producer = None
+        self._discard()
+        self._released = []
         self._unsettled = True
         if settle:
             self._settle()
 
     def _settle(self) -> bool:
-        """Recover from a failed transaction: a new producer, then each assigned partition at its committed offset.
+        """Recover from a failed commit: a new producer, then each assigned partition at its committed offset.
 
-        The committed offset is the failed transaction's real outcome (a commit that timed out may have gone
+        The committed offset is the failed commit's real outcome (a commit that timed out may have gone
         through). While the broker cannot answer, the partitions stay paused for a backoff and the next step
         tries again.
 
@@ -470,15 +660,17 @@ class StreamConsumer:
                     if tp.offset >= 0:
                         self.consumer.seek(tp)
         except KafkaException as exc:
-            self._back_off(f"the broker cannot settle the failed transaction yet ({exc.args[0]})")
+            self._back_off(f"the broker cannot settle the failed commit yet ({exc.args[0]})")
             return False
         self._unsettled = False
         return True
 
-    def _retry_later(self, messages: list[Message], exc: Transient) -> None:
-        """Seek back to each partition's first event of the step and back off."""
+    def _retry_later(self, exc: Transient) -> None:
+        """Drop what was polled and not yet handed to a commit, seek back to its first events, back off."""
         self.counts.retries += 1
-        self._rewind(messages)
+        dropped = [m for m, _, _ in self._released] + self._discard()
+        self._released = []
+        self._rewind(dropped)
         self._back_off(f"TorchServe did not answer now ({exc})")
 
     def _back_off(self, why: str) -> None:
@@ -500,8 +692,10 @@ class StreamConsumer:
     def _hold(self) -> None:
         """Poll the paused partitions once while backing off, so the member keeps its place in the group.
 
-        :meth:`_on_assign` pauses what it gains. When the backoff has passed, the partitions assigned then resume.
+        :meth:`_on_assign` pauses what it gains. The commit in flight ends meanwhile. When the backoff has
+        passed, the partitions assigned then resume.
         """
+        self.finish(wait=False)
         remaining = self._resume_at - time.monotonic()
         if remaining > 0:
             stray = self._poll(min(remaining, self.config.poll))

@@ -203,6 +203,49 @@ def exactly_once(kafka, topics: dict[str, str], sent: dict[tuple[int, int], tupl
     return written
 
 
+def at_least_once(
+    kafka, topics: dict[str, str], sent: dict[tuple[int, int], tuple[bytes, bytes]]
+) -> tuple[Written, int]:
+    """The at-least-once check: every input offset is in the predictions or the dead letters at least
+    once, nothing else is, each output keeps its event's key, and in each output partition an input
+    partition's offsets first appear in order. Returns the outputs (each input offset's first) and the
+    number of duplicates."""
+    decoded = {}
+    for name in ("predictions", "events.dlq"):
+        msgs = sorted(read_all(kafka.bootstrap, topics[name]), key=lambda m: (m.partition(), m.offset()))
+        decoded[name] = [(m, json.loads(m.value())) for m in msgs]
+    seen: set[tuple[int, int]] = set()
+    first: dict[str, list] = {name: [] for name in decoded}
+    duplicates = 0
+    for name, pairs in decoded.items():
+        last: dict[tuple[int, int], int] = {}
+        for msg, record in pairs:
+            source = record["source"]
+            coordinates = (source["partition"], source["offset"])
+            assert source["topic"] == topics["events"] and coordinates in sent, f"{name}: an output of no event"
+            assert msg.key() == sent[coordinates][0], "the event's key is kept"
+            if coordinates in seen:
+                duplicates += 1
+                continue
+            seen.add(coordinates)
+            lane = (msg.partition(), source["partition"])
+            assert source["offset"] > last.get(lane, -1), f"{name}: out of order in {lane}"
+            last[lane] = source["offset"]
+            first[name].append((msg, record))
+    gaps = sorted(set(sent) - seen)
+    assert gaps == [], f"{len(gaps)} events never written: {gaps[:10]}"
+    written = Written(
+        [r for _, r in first["predictions"]],
+        [r for _, r in first["events.dlq"]],
+        [(m.partition(), m.offset()) for m, _ in first["predictions"]],
+    )
+    print(
+        f"{len(sent)} events in, {len(written.predictions)} predictions, {len(written.letters)} dead letters, "
+        f"{duplicates} duplicates, 0 gaps"
+    )
+    return written, duplicates
+
+
 def run_options(kafka, torchserve, topics: dict[str, str], inference: str | None = None) -> list[str]:
     """``stream run``'s options for a member of the test's group as its own process (what
     ``make stream`` starts), scoring through ``inference`` (default: the server's address)."""

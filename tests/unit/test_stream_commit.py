@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future
 
 import pytest
 
 from rtserve.stream import consumer as stream_consumer
-from rtserve.stream.consumer import Counts, InFlight, StreamConsumer, on_daemon_thread
+from rtserve.stream.consumer import Counts, InFlight, StreamConfig, StreamConsumer, on_daemon_thread
 
 pytestmark = pytest.mark.unit
 
@@ -35,6 +36,8 @@ def test_a_commit_past_its_deadline_gives_the_step_up_and_drops_the_producer(mon
     monkeypatch.setattr(stream_consumer, "COMMIT_DEADLINE", 0.2)
     member = StreamConsumer.__new__(StreamConsumer)  # only the parts finish() reads on a failure
     member.counts, member.producer, member._unsettled = Counts(), object(), False
+    member.config, member._pending, member._forming, member._released = StreamConfig("x:1"), deque(), [], []
+    member._delivered = {}
     member._in_flight = InFlight([], [], Future())  # a commit that never ends
     began = time.monotonic()
     assert member.finish(settle=False) is None
