@@ -370,21 +370,21 @@ class Reader:
     POLL_MAX = 500
 
     def __init__(self, bootstrap: str, outputs: list[str], floor: str | None = None) -> None:
-        self.consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": f"bench-{uuid.uuid4().hex}",
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-                "fetch.wait.max.ms": 50,
-                "log_level": 4,
-            }
-        )
+        self.settings = {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-{uuid.uuid4().hex}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "fetch.wait.max.ms": 50,
+            "log_level": 4,
+        }
+        self.consumer = Consumer(self.settings)
         self.consumer.assign(
             [TopicPartition(t, p, OFFSET_BEGINNING) for t in outputs for p in range(PARTITIONS)]
             + [TopicPartition(floor, p, OFFSET_BEGINNING) for p in range(PARTITIONS) if floor]
         )
+        self.outputs = outputs
         self.parts = len(outputs) * PARTITIONS
         self.floor_topic = floor
         self.records: list[Output] = []
@@ -454,7 +454,23 @@ class Reader:
                 deadline = begin + seconds
 
     def to_end(self, timeout: float = 120) -> None:
-        """Read until every partition said it is at its end (with nothing read since)."""
+        """Read the outputs to their ends as they stand now (the consumer stopped): until every
+        partition said it is at its end.
+
+        A new client goes on from this one's positions: this one may have said "end" before the
+        consumer's last transactions committed, and says it only once per end it reaches.
+        """
+        parts = [TopicPartition(t, p) for t in self.outputs for p in range(PARTITIONS)]
+        positions = self.consumer.position(parts)
+        self.consumer.close()
+        self.consumer = Consumer(self.settings)
+        self.consumer.assign(
+            [
+                TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING)
+                for tp in positions
+            ]
+        )
+        self.eof = set()
         deadline = time.monotonic() + timeout
         while len(self.eof) < self.parts:
             if time.monotonic() > deadline:
