@@ -790,14 +790,13 @@ class Bench:
             seen = reader.window(
                 events, window, waiting, 120, on_first=lambda: at_first.append((self.procs.cpu(), running.counts()))
             )
-            if seen is not None:
-                after, counts = self.procs.cpu(), running.counts()
+            if seen is None:
+                raise StreamError(f"the {who} consumer wrote nothing in 120 s")
+            after, counts = self.procs.cpu(), running.counts()
         except BaseException:
             running.stop()
+            reader.close()
             raise
-        if seen is None:
-            running.stop()
-            raise StreamError(f"the {who} consumer wrote nothing in 120 s")
         seconds = seen.end - seen.begin
         counted = len(reader.records) - seen.first
         phase = Phase(
@@ -857,6 +856,7 @@ class Bench:
             if profiling:
                 self.profile.stop()
             running.stop()
+            reader.close()
             raise
         values = latencies(reader.records, since_ms)
         read = len(reader.records) - WARMUP_EVENTS
