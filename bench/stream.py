@@ -115,6 +115,12 @@ PACE_SHARE = 0.99
 COMPONENTS = ("broker", "consumer", "torchserve frontend", "torchserve workers", "bench", "others")
 #: The components that do the stream's work (the CPU per event counts these).
 SERVING = COMPONENTS[:4]
+#: The broker's JIT compiler threads (``C1 CompilerThread0``, ``C2 ...``): a part of ``broker``,
+#: reported to show whether the broker was warm.
+BROKER_JIT = "broker JIT"
+JIT_THREAD = "CompilerThre"
+#: Parts of a component, kept out of ``others``.
+PARTS = (BROKER_JIT,)
 #: The consumer's counters (rtserve.stream.metrics) the bench reads from its ``/metrics``.
 TRANSACTIONS_TOTAL = TRANSACTIONS + "_total"
 EVENTS_TOTAL = EVENTS + "_total"
@@ -122,6 +128,17 @@ EVENTS_TOTAL = EVENTS + "_total"
 PROFILE_NAME = "rtserve-bench-stream"
 PROFILE_FILE = "stream-broker.jfr"
 PROFILE_TOP = 15
+#: The recording's settings: Java stack samples only, every 10 ms per running thread. JFR's own
+#: ``profile`` settings also time file and socket I/O, which instruments the JDK's classes: in a
+#: run with them the broker's JIT threads took 61% of its CPU over the recorded phase.
+PROFILE_SETTINGS = """<?xml version="1.0" encoding="UTF-8"?>
+<configuration version="2.0" label="rtserve bench-stream" description="Java CPU samples only (bench/stream.py)">
+  <event name="jdk.ExecutionSample">
+    <setting name="enabled">true</setting>
+    <setting name="period">10 ms</setting>
+  </event>
+</configuration>
+"""
 #: The JVM's thread that runs ``jcmd``'s commands (the recording's own start and dump).
 RECORDER_THREAD = "Attach Listener"
 
@@ -177,6 +194,7 @@ class Processes:
         me = psutil.Process().cpu_times()
         return {
             "broker": tree_cpu(self.broker)[0],
+            BROKER_JIT: sum(v for k, v in jvm_threads_cpu(self.broker).items() if JIT_THREAD in k),
             "consumer": tree_cpu(self.consumer)[0] if self.consumer else 0.0,
             "torchserve frontend": ts_frontend,
             "torchserve workers": ts_total - ts_frontend,
@@ -190,7 +208,9 @@ def split(before: dict[str, float], after: dict[str, float], seconds: float) -> 
     machine's busy time not spent in them."""
     used = {k: max(0.0, after[k] - before[k]) for k in before}
     machine = used.pop("machine")
+    parts = {k: used.pop(k) for k in PARTS if k in used}
     used["others"] = max(0.0, machine - sum(used.values()))
+    used.update(parts)
     return (
         {k: round(v, 2) for k, v in used.items()},
         {k: round(100 * v / seconds, 1) if seconds > 0 else 0.0 for k, v in used.items()},
@@ -569,10 +589,10 @@ def jdk_tool(name: str, java: str) -> str | None:
 
 class BrokerProfile:
     """A Java Flight Recorder recording of the broker's JVM, started and stopped with ``jcmd``
-    (JFR's ``profile`` settings: a Java stack sample every 10 ms per running thread)."""
+    (:data:`PROFILE_SETTINGS`, written to ``settings``)."""
 
-    def __init__(self, pid: int, path: Path, java: str) -> None:
-        self.pid, self.path = pid, path.resolve()
+    def __init__(self, pid: int, path: Path, java: str, settings: Path) -> None:
+        self.pid, self.path, self.settings = pid, path.resolve(), settings.resolve()
         self.jcmd, self.jfr = jdk_tool("jcmd", java), jdk_tool("jfr", java)
         #: Why no recording was made (a tool missing, ``jcmd`` refused), or None.
         self.failed: str | None = None
@@ -588,8 +608,9 @@ class BrokerProfile:
             return False
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.unlink(missing_ok=True)
+        self.settings.write_text(PROFILE_SETTINGS)
         try:
-            run([self.jcmd, self.pid, "JFR.start", f"name={PROFILE_NAME}", "settings=profile"], 120)
+            run([self.jcmd, self.pid, "JFR.start", f"name={PROFILE_NAME}", f"settings={self.settings}"], 120)
         except RtserveError as exc:
             self.failed = f"JFR.start failed: {exc}"
             logger.warning(">> broker profile not recorded: %s", self.failed)
@@ -1048,6 +1069,9 @@ def summarize(
                 f"  fixed rate, {p.consumer}: the producer offered only {p.produced_per_s:.0f} of "
                 f"{p.offered_per_s:.0f} events/s (the machine is busy)"
             )
+    jit = [f"{p.phase} {p.consumer} {p.cpu_pct[BROKER_JIT]:.0f}" for p in phases if BROKER_JIT in p.cpu_pct]
+    if jit:
+        out.append(f"  the broker's JIT compiler threads, % of one core (part of its CPU): {', '.join(jit)}")
     ok = True
     out.append("delivery (the shipped consumer, read back with read_committed after it stopped):")
     for p in phases:
@@ -1134,7 +1158,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         profile = None
         if args.profile_broker:
-            profile = BrokerProfile(local.pid(layout.run_dir), args.out.parent / PROFILE_FILE, layout.java)
+            profile = BrokerProfile(
+                local.pid(layout.run_dir), args.out.parent / PROFILE_FILE, layout.java, layout.run_dir / "samples.jfc"
+            )
         with common.serving(args, "bench-stream/ts") as server:
             bench = Bench(args, layout.bootstrap, Processes(local.pid(layout.run_dir), server), profile)
             backlog = bench.backlog(args.events + BACKLOG_HEAD)

@@ -112,6 +112,10 @@ def test_cpu_split_per_component_and_the_rest_of_the_machine():
     # per event: the broker, the consumer and TorchServe; the bench and the rest left out
     assert per_event({**seconds, "torchserve workers": 0.5}, 1000) == 2.0
     assert per_event(seconds, 0) is None
+    # a part of a component (the broker's JIT threads) is reported, never counted twice in others
+    before["broker JIT"], after["broker JIT"] = 3.0, 3.5
+    seconds, pct = split(before, after, 2.0)
+    assert seconds["others"] == 2.25 and seconds["broker JIT"] == 0.5 and pct["broker JIT"] == 25.0
 
 
 def scrape(predictions: int, dead_letters: int, transactions: int, aborted: int = 0) -> dict[str, float]:
