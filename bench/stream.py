@@ -129,8 +129,8 @@ PROFILE_NAME = "rtserve-bench-stream"
 PROFILE_FILE = "stream-broker.jfr"
 PROFILE_TOP = 15
 #: The recording's settings: Java stack samples only, every 10 ms per running thread. JFR's own
-#: ``profile`` settings also time file and socket I/O, which instruments the JDK's classes: in a
-#: run with them the broker's JIT threads took 61% of its CPU over the recorded phase.
+#: ``profile`` settings also time file and socket I/O, which instruments the JDK's classes and
+#: sets the broker's JIT compiling again during the phase it records (docs/streaming.md).
 PROFILE_SETTINGS = """<?xml version="1.0" encoding="UTF-8"?>
 <configuration version="2.0" label="rtserve bench-stream" description="Java CPU samples only (bench/stream.py)">
   <event name="jdk.ExecutionSample">
