@@ -1069,6 +1069,11 @@ def summarize(
                 f"  fixed rate, {p.consumer}: the producer offered only {p.produced_per_s:.0f} of "
                 f"{p.offered_per_s:.0f} events/s (the machine is busy)"
             )
+        elif p.offered_per_s and p.events_per_s < PACE_SHARE * p.offered_per_s:
+            out.append(
+                f"  fixed rate, {p.consumer}: {p.events_per_s:.0f} of the {p.offered_per_s:.0f} events/s offered "
+                f"came through (a backlog built up: its latency is mostly the backlog's age)"
+            )
     jit = [f"{p.phase} {p.consumer} {p.cpu_pct[BROKER_JIT]:.0f}" for p in phases if BROKER_JIT in p.cpu_pct]
     if jit:
         out.append(f"  the broker's JIT compiler threads, % of one core (part of its CPU): {', '.join(jit)}")

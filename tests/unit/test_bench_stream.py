@@ -191,7 +191,18 @@ def test_the_profiles_top_frames_are_counted_by_method_and_its_thread_pools_and_
 
 def phase(p: str, who: str, events_per_s: float = 0.0, p50: float | None = None, p99: float | None = None) -> Phase:
     rate = 4000.0 if p == "fixed rate" else None
-    made = Phase(p, who, rate, 1000, 1000, 1.0, events_per_s, p50, p99, ended_by="events" if rate is None else None)
+    made = Phase(
+        p,
+        who,
+        rate,
+        1000,
+        1000,
+        1.0,
+        events_per_s or rate or 0.0,
+        p50,
+        p99,
+        ended_by="events" if rate is None else None,
+    )
     if who in (SHIPPED, SHIPPED_ALO):
         made.delivery = delivery({(0, 0)}, [out(0, 0)], "predictions", None, "exactly-once")
     return made
@@ -215,6 +226,11 @@ def test_each_target_is_met_or_missed_and_a_skipped_at_least_once_phase_says_why
     assert "p50 25.0 ms (<= 25 ms: met), p99 60.0 ms (<= 50 ms: MISSED)" in text
     assert "at least once: phase skipped, the consumer lacks the option" in text
     assert "2.25x the naive consumer's 4000 (>= 2x, exactly once: met)" in text
+    assert "came through" not in text  # each kept up with the rate
+
+    behind = phase("fixed rate", SHIPPED, 2400.0, p50=9000.0, p99=12000.0)
+    lines, _, _ = summarize([behind], 200000, 20.0)
+    assert "  fixed rate, shipped: 2400 of the 4000 events/s offered came through" in "\n".join(lines)
 
     phases.append(phase("fixed rate", SHIPPED_ALO, p50=9.0, p99=19.5))
     lines, targets, _ = summarize(phases, 200000, 20.0)
