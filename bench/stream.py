@@ -45,10 +45,12 @@ naive consumer's.
 CPU per phase (saturation: over its window; fixed rate: from the first paced event to the last
 output), from ``/proc/<pid>/stat`` of the processes started here (:func:`bench.perf.tree_cpu`):
 the broker's JVM, the consumer, TorchServe's frontend and its Python workers, this script (the
-producer and the reader), and the rest of the machine. With ``--profile-broker``, a Java Flight
-Recorder recording of the broker (``jcmd JFR.start`` / ``JFR.stop``) spans the exactly-once
-fixed-rate phase; its file is kept beside the report (``stream-broker.jfr``) and its top frames
-(``jfr print --events jdk.ExecutionSample``, by the sampled stack's top frame) are printed.
+producer and the reader), and the rest of the machine; and, as a part of the broker's, its JIT
+compiler threads' (whether it was warm). With ``--profile-broker``, a Java Flight Recorder
+recording of the broker (``jcmd JFR.start`` with Java stack samples only, then ``JFR.stop``) spans
+the exactly-once fixed-rate phase; its file is kept beside the report (``stream-broker.jfr``), its
+top frames (``jfr print --events jdk.ExecutionSample``, by the sampled stack's top frame) and the
+broker's CPU by thread (``/proc``: GC, JIT and native code included) are printed.
 Output: a table on stdout and JSON (default ``bench/results/stream.json``); the exit status is 1
 when a delivery check failed (the targets are reported, not enforced).
 
