@@ -10,7 +10,6 @@ import threading
 import time
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
@@ -19,6 +18,7 @@ from rtserve.stream import admin
 from rtserve.stream.consumer import StreamConfig, StreamConsumer
 from tests.conftest import MODEL_NAME
 from tests.helpers import features
+from tests.stream.oracle import OUTPUTS, Output, Written, at_least_once_of, exactly_once_of
 
 PARTITIONS = 2
 #: The input topics accept records up to this size (the broker's default is about 1 MB), so
@@ -152,53 +152,31 @@ def wait_written(member: StreamConsumer, worker: threading.Thread, total: int, t
     wait_until_counted([member], [worker], total, timeout)
 
 
-@dataclass
-class Written:
-    """What a stream wrote, read with read_committed: the records of each output topic in
-    their order (output partition, then offset), decoded; ``placed``: each prediction's
-    (partition, offset) in the output topic."""
-
-    predictions: list[dict]
-    letters: list[dict]
-    placed: list[tuple[int, int]]
-
-    def summary(self, sent: dict) -> str:
-        return (
-            f"{len(sent)} events in, {len(self.predictions)} predictions, "
-            f"{len(self.letters)} dead letters, 0 duplicates, 0 gaps"
-        )
+def written_outputs(kafka, topics: dict[str, str]) -> dict[str, list[Output]]:
+    """Every committed record of the output topics (read with read_committed), decoded, by role."""
+    return {
+        name: [
+            Output(m.partition(), m.offset(), m.key(), json.loads(m.value()))
+            for m in read_all(kafka.bootstrap, topics[name])
+        ]
+        for name in OUTPUTS
+    }
 
 
 def exactly_once(kafka, topics: dict[str, str], sent: dict[tuple[int, int], tuple[bytes, bytes]]) -> Written:
-    """Check what the stream wrote: the input offsets are exactly the union of the predictions'
-    and the dead letters' source offsets (no duplicate, no gap, nothing else); every output
-    keeps its event's key; in each output partition, the outputs of one input partition follow
-    its offsets. Prints (and returns) the counts."""
-    decoded = {}
-    for name in ("predictions", "events.dlq"):
-        msgs = sorted(read_all(kafka.bootstrap, topics[name]), key=lambda m: (m.partition(), m.offset()))
-        decoded[name] = [(m, json.loads(m.value())) for m in msgs]
-    coordinates = [(r["source"]["partition"], r["source"]["offset"]) for name in decoded for _, r in decoded[name]]
-    duplicates = len(coordinates) - len(set(coordinates))
-    gaps = sorted(set(sent) - set(coordinates))
-    strangers = sorted(set(coordinates) - set(sent))
-    assert (duplicates, gaps[:10], strangers[:10]) == (0, [], []), (
-        f"{duplicates} duplicates, {len(gaps)} gaps, {len(strangers)} outputs of no event"
-    )
-    for name, pairs in decoded.items():
-        last: dict[tuple[int, int], int] = {}
-        for msg, record in pairs:
-            source = record["source"]
-            assert source["topic"] == topics["events"]
-            assert msg.key() == sent[(source["partition"], source["offset"])][0], "the event's key is kept"
-            lane = (msg.partition(), source["partition"])
-            assert source["offset"] > last.get(lane, -1), f"{name}: out of order in {lane}"
-            last[lane] = source["offset"]
-    written = Written(
-        [r for _, r in decoded["predictions"]],
-        [r for _, r in decoded["events.dlq"]],
-        [(m.partition(), m.offset()) for m, _ in decoded["predictions"]],
-    )
+    """Check what the stream wrote (:func:`tests.stream.oracle.exactly_once_of`): each input
+    offset once in the predictions or the dead letters, nothing else, keys kept, each input
+    partition's outputs in its order. Prints (and returns) the counts."""
+    written = exactly_once_of(written_outputs(kafka, topics), sent, topics["events"])
+    print(written.summary(sent))
+    return written
+
+
+def at_least_once(kafka, topics: dict[str, str], sent: dict[tuple[int, int], tuple[bytes, bytes]]) -> Written:
+    """Check what the stream wrote (:func:`tests.stream.oracle.at_least_once_of`): each input
+    offset at least once, nothing else, keys kept, first appearances in each input partition's
+    order; the duplicates are counted (``Written.duplicates``). Prints (and returns) the counts."""
+    written = at_least_once_of(written_outputs(kafka, topics), sent, topics["events"])
     print(written.summary(sent))
     return written
 
