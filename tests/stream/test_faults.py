@@ -9,6 +9,7 @@ gap, each input partition's outputs in its offsets' order."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -18,17 +19,23 @@ import pytest
 from rtserve.client.rest import Client
 from rtserve.promotion.history import HISTORY_FILE, History
 from rtserve.promotion.rollout import Rollout
-from rtserve.runtime.process import wait_until
-from rtserve.stream import service
+from rtserve.runtime.process import alive, wait_until
+from rtserve.stream import local, service
 from rtserve.stream.consumer import COMMIT_DEADLINE
 from tests.conftest import MODEL_NAME, make_archive
 from tests.helpers import keep_only, make
 from tests.stream.helpers import (
     PARTITIONS,
+    POISON,
+    Committed,
+    Stability,
     StalledPath,
+    broker_restored,
     ends,
     exactly_once,
+    letters_name_their_fields,
     member_of,
+    poison_events,
     produce,
     run_options,
     running,
@@ -36,6 +43,8 @@ from tests.stream.helpers import (
     valid_events,
     wait_until_counted,
     wait_written,
+    with_poison,
+    written_outputs,
 )
 
 pytestmark = pytest.mark.stream
@@ -96,21 +105,21 @@ def test_broker_restarted_mid_stream(kafka, torchserve):
     """`make kafka-stop` while the member scores a batch (TorchServe's answers held on the way),
     so that it commits while the broker is away: the transaction fails and is aborted. Then
     `make kafka` (the same data and ports): the member settles (a producer again, its partitions
-    at the committed offsets) and carries on, each event written once."""
+    at the committed offsets) and carries on, each event written once, the poison events among
+    them dead-lettered naming the field."""
     topics = stream_topics(kafka)
-    sent = produce(kafka, topics["events"], valid_events(EVENTS))
+    sent = produce(kafka, topics["events"], with_poison(valid_events(EVENTS)))
     stall = StalledPath(torchserve.props["inference_address"], hold=False)
     member = member_of(
         kafka, topics, Client(stall.address, torchserve.props["management_address"], key_file=torchserve.key_file)
     )
-    down = False
     try:
-        with running(member) as worker:
+        # the tier's other tests share this broker: never left stopped, whatever fails here
+        with broker_restored(kafka), running(member) as worker:
             wait_for("48 predictions", lambda: member.counts.predictions >= 48 or not worker.is_alive(), 60)
             stall.hold()
             wait_for("a batch held", lambda: stall.held > 0, 30)
             stopped = make("-s", "kafka-stop", *kafka.make_vars)
-            down = True
             assert stopped.returncode == 0, stopped.stdout
             at_stop = member.counts.predictions
             stall.open()
@@ -123,19 +132,98 @@ def test_broker_restarted_mid_stream(kafka, torchserve):
                 why=lambda: f"(member: {member.counts})",
             )
             started = make("-s", "kafka", *kafka.make_vars)
-            down = False
             assert started.returncode == 0 and kafka.bootstrap in started.stdout, started.stdout
             wait_written(member, worker, len(sent), timeout=180)
     finally:
         stall.close()
-        if down:  # the tier's other tests share this broker: never leave it stopped
-            make("-s", "kafka", *kafka.make_vars)
     written = exactly_once(kafka, topics, sent)
-    assert (len(written.predictions), written.letters) == (len(sent), [])
+    letters = letters_name_their_fields(written, sent)
+    assert (len(written.predictions), letters) == (len(sent) - len(POISON), len(POISON))
+    assert (member.counts.predictions, member.counts.dead_letters) == (len(written.predictions), letters)
     print(
         f"{at_stop} predictions when the broker stopped; member: {member.counts.transactions} transactions, "
         f"{member.counts.aborted} aborted"
     )
+
+
+def test_broker_killed_with_a_transaction_open(kafka, torchserve, tmp_path):
+    """The broker SIGKILLed (no controlled shutdown) while the member's transaction is open: the
+    member (its own process, as `make stream` runs it) is frozen (SIGSTOP) at a moment its
+    outputs sit past an output partition's stable end, and the proof is read before the kill: a
+    read_uncommitted reader finds outputs of the test's events there that a read_committed reader
+    never sees. Then the member is continued against the dead broker, the broker started again
+    (`make kafka`: log recovery, the transaction state reloaded), and every event is written
+    exactly once, the poison events among them dead-lettered naming the field."""
+    topics = stream_topics(kafka)
+    sent = produce(kafka, topics["events"], with_poison(valid_events(2 * EVENTS)))
+    committed = Committed(kafka, topics)
+    stability = Stability(kafka, topics)
+    member = None
+    try:
+        with broker_restored(kafka):
+            member, _ = service.start(tmp_path, run_options(kafka, torchserve, topics))
+            wait_for("progress", lambda: committed.latest() > 0, 90, poll=0.05)
+            unstable, tries = catch_open_transaction(member, stability, lambda: committed.latest() < len(sent))
+            assert unstable, f"no open transaction caught in {tries} tries before the stream ended"
+            uncommitted = stability.read("read_uncommitted", unstable)
+            seen_committed = stability.read("read_committed", unstable)
+            sources = [out.source for _, out in uncommitted]
+            assert uncommitted and all(t == topics["events"] and (p, o) in sent for t, p, o in sources), (
+                f"past the stable ends {unstable}: {sources}"
+            )
+            assert seen_committed == [], f"a read_committed reader saw {seen_committed}"
+            broker = local.pid(kafka.run_dir)
+            assert broker is not None
+            os.kill(broker, signal.SIGKILL)
+            killed = time.monotonic()
+            wait_for("the broker's end", lambda: not alive(broker), 10)
+            os.kill(member, signal.SIGCONT)
+            time.sleep(2)  # the member meets the dead broker
+            started = make("-s", "kafka", *kafka.make_vars)
+            assert started.returncode == 0 and kafka.bootstrap in started.stdout, started.stdout
+            back = time.monotonic() - killed
+            wait_for("every event committed", lambda: committed() == len(sent), 240, poll=0.5)
+            done = time.monotonic() - killed
+        stopped = service.stop(tmp_path)
+    finally:
+        stability.close()
+        committed.close()
+        if member is not None and alive(member):
+            os.kill(member, signal.SIGCONT)
+        service.stop(tmp_path)
+    assert stopped and re.fullmatch(
+        r"\d+ predictions, \d+ dead letters in \d+ transactions \(\d+ aborted, 0 retries\)", stopped
+    ), stopped
+    written = exactly_once(kafka, topics, sent)
+    letters = letters_name_their_fields(written, sent)
+    assert (len(written.predictions), letters) == (len(sent) - len(POISON), len(POISON))
+    kept = {(name, o.partition, o.offset) for name, outs in written_outputs(kafka, topics).items() for o in outs}
+    ended = "committed" if all((name, o.partition, o.offset) in kept for name, o in uncommitted) else "aborted"
+    print(
+        f"killed the broker with {len(uncommitted)} outputs open past the stable ends {unstable} "
+        f"({tries} tries to catch it); that transaction ended {ended}; the broker back {back:.0f} s after the "
+        f"kill, every event committed {done:.0f} s after it; the member: {stopped}"
+    )
+
+
+def catch_open_transaction(pid: int, stability: Stability, going, timeout: float = 120) -> tuple[dict, int]:
+    """Freeze ``pid`` (SIGSTOP) at a moment an output partition holds outputs past its stable
+    end, and keep it frozen if, two seconds on, they are still there and the stable ends have not
+    moved (a commit it had sent would have ended by then); else continue it and try again while
+    ``going()``. Returns the unstable partitions (empty if none was caught) and the tries."""
+    deadline, tries = time.monotonic() + timeout, 0
+    while time.monotonic() < deadline and going():
+        if not stability.unstable():
+            continue
+        os.kill(pid, signal.SIGSTOP)
+        tries += 1
+        time.sleep(1.0)
+        first = stability.unstable()
+        time.sleep(1.0)
+        if first and stability.unstable() == first:
+            return first, tries
+        os.kill(pid, signal.SIGCONT)
+    return {}, tries
 
 
 def test_frozen_member_is_fenced_when_it_wakes(kafka, torchserve, tmp_path):
@@ -196,14 +284,19 @@ def test_frozen_member_is_fenced_when_it_wakes(kafka, torchserve, tmp_path):
 
 def test_rebalance_from_one_member_to_two_and_back(kafka, torchserve):
     """Events keep arriving while a second member joins (each takes one partition) and leaves
-    again (the first takes both back)."""
+    again (the first takes both back); the poison events among them are dead-lettered, naming
+    the field, whichever member holds their partition."""
     topics = stream_topics(kafka)
     sent: dict = {}
     done = threading.Event()
+    # 20 events every 0.1 s, each poison event in a batch of its own, spread over the feed
+    batches = [valid_events(20, start) for start in range(0, 2 * EVENTS, 20)]
+    for (i, event), at in zip(enumerate(poison_events()), range(1, len(batches), len(batches) // len(POISON))):
+        batches[at] = [*batches[at][: i % 20], event, *batches[at][i % 20 :]]
 
-    def feed() -> None:  # 20 events every 0.1 s
-        for start in range(0, 2 * EVENTS, 20):
-            sent.update(produce(kafka, topics["events"], valid_events(20, start)))
+    def feed() -> None:
+        for batch in batches:
+            sent.update(produce(kafka, topics["events"], batch))
             time.sleep(0.1)
         done.set()
 
@@ -223,9 +316,10 @@ def test_rebalance_from_one_member_to_two_and_back(kafka, torchserve):
         feeder.join(120)
         assert done.is_set(), "the feeder did not finish"
         wait_until_counted([first, second], [worker], len(sent))
-    assert first.counts.dead_letters + second.counts.dead_letters == 0
     written = exactly_once(kafka, topics, sent)
-    assert len(written.predictions) == len(sent) == 2 * EVENTS
+    letters = letters_name_their_fields(written, sent)
+    assert letters == len(POISON) and first.counts.dead_letters + second.counts.dead_letters == letters
+    assert len(written.predictions) == len(sent) - letters == 2 * EVENTS
     print(
         f"first member {first.counts.predictions}, second {second.counts.predictions} predictions "
         f"(when the second left: {split}); aborted {first.counts.aborted} + {second.counts.aborted}"
