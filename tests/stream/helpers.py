@@ -253,7 +253,11 @@ class Committed:
     def latest(self) -> int:
         """The committed events, open transactions left out (a running member nearly always has
         one in flight, its commit overlapping its next step: the stable answer waits for a gap)."""
-        return sum(max(tp.offset, 0) for tp in self.progress.committed(self.partitions, timeout=5))
+        return sum(self.each().values())
+
+    def each(self) -> dict[int, int]:
+        """:meth:`latest` per input partition."""
+        return {tp.partition: max(tp.offset, 0) for tp in self.progress.committed(self.partitions, timeout=5)}
 
     def close(self) -> None:
         self.watcher.close()

@@ -101,24 +101,32 @@ def test_torchserve_stopped_and_started_mid_stream(kafka, torchserve):
     )
 
 
-def test_broker_restarted_mid_stream(kafka, torchserve):
+@pytest.mark.parametrize("predicted", [48, 0], ids=["mid-stream", "before-the-first-commit"])
+def test_broker_restarted_mid_stream(kafka, torchserve, predicted):
     """`make kafka-stop` while the member scores a batch (TorchServe's answers held on the way),
     so that it commits while the broker is away: the transaction fails and is aborted. Then
     `make kafka` (the same data and ports): the member settles (a producer again, its partitions
     at the committed offsets) and carries on, each event written once, the poison events among
-    them dead-lettered naming the field."""
+    them dead-lettered naming the field. Stopped after ``predicted`` predictions: 0, the failed
+    transaction is the first of its partitions (none has a committed offset yet)."""
     topics = stream_topics(kafka)
     sent = produce(kafka, topics["events"], with_poison(valid_events(EVENTS)))
-    stall = StalledPath(torchserve.props["inference_address"], hold=False)
+    stall = StalledPath(torchserve.props["inference_address"], hold=not predicted)
     member = member_of(
         kafka, topics, Client(stall.address, torchserve.props["management_address"], key_file=torchserve.key_file)
     )
     try:
         # the tier's other tests share this broker: never left stopped, whatever fails here
         with broker_restored(kafka), running(member) as worker:
-            wait_for("48 predictions", lambda: member.counts.predictions >= 48 or not worker.is_alive(), 60)
-            stall.hold()
-            wait_for("a batch held", lambda: stall.held > 0, 30)
+            if predicted:
+                wait_for(
+                    f"{predicted} predictions",
+                    lambda: member.counts.predictions >= predicted or not worker.is_alive(),
+                    60,
+                )
+                stall.hold()
+            wait_for("a batch held", lambda: stall.held > 0, 60)
+            assert member.counts.predictions >= predicted and (predicted or member.counts.transactions == 0)
             stopped = make("-s", "kafka-stop", *kafka.make_vars)
             assert stopped.returncode == 0, stopped.stdout
             at_stop = member.counts.predictions
@@ -146,25 +154,47 @@ def test_broker_restarted_mid_stream(kafka, torchserve):
     )
 
 
-def test_broker_killed_with_a_transaction_open(kafka, torchserve, tmp_path):
+#: Seen in every run so far with the stream's first transaction open at the broker's SIGKILL: that
+#: transaction is aborted, the member's next step is given up too (it left the group while it
+#: scored), and input partition 0's offsets end committed past both steps with neither written
+#: (32 gaps). The consumer's settle seeks each partition to its committed offset and leaves one
+#: that has none where it is.
+FIRST_LOST = "a failed transaction whose partition has no committed offset yet loses its events"
+
+
+@pytest.mark.parametrize(
+    "first",
+    [False, pytest.param(True, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=FIRST_LOST))],
+    ids=["every-partition-committed", "the-first-transaction"],
+)
+def test_broker_killed_with_a_transaction_open(kafka, torchserve, tmp_path, first):
     """The broker SIGKILLed (no controlled shutdown) while the member's transaction is open: the
     member (its own process, as `make stream` runs it) is frozen (SIGSTOP) at a moment its
     outputs sit past an output partition's stable end, and the proof is read before the kill: a
     read_uncommitted reader finds outputs of the test's events there that a read_committed reader
     never sees. Then the member is continued against the dead broker, the broker started again
     (`make kafka`: log recovery, the transaction state reloaded), and every event is written
-    exactly once, the poison events among them dead-lettered naming the field."""
+    exactly once, the poison events among them dead-lettered naming the field. The catch waits
+    until every input partition has committed once, or (``first``) catches the stream's first
+    transaction (its partitions have no committed offset to go back to)."""
     topics = stream_topics(kafka)
     sent = produce(kafka, topics["events"], with_poison(valid_events(2 * EVENTS)))
     committed = Committed(kafka, topics)
     stability = Stability(kafka, topics)
+    path = StalledPath(torchserve.props["inference_address"], hold=first)
     member = None
     try:
         with broker_restored(kafka):
-            member, _ = service.start(tmp_path, run_options(kafka, torchserve, topics))
-            wait_for("progress", lambda: committed.latest() > 0, 90, poll=0.05)
-            unstable, tries = catch_open_transaction(member, stability, lambda: committed.latest() < len(sent))
-            assert unstable, f"no open transaction caught in {tries} tries before the stream ended"
+            member, _ = service.start(tmp_path, run_options(kafka, torchserve, topics, inference=path.address))
+            if first:  # its first step's answers held until the catch begins
+                wait_for("the first requests", lambda: path.held > 0, 60)
+                path.open()
+            else:
+                wait_for("progress on every partition", lambda: min(committed.each().values()) > 0, 90, poll=0.05)
+            going = (lambda: committed.latest() == 0) if first else (lambda: committed.latest() < len(sent))
+            unstable, tries = catch_open_transaction(member, stability, going)
+            at_catch = committed.each()
+            assert unstable, f"no open transaction caught in {tries} tries (committed: {committed.each()})"
             uncommitted = stability.read("read_uncommitted", unstable)
             seen_committed = stability.read("read_committed", unstable)
             sources = [out.source for _, out in uncommitted]
@@ -186,6 +216,7 @@ def test_broker_killed_with_a_transaction_open(kafka, torchserve, tmp_path):
             done = time.monotonic() - killed
         stopped = service.stop(tmp_path)
     finally:
+        path.close()
         stability.close()
         committed.close()
         if member is not None and alive(member):
@@ -200,7 +231,8 @@ def test_broker_killed_with_a_transaction_open(kafka, torchserve, tmp_path):
     kept = {(name, o.partition, o.offset) for name, outs in written_outputs(kafka, topics).items() for o in outs}
     ended = "committed" if all((name, o.partition, o.offset) in kept for name, o in uncommitted) else "aborted"
     print(
-        f"killed the broker with {len(uncommitted)} outputs open past the stable ends {unstable} "
+        f"killed the broker with {len(uncommitted)} outputs open past the stable ends {unstable}, "
+        f"committed events per input partition {at_catch} "
         f"({tries} tries to catch it); that transaction ended {ended}; the broker back {back:.0f} s after the "
         f"kill, every event committed {done:.0f} s after it; the member: {stopped}"
     )
