@@ -22,7 +22,7 @@ from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from requests.adapters import HTTPAdapter
 
 from handler.errors import InvalidInput
@@ -657,8 +657,9 @@ class StreamConsumer:
             assigned = self.consumer.assignment()
             if assigned:
                 for tp in self.consumer.committed(assigned, timeout=TXN_TIMEOUT):
-                    if tp.offset >= 0:
-                        self.consumer.seek(tp)
+                    # none committed yet: where the group starts a partition (auto.offset.reset earliest)
+                    start = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+                    self.consumer.seek(TopicPartition(tp.topic, tp.partition, start))
         except KafkaException as exc:
             self._back_off(f"the broker cannot settle the failed commit yet ({exc.args[0]})")
             return False

@@ -1,7 +1,8 @@
 """The stream tier: a real single-node Apache Kafka broker (``make kafka``) from the jars
 ``make kafka-deps`` assembles, in a run directory of the test session's own, on free loopback
 ports, stopped by ``make kafka-stop`` however the session ends; and a real TorchServe per test
-module serving the ``make archive`` build."""
+module serving the ``make archive`` build. Before each test the broker runs and answers (a test
+that stopped, froze or killed it and failed before it was back does not fail the later ones)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from rtserve.stream import broker, local
 from rtserve.testing.server import serving
 from tests.conftest import MODEL_NAME
 from tests.helpers import assembled_libs, made_server
+from tests.stream.helpers import restore_broker
 
 #: A cold `make kafka-deps` downloads about 45 MB of jars from Maven Central (under a minute).
 DEPS_TIMEOUT = 900
@@ -66,6 +68,15 @@ def kafka(kafka_libs, tmp_path_factory) -> Kafka:
     ) as output:
         state = json.loads((run_dir / broker.STATE_FILE).read_text())
         yield Kafka(run_dir, state["bootstrap"], output)
+
+
+@pytest.fixture(autouse=True)
+def broker_running(request) -> None:
+    """The tier's one broker running and answering before each test that uses it."""
+    if "kafka" in request.fixturenames:
+        done = restore_broker(request.getfixturevalue("kafka"))
+        if done:
+            print(f"the broker was {done} before this test")
 
 
 @pytest.fixture(scope="module")

@@ -1,29 +1,49 @@
-"""What the stream tier's tests share: topics of a test's own, producing events, running a
-member in a thread, and the exactly-once check every test ends with (the outputs read with
-read_committed hold each input offset once, in each partition's order)."""
+"""What the stream tier's tests share: topics of a test's own, producing events (valid and
+poison), running a member in a thread, the group's committed offsets, the broker brought back
+however a test left it, the outputs of a transaction still open, and the exactly-once check every
+test ends with (the outputs read with read_committed hold each input offset once, in each
+partition's order)."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import threading
 import time
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from rtserve.client.rest import Client
-from rtserve.stream import admin
+from rtserve.runtime.process import wait_until
+from rtserve.stream import admin, local
 from rtserve.stream.consumer import StreamConfig, StreamConsumer
 from tests.conftest import MODEL_NAME
-from tests.helpers import features
+from tests.helpers import features, make
+from tests.stream.oracle import OUTPUTS, Output, Written, at_least_once_of, exactly_once_of
 
 PARTITIONS = 2
 #: The input topics accept records up to this size (the broker's default is about 1 MB), so
 #: that an oversized event reaches the consumer, which dead-letters it.
 MAX_EVENT_RECORD = 8 * 1024 * 1024
+
+#: Poison events: (value, the dead letter's field, its reason); the wrong count is refused by
+#: TorchServe itself (the consumer is not told the model's feature count here).
+POISON = [
+    (b"not json", None, "not_json"),
+    (b"", None, "empty_body"),
+    (b'{"features": [1, 2]}', "features", "wrong_length"),
+    (json.dumps({"features": [0.5] * 31 + [float("nan")]}).encode(), "features[31]", "non_finite"),
+    (json.dumps({"features": [0.5] * 31 + [float("inf")]}).encode(), "features[31]", "non_finite"),
+    (b'{"features": [' + b"0.5, " * 31 + b"1e999]}", "features[31]", "non_finite"),  # JSON's overflow: inf
+    (json.dumps({"features": [0.5] * 31 + [1e308]}).encode(), "features[31]", "out_of_range"),
+    (b'{"id": 3}', "features", "missing_field"),
+    # 5 MB: valid features and a huge id (a prediction would echo it: over Kafka's 1 MB record)
+    (json.dumps({"features": [0.5] * 32, "id": "x" * 5_000_000}).encode(), None, "too_large"),
+]
 
 
 def read_all(bootstrap: str, topic: str, timeout: float = 30) -> list[Message]:
@@ -94,6 +114,34 @@ def valid_events(n: int, start: int = 0) -> list[tuple[bytes, bytes]]:
     ]
 
 
+def poison_events() -> list[tuple[bytes, bytes]]:
+    """Each of :data:`POISON` as an event, keyed ``poison-<i>``."""
+    return [(b"poison-%d" % i, value) for i, (value, _, _) in enumerate(POISON)]
+
+
+def with_poison(events: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """``events`` with :func:`poison_events` put in among them, evenly spread (none first or last)."""
+    poison = poison_events()
+    mixed = list(events)
+    step = len(events) // (len(poison) + 1)
+    assert step > 0, f"{len(events)} events are too few to spread {len(poison)} poison events in"
+    for i in reversed(range(len(poison))):  # (from the end: the earlier positions stay put)
+        mixed.insert((i + 1) * step, poison[i])
+    return mixed
+
+
+def letters_name_their_fields(written: Written, sent: dict[tuple[int, int], tuple[bytes, bytes]]) -> int:
+    """Check that exactly the poison events of ``sent`` were dead-lettered, each letter naming the
+    field and reason :data:`POISON` gives for its event. Returns how many."""
+    expected = {value: (field, reason) for value, field, reason in POISON}
+    poisoned = {coords: expected[value] for coords, (_, value) in sent.items() if value in expected}
+    got = {(r["source"]["partition"], r["source"]["offset"]): (r["field"], r["reason"]) for r in written.letters}
+    wrong = {c: (got.get(c), poisoned.get(c)) for c in set(got) | set(poisoned) if got.get(c) != poisoned.get(c)}
+    assert not wrong, f"dead letters (field, reason) as written / as expected, by input offset: {wrong}"
+    assert all(r["error"] for r in written.letters), "a dead letter without its error"
+    return len(poisoned)
+
+
 def member_of(kafka, topics: dict[str, str], client: Client, name: str = "a", **settings) -> StreamConsumer:
     """A member of the test's group; each ``name`` has a transactional id of its own (two
     members with one id would fence each other)."""
@@ -152,98 +200,172 @@ def wait_written(member: StreamConsumer, worker: threading.Thread, total: int, t
     wait_until_counted([member], [worker], total, timeout)
 
 
-@dataclass
-class Written:
-    """What a stream wrote, read with read_committed: the records of each output topic in
-    their order (output partition, then offset), decoded; ``placed``: each prediction's
-    (partition, offset) in the output topic."""
-
-    predictions: list[dict]
-    letters: list[dict]
-    placed: list[tuple[int, int]]
-
-    def summary(self, sent: dict) -> str:
-        return (
-            f"{len(sent)} events in, {len(self.predictions)} predictions, "
-            f"{len(self.letters)} dead letters, 0 duplicates, 0 gaps"
-        )
+def written_outputs(kafka, topics: dict[str, str]) -> dict[str, list[Output]]:
+    """Every committed record of the output topics (read with read_committed), decoded, by role."""
+    return {
+        name: [
+            Output(m.partition(), m.offset(), m.key(), json.loads(m.value()))
+            for m in read_all(kafka.bootstrap, topics[name])
+        ]
+        for name in OUTPUTS
+    }
 
 
 def exactly_once(kafka, topics: dict[str, str], sent: dict[tuple[int, int], tuple[bytes, bytes]]) -> Written:
-    """Check what the stream wrote: the input offsets are exactly the union of the predictions'
-    and the dead letters' source offsets (no duplicate, no gap, nothing else); every output
-    keeps its event's key; in each output partition, the outputs of one input partition follow
-    its offsets. Prints (and returns) the counts."""
-    decoded = {}
-    for name in ("predictions", "events.dlq"):
-        msgs = sorted(read_all(kafka.bootstrap, topics[name]), key=lambda m: (m.partition(), m.offset()))
-        decoded[name] = [(m, json.loads(m.value())) for m in msgs]
-    coordinates = [(r["source"]["partition"], r["source"]["offset"]) for name in decoded for _, r in decoded[name]]
-    duplicates = len(coordinates) - len(set(coordinates))
-    gaps = sorted(set(sent) - set(coordinates))
-    strangers = sorted(set(coordinates) - set(sent))
-    assert (duplicates, gaps[:10], strangers[:10]) == (0, [], []), (
-        f"{duplicates} duplicates, {len(gaps)} gaps, {len(strangers)} outputs of no event"
-    )
-    for name, pairs in decoded.items():
-        last: dict[tuple[int, int], int] = {}
-        for msg, record in pairs:
-            source = record["source"]
-            assert source["topic"] == topics["events"]
-            assert msg.key() == sent[(source["partition"], source["offset"])][0], "the event's key is kept"
-            lane = (msg.partition(), source["partition"])
-            assert source["offset"] > last.get(lane, -1), f"{name}: out of order in {lane}"
-            last[lane] = source["offset"]
-    written = Written(
-        [r for _, r in decoded["predictions"]],
-        [r for _, r in decoded["events.dlq"]],
-        [(m.partition(), m.offset()) for m, _ in decoded["predictions"]],
-    )
+    """Check what the stream wrote (:func:`tests.stream.oracle.exactly_once_of`): each input
+    offset once in the predictions or the dead letters, nothing else, keys kept, each input
+    partition's outputs in its order. Prints (and returns) the counts."""
+    written = exactly_once_of(written_outputs(kafka, topics), sent, topics["events"])
     print(written.summary(sent))
     return written
 
 
-def at_least_once(
-    kafka, topics: dict[str, str], sent: dict[tuple[int, int], tuple[bytes, bytes]]
-) -> tuple[Written, int]:
-    """The at-least-once check: every input offset is in the predictions or the dead letters at least
-    once, nothing else is, each output keeps its event's key, and in each output partition an input
-    partition's offsets first appear in order. Returns the outputs (each input offset's first) and the
-    number of duplicates."""
-    decoded = {}
-    for name in ("predictions", "events.dlq"):
-        msgs = sorted(read_all(kafka.bootstrap, topics[name]), key=lambda m: (m.partition(), m.offset()))
-        decoded[name] = [(m, json.loads(m.value())) for m in msgs]
-    seen: set[tuple[int, int]] = set()
-    first: dict[str, list] = {name: [] for name in decoded}
-    duplicates = 0
-    for name, pairs in decoded.items():
-        last: dict[tuple[int, int], int] = {}
-        for msg, record in pairs:
-            source = record["source"]
-            coordinates = (source["partition"], source["offset"])
-            assert source["topic"] == topics["events"] and coordinates in sent, f"{name}: an output of no event"
-            assert msg.key() == sent[coordinates][0], "the event's key is kept"
-            if coordinates in seen:
-                duplicates += 1
-                continue
-            seen.add(coordinates)
-            lane = (msg.partition(), source["partition"])
-            assert source["offset"] > last.get(lane, -1), f"{name}: out of order in {lane}"
-            last[lane] = source["offset"]
-            first[name].append((msg, record))
-    gaps = sorted(set(sent) - seen)
-    assert gaps == [], f"{len(gaps)} events never written: {gaps[:10]}"
-    written = Written(
-        [r for _, r in first["predictions"]],
-        [r for _, r in first["events.dlq"]],
-        [(m.partition(), m.offset()) for m, _ in first["predictions"]],
-    )
-    print(
-        f"{len(sent)} events in, {len(written.predictions)} predictions, {len(written.letters)} dead letters, "
-        f"{duplicates} duplicates, 0 gaps"
-    )
-    return written, duplicates
+def at_least_once(kafka, topics: dict[str, str], sent: dict[tuple[int, int], tuple[bytes, bytes]]) -> Written:
+    """Check what the stream wrote (:func:`tests.stream.oracle.at_least_once_of`): each input
+    offset at least once, nothing else, keys kept, first appearances in each input partition's
+    order; the duplicates are counted (``Written.duplicates``). Prints (and returns) the counts."""
+    written = at_least_once_of(written_outputs(kafka, topics), sent, topics["events"])
+    print(written.summary(sent))
+    return written
+
+
+class Committed:
+    """The group's committed events of the test's input (watchers of the group's offsets)."""
+
+    def __init__(self, kafka, topics: dict[str, str]) -> None:
+        run = topics["events"].rsplit("-", 1)[1]
+        self.watcher = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": f"stream-{run}"})
+        # read_uncommitted: librdkafka asks for the offsets without waiting for open transactions
+        self.progress = Consumer(
+            {"bootstrap.servers": kafka.bootstrap, "group.id": f"stream-{run}", "isolation.level": "read_uncommitted"}
+        )
+        self.partitions = [TopicPartition(topics["events"], p) for p in range(PARTITIONS)]
+
+    def __call__(self) -> int | None:
+        """The committed events; None while an open transaction holds offsets (a killed
+        member's until the next one aborts it, or a running member's commit in flight: the
+        broker answers UNSTABLE_OFFSET_COMMIT)."""
+        try:
+            return sum(max(tp.offset, 0) for tp in self.watcher.committed(self.partitions, timeout=5))
+        except KafkaException:
+            return None
+
+    def latest(self) -> int:
+        """The committed events, open transactions left out (a running member nearly always has
+        one in flight, its commit overlapping its next step: the stable answer waits for a gap)."""
+        return sum(self.each().values())
+
+    def each(self) -> dict[int, int]:
+        """:meth:`latest` per input partition."""
+        return {tp.partition: max(tp.offset, 0) for tp in self.progress.committed(self.partitions, timeout=5)}
+
+    def close(self) -> None:
+        self.watcher.close()
+        self.progress.close()
+
+
+def restore_broker(kafka) -> str | None:
+    """The tier's one broker running and answering, however a test left it: continued if frozen
+    (SIGSTOP), started again (`make kafka`, the same data and ports) if stopped or killed.
+
+    Returns:
+        What was done; None when it answered already.
+    """
+    pid = local.pid(kafka.run_dir)
+    if pid is not None:
+        os.kill(pid, signal.SIGCONT)  # (nothing, unless a test froze it)
+        if wait_until(lambda: admin.answers(kafka.bootstrap), 30, poll=0.5):
+            return None
+        local.stop(kafka.run_dir)  # alive, but no answer in 30 s: stopped, then started afresh
+    started = make("-s", "kafka", *kafka.make_vars)
+    assert started.returncode == 0 and kafka.bootstrap in started.stdout, started.stdout
+    return f"started again (it was {'not answering' if pid else 'not running'})"
+
+
+@contextmanager
+def broker_restored(kafka):
+    """The block may stop, freeze or kill the broker: at its end, however it ends, the broker runs
+    again (:func:`restore_broker`), so that one failure does not fail the tier's later tests."""
+    try:
+        yield
+    finally:
+        restore_broker(kafka)
+
+
+class Stability:
+    """Each output partition's stable end (where a read_committed reader's end is: the first
+    offset of a transaction still open) beside its high watermark (a read_uncommitted reader's
+    end): outputs between the two are produced but not committed."""
+
+    def __init__(self, kafka, topics: dict[str, str]) -> None:
+        self.bootstrap = kafka.bootstrap
+        self.partitions = [(name, TopicPartition(topics[name], p)) for name in OUTPUTS for p in range(PARTITIONS)]
+        self.readers = {level: self._reader(level) for level in ("read_committed", "read_uncommitted")}
+
+    def _reader(self, level: str, **extra) -> Consumer:
+        return Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": f"check-{uuid.uuid4().hex}",
+                "isolation.level": level,
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                **extra,
+            }
+        )
+
+    def unstable(self) -> dict[tuple[str, int], tuple[int, int]]:
+        """Each output partition whose high watermark is past its stable end: (stable end, high)."""
+        found = {}
+        for name, tp in self.partitions:
+            stable = self.readers["read_committed"].get_watermark_offsets(tp, timeout=10, cached=False)[1]
+            high = self.readers["read_uncommitted"].get_watermark_offsets(tp, timeout=10, cached=False)[1]
+            if high > stable:
+                found[(name, tp.partition)] = (stable, high)
+        return found
+
+    def read(
+        self, level: str, unstable: dict[tuple[str, int], tuple[int, int]], wait: float = 2.0
+    ) -> list[tuple[str, Output]]:
+        """What a reader at ``level`` finds from each unstable partition's stable end on, as
+        (role, output); it reads for ``wait`` seconds more once it reached the end it may read to
+        (a read_committed reader must find nothing more meanwhile)."""
+        topics = dict(self.partitions)
+        roles = {tp.topic: name for name, tp in self.partitions}
+        reader = self._reader(level)
+        got: list[tuple[str, Output]] = []
+
+        def take(msg: Message) -> None:
+            got.append((roles[msg.topic()], Output(msg.partition(), msg.offset(), msg.key(), json.loads(msg.value()))))
+
+        try:
+            reader.assign(
+                [TopicPartition(topics[name].topic, p, stable) for (name, p), (stable, _) in unstable.items()]
+            )
+            ended: set[tuple[str, int]] = set()
+            deadline = time.monotonic() + 30
+            while len(ended) < len(unstable) and time.monotonic() < deadline:
+                msg = reader.poll(0.2)
+                if msg is None:
+                    continue
+                if msg.error():
+                    assert msg.error().code() == KafkaError._PARTITION_EOF, msg.error()
+                    ended.add((msg.topic(), msg.partition()))
+                else:
+                    take(msg)
+            assert len(ended) == len(unstable), f"a {level} reader did not reach the ends of {unstable}"
+            end = time.monotonic() + wait
+            while time.monotonic() < end:
+                msg = reader.poll(0.2)
+                if msg is not None and not msg.error():
+                    take(msg)
+        finally:
+            reader.close()
+        return got
+
+    def close(self) -> None:
+        for reader in self.readers.values():
+            reader.close()
 
 
 def run_options(kafka, torchserve, topics: dict[str, str], inference: str | None = None) -> list[str]:

@@ -10,10 +10,13 @@ import os
 import re
 import signal
 import time
+import zipfile
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+import torch
+from confluent_kafka import Consumer, TopicPartition
 
+from handler.model import PROGRAM_FILE, ModelMetadata, load_program
 from rtserve.client.rest import Client
 from rtserve.runtime.ports import free_ports
 from rtserve.runtime.process import alive, wait_until
@@ -22,8 +25,12 @@ from rtserve.stream.consumer import MAX_EVENT_BYTES
 from tests.helpers import make
 from tests.stream.helpers import (
     PARTITIONS,
+    POISON,
+    Committed,
     StalledPath,
+    at_least_once,
     exactly_once,
+    letters_name_their_fields,
     member_of,
     produce,
     run_options,
@@ -31,6 +38,7 @@ from tests.stream.helpers import (
     stream_topics,
     valid_events,
     wait_written,
+    with_poison,
 )
 
 pytestmark = pytest.mark.stream
@@ -38,21 +46,6 @@ pytestmark = pytest.mark.stream
 #: Events of the kill tests: enough that a member scoring 16 per step (about 10 ms each, its
 #: commit overlapping the next step) is still mid-stream at each kill.
 EVENTS = 600
-
-#: Poison events: (value, the dead letter's field, its reason); the wrong count is refused by
-#: TorchServe itself (the consumer is not told the model's feature count here).
-POISON = [
-    (b"not json", None, "not_json"),
-    (b"", None, "empty_body"),
-    (b'{"features": [1, 2]}', "features", "wrong_length"),
-    (json.dumps({"features": [0.5] * 31 + [float("nan")]}).encode(), "features[31]", "non_finite"),
-    (json.dumps({"features": [0.5] * 31 + [float("inf")]}).encode(), "features[31]", "non_finite"),
-    (b'{"features": [' + b"0.5, " * 31 + b"1e999]}", "features[31]", "non_finite"),  # JSON's overflow: inf
-    (json.dumps({"features": [0.5] * 31 + [1e308]}).encode(), "features[31]", "out_of_range"),
-    (b'{"id": 3}', "features", "missing_field"),
-    # 5 MB: valid features and a huge id (a prediction would echo it: over Kafka's 1 MB record)
-    (json.dumps({"features": [0.5] * 32, "id": "x" * 5_000_000}).encode(), None, "too_large"),
-]
 
 
 def test_every_event_once_in_the_predictions_or_the_dead_letters(kafka, torchserve):
@@ -70,6 +63,8 @@ def test_every_event_once_in_the_predictions_or_the_dead_letters(kafka, torchser
     assert (counts.predictions, counts.dead_letters, counts.aborted, counts.errors) == (valid, len(POISON), 0, [])
 
     written = exactly_once(kafka, topics, sent)
+    # the at-least-once check agrees on a run without a crash: nothing written twice
+    assert at_least_once(kafka, topics, sent).duplicates == {}
     for record in written.predictions:
         key, value = sent[(record["source"]["partition"], record["source"]["offset"])]
         assert record["id"] == json.loads(value)["id"]
@@ -91,6 +86,74 @@ def test_every_event_once_in_the_predictions_or_the_dead_letters(kafka, torchser
     check.close()
     ends = {p: 1 + max(o for q, o in sent if q == p) for p in range(PARTITIONS)}
     assert {tp.partition: tp.offset for tp in committed} == ends
+
+
+class CountingClient(Client):
+    """TorchServe's client, recording how many rows each KServe v1 request carried."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.rows: list[int] = []
+
+    def predict_instances(self, model: str, instances: list) -> list[dict]:
+        self.rows.append(len(instances))
+        return super().predict_instances(model, instances)
+
+
+def test_every_prediction_is_the_models_own_answer_for_its_event(kafka, torchserve, mar_v1, tmp_path):
+    """Each prediction's probabilities (within 1e-5) and label are those of the archive's own
+    program run in this process on the event's features, with steps of several requests each
+    (a step holds more events than one request's ``instances``): no answer lands on another
+    event, in a request or across the requests of a batch."""
+    with zipfile.ZipFile(mar_v1) as zf:
+        zf.extractall(tmp_path, [PROGRAM_FILE, "meta.json"])
+    meta = ModelMetadata.load(tmp_path / "meta.json")
+    forward = load_program(tmp_path / PROGRAM_FILE)  # the exported module itself (not the direct path)
+    instances, requests_per_step = 8, 8
+    n = 4 * instances * requests_per_step
+    generator = torch.Generator().manual_seed(38)
+    mean, std = torch.tensor(meta.stats["mean"]), torch.tensor(meta.stats["std"])
+    rows = (mean + std * torch.randn(n, meta.n_features, generator=generator)).tolist()
+    topics = stream_topics(kafka)
+    sent = produce(
+        kafka,
+        topics["events"],
+        [(b"k%d" % (i % 5), json.dumps({"features": row, "id": f"e{i}"}).encode()) for i, row in enumerate(rows)],
+    )
+    props = torchserve.props
+    client = CountingClient(props["inference_address"], props["management_address"], key_file=torchserve.key_file)
+    member = member_of(kafka, topics, client, batch=instances * requests_per_step, instances=instances)
+    with running(member) as worker:
+        wait_written(member, worker, len(sent))
+    written = exactly_once(kafka, topics, sent)
+    assert (len(written.predictions), written.letters) == (n, [])
+
+    by_id = {f"e{i}": i for i in range(n)}
+    order = [by_id[r["id"]] for r in written.predictions]
+    with torch.inference_mode():
+        expected = torch.softmax(forward(torch.tensor([rows[i] for i in order], dtype=torch.float32)), dim=1)
+    served = torch.tensor([r["probabilities"] for r in written.predictions])
+    worst = float((served - expected).abs().max())
+    assert worst <= 1e-5, f"largest difference from the model's own answer: {worst:.2e}"
+    top = expected.topk(2, dim=1)
+    near_ties = 0
+    for record, index, (first, second) in zip(written.predictions, top.indices[:, 0].tolist(), top.values.tolist()):
+        assert record["model_version"] == str(meta.version)
+        if first - second <= 2e-5:  # (a tie within the tolerance may go either way)
+            near_ties += 1
+            continue
+        assert record["label"] == meta.labels[index], record
+    # every request within `instances`, and steps of more than one request: on average a
+    # transaction held more events than one request carries
+    assert client.rows and max(client.rows) <= instances, client.rows
+    assert sum(client.rows) == n and member.counts.transactions * instances < n, (
+        f"{member.counts.transactions} transactions for {n} events in {len(client.rows)} requests"
+    )
+    print(
+        f"{n} predictions equal the in-process model's (largest difference {worst:.1e}, "
+        f"{near_ties} near ties); {len(client.rows)} requests of at most {instances} rows in "
+        f"{member.counts.transactions} transactions"
+    )
 
 
 def test_torchserve_unreachable_is_retried_never_dead_lettered(kafka, torchserve):
@@ -116,9 +179,10 @@ def test_torchserve_unreachable_is_retried_never_dead_lettered(kafka, torchserve
 def test_kill_9_mid_stream_and_restarts_write_each_event_once(kafka, torchserve, tmp_path):
     """The consumer as `make stream` runs it (a process of its own), SIGKILLed three times just
     after a transaction committed (so mid-step: scoring or inside the next transaction), then
-    restarted: read with read_committed, each input offset is in the predictions exactly once."""
+    restarted: read with read_committed, each input offset is exactly once in the predictions or,
+    for the poison events spread among them, in the dead letters naming the field."""
     topics = stream_topics(kafka)
-    sent = produce(kafka, topics["events"], valid_events(EVENTS))
+    sent = produce(kafka, topics["events"], with_poison(valid_events(EVENTS)))
     props = torchserve.props
     options = run_options(kafka, torchserve, topics)
     where = [
@@ -150,12 +214,13 @@ def test_kill_9_mid_stream_and_restarts_write_each_event_once(kafka, torchserve,
         stopped = make("-s", "stream-stop", *where)
         service.stop(tmp_path)
     assert re.fullmatch(
-        r">> stream consumer stopped: \d+ predictions, 0 dead letters in \d+ transactions "
+        r">> stream consumer stopped: \d+ predictions, \d+ dead letters in \d+ transactions "
         r"\(0 aborted, 0 retries\)\n",
         stopped.stdout,
     ), stopped.stdout
     written = exactly_once(kafka, topics, sent)
-    assert (len(written.predictions), written.letters) == (len(sent), [])
+    letters = letters_name_their_fields(written, sent)
+    assert (len(written.predictions), letters) == (len(sent) - len(POISON), len(POISON))
     print(f"committed offsets at each SIGKILL: {at_kill} of {len(sent)}")
 
 
@@ -165,9 +230,10 @@ def test_kill_9_while_one_step_commits_and_the_next_has_scored(kafka, torchserve
     flight cannot end while the member scores its next step from what it had fetched (its
     requests to TorchServe, on a counting loopback path, go on during the freeze); then the
     member is SIGKILLed, the broker continued, and a new member (the same transactional id)
-    aborts what the dead one left open and finishes: each input offset exactly once."""
+    aborts what the dead one left open and finishes: each input offset exactly once (poison
+    events among them dead-lettered, naming the field)."""
     topics = stream_topics(kafka)
-    sent = produce(kafka, topics["events"], valid_events(EVENTS))
+    sent = produce(kafka, topics["events"], with_poison(valid_events(EVENTS)))
     path = StalledPath(torchserve.props["inference_address"], hold=False)
     options = run_options(kafka, torchserve, topics, inference=path.address)
     committed = Committed(kafka, topics)
@@ -196,42 +262,12 @@ def test_kill_9_while_one_step_commits_and_the_next_has_scored(kafka, torchserve
         path.close()
         service.stop(tmp_path)
     assert stopped and re.fullmatch(
-        r"\d+ predictions, 0 dead letters in \d+ transactions \(0 aborted, 0 retries\)", stopped
+        r"\d+ predictions, \d+ dead letters in \d+ transactions \(0 aborted, 0 retries\)", stopped
     ), stopped
     written = exactly_once(kafka, topics, sent)
-    assert (len(written.predictions), written.letters) == (len(sent), [])
+    letters = letters_name_their_fields(written, sent)
+    assert (len(written.predictions), letters) == (len(sent) - len(POISON), len(POISON))
     print(
         f"killed with {at_kill} of {len(sent)} committed, the broker frozen; requests to TorchServe "
         f"during the freeze: {'yes' if scored else 'no (the next step had scored before it)'}"
     )
-
-
-class Committed:
-    """The group's committed events of the test's input (watchers of the group's offsets)."""
-
-    def __init__(self, kafka, topics: dict[str, str]) -> None:
-        run = topics["events"].rsplit("-", 1)[1]
-        self.watcher = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": f"stream-{run}"})
-        # read_uncommitted: librdkafka asks for the offsets without waiting for open transactions
-        self.progress = Consumer(
-            {"bootstrap.servers": kafka.bootstrap, "group.id": f"stream-{run}", "isolation.level": "read_uncommitted"}
-        )
-        self.partitions = [TopicPartition(topics["events"], p) for p in range(PARTITIONS)]
-
-    def __call__(self) -> int | None:
-        """The committed events; None while an open transaction holds offsets (a killed
-        member's until the next one aborts it, or a running member's commit in flight: the
-        broker answers UNSTABLE_OFFSET_COMMIT)."""
-        try:
-            return sum(max(tp.offset, 0) for tp in self.watcher.committed(self.partitions, timeout=5))
-        except KafkaException:
-            return None
-
-    def latest(self) -> int:
-        """The committed events, open transactions left out (a running member nearly always has
-        one in flight, its commit overlapping its next step: the stable answer waits for a gap)."""
-        return sum(max(tp.offset, 0) for tp in self.progress.committed(self.partitions, timeout=5))
-
-    def close(self) -> None:
-        self.watcher.close()
-        self.progress.close()

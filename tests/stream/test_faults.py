@@ -1,7 +1,8 @@
 """The stream consumer under faults, against the real broker and a real TorchServe: the server
-stopped and started mid-stream, the broker restarted mid-stream, a member frozen (SIGSTOP) past
-its session timeout while another takes its partitions, a rebalance from one member to two and
-back, and a version promoted mid-stream. Each test ends with the same check
+stopped and started mid-stream, the broker restarted mid-stream, the broker killed (SIGKILL) with
+a transaction open, a member frozen (SIGSTOP) past its session timeout while another takes its
+partitions, a rebalance from one member to two and back, and a version promoted mid-stream; the
+broker and rebalance tests mix poison events in. Each test ends with the same check
 (:func:`tests.stream.helpers.exactly_once`): read with read_committed, the input offsets are
 exactly the union of the predictions' and the dead letters' source offsets, no duplicate, no
 gap, each input partition's outputs in its offsets' order."""
@@ -19,17 +20,23 @@ import pytest
 from rtserve.client.rest import Client
 from rtserve.promotion.history import HISTORY_FILE, History
 from rtserve.promotion.rollout import Rollout
-from rtserve.runtime.process import wait_until
-from rtserve.stream import service
+from rtserve.runtime.process import alive, wait_until
+from rtserve.stream import local, service
 from rtserve.stream.consumer import COMMIT_DEADLINE
 from tests.conftest import MODEL_NAME, make_archive
 from tests.helpers import keep_only, make
 from tests.stream.helpers import (
     PARTITIONS,
+    POISON,
+    Committed,
+    Stability,
     StalledPath,
+    broker_restored,
     ends,
     exactly_once,
+    letters_name_their_fields,
     member_of,
+    poison_events,
     produce,
     run_options,
     running,
@@ -37,6 +44,8 @@ from tests.stream.helpers import (
     valid_events,
     wait_until_counted,
     wait_written,
+    with_poison,
+    written_outputs,
 )
 
 pytestmark = pytest.mark.stream
@@ -95,27 +104,32 @@ def test_torchserve_stopped_and_started_mid_stream(kafka, torchserve):
     )
 
 
-def test_broker_restarted_mid_stream(kafka, torchserve):
-    """`make kafka-stop` while the member scores a batch of the events that came after its first
-    ones were written (TorchServe's answers held on the way), so that it commits while the broker is away: the transaction fails and is aborted. Then
+@pytest.mark.parametrize("predicted", [EVENTS // 3, 0], ids=["mid-stream", "before-the-first-commit"])
+def test_broker_restarted_mid_stream(kafka, torchserve, predicted):
+    """`make kafka-stop` while the member scores a batch (TorchServe's answers held on the way: the
+    events that come after the first ``predicted`` were written, as the member reads ahead), so that
+    it commits while the broker is away: the transaction fails and is aborted. Then
     `make kafka` (the same data and ports): the member settles (a producer again, its partitions
-    at the committed offsets) and carries on, each event written once."""
+    at the committed offsets) and carries on, each event written once, the poison events among
+    them dead-lettered naming the field. Stopped after ``predicted`` predictions: 0, the failed
+    transaction is the first of its partitions (none has a committed offset yet)."""
     topics = stream_topics(kafka)
-    sent = produce(kafka, topics["events"], valid_events(EVENTS // 3))
-    stall = StalledPath(torchserve.props["inference_address"], hold=False)
+    events = with_poison(valid_events(EVENTS))
+    sent = produce(kafka, topics["events"], events[:predicted]) if predicted else {}
+    stall = StalledPath(torchserve.props["inference_address"], hold=not predicted)
     member = member_of(
         kafka, topics, Client(stall.address, torchserve.props["management_address"], key_file=torchserve.key_file)
     )
-    down = False
     try:
-        with running(member) as worker:
-            # the member reads ahead and scores what is there at once: the rest comes once the path holds
-            wait_written(member, worker, len(sent))
-            stall.hold()
-            sent.update(produce(kafka, topics["events"], valid_events(EVENTS - len(sent), len(sent))))
-            wait_for("a batch held", lambda: stall.held > 0, 30)
+        # the tier's other tests share this broker: never left stopped, whatever fails here
+        with broker_restored(kafka), running(member) as worker:
+            if predicted:  # the member scores what is there at once: the rest comes once the path holds
+                wait_written(member, worker, len(sent))
+                stall.hold()
+            sent.update(produce(kafka, topics["events"], events[predicted:]))
+            wait_for("a batch held", lambda: stall.held > 0, 60)
+            assert predicted or member.counts.transactions == 0
             stopped = make("-s", "kafka-stop", *kafka.make_vars)
-            down = True
             assert stopped.returncode == 0, stopped.stdout
             at_stop = member.counts.predictions
             stall.open()
@@ -128,19 +142,104 @@ def test_broker_restarted_mid_stream(kafka, torchserve):
                 why=lambda: f"(member: {member.counts})",
             )
             started = make("-s", "kafka", *kafka.make_vars)
-            down = False
             assert started.returncode == 0 and kafka.bootstrap in started.stdout, started.stdout
             wait_written(member, worker, len(sent), timeout=180)
     finally:
         stall.close()
-        if down:  # the tier's other tests share this broker: never leave it stopped
-            make("-s", "kafka", *kafka.make_vars)
     written = exactly_once(kafka, topics, sent)
-    assert (len(written.predictions), written.letters) == (len(sent), [])
+    letters = letters_name_their_fields(written, sent)
+    assert (len(written.predictions), letters) == (len(sent) - len(POISON), len(POISON))
+    assert (member.counts.predictions, member.counts.dead_letters) == (len(written.predictions), letters)
     print(
         f"{at_stop} predictions when the broker stopped; member: {member.counts.transactions} transactions, "
         f"{member.counts.aborted} aborted"
     )
+
+
+#: The catch waits for every input partition's first commit so that the open transaction is a
+#: later one: a failed first transaction (no committed offset to go back to) is
+#: test_broker_restarted_mid_stream[before-the-first-commit]'s.
+def test_broker_killed_with_a_transaction_open(kafka, torchserve, tmp_path):
+    """The broker SIGKILLed (no controlled shutdown) while the member's transaction is open: the
+    member (its own process, as `make stream` runs it) is frozen (SIGSTOP) at a moment its
+    outputs sit past an output partition's stable end, and the proof is read before the kill: a
+    read_uncommitted reader finds outputs of the test's events there that a read_committed reader
+    never sees. Then the member is continued against the dead broker, the broker started again
+    (`make kafka`: log recovery, the transaction state reloaded), and every event is written
+    exactly once, the poison events among them dead-lettered naming the field. The catch waits
+    until every input partition has committed once (see the note above)."""
+    topics = stream_topics(kafka)
+    sent = produce(kafka, topics["events"], with_poison(valid_events(2 * EVENTS)))
+    committed = Committed(kafka, topics)
+    stability = Stability(kafka, topics)
+    member = None
+    try:
+        with broker_restored(kafka):
+            member, _ = service.start(tmp_path, run_options(kafka, torchserve, topics))
+            wait_for("progress on every partition", lambda: min(committed.each().values()) > 0, 90, poll=0.05)
+            unstable, tries = catch_open_transaction(member, stability, lambda: committed.latest() < len(sent))
+            at_catch = committed.each()
+            assert unstable, f"no open transaction caught in {tries} tries (committed: {committed.each()})"
+            uncommitted = stability.read("read_uncommitted", unstable)
+            seen_committed = stability.read("read_committed", unstable)
+            sources = [out.source for _, out in uncommitted]
+            assert uncommitted and all(t == topics["events"] and (p, o) in sent for t, p, o in sources), (
+                f"past the stable ends {unstable}: {sources}"
+            )
+            assert seen_committed == [], f"a read_committed reader saw {seen_committed}"
+            broker = local.pid(kafka.run_dir)
+            assert broker is not None
+            os.kill(broker, signal.SIGKILL)
+            killed = time.monotonic()
+            wait_for("the broker's end", lambda: not alive(broker), 10)
+            os.kill(member, signal.SIGCONT)
+            time.sleep(2)  # the member meets the dead broker
+            started = make("-s", "kafka", *kafka.make_vars)
+            assert started.returncode == 0 and kafka.bootstrap in started.stdout, started.stdout
+            back = time.monotonic() - killed
+            wait_for("every event committed", lambda: committed() == len(sent), 240, poll=0.5)
+            done = time.monotonic() - killed
+        stopped = service.stop(tmp_path)
+    finally:
+        stability.close()
+        committed.close()
+        if member is not None and alive(member):
+            os.kill(member, signal.SIGCONT)
+        service.stop(tmp_path)
+    assert stopped and re.fullmatch(
+        r"\d+ predictions, \d+ dead letters in \d+ transactions \(\d+ aborted, 0 retries\)", stopped
+    ), stopped
+    written = exactly_once(kafka, topics, sent)
+    letters = letters_name_their_fields(written, sent)
+    assert (len(written.predictions), letters) == (len(sent) - len(POISON), len(POISON))
+    kept = {(name, o.partition, o.offset) for name, outs in written_outputs(kafka, topics).items() for o in outs}
+    ended = "committed" if all((name, o.partition, o.offset) in kept for name, o in uncommitted) else "aborted"
+    print(
+        f"killed the broker with {len(uncommitted)} outputs open past the stable ends {unstable}, "
+        f"committed events per input partition {at_catch} "
+        f"({tries} tries to catch it); that transaction ended {ended}; the broker back {back:.0f} s after the "
+        f"kill, every event committed {done:.0f} s after it; the member: {stopped}"
+    )
+
+
+def catch_open_transaction(pid: int, stability: Stability, going, timeout: float = 120) -> tuple[dict, int]:
+    """Freeze ``pid`` (SIGSTOP) at a moment an output partition holds outputs past its stable
+    end, and keep it frozen if, two seconds on, they are still there and the stable ends have not
+    moved (a commit it had sent would have ended by then); else continue it and try again while
+    ``going()``. Returns the unstable partitions (empty if none was caught) and the tries."""
+    deadline, tries = time.monotonic() + timeout, 0
+    while time.monotonic() < deadline and going():
+        if not stability.unstable():
+            continue
+        os.kill(pid, signal.SIGSTOP)
+        tries += 1
+        time.sleep(1.0)
+        first = stability.unstable()
+        time.sleep(1.0)
+        if first and stability.unstable() == first:
+            return first, tries
+        os.kill(pid, signal.SIGCONT)
+    return {}, tries
 
 
 def test_frozen_member_is_fenced_when_it_wakes(kafka, torchserve, tmp_path):
@@ -203,14 +302,19 @@ def test_frozen_member_is_fenced_when_it_wakes(kafka, torchserve, tmp_path):
 
 def test_rebalance_from_one_member_to_two_and_back(kafka, torchserve):
     """Events keep arriving while a second member joins (each takes one partition) and leaves
-    again (the first takes both back)."""
+    again (the first takes both back); the poison events among them are dead-lettered, naming
+    the field, whichever member holds their partition."""
     topics = stream_topics(kafka)
     sent: dict = {}
     done = threading.Event()
+    # 20 events every 0.1 s, each poison event in a batch of its own, spread over the feed
+    batches = [valid_events(20, start) for start in range(0, 2 * EVENTS, 20)]
+    for (i, event), at in zip(enumerate(poison_events()), range(1, len(batches), len(batches) // len(POISON))):
+        batches[at] = [*batches[at][: i % 20], event, *batches[at][i % 20 :]]
 
-    def feed() -> None:  # 20 events every 0.1 s
-        for start in range(0, 2 * EVENTS, 20):
-            sent.update(produce(kafka, topics["events"], valid_events(20, start)))
+    def feed() -> None:
+        for batch in batches:
+            sent.update(produce(kafka, topics["events"], batch))
             time.sleep(0.1)
         done.set()
 
@@ -230,9 +334,10 @@ def test_rebalance_from_one_member_to_two_and_back(kafka, torchserve):
         feeder.join(120)
         assert done.is_set(), "the feeder did not finish"
         wait_until_counted([first, second], [worker], len(sent))
-    assert first.counts.dead_letters + second.counts.dead_letters == 0
     written = exactly_once(kafka, topics, sent)
-    assert len(written.predictions) == len(sent) == 2 * EVENTS
+    letters = letters_name_their_fields(written, sent)
+    assert letters == len(POISON) and first.counts.dead_letters + second.counts.dead_letters == letters
+    assert len(written.predictions) == len(sent) - letters == 2 * EVENTS
     print(
         f"first member {first.counts.predictions}, second {second.counts.predictions} predictions "
         f"(when the second left: {split}); aborted {first.counts.aborted} + {second.counts.aborted}"
