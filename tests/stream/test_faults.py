@@ -197,7 +197,16 @@ def test_broker_killed_with_a_transaction_open(kafka, torchserve, tmp_path):
             started = make("-s", "kafka", *kafka.make_vars)
             assert started.returncode == 0 and kafka.bootstrap in started.stdout, started.stdout
             back = time.monotonic() - killed
-            wait_for("every event committed", lambda: committed() == len(sent), 240, poll=0.5)
+            wait_for(
+                "every event committed",
+                lambda: committed() == len(sent),
+                240,
+                poll=0.5,
+                why=lambda: (
+                    f"(committed {committed()} of {len(sent)}; the member {'alive' if alive(member) else 'gone'}, "
+                    f"its log ends: {member_log(tmp_path)})"
+                ),
+            )
             done = time.monotonic() - killed
         stopped = service.stop(tmp_path)
     finally:
@@ -220,6 +229,12 @@ def test_broker_killed_with_a_transaction_open(kafka, torchserve, tmp_path):
         f"({tries} tries to catch it); that transaction ended {ended}; the broker back {back:.0f} s after the "
         f"kill, every event committed {done:.0f} s after it; the member: {stopped}"
     )
+
+
+def member_log(run_dir, lines: int = 4) -> list[str]:
+    """The last lines the member wrote itself (librdkafka's own lines, ``%...``, left out)."""
+    log = run_dir / service.LOG_FILE
+    return [line for line in log.read_text().splitlines() if not line.startswith("%")][-lines:]
 
 
 def catch_open_transaction(pid: int, stability: Stability, going, timeout: float = 120) -> tuple[dict, int]:
