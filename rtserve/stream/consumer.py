@@ -654,7 +654,7 @@ class StreamConsumer:
         try:
             if self.producer is None:
                 self.producer = self._producer()
-            assigned = self.consumer.assignment()
+            assigned = self._assignment()
             if assigned:
                 for tp in self.consumer.committed(assigned, timeout=TXN_TIMEOUT):
                     # none committed yet: where the group starts a partition (auto.offset.reset earliest)
@@ -679,11 +679,19 @@ class StreamConsumer:
 
         :meth:`_hold` polls meanwhile and resumes.
         """
-        self.consumer.pause(self.consumer.assignment())
+        self.consumer.pause(self._assignment())
         wait = min(self.config.max_backoff, self.config.backoff * 2**self._failures)
         self._failures += 1
         self._resume_at = time.monotonic() + wait
         logger.info("%s; partitions paused, retrying in %.1f s", why, wait)
+
+    def _assignment(self) -> list[TopicPartition]:
+        """The partitions the last rebalance gave, as its callbacks recorded them.
+
+        ``consumer.assignment()`` waits on librdkafka's group thread with no limit: a member stuck
+        there after a broker restart neither scored nor stopped on SIGTERM.
+        """
+        return [TopicPartition(topic, partition) for topic, partition in sorted(self.assigned)]
 
     def _rewind(self, messages: list[Message]) -> None:
         """Seek each partition of ``messages`` back to its first one."""
@@ -705,7 +713,7 @@ class StreamConsumer:
                 self.consumer.pause([TopicPartition(m.topic(), m.partition()) for m in stray])
             return
         self._resume_at = None
-        self.consumer.resume(self.consumer.assignment())
+        self.consumer.resume(self._assignment())
 
 
 def next_offsets(messages: list[Message]) -> list[TopicPartition]:
