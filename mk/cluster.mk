@@ -100,7 +100,7 @@ CLUSTER_KUBECONFIG ?= build/cluster/admin.kubeconfig
 CLUSTER_PORTS      ?=
 
 .PHONY: cluster
-cluster: cluster-deps | $(STAMP) ## Start the control plane on 127.0.0.1 and a node on this machine (containerd, kubelet, kube-proxy); kubeconfig: CLUSTER_KUBECONFIG
+cluster: cluster-deps | $(STAMP) ## Start the control plane on 127.0.0.1 and a node on this machine (containerd, kubelet, kube-proxy, the add-ons, kube-router enforcing NetworkPolicies); kubeconfig: CLUSTER_KUBECONFIG
 	$(PY) -m rtserve cluster start --bin-dir $(CLUSTER_BIN) --run-dir $(CLUSTER_RUN_DIR) \
 	  --containerd-root $(CLUSTER_CONTAINERD_ROOT) --pause $(CLUSTER_PAUSE) --addons-bin-dir $(CLUSTER_ADDONS_BIN) \
 	  --netpol-bin-dir $(CLUSTER_NETPOL_BIN) \
