@@ -27,10 +27,19 @@ CLUSTER_METRICS_SERVER ?= $(call go_pin,$(CLUSTER_ADDONS)/metrics-server/go.mod,
 CLUSTER_ADDONS_SUM := $(shell cat $(sort $(wildcard $(CLUSTER_ADDONS)/*/go.mod $(CLUSTER_ADDONS)/*/go.sum $(CLUSTER_ADDONS)/*/*.go)) 2>/dev/null | sha256sum | cut -c1-12)
 CLUSTER_ADDONS_BIN ?= $(CACHE_DIR)/cluster/addons-$(CLUSTER_ADDONS_SUM)/bin
 CLUSTER_ADDONS_STAMP := $(CLUSTER_ADDONS_BIN)/.complete
+# The network policy controller, kube-router run with only its firewall (rtserve/cluster/netpol.py says
+# why not kube-network-policies), has a module of its own under deploy/cluster/netpol (make
+# cluster-netpol-module) and a cache directory keyed by its go.mod and go.sum.
+CLUSTER_NETPOL     ?= $(CLUSTER_MODULE)/netpol
+CLUSTER_KUBE_ROUTER ?= $(call go_pin,$(CLUSTER_NETPOL)/go.mod,github.com/cloudnativelabs/kube-router/v2)
+CLUSTER_NETPOL_SUM := $(shell cat $(CLUSTER_NETPOL)/go.mod $(CLUSTER_NETPOL)/go.sum 2>/dev/null | sha256sum | cut -c1-12)
+CLUSTER_NETPOL_BIN ?= $(CACHE_DIR)/cluster/netpol-$(CLUSTER_NETPOL_SUM)/bin
+CLUSTER_NETPOL_STAMP := $(CLUSTER_NETPOL_BIN)/.complete
 # What scripts/cluster's builds need of these.
 CLUSTER_BUILD_ENV   = GO=$(GO) CLUSTER_NICE=$(CLUSTER_NICE) CLUSTER_MODULE=$(CLUSTER_MODULE) CLUSTER_BIN=$(CLUSTER_BIN) \
   CLUSTER_KUBERNETES=$(CLUSTER_KUBERNETES) CLUSTER_ETCD=$(CLUSTER_ETCD) CLUSTER_ADDONS=$(CLUSTER_ADDONS) \
-  CLUSTER_ADDONS_BIN=$(CLUSTER_ADDONS_BIN) CLUSTER_COREDNS=$(CLUSTER_COREDNS) CLUSTER_METRICS_SERVER=$(CLUSTER_METRICS_SERVER)
+  CLUSTER_ADDONS_BIN=$(CLUSTER_ADDONS_BIN) CLUSTER_COREDNS=$(CLUSTER_COREDNS) CLUSTER_METRICS_SERVER=$(CLUSTER_METRICS_SERVER) \
+  CLUSTER_NETPOL=$(CLUSTER_NETPOL) CLUSTER_NETPOL_BIN=$(CLUSTER_NETPOL_BIN) CLUSTER_KUBE_ROUTER=$(CLUSTER_KUBE_ROUTER)
 
 .PHONY: cluster-modules
 cluster-modules: | $(STAMP) ## Regenerate deploy/cluster's go.mod and go.sum files for CLUSTER_KUBERNETES and CLUSTER_ETCD (then commit them)
@@ -43,13 +52,18 @@ CLUSTER_PAUSE      ?= $(CACHE_DIR)/cluster/pause-$(shell cat $(CLUSTER_MODULE)/p
 CLUSTER_CONTAINERD_ROOT ?= $(CACHE_DIR)/cluster/containerd
 
 .PHONY: cluster-deps
-cluster-deps: $(CLUSTER_STAMP) $(CLUSTER_ADDONS_STAMP) $(CLUSTER_PAUSE) cluster-node-deps ## Build the Kubernetes binaries, etcd, the add-ons (CoreDNS, metrics-server: CLUSTER_ADDONS_BIN) and the pause program (once per machine); install the node's containerd, runc, CNI plugins and iptables
+cluster-deps: $(CLUSTER_STAMP) $(CLUSTER_ADDONS_STAMP) $(CLUSTER_NETPOL_STAMP) $(CLUSTER_PAUSE) cluster-node-deps cluster-netpol-deps ## Build the Kubernetes binaries, etcd, the add-ons (CoreDNS, metrics-server: CLUSTER_ADDONS_BIN), the network policy controller (kube-router: CLUSTER_NETPOL_BIN) and the pause program (once per machine); install the node's packages
 	@echo ">> cluster binaries ($(CLUSTER_KUBERNETES), etcd $(CLUSTER_ETCD)) in $(CLUSTER_BIN)"
 	@echo ">> cluster add-ons (coredns $(CLUSTER_COREDNS), metrics-server $(CLUSTER_METRICS_SERVER)) in $(CLUSTER_ADDONS_BIN)"
+	@echo ">> network policy controller (kube-router $(CLUSTER_KUBE_ROUTER), firewall only) in $(CLUSTER_NETPOL_BIN)"
 
 .PHONY: cluster-node-deps
 cluster-node-deps: ## Install the node's containerd, runc, CNI plugins and iptables from Debian's packages if one is missing
 	@scripts/deps cluster-node
+
+.PHONY: cluster-netpol-deps
+cluster-netpol-deps: ## Install what the network policy controller runs (ipset, iptables) from Debian's packages if one is missing
+	@scripts/deps network-policy
 
 $(CLUSTER_PAUSE): $(CLUSTER_MODULE)/pause/main.go $(CLUSTER_MODULE)/pause/go.mod
 	mkdir -p $(@D)
@@ -67,6 +81,13 @@ cluster-addon-modules: | $(STAMP) ## Regenerate deploy/cluster/addons' go.mod an
 $(CLUSTER_ADDONS_STAMP):
 	@$(CLUSTER_BUILD_ENV) scripts/cluster build addons
 
+.PHONY: cluster-netpol-module
+cluster-netpol-module: | $(STAMP) ## Regenerate deploy/cluster/netpol's go.mod and go.sum for CLUSTER_KUBE_ROUTER (then commit them)
+	$(PY) -m rtserve cluster netpol-module --dir $(CLUSTER_NETPOL) --kube-router $(CLUSTER_KUBE_ROUTER) --go $(GO)
+
+$(CLUSTER_NETPOL_STAMP):
+	@$(CLUSTER_BUILD_ENV) scripts/cluster build netpol
+
 CLUSTER_RUN_DIR    ?= $(RUN_DIR)/cluster
 # Whether the cluster of CLUSTER_RUN_DIR runs: its API server's PID file names a live process.
 CLUSTER_RUNS        = $(shell pid=$$(head -n1 $(CLUSTER_RUN_DIR)/kube-apiserver.pid 2>/dev/null) && \
@@ -79,9 +100,10 @@ CLUSTER_KUBECONFIG ?= build/cluster/admin.kubeconfig
 CLUSTER_PORTS      ?=
 
 .PHONY: cluster
-cluster: cluster-deps | $(STAMP) ## Start the control plane on 127.0.0.1 and a node on this machine (containerd, kubelet, kube-proxy); kubeconfig: CLUSTER_KUBECONFIG
+cluster: cluster-deps | $(STAMP) ## Start the control plane on 127.0.0.1 and a node on this machine (containerd, kubelet, kube-proxy, the add-ons, kube-router enforcing NetworkPolicies); kubeconfig: CLUSTER_KUBECONFIG
 	$(PY) -m rtserve cluster start --bin-dir $(CLUSTER_BIN) --run-dir $(CLUSTER_RUN_DIR) \
 	  --containerd-root $(CLUSTER_CONTAINERD_ROOT) --pause $(CLUSTER_PAUSE) --addons-bin-dir $(CLUSTER_ADDONS_BIN) \
+	  --netpol-bin-dir $(CLUSTER_NETPOL_BIN) \
 	  --kubeconfig $(CLUSTER_KUBECONFIG) $(addprefix --port ,$(CLUSTER_PORTS))
 
 .PHONY: cluster-stop

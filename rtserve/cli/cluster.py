@@ -2,8 +2,10 @@
 
     python -m rtserve cluster modules --kubernetes v1.36.3 --etcd v3.6.16
     python -m rtserve cluster addon-modules --coredns v1.15.0 --metrics-server v0.8.0
+    python -m rtserve cluster netpol-module --kube-router v2.1.0
     python -m rtserve cluster start --bin-dir DIR [--run-dir .run/cluster] [--kubeconfig build/cluster/admin.kubeconfig]
-        [--containerd-root ~/.cache/rtserve/cluster/containerd] [--pause FILE] [--port kube-apiserver=6443]
+        [--containerd-root ~/.cache/rtserve/cluster/containerd] [--pause FILE] [--addons-bin-dir DIR]
+        [--netpol-bin-dir DIR] [--port kube-apiserver=6443]
     python -m rtserve cluster status [--run-dir .run/cluster]
     python -m rtserve cluster stop [--run-dir .run/cluster]
     python -m rtserve cluster load [--run-dir .run/cluster] [--engine podman] IMAGE [IMAGE ...]
@@ -45,8 +47,15 @@ def cmd_addon_modules(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_netpol_module(args: argparse.Namespace) -> int:
+    """Regenerate deploy/cluster/netpol's go.mod and go.sum files (kube-router, the network policy controller)."""
+    for written in gomod.write_netpol_module(args.dir, args.kube_router, args.go):
+        print(f">> wrote {written} and its go.sum")
+    return 0
+
+
 def cmd_start(args: argparse.Namespace) -> int:
-    """Start etcd, the API server, controller manager, scheduler and node (containerd, kubelet, kube-proxy)."""
+    """Start the control plane, the node (containerd, kubelet, kube-proxy), add-ons and kube-router's firewall."""
     layout = Layout(
         args.run_dir.resolve(),
         args.bin_dir.resolve(),
@@ -55,6 +64,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         args.containerd_root.resolve(),
         args.pause.resolve() if args.pause else None,
         args.addons_bin_dir.resolve() if args.addons_bin_dir else None,
+        args.netpol_bin_dir.resolve() if args.netpol_bin_dir else None,
     )
     begin = time.monotonic()
     took = runtime.start(layout)
@@ -123,6 +133,14 @@ def add(groups: argparse._SubParsersAction) -> None:
     )
     command(
         commands,
+        "netpol-module",
+        cmd_netpol_module,
+        (["--dir"], {"type": Path, "default": Path("deploy/cluster/netpol")}),
+        (["--kube-router"], {"required": True, "help": "kube-router's version, e.g. v2.1.0"}),
+        (["--go"], {"default": "go", "help": "the go command"}),
+    )
+    command(
+        commands,
         "start",
         cmd_start,
         (["--bin-dir"], {"type": Path, "required": True, "help": "where make cluster-deps built the binaries"}),
@@ -137,6 +155,7 @@ def add(groups: argparse._SubParsersAction) -> None:
         ),
         (["--pause"], {"type": Path, "help": "the pause program (default: BIN_DIR/pause)"}),
         (["--addons-bin-dir"], {"type": Path, "help": "where CoreDNS and metrics-server are (default: BIN_DIR)"}),
+        (["--netpol-bin-dir"], {"type": Path, "help": "where kube-router is (default: BIN_DIR)"}),
         (
             ["--port"],
             {

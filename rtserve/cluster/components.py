@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from rtserve.cluster import addons, node
+from rtserve.cluster import addons, netpol, node
 from rtserve.cluster.pki import FRONT_PROXY_CLIENT
 
 HOST = "127.0.0.1"
@@ -21,7 +21,9 @@ SERVICE_IP = "10.0.0.1"
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 NODE = ("containerd", "kubelet", "kube-proxy")
 ADDONS = ("coredns", "metrics-server")
-NAMES = CONTROL_PLANE + NODE + ADDONS
+#: The network policy controller (kube-router's firewall), started once the add-ons run.
+NETWORK_POLICY = ("kube-router",)
+NAMES = CONTROL_PLANE + NODE + ADDONS + NETWORK_POLICY
 PORT_NAMES = (
     "etcd",
     "etcd-peer",
@@ -35,6 +37,7 @@ PORT_NAMES = (
     "coredns-health",
     "coredns-ready",
     "metrics-server",
+    "kube-router-health",
 )
 
 
@@ -52,6 +55,8 @@ class Layout:
     pause: Path | None = None
     #: Where CoreDNS and metrics-server were built (default: ``bin_dir``).
     addons_bin: Path | None = None
+    #: Where the network policy controller (kube-router) was built (default: ``bin_dir``).
+    netpol_bin: Path | None = None
 
     @property
     def pki(self) -> Path:
@@ -64,6 +69,8 @@ class Layout:
     def binary(self, name: str) -> Path:
         if name in ADDONS and self.addons_bin is not None:
             return self.addons_bin / name
+        if name in NETWORK_POLICY and self.netpol_bin is not None:
+            return self.netpol_bin / name
         return self.bin_dir / name
 
     def config(self, name: str) -> Path:
@@ -320,4 +327,16 @@ def metrics_server(layout: Layout) -> Component:
         ),
         addons.metrics_server_health_url(node.NODE_IP, layout.ports["metrics-server"], "livez"),
         {kubecfg: kubeconfig(layout, "metrics-server")},
+    )
+
+
+def kube_router(layout: Layout) -> Component:
+    """The network policy controller on the host: kube-router's firewall for the node's pods."""
+    kubecfg = layout.config("kube-router.kubeconfig")
+    port = layout.ports["kube-router-health"]
+    return Component(
+        "kube-router",
+        netpol.argv(layout.binary("kube-router"), kubecfg, node.NODE_NAME, SERVICE_CIDR, port),
+        netpol.health_url(port),
+        {kubecfg: kubeconfig(layout, "kube-router")},
     )

@@ -1,7 +1,8 @@
 """What the local cluster's node changes on this machine, and how it is put back.
 
 :func:`prepare` makes the bridge and records the kernel settings; :func:`clean` removes the mounts, network
-namespaces, bridge, ``KUBE-*`` iptables chains and ``kubepods`` cgroups idempotently, so ``make cluster-stop``
+namespaces, bridge, ``KUBE-*`` iptables chains, the network policy controller's ipsets and ``kubepods`` cgroups
+idempotently, so ``make cluster-stop``
 works after a crash too. One node per machine: :func:`owner` says which run directory holds it.
 """
 
@@ -13,7 +14,7 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from rtserve.cluster import node
+from rtserve.cluster import netpol, node
 from rtserve.errors import ClusterError
 
 #: Which run directory's node holds this machine's bridge (one node per machine).
@@ -158,6 +159,33 @@ def left_iptables() -> list[str]:
     return left
 
 
+def _ipsets() -> list[str]:
+    """The network policy controller's ipsets on this machine (none when ipset is not installed)."""
+    try:
+        listed = _run("ipset", "list", "-n", check=False)
+    except FileNotFoundError:
+        return []
+    return netpol.own_ipsets(listed.stdout.split()) if not listed.returncode else []
+
+
+def remove_ipsets() -> list[str]:
+    """Destroy the network policy controller's ipsets (after its chains, which refer to them).
+
+    Returns:
+        What was removed (``ipset destroy KUBE-SRC-...``).
+    """
+    removed = []
+    for name in _ipsets():
+        if not _run("ipset", "destroy", name, check=False).returncode:
+            removed.append(f"ipset destroy {name}")
+    return removed
+
+
+def left_ipsets() -> list[str]:
+    """The network policy controller's ipsets still here (empty after :func:`remove_ipsets`)."""
+    return [f"ipset {name}" for name in _ipsets()]
+
+
 def remove_cgroups() -> None:
     """Remove the (empty) ``kubepods`` control groups the kubelet made, deepest first."""
     for top in CGROUP_ROOT.glob("*/kubepods"):
@@ -198,7 +226,8 @@ def clean(run_dir: Path, netns: list[str]) -> list[str]:
     """Undo what the node changed on the host (its processes already stopped).
 
     Removes the mounts under ``run_dir``, the pods' network namespaces ``netns``, the bridge, the ``KUBE-*``
-    iptables chains, the ``kubepods`` control groups, and restores the kernel settings.
+    iptables chains, the network policy controller's ipsets, the ``kubepods`` control groups, and restores the
+    kernel settings.
 
     Returns:
         What was left behind before (one line each), for the stop's report.
@@ -218,6 +247,9 @@ def clean(run_dir: Path, netns: list[str]) -> list[str]:
     removed = remove_iptables()
     if removed:
         report.append(f"removed {len(removed)} iptables rules and chains")
+    sets = remove_ipsets()
+    if sets:
+        report.append(f"removed {len(sets)} ipsets")
     remove_cgroups()
     record = run_dir / SYSCTL_RECORD
     if record.exists():
@@ -226,7 +258,7 @@ def clean(run_dir: Path, netns: list[str]) -> list[str]:
                 Path("/proc/sys", *key.split(".")).write_text(value)
                 report.append(f"restored {key} = {value}")
         record.unlink()
-    left = mounts_under(run_dir) + left_iptables() + ([node.BRIDGE] if bridge_exists() else []) + kept
+    left = mounts_under(run_dir) + left_iptables() + left_ipsets() + ([node.BRIDGE] if bridge_exists() else []) + kept
     if left:
         raise ClusterError(f"the node left behind: {', '.join(left)}")
     if owner() == run_dir:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from rtserve.cluster import addons
+from rtserve.cluster import addons, netpol
 from rtserve.runtime.process import run
 
 DAYS = 365
@@ -73,6 +73,7 @@ def certificates(service_ip: str, node: str, node_ip: str) -> tuple[Cert, ...]:
         Cert("kubelet", node, sans=node_sans),
         Cert("kube-proxy", "system:kube-proxy"),
         Cert("coredns", addons.COREDNS_USER),
+        Cert("kube-router", netpol.USER),
         # metrics-server serves on the node's address; the API server checks its Service's name.
         Cert("metrics-server", addons.METRICS_SERVER_USER, sans=node_sans + (f"DNS:{addons.METRICS_SERVER_DNS}",)),
     )

@@ -18,7 +18,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from rtserve.cluster import addons, components, host, node, pki, sandbox
+from rtserve.cluster import addons, components, host, netpol, node, pki, sandbox
 from rtserve.cluster.components import Component, Layout
 from rtserve.cluster.containerd import Ctr
 from rtserve.errors import ClusterError
@@ -153,7 +153,7 @@ def start(layout: Layout) -> dict[str, float]:
 
 
 def start_node(layout: Layout) -> dict[str, float]:
-    """Start the node on this machine: its bridge, containerd, the kubelet, kube-proxy and the add-ons.
+    """Start the node on this machine: its bridge, containerd, the kubelet, kube-proxy, the add-ons and kube-router.
 
     containerd gets the sandbox image imported.
 
@@ -190,11 +190,13 @@ def start_node(layout: Layout) -> dict[str, float]:
         + addons.metrics_server_manifests(
             node.NODE_IP, layout.ports["metrics-server"], (layout.pki / "ca.crt").read_text()
         )
+        + "---\n"
+        + netpol.manifests()
     )
     apply = subprocess.run([*kubectl, "apply", "-f", "-"], input=manifests, capture_output=True, text=True)
     if apply.returncode:
         raise ClusterError(f"the add-ons' objects were refused: {apply.stderr.strip()}")
-    for component in (components.coredns(layout), components.metrics_server(layout)):
+    for component in (components.coredns(layout), components.metrics_server(layout), components.kube_router(layout)):
         took[component.name] = _start_one(component, layout)
     return took
 

@@ -100,11 +100,12 @@ def cluster(cluster_bin, tmp_path_factory) -> Cluster:
 
 def leftovers(run_dir: Path) -> list[str]:
     """What a node left on this machine: mounts under its run directory, its bridge, KUBE-*
-    iptables chains, processes serving its containerd (shims) and its network namespaces."""
+    iptables chains, the network policy controller's ipsets, processes serving its containerd
+    (shims) and its network namespaces."""
     from rtserve.cluster import host, node
     from rtserve.runtime.process import pids_with_argument
 
-    left = [f"mount {m}" for m in host.mounts_under(run_dir)] + host.left_iptables()
+    left = [f"mount {m}" for m in host.mounts_under(run_dir)] + host.left_iptables() + host.left_ipsets()
     left += [f"bridge {node.BRIDGE}"] if host.bridge_exists() else []
     socket = str(node.NodePaths(run_dir, Path("/")).containerd_socket)
     left += [f"process {pid}" for pid in pids_with_argument("-address", socket)]

@@ -22,7 +22,8 @@ def test_cluster_comes_up_and_reports_every_component_running(cluster):
     assert re.search(
         r"^>> cluster ready in [\d.]+ s \(etcd [\d.]+ s, kube-apiserver [\d.]+ s, "
         r"kube-controller-manager [\d.]+ s, kube-scheduler [\d.]+ s, containerd [\d.]+ s, "
-        r"kubelet [\d.]+ s, kube-proxy [\d.]+ s, node Ready [\d.]+ s",
+        r"kubelet [\d.]+ s, kube-proxy [\d.]+ s, node Ready [\d.]+ s, coredns [\d.]+ s, "
+        r"metrics-server [\d.]+ s, kube-router [\d.]+ s\)",
         cluster.start_output,
         re.M,
     )
@@ -36,6 +37,9 @@ def test_cluster_comes_up_and_reports_every_component_running(cluster):
         "containerd",
         "kubelet",
         "kube-proxy",
+        "coredns",
+        "metrics-server",
+        "kube-router",
     ):
         assert re.search(rf"^  {name} +running \(pid \d+\)$", status.stdout, re.M), status.stdout
     assert f"API server: {cluster.api_url}" in status.stdout

@@ -206,8 +206,8 @@ def slow_stand_in() -> dict:
     """A pod of the 1.0 image (already on the node) running :data:`tests.helpers.SLOW_CANDIDATE`
     on port 8080, as restricted Pod Security admits it, and its Service. A fake candidate, and
     said so: no real model can be told to answer 500 ms later. It carries the candidate's name
-    label (the NetworkPolicies let the default pods reach it) but not the candidate Service's
-    component label."""
+    label (the candidate's NetworkPolicies, :func:`candidate_policies`, let the default pods reach
+    it) but not the candidate Service's component label."""
     labels = {"app.kubernetes.io/name": "rtserve-candidate", "rtserve.io/stand-in": "slow"}
     pod = {
         "apiVersion": "v1",
@@ -254,6 +254,16 @@ def slow_stand_in() -> dict:
     return {"apiVersion": "v1", "kind": "List", "items": [pod, service]}
 
 
+def candidate_policies(cluster) -> list[dict]:
+    """The NetworkPolicies a candidate brings (the local overlay's candidate/, as `make k8s-shadow`
+    applies them): the stand-in needs them as a candidate does, since the cluster enforces the
+    default pods' policy, which lets them reach nothing else."""
+    text = cluster.ok("kustomize", str(REPO / "deploy" / "k8s" / "overlays" / "local" / "candidate"))
+    policies = [o for o in yaml.safe_load_all(text) if o and o["kind"] == "NetworkPolicy"]
+    assert {p["metadata"]["name"] for p in policies} == {"rtserve-candidate", "rtserve-to-candidate"}, policies
+    return policies
+
+
 def unshadow(pods: LivePods, manifest: Path) -> None:
     """Publish the default pods' routes without a shadow."""
     routes = Routes(MODEL_NAME, str(POD_RUN.live_log), token_file=POD_TOKEN_FILE, revision=int(time.time() * 1000))
@@ -292,7 +302,10 @@ def test_a_candidate_500ms_slower_does_not_move_the_callers_p99(held, tmp_path):
         )
         pods.publish(json.dumps(routes.json(), indent=2) + "\n", manifest)
 
-    cluster.ok("apply", "-f", "-", stdin=json.dumps(slow_stand_in()))
+    policies = candidate_policies(cluster)
+    cluster.ok(
+        "apply", "-f", "-", stdin=json.dumps({**slow_stand_in(), "items": [*slow_stand_in()["items"], *policies]})
+    )
     load = SteadyLoad(
         served.url,
         {"features": [0.25] * 32},
@@ -349,6 +362,10 @@ def test_a_candidate_500ms_slower_does_not_move_the_callers_p99(held, tmp_path):
         load.stop()
         unshadow(pods, manifest)
         cluster.kubectl("-n", NAMESPACE, "delete", "pod,service", SLOW, "--ignore-not-found", "--wait=false")
+        for policy in policies:
+            cluster.kubectl(
+                "-n", NAMESPACE, "delete", "networkpolicy", policy["metadata"]["name"], "--ignore-not-found"
+            )
 
 
 def test_shadow_canary_abort_then_a_promotion_rolled_out_and_back_under_traffic(held, image_vars, mar_v1, tmp_path):

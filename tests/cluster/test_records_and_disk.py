@@ -68,11 +68,10 @@ def small_volume(tmp_path: Path) -> Path:
         )
     )
     kustomization = overlay / "kustomization.yaml"
-    text = kustomization.read_text().replace(
-        "  - path: networkpolicy-records.yaml\n", "  - path: networkpolicy-records.yaml\n  - path: run-volume.yaml\n"
-    )
-    assert "run-volume.yaml" in text
-    kustomization.write_text(text)
+    text = yaml.safe_load(kustomization.read_text())
+    assert text["patches"], "the local-records overlay lists no patches"
+    text["patches"].append({"path": "run-volume.yaml"})
+    kustomization.write_text(yaml.safe_dump(text, sort_keys=False))
     return tree
 
 

@@ -34,6 +34,16 @@ RECORDS = K8S_DIR / "components" / "records"
 CASSANDRA = K8S_DIR / "components" / "cassandra"
 #: The ``app.kubernetes.io/component`` labels of the records' objects.
 RECORDS_COMPONENTS = ("records", "records-store")
+#: The cluster DNS of make cluster's node: CoreDNS on the node's address, which components/local-dns
+#: adds to every policy that allows DNS in the local overlays.
+LOCAL_DNS = K8S_DIR / "components" / "local-dns"
+#: The gateway's inference port, which every policy names by number (base/networkpolicy.yaml says why).
+INFERENCE_PORT = 8080
+#: The DNS rules of a policy that allows DNS: kube-system's pods (any cluster) and, where the
+#: overlay lists components/local-dns, the local cluster's node (rtserve.cluster.node.NODE_IP).
+DNS_PORTS = [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]
+KUBE_SYSTEM_DNS = {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}}],
+                   "ports": DNS_PORTS}
 #: The Kubernetes version the manifests are validated against (kubernetes-validate ships it).
 K8S_VERSION = "1.32.0"
 
@@ -73,6 +83,15 @@ def lists_component(overlay: str, component: Path) -> bool:
         return True
     return any(lists_component(r.name, component) for r in (overlay_dir / p for p in kustomization.get("resources", []))
                if r.resolve().parent == (K8S_DIR / "overlays").resolve() and (r / "kustomization.yaml").is_file())
+
+
+def dns_rules(overlay: str) -> list[dict]:
+    """The egress rules a policy that allows DNS has in ``overlay``: kube-system's DNS pods, and the
+    local cluster's node where the overlay lists components/local-dns."""
+    from rtserve.cluster.node import NODE_IP
+
+    node = [{"to": [{"ipBlock": {"cidr": f"{NODE_IP}/32"}}], "ports": DNS_PORTS}]
+    return [KUBE_SYSTEM_DNS, *(node if lists_component(overlay, LOCAL_DNS) else [])]
 
 
 def records_objects(objects: list[dict]) -> list[dict]:

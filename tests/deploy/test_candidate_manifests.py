@@ -12,8 +12,8 @@ import pytest
 from rtserve.k8s.deploy import Target
 from rtserve.promotion.live.kubectl import (CANDIDATE, CANDIDATE_SELECTOR, POD_RUN, ROUTES_CONFIGMAP, ROUTES_KEY,
                                            candidate_kustomization, candidate_target, candidate_url)
-from tests.deploy.conftest import (CANDIDATE_DIR, K8S_DIR, K8S_VERSION, OVERLAYS, OWN_CANDIDATE, load, one,
-                                   pull_policy, render)
+from tests.deploy.conftest import (CANDIDATE_DIR, INFERENCE_PORT, K8S_DIR, K8S_VERSION, OVERLAYS, OWN_CANDIDATE,
+                                   dns_rules, load, one, pull_policy, render)
 
 pytestmark = pytest.mark.deploy
 
@@ -118,15 +118,16 @@ def test_network_policies_let_only_the_default_pods_reach_the_candidate(candidat
     ingress = one(objects, "NetworkPolicy", CANDIDATE)
     assert ingress["spec"]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": CANDIDATE}
     assert ingress["spec"]["egress"] == []
-    inference = [r for r in ingress["spec"]["ingress"] if r["ports"][0]["port"] == "inference"]
+    inference = [r for r in ingress["spec"]["ingress"] if r["ports"][0]["port"] == INFERENCE_PORT]
     assert inference == [{"from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "rtserve"}}}],
-                          "ports": [{"port": "inference", "protocol": "TCP"}]}]
+                          "ports": [{"port": INFERENCE_PORT, "protocol": "TCP"}]}]
     egress = one(objects, "NetworkPolicy", "rtserve-to-candidate")
     assert egress["spec"]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "rtserve"}
     assert egress["spec"]["policyTypes"] == ["Egress"]
     to = [(r["to"][0], [p["port"] for p in r["ports"]]) for r in egress["spec"]["egress"]]
-    assert to[0] == ({"podSelector": {"matchLabels": {"app.kubernetes.io/name": CANDIDATE}}}, ["inference"])
-    assert to[1][1] == [53, 53]  # the cluster DNS: the routes name the Service by its DNS name
+    assert to[0] == ({"podSelector": {"matchLabels": {"app.kubernetes.io/name": CANDIDATE}}}, [INFERENCE_PORT])
+    # the cluster DNS: the routes name the Service by its DNS name (kube-system's, and the local node's)
+    assert egress["spec"]["egress"][1:] == dns_rules("local")
     assert {o["metadata"]["namespace"] for o in objects} == {"rtserve-local"}
 
 

@@ -16,8 +16,9 @@ from rtserve.server import probe
 from rtserve.server.torchserve import SIDECARS, TorchServe
 from rtserve.k8s.pod import GATEWAY_STANDIN
 from tests.conftest import REPO
-from tests.deploy.conftest import (K8S_DIR, K8S_VERSION, OVERLAYS, OWN_VERIFY, VERIFY_DIR, load, makefile_text, one,
-                                   pinned_tag, pull_policy, render, server_objects)
+from tests.deploy.conftest import (INFERENCE_PORT, K8S_DIR, K8S_VERSION, KUBE_SYSTEM_DNS, OVERLAYS, OWN_VERIFY,
+                                   VERIFY_DIR, dns_rules, load, makefile_text, one, pinned_tag, pull_policy, render,
+                                   server_objects)
 
 pytestmark = pytest.mark.deploy
 
@@ -353,11 +354,14 @@ def test_network_policy_keeps_management_and_metrics_internal(rendered, overlay)
     assert policy["egress"] == []
     ports = pod_ports(objects)
     opened: dict[str, list] = {}
+    numbers = {number: name for name, number in ports.items()}
     for rule in policy["ingress"]:
         for port in rule["ports"]:
-            name = port["port"]
+            name = numbers.get(port["port"], port["port"])  # the gateway's by number: its policy says why
             assert name in ports, f"policy names a port the container lacks: {name}"
             opened.setdefault(name, []).append(rule.get("from"))
+    assert {"port": INFERENCE_PORT, "protocol": "TCP"} in [p for r in policy["ingress"] for p in r["ports"]]
+    assert ports["inference"] == INFERENCE_PORT
     # the gateway's probe port is opened to no pod (the kubelet's probes come from the node)
     assert set(opened) == {"inference", "management", "metrics"}
     assert all(sources for sources in opened["management"]), "management open to every pod"
@@ -435,7 +439,13 @@ def test_an_overlays_own_verification_job_is_the_shared_one_in_its_namespace(ove
     for obj in (job, base):
         obj["metadata"].pop("namespace"), obj["metadata"].pop("annotations")
     assert job == base
-    assert one(own, "NetworkPolicy")["spec"] == one(shared, "NetworkPolicy")["spec"]
+    # the shared policy, with the local cluster's DNS address where the overlay lists local-dns
+    own_policy, shared_policy = one(own, "NetworkPolicy")["spec"], one(shared, "NetworkPolicy")["spec"]
+    assert own_policy["egress"][:2] == shared_policy["egress"]
+    assert shared_policy["egress"][1] == KUBE_SYSTEM_DNS
+    assert own_policy["egress"][1:] == dns_rules(overlay)
+    own_policy.pop("egress"), shared_policy.pop("egress")
+    assert own_policy == shared_policy
 
 
 def test_config_change_renames_the_configmap_and_so_rolls_the_pods(tmp_path):

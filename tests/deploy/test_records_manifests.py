@@ -31,7 +31,7 @@ from rtserve.server.torchserve import TorchServe, records_options
 from rtserve.settings import Settings, byte_size
 from tests.conftest import REPO
 from tests.deploy.conftest import (CANDIDATE_DIR, CASSANDRA, K8S_DIR, OVERLAYS, OWN_CANDIDATE, RECORDS,
-                                   lists_component, load, makefile_text, one, pull_policy, records_objects, render,
+                                   dns_rules, lists_component, load, makefile_text, one, pull_policy, records_objects, render,
                                    server_objects)
 
 pytestmark = pytest.mark.deploy
@@ -204,9 +204,8 @@ def test_the_policies_let_the_pods_reach_the_store_and_dns_and_nothing_more(rend
     policy = one(objects, "NetworkPolicy", CONFIGMAP)["spec"]
     assert selects(policy["podSelector"]["matchLabels"], server)
     assert policy["policyTypes"] == ["Egress"] and "ingress" not in policy, "nothing comes in through it"
-    dns, to_store = policy["egress"]
-    assert dns["to"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}}]
-    assert ports(dns) == {(53, "UDP"), (53, "TCP")}
+    dns, to_store, *node_dns = policy["egress"]
+    assert [dns, *node_dns] == dns_rules(overlay)  # kube-system's DNS pods; the local node's (local-dns)
     store_ports = {int(point.rsplit(":", 1)[1]) for point in contact_points(store(objects))}
     assert ports(to_store) == {(p, "TCP") for p in store_ports}
     # Every policy that selects the server's pods together: that egress and none other.

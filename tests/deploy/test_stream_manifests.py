@@ -15,7 +15,8 @@ import yaml
 from rtserve.cli import build_parser
 from rtserve.cli import stream as stream_cli
 from rtserve.stream import metrics
-from tests.deploy.conftest import K8S_VERSION, OVERLAYS, STREAM, load, one, pull_policy, render, with_stream
+from tests.deploy.conftest import (INFERENCE_PORT, K8S_VERSION, OVERLAYS, STREAM, dns_rules, load, one, pull_policy,
+                                   render, with_stream)
 
 pytestmark = pytest.mark.deploy
 
@@ -187,16 +188,16 @@ def test_network_policy_admits_scrapes_and_reaches_the_gateway_dns_and_kafka(ren
     (ingress,) = policy["ingress"]
     assert ingress["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
     assert ingress["ports"] == [{"port": "metrics", "protocol": "TCP"}]
-    gateway, dns, kafka = policy["egress"]
+    gateway, dns, kafka, *node_dns = policy["egress"]
     served = server(objects)["spec"]["template"]
     assert selects(gateway["to"][0]["podSelector"]["matchLabels"], served["metadata"]["labels"])
-    gateway_ports = {p["name"] for c in served["spec"]["initContainers"] for p in c["ports"]}
-    assert [p["port"] for p in gateway["ports"]] == ["inference"] and "inference" in gateway_ports
-    assert {p["port"] for p in dns["ports"]} == {53}
+    gateway_ports = {p["name"]: p["containerPort"] for c in served["spec"]["initContainers"] for p in c["ports"]}
+    assert [p["port"] for p in gateway["ports"]] == [INFERENCE_PORT] == [gateway_ports["inference"]]
+    assert [dns, *node_dns] == dns_rules(overlay)
     bootstrap_ports = {int(a.rsplit(":", 1)[1]) for a in settings(objects)["bootstrap"].split(",")}
     assert {p["port"] for p in kafka["ports"]} == bootstrap_ports
     # the server's policy lets the consumer in: its inference port is open to any pod
-    assert any(r.get("ports") == [{"port": "inference", "protocol": "TCP"}] and "from" not in r
+    assert any(r.get("ports") == [{"port": INFERENCE_PORT, "protocol": "TCP"}] and "from" not in r
                for r in one(objects, "NetworkPolicy", "rtserve")["spec"]["ingress"])
 
 

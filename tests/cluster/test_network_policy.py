@@ -1,0 +1,431 @@
+"""The NetworkPolicies as the local cluster enforces them (kube-router's firewall, which `make
+cluster` runs): who reaches the model, its management API, its metrics, the candidate, and what the
+pods themselves may reach, probed with a short connect timeout from pods of the test's own.
+
+The probes run in pods of the rtserve image (its Python) with the restricted security context:
+in another namespace with and without the management-client label, in the local overlay's
+namespace with and without it, and in the ``monitoring`` namespace. The stream consumer's policy
+(components/stream, rendered for the local overlay) is applied to a stand-in pod with the
+consumer's labels: the consumer needs a Kafka broker, which this tier does not run, so the
+stand-in proves the policy, not the consumer. A target pod of the test's own listens on 8000 (a
+port no policy names) and 9092 (Kafka's). The candidate is the real one (`make k8s-shadow`).
+
+Every denial has a control: the policies that deny it (the egress policies selecting the source,
+the ingress policies selecting the destination) are deleted, the same probe must then connect,
+and the policies are put back (the probe denied again) before the next. So a probe that cannot
+connect for another reason cannot pass as a denial.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import pytest
+import yaml
+
+from tests.cluster.conftest import DEPLOY_TIMEOUT, NAMESPACE, make
+
+pytestmark = pytest.mark.cluster
+
+#: The probes' namespace (none of the policies selects it) and the metrics scrapers'.
+OTHER = "rtserve-netpol-probe"
+MONITORING = "monitoring"
+MANAGEMENT_CLIENT = {"rtserve.io/management-client": "true"}
+#: The seconds a probe waits for the connection and then for the answer's first line.
+CONNECT_TIMEOUT = 3.0
+#: The seconds a policy change may take to reach the node's rules (a deletion or a restore).
+APPLY_TIMEOUT = 60.0
+TARGET_PORT, KAFKA_PORT = 8000, 9092
+
+#: Run in a probe pod: connect to argv[1]:argv[2], send an HTTP GET, read the status line.
+PROBE = """
+import json, socket, sys, time
+host, port, timeout = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+begin = time.monotonic()
+try:
+    conn = socket.create_connection((host, port), timeout=timeout)
+except OSError as exc:
+    print(json.dumps({"connected": False, "detail": type(exc).__name__, "s": time.monotonic() - begin}))
+    sys.exit(0)
+try:
+    conn.sendall(b"GET / HTTP/1.0\\r\\nHost: probe\\r\\n\\r\\n")
+    line = conn.makefile("rb").readline().decode(errors="replace").strip()
+except OSError as exc:
+    line = "no answer (" + type(exc).__name__ + ")"
+print(json.dumps({"connected": True, "detail": line[:40], "s": time.monotonic() - begin}))
+"""
+
+#: The target: answers 204 on TARGET_PORT and KAFKA_PORT.
+TARGET = f"""
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+class Answer(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(204); self.end_headers()
+    def log_message(self, *args):
+        pass
+servers = [ThreadingHTTPServer(("0.0.0.0", p), Answer) for p in ({TARGET_PORT}, {KAFKA_PORT})]
+for s in servers[1:]:
+    threading.Thread(target=s.serve_forever, daemon=True).start()
+servers[0].serve_forever()
+"""
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a probe runs: a pod (and container), its namespace and labels."""
+
+    name: str
+    namespace: str
+    pod: str
+    labels: dict
+    container: str = "probe"
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a probe connects to: an address and port, and the namespace and labels of the pods behind it."""
+
+    name: str
+    host: str
+    port: int
+    namespace: str
+    labels: dict
+
+
+@dataclass(frozen=True)
+class Reach:
+    connected: bool
+    detail: str
+    seconds: float
+
+    def text(self) -> str:
+        if self.connected:
+            return f"**yes** ({self.detail.removeprefix('HTTP/1.1 ').removeprefix('HTTP/1.0 ')})"
+        return f"no ({self.detail})"
+
+
+def probe_pod(name: str, namespace: str, image: str, labels: dict, command: str, port: int | None = None) -> dict:
+    """A pod of the rtserve image running ``command`` (Python) with the restricted profile."""
+    container = {
+        "name": "probe",
+        "image": image,
+        "imagePullPolicy": "Never",
+        "command": ["python", "-c", command],
+        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"cpu": "200m", "memory": "128Mi"}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    if port:
+        container["readinessProbe"] = {"tcpSocket": {"port": port}, "periodSeconds": 1}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "terminationGracePeriodSeconds": 0,
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 10001,
+                "runAsGroup": 10001,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [container],
+        },
+    }
+
+
+def selects(policy: dict, namespace: str, labels: dict) -> bool:
+    """Whether ``policy`` selects a pod with ``labels`` in ``namespace`` (matchLabels only, as ours)."""
+    selector = policy["spec"]["podSelector"]
+    assert not selector.get("matchExpressions"), f"{policy['metadata']['name']}: matchExpressions not handled here"
+    wanted = selector.get("matchLabels") or {}
+    return policy["metadata"]["namespace"] == namespace and all(labels.get(k) == v for k, v in wanted.items())
+
+
+class Probes:
+    """The probe pods, the targets and the policies of the cluster, and how to probe and delete them."""
+
+    def __init__(self, cluster, served) -> None:
+        self.cluster, self.served = cluster, served
+        self.sources: dict[str, Source] = {}
+        self.targets: dict[str, Target] = {}
+
+    def reach(self, source: Source, target: Target) -> Reach:
+        done = self.cluster.kubectl(
+            "-n",
+            source.namespace,
+            "exec",
+            source.pod,
+            "-c",
+            source.container,
+            "--",
+            "python",
+            "-c",
+            PROBE,
+            target.host,
+            str(target.port),
+            str(CONNECT_TIMEOUT),
+            timeout=60,
+        )
+        assert done.returncode == 0, f"probe from {source.name}: {done.stderr}"
+        answer = json.loads(done.stdout)
+        return Reach(answer["connected"], answer["detail"], answer["s"])
+
+    def policies(self) -> list[dict]:
+        return json.loads(self.cluster.ok("get", "networkpolicies", "-A", "-o", "json"))["items"]
+
+    def deniers(self, source: Source, target: Target) -> list[dict]:
+        """The policies that decide whether ``source`` reaches ``target``: the Egress policies selecting
+        the source and the Ingress policies selecting the pods behind the target."""
+        return [
+            p
+            for p in self.policies()
+            if ("Egress" in p["spec"]["policyTypes"] and selects(p, source.namespace, source.labels))
+            or ("Ingress" in p["spec"]["policyTypes"] and selects(p, target.namespace, target.labels))
+        ]
+
+    @contextmanager
+    def deleted(self, policies: list[dict]):
+        """``policies`` deleted inside the block, created again as they were after it."""
+        kept = []
+        for p in policies:
+            meta = p["metadata"]
+            kept.append(
+                {
+                    "apiVersion": "networking.k8s.io/v1",
+                    "kind": "NetworkPolicy",
+                    "metadata": {
+                        k: meta[k] for k in ("name", "namespace", "labels", "annotations") if meta.get(k) is not None
+                    },
+                    "spec": p["spec"],
+                }
+            )
+            self.cluster.ok("-n", meta["namespace"], "delete", "networkpolicy", meta["name"], "--wait=true")
+        try:
+            yield
+        finally:
+            self.cluster.ok("create", "-f", "-", stdin=yaml.safe_dump_all(kept))
+
+    def until(self, source: Source, target: Target, connected: bool) -> tuple[Reach, float]:
+        """Probe until the outcome is ``connected`` (within APPLY_TIMEOUT); the last probe, the seconds."""
+        begin = time.monotonic()
+        while True:
+            reach = self.reach(source, target)
+            if reach.connected == connected or time.monotonic() - begin > APPLY_TIMEOUT:
+                return reach, time.monotonic() - begin
+            time.sleep(0.5)
+
+
+#: Who reaches what, as the policies say: (source, target) -> connects. The default pod reaches
+#: the candidate and nothing else; calls from it to its own pods' ports are not probed (a pod
+#: reaching its own address never crosses the node's filter).
+EXPECTED = {
+    ("another namespace", "inference (Service)"): True,
+    ("another namespace", "management (pod)"): False,
+    ("another namespace", "metrics (pod)"): False,
+    ("another namespace", "candidate (Service)"): False,
+    ("another namespace", "test's target :8000"): True,
+    ("another namespace", "test's target :9092 (Kafka's port)"): True,
+    ("another namespace, management-client label", "inference (Service)"): True,
+    ("another namespace, management-client label", "management (pod)"): False,
+    ("another namespace, management-client label", "metrics (pod)"): False,
+    ("another namespace, management-client label", "candidate (Service)"): False,
+    ("another namespace, management-client label", "test's target :8000"): True,
+    ("another namespace, management-client label", "test's target :9092 (Kafka's port)"): True,
+    (f"{NAMESPACE}, no label", "inference (Service)"): True,
+    (f"{NAMESPACE}, no label", "management (pod)"): False,
+    (f"{NAMESPACE}, no label", "metrics (pod)"): False,
+    (f"{NAMESPACE}, no label", "candidate (Service)"): False,
+    (f"{NAMESPACE}, no label", "test's target :8000"): True,
+    (f"{NAMESPACE}, no label", "test's target :9092 (Kafka's port)"): True,
+    (f"{NAMESPACE}, management-client label", "inference (Service)"): True,
+    (f"{NAMESPACE}, management-client label", "management (pod)"): True,
+    (f"{NAMESPACE}, management-client label", "metrics (pod)"): False,
+    (f"{NAMESPACE}, management-client label", "candidate (Service)"): False,
+    (f"{NAMESPACE}, management-client label", "test's target :8000"): True,
+    (f"{NAMESPACE}, management-client label", "test's target :9092 (Kafka's port)"): True,
+    ("monitoring namespace", "inference (Service)"): True,
+    ("monitoring namespace", "management (pod)"): False,
+    ("monitoring namespace", "metrics (pod)"): True,
+    ("monitoring namespace", "candidate (Service)"): False,
+    ("monitoring namespace", "test's target :8000"): True,
+    ("monitoring namespace", "test's target :9092 (Kafka's port)"): True,
+    ("stream consumer's policy", "inference (Service)"): True,
+    ("stream consumer's policy", "management (pod)"): False,
+    ("stream consumer's policy", "metrics (pod)"): False,
+    ("stream consumer's policy", "candidate (Service)"): False,
+    ("stream consumer's policy", "test's target :8000"): False,
+    ("stream consumer's policy", "test's target :9092 (Kafka's port)"): True,
+    ("default rtserve pod", "candidate (Service)"): True,
+    ("default rtserve pod", "test's target :8000"): False,
+    ("default rtserve pod", "test's target :9092 (Kafka's port)"): False,
+}
+
+
+def stream_policy(cluster, tmp_path_factory) -> dict:
+    """The stream consumer's NetworkPolicy as the local overlay with components/stream renders it."""
+    from tests.deploy.conftest import with_stream
+
+    text = cluster.ok("kustomize", str(with_stream("local", tmp_path_factory.mktemp("stream"))))
+    (policy,) = [
+        o for o in yaml.safe_load_all(text) if o and o["kind"] == "NetworkPolicy" and "stream" in o["metadata"]["name"]
+    ]
+    assert policy["metadata"]["namespace"] == NAMESPACE
+    return policy
+
+
+@pytest.fixture(scope="module")
+def probes(served, image_vars, tmp_path_factory):
+    """The probe pods and the target running, the stream consumer's policy applied, a candidate
+    deployed (`make k8s-shadow MODEL_VERSION=2.0 PERCENT=1`); all removed afterwards."""
+    cluster = served.cluster
+    served.ensure()
+    image = cluster.ok(
+        "-n",
+        NAMESPACE,
+        "get",
+        "deployment",
+        "rtserve",
+        "-o",
+        "jsonpath={.spec.template.spec.containers[?(@.name=='rtserve')].image}",
+    )
+    made_monitoring = cluster.kubectl("get", "namespace", MONITORING).returncode != 0
+    cluster.namespace(OTHER)
+    if made_monitoring:
+        cluster.namespace(MONITORING)
+    live = ["OVERLAY=local", f"K8S_LIVE_DIR={tmp_path_factory.mktemp('live')}", *cluster.make_vars, *image_vars]
+    stream = stream_policy(cluster, tmp_path_factory)
+    probe_label = {"app.kubernetes.io/name": "rtserve-netpol-probe"}
+    stream_labels = stream["spec"]["podSelector"]["matchLabels"]
+    sleeper = "import time; time.sleep(86400)"
+    pods = [
+        ("another namespace", OTHER, "other", probe_label),
+        ("another namespace, management-client label", OTHER, "other-client", {**probe_label, **MANAGEMENT_CLIENT}),
+        (f"{NAMESPACE}, no label", NAMESPACE, "netpol-plain", probe_label),
+        (f"{NAMESPACE}, management-client label", NAMESPACE, "netpol-client", {**probe_label, **MANAGEMENT_CLIENT}),
+        ("monitoring namespace", MONITORING, "netpol-scraper", probe_label),
+        ("stream consumer's policy", NAMESPACE, "netpol-stream-stand-in", stream_labels),
+    ]
+    state = Probes(cluster, served)
+    try:
+        cluster.ok("apply", "-f", "-", stdin=yaml.safe_dump(stream))
+        specs = [probe_pod(pod, ns, image, labels, sleeper) for _, ns, pod, labels in pods]
+        target_labels = {"app.kubernetes.io/name": "rtserve-netpol-target"}
+        specs.append(probe_pod("target", OTHER, image, target_labels, TARGET, port=TARGET_PORT))
+        cluster.ok("apply", "-f", "-", stdin=yaml.safe_dump_all(specs))
+        for _, ns, pod, _ in [*pods, (None, OTHER, "target", None)]:
+            cluster.ok("-n", ns, "wait", "--for=condition=Ready", f"pod/{pod}", "--timeout=180s", timeout=200)
+        begin = time.monotonic()
+        shadow = make("k8s-shadow", "MODEL_VERSION=2.0", "PERCENT=1", *live, timeout=DEPLOY_TIMEOUT)
+        assert shadow.returncode == 0, shadow.stdout[-4000:]
+        print(f"make k8s-shadow MODEL_VERSION=2.0 PERCENT=1 (the candidate): {time.monotonic() - begin:.0f} s")
+        default = served.deployed.pods()
+        server_labels = json.loads(
+            cluster.ok(
+                "-n", NAMESPACE, "get", "deployment", "rtserve", "-o", "jsonpath={.spec.template.metadata.labels}"
+            )
+        )
+        candidate_labels = json.loads(
+            cluster.ok(
+                "-n",
+                NAMESPACE,
+                "get",
+                "deployment",
+                "rtserve-candidate",
+                "-o",
+                "jsonpath={.spec.template.metadata.labels}",
+            )
+        )
+        for name, ns, pod, labels in pods:
+            state.sources[name] = Source(name, ns, pod, labels)
+        state.sources["default rtserve pod"] = Source(
+            "default rtserve pod", NAMESPACE, default[0].name, server_labels, "rtserve"
+        )
+        service = {
+            s: cluster.ok("-n", NAMESPACE, "get", "service", s, "-o", "jsonpath={.spec.clusterIP}")
+            for s in ("rtserve", "rtserve-candidate")
+        }
+        target_ip = cluster.ok("-n", OTHER, "get", "pod", "target", "-o", "jsonpath={.status.podIP}")
+        last = default[-1]
+        for target in (
+            Target("inference (Service)", service["rtserve"], 8080, NAMESPACE, server_labels),
+            Target("management (pod)", last.ip, 8081, NAMESPACE, server_labels),
+            Target("metrics (pod)", last.ip, 8082, NAMESPACE, server_labels),
+            Target("candidate (Service)", service["rtserve-candidate"], 8080, NAMESPACE, candidate_labels),
+            Target("test's target :8000", target_ip, TARGET_PORT, OTHER, target_labels),
+            Target("test's target :9092 (Kafka's port)", target_ip, KAFKA_PORT, OTHER, target_labels),
+        ):
+            state.targets[target.name] = target
+        yield state
+    finally:
+        stopped = make("k8s-live-stop", *live, timeout=300)
+        for _, ns, pod, _ in pods:
+            cluster.kubectl("-n", ns, "delete", "pod", pod, "--ignore-not-found", "--wait=false")
+        cluster.kubectl("-n", NAMESPACE, "delete", "networkpolicy", stream["metadata"]["name"], "--ignore-not-found")
+        cluster.kubectl("delete", "namespace", OTHER, "--ignore-not-found", "--wait=false")
+        if made_monitoring:
+            cluster.kubectl("delete", "namespace", MONITORING, "--ignore-not-found", "--wait=false")
+        assert stopped.returncode == 0, stopped.stdout[-3000:]
+
+
+def test_who_reaches_the_model_its_management_its_metrics_the_candidate_and_what_the_pods_reach(probes):
+    """Each (source, target) of EXPECTED probed once, the matrix printed (docs/kubernetes.md,
+    "Security", shows it), and each outcome the policies' (the inference port answers through
+    the Service with an HTTP status line)."""
+    measured = {cell: probes.reach(probes.sources[cell[0]], probes.targets[cell[1]]) for cell in EXPECTED}
+    targets = list(probes.targets)
+    slowest = max(measured.values(), key=lambda r: r.seconds)
+    print(
+        f"\n>> who reaches what: {len(measured)} probes, connect timeout {CONNECT_TIMEOUT:g} s, the slowest "
+        f"{slowest.seconds:.2f} s ({slowest.text()}); a denial is kube-router's reject:"
+    )
+    print("| from \\ to | " + " | ".join(targets) + " |")
+    print("|---" * (len(targets) + 1) + "|")
+    for source in probes.sources:
+        cells = [measured.get((source, t)) for t in targets]
+        print(f"| {source} | " + " | ".join(c.text() if c else "not probed" for c in cells) + " |")
+    wrong = {cell: reach.text() for cell, reach in measured.items() if reach.connected != EXPECTED[cell]}
+    assert not wrong, f"outcomes the policies do not allow: {wrong}"
+    for cell, reach in measured.items():
+        if cell[1] == "inference (Service)":
+            assert reach.detail.startswith("HTTP/1."), (cell, reach)
+
+
+def test_every_denial_connects_once_the_policies_that_deny_it_are_deleted(probes):
+    """The control of each denial of EXPECTED: denied now, connects within APPLY_TIMEOUT once the
+    policies deciding it are deleted, and is denied again once they are back."""
+    denied = [cell for cell, connects in EXPECTED.items() if not connects]
+    groups: dict[tuple[str, ...], list[tuple[str, str]]] = {}
+    for cell in denied:
+        source, target = probes.sources[cell[0]], probes.targets[cell[1]]
+        names = tuple(
+            sorted(f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in probes.deniers(source, target))
+        )
+        assert names, f"{cell}: denied, yet no policy selects either end"
+        groups.setdefault(names, []).append(cell)
+    print(f"\n>> controls: {len(denied)} denials, {len(groups)} sets of policies deleted in turn")
+    for names, cells in groups.items():
+        policies = [p for p in probes.policies() if f"{p['metadata']['namespace']}/{p['metadata']['name']}" in names]
+        for cell in cells:
+            before = probes.reach(probes.sources[cell[0]], probes.targets[cell[1]])
+            assert not before.connected, f"{cell} connects before its control: {before.text()}"
+        with probes.deleted(policies):
+            for cell in cells:
+                reach, took = probes.until(probes.sources[cell[0]], probes.targets[cell[1]], connected=True)
+                print(f"  without {', '.join(names)}: {cell[0]} -> {cell[1]}: {reach.text()} after {took:.1f} s")
+                assert reach.connected, (
+                    f"{cell} still refused {APPLY_TIMEOUT:g} s after deleting {names}: {reach.text()}"
+                )
+        for cell in cells:
+            reach, took = probes.until(probes.sources[cell[0]], probes.targets[cell[1]], connected=False)
+            assert not reach.connected, f"{cell} still connects {APPLY_TIMEOUT:g} s after restoring {names}"
+        print(f"  {', '.join(names)} back: denied again ({took:.1f} s for the last)")
