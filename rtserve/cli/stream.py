@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import gc
 import signal
 import socket
@@ -60,6 +61,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # A gateway's shared token (the Secret's file, in Kubernetes), else TorchServe's key file.
     token = parse_tokens(Path(args.token_file).read_text())[0] if args.token_file else None
     stop = threading.Event()
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID`: every thread's stack into the log
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     port = metrics.METRICS_PORT if args.metrics_port is None else args.metrics_port

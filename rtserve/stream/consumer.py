@@ -141,6 +141,8 @@ class InFlight:
     messages: list[Message]
     outputs: list[tuple[str, bytes]]
     commit: Future
+    #: When it was handed over (monotonic): past :data:`COMMIT_DEADLINE` it is given up.
+    started: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -557,6 +559,9 @@ class StreamConsumer:
     def finish(self, wait: bool = True, settle: bool = True) -> int | None:
         """Take the outcome of the commit in flight (``wait``: waiting for it; else only if it has ended).
 
+        A commit still running :data:`COMMIT_DEADLINE` after it was handed over is given up as failed
+        (a transactional call can hang past its own timeout when the broker restarts under it).
+
         Its events are counted, or on failure everything not committed is given up (:meth:`_abort`; with
         ``settle``, rewound to the committed offsets now, else at the next step).
 
@@ -564,11 +569,14 @@ class StreamConsumer:
             The events it committed (0: none in flight, or still committing), None when it failed.
         """
         done = self._in_flight
-        if done is None or not (wait or done.commit.done()):
+        if done is None:
+            return 0
+        remaining = COMMIT_DEADLINE - (time.monotonic() - done.started)
+        if not (wait or done.commit.done() or remaining <= 0):
             return 0
         self._in_flight = None
         try:
-            at = done.commit.result(timeout=COMMIT_DEADLINE)
+            at = done.commit.result(timeout=max(0.0, remaining))
             if not self.transactional:  # the outputs are delivered: their offsets now
                 self._commit_offsets(done.messages, wait)
         except KafkaException as exc:

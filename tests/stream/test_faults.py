@@ -169,7 +169,8 @@ def test_broker_killed_with_a_transaction_open(kafka, torchserve, tmp_path):
     exactly once, the poison events among them dead-lettered naming the field. The catch waits
     until every input partition has committed once (see the note above)."""
     topics = stream_topics(kafka)
-    sent = produce(kafka, topics["events"], with_poison(valid_events(2 * EVENTS)))
+    # enough that the stream lasts through several tries (the consumer reads ahead: 600 took 3 s)
+    sent = produce(kafka, topics["events"], with_poison(valid_events(20 * EVENTS)))
     committed = Committed(kafka, topics)
     stability = Stability(kafka, topics)
     member = None
@@ -204,7 +205,7 @@ def test_broker_killed_with_a_transaction_open(kafka, torchserve, tmp_path):
                 poll=0.5,
                 why=lambda: (
                     f"(committed {committed()} of {len(sent)}; the member {'alive' if alive(member) else 'gone'}, "
-                    f"its log ends: {member_log(tmp_path)})"
+                    f"its log ends: {member_log(tmp_path, stacks=member)})"
                 ),
             )
             done = time.monotonic() - killed
@@ -231,9 +232,14 @@ def test_broker_killed_with_a_transaction_open(kafka, torchserve, tmp_path):
     )
 
 
-def member_log(run_dir, lines: int = 4) -> list[str]:
-    """The last lines the member wrote itself (librdkafka's own lines, ``%...``, left out)."""
+def member_log(run_dir, lines: int = 4, stacks: int | None = None) -> list[str]:
+    """The last lines the member wrote itself (librdkafka's own lines, ``%...``, left out); with
+    ``stacks`` (its pid), its threads' stacks first (SIGUSR1: ``stream run`` dumps them)."""
     log = run_dir / service.LOG_FILE
+    if stacks is not None and alive(stacks):
+        os.kill(stacks, signal.SIGUSR1)
+        time.sleep(1)
+        lines = 80
     return [line for line in log.read_text().splitlines() if not line.startswith("%")][-lines:]
 
 

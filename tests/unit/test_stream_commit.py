@@ -45,3 +45,20 @@ def test_a_commit_past_its_deadline_gives_the_step_up_and_drops_the_producer(mon
     assert member.counts.aborted == 1 and member.producer is None and member._unsettled
     assert member._in_flight is None
     assert "the commit did not end within 0.2 s" in caplog.text
+
+
+def test_the_pipeline_gives_a_stuck_commit_up_at_its_deadline_without_waiting_for_it(monkeypatch, caplog):
+    """The loop only looks at the commit (``finish(wait=False)``); one that never ends must still be
+    given up once ``COMMIT_DEADLINE`` has passed since it was handed over (a member once polled for
+    240 s behind a ``send_offsets_to_transaction`` that outlived its own timeout)."""
+    monkeypatch.setattr(stream_consumer, "COMMIT_DEADLINE", 0.3)
+    member = StreamConsumer.__new__(StreamConsumer)
+    member.counts, member.producer, member._unsettled = Counts(), object(), False
+    member.config, member._pending, member._forming, member._released = StreamConfig("x:1"), deque(), [], []
+    member._delivered = {}
+    member._in_flight = InFlight([], [], Future())
+    assert member.finish(wait=False, settle=False) == 0 and member._in_flight is not None  # not yet
+    time.sleep(0.4)
+    assert member.finish(wait=False, settle=False) is None
+    assert member.counts.aborted == 1 and member.producer is None and member._in_flight is None
+    assert "the commit did not end within 0.3 s" in caplog.text
