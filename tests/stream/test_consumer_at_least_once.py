@@ -14,13 +14,12 @@ import threading
 import time
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
 from rtserve.runtime.process import alive, wait_until
 from rtserve.stream import service
 from tests.stream.helpers import (
-    PARTITIONS,
     POISON,
+    Committed,
     at_least_once,
     member_of,
     produce,
@@ -39,17 +38,6 @@ GUARANTEE = {"guarantee": "at-least-once"}
 EVENTS = 600
 
 
-def committed(kafka, topics: dict[str, str]) -> int:
-    """The events the test's group committed (the sum of its offsets)."""
-    run = topics["events"].rsplit("-", 1)[1]
-    watcher = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": f"stream-{run}"})
-    try:
-        parts = [TopicPartition(topics["events"], p) for p in range(PARTITIONS)]
-        return sum(max(tp.offset, 0) for tp in watcher.committed(parts, timeout=10))
-    finally:
-        watcher.close()
-
-
 def test_a_clean_run_writes_every_event_once_and_commits_the_ends(kafka, torchserve):
     topics = stream_topics(kafka)
     valid = 200
@@ -59,9 +47,11 @@ def test_a_clean_run_writes_every_event_once_and_commits_the_ends(kafka, torchse
         valid_events(valid) + [(b"poison-%d" % i, value) for i, (value, _, _) in enumerate(POISON)],
     )
     member = member_of(kafka, topics, torchserve.client(), **GUARANTEE)
+    watch = Committed(kafka, topics)  # the group's committed events
     with running(member) as worker:
         wait_written(member, worker, len(sent))
-        assert wait_until(lambda: committed(kafka, topics) == len(sent), 30, poll=0.2)
+        assert wait_until(lambda: watch.latest() == len(sent), 30, poll=0.2)
+    watch.close()
     assert (member.counts.predictions, member.counts.dead_letters, member.counts.aborted) == (valid, len(POISON), 0)
     written = at_least_once(kafka, topics, sent)
     assert written.duplicates == {} and len(written.predictions) == valid
@@ -112,20 +102,22 @@ def test_kill_9_mid_stream_writes_every_event_at_least_once(kafka, torchserve, t
     sent = produce(kafka, topics["events"], valid_events(EVENTS))
     options = [*run_options(kafka, torchserve, topics), "--guarantee", "at-least-once"]
     at_kill, delivered = [], []
+    watch = Committed(kafka, topics)  # the group's committed events
     try:
         for _ in range(3):
             pid, _ = service.start(tmp_path, options)
-            before = committed(kafka, topics)
-            assert wait_until(lambda: committed(kafka, topics) > before, 90, poll=0.05), "no progress in 90 s"
+            before = watch.latest()
+            assert wait_until(lambda: watch.latest() > before, 90, poll=0.05), "no progress in 90 s"
             os.kill(pid, signal.SIGKILL)
             assert wait_until(lambda: not alive(pid), 10), f"pid {pid} survived SIGKILL"
-            at_kill.append(committed(kafka, topics))
+            at_kill.append(watch.latest())
             delivered.append(len(read_all(kafka.bootstrap, topics["predictions"])))
         assert at_kill[-1] < len(sent), f"the stream ended before the last kill: {at_kill}"
         service.start(tmp_path, options)
-        assert wait_until(lambda: committed(kafka, topics) == len(sent), 180, poll=0.5), "not all committed"
+        assert wait_until(lambda: watch.latest() == len(sent), 180, poll=0.5), "not all committed"
         stopped = service.stop(tmp_path)
     finally:
+        watch.close()
         service.stop(tmp_path)
     assert stopped and re.fullmatch(r"\d+ predictions, 0 dead letters in \d+ commits \(0 aborted, 0 retries\)", stopped)
     written = at_least_once(kafka, topics, sent)
