@@ -62,7 +62,7 @@ cluster-node-deps: ## Install the node's containerd, runc, CNI plugins and iptab
 	@scripts/deps cluster-node
 
 .PHONY: cluster-netpol-deps
-cluster-netpol-deps: ## Install what the network policy controller runs (ipset, iptables) from Debian's packages if one is missing
+cluster-netpol-deps: ## Install what the network policy controller runs (ipset, iptables, conntrack) from Debian's packages if one is missing
 	@scripts/deps network-policy
 
 $(CLUSTER_PAUSE): $(CLUSTER_MODULE)/pause/main.go $(CLUSTER_MODULE)/pause/go.mod
