@@ -40,6 +40,7 @@ from rtserve.promotion.measure import check_golden
 from rtserve.server.oip import read_archive as oip_read_archive
 from rtserve.server.warmup import Rows, _Sender
 from tests.helpers import MODEL_YAML, json_row, make_context, route_headers, start_batch
+from tests.unit.test_kinds import WINDOW, drift_handler
 from tests.unit.test_package import random_rows
 
 pytestmark = pytest.mark.unit
@@ -533,7 +534,7 @@ def test_the_oip_metadata_lists_every_output(heads, tmp_path):
 
 
 #: Rows in the drift window; the inputs shift by two training standard deviations.
-WINDOW, SHIFT = 400, 10.0
+SHIFT = 10.0
 
 
 @pytest.mark.parametrize("first", ["digit", "score"])
@@ -542,18 +543,7 @@ def test_prediction_drift_follows_the_first_output(tmp_path, first):
     model = Heads(as_dict=True)
     directory = tmp_path / first
     export(model, random_rows(4000), feature_names=NAMES, outputs=outputs, version="0.1", out_dir=directory)
-    config = {
-        **MODEL_YAML,
-        "handler": {
-            **MODEL_YAML["handler"],
-            "drift_window": WINDOW,
-            "drift_flush_rows": 16,
-            "drift_export_seconds": 3600,
-        },
-    }
-    ctx = make_context(directory, config, version="0.1")
-    handler = RealTimeHandler()
-    handler.initialize(ctx)
+    handler, ctx = drift_handler(directory)
     try:
         scores = []
         for rows in (random_rows(WINDOW, seed=16), random_rows(WINDOW, seed=16) + SHIFT):
