@@ -23,6 +23,9 @@ from rtserve.k8s import volumes
 
 #: The Job's conditions that end the wait (``status: "True"``).
 JOB_CONDITIONS = 'jsonpath={.status.conditions[?(@.status=="True")].type}'
+#: Why a Job failed, from its Failed condition (``DeadlineExceeded``: its pod was deleted unfinished).
+_FAILED = '.status.conditions[?(@.type=="Failed")]'
+JOB_FAILURE = f"jsonpath={{{_FAILED}.reason}}: {{{_FAILED}.message}}"
 #: A pod of the new revision whose container has restarted this often has failed (its start-up
 #: checks, the warm-up's answers among them, made it exit): the rollout is given up at once
 #: rather than after the progress deadline.
@@ -305,6 +308,10 @@ def verify(t: Target, kubectl: Kubectl, sleep: Callable[[float], None] = time.sl
         pass  # no log to show: the result says why
     if result != "Complete":
         why = result or f"no result in {t.verify_timeout} s"
+        if result == "Failed":
+            reason = _best_effort(kubectl, "-n", t.namespace, "get", job, "-o", JOB_FAILURE)
+            why = f"Failed: {reason}" if reason.strip(": ") else why
+        why_stuck(t, kubectl)
         raise DeployError(f"verification of {t.tagged} on {t.overlay} failed ({why})")
     say(f">> {t.tagged} verified on {t.overlay}")
 
@@ -445,6 +452,14 @@ def why_stuck(t: Target, kubectl: Kubectl, events: int = 12) -> None:
     if len(warnings) > 1:
         say(f">> the namespace's last {min(events, len(warnings) - 1)} warning events:")
         say("\n".join([warnings[0], *warnings[1:][-events:]]))
+
+
+def _best_effort(kubectl: Kubectl, *args: str) -> str:
+    """What ``kubectl args`` prints, or "" where it fails (a lookup for a message, never the error raised)."""
+    try:
+        return kubectl(*args, capture=True, quiet=True).strip()
+    except DeployError:
+        return ""
 
 
 def revision(kubectl: Kubectl, t: Target) -> str | None:

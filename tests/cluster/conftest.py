@@ -17,6 +17,7 @@ from bench.loadgen import Counts, SteadyLoad, summarize
 from rtserve.cluster import runtime
 from rtserve.k8s.deploy import Kubectl
 from rtserve.k8s.pod import Deployed
+from rtserve.runtime.process import tail
 from tests.conftest import MODEL_NAME, REPO
 from tests.helpers import make  # noqa: F401 - the cluster tier's tests import it from here
 
@@ -87,15 +88,35 @@ def cluster(cluster_bin, tmp_path_factory) -> Cluster:
     try:
         done = make("cluster", *where)
         assert done.returncode == 0, f"make cluster failed:\n{done.stdout[-6000:]}"
+        _RUNNING.append(run_dir)
         state = json.loads((run_dir / runtime.STATE_FILE).read_text())
         print(next((line for line in done.stdout.splitlines() if line.startswith(">> cluster ready")), ""))
         yield Cluster(run_dir, kubeconfig, cluster_bin, state["api_url"], done.stdout)
     finally:
+        _RUNNING.clear()
         stopped = make("cluster-stop", *where)
         left = [r for r in runtime.recorded(run_dir) if r.alive()]
         left += leftovers(run_dir)
         runtime.stop(run_dir)
         assert stopped.returncode == 0 and not left, f"make cluster-stop left {left}:\n{stopped.stdout}"
+
+
+#: The run directory of the cluster running now (none, or one).
+_RUNNING: list[Path] = []
+#: The components' logs a failed test's report ends with (their last lines): what CI keeps of a cluster.
+FAILURE_LOGS = (("kube-router", 40), ("kubelet", 40), ("coredns", 15))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A cluster test that fails carries the tails of the network policy controller's, the kubelet's
+    and the DNS's logs: a clean clone's run directory is gone once CI ends."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and _RUNNING:
+        for name, lines in FAILURE_LOGS:
+            log = _RUNNING[0] / "logs" / f"{name}.log"
+            report.sections.append((f"{name}.log, its last {lines} lines", tail(log, lines) or "(no log)"))
 
 
 def leftovers(run_dir: Path) -> list[str]:

@@ -13,6 +13,7 @@ import pytest
 from rtserve.errors import DeployError
 from rtserve.k8s.deploy import (
     JOB_CONDITIONS,
+    JOB_FAILURE,
     Kubectl,
     Target,
     crashed,
@@ -145,7 +146,30 @@ def test_verify_gives_up_after_its_timeout_and_still_shows_the_log(tmp_path):
     slept = []
     with pytest.raises(DeployError, match=r"failed \(no result in 7 s\)"):
         verify(t, kubectl, sleep=slept.append)
-    assert kubectl.calls == verify_steps(t, polls=3) and slept == [2, 2, 2]
+    assert kubectl.calls[:-2] == verify_steps(t, polls=3) and slept == [2, 2, 2]
+    assert [c[:4] for c in kubectl.calls[-2:]] == [
+        ("-n", t.namespace, "get", "pods"),
+        ("-n", t.namespace, "get", "events"),
+    ]
+
+
+def test_a_failed_verification_says_why_the_job_failed_and_shows_the_pods(tmp_path, capsys):
+    """CI's log said only "(Failed)" when the Job's pod had been deleted at its deadline (no log to
+    show): the Failed condition's reason and the namespace's pods and warnings now come with it."""
+    t = target(tmp_path)
+    deadline = "DeadlineExceeded: Job was active longer than specified deadline"
+    kubectl = FakeKubectl(f"{IMG}:2.0", conditions=("Failed", deadline, "NAME READY STATUS", "LAST COUNT"))
+    with pytest.raises(DeployError, match=rf"failed \(Failed: {deadline}\)"):
+        verify(t, kubectl, sleep=lambda _: None)
+    assert kubectl.calls[: len(verify_steps(t))] == verify_steps(t)
+    assert [c[:4] for c in kubectl.calls[len(verify_steps(t)) :]] == [
+        ("-n", t.namespace, "get", "job/rtserve-verify"),
+        ("-n", t.namespace, "get", "pods"),
+        ("-n", t.namespace, "get", "events"),
+    ]
+    unknown = FakeKubectl(f"{IMG}:2.0", conditions=("Failed",), fail=(("get", "job/rtserve-verify", JOB_FAILURE),))
+    with pytest.raises(DeployError, match=r"failed \(Failed\)"):
+        verify(t, unknown, sleep=lambda _: None)
 
 
 def test_a_stuck_rollout_shows_the_pods_and_the_latest_warning_events(tmp_path, capsys):
