@@ -18,6 +18,8 @@ BRIDGE = "rtsl0"
 POD_CIDR = "10.244.0.0/24"
 POD_GATEWAY = "10.244.0.1"
 NODE_IP = "10.245.0.1"
+#: The free disk below which the kubelet evicts pods and admits no new ones (DiskPressure).
+EVICTION_DISK_FREE = "1Gi"
 CLUSTER_DOMAIN = "cluster.local"
 CNI_BIN_DIR = Path("/usr/lib/cni")
 #: Debian's containerd (make cluster-deps installs it).
@@ -188,10 +190,12 @@ def kubelet_config(paths: NodePaths, pki: Path, ports: NodePorts, resolv_conf: s
             "serializeImagePulls": False,
             "imageGCHighThresholdPercent": 100,
             "imageGCLowThresholdPercent": 99,
+            # Absolute disk thresholds: the node shares the machine's disk with its images and builds,
+            # and 5% of a 252 GB disk (12.6 GB) put a node with 11 GB free under DiskPressure.
             "evictionHard": {
                 "memory.available": "100Mi",
-                "nodefs.available": "5%",
-                "imagefs.available": "5%",
+                "nodefs.available": EVICTION_DISK_FREE,
+                "imagefs.available": EVICTION_DISK_FREE,
                 "nodefs.inodesFree": "5%",
             },
             "volumePluginDir": str(paths.run_dir / "kubelet-plugins"),
