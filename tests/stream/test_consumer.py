@@ -27,8 +27,10 @@ from tests.stream.helpers import (
     PARTITIONS,
     POISON,
     Committed,
+    Stability,
     StalledPath,
     at_least_once,
+    catch_open_transaction,
     exactly_once,
     letters_name_their_fields,
     member_of,
@@ -46,6 +48,8 @@ pytestmark = pytest.mark.stream
 #: Events of the kill tests: enough that a member scoring 16 per step (about 10 ms each, its
 #: commit overlapping the next step) is still mid-stream at each kill.
 EVENTS = 600
+#: Freezes at most (tries to catch a transaction open with outputs in it), for three kills.
+KILL_TRIES = 12
 
 
 def test_every_event_once_in_the_predictions_or_the_dead_letters(kafka, torchserve):
@@ -177,12 +181,16 @@ def test_torchserve_unreachable_is_retried_never_dead_lettered(kafka, torchserve
 
 
 def test_kill_9_mid_stream_and_restarts_write_each_event_once(kafka, torchserve, tmp_path):
-    """The consumer as `make stream` runs it (a process of its own), SIGKILLed three times just
-    after a transaction committed (so mid-step: scoring or inside the next transaction), then
-    restarted: read with read_committed, each input offset is exactly once in the predictions or,
+    """The consumer as `make stream` runs it (a process of its own), SIGKILLed three times while a
+    transaction of its is open with outputs in it, then restarted. Each kill is proven to have
+    caught one: right after it, an output partition holds outputs of the test's events past its
+    stable end, which a read_uncommitted reader finds and a read_committed reader does not (a
+    kill that fell between two transactions is not counted, and the member is started again).
+    Read with read_committed at the end, each input offset is exactly once in the predictions or,
     for the poison events spread among them, in the dead letters naming the field."""
     topics = stream_topics(kafka)
-    sent = produce(kafka, topics["events"], with_poison(valid_events(EVENTS)))
+    # the pipeline reads ahead: enough events that the stream lasts through the tries
+    sent = produce(kafka, topics["events"], with_poison(valid_events(20 * EVENTS)))
     props = torchserve.props
     options = run_options(kafka, torchserve, topics)
     where = [
@@ -194,22 +202,35 @@ def test_kill_9_mid_stream_and_restarts_write_each_event_once(kafka, torchserve,
         f"STREAM_ARGS={' '.join(options[options.index('--group') :])}",
     ]
     committed = Committed(kafka, topics)
-    at_kill = []
+    stability = Stability(kafka, topics)
+    at_kill, open_at_kill, tries = [], [], 0
     try:
-        for _ in range(3):
+        while len(open_at_kill) < 3:
+            assert tries < KILL_TRIES, f"{tries} freezes caught {len(open_at_kill)} open transactions"
             pid, _ = service.start(tmp_path, options)
             before = committed.latest()  # (a predecessor's open transaction left out)
             moved = wait_until(lambda: (c := committed.latest()) > before and c, 90, poll=0.05)
             assert moved, "no progress in 90 s"
+            # frozen with outputs in a transaction not yet committed (a frozen member commits nothing)
+            unstable, caught = catch_open_transaction(pid, stability, lambda: committed.latest() < len(sent), 30)
             os.kill(pid, signal.SIGKILL)
             assert wait_until(lambda: not alive(pid), 10), f"pid {pid} survived SIGKILL"
+            tries += max(caught, 1)
+            if not unstable or stability.unstable() != unstable:  # the dead member's stays open until the next
+                continue
+            uncommitted = stability.read("read_uncommitted", unstable)
+            sources = [out.source for _, out in uncommitted]
+            assert uncommitted and all(t == topics["events"] and (p, o) in sent for t, p, o in sources), sources
+            assert stability.read("read_committed", unstable) == [], "a read_committed reader saw open outputs"
             at_kill.append(moved)
+            open_at_kill.append(len(uncommitted))
         assert at_kill[-1] < len(sent), f"the stream ended before the last kill: {at_kill}"
         # the last run as users start and stop it
         started = make("-s", "stream", *where)
         assert started.returncode == 0 and ">> stream consumer started in " in started.stdout, started.stdout
-        assert wait_until(lambda: committed() == len(sent), 180, poll=0.5), f"committed {committed()}"
+        assert wait_until(lambda: committed() == len(sent), 240, poll=0.5), f"committed {committed()}"
     finally:
+        stability.close()
         committed.close()
         stopped = make("-s", "stream-stop", *where)
         service.stop(tmp_path)
@@ -221,7 +242,10 @@ def test_kill_9_mid_stream_and_restarts_write_each_event_once(kafka, torchserve,
     written = exactly_once(kafka, topics, sent)
     letters = letters_name_their_fields(written, sent)
     assert (len(written.predictions), letters) == (len(sent) - len(POISON), len(POISON))
-    print(f"committed offsets at each SIGKILL: {at_kill} of {len(sent)}")
+    print(
+        f"committed offsets at each SIGKILL: {at_kill} of {len(sent)}; outputs open (produced, not "
+        f"committed) at each: {open_at_kill}; {tries} freezes to catch 3"
+    )
 
 
 def test_kill_9_while_one_step_commits_and_the_next_has_scored(kafka, torchserve, tmp_path):

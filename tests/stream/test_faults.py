@@ -32,6 +32,7 @@ from tests.stream.helpers import (
     Stability,
     StalledPath,
     broker_restored,
+    catch_open_transaction,
     ends,
     exactly_once,
     letters_name_their_fields,
@@ -241,26 +242,6 @@ def member_log(run_dir, lines: int = 4, stacks: int | None = None) -> list[str]:
         time.sleep(1)
         lines = 80
     return [line for line in log.read_text().splitlines() if not line.startswith("%")][-lines:]
-
-
-def catch_open_transaction(pid: int, stability: Stability, going, timeout: float = 120) -> tuple[dict, int]:
-    """Freeze ``pid`` (SIGSTOP) at a moment an output partition holds outputs past its stable
-    end, and keep it frozen if, two seconds on, they are still there and the stable ends have not
-    moved (a commit it had sent would have ended by then); else continue it and try again while
-    ``going()``. Returns the unstable partitions (empty if none was caught) and the tries."""
-    deadline, tries = time.monotonic() + timeout, 0
-    while time.monotonic() < deadline and going():
-        if not stability.unstable():
-            continue
-        os.kill(pid, signal.SIGSTOP)
-        tries += 1
-        time.sleep(1.0)
-        first = stability.unstable()
-        time.sleep(1.0)
-        if first and stability.unstable() == first:
-            return first, tries
-        os.kill(pid, signal.SIGCONT)
-    return {}, tries
 
 
 def test_frozen_member_is_fenced_when_it_wakes(kafka, torchserve, tmp_path):
