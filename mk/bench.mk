@@ -101,6 +101,10 @@ bench-stream: $(MAR) $(AGENT_JAR) kafka-deps ## Kafka stream consumer vs transpo
 	  --events $(BENCH_STREAM_EVENTS) --window $(BENCH_STREAM_WINDOW) --rate $(BENCH_STREAM_RATE) \
 	  --seconds $(BENCH_STREAM_SECONDS) $(BENCH_STREAM_ARGS)
 
+.PHONY: bench-stream-txn
+bench-stream-txn: kafka-deps | $(STAMP) ## Back-to-back Kafka transactions: CONCURRENT_TRANSACTIONS refusals and time per transaction for each pause after a commit (about 1 min)
+	$(PY) -m bench.stream_txn --kafka-libs $(KAFKA_LIBS)
+
 .PHONY: bench-records-store
 bench-records-store: cassandra-deps | $(STAMP) ## One Cassandra node (CASSANDRA_HEAP): cold start, restart, RSS, records/s through Store.write vs single inserts and through the shipper, CPU per record (about 4 min)
 	$(PY) -m bench.records_store --libs $(CASSANDRA_LIBS) --heap $(CASSANDRA_HEAP) $(BENCH_ARGS)
