@@ -99,7 +99,8 @@ def test_kill_9_mid_stream_writes_every_event_at_least_once(kafka, torchserve, t
     duplicates are only events a killed member delivered after its last offset commit (so at most
     what was in flight)."""
     topics = stream_topics(kafka)
-    sent = produce(kafka, topics["events"], valid_events(EVENTS))
+    # the pipeline reads ahead: 600 events were all committed before the third kill in a run here
+    sent = produce(kafka, topics["events"], valid_events(20 * EVENTS))
     options = [*run_options(kafka, torchserve, topics), "--guarantee", "at-least-once"]
     at_kill, delivered = [], []
     watch = Committed(kafka, topics)  # the group's committed events
