@@ -370,8 +370,8 @@ class Reach:
     seconds: float
 
     def text(self) -> str:
-        if self.connected:
-            return f"**yes** ({self.detail.removeprefix('HTTP/1.1 ').removeprefix('HTTP/1.0 ')})"
+        if self.connected:  # (a peer that speaks no HTTP, Kafka, closes without a line)
+            return f"**yes** ({self.detail.removeprefix('HTTP/1.1 ').removeprefix('HTTP/1.0 ') or 'no HTTP answer'})"
         return f"no ({self.detail})"
 
 
