@@ -157,14 +157,6 @@ def _wait_ready(layout: Layout, proc: subprocess.Popen, log: Path | None, begin:
     )
 
 
-class Terminated(BaseException):
-    """SIGTERM reached :func:`run`: the broker is stopped (a BaseException, so no step swallows it)."""
-
-
-def _terminated(signum: int, frame: object) -> None:
-    raise Terminated
-
-
 def run(
     layout: Layout,
     topics: tuple[str, ...] = broker.TOPICS,
@@ -183,7 +175,8 @@ def run(
     Raises:
         StreamError: the start failed (the message says which step and ends with the broker's log).
     """
-    previous = signal.signal(signal.SIGTERM, _terminated)
+    # SIGTERM raises KeyboardInterrupt as SIGINT does: any step of the start is left, and stopped.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     proc = None
     try:
         proc, took = _start(layout, False, topics)
@@ -194,7 +187,7 @@ def run(
             time.sleep(poll)
         say(f">> the Kafka broker exited with {proc.returncode}")
         return proc.returncode or 1
-    except (Terminated, KeyboardInterrupt):
+    except KeyboardInterrupt:
         say(f">> stopping the Kafka broker: {stop(layout.run_dir) or 'it was not running'}")
         return 0
     finally:
