@@ -6,8 +6,8 @@ The probes run in pods of the rtserve image (its Python) with the restricted sec
 in another namespace with and without the management-client label, in the local overlay's
 namespace with and without it, and in the ``monitoring`` namespace. The stream consumer's policy
 (components/stream, rendered for the local overlay) is applied to a stand-in pod with the
-consumer's labels: the consumer needs a Kafka broker, which this tier does not run, so the
-stand-in proves the policy, not the consumer. A target pod of the test's own listens on 8000 (a
+consumer's labels: the stand-in proves the policy as the local overlay renders it, with the
+wide Kafka rule (the real consumer, beside a broker, is test_stream_in_cluster.py's). A target pod of the test's own listens on 8000 (a
 port no policy names) and 9092 (Kafka's). The candidate is the real one (`make k8s-shadow`).
 
 Every denial has a control: the policies that deny it (the egress policies selecting the source,
