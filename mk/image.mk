@@ -1,4 +1,4 @@
-# Images (rtserve, the records store, the gateway stand-in) and the pod on the local cluster.
+# Images (rtserve, the records store, the stream's broker, the gateway stand-in) and the pod on the local cluster.
 
 ##@ Image and pod
 # The image of one model version, and the cluster's pod run locally (docs/image-and-pod.md).
@@ -60,6 +60,19 @@ CASSANDRA_CONTEXT ?= build/image-cassandra
 image-cassandra: cassandra-deps $(WHEELHOUSE_STAMP) | $(STAMP) ## Build the records store's image CASSANDRA_IMG:CASSANDRA_VERSION (Cassandra's jars, Java 17, rtserve's code; reused while its inputs are unchanged)
 	@$(IMAGE_ENV) CASSANDRA_CONTEXT=$(CASSANDRA_CONTEXT) CASSANDRA_LIBS=$(CASSANDRA_LIBS) \
 	  CASSANDRA_IMAGE=$(CASSANDRA_IMAGE) CASSANDRA_VERSION=$(CASSANDRA_VERSION) scripts/image cassandra
+
+# The stream's broker image (deploy/kafka/Containerfile): one Kafka node from the jars `make
+# kafka-deps` assembles, Debian's Java 17 and rtserve's code (its entry command is make kafka's start
+# in the foreground), on the rtserve image's base; the local-stream overlay's in-cluster broker runs
+# it (deploy/k8s/components/kafka).
+KAFKA_IMG     ?= registry.example.com/ml/rtserve-kafka
+KAFKA_IMAGE    = $(KAFKA_IMG):$(KAFKA_VERSION)
+KAFKA_CONTEXT ?= build/image-kafka
+
+.PHONY: image-kafka
+image-kafka: kafka-deps $(WHEELHOUSE_STAMP) | $(STAMP) ## Build the stream's broker image KAFKA_IMG:KAFKA_VERSION (Kafka's jars, Java 17, rtserve's code; reused while its inputs are unchanged)
+	@$(IMAGE_ENV) KAFKA_CONTEXT=$(KAFKA_CONTEXT) KAFKA_LIBS=$(KAFKA_LIBS) \
+	  KAFKA_IMAGE=$(KAFKA_IMAGE) KAFKA_VERSION=$(KAFKA_VERSION) scripts/image kafka
 
 .PHONY: image-push
 image-push: ## Push IMG:MODEL_VERSION to its registry

@@ -5,8 +5,9 @@ OVERLAY         ?= staging
 # The kubectl command (options may follow it). Not given, for OVERLAY=local while `make cluster`
 # runs: the cluster's own kubectl and kubeconfig (no kubectl need be installed).
 # The overlays that run on this machine's cluster (their images loaded into the node, not pulled):
-# local, and local-records (local with its records in an in-cluster Cassandra node).
-LOCAL_OVERLAYS   = local local-records
+# local, local-records (local with its records in an in-cluster Cassandra node) and local-stream
+# (local with the stream consumer and an in-cluster Kafka broker).
+LOCAL_OVERLAYS   = local local-records local-stream
 LOCAL_OVERLAY    = $(filter $(LOCAL_OVERLAYS),$(OVERLAY))
 LOCAL_CLUSTER    = $(and $(LOCAL_OVERLAY),$(CLUSTER_RUNS))
 KUBECTL         ?= $(if $(LOCAL_CLUSTER),$(CLUSTER_BIN)/kubectl --kubeconfig $(CLUSTER_KUBECONFIG),kubectl)
@@ -44,17 +45,20 @@ K8S_ARGS = --overlay $(OVERLAY) --image $(IMG) --version "$(DEPLOY_VERSION)" --n
   --gate-config $(GATE_CONFIG) --state-dir $(K8S_LIVE_DIR) --model-store $(MODEL_STORE) \
   $(if $(FORCE),--force --reason "$$REASON") $(if $(LOCAL_CLUSTER),--local-volumes)
 
-# OVERLAY=local (or local-records) first: on `make cluster`'s node, the image IMG:version built
-# when the engine lacks it, the gateway stand-in (its build is skipped when up to date) and, for
-# k8s-deploy OVERLAY=local-records, the records store's image (the same), all loaded into the node
-# (the verification Job runs the same image);
+# OVERLAY=local (or local-records, local-stream) first: on `make cluster`'s node, the image
+# IMG:version built when the engine lacks it, the gateway stand-in (its build is skipped when up to
+# date) and, for k8s-deploy OVERLAY=local-records, the records store's image (OVERLAY=local-stream:
+# the stream's broker's; the same), all loaded into the node (the verification Job runs the same image);
 # elsewhere (kind, minikube, k3d) a reminder to load them. Then the namespace, and the gateway
 # token's Secret when it has none (a random token). $(1): more images to build (their targets)
 # and $(2) to load.
 LOCAL_IMAGE = $(IMG):$(DEPLOY_VERSION)
 RECORDS_OVERLAY      = $(filter local-records,$(OVERLAY))
-RECORDS_IMAGE_TARGET = $(if $(RECORDS_OVERLAY),image-cassandra)
-RECORDS_IMAGE        = $(if $(RECORDS_OVERLAY),$(CASSANDRA_IMAGE))
+STREAM_OVERLAY       = $(filter local-stream,$(OVERLAY))
+# The overlay's own in-cluster store or broker: its image's target, the image, and what it is.
+OVERLAY_IMAGE_TARGET = $(if $(RECORDS_OVERLAY),image-cassandra)$(if $(STREAM_OVERLAY),image-kafka)
+OVERLAY_IMAGE        = $(if $(RECORDS_OVERLAY),$(CASSANDRA_IMAGE))$(if $(STREAM_OVERLAY),$(KAFKA_IMAGE))
+OVERLAY_IMAGE_WHAT   = $(if $(RECORDS_OVERLAY),the records store's)$(if $(STREAM_OVERLAY),the stream's broker's)
 define k8s_local_images
 $(if $(filter podman,$(CLUSTER_ENGINE)),@$(MAKE) --no-print-directory pod-deps)
 if [ -f $(MODEL_STORE)/$(MODEL_NAME)_$(DEPLOY_VERSION).mar ] || ! $(CLUSTER_ENGINE) image inspect $(LOCAL_IMAGE) >/dev/null 2>&1; then \
@@ -68,11 +72,11 @@ $(KUBECTL) -n $(NAMESPACE) get secret rtserve-gateway-tokens >/dev/null 2>&1 || 
   $(KUBECTL) -n $(NAMESPACE) create secret generic rtserve-gateway-tokens \
   --from-literal=tokens="$$($(PY) -c 'import secrets; print(secrets.token_urlsafe(32))')"
 endef
-k8s_local_reminder = @echo ">> no cluster runs from $(CLUSTER_RUN_DIR) (make cluster): the node must hold $(LOCAL_IMAGE) and $(GATEWAY_STANDIN)$(if $(1), (and the records store's $(1))) (kind load docker-image, minikube image load)"
+k8s_local_reminder = @echo ">> no cluster runs from $(CLUSTER_RUN_DIR) (make cluster): the node must hold $(LOCAL_IMAGE) and $(GATEWAY_STANDIN)$(if $(1), (and $(OVERLAY_IMAGE_WHAT) $(1))) (kind load docker-image, minikube image load)"
 
 .PHONY: k8s-deploy
-k8s-deploy: $(STAMP) ## Apply OVERLAY with image IMG:MODEL_VERSION (default: the overlay's pin), wait, verify (k8s-verify); undo and fail if the verification fails. OVERLAY=local (or local-records): build and load the images (the records store's too) first
-	$(if $(LOCAL_OVERLAY),$(if $(CLUSTER_RUNS),$(call k8s_local_images,$(RECORDS_IMAGE_TARGET),$(RECORDS_IMAGE)),$(call k8s_local_reminder,$(RECORDS_IMAGE))))
+k8s-deploy: $(STAMP) ## Apply OVERLAY with image IMG:MODEL_VERSION (default: the overlay's pin), wait, verify (k8s-verify); undo and fail if the verification fails. OVERLAY=local (or local-records, local-stream): build and load the images (the records store's, the broker's too) first
+	$(if $(LOCAL_OVERLAY),$(if $(CLUSTER_RUNS),$(call k8s_local_images,$(OVERLAY_IMAGE_TARGET),$(OVERLAY_IMAGE)),$(call k8s_local_reminder,$(OVERLAY_IMAGE))))
 	$(if $(LOCAL_OVERLAY),$(k8s_local_secret))
 	$(PY) -m rtserve k8s deploy $(K8S_ARGS)
 

@@ -4,13 +4,18 @@
         [--partitions 4] [--heap 512m] [--fresh]
     python -m rtserve kafka status [--run-dir .run/kafka]
     python -m rtserve kafka stop [--run-dir .run/kafka]
+    python -m rtserve kafka run --libs DIR --run-dir DIR --host POD_IP [--port 9092]
+        [--controller-port 9093] [--partitions 4] [--heap 512m]     # in the foreground
 
-``make kafka``, ``make kafka-status`` and ``make kafka-stop`` call these; ``make kafka-deps`` assembles DIR.
+``make kafka``, ``make kafka-status`` and ``make kafka-stop`` call these; ``make kafka-deps`` assembles DIR;
+``run`` is the broker's container in Kubernetes (deploy/k8s/components/kafka).
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import re
 import time
 from pathlib import Path
 
@@ -29,6 +34,25 @@ def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
     return int(text)
+
+
+def _listen_port(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"expected a port in 1-65535, got {text!r}")
+    return int(text)
+
+
+def _ip(text: str) -> str:
+    try:
+        return str(ipaddress.ip_address(text.strip()))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an IP address (the pod's: status.podIP), got {text!r}") from None
+
+
+def _heap(text: str) -> str:
+    if not re.fullmatch(r"[1-9][0-9]*[mMgG]", text):
+        raise argparse.ArgumentTypeError(f"expected a heap size such as 384m or 1g, got {text!r}")
+    return text
 
 
 def cmd_start(args: argparse.Namespace) -> int:
@@ -54,6 +78,34 @@ def cmd_start(args: argparse.Namespace) -> int:
     print(f"  bootstrap: {layout.bootstrap}")
     print(f"  topics:    {', '.join(TOPICS)} ({layout.partitions} partitions each)")
     return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run the broker in the foreground on --host (a pod's IP): as start, then until SIGTERM.
+
+    Its output is this command's; the file ``ready`` in --run-dir exists while it serves its topics.
+    """
+    from rtserve.errors import StreamError
+    from rtserve.stream import local
+
+    if args.port == args.controller_port:
+        raise StreamError(f"--port and --controller-port are both {args.port}: give two ports")
+    layout = Layout(
+        args.run_dir.resolve(),
+        args.libs.resolve(),
+        {"broker": args.port, "controller": args.controller_port},
+        heap=args.heap,
+        partitions=args.partitions,
+        java=args.java,
+        host=args.host,
+        console=True,
+    )
+    print(
+        f">> Kafka broker on {layout.bootstrap} (controller on 127.0.0.1:{args.controller_port}, heap "
+        f"{args.heap}); data in {layout.data}",
+        flush=True,
+    )
+    return local.run(layout, say=lambda line: print(line, flush=True))
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
@@ -98,6 +150,22 @@ def add(groups: argparse._SubParsersAction) -> None:
         (["--java"], {"default": "java", "help": "the java program (Java 17 or later)"}),
         (["--fresh"], {"action": "store_true", "help": "delete the run directory's data first"}),
         run_dir,
+    )
+    command(
+        commands,
+        "run",
+        cmd_run,
+        (["--libs"], {"type": Path, "required": True, "help": "the classpath directory"}),
+        (["--run-dir"], {"type": Path, "required": True, "help": "the node's config, data and state (its volume)"}),
+        (
+            ["--host"],
+            {"type": _ip, "required": True, "help": "the address clients' listener binds and advertises (a pod's IP)"},
+        ),
+        (["--port"], {"type": _listen_port, "default": 9092, "help": "clients' port"}),
+        (["--controller-port"], {"type": _listen_port, "default": 9093, "help": "the controller's port (127.0.0.1)"}),
+        (["--partitions"], {"type": _positive, "default": 4, "help": "partitions per topic"}),
+        (["--heap"], {"type": _heap, "default": "512m", "help": "the JVM's maximum heap (-Xmx)"}),
+        (["--java"], {"default": "java", "help": "the java program (Java 17 or later)"}),
     )
     command(commands, "stop", cmd_stop, run_dir)
     command(commands, "status", cmd_status, run_dir)

@@ -8,6 +8,7 @@ line (``marks``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -249,20 +250,21 @@ def stop_process(
 
 def spawn(
     cmd: Sequence[str],
-    log: Path,
+    log: Path | None,
     pid_file: PidFile | None = None,
     cwd: Path | None = None,
     env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen:
     """Start ``cmd`` detached (its own session, no stdin), its output appended to ``log``.
 
-    Its PID (and program) is recorded in ``pid_file``. The log stays open only in the child.
+    Its PID (and program) is recorded in ``pid_file``. The log stays open only in the child; ``log`` None:
+    the output goes where this process's goes (a container's main process: ``kubectl logs``).
 
     Raises:
         ProcessError: the program cannot be started (not found, not executable).
     """
     try:
-        with open(log, "ab") as out:
+        with open(log, "ab") if log is not None else contextlib.nullcontext(None) as out:
             proc = subprocess.Popen(
                 list(cmd),
                 cwd=cwd,

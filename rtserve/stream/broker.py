@@ -1,7 +1,9 @@
 """Pure builders of the local Kafka broker: layout, server.properties, log config, format and broker argv.
 
-One JVM is both KRaft controller and broker on 127.0.0.1, a one-voter quorum; its classpath is what
-``make kafka-deps`` fills. Nothing here starts a process (:mod:`rtserve.stream.local` does).
+One JVM is both KRaft controller and broker, a one-voter quorum: clients' listener on 127.0.0.1 (``make kafka``)
+or on a pod's IP (``python -m rtserve kafka run`` in deploy/k8s/components/kafka), the controller's always on
+127.0.0.1; its classpath is what ``make kafka-deps`` fills. Nothing here starts a process
+(:mod:`rtserve.stream.local` does).
 """
 
 from __future__ import annotations
@@ -26,6 +28,14 @@ STATE_FILE = "state.json"
 PID_FILE = "kafka.pid"
 CONFIG_FILE = "server.properties"
 LOG4J_FILE = "log4j2.properties"
+LOG_FILE = "kafka.log"
+#: Written once the broker answers and its topics are led (a pod's readiness probe reads it).
+READY_FILE = "ready"
+
+
+def host_port(host: str, port: int) -> str:
+    """``host:port``, an IPv6 address in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 @dataclass(frozen=True)
@@ -35,10 +45,14 @@ class Layout:
     Attributes:
         run_dir: the node's directory: config, data (``data/``), logs (``logs/``), PID file, state.
         libs: the classpath directory (every jar in it).
-        ports: ``broker`` and ``controller`` ports on 127.0.0.1.
+        ports: ``broker`` port (on ``host``) and ``controller`` port (on 127.0.0.1).
         heap: the JVM's maximum heap, as ``-Xmx`` takes it (``512m``).
         partitions: the partitions of each topic the target creates (and the default of others).
         java: the ``java`` program.
+        host: the address clients' listener binds and advertises (a pod's IP in a pod, where
+            clients come from other pods).
+        console: the JVM's output goes to this process's standard output (a pod's broker:
+            ``kubectl logs``), not to ``logs/kafka.log``.
     """
 
     run_dir: Path
@@ -47,11 +61,13 @@ class Layout:
     heap: str = "512m"
     partitions: int = 4
     java: str = "java"
+    host: str = HOST
+    console: bool = False
 
     @property
     def bootstrap(self) -> str:
-        """What clients connect to: ``127.0.0.1:<broker port>``."""
-        return f"{HOST}:{self.ports['broker']}"
+        """What clients connect to: ``<host>:<broker port>``."""
+        return host_port(self.host, self.ports["broker"])
 
     @property
     def data(self) -> Path:
@@ -68,6 +84,16 @@ class Layout:
     @property
     def log4j(self) -> Path:
         return self.run_dir / LOG4J_FILE
+
+    @property
+    def log(self) -> Path | None:
+        """The JVM's output file; None in ``console`` mode (it shares this process's output)."""
+        return None if self.console else self.logs / LOG_FILE
+
+    @property
+    def ready(self) -> Path:
+        """The file :data:`READY_FILE`, present while the broker runs with its topics."""
+        return self.run_dir / READY_FILE
 
     def formatted(self) -> bool:
         """Whether the data directory holds a formatted node (its ``meta.properties``)."""
@@ -87,18 +113,18 @@ def new_cluster_id() -> str:
 
 
 def server_properties(layout: Layout) -> str:
-    """The broker's ``server.properties``: one node, loopback listeners, data under the run directory.
+    """The broker's ``server.properties``: one node, clients' listener on ``host``, data under the run directory.
 
     The internal topics (offsets, transactions) get replication 1 and a few partitions: their defaults
     (3 replicas, 50 partitions) cannot be met or cost seconds on a single small node.
     """
-    broker, controller = layout.ports["broker"], layout.ports["controller"]
+    controller = host_port(HOST, layout.ports["controller"])
     settings = {
         "process.roles": "broker,controller",
         "node.id": NODE_ID,
-        "controller.quorum.voters": f"{NODE_ID}@{HOST}:{controller}",
-        "listeners": f"PLAINTEXT://{HOST}:{broker},CONTROLLER://{HOST}:{controller}",
-        "advertised.listeners": f"PLAINTEXT://{HOST}:{broker}",
+        "controller.quorum.voters": f"{NODE_ID}@{controller}",
+        "listeners": f"PLAINTEXT://{layout.bootstrap},CONTROLLER://{controller}",
+        "advertised.listeners": f"PLAINTEXT://{layout.bootstrap}",
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
         "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",

@@ -2,18 +2,22 @@
 
 :func:`start` formats the storage only the first time (a restart keeps every topic, offset and transaction) and
 stops the broker again if any step fails. :func:`stop` works only from the PID file, never by a process name.
+:func:`run` is the same start in the foreground, a pod's main process (deploy/k8s/components/kafka).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rtserve.errors import StreamError
-from rtserve.runtime.process import run, spawn, tail, wait_until
+from rtserve.runtime.process import run as run_command
+from rtserve.runtime.process import spawn, tail, wait_until
 from rtserve.runtime.recorded import RecordedServer
 from rtserve.stream import admin, broker
 from rtserve.stream.broker import Layout
@@ -62,6 +66,11 @@ def start(layout: Layout, fresh: bool = False, topics: tuple[str, ...] = broker.
         StreamError: the classpath lacks Kafka, a broker already runs from the run directory,
             or a step fails (the broker is then stopped; the message ends with its log).
     """
+    return _start(layout, fresh, topics)[1]
+
+
+def _start(layout: Layout, fresh: bool, topics: tuple[str, ...]) -> tuple[subprocess.Popen, dict[str, float]]:
+    """:func:`start`, returning the broker's process too."""
     run_dir = layout.run_dir
     if pid(run_dir) is not None:
         raise StreamError(
@@ -75,8 +84,9 @@ def start(layout: Layout, fresh: bool = False, topics: tuple[str, ...] = broker.
     layout.data.mkdir(parents=True, exist_ok=True)
     layout.config.write_text(broker.server_properties(layout))
     layout.log4j.write_text(broker.log4j_config())
+    layout.ready.unlink(missing_ok=True)
     took: dict[str, float] = {}
-    log = layout.logs / "kafka.log"
+    log = layout.log
     cluster_id = _format(layout, log, took)
     state = {
         "bootstrap": layout.bootstrap,
@@ -86,7 +96,7 @@ def start(layout: Layout, fresh: bool = False, topics: tuple[str, ...] = broker.
         "topics": list(topics),
         "partitions": layout.partitions,
         "data": str(layout.data),
-        "log": str(log),
+        "log": str(log) if log else "(the standard output)",
     }
     (run_dir / broker.STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
     begin = time.monotonic()
@@ -101,10 +111,17 @@ def start(layout: Layout, fresh: bool = False, topics: tuple[str, ...] = broker.
     except BaseException:
         stop(run_dir)
         raise
-    return took
+    return proc, took
 
 
-def _format(layout: Layout, log: Path, took: dict[str, float]) -> str:
+def _end_of(log: Path | None) -> str:
+    """The end of the broker's log, for an error message."""
+    if log is None:
+        return "its output is above"
+    return f"the end of {log}:\n{tail(log, 30) or '(no log)'}"
+
+
+def _format(layout: Layout, log: Path | None, took: dict[str, float]) -> str:
     """Format the data directory unless it holds a node already; returns its cluster id."""
     if layout.formatted():
         for line in (layout.data / "meta.properties").read_text().splitlines():
@@ -115,30 +132,67 @@ def _format(layout: Layout, log: Path, took: dict[str, float]) -> str:
         )
     cluster_id = broker.new_cluster_id()
     begin = time.monotonic()
-    done = run(broker.format_argv(layout, cluster_id), FORMAT_TIMEOUT, cwd=layout.run_dir, check=False)
-    with open(log, "a") as out:
-        out.write(done.stdout)
+    done = run_command(broker.format_argv(layout, cluster_id), FORMAT_TIMEOUT, cwd=layout.run_dir, check=False)
+    if log is None:
+        print(done.stdout, end="", flush=True)
+    else:
+        with open(log, "a") as out:
+            out.write(done.stdout)
     if done.returncode != 0:
         raise StreamError(f"formatting {layout.data} failed ({done.returncode}):\n{done.stdout[-3000:]}")
     took["format"] = time.monotonic() - begin
     return cluster_id
 
 
-def _wait_ready(layout: Layout, proc: subprocess.Popen, log: Path, begin: float) -> float:
+def _wait_ready(layout: Layout, proc: subprocess.Popen, log: Path | None, begin: float) -> float:
     def ready() -> bool:
         if proc.poll() is not None:
-            raise StreamError(
-                f"the Kafka broker exited with {proc.returncode} at start; "
-                f"the end of {log}:\n{tail(log, 30) or '(no log)'}"
-            )
+            raise StreamError(f"the Kafka broker exited with {proc.returncode} at start; {_end_of(log)}")
         return admin.answers(layout.bootstrap)
 
     if wait_until(ready, READY_TIMEOUT, poll=0.5):
         return time.monotonic() - begin
     raise StreamError(
-        f"the Kafka broker gave no metadata at {layout.bootstrap} within "
-        f"{READY_TIMEOUT:.0f} s; the end of {log}:\n{tail(log, 30) or '(no log)'}"
+        f"the Kafka broker gave no metadata at {layout.bootstrap} within {READY_TIMEOUT:.0f} s; {_end_of(log)}"
     )
+
+
+def run(
+    layout: Layout,
+    topics: tuple[str, ...] = broker.TOPICS,
+    say: Callable[[str], None] = print,
+    poll: float = 1.0,
+) -> int:
+    """Run the broker in the foreground: :func:`start` (format once, broker, topics), then wait for it.
+
+    The pod's main process: once the topics are led it writes ``layout.ready`` (the readiness probe's file).
+    SIGTERM or SIGINT stops the broker (a controlled shutdown, SIGKILL after :data:`STOP_TIMEOUT`); one
+    arriving during the start stops what was started.
+
+    Returns:
+        0 once stopped by a signal, else the broker's own exit status (1 if it was 0: it must not end).
+
+    Raises:
+        StreamError: the start failed (the message says which step and ends with the broker's log).
+    """
+    # SIGTERM raises KeyboardInterrupt as SIGINT does: any step of the start is left, and stopped.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    proc = None
+    try:
+        proc, took = _start(layout, False, topics)
+        layout.ready.write_text(f"{proc.pid}\n")
+        steps = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in took.items())
+        say(f">> Kafka ready at {layout.bootstrap} ({steps}); topics {', '.join(topics)}")
+        while proc.poll() is None:
+            time.sleep(poll)
+        say(f">> the Kafka broker exited with {proc.returncode}")
+        return proc.returncode or 1
+    except KeyboardInterrupt:
+        say(f">> stopping the Kafka broker: {stop(layout.run_dir) or 'it was not running'}")
+        return 0
+    finally:
+        layout.ready.unlink(missing_ok=True)
+        signal.signal(signal.SIGTERM, previous)
 
 
 def stop(run_dir: Path, timeout: float = STOP_TIMEOUT) -> str | None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from bench.loadgen import Counts, SteadyLoad, summarize
 from rtserve.cluster import runtime
@@ -295,3 +296,197 @@ def deployment_as_needed(request):
     set up before this)."""
     if "served" in request.fixturenames:
         request.getfixturevalue("served").ensure()
+
+
+# Probes of who reaches what (tests/cluster/test_network_policy.py, test_stream_in_cluster.py): a
+# short connect from a pod of the rtserve image, and the policies deciding it deleted for a control.
+#: The seconds a probe waits for the connection and then for the answer's first line.
+CONNECT_TIMEOUT = 3.0
+#: The seconds a policy change may take to reach the node's rules (a deletion or a restore).
+APPLY_TIMEOUT = 60.0
+#: The ports the test's own target pod answers on: one no policy names, and Kafka's.
+TARGET_PORT, KAFKA_PORT = 8000, 9092
+
+#: Run in a probe pod: connect to argv[1]:argv[2], send an HTTP GET, read the status line.
+PROBE = """
+import json, socket, sys, time
+host, port, timeout = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+begin = time.monotonic()
+try:
+    conn = socket.create_connection((host, port), timeout=timeout)
+except OSError as exc:
+    print(json.dumps({"connected": False, "detail": type(exc).__name__, "s": time.monotonic() - begin}))
+    sys.exit(0)
+try:
+    conn.sendall(b"GET / HTTP/1.0\\r\\nHost: probe\\r\\n\\r\\n")
+    line = conn.makefile("rb").readline().decode(errors="replace").strip()
+except OSError as exc:
+    line = "no answer (" + type(exc).__name__ + ")"
+print(json.dumps({"connected": True, "detail": line[:40], "s": time.monotonic() - begin}))
+"""
+
+#: The target: answers 204 on TARGET_PORT and KAFKA_PORT.
+TARGET = f"""
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+class Answer(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(204); self.end_headers()
+    def log_message(self, *args):
+        pass
+servers = [ThreadingHTTPServer(("0.0.0.0", p), Answer) for p in ({TARGET_PORT}, {KAFKA_PORT})]
+for s in servers[1:]:
+    threading.Thread(target=s.serve_forever, daemon=True).start()
+servers[0].serve_forever()
+"""
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a probe runs: a pod (and container), its namespace and labels."""
+
+    name: str
+    namespace: str
+    pod: str
+    labels: dict
+    container: str = "probe"
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a probe connects to: an address and port, and the namespace and labels of the pods behind it."""
+
+    name: str
+    host: str
+    port: int
+    namespace: str
+    labels: dict
+
+
+@dataclass(frozen=True)
+class Reach:
+    connected: bool
+    detail: str
+    seconds: float
+
+    def text(self) -> str:
+        if self.connected:  # (a peer that speaks no HTTP, Kafka, closes without a line)
+            return f"**yes** ({self.detail.removeprefix('HTTP/1.1 ').removeprefix('HTTP/1.0 ') or 'no HTTP answer'})"
+        return f"no ({self.detail})"
+
+
+def probe_pod(name: str, namespace: str, image: str, labels: dict, command: str, port: int | None = None) -> dict:
+    """A pod of the rtserve image running ``command`` (Python) with the restricted profile."""
+    container = {
+        "name": "probe",
+        "image": image,
+        "imagePullPolicy": "Never",
+        "command": ["python", "-c", command],
+        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"cpu": "200m", "memory": "128Mi"}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    if port:
+        container["readinessProbe"] = {"tcpSocket": {"port": port}, "periodSeconds": 1}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "terminationGracePeriodSeconds": 0,
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 10001,
+                "runAsGroup": 10001,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [container],
+        },
+    }
+
+
+def selects(policy: dict, namespace: str, labels: dict) -> bool:
+    """Whether ``policy`` selects a pod with ``labels`` in ``namespace`` (matchLabels only, as ours)."""
+    selector = policy["spec"]["podSelector"]
+    assert not selector.get("matchExpressions"), f"{policy['metadata']['name']}: matchExpressions not handled here"
+    wanted = selector.get("matchLabels") or {}
+    return policy["metadata"]["namespace"] == namespace and all(labels.get(k) == v for k, v in wanted.items())
+
+
+class Probes:
+    """The probe pods, the targets and the policies of the cluster, and how to probe and delete them."""
+
+    def __init__(self, cluster) -> None:
+        self.cluster = cluster
+        self.sources: dict[str, Source] = {}
+        self.targets: dict[str, Target] = {}
+
+    def reach(self, source: Source, target: Target) -> Reach:
+        done = self.cluster.kubectl(
+            "-n",
+            source.namespace,
+            "exec",
+            source.pod,
+            "-c",
+            source.container,
+            "--",
+            "python",
+            "-c",
+            PROBE,
+            target.host,
+            str(target.port),
+            str(CONNECT_TIMEOUT),
+            timeout=60,
+        )
+        assert done.returncode == 0, f"probe from {source.name}: {done.stderr}"
+        answer = json.loads(done.stdout)
+        return Reach(answer["connected"], answer["detail"], answer["s"])
+
+    def policies(self) -> list[dict]:
+        return json.loads(self.cluster.ok("get", "networkpolicies", "-A", "-o", "json"))["items"]
+
+    def deniers(self, source: Source, target: Target) -> list[dict]:
+        """The policies that decide whether ``source`` reaches ``target``: the Egress policies selecting
+        the source and the Ingress policies selecting the pods behind the target."""
+        return [
+            p
+            for p in self.policies()
+            if ("Egress" in p["spec"]["policyTypes"] and selects(p, source.namespace, source.labels))
+            or ("Ingress" in p["spec"]["policyTypes"] and selects(p, target.namespace, target.labels))
+        ]
+
+    @contextmanager
+    def deleted(self, policies: list[dict]):
+        """``policies`` deleted inside the block, created again as they were after it."""
+        kept = []
+        for p in policies:
+            meta = p["metadata"]
+            kept.append(
+                {
+                    "apiVersion": "networking.k8s.io/v1",
+                    "kind": "NetworkPolicy",
+                    "metadata": {
+                        k: meta[k] for k in ("name", "namespace", "labels", "annotations") if meta.get(k) is not None
+                    },
+                    "spec": p["spec"],
+                }
+            )
+            self.cluster.ok("-n", meta["namespace"], "delete", "networkpolicy", meta["name"], "--wait=true")
+        try:
+            yield
+        finally:
+            self.cluster.ok("create", "-f", "-", stdin=yaml.safe_dump_all(kept))
+
+    def until(self, source: Source, target: Target, connected: bool) -> tuple[Reach, float]:
+        """Probe until the outcome is ``connected`` (within APPLY_TIMEOUT); the last probe, the seconds."""
+        begin = time.monotonic()
+        while True:
+            reach = self.reach(source, target)
+            if reach.connected == connected or time.monotonic() - begin > APPLY_TIMEOUT:
+                return reach, time.monotonic() - begin
+            time.sleep(0.5)

@@ -32,8 +32,11 @@ STREAM = K8S_DIR / "components" / "stream"
 #: the in-cluster Cassandra node (the local overlay's).
 RECORDS = K8S_DIR / "components" / "records"
 CASSANDRA = K8S_DIR / "components" / "cassandra"
-#: The ``app.kubernetes.io/component`` labels of the records' objects.
+#: The stream's in-cluster broker (the local-stream overlay's).
+KAFKA = K8S_DIR / "components" / "kafka"
+#: The ``app.kubernetes.io/component`` labels of the records' objects, and of the stream's.
 RECORDS_COMPONENTS = ("records", "records-store")
+STREAM_COMPONENTS = ("stream", "stream-broker")
 #: The cluster DNS of make cluster's node: CoreDNS on the node's address, which components/local-dns
 #: adds to every policy that allows DNS in the local overlays.
 LOCAL_DNS = K8S_DIR / "components" / "local-dns"
@@ -102,9 +105,11 @@ def records_objects(objects: list[dict]) -> list[dict]:
 
 
 def server_objects(objects: list[dict]) -> list[dict]:
-    """The server's objects: all but :func:`records_objects`."""
+    """The server's objects: all but :func:`records_objects` and the stream's (its consumers and broker,
+    :data:`STREAM_COMPONENTS`)."""
     records = records_objects(objects)
-    return [o for o in objects if o not in records]
+    return [o for o in objects if o not in records
+            and (o["metadata"].get("labels") or {}).get("app.kubernetes.io/component") not in STREAM_COMPONENTS]
 
 
 def makefile_text() -> str:
@@ -129,12 +134,15 @@ def rendered() -> dict[str, list[dict]]:
 def with_stream(overlay: str, into: Path) -> Path:
     """A copy of the kustomize tree under ``into`` (one per overlay: local-records builds on
     local, which must stay as it is) whose ``overlay`` lists components/stream first, as
-    docs/streaming.md tells a user to; returns that overlay's directory."""
+    docs/streaming.md tells a user to (local-stream lists it already: left as it is); returns
+    that overlay's directory."""
     tree = into / overlay / "k8s"
     if not tree.exists():
         shutil.copytree(K8S_DIR, tree)
     path = tree / "overlays" / overlay / "kustomization.yaml"
     kustomization = yaml.safe_load(path.read_text())
+    if lists_component(overlay, STREAM):
+        return path.parent
     kustomization["components"] = ["../../components/stream", *kustomization.get("components", [])]
     path.write_text(yaml.safe_dump(kustomization, sort_keys=False))
     return path.parent

@@ -39,7 +39,7 @@ def pod(objects: list[dict], name: str) -> dict:
 
 
 def test_the_local_overlay_has_its_own_candidate():
-    assert set(OWN_CANDIDATE) == {"local", "local-records"}
+    assert set(OWN_CANDIDATE) == {"local", "local-records", "local-stream"}
 
 
 @pytest.mark.parametrize("name", ["candidate", "local-candidate"])

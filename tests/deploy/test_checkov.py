@@ -69,6 +69,7 @@ def test_no_failed_check(checkov_report):
     assert "Deployment/rtserve-stream" in looked_at, "the stream consumer was not checked"
     assert "Deployment/rtserve-candidate" in looked_at, "the candidate was not checked"
     assert "StatefulSet/rtserve-cassandra" in looked_at, "the records store's node was not checked"
+    assert "StatefulSet/rtserve-kafka" in looked_at, "the stream's broker was not checked"
     passed = {c["check_id"] for c in report["results"]["passed_checks"]}
     # a few that the issue names: non-root, read-only root, probes, limits, no SA token, seccomp
     assert {"CKV_K8S_23", "CKV_K8S_22", "CKV_K8S_8", "CKV_K8S_9", "CKV_K8S_11", "CKV_K8S_13",

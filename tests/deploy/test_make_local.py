@@ -17,13 +17,14 @@ import pytest
 
 from rtserve.k8s.deploy import Target, deploy_kustomization, verify_kustomization
 from tests.conftest import REPO
-from tests.deploy.conftest import K8S_DIR, load, render
-from tests.deploy.test_make_targets import IMG, deployment, plan
+from tests.deploy.conftest import K8S_DIR, load, one, render
+from tests.deploy.test_make_targets import IMG, plan
 
 pytestmark = pytest.mark.deploy
 
 GATEWAY = "localhost/rtserve-gateway-standin:nginx-bookworm"
 STORE = "registry.example.com/ml/rtserve-cassandra:5.0.6"
+BROKER = "registry.example.com/ml/rtserve-kafka:4.4.0"
 BIN, KUBECONFIG = "/c/bin", "/c/admin.kubeconfig"
 LOCAL_KUBECTL = f"{BIN}/kubectl --kubeconfig {KUBECONFIG}"
 
@@ -45,8 +46,11 @@ def dead_pid() -> int:
     return pid
 
 
-#: The overlays on this machine's node, and the records store's image each loads with its own.
-LOCAL = {"local": "", "local-records": STORE}
+#: The overlays on this machine's node, the image of its own store or broker each loads with its
+#: own, that image's target and what the reminder calls it.
+LOCAL = {"local": "", "local-records": STORE, "local-stream": BROKER}
+TARGET = {"": "", STORE: "image-cassandra ", BROKER: "image-kafka "}
+WHAT = {STORE: "the records store's", BROKER: "the stream's broker's"}
 
 
 def local_plan(tmp_path: Path, *args: str, pid: int | None = None, overlay: str = "local") -> list[str]:
@@ -77,7 +81,7 @@ def test_on_the_local_cluster_it_builds_loads_makes_the_token_and_uses_the_clust
         # Built when missing, and rebuilt (when its inputs changed) wherever its archive is here.
         f"if [ -f model_store/realtime-classifier_2.0.mar ] || ! podman image inspect {IMG}:2.0 >/dev/null 2>&1; "
         "then make --no-print-directory image DOCKER=podman MODEL_VERSION=2.0 IMAGE_TAG=2.0; fi",
-        f"make --no-print-directory image-gateway {'image-cassandra ' if store else ''}DOCKER=podman",
+        f"make --no-print-directory image-gateway {TARGET[store]}DOCKER=podman",
         f"{py} -m rtserve cluster load --run-dir {cluster} --engine podman {IMG}:2.0 {GATEWAY} {store}".strip(),
         f"{LOCAL_KUBECTL} apply -f deploy/k8s/overlays/{overlay}/namespace.yaml",
         f"{LOCAL_KUBECTL} -n rtserve-{overlay} get secret rtserve-gateway-tokens >/dev/null 2>&1 || "
@@ -106,7 +110,7 @@ def test_without_a_running_local_cluster_it_reminds_to_load_and_uses_plain_kubec
     """kind, minikube, k3d: their kubectl context; the node must get the images another way."""
     lines = local_plan(tmp_path, pid=dead_pid() if pid else None, overlay=overlay)
     lines = after(lines, ">> no cluster runs")
-    store = f" (and the records store's {LOCAL[overlay]})" if LOCAL[overlay] else ""
+    store = f" (and {WHAT[LOCAL[overlay]]} {LOCAL[overlay]})" if LOCAL[overlay] else ""
     assert lines[0] == (f'echo ">> no cluster runs from {tmp_path}/cluster-run (make cluster): the node must '
                         f'hold {IMG}:1.0 and {GATEWAY}{store} (kind load docker-image, minikube image load)"')
     assert lines[1] == f"kubectl apply -f deploy/k8s/overlays/{overlay}/namespace.yaml"
@@ -141,12 +145,17 @@ def test_what_the_local_deploy_applies_takes_every_image_from_the_node(tmp_path,
         build.mkdir()
         (build / "kustomization.yaml").write_text(kustomization)
         rendered[build.name] = load(render(build))
-    pod = deployment(rendered["local"])["spec"]["template"]["spec"]
+    pod = one(rendered["local"], "Deployment", "rtserve")["spec"]["template"]["spec"]
     assert [(c["image"], c["imagePullPolicy"]) for c in pod["initContainers"] + pod["containers"]] == \
         [(GATEWAY, "IfNotPresent"), (f"{IMG}:2.0", "IfNotPresent")]
+    # local-stream's consumers run the server's image: the rollout's version too
+    consumers = [c for o in rendered["local"] if o["kind"] == "Deployment" and o["metadata"]["name"] != "rtserve"
+                 for c in o["spec"]["template"]["spec"]["containers"]]
+    assert [(c["image"], c["imagePullPolicy"]) for c in consumers] == \
+        ([(f"{IMG}:2.0", "IfNotPresent")] if LOCAL[overlay] == BROKER else [])
     stores = [o for o in rendered["local"] if o["kind"] == "StatefulSet"]
     assert [(c["image"], c["imagePullPolicy"]) for o in stores for c in o["spec"]["template"]["spec"]["containers"]] == \
-        ([(STORE, "IfNotPresent")] if LOCAL[overlay] else [])
+        ([(LOCAL[overlay], "IfNotPresent")] if LOCAL[overlay] else [])
     (job,) = [o for o in rendered["local-verify"] if o["kind"] == "Job"]
     (verify,) = job["spec"]["template"]["spec"]["containers"]
     assert (job["metadata"]["namespace"], verify["image"], verify["imagePullPolicy"]) == \

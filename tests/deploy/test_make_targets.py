@@ -23,6 +23,7 @@ import pytest
 
 from rtserve.cli import build_parser
 from rtserve.cli import cassandra as cassandra_cli
+from rtserve.cli import kafka as kafka_cli
 from tests.conftest import MODEL_NAME, REPO
 from tests.deploy.conftest import K8S_DIR, load, makefile_text, pinned_tag, render
 
@@ -364,6 +365,44 @@ def test_make_image_cassandra_stages_every_file_its_containerfile_copies(make, t
     assert str(args.libs) == "/opt/cassandra/libs"
     (expose,) = [a for op, a in instructions if op == "EXPOSE"]
     assert expose.split() == ["9042", "7000"]
+
+
+def test_make_image_kafka_stages_every_file_its_containerfile_copies(make, tmp_path):
+    """The stream's broker image: the jars make kafka-deps assembled, rtserve's code and the
+    confluent-kafka and psutil wheels, nothing of torch; its entry command the CLI's foreground
+    broker, make kafka's own start."""
+    context = tmp_path / "context"
+    result = make("image-kafka", f"KAFKA_CONTEXT={context}", f"VENV={REPO / '.venv'}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    (build,) = [call for call in make.calls if call[:1] == ["build"]]
+    version = re.search(r"^KAFKA_VERSION\s+\?= (\S+)$", makefile_text(), re.M)[1]
+    assert build[-3:] == ["-t", f"registry.example.com/ml/rtserve-kafka:{version}", str(context)]
+    assert build[build.index("-f") + 1] == str(context / "Containerfile")
+    build_args = dict(build[i + 1].split("=", 1) for i, a in enumerate(build) if a == "--build-arg")
+    assert build_args == {"BASE_IMAGE": "docker.io/library/python:3.11-slim-bookworm", "KAFKA_VERSION": version}
+    instructions = dockerfile_instructions((context / "Containerfile").read_text())
+    froms = [args.split() for op, args in instructions if op == "FROM"]
+    assert froms == [["${BASE_IMAGE}", "AS", "builder"], ["${BASE_IMAGE}", "AS", "runtime"]]
+    for *sources, _dest in (a.split() for op, a in instructions if op == "COPY" and not a.startswith("--from=")):
+        for source in sources:
+            assert (context / source).exists(), f"COPY source missing from the context: {source}"
+    assert (context / "libs" / f"kafka_2.13-{version}.jar").is_file()
+    assert sorted(w.name.split("-")[0].lower() for w in (context / "wheelhouse").iterdir()) == [
+        "confluent_kafka", "psutil"]
+    assert (context / "rtserve" / "stream" / "local.py").is_file()
+    assert not list(context.rglob("__pycache__")) and not (context / "handler").exists()
+    runs = [" ".join(a.split()) for op, a in instructions if op == "RUN"]
+    java = [r for r in runs if "openjdk-17-jre-headless tini" in r]
+    assert java == [" ".join(a.split()) for op, a in dockerfile_instructions((REPO / "Dockerfile").read_text())
+                    if op == "RUN" and "openjdk-17-jre-headless tini" in a]
+    (user,) = [a for op, a in instructions if op == "USER"]
+    assert user == "10001:10001"
+    (cmd,) = [json.loads(a) for op, a in instructions if op == "CMD"]
+    args = build_parser().parse_args(cmd[3:])
+    assert cmd[:3] == ["python", "-m", "rtserve"] and args.func is kafka_cli.cmd_run
+    assert str(args.libs) == "/opt/kafka/libs"
+    (expose,) = [a for op, a in instructions if op == "EXPOSE"]
+    assert expose.split() == [str(args.port)]
 
 
 def plan(*args: str) -> list[str]:

@@ -26,7 +26,8 @@ PROPERTY = re.compile(r"^([a-z_]+)=(.*)$", re.M)
 
 
 def deployment(objects):
-    return one(objects, "Deployment")
+    """The server's Deployment (local-stream's consumers are another: test_stream_manifests.py)."""
+    return one(objects, "Deployment", "rtserve")
 
 
 def pod_spec(objects) -> dict:
@@ -85,7 +86,7 @@ def test_every_object_validates_strictly_offline(rendered, overlay):
     for obj in rendered[overlay]:
         # strict: unknown fields fail; a missing schema raises SchemaNotFoundError and fails too.
         assert kubernetes_validate.validate(obj, K8S_VERSION, strict=True) == "1.32"
-    # (the records' objects: tests/deploy/test_records_manifests.py)
+    # (the records' objects: tests/deploy/test_records_manifests.py; the stream's: test_stream_manifests.py)
     kinds = {obj["kind"] for obj in server_objects(rendered[overlay])}
     assert kinds == {"Namespace", "ServiceAccount", "ConfigMap", "Service", "Deployment",
                      "HorizontalPodAutoscaler", "PodDisruptionBudget", "NetworkPolicy"}
@@ -105,7 +106,7 @@ def test_selectors_match_the_pod_template_and_carry_no_version(rendered, overlay
     assert selects(dep["spec"]["selector"]["matchLabels"], labels)
     for svc in (o for o in objects if o["kind"] == "Service"):
         assert selects(svc["spec"]["selector"], labels), svc["metadata"]["name"]
-    assert selects(one(objects, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"], labels)
+    assert selects(one(objects, "PodDisruptionBudget", "rtserve")["spec"]["selector"]["matchLabels"], labels)
     assert selects(one(objects, "NetworkPolicy", "rtserve")["spec"]["podSelector"]["matchLabels"], labels)
     tag = container(objects)["image"].rsplit(":", 1)[1]
     for key, value in dep["spec"]["selector"]["matchLabels"].items():
@@ -265,7 +266,7 @@ def test_drain_fits_in_the_grace_period(rendered, overlay):
 def test_hpa_and_pdb_are_consistent(rendered, overlay):
     objects = rendered[overlay]
     hpa = one(objects, "HorizontalPodAutoscaler")
-    pdb = one(objects, "PodDisruptionBudget")
+    pdb = one(objects, "PodDisruptionBudget", "rtserve")
     dep = deployment(objects)
     assert hpa["apiVersion"] == "autoscaling/v2"
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
@@ -408,13 +409,16 @@ def test_local_overlay_fits_a_two_core_laptop(rendered):
 def test_local_images_are_taken_from_the_node_and_the_others_pulled(rendered):
     """Every container of the local overlay and of its Job: IfNotPresent; the gateway is the
     stand-in make image-gateway builds (GATEWAY_STANDIN in the Makefile and rtserve/k8s/pod.py)."""
-    assert {o for o in OVERLAYS if pull_policy(o) == "IfNotPresent"} == {"local", "local-records"}
-    assert {pull_policy(o) for o in OVERLAYS if o not in ("local", "local-records")} == {"Always"}
+    local = {"local", "local-records", "local-stream"}
+    assert {o for o in OVERLAYS if pull_policy(o) == "IfNotPresent"} == local
+    assert {pull_policy(o) for o in OVERLAYS if o not in local} == {"Always"}
     pod = pod_spec(rendered["local"])
     (job,) = [o for o in load(render(OWN_VERIFY["local"])) if o["kind"] == "Job"]
     store = one(rendered["local-records"], "StatefulSet", "rtserve-cassandra")["spec"]["template"]["spec"]
+    broker = one(rendered["local-stream"], "StatefulSet", "rtserve-kafka")["spec"]["template"]["spec"]
+    stream = one(rendered["local-stream"], "Deployment", "rtserve-stream")["spec"]["template"]["spec"]
     for c in pod["containers"] + pod["initContainers"] + job["spec"]["template"]["spec"]["containers"] \
-            + store["containers"]:
+            + store["containers"] + broker["containers"] + stream["containers"]:
         assert c["imagePullPolicy"] == "IfNotPresent", c["name"]
     assert sidecar(rendered["local"])["image"] == GATEWAY_STANDIN
     makefile = makefile_text()

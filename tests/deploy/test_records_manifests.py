@@ -116,9 +116,10 @@ def with_size_limit(overlay_dir: Path, limit: str) -> Path:
 
 
 def test_local_alone_keeps_its_records_in_the_pods_and_local_records_runs_the_store(rendered):
-    """The laptop's lean overlay has no store to ship to (its records stay in each pod's spool,
-    within the disk budget: make serve's default); local-records is the same with the store."""
-    assert sorted(set(OVERLAYS) - set(RECORDED)) == ["local"] and WITH_NODE == ["local-records"]
+    """The laptop's lean overlays have no store to ship to (their records stay in each pod's
+    spool, within the disk budget: make serve's default; local-stream is local with the stream);
+    local-records is the same with the store."""
+    assert sorted(set(OVERLAYS) - set(RECORDED)) == ["local", "local-stream"] and WITH_NODE == ["local-records"]
     assert records_objects(rendered["local"]) == []
     assert STORE_ENV not in {e["name"] for e in server_container(rendered["local"])["env"]}
 

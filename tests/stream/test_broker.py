@@ -150,3 +150,67 @@ def test_make_kafka_stop_leaves_no_process_and_a_restart_keeps_the_data(kafka):
     kept = drain(reader, "events.dlq", marker, 1)
     reader.close()
     assert [(m.key(), m.value()) for m in kept] == [(marker, b"kept")]
+
+
+def test_kafka_run_is_make_kafkas_start_in_the_foreground_and_stops_on_sigterm(kafka_libs, tmp_path):
+    """`python -m rtserve kafka run` (the in-cluster broker's command, deploy/k8s/components/kafka)
+    on free ports: the JVM's output is its own, the ``ready`` file appears once the three topics
+    are led, SIGTERM stops the broker and the command exits 0 with no JVM left and no ready file."""
+    import signal
+    import subprocess
+    import sys
+
+    from rtserve.runtime.ports import free_ports
+    from rtserve.stream import broker
+
+    port, controller = free_ports(2)
+    run_dir = tmp_path / "run"
+    out = tmp_path / "out.log"
+    with open(out, "wb") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "rtserve",
+                "kafka",
+                "run",
+                "--libs",
+                str(kafka_libs),
+                "--run-dir",
+                str(run_dir),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--controller-port",
+                str(controller),
+                "--heap",
+                "256m",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        begin = time.monotonic()
+        while not (run_dir / broker.READY_FILE).exists():
+            assert proc.poll() is None, out.read_text()[-3000:]
+            assert time.monotonic() - begin < 120, out.read_text()[-3000:]
+            time.sleep(0.2)
+        ready = time.monotonic() - begin
+        bootstrap = f"127.0.0.1:{port}"
+        assert admin.topics(bootstrap) == TOPICS
+        text = out.read_text()
+        assert re.search(rf"^>> Kafka ready at {bootstrap} \(format .* s, broker ready .* s, topics .* s\)", text, re.M)
+        assert "Kafka Server started" in text or "started (kafka.server" in text, (
+            "the JVM's output is not the command's"
+        )
+        assert broker_processes(run_dir), "no JVM names the run directory"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(90) == 0, out.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    assert re.search(r"^>> stopping the Kafka broker: kafka \(pid \d+\) stopped in", out.read_text(), re.M)
+    assert broker_processes(run_dir) == [] and not (run_dir / broker.READY_FILE).exists()
+    print(f"kafka run: ready in {ready:.1f} s, stopped by SIGTERM")

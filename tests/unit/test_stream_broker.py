@@ -116,3 +116,43 @@ def test_a_bad_port_option_is_refused_naming_the_ports(bad, capsys):
         cli.main(["kafka", "start", "--libs", "/nowhere", "--port", bad])
     assert exit_.value.code == 2
     assert "expected NAME=PORT with NAME one of broker, controller" in capsys.readouterr().err
+
+
+def test_a_pods_broker_listens_and_advertises_its_ip_and_keeps_the_controller_on_loopback(tmp_path):
+    """`kafka run` in deploy/k8s/components/kafka: clients of other pods connect to the pod's IP,
+    which the broker gives them in its metadata; the quorum stays inside the pod."""
+    pod = Layout(tmp_path, tmp_path / "libs", {"broker": 9092, "controller": 9093}, host="10.244.0.7", console=True)
+    props = properties(broker.server_properties(pod))
+    assert props["listeners"] == "PLAINTEXT://10.244.0.7:9092,CONTROLLER://127.0.0.1:9093"
+    assert props["advertised.listeners"] == "PLAINTEXT://10.244.0.7:9092"
+    assert props["controller.quorum.voters"] == "1@127.0.0.1:9093"
+    assert pod.bootstrap == "10.244.0.7:9092" and pod.log is None and pod.ready == tmp_path / broker.READY_FILE
+    six = Layout(tmp_path, tmp_path, {"broker": 9092, "controller": 9093}, host="fd00::7")
+    assert six.bootstrap == "[fd00::7]:9092" and six.log == tmp_path / "logs" / broker.LOG_FILE
+
+
+@pytest.mark.parametrize(
+    ("option", "bad", "says"),
+    [
+        ("--host", "rtserve-kafka-0", "expected an IP address (the pod's: status.podIP), got 'rtserve-kafka-0'"),
+        ("--port", "0", "expected a port in 1-65535, got '0'"),
+        ("--controller-port", "65536", "expected a port in 1-65535, got '65536'"),
+        ("--partitions", "0", "expected a positive whole number, got '0'"),
+        ("--heap", "512", "expected a heap size such as 384m or 1g, got '512'"),
+    ],
+)
+def test_run_refuses_a_bad_option_naming_it(tmp_path, capsys, option, bad, says):
+    args = {"--libs": str(tmp_path), "--run-dir": str(tmp_path), "--host": "10.0.0.1", option: bad}
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["kafka", "run", *[x for pair in args.items() for x in pair]])
+    assert exit_.value.code == 2
+    assert f"argument {option}: {says}" in capsys.readouterr().err
+
+
+def test_run_with_one_port_for_both_listeners_or_without_the_jars_says_why(tmp_path, capsys):
+    base = ["kafka", "run", "--libs", str(tmp_path / "libs"), "--run-dir", str(tmp_path / "run"), "--host", "10.0.0.1"]
+    assert cli.main([*base, "--port", "9093"]) == 1
+    assert "error: --port and --controller-port are both 9093: give two ports" in capsys.readouterr().err
+    assert cli.main(base) == 1
+    assert "error: no Kafka jars in" in capsys.readouterr().err
+    assert not (tmp_path / "run" / broker.READY_FILE).exists()
