@@ -14,13 +14,11 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import logging
-import re
 import time
 from pathlib import Path
 
-from rtserve.cli.common import command, group
+from rtserve.cli.common import command, group, heap, listen_port, pod_ip
 from rtserve.records import foreground
 from rtserve.records.node import Layout
 from rtserve.settings import PACKAGE_HOME
@@ -32,25 +30,6 @@ def _port(text: str) -> int:
     if not text.isdigit() or not 0 <= int(text) < 65536:
         raise argparse.ArgumentTypeError(f"expected a port in 0-65535 (0: a free one), got {text!r}")
     return int(text)
-
-
-def _listen_port(text: str) -> int:
-    if not text.isdigit() or not 0 < int(text) < 65536:
-        raise argparse.ArgumentTypeError(f"expected a port in 1-65535, got {text!r}")
-    return int(text)
-
-
-def _ip(text: str) -> str:
-    try:
-        return str(ipaddress.ip_address(text.strip()))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an IP address (the pod's: status.podIP), got {text!r}") from None
-
-
-def _heap(text: str) -> str:
-    if not re.fullmatch(r"[1-9][0-9]*[mMgG]", text):
-        raise argparse.ArgumentTypeError(f"expected a heap size such as 768m or 1g, got {text!r}")
-    return text
 
 
 def cmd_start(args: argparse.Namespace) -> int:
@@ -137,7 +116,7 @@ def add(groups: argparse._SubParsersAction) -> None:
             {"type": _port, "default": 0, "help": "the CQL port (default: the recorded one, else a free one)"},
         ),
         (["--storage-port"], {"type": _port, "default": 0, "help": "the storage (gossip) port (default: as --port)"}),
-        (["--heap"], {"type": _heap, "default": "512m", "help": "the JVM's heap (-Xms and -Xmx)"}),
+        (["--heap"], {"type": heap, "default": "512m", "help": "the JVM's heap (-Xms and -Xmx)"}),
         (["--java"], {"default": "java", "help": "the java program (Java 17)"}),
         (["--fresh"], {"action": "store_true", "help": "delete the node's data first"}),
         run_dir,
@@ -150,11 +129,11 @@ def add(groups: argparse._SubParsersAction) -> None:
         (["--run-dir"], {"type": Path, "required": True, "help": "the node's config, data and logs (its volume)"}),
         (
             ["--host"],
-            {"type": _ip, "required": True, "help": "the address to listen on and give clients (the pod's IP)"},
+            {"type": pod_ip, "required": True, "help": "the address to listen on and give clients (the pod's IP)"},
         ),
-        (["--port"], {"type": _listen_port, "default": 9042, "help": "the CQL port"}),
-        (["--storage-port"], {"type": _listen_port, "default": 7000, "help": "the storage (gossip) port"}),
-        (["--heap"], {"type": _heap, "default": "512m", "help": "the JVM's heap (-Xms and -Xmx)"}),
+        (["--port"], {"type": listen_port, "default": 9042, "help": "the CQL port"}),
+        (["--storage-port"], {"type": listen_port, "default": 7000, "help": "the storage (gossip) port"}),
+        (["--heap"], {"type": heap, "default": "512m", "help": "the JVM's heap (-Xms and -Xmx)"}),
         (["--java"], {"default": "java", "help": "the java program (Java 17)"}),
     )
     command(commands, "stop", cmd_stop, run_dir)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -58,6 +60,28 @@ def named_port(text: str, names: tuple[str, ...]) -> tuple[str, int]:
             f"expected NAME=PORT with NAME one of {', '.join(names)} (0: a free port), got {text!r}"
         )
     return name, int(port)
+
+
+def listen_port(text: str) -> int:
+    """An argument type: a port to listen on, 1-65535."""
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"expected a port in 1-65535, got {text!r}")
+    return int(text)
+
+
+def pod_ip(text: str) -> str:
+    """An argument type: an IP address (a pod's own, ``status.podIP``), normalized."""
+    try:
+        return str(ipaddress.ip_address(text.strip()))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an IP address (the pod's: status.podIP), got {text!r}") from None
+
+
+def heap(text: str) -> str:
+    """An argument type: a JVM heap size, a whole number of MiB or GiB (``768m``, ``1g``)."""
+    if not re.fullmatch(r"[1-9][0-9]*[mMgG]", text):
+        raise argparse.ArgumentTypeError(f"expected a heap size such as 768m or 1g, got {text!r}")
+    return text
 
 
 def settings(args: argparse.Namespace) -> Settings:

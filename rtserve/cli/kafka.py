@@ -14,12 +14,10 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
-import re
 import time
 from pathlib import Path
 
-from rtserve.cli.common import command, group, named_port
+from rtserve.cli.common import command, group, heap, listen_port, named_port, pod_ip
 from rtserve.settings import PACKAGE_HOME
 from rtserve.stream.broker import PORT_NAMES, TOPICS, Layout
 
@@ -34,25 +32,6 @@ def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
     return int(text)
-
-
-def _listen_port(text: str) -> int:
-    if not text.isdigit() or not 0 < int(text) < 65536:
-        raise argparse.ArgumentTypeError(f"expected a port in 1-65535, got {text!r}")
-    return int(text)
-
-
-def _ip(text: str) -> str:
-    try:
-        return str(ipaddress.ip_address(text.strip()))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an IP address (the pod's: status.podIP), got {text!r}") from None
-
-
-def _heap(text: str) -> str:
-    if not re.fullmatch(r"[1-9][0-9]*[mMgG]", text):
-        raise argparse.ArgumentTypeError(f"expected a heap size such as 384m or 1g, got {text!r}")
-    return text
 
 
 def cmd_start(args: argparse.Namespace) -> int:
@@ -159,12 +138,16 @@ def add(groups: argparse._SubParsersAction) -> None:
         (["--run-dir"], {"type": Path, "required": True, "help": "the node's config, data and state (its volume)"}),
         (
             ["--host"],
-            {"type": _ip, "required": True, "help": "the address clients' listener binds and advertises (a pod's IP)"},
+            {
+                "type": pod_ip,
+                "required": True,
+                "help": "the address clients' listener binds and advertises (a pod's IP)",
+            },
         ),
-        (["--port"], {"type": _listen_port, "default": 9092, "help": "clients' port"}),
-        (["--controller-port"], {"type": _listen_port, "default": 9093, "help": "the controller's port (127.0.0.1)"}),
+        (["--port"], {"type": listen_port, "default": 9092, "help": "clients' port"}),
+        (["--controller-port"], {"type": listen_port, "default": 9093, "help": "the controller's port (127.0.0.1)"}),
         (["--partitions"], {"type": _positive, "default": 4, "help": "partitions per topic"}),
-        (["--heap"], {"type": _heap, "default": "512m", "help": "the JVM's maximum heap (-Xmx)"}),
+        (["--heap"], {"type": heap, "default": "512m", "help": "the JVM's maximum heap (-Xmx)"}),
         (["--java"], {"default": "java", "help": "the java program (Java 17 or later)"}),
     )
     command(commands, "stop", cmd_stop, run_dir)

@@ -10,6 +10,7 @@ under one naming rule, and the names before it fail and name their successors.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -328,29 +329,55 @@ def test_make_image_stages_every_file_the_dockerfile_copies(make, mar_v1, build_
     assert expose.split() == ["8081", "8082"]  # inference: loopback, behind the gateway sidecar
 
 
-def test_make_image_cassandra_stages_every_file_its_containerfile_copies(make, tmp_path):
-    """The records store's image: the jars make cassandra-deps assembled, rtserve's code and the
-    PyYAML wheel, nothing of torch; its entry command the CLI's foreground node."""
+@dataclasses.dataclass(frozen=True)
+class JvmImage:
+    """What a JVM service's image (the records store's, the stream's broker's) stages and runs."""
+
+    target: str
+    version_var: str
+    name: str
+    jar: str
+    wheels: tuple[str, ...]
+    code: str
+    cli: object
+    libs: str
+    expose: tuple[str, ...] | None  # None: the foreground command's --port
+
+
+JVM_IMAGES = [
+    JvmImage("cassandra", "CASSANDRA_VERSION", "rtserve-cassandra", "cassandra-all-{v}.jar", ("pyyaml",),
+             "records/foreground.py", cassandra_cli, "/opt/cassandra/libs", ("9042", "7000")),
+    JvmImage("kafka", "KAFKA_VERSION", "rtserve-kafka", "kafka_2.13-{v}.jar", ("confluent_kafka", "psutil"),
+             "stream/local.py", kafka_cli, "/opt/kafka/libs", None),
+]
+
+
+@pytest.mark.parametrize("image", JVM_IMAGES, ids=lambda i: i.target)
+def test_make_image_of_a_jvm_service_stages_every_file_its_containerfile_copies(make, tmp_path, image):
+    """The records store's and the stream broker's images: the jars their `*-deps` assembled,
+    rtserve's code and only the wheels they run, nothing of torch; the rtserve image's Java step
+    (one layer shared); their entry command the CLI's foreground service as user 10001."""
     context = tmp_path / "context"
-    result = make("image-cassandra", f"CASSANDRA_CONTEXT={context}", f"VENV={REPO / '.venv'}")
+    var = image.version_var.split("_")[0]
+    result = make(f"image-{image.target}", f"{var}_CONTEXT={context}", f"VENV={REPO / '.venv'}")
     assert result.returncode == 0, result.stdout + result.stderr
     (build,) = [call for call in make.calls if call[:1] == ["build"]]
-    version = re.search(r"^CASSANDRA_VERSION \?= (\S+)$", makefile_text(), re.M)[1]
-    assert build[-3:] == ["-t", f"registry.example.com/ml/rtserve-cassandra:{version}", str(context)]
+    version = re.search(rf"^{image.version_var}\s+\?= (\S+)$", makefile_text(), re.M)[1]
+    assert build[-3:] == ["-t", f"registry.example.com/ml/{image.name}:{version}", str(context)]
     assert build[build.index("-f") + 1] == str(context / "Containerfile")
     build_args = dict(build[i + 1].split("=", 1) for i, a in enumerate(build) if a == "--build-arg")
-    assert build_args == {"BASE_IMAGE": "docker.io/library/python:3.11-slim-bookworm", "CASSANDRA_VERSION": version}
+    assert build_args == {"BASE_IMAGE": "docker.io/library/python:3.11-slim-bookworm", image.version_var: version}
     instructions = dockerfile_instructions((context / "Containerfile").read_text())
     froms = [args.split() for op, args in instructions if op == "FROM"]
     assert froms == [["${BASE_IMAGE}", "AS", "builder"], ["${BASE_IMAGE}", "AS", "runtime"]]
     for *sources, _dest in (a.split() for op, a in instructions if op == "COPY" and not a.startswith("--from=")):
         for source in sources:
             assert (context / source).exists(), f"COPY source missing from the context: {source}"
-    assert (context / "libs" / f"cassandra-all-{version}.jar").is_file()
-    assert [w.name.split("-")[0].lower() for w in (context / "wheelhouse").iterdir()] == ["pyyaml"]
-    assert (context / "rtserve" / "records" / "foreground.py").is_file()
+    assert (context / "libs" / image.jar.format(v=version)).is_file()
+    assert sorted(w.name.split("-")[0].lower() for w in (context / "wheelhouse").iterdir()) == list(image.wheels)
+    assert (context / "rtserve" / image.code).is_file()
     assert not list(context.rglob("__pycache__")) and not (context / "handler").exists()
-    # The java step is the rtserve image's, so the two images share that layer.
+
     def java(text: str) -> list[str]:
         runs = [" ".join(a.split()) for op, a in dockerfile_instructions(text) if op == "RUN"]
         return [run for run in runs if "openjdk-17-jre-headless tini" in run]
@@ -361,48 +388,10 @@ def test_make_image_cassandra_stages_every_file_its_containerfile_copies(make, t
     assert user == "10001:10001"
     (cmd,) = [json.loads(a) for op, a in instructions if op == "CMD"]
     args = build_parser().parse_args(cmd[3:])
-    assert cmd[:3] == ["python", "-m", "rtserve"] and args.func is cassandra_cli.cmd_run
-    assert str(args.libs) == "/opt/cassandra/libs"
+    assert cmd[:3] == ["python", "-m", "rtserve"] and args.func is image.cli.cmd_run
+    assert str(args.libs) == image.libs
     (expose,) = [a for op, a in instructions if op == "EXPOSE"]
-    assert expose.split() == ["9042", "7000"]
-
-
-def test_make_image_kafka_stages_every_file_its_containerfile_copies(make, tmp_path):
-    """The stream's broker image: the jars make kafka-deps assembled, rtserve's code and the
-    confluent-kafka and psutil wheels, nothing of torch; its entry command the CLI's foreground
-    broker, make kafka's own start."""
-    context = tmp_path / "context"
-    result = make("image-kafka", f"KAFKA_CONTEXT={context}", f"VENV={REPO / '.venv'}")
-    assert result.returncode == 0, result.stdout + result.stderr
-    (build,) = [call for call in make.calls if call[:1] == ["build"]]
-    version = re.search(r"^KAFKA_VERSION\s+\?= (\S+)$", makefile_text(), re.M)[1]
-    assert build[-3:] == ["-t", f"registry.example.com/ml/rtserve-kafka:{version}", str(context)]
-    assert build[build.index("-f") + 1] == str(context / "Containerfile")
-    build_args = dict(build[i + 1].split("=", 1) for i, a in enumerate(build) if a == "--build-arg")
-    assert build_args == {"BASE_IMAGE": "docker.io/library/python:3.11-slim-bookworm", "KAFKA_VERSION": version}
-    instructions = dockerfile_instructions((context / "Containerfile").read_text())
-    froms = [args.split() for op, args in instructions if op == "FROM"]
-    assert froms == [["${BASE_IMAGE}", "AS", "builder"], ["${BASE_IMAGE}", "AS", "runtime"]]
-    for *sources, _dest in (a.split() for op, a in instructions if op == "COPY" and not a.startswith("--from=")):
-        for source in sources:
-            assert (context / source).exists(), f"COPY source missing from the context: {source}"
-    assert (context / "libs" / f"kafka_2.13-{version}.jar").is_file()
-    assert sorted(w.name.split("-")[0].lower() for w in (context / "wheelhouse").iterdir()) == [
-        "confluent_kafka", "psutil"]
-    assert (context / "rtserve" / "stream" / "local.py").is_file()
-    assert not list(context.rglob("__pycache__")) and not (context / "handler").exists()
-    runs = [" ".join(a.split()) for op, a in instructions if op == "RUN"]
-    java = [r for r in runs if "openjdk-17-jre-headless tini" in r]
-    assert java == [" ".join(a.split()) for op, a in dockerfile_instructions((REPO / "Dockerfile").read_text())
-                    if op == "RUN" and "openjdk-17-jre-headless tini" in a]
-    (user,) = [a for op, a in instructions if op == "USER"]
-    assert user == "10001:10001"
-    (cmd,) = [json.loads(a) for op, a in instructions if op == "CMD"]
-    args = build_parser().parse_args(cmd[3:])
-    assert cmd[:3] == ["python", "-m", "rtserve"] and args.func is kafka_cli.cmd_run
-    assert str(args.libs) == "/opt/kafka/libs"
-    (expose,) = [a for op, a in instructions if op == "EXPOSE"]
-    assert expose.split() == [str(args.port)]
+    assert expose.split() == list(image.expose or (str(args.port),))
 
 
 def plan(*args: str) -> list[str]:

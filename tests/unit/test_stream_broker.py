@@ -138,7 +138,7 @@ def test_a_pods_broker_listens_and_advertises_its_ip_and_keeps_the_controller_on
         ("--port", "0", "expected a port in 1-65535, got '0'"),
         ("--controller-port", "65536", "expected a port in 1-65535, got '65536'"),
         ("--partitions", "0", "expected a positive whole number, got '0'"),
-        ("--heap", "512", "expected a heap size such as 384m or 1g, got '512'"),
+        ("--heap", "512", "expected a heap size such as 768m or 1g, got '512'"),
     ],
 )
 def test_run_refuses_a_bad_option_naming_it(tmp_path, capsys, option, bad, says):
