@@ -254,6 +254,31 @@ def slow_stand_in() -> dict:
     return {"apiVersion": "v1", "kind": "List", "items": [pod, service]}
 
 
+#: How long a new pod may take to be reachable through the policies once it is Ready.
+POLICY_OPEN_S = 60.0
+
+
+def open_from_each(served, host: str, port: int) -> float:
+    """Wait until ``host:port`` accepts a connection from each of the served pods (from their
+    rtserve container, 2 s connect timeout); returns the seconds waited.
+
+    Raises:
+        AssertionError: a pod still cannot connect after :data:`POLICY_OPEN_S`.
+    """
+    connect = f"import socket; socket.create_connection(({host!r}, {port}), 2).close()"
+    start = time.monotonic()
+    for pod in served.pods():
+        while True:
+            done = served.cluster.kubectl(
+                "-n", served.namespace, "exec", pod, "-c", "rtserve", "--", "python", "-c", connect, timeout=30
+            )
+            if done.returncode == 0:
+                break
+            assert time.monotonic() - start < POLICY_OPEN_S, f"{pod} cannot reach {host}:{port}: {done.stderr[-300:]}"
+            time.sleep(0.5)
+    return time.monotonic() - start
+
+
 def candidate_policies(cluster) -> list[dict]:
     """The NetworkPolicies a candidate brings (the local overlay's candidate/, as `make k8s-shadow`
     applies them): the stand-in needs them as a candidate does, since the cluster enforces the
@@ -318,6 +343,10 @@ def test_a_candidate_500ms_slower_does_not_move_the_callers_p99(held, tmp_path):
     copy = LogCopy(tmp_path / "live-log.jsonl", tmp_path / "audit.log", from_end=True)
     try:
         cluster.ok("-n", NAMESPACE, "wait", "--for=condition=Ready", f"pod/{SLOW}", "--timeout=120s", timeout=130)
+        # Ready is the kubelet's word: kube-proxy routes the Service to the new pod, and the policy
+        # controller admits the default pods' calls to it, once each has written its rules (until
+        # then a call is rejected: a CI run's first mirrors met java.net.ConnectException)
+        opened = open_from_each(served, f"{SLOW}.{NAMESPACE}.svc", 8080)
         copy.pull(pods)  # from here on (the pods' live logs hold earlier tests' lines)
         load.start("warm-up")
         switch(True)  # the agent's first mirrors open its connections: a one-off, not compared
@@ -349,6 +378,7 @@ def test_a_candidate_500ms_slower_does_not_move_the_callers_p99(held, tmp_path):
         mirrors = {v: [line for line in lines if line["version"] == v] for v in ("fast", "slow")}
         slow_sent = sum(1 for r in records if r.phase.startswith("on ") or r.phase == "warm-up on")
         print(
+            f"the stand-in reached from every default pod {opened:.1f} s after it was Ready; "
             f"{len(mirrors['slow'])} mirrors to the slow path for {slow_sent} requests sent while it was "
             f"the shadow, its answers in {min(m['ms'] for m in mirrors['slow']):.0f} to "
             f"{max(m['ms'] for m in mirrors['slow']):.0f} ms; {len(mirrors['fast'])} to the fast path, "
