@@ -46,8 +46,8 @@ POISON = [
 ]
 
 
-def read_all(bootstrap: str, topic: str, timeout: float = 30) -> list[Message]:
-    """Every committed record of ``topic``, read with read_committed to the partitions' ends."""
+def read_all(bootstrap: str, topic: str, timeout: float = 30, partitions: int = PARTITIONS) -> list[Message]:
+    """Every committed record of ``topic`` (of ``partitions``), read with read_committed to the partitions' ends."""
     cons = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -60,7 +60,7 @@ def read_all(bootstrap: str, topic: str, timeout: float = 30) -> list[Message]:
     )
     cons.subscribe([topic])
     got, ends, deadline = [], set(), time.monotonic() + timeout
-    while len(ends) < PARTITIONS and time.monotonic() < deadline:
+    while len(ends) < partitions and time.monotonic() < deadline:
         msg = cons.poll(0.5)
         if msg is None:
             continue
@@ -70,7 +70,7 @@ def read_all(bootstrap: str, topic: str, timeout: float = 30) -> list[Message]:
         else:
             got.append(msg)
     cons.close()
-    assert len(ends) == PARTITIONS, f"{topic}: not read to its end in {timeout} s"
+    assert len(ends) == partitions, f"{topic}: not read to its end in {timeout} s"
     return got
 
 
