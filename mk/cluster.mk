@@ -35,11 +35,23 @@ CLUSTER_KUBE_ROUTER ?= $(call go_pin,$(CLUSTER_NETPOL)/go.mod,github.com/cloudna
 CLUSTER_NETPOL_SUM := $(shell cat $(CLUSTER_NETPOL)/go.mod $(CLUSTER_NETPOL)/go.sum 2>/dev/null | sha256sum | cut -c1-12)
 CLUSTER_NETPOL_BIN ?= $(CACHE_DIR)/cluster/netpol-$(CLUSTER_NETPOL_SUM)/bin
 CLUSTER_NETPOL_STAMP := $(CLUSTER_NETPOL_BIN)/.complete
+# Custom metrics for autoscaling: Prometheus (only its Kubernetes service discovery) and
+# prometheus-adapter, a module each under deploy/cluster/metrics (their k8s.io versions differ),
+# written by make cluster-metrics-modules, and a cache directory keyed by their go.mod and go.sum.
+# CLUSTER_PROMETHEUS is the module's version: v0.316.0 is Prometheus 3.16.0.
+CLUSTER_METRICS_DIR ?= $(CLUSTER_MODULE)/metrics
+CLUSTER_PROMETHEUS ?= $(call go_pin,$(CLUSTER_METRICS_DIR)/prometheus/go.mod,github.com/prometheus/prometheus)
+CLUSTER_PROMETHEUS_ADAPTER ?= $(call go_pin,$(CLUSTER_METRICS_DIR)/adapter/go.mod,sigs.k8s.io/prometheus-adapter)
+CLUSTER_METRICS_SUM := $(shell cat $(foreach m,prometheus adapter,$(CLUSTER_METRICS_DIR)/$(m)/go.mod $(CLUSTER_METRICS_DIR)/$(m)/go.sum) 2>/dev/null | sha256sum | cut -c1-12)
+CLUSTER_METRICS_BIN ?= $(CACHE_DIR)/cluster/metrics-$(CLUSTER_METRICS_SUM)/bin
+CLUSTER_METRICS_STAMP := $(CLUSTER_METRICS_BIN)/.complete
 # What scripts/cluster's builds need of these.
 CLUSTER_BUILD_ENV   = GO=$(GO) CLUSTER_NICE=$(CLUSTER_NICE) CLUSTER_MODULE=$(CLUSTER_MODULE) CLUSTER_BIN=$(CLUSTER_BIN) \
   CLUSTER_KUBERNETES=$(CLUSTER_KUBERNETES) CLUSTER_ETCD=$(CLUSTER_ETCD) CLUSTER_ADDONS=$(CLUSTER_ADDONS) \
   CLUSTER_ADDONS_BIN=$(CLUSTER_ADDONS_BIN) CLUSTER_COREDNS=$(CLUSTER_COREDNS) CLUSTER_METRICS_SERVER=$(CLUSTER_METRICS_SERVER) \
-  CLUSTER_NETPOL=$(CLUSTER_NETPOL) CLUSTER_NETPOL_BIN=$(CLUSTER_NETPOL_BIN) CLUSTER_KUBE_ROUTER=$(CLUSTER_KUBE_ROUTER)
+  CLUSTER_NETPOL=$(CLUSTER_NETPOL) CLUSTER_NETPOL_BIN=$(CLUSTER_NETPOL_BIN) CLUSTER_KUBE_ROUTER=$(CLUSTER_KUBE_ROUTER) \
+  CLUSTER_METRICS_DIR=$(CLUSTER_METRICS_DIR) CLUSTER_METRICS_BIN=$(CLUSTER_METRICS_BIN) \
+  CLUSTER_PROMETHEUS=$(CLUSTER_PROMETHEUS) CLUSTER_PROMETHEUS_ADAPTER=$(CLUSTER_PROMETHEUS_ADAPTER)
 
 .PHONY: cluster-modules
 cluster-modules: | $(STAMP) ## Regenerate deploy/cluster's go.mod and go.sum files for CLUSTER_KUBERNETES and CLUSTER_ETCD (then commit them)
@@ -52,10 +64,11 @@ CLUSTER_PAUSE      ?= $(CACHE_DIR)/cluster/pause-$(shell cat $(CLUSTER_MODULE)/p
 CLUSTER_CONTAINERD_ROOT ?= $(CACHE_DIR)/cluster/containerd
 
 .PHONY: cluster-deps
-cluster-deps: $(CLUSTER_STAMP) $(CLUSTER_ADDONS_STAMP) $(CLUSTER_NETPOL_STAMP) $(CLUSTER_PAUSE) cluster-node-deps cluster-netpol-deps ## Build the Kubernetes binaries, etcd, the add-ons (CoreDNS, metrics-server: CLUSTER_ADDONS_BIN), the network policy controller (kube-router: CLUSTER_NETPOL_BIN) and the pause program (once per machine); install the node's packages
+cluster-deps: $(CLUSTER_STAMP) $(CLUSTER_ADDONS_STAMP) $(CLUSTER_NETPOL_STAMP) $(CLUSTER_METRICS_STAMP) $(CLUSTER_PAUSE) cluster-node-deps cluster-netpol-deps ## Build the Kubernetes binaries, etcd, the add-ons (CoreDNS, metrics-server: CLUSTER_ADDONS_BIN), the network policy controller (kube-router: CLUSTER_NETPOL_BIN), Prometheus and prometheus-adapter (CLUSTER_METRICS_BIN) and the pause program (once per machine); install the node's packages
 	@echo ">> cluster binaries ($(CLUSTER_KUBERNETES), etcd $(CLUSTER_ETCD)) in $(CLUSTER_BIN)"
 	@echo ">> cluster add-ons (coredns $(CLUSTER_COREDNS), metrics-server $(CLUSTER_METRICS_SERVER)) in $(CLUSTER_ADDONS_BIN)"
 	@echo ">> network policy controller (kube-router $(CLUSTER_KUBE_ROUTER), firewall only) in $(CLUSTER_NETPOL_BIN)"
+	@echo ">> custom metrics (prometheus $(CLUSTER_PROMETHEUS), prometheus-adapter $(CLUSTER_PROMETHEUS_ADAPTER)) in $(CLUSTER_METRICS_BIN)"
 
 .PHONY: cluster-node-deps
 cluster-node-deps: ## Install the node's containerd, runc, CNI plugins and iptables from Debian's packages if one is missing
@@ -87,6 +100,17 @@ cluster-netpol-module: | $(STAMP) ## Regenerate deploy/cluster/netpol's go.mod a
 
 $(CLUSTER_NETPOL_STAMP):
 	@$(CLUSTER_BUILD_ENV) scripts/cluster build netpol
+
+.PHONY: cluster-metrics-modules
+cluster-metrics-modules: | $(STAMP) ## Regenerate deploy/cluster/metrics' go.mod and go.sum files for CLUSTER_PROMETHEUS and CLUSTER_PROMETHEUS_ADAPTER (then commit them)
+	$(PY) -m rtserve cluster metrics-modules --dir $(CLUSTER_METRICS_DIR) --prometheus $(CLUSTER_PROMETHEUS) --prometheus-adapter $(CLUSTER_PROMETHEUS_ADAPTER) --go $(GO)
+
+.PHONY: cluster-metrics-deps
+cluster-metrics-deps: $(CLUSTER_METRICS_STAMP) ## Build only Prometheus and prometheus-adapter (once per machine; make cluster-deps builds them with the rest)
+	@echo ">> custom metrics (prometheus $(CLUSTER_PROMETHEUS), prometheus-adapter $(CLUSTER_PROMETHEUS_ADAPTER)) in $(CLUSTER_METRICS_BIN)"
+
+$(CLUSTER_METRICS_STAMP):
+	@$(CLUSTER_BUILD_ENV) scripts/cluster build metrics
 
 CLUSTER_RUN_DIR    ?= $(RUN_DIR)/cluster
 # Whether the cluster of CLUSTER_RUN_DIR runs: its API server's PID file names a live process.

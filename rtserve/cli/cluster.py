@@ -3,6 +3,7 @@
     python -m rtserve cluster modules --kubernetes v1.36.3 --etcd v3.6.16
     python -m rtserve cluster addon-modules --coredns v1.15.0 --metrics-server v0.8.0
     python -m rtserve cluster netpol-module --kube-router v2.1.0
+    python -m rtserve cluster metrics-modules --prometheus v0.316.0 --prometheus-adapter v0.12.0
     python -m rtserve cluster start --bin-dir DIR [--run-dir .run/cluster] [--kubeconfig build/cluster/admin.kubeconfig]
         [--containerd-root ~/.cache/rtserve/cluster/containerd] [--pause FILE] [--addons-bin-dir DIR]
         [--netpol-bin-dir DIR] [--port kube-apiserver=6443]
@@ -50,6 +51,13 @@ def cmd_addon_modules(args: argparse.Namespace) -> int:
 def cmd_netpol_module(args: argparse.Namespace) -> int:
     """Regenerate deploy/cluster/netpol's go.mod and go.sum files (kube-router, the network policy controller)."""
     for written in gomod.write_netpol_module(args.dir, args.kube_router, args.go):
+        print(f">> wrote {written} and its go.sum")
+    return 0
+
+
+def cmd_metrics_modules(args: argparse.Namespace) -> int:
+    """Regenerate deploy/cluster/metrics' go.mod and go.sum files (Prometheus, prometheus-adapter)."""
+    for written in gomod.write_metrics_modules(args.dir, args.prometheus, args.prometheus_adapter, args.go):
         print(f">> wrote {written} and its go.sum")
     return 0
 
@@ -137,6 +145,18 @@ def add(groups: argparse._SubParsersAction) -> None:
         cmd_netpol_module,
         (["--dir"], {"type": Path, "default": Path("deploy/cluster/netpol")}),
         (["--kube-router"], {"required": True, "help": "kube-router's version, e.g. v2.1.0"}),
+        (["--go"], {"default": "go", "help": "the go command"}),
+    )
+    command(
+        commands,
+        "metrics-modules",
+        cmd_metrics_modules,
+        (["--dir"], {"type": Path, "default": Path("deploy/cluster/metrics")}),
+        (
+            ["--prometheus"],
+            {"required": True, "help": "github.com/prometheus/prometheus version, e.g. v0.316.0 (Prometheus 3.16.0)"},
+        ),
+        (["--prometheus-adapter"], {"required": True, "help": "sigs.k8s.io/prometheus-adapter version, e.g. v0.12.0"}),
         (["--go"], {"default": "go", "help": "the go command"}),
     )
     command(
