@@ -127,7 +127,7 @@ CLUSTER_PORTS      ?=
 cluster: cluster-deps | $(STAMP) ## Start the control plane on 127.0.0.1 and a node on this machine (containerd, kubelet, kube-proxy, the add-ons, kube-router enforcing NetworkPolicies); kubeconfig: CLUSTER_KUBECONFIG
 	$(PY) -m rtserve cluster start --bin-dir $(CLUSTER_BIN) --run-dir $(CLUSTER_RUN_DIR) \
 	  --containerd-root $(CLUSTER_CONTAINERD_ROOT) --pause $(CLUSTER_PAUSE) --addons-bin-dir $(CLUSTER_ADDONS_BIN) \
-	  --netpol-bin-dir $(CLUSTER_NETPOL_BIN) \
+	  --netpol-bin-dir $(CLUSTER_NETPOL_BIN) --metrics-bin-dir $(CLUSTER_METRICS_BIN) \
 	  --kubeconfig $(CLUSTER_KUBECONFIG) $(addprefix --port ,$(CLUSTER_PORTS))
 
 .PHONY: cluster-stop

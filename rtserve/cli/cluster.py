@@ -6,7 +6,7 @@
     python -m rtserve cluster metrics-modules --prometheus v0.316.0 --prometheus-adapter v0.12.0
     python -m rtserve cluster start --bin-dir DIR [--run-dir .run/cluster] [--kubeconfig build/cluster/admin.kubeconfig]
         [--containerd-root ~/.cache/rtserve/cluster/containerd] [--pause FILE] [--addons-bin-dir DIR]
-        [--netpol-bin-dir DIR] [--port kube-apiserver=6443]
+        [--netpol-bin-dir DIR] [--metrics-bin-dir DIR] [--port kube-apiserver=6443]
     python -m rtserve cluster status [--run-dir .run/cluster]
     python -m rtserve cluster stop [--run-dir .run/cluster]
     python -m rtserve cluster load [--run-dir .run/cluster] [--engine podman] IMAGE [IMAGE ...]
@@ -73,6 +73,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         args.pause.resolve() if args.pause else None,
         args.addons_bin_dir.resolve() if args.addons_bin_dir else None,
         args.netpol_bin_dir.resolve() if args.netpol_bin_dir else None,
+        args.metrics_bin_dir.resolve() if args.metrics_bin_dir else None,
     )
     begin = time.monotonic()
     took = runtime.start(layout)
@@ -176,6 +177,10 @@ def add(groups: argparse._SubParsersAction) -> None:
         (["--pause"], {"type": Path, "help": "the pause program (default: BIN_DIR/pause)"}),
         (["--addons-bin-dir"], {"type": Path, "help": "where CoreDNS and metrics-server are (default: BIN_DIR)"}),
         (["--netpol-bin-dir"], {"type": Path, "help": "where kube-router is (default: BIN_DIR)"}),
+        (
+            ["--metrics-bin-dir"],
+            {"type": Path, "help": "where Prometheus and prometheus-adapter are (default: BIN_DIR)"},
+        ),
         (
             ["--port"],
             {

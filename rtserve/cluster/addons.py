@@ -1,8 +1,11 @@
-"""Pure builders for the local cluster's add-ons on the host: CoreDNS and metrics-server (``metrics.k8s.io``).
+"""Pure builders for the local cluster's add-ons on the host: DNS, resource and custom metrics for the autoscaler.
+
+CoreDNS; metrics-server (``metrics.k8s.io``); Prometheus scraping the pods and prometheus-adapter serving their
+signals as ``custom.metrics.k8s.io``.
 
 Each gets argv, config and RBAC for its own client-certificate user (:mod:`rtserve.cluster.pki`). metrics-server
-is reached through a selector-less Service whose EndpointSlice holds the node's address, so the API server needs
-``--enable-aggregator-routing=true``. Nothing here starts a process or talks to a cluster.
+and prometheus-adapter are reached through a selector-less Service whose EndpointSlice holds the node's address, so
+the API server needs ``--enable-aggregator-routing=true``. Nothing here starts a process or talks to a cluster.
 """
 
 from __future__ import annotations
@@ -29,6 +32,17 @@ METRICS_API_GROUP = "metrics.k8s.io"
 METRICS_API = f"v1beta1.{METRICS_API_GROUP}"
 #: How often metrics-server scrapes the kubelets (the HorizontalPodAutoscaler syncs every 15 s).
 METRIC_RESOLUTION = "15s"
+#: The users of Prometheus's and prometheus-adapter's client certificates.
+PROMETHEUS_USER = "rtserve:prometheus"
+ADAPTER_USER = "rtserve:prometheus-adapter"
+ADAPTER_SERVICE = "prometheus-adapter"
+#: The name the API server checks prometheus-adapter's serving certificate for (its Service's).
+ADAPTER_DNS = f"{ADAPTER_SERVICE}.{NAMESPACE}.svc"
+CUSTOM_METRICS_GROUP = "custom.metrics.k8s.io"
+#: How often Prometheus scrapes the pods: six samples in the adapter rules' 30 s rate window.
+SCRAPE_INTERVAL = "5s"
+#: How often prometheus-adapter lists Prometheus's series (a metric first scraped appears within it).
+ADAPTER_RELIST = "30s"
 #: The ``endpointslice.kubernetes.io/managed-by`` of the EndpointSlices written here (no
 #: controller of the cluster owns them: their Services have no selector).
 MANAGED_BY = "rtserve.local-cluster"
@@ -278,11 +292,14 @@ def metrics_server_health_url(listen_ip: str, port: int, check: str = "readyz") 
     return f"https://{host}:{_port(port, 'port')}/{check}"
 
 
-def metrics_server_manifests(node_ip: str, port: int, ca_pem: str) -> str:
-    """What the API server needs to serve ``metrics.k8s.io`` from metrics-server at ``node_ip``:``port``.
+def _aggregated_server(
+    app: str, user: str, rules: list[dict], node_ip: str, port: int, ca_pem: str, apis: list[tuple[str, str]]
+) -> list[dict]:
+    """What the API server needs to serve ``apis`` ((group, version) pairs) from ``app`` at ``node_ip``:``port``.
 
-    Multi-document YAML: its RBAC, a selector-less Service with its EndpointSlice, and the APIService,
-    which trusts ``ca_pem`` (the cluster CA's certificate, PEM) for metrics-server's serving certificate.
+    Its RBAC (``rules`` for its certificate user ``user``; delegated authentication and authorization of its
+    callers), a selector-less Service with its EndpointSlice, and an APIService per API, each trusting ``ca_pem``
+    (the cluster CA's certificate, PEM) for the server's serving certificate.
 
     Raises:
         ClusterError: a bad address or port, or ``ca_pem`` is no PEM certificate.
@@ -290,26 +307,8 @@ def metrics_server_manifests(node_ip: str, port: int, ca_pem: str) -> str:
     _port(port, "port")
     if "-----BEGIN CERTIFICATE-----" not in ca_pem:
         raise ClusterError("ca_pem must be the cluster CA's certificate in PEM form (ca.crt)")
-    app, user = METRICS_SERVER_SERVICE, METRICS_SERVER_USER
-    read = ["get", "list", "watch"]
-    docs = [
-        {
-            "apiVersion": f"{_RBAC}/v1",
-            "kind": "ClusterRole",
-            "metadata": _meta(user, app),
-            "rules": [_rule([""], ["nodes/metrics"], ["get"]), _rule([""], ["pods", "nodes"], read)],
-        },
-        # Who may read the metrics API: folded into the view, edit and admin roles.
-        {
-            "apiVersion": f"{_RBAC}/v1",
-            "kind": "ClusterRole",
-            "metadata": _meta(
-                "system:aggregated-metrics-reader",
-                app,
-                **{f"{_RBAC}/aggregate-to-{role}": "true" for role in ("view", "edit", "admin")},
-            ),
-            "rules": [_rule([METRICS_API_GROUP], ["pods", "nodes"], read)],
-        },
+    return [
+        {"apiVersion": f"{_RBAC}/v1", "kind": "ClusterRole", "metadata": _meta(user, app), "rules": rules},
         _binding("ClusterRoleBinding", user, app, "ClusterRole", user, user),
         # Delegated authentication and authorization of its callers (TokenReview, SubjectAccessReview).
         _binding(
@@ -326,18 +325,165 @@ def metrics_server_manifests(node_ip: str, port: int, ca_pem: str) -> str:
             NAMESPACE,
         ),
         *_host_service(app, node_ip, [{"name": "https", "protocol": "TCP", "port": 443, "targetPort": port}]),
+        *(
+            {
+                "apiVersion": "apiregistration.k8s.io/v1",
+                "kind": "APIService",
+                "metadata": _meta(f"{version}.{group}", app),
+                "spec": {
+                    "group": group,
+                    "version": version,
+                    "groupPriorityMinimum": 100,
+                    "versionPriority": 100,
+                    "service": {"name": app, "namespace": NAMESPACE, "port": 443},
+                    "caBundle": base64.b64encode(ca_pem.encode()).decode(),
+                },
+            }
+            for group, version in apis
+        ),
+    ]
+
+
+def metrics_server_manifests(node_ip: str, port: int, ca_pem: str) -> str:
+    """What the API server needs to serve ``metrics.k8s.io`` from metrics-server at ``node_ip``:``port``.
+
+    Multi-document YAML: its RBAC, a selector-less Service with its EndpointSlice, and the APIService,
+    which trusts ``ca_pem`` (the cluster CA's certificate, PEM) for metrics-server's serving certificate.
+
+    Raises:
+        ClusterError: a bad address or port, or ``ca_pem`` is no PEM certificate.
+    """
+    app, read = METRICS_SERVER_SERVICE, ["get", "list", "watch"]
+    rules = [_rule([""], ["nodes/metrics"], ["get"]), _rule([""], ["pods", "nodes"], read)]
+    docs = _aggregated_server(app, METRICS_SERVER_USER, rules, node_ip, port, ca_pem, [(METRICS_API_GROUP, "v1beta1")])
+    # Who may read the metrics API: folded into the view, edit and admin roles.
+    docs.insert(
+        1,
         {
-            "apiVersion": "apiregistration.k8s.io/v1",
-            "kind": "APIService",
-            "metadata": _meta(METRICS_API, app),
-            "spec": {
-                "group": METRICS_API_GROUP,
-                "version": "v1beta1",
-                "groupPriorityMinimum": 100,
-                "versionPriority": 100,
-                "service": {"name": app, "namespace": NAMESPACE, "port": 443},
-                "caBundle": base64.b64encode(ca_pem.encode()).decode(),
-            },
+            "apiVersion": f"{_RBAC}/v1",
+            "kind": "ClusterRole",
+            "metadata": _meta(
+                "system:aggregated-metrics-reader",
+                app,
+                **{f"{_RBAC}/aggregate-to-{role}": "true" for role in ("view", "edit", "admin")},
+            ),
+            "rules": [_rule([METRICS_API_GROUP], ["pods", "nodes"], read)],
         },
+    )
+    return _dump(docs)
+
+
+# --- custom metrics: Prometheus and prometheus-adapter -----------------------------------------
+
+
+def prometheus_config(kubeconfig: Path, scrape_interval: str = SCRAPE_INTERVAL) -> str:
+    """The local cluster's Prometheus configuration: every running pod annotated ``prometheus.io/scrape: "true"``.
+
+    Pods are found through the API server (``kubeconfig``: its client identity) and scraped at their IP, on the
+    port and path their ``prometheus.io/port`` and ``prometheus.io/path`` annotations name; each series gets the
+    pod's ``namespace`` and ``pod`` labels, which prometheus-adapter maps to the pod (its rules file).
+    """
+    annotation = "__meta_kubernetes_pod_annotation_prometheus_io_"
+    doc = {
+        "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
+        "scrape_configs": [
+            {
+                "job_name": "kubernetes-pods",
+                "kubernetes_sd_configs": [{"role": "pod", "kubeconfig_file": str(kubeconfig)}],
+                "relabel_configs": [
+                    {"source_labels": [f"{annotation}scrape"], "regex": "true", "action": "keep"},
+                    {"source_labels": ["__meta_kubernetes_pod_phase"], "regex": "Running", "action": "keep"},
+                    {
+                        "source_labels": ["__meta_kubernetes_pod_ip", f"{annotation}port"],
+                        "regex": r"(.+);(\d+)",
+                        "replacement": "$1:$2",
+                        "target_label": "__address__",
+                    },
+                    {"source_labels": [f"{annotation}path"], "regex": "(.+)", "target_label": "__metrics_path__"},
+                    {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+                    {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+                ],
+            }
+        ],
+    }
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def prometheus_argv(binary: Path, config: Path, data_dir: Path, port: int) -> tuple[str, ...]:
+    """The command that runs Prometheus on loopback ``port`` with ``config``, its data in ``data_dir`` (kept an hour).
+
+    Raises:
+        ClusterError: a bad port.
+    """
+    return (
+        str(binary),
+        f"--config.file={config}",
+        f"--storage.tsdb.path={data_dir}",
+        "--storage.tsdb.retention.time=1h",
+        f"--web.listen-address={LOOPBACK}:{_port(port, 'port')}",
+    )
+
+
+def prometheus_url(port: int, path: str = "") -> str:
+    """Prometheus's URL on loopback (``/-/ready`` answers 200 once it serves queries)."""
+    return f"http://{LOOPBACK}:{_port(port, 'port')}{path}"
+
+
+def prometheus_adapter_argv(
+    binary: Path, kubeconfig: Path, rules: Path, prometheus: str, listen_ip: str, port: int, cert: Path, key: Path
+) -> tuple[str, ...]:
+    """The command that runs prometheus-adapter on ``listen_ip``:``port``, serving ``custom.metrics.k8s.io``.
+
+    It answers from the Prometheus at ``prometheus`` (a URL) by the rules file ``rules``; ``kubeconfig`` is its
+    client identity (listing the pods a query names, delegated authentication and authorization); ``cert``/``key``
+    its serving certificate. New series names are found every :data:`ADAPTER_RELIST`.
+
+    Raises:
+        ClusterError: a bad address or port.
+    """
+    _ip(listen_ip, "listen_ip")
+    return (
+        str(binary),
+        f"--prometheus-url={prometheus}",
+        f"--config={rules}",
+        f"--metrics-relist-interval={ADAPTER_RELIST}",
+        f"--lister-kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        f"--bind-address={listen_ip}",
+        f"--secure-port={_port(port, 'port')}",
+        f"--tls-cert-file={cert}",
+        f"--tls-private-key-file={key}",
+    )
+
+
+def custom_metrics_manifests(node_ip: str, adapter_port: int, ca_pem: str) -> str:
+    """RBAC for Prometheus (list and watch pods) and what serves ``custom.metrics.k8s.io`` from prometheus-adapter.
+
+    Multi-document YAML. The HorizontalPodAutoscaler controller may read custom metrics by Kubernetes' own
+    bootstrap role; the adapter lists namespaces, pods and services.
+
+    Raises:
+        ClusterError: a bad address or port, or ``ca_pem`` is no PEM certificate.
+    """
+    read = ["get", "list", "watch"]
+    prometheus = {
+        "apiVersion": f"{_RBAC}/v1",
+        "kind": "ClusterRole",
+        "metadata": _meta(PROMETHEUS_USER, "prometheus"),
+        "rules": [_rule([""], ["pods"], read)],
+    }
+    docs = [
+        prometheus,
+        _binding("ClusterRoleBinding", PROMETHEUS_USER, "prometheus", "ClusterRole", PROMETHEUS_USER, PROMETHEUS_USER),
+        *_aggregated_server(
+            ADAPTER_SERVICE,
+            ADAPTER_USER,
+            [_rule([""], ["namespaces", "pods", "services"], read)],
+            node_ip,
+            adapter_port,
+            ca_pem,
+            [(CUSTOM_METRICS_GROUP, "v1beta1"), (CUSTOM_METRICS_GROUP, "v1beta2")],
+        ),
     ]
     return _dump(docs)

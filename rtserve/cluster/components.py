@@ -13,17 +13,22 @@ import yaml
 
 from rtserve.cluster import addons, netpol, node
 from rtserve.cluster.pki import FRONT_PROXY_CLIENT
+from rtserve.settings import PACKAGE_HOME
 
 HOST = "127.0.0.1"
+#: prometheus-adapter's rules: the one file users give their own adapter too.
+ADAPTER_RULES = PACKAGE_HOME / "deploy" / "monitoring" / "prometheus-adapter.yaml"
 SERVICE_CIDR = "10.0.0.0/24"
 SERVICE_IP = "10.0.0.1"
 #: The components, in start order (stop runs in reverse): the control plane, then the node.
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 NODE = ("containerd", "kubelet", "kube-proxy")
 ADDONS = ("coredns", "metrics-server")
+#: The custom metrics the autoscaler reads: Prometheus scraping the pods, prometheus-adapter serving them.
+CUSTOM_METRICS = ("prometheus", "prometheus-adapter")
 #: The network policy controller (kube-router's firewall), started once the add-ons run.
 NETWORK_POLICY = ("kube-router",)
-NAMES = CONTROL_PLANE + NODE + ADDONS + NETWORK_POLICY
+NAMES = CONTROL_PLANE + NODE + ADDONS + CUSTOM_METRICS + NETWORK_POLICY
 PORT_NAMES = (
     "etcd",
     "etcd-peer",
@@ -37,6 +42,8 @@ PORT_NAMES = (
     "coredns-health",
     "coredns-ready",
     "metrics-server",
+    "prometheus",
+    "prometheus-adapter",
     "kube-router-health",
 )
 
@@ -57,6 +64,8 @@ class Layout:
     addons_bin: Path | None = None
     #: Where the network policy controller (kube-router) was built (default: ``bin_dir``).
     netpol_bin: Path | None = None
+    #: Where Prometheus and prometheus-adapter were built (default: ``bin_dir``).
+    metrics_bin: Path | None = None
 
     @property
     def pki(self) -> Path:
@@ -71,6 +80,8 @@ class Layout:
             return self.addons_bin / name
         if name in NETWORK_POLICY and self.netpol_bin is not None:
             return self.netpol_bin / name
+        if name in CUSTOM_METRICS and self.metrics_bin is not None:
+            return self.metrics_bin / name
         return self.bin_dir / name
 
     def config(self, name: str) -> Path:
@@ -327,6 +338,46 @@ def metrics_server(layout: Layout) -> Component:
         ),
         addons.metrics_server_health_url(node.NODE_IP, layout.ports["metrics-server"], "livez"),
         {kubecfg: kubeconfig(layout, "metrics-server")},
+    )
+
+
+def prometheus(layout: Layout) -> Component:
+    """Prometheus on loopback, scraping the pods annotated ``prometheus.io/scrape`` (the autoscaler's signals)."""
+    config, kubecfg = layout.config("prometheus.yml"), layout.config("prometheus.kubeconfig")
+    port = layout.ports["prometheus"]
+    return Component(
+        "prometheus",
+        addons.prometheus_argv(layout.binary("prometheus"), config, layout.run_dir / "prometheus", port),
+        addons.prometheus_url(port, "/-/ready"),
+        {config: addons.prometheus_config(kubecfg), kubecfg: kubeconfig(layout, "prometheus")},
+    )
+
+
+def prometheus_adapter(layout: Layout) -> Component:
+    """prometheus-adapter on the node's address: the pods' queue time and p99 as ``custom.metrics.k8s.io``.
+
+    Its rules are the repository's ``deploy/monitoring/prometheus-adapter.yaml`` (:data:`ADAPTER_RULES`).
+    """
+    kubecfg, rules, pki = (
+        layout.config("prometheus-adapter.kubeconfig"),
+        layout.config("prometheus-adapter.yaml"),
+        layout.pki,
+    )
+    port = layout.ports["prometheus-adapter"]
+    return Component(
+        "prometheus-adapter",
+        addons.prometheus_adapter_argv(
+            layout.binary("prometheus-adapter"),
+            kubecfg,
+            rules,
+            addons.prometheus_url(layout.ports["prometheus"]),
+            node.NODE_IP,
+            port,
+            pki / "prometheus-adapter.crt",
+            pki / "prometheus-adapter.key",
+        ),
+        f"https://{node.NODE_IP}:{port}/readyz",
+        {kubecfg: kubeconfig(layout, "prometheus-adapter"), rules: ADAPTER_RULES.read_text()},
     )
 
 

@@ -76,6 +76,9 @@ def certificates(service_ip: str, node: str, node_ip: str) -> tuple[Cert, ...]:
         Cert("kube-router", netpol.USER),
         # metrics-server serves on the node's address; the API server checks its Service's name.
         Cert("metrics-server", addons.METRICS_SERVER_USER, sans=node_sans + (f"DNS:{addons.METRICS_SERVER_DNS}",)),
+        # Prometheus lists the pods it scrapes; prometheus-adapter serves on the node's address, as metrics-server.
+        Cert("prometheus", addons.PROMETHEUS_USER),
+        Cert("prometheus-adapter", addons.ADAPTER_USER, sans=node_sans + (f"DNS:{addons.ADAPTER_DNS}",)),
     )
 
 

@@ -191,12 +191,22 @@ def start_node(layout: Layout) -> dict[str, float]:
             node.NODE_IP, layout.ports["metrics-server"], (layout.pki / "ca.crt").read_text()
         )
         + "---\n"
+        + addons.custom_metrics_manifests(
+            node.NODE_IP, layout.ports["prometheus-adapter"], (layout.pki / "ca.crt").read_text()
+        )
+        + "---\n"
         + netpol.manifests()
     )
     apply = subprocess.run([*kubectl, "apply", "-f", "-"], input=manifests, capture_output=True, text=True)
     if apply.returncode:
         raise ClusterError(f"the add-ons' objects were refused: {apply.stderr.strip()}")
-    for component in (components.coredns(layout), components.metrics_server(layout), components.kube_router(layout)):
+    for component in (
+        components.coredns(layout),
+        components.metrics_server(layout),
+        components.prometheus(layout),
+        components.prometheus_adapter(layout),
+        components.kube_router(layout),
+    ):
         took[component.name] = _start_one(component, layout)
     return took
 

@@ -267,6 +267,22 @@ def autoscaler_held(served, replicas: int = 2, timeout: float = 240):
         cluster.ok("-n", namespace, "patch", "hpa", "rtserve", "-p", json.dumps({"spec": {"maxReplicas": int(most)}}))
 
 
+def hpa_status(cluster, namespace: str = NAMESPACE) -> dict:
+    """The status of the HorizontalPodAutoscaler ``rtserve``."""
+    return json.loads(cluster.ok("-n", namespace, "get", "hpa", "rtserve", "-o", "json"))["status"]
+
+
+def wait_for(what: str, condition, timeout: float, poll: float = 3.0):
+    """``condition()``'s first true value, asked every ``poll`` s; fails naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s"
+        time.sleep(poll)
+
+
 def no_failures(records, what: str) -> Counts:
     counts = Counts.of(records)
     assert counts.sent > 0, f"{what}: no request was sent"

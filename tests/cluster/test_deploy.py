@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.loadgen import Counts, SteadyLoad
+from bench.loadgen import Counts
 from bench.pod_rollout import settle_after, settled
 from tests.cluster.conftest import NAMESPACE, autoscaler_held, deploy, no_failures
 from tests.conftest import MODEL_NAME, REPO
@@ -210,113 +210,4 @@ def test_draining_the_node_honours_the_disruption_budget(served):
     assert len(running) == 1, [p["metadata"]["name"] for p in running]
     print(f"a node drain: {Counts.of(records).text()} of {len(records)}")
     no_failures(records, "a node drain")
-    cluster.ok("-n", NAMESPACE, "rollout", "status", "deployment/rtserve", "--timeout=300s", timeout=320)
-
-
-def hpa_status(cluster) -> dict:
-    return json.loads(cluster.ok("-n", NAMESPACE, "get", "hpa", "rtserve", "-o", "json"))["status"]
-
-
-def cpu_utilization(status: dict) -> int | None:
-    for metric in status.get("currentMetrics") or []:
-        current = (metric.get("resource") or {}).get("current") or {}
-        if metric.get("resource", {}).get("name") == "cpu" and "averageUtilization" in current:
-            return current["averageUtilization"]
-    return None
-
-
-def wait_for(what: str, condition, timeout: float, poll: float = 3.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s"
-        time.sleep(poll)
-
-
-def answered_by(cluster, pod: str) -> int:
-    """How many predictions ``pod``'s gateway has answered 200 (its access log: the container's output)."""
-    logs = cluster.ok("-n", NAMESPACE, "logs", pod, "-c", "gateway", timeout=60)
-    return len(re.findall(rf'"POST /predictions/{MODEL_NAME}\S* HTTP/1\.1" 200 ', logs))
-
-
-def test_the_autoscaler_reads_real_cpu_and_scales_out_under_load_and_back(served):
-    """metrics-server scrapes the kubelet, the HPA reads the pods' CPU: at its minimum of 2 and
-    under its target before the load; over its target under a bounded burst, it scales out to
-    its maximum, and the third pod turns ready and answers (new connections: kube-proxy picks a
-    pod per connection, so the burst's open ones stay where they are); back to its minimum once
-    the burst ends (the local overlay's short scale-down window)."""
-    import requests
-
-    cluster = served.cluster
-    target = int(
-        cluster.ok(
-            "-n",
-            NAMESPACE,
-            "get",
-            "hpa",
-            "rtserve",
-            "-o",
-            "jsonpath={.spec.metrics[0].resource.target.averageUtilization}",
-        )
-    )
-    idle = wait_for(
-        "the HPA at 2 replicas and under its target",
-        lambda: (
-            (s := hpa_status(cluster)).get("desiredReplicas") == 2
-            and (u := cpu_utilization(s)) is not None
-            and u < target
-            and s
-        ),
-        timeout=180,
-    )
-    top = cluster.ok("-n", NAMESPACE, "top", "pods", "--no-headers")
-    assert re.search(r"^rtserve-\S+ +\d+m +\d+Mi\s*$", top, re.M), top
-    first = {p.name for p in served.deployed.pods()}
-    load = SteadyLoad(
-        served.url,
-        {"features": [0.25] * 32},
-        lambda: served.token,
-        rate=3000,
-        concurrency=16,
-        max_seconds=600,
-        resend_worker_lost=False,
-    ).start()
-    try:
-        busy = wait_for("a scale-out", lambda: (s := hpa_status(cluster))["desiredReplicas"] >= 3 and s, timeout=180)
-        ready = wait_for(
-            "a third pod ready",
-            lambda: [p.name for p in served.deployed.pods() if p.ready and p.name not in first],
-            timeout=360,
-            poll=1.0,
-        )
-    finally:
-        records = load.stop()
-    (third,) = ready
-    # Ready is the kubelet's word; kube-proxy routes to the pod once the endpoints controller and
-    # its own next sync have caught up (seconds on a node the burst kept busy: one run's first 60
-    # requests, sent at once, all met the two old pods). Rounds of 30, each request on a new
-    # connection, until the third pod has answered some: at most 10 rounds.
-    before = answered_by(cluster, third)
-    sent = answered = 0
-    while answered == 0 and sent < 300:
-        fresh = [
-            requests.post(served.url, json={"features": [0.25] * 32}, headers=served.auth, timeout=30)
-            for _ in range(30)
-        ]  # each on a connection of its own
-        assert {r.status_code for r in fresh} == {200}, {r.status_code for r in fresh}
-        sent += len(fresh)
-        answered = answered_by(cluster, third) - before
-        if answered == 0:
-            time.sleep(2)
-    print(
-        f"HPA: idle {cpu_utilization(idle)} % (target {target} %), under load {cpu_utilization(busy)} % -> "
-        f"{busy['desiredReplicas']} replicas; {Counts.of(records).text()} of {len(records)}; the third pod "
-        f"{third} answered {answered} of {sent} requests on new connections"
-    )
-    assert cpu_utilization(busy) > target, busy
-    assert answered > 0, f"{third} is ready but answered none of {sent} requests on new connections"
-    no_failures(records, "the autoscaler's scale-out")
-    wait_for("the scale-in", lambda: hpa_status(cluster)["desiredReplicas"] == 2, timeout=240)
     cluster.ok("-n", NAMESPACE, "rollout", "status", "deployment/rtserve", "--timeout=300s", timeout=320)
