@@ -130,7 +130,7 @@ def rules() -> dict[str, dict]:
 
 def test_adapter_rules_map_namespace_and_pod_and_query_per_pod():
     found = rules()
-    assert set(found) == {"rtserve_queue_seconds", "rtserve_request_p99_seconds"}
+    assert set(found) == {"rtserve_queue_seconds", "rtserve_request_p99_seconds", "rtserve_gpu_utilization"}
     for rule in found.values():
         assert rule["resources"] == {"overrides": {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}}
         assert 'namespace!=""' in rule["seriesQuery"] and 'pod!=""' in rule["seriesQuery"]
@@ -138,8 +138,8 @@ def test_adapter_rules_map_namespace_and_pod_and_query_per_pod():
         assert re.fullmatch(rule["name"]["matches"], series)
         query = rule["metricsQuery"]
         # Every selector is limited to the asked pods and every sum keeps them apart.
-        assert query.count("{<<.LabelMatchers>>}") == query.count("rate(")
-        assert query.count("sum by (") == query.count("<<.GroupBy>>")
+        assert query.count("{<<.LabelMatchers>>}") == query.count("[30s]")
+        assert query.count(" by (") == query.count("<<.GroupBy>>")
 
 
 def test_the_adapter_component_runs_the_repositorys_rules_file():
@@ -167,13 +167,15 @@ def hpas() -> dict[str, dict]:
 
 
 def test_every_hpa_listing_metrics_scales_on_cpu_and_both_serving_signals():
+    """The base and every overlay listing its own metrics: CPU first (the cluster tier reads it
+    there), the queue wait and p99, each served by a rule (components/gpu adds the GPU's:
+    tests/deploy/test_gpu_manifests.py)."""
     served = set(rules())
-    for where, hpa in hpas().items():
-        metrics = hpa["spec"].get("metrics")
-        if metrics is None:
-            continue  # an overlay that keeps the base's metrics
+    listed = {where: hpa["spec"]["metrics"] for where, hpa in hpas().items() if "metrics" in hpa["spec"]}
+    assert {"base", "local"} <= set(listed)
+    for where, metrics in listed.items():
         assert metrics[0]["type"] == "Resource" and metrics[0]["resource"]["name"] == "cpu", where
         pods = {m["pods"]["metric"]["name"]: m["pods"]["target"] for m in metrics if m["type"] == "Pods"}
-        assert set(pods) == served, where
+        assert set(pods) == {"rtserve_queue_seconds", "rtserve_request_p99_seconds"} and set(pods) <= served, where
         for name, target in pods.items():
             assert target["type"] == "AverageValue" and re.fullmatch(r"\d+m", target["averageValue"]), (where, name)
