@@ -220,21 +220,31 @@ class Served:
     def auth(self) -> dict:
         return {"Authorization": f"Bearer {self.token}"}
 
-    def load(self, max_seconds: float = DEPLOY_TIMEOUT + 300, rows: list[list[float]] | None = None) -> SteadyLoad:
-        """Steady traffic through the Service for as long as a cold deploy may take and its undo
-        (:func:`bench.pod_rollout.settled` tells whether it still ran at a phase's end): one
-        constant row, or ``rows`` in turn (each record's ``payload`` is its row's index)."""
+    def load(
+        self,
+        max_seconds: float = DEPLOY_TIMEOUT + 300,
+        rows: list[list[float]] | None = None,
+        rate: float = RATE,
+        concurrency: int = 4,
+        keep_alive: bool = True,
+        phase: str = "baseline",
+    ) -> SteadyLoad:
+        """Steady traffic through the Service (``rate`` requests/s from ``concurrency`` senders) for
+        as long as a cold deploy may take and its undo (:func:`bench.pod_rollout.settled` tells
+        whether it still ran at a phase's end): one constant row, or ``rows`` in turn (each record's
+        ``payload`` is its row's index). ``keep_alive=False``: each request on a new connection."""
         payload = {"features": [0.25] * 32}
         return SteadyLoad(
             self.url,
             payload,
             lambda: self.token,
-            rate=RATE,
-            concurrency=4,
+            rate=rate,
+            concurrency=concurrency,
+            keep_alive=keep_alive,
             max_seconds=max_seconds,
             resend_worker_lost=False,
             payloads=[{"features": row} for row in rows or []],
-        ).start()
+        ).start(phase)
 
     def versions(self) -> set[str]:
         """The versions the pods run (their image tags)."""

@@ -22,7 +22,7 @@ import urllib.request
 import pytest
 import yaml
 
-from bench.loadgen import Counts, SteadyLoad, percentile
+from bench.loadgen import Counts, percentile
 from rtserve.cluster import runtime
 from tests.cluster.conftest import NAMESPACE, hpa_status, no_failures, wait_for
 from tests.conftest import MODEL_NAME, REPO
@@ -31,12 +31,12 @@ pytestmark = pytest.mark.cluster
 
 RULES = REPO / "deploy" / "monitoring" / "prometheus-adapter.yaml"
 QUEUE, P99 = "rtserve_queue_seconds", "rtserve_request_p99_seconds"
-#: The stand-in's sleep per request: a pod (2 workers) carries 20 requests/s.
-MS_PER_REQUEST = 100
-#: The load: 0.875 of two pods' 40 requests/s (the queue fills: arrivals are random per pod), 0.58 of
-#: three pods'; each request on a new connection (kube-proxy picks a pod per connection, so a pod
-#: the autoscaler adds gets its share at once); enough senders that a slow answer does not slow them.
-RATE, CONCURRENCY = 35.0, 32
+#: The stand-in's sleep per request: a pod (2 workers) carries 40 requests/s.
+MS_PER_REQUEST = 50
+#: The load: more than two pods carry (their queues fill, bounded by the senders), 0.75 of what
+#: three carry; each request on a new connection (kube-proxy picks a pod per connection, so a pod
+#: the autoscaler adds gets its share at once); enough senders that slow answers do not slow them.
+RATE, CONCURRENCY = 90.0, 32
 STANDIN = '''"""rtserve's cluster tier stand-in (tests/cluster/test_autoscaling.py): a slow model, without CPU."""
 import os
 import time
@@ -191,16 +191,7 @@ def test_queue_time_scales_out_with_cpu_under_its_target_and_p99_comes_back(slow
     top = cluster.ok("-n", NAMESPACE, "top", "pods", "--no-headers")
     assert re.search(r"^rtserve-\S+ +\d+m +\d+Mi\s*$", top, re.M), top
     first = {p.name for p in served.deployed.pods()}
-    load = SteadyLoad(
-        served.url,
-        {"features": [0.25] * 32},
-        lambda: served.token,
-        rate=RATE,
-        concurrency=CONCURRENCY,
-        keep_alive=False,
-        max_seconds=900,
-        resend_worker_lost=False,
-    ).start("slow")
+    load = served.load(900, rate=RATE, concurrency=CONCURRENCY, keep_alive=False, phase="slow")
     timeline: dict[str, float] = {}
     readings: dict[str, dict[str, float]] = {}
     try:
@@ -283,16 +274,7 @@ def test_queue_time_scales_out_with_cpu_under_its_target_and_p99_comes_back(slow
         assert abs(by_pod[pod] - value) <= 0.01 * value + 1e-3, f"{pod}: adapter {value}, Prometheus {by_pod[pod]}"
     no_failures(records, "the queue-time scale-out")
     # Scale-in under light traffic: the drain and the PDB hold.
-    light = SteadyLoad(
-        served.url,
-        {"features": [0.25] * 32},
-        lambda: served.token,
-        rate=4,
-        concurrency=2,
-        keep_alive=False,
-        max_seconds=600,
-        resend_worker_lost=False,
-    ).start("scale-in")
+    light = served.load(600, rate=4, concurrency=2, keep_alive=False, phase="scale-in")
     try:
         wait_for("the scale-in", lambda: hpa_status(cluster)["desiredReplicas"] == 2, timeout=300)
         timeline["scale-in decided"] = load.now()
