@@ -42,9 +42,9 @@ from bench.example_models import REPO, VERSION, Example, build, present
 GPU_TESTS = ("tests/unit/test_device.py",)
 #: Modules the GPU tests import beyond torch and numpy, and the distribution that has each.
 TEST_NEEDS = {"pytest": "pytest", "yaml": "pyyaml", "ts": "torchserve", "captum": "captum"}
-#: GPU against CPU outputs: ``|gpu - cpu| <= ATOL + RTOL * |cpu|`` (cuDNN's default TF32
-#: convolutions round in the fourth significant digit).
-ATOL, RTOL = 1e-3, 1e-3
+#: GPU against CPU outputs: ``|gpu - cpu| <= ATOL + RTOL * |cpu|``: float32 on both (the handler
+#: turns TF32 off on CUDA: handler.device.on_device), whose kernels sum in other orders.
+ATOL, RTOL = 1e-4, 1e-4
 BATCHES = (1, 64)
 NO_GPU, FAILED = 2, 1
 

@@ -86,6 +86,18 @@ def test_on_another_device_inputs_go_there_and_results_come_back():
     assert seen == [torch.device("meta"), "copied back"]
 
 
+def test_on_cuda_tf32_is_turned_off():
+    """A float32 model answers in float32 on the GPU: cuDNN's convolutions and matmuls without TF32."""
+    cudnn, matmul = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+        on_device(lambda x: x, torch.device("cuda:0"))  # wrapping only: no GPU is needed
+        assert torch.backends.cudnn.allow_tf32 is False
+        assert torch.backends.cuda.matmul.allow_tf32 is False
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = cudnn, matmul
+
+
 def test_the_program_moves_whole_to_another_device(trained_dir):
     forward = load_program(trained_dir / "model.pt2", "meta")
     out = forward(torch.zeros(4, 32, device="meta"))
