@@ -23,7 +23,7 @@ def test_cluster_comes_up_and_reports_every_component_running(cluster):
         r"^>> cluster ready in [\d.]+ s \(etcd [\d.]+ s, kube-apiserver [\d.]+ s, "
         r"kube-controller-manager [\d.]+ s, kube-scheduler [\d.]+ s, containerd [\d.]+ s, "
         r"kubelet [\d.]+ s, kube-proxy [\d.]+ s, node Ready [\d.]+ s, coredns [\d.]+ s, "
-        r"metrics-server [\d.]+ s, kube-router [\d.]+ s\)",
+        r"metrics-server [\d.]+ s, prometheus [\d.]+ s, prometheus-adapter [\d.]+ s, kube-router [\d.]+ s\)",
         cluster.start_output,
         re.M,
     )
@@ -39,6 +39,8 @@ def test_cluster_comes_up_and_reports_every_component_running(cluster):
         "kube-proxy",
         "coredns",
         "metrics-server",
+        "prometheus",
+        "prometheus-adapter",
         "kube-router",
     ):
         assert re.search(rf"^  {name} +running \(pid \d+\)$", status.stdout, re.M), status.stdout
