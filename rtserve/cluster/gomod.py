@@ -151,15 +151,22 @@ def coredns_module(upstream: dict, version: str) -> GoModule:
     )
 
 
+def _tool_module(path: str, module: str, tool: str, header: str, upstream: dict, version: str) -> GoModule:
+    """Our module ``path`` that builds ``module``'s main package ``tool`` at ``version``, as a tool."""
+    return GoModule(
+        path, upstream["Go"], ((module, version),), published_versions(upstream, version), (tool,), header=header
+    )
+
+
 def metrics_server_module(upstream: dict, version: str) -> GoModule:
     """Our module that builds metrics-server at ``version`` (its own main package, as a tool)."""
-    return GoModule(
+    return _tool_module(
         "rtserve/deploy/cluster/addons/metrics-server",
-        upstream["Go"],
-        ((METRICS_SERVER, version),),
-        published_versions(upstream, version),
-        (METRICS_SERVER_TOOL,),
-        header=ADDON_HEADER,
+        METRICS_SERVER,
+        METRICS_SERVER_TOOL,
+        ADDON_HEADER,
+        upstream,
+        version,
     )
 
 
@@ -184,25 +191,20 @@ def kube_router_module(upstream: dict, version: str) -> GoModule:
 
 def prometheus_module(upstream: dict, version: str) -> GoModule:
     """Our module that builds Prometheus at ``version`` (a ``v0.3xx.y`` module version: Prometheus 3.xx.y)."""
-    return GoModule(
-        "rtserve/deploy/cluster/metrics/prometheus",
-        upstream["Go"],
-        ((PROMETHEUS, version),),
-        published_versions(upstream, version),
-        (PROMETHEUS_TOOL,),
-        header=METRICS_HEADER,
+    return _tool_module(
+        "rtserve/deploy/cluster/metrics/prometheus", PROMETHEUS, PROMETHEUS_TOOL, METRICS_HEADER, upstream, version
     )
 
 
 def prometheus_adapter_module(upstream: dict, version: str) -> GoModule:
     """Our module that builds prometheus-adapter at ``version`` (its main package, as a tool)."""
-    return GoModule(
+    return _tool_module(
         "rtserve/deploy/cluster/metrics/adapter",
-        upstream["Go"],
-        ((PROMETHEUS_ADAPTER, version),),
-        published_versions(upstream, version),
-        (PROMETHEUS_ADAPTER_TOOL,),
-        header=METRICS_HEADER,
+        PROMETHEUS_ADAPTER,
+        PROMETHEUS_ADAPTER_TOOL,
+        METRICS_HEADER,
+        upstream,
+        version,
     )
 
 
