@@ -29,7 +29,6 @@ METRICS_SERVER_SERVICE = "metrics-server"
 #: The name the API server checks metrics-server's serving certificate for (its Service's).
 METRICS_SERVER_DNS = f"{METRICS_SERVER_SERVICE}.{NAMESPACE}.svc"
 METRICS_API_GROUP = "metrics.k8s.io"
-METRICS_API = f"v1beta1.{METRICS_API_GROUP}"
 #: How often metrics-server scrapes the kubelets (the HorizontalPodAutoscaler syncs every 15 s).
 METRIC_RESOLUTION = "15s"
 #: The users of Prometheus's and prometheus-adapter's client certificates.
