@@ -128,8 +128,8 @@ def slow_model(served):
         "data": {"sitecustomize.py": STANDIN},
     }
     cluster.ok("apply", "-f", "-", stdin=json.dumps(configmap))
-    spec = json.loads(cluster.ok("-n", NAMESPACE, "get", "deployment", "rtserve", "-o", "json"))["spec"]["template"]
-    (index,) = [i for i, c in enumerate(spec["spec"]["containers"]) if c["name"] == "rtserve"]
+    template = json.loads(cluster.ok("-n", NAMESPACE, "get", "deployment", "rtserve", "-o", "json"))["spec"]["template"]
+    (index,) = [i for i, c in enumerate(template["spec"]["containers"]) if c["name"] == "rtserve"]
     container = f"/spec/template/spec/containers/{index}"
     patch = [
         {
@@ -142,11 +142,12 @@ def slow_model(served):
             "path": f"{container}/volumeMounts/-",
             "value": {"name": "standin", "mountPath": "/opt/standin", "readOnly": True},
         },
+        # The image's PYTHONPATH (/opt/rtserve) after ours: TorchServe passes it on to its workers.
         {
             "op": "add",
             "path": f"{container}/env/-",
             "value": {"name": "PYTHONPATH", "value": "/opt/standin:/opt/rtserve"},
-        },  # the image's + ours
+        },
         {
             "op": "add",
             "path": f"{container}/env/-",
