@@ -149,11 +149,12 @@ def ten_budgets(
     rolled: tuple[str, ...] = ROLLED,
     round_s: int = ROUND_S,
     between: Callable[[], None] | None = None,
+    rounds_at_most: int = ROUNDS,
 ) -> Loaded:
     """Shadow the served version to itself, then load ``server`` with wrk in rounds of
     ``round_s`` until ``budgets`` budgets of access-log lines are written and each file of
-    ``rolled`` rolled twice (at most :data:`ROUNDS`; ``between()`` after each round), sampling
-    the run directory every :data:`SAMPLE_S`."""
+    ``rolled`` rolled twice (at most ``rounds_at_most`` rounds; ``between()`` after each),
+    sampling the run directory every :data:`SAMPLE_S`."""
     require("wrk")
     base = server.props["inference_address"]
     routes = {
@@ -187,7 +188,7 @@ def ten_budgets(
         # requests a round, and the model log takes fewer bytes a request than the access log)
         while (
             sent * line < budgets * BUDGET or not all(usage.rolls(name) >= 2 for name in rolled)
-        ) and rounds < ROUNDS:
+        ) and rounds < rounds_at_most:
             result = run_wrk(url, 8, round_s, server.client().keys.get("inference"), body=body)
             sent += result["requests"]
             errors += sum(result["errors"].values())
@@ -208,7 +209,7 @@ def assert_within_budget(server, loaded: Loaded) -> None:
     assert server.budget == DiskBudget(BUDGET)
     assert loaded.errors == 0
     assert loaded.written >= loaded.budgets * BUDGET, (
-        f"only {loaded.written / BUDGET:.1f} budgets written in {ROUNDS} rounds"
+        f"only {loaded.written / BUDGET:.1f} budgets written in {loaded.rounds} rounds"
     )
     assert loaded.usage.max_apparent <= BUDGET and loaded.usage.max_allocated <= BUDGET
     assert loaded.usage.max_records <= shares.spool, loaded.usage.max_records

@@ -433,6 +433,76 @@ def test_with_80_mirrors_held_64_are_in_flight_and_16_dropped(live, routes):
             held.server_close()
 
 
+class _Named(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: the agent's client pools the connection
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = json.dumps({"model_version": self.server.name}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+class NamedCandidate(ThreadingHTTPServer):
+    """A candidate that answers every request with its ``name`` as the model version, on
+    ``port`` (0: any); keep-alive connections outlive its listening socket (:meth:`stop_listening`)."""
+
+    daemon_threads = True
+
+    def __init__(self, name: str, port: int = 0) -> None:
+        self.name = name
+        super().__init__(("127.0.0.1", port), _Named)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    def stop_listening(self) -> None:
+        """Accept no more connections; the open ones are still answered."""
+        self.shutdown()
+        self.socket.close()
+
+
+def test_a_new_shadow_host_at_an_old_address_gets_connections_of_its_own(live, routes):
+    """A shadow to ``127.0.0.1:P`` leaves a kept-alive connection in the agent; then that candidate
+    stops listening (its open connection still answers, as a terminating pod's gateway does) and
+    another listens on the same address, and the routes name it as ``localhost:P``: as a Service
+    deleted and another made that gets its ClusterIP. Every copy to the new host is answered by
+    the new candidate: the agent keeps one client per host, since the JDK's pools connections by
+    address (a CI run's copies to a new stand-in were answered by the old candidate's TorchServe
+    for the 10 s its pods took to drain)."""
+    old = NamedCandidate("old")
+    port = old.server_address[1]
+    new = None
+    try:
+        url = f"/predictions/{MODEL_NAME}/2.0"
+        log = rerouted(
+            live, routes, shadow={"version": "2.0", "percent": 100.0, "url": f"http://127.0.0.1:{port}{url}"}
+        )
+        with requests.Session() as s:
+            assert [version_of(post(live, s)) for _ in range(3)] == ["1.0"] * 3
+        lines = log_lines(log, 3)
+        assert {json.loads(line["body"])["model_version"] for line in lines} == {"old"}, lines
+        old.stop_listening()
+        new = NamedCandidate("new", port)
+        log = rerouted(
+            live, routes, shadow={"version": "2.0", "percent": 100.0, "url": f"http://localhost:{port}{url}"}
+        )
+        with requests.Session() as s:
+            assert [version_of(post(live, s)) for _ in range(5)] == ["1.0"] * 5
+        lines = log_lines(log, 3 + 5)[3:]
+        answered = [json.loads(line["body"])["model_version"] if line["status"] == 200 else line for line in lines]
+        assert answered == ["new"] * 5, answered
+    finally:
+        old.server_close()
+        if new is not None:
+            new.shutdown()
+            new.server_close()
+
+
 #: A candidate that answers 200 after 500 ms without using CPU, in a process of its own (a fake:
 #: a real model made slow would burn this machine's 2 cores beside the default's worker, and the
 #: requirement is about a candidate slow to answer, not one that takes the default's CPU; its own

@@ -95,8 +95,12 @@ public final class ModelRoutes {
 
     /** The HTTP client, made on first use (its threads too). */
     static final class Client {
-        static final HttpClient INSTANCE = HttpClient.newBuilder()
-                .version(HttpClient.Version.HTTP_1_1).connectTimeout(TIMEOUT).build();
+        static final HttpClient INSTANCE = build();
+
+        /** A new client as the agent's copies and forwards use it: HTTP/1.1, keep-alive. */
+        static HttpClient build() {
+            return HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1).connectTimeout(TIMEOUT).build();
+        }
 
         private Client() {
         }

@@ -7,6 +7,7 @@ import java.lang.invoke.MethodType;
 import java.net.InetSocketAddress;
 import java.net.SocketAddress;
 import java.net.URI;
+import java.net.http.HttpClient;
 import java.net.http.HttpRequest;
 import java.net.http.HttpResponse;
 import java.nio.charset.StandardCharsets;
@@ -14,12 +15,15 @@ import java.nio.file.Files;
 import java.nio.file.NoSuchFileException;
 import java.nio.file.Path;
 import java.nio.file.attribute.BasicFileAttributes;
+import java.util.HashSet;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Locale;
 import java.util.Map;
 import java.util.Objects;
+import java.util.Set;
 import java.util.concurrent.CompletionException;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.Semaphore;
 import java.util.concurrent.ThreadLocalRandom;
 import java.util.concurrent.atomic.AtomicLong;
@@ -246,7 +250,7 @@ public final class Router {
         }
         long start = System.nanoTime();
         try {
-            ModelRoutes.Client.INSTANCE.sendAsync(copy(r, shadow, req, true),
+            Clients.of(shadow.url()).sendAsync(copy(r, shadow, req, true),
                     HttpResponse.BodyHandlers.ofByteArray()).whenComplete((response, error) -> {
                         MIRRORS.release();
                         record(r, "shadow", shadow, req, start, response, error);
@@ -266,7 +270,7 @@ public final class Router {
         Routes.Target canary = r.canary;
         long start = System.nanoTime();
         try {
-            ModelRoutes.Client.INSTANCE.sendAsync(copy(r, canary, req, false),
+            Clients.of(canary.url()).sendAsync(copy(r, canary, req, false),
                     HttpResponse.BodyHandlers.ofByteArray()).whenComplete((response, error) -> {
                         record(r, "canary", canary, req, start, response, error);
                         try {
@@ -321,6 +325,41 @@ public final class Router {
         }
     }
 
+    /**
+     * One HTTP client per target scheme, host and port, as the routes name them. The JDK's client
+     * pools connections by resolved address, so a target given an address an earlier one had (a
+     * Service deleted and another made that gets its ClusterIP) would be sent the copies over the
+     * connections still open to the earlier target's pods; a client of its own has none of them.
+     * A host the routes no longer name loses its client (whose idle connections close once it is
+     * collected).
+     */
+    static final class Clients {
+        private static final Map<String, HttpClient> BY_HOST = new ConcurrentHashMap<>();
+
+        private Clients() {
+        }
+
+        static HttpClient of(URI url) {
+            return BY_HOST.computeIfAbsent(key(url), k -> ModelRoutes.Client.build());
+        }
+
+        /** Forget the clients of the hosts {@code r} does not name (all of them when it is null). */
+        static void keep(Routes r) {
+            Set<String> named = new HashSet<>();
+            for (Routes.Target t : r == null ? new Routes.Target[0] : new Routes.Target[] {r.shadow, r.canary}) {
+                if (t != null) {
+                    named.add(key(t.url()));
+                }
+            }
+            BY_HOST.keySet().retainAll(named);
+        }
+
+        static String key(URI url) {
+            return url.getScheme().toLowerCase(Locale.ROOT) + "://" + url.getHost().toLowerCase(Locale.ROOT) + ":"
+                    + url.getPort();
+        }
+    }
+
     /** Start the daemon thread that follows {@code file} (see the class comment). */
     static void watch(Path file) {
         Thread watcher = new Thread(() -> {
@@ -357,6 +396,7 @@ public final class Router {
                     Agent.log("live routes: " + file + " is gone: no routes");
                 }
                 routes = null;
+                Clients.keep(null);
                 seen = "";
                 return;
             }
@@ -366,6 +406,7 @@ public final class Router {
             try {
                 Routes r = Routes.parse(Files.readString(file, StandardCharsets.UTF_8));
                 tokenFile = r.tokenFile;
+                Clients.keep(r);
                 routes = r;
                 Agent.log("live routes: " + file + ": " + r.describe());
             } catch (Routes.Invalid | IOException | RuntimeException e) {
