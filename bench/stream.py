@@ -90,7 +90,7 @@ from rtserve.runtime.process import PidFile, run, spawn, tail, terminate, wait_u
 from rtserve.server.torchserve import TorchServe
 from rtserve.stream import admin, local, service
 from rtserve.stream.broker import Layout
-from rtserve.stream.metrics import EVENTS, TRANSACTIONS
+from rtserve.stream.metrics import EVENTS, STAGE, STAGES, TRANSACTIONS
 
 logger = logging.getLogger("bench.stream")
 
@@ -177,6 +177,8 @@ class Phase:
     delivery: dict | None = None
     broker_profiled: bool = False
     consumer_said: str = ""
+    #: The shipped consumer's micro-batches per stage over the window (:func:`stage_times`).
+    stages: dict = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- processes
@@ -268,7 +270,8 @@ class Running:
 
 def consumer_counts(text: str) -> dict[str, float]:
     """From the consumer's ``/metrics`` text: ``transactions`` committed and ``events`` written
-    (predictions and dead letters) so far; a counter it lacks is left out."""
+    (predictions and dead letters) so far, and its stage histogram (``count STAGE``, ``sum
+    STAGE``, ``le STAGE BOUND``); a counter it lacks is left out."""
     found: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -276,7 +279,36 @@ def consumer_counts(text: str) -> dict[str, float]:
                 found["transactions"] = found.get("transactions", 0.0) + sample.value
             elif sample.name == EVENTS_TOTAL:
                 found["events"] = found.get("events", 0.0) + sample.value
+            elif sample.name in (STAGE + "_count", STAGE + "_sum"):
+                found[f"{sample.name.rsplit('_', 1)[1]} {sample.labels['stage']}"] = sample.value
+            elif sample.name == STAGE + "_bucket":
+                found[f"le {sample.labels['stage']} {sample.labels['le']}"] = sample.value
     return found
+
+
+def stage_times(before: dict[str, float], after: dict[str, float]) -> dict[str, dict]:
+    """Per stage of the consumer's pipeline (rtserve.stream.metrics.STAGES), between two
+    :func:`consumer_counts`: the micro-batches committed, their mean ms in it, and the bucket
+    bound (ms) that 99 % of them stayed within (None: above the last bound)."""
+    out = {}
+    for name in STAGES:
+        n = after.get(f"count {name}", 0.0) - before.get(f"count {name}", 0.0)
+        if n <= 0:
+            continue
+        total = after.get(f"sum {name}", 0.0) - before.get(f"sum {name}", 0.0)
+        prefix = f"le {name} "
+        bounds = sorted(
+            (float(key[len(prefix) :]), value - before.get(key, 0.0))
+            for key, value in after.items()
+            if key.startswith(prefix)
+        )
+        p99 = next((bound for bound, below in bounds if below >= 0.99 * n), None)
+        out[name] = {
+            "batches": int(n),
+            "mean_ms": round(total / n * 1000, 2),
+            "p99_within_ms": None if p99 is None or p99 == float("inf") else round(p99 * 1000, 1),
+        }
+    return out
 
 
 def per_transaction(before: dict[str, float], after: dict[str, float]) -> tuple[int | None, float | None]:
@@ -834,6 +866,7 @@ class Bench:
             load_before=load,
         )
         phase.transactions, phase.events_per_transaction = per_transaction(at_first[0][1], counts)
+        phase.stages = stage_times(at_first[0][1], counts)
         phase.cpu_s, phase.cpu_pct = split(at_first[0][0], after, seconds)
         phase.cpu_ms_per_event = per_event(phase.cpu_s, counted)
         return self.finish(phase, running, reader, backlog[1], names)
@@ -899,6 +932,7 @@ class Bench:
             broker_profiled=profile and self.profile is not None and not self.profile.failed,
         )
         phase.transactions, phase.events_per_transaction = per_transaction(counts, counts_after)
+        phase.stages = stage_times(counts, counts_after)
         phase.cpu_s, phase.cpu_pct = split(before, after, end - begin)
         phase.cpu_ms_per_event = per_event(phase.cpu_s, read)
         return self.finish(phase, running, reader, sender.sent, names)
@@ -992,6 +1026,12 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def _stage(t: dict) -> str:
+    """``4.2 (<= 10)``: a stage's mean ms and the bucket bound 99 % of its micro-batches stayed within."""
+    within = "over the last bucket" if t["p99_within_ms"] is None else f"<= {t['p99_within_ms']:g}"
+    return f"{t['mean_ms']:g} ({within})"
+
+
 def _verdict(met: bool) -> str:
     return "met" if met else "MISSED"
 
@@ -1075,6 +1115,13 @@ def summarize(
             out.append(
                 f"  fixed rate, {p.consumer}: {p.events_per_s:.0f} of the {p.offered_per_s:.0f} events/s offered "
                 f"came through (a backlog built up: its latency is mostly the backlog's age)"
+            )
+    for p in phases:
+        if p.stages:
+            batches = max(t["batches"] for t in p.stages.values())
+            out.append(
+                f"  {p.phase}, {p.consumer}: ms per stage of its {batches} micro-batches, mean (99 % within): "
+                + ", ".join(f"{name} {_stage(t)}" for name, t in p.stages.items())
             )
     jit = [f"{p.phase} {p.consumer} {p.cpu_pct[BROKER_JIT]:.0f}" for p in phases if BROKER_JIT in p.cpu_pct]
     if jit:

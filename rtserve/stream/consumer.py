@@ -138,6 +138,23 @@ class Counts:
 
 
 @dataclass
+class Timeline:
+    """When a micro-batch passed each stage of the pipeline (monotonic seconds; 0.0: not yet).
+
+    ``waited`` is its first event's age when polled (from its Kafka timestamp; None without one).
+    :meth:`StreamMetrics.stages <rtserve.stream.metrics.StreamMetrics.stages>` turns a committed
+    one into the time spent in each stage.
+    """
+
+    waited: float | None
+    polled: float
+    sent: float = 0.0
+    answered: float = 0.0
+    released: float = 0.0
+    handed: float = 0.0
+
+
+@dataclass
 class InFlight:
     """Released events being committed on the commit thread.
 
@@ -149,6 +166,8 @@ class InFlight:
     commit: Future
     #: When it was handed over (monotonic): past :data:`COMMIT_DEADLINE` it is given up.
     started: float = field(default_factory=time.monotonic)
+    #: The micro-batches whose last event it commits.
+    timelines: list[Timeline] = field(default_factory=list)
 
 
 @dataclass
@@ -158,6 +177,7 @@ class Chunk:
     messages: list[Message]
     member: str | None
     outputs: Future
+    timeline: Timeline
 
 
 class Transient(StreamError):
@@ -194,12 +214,15 @@ class StreamConsumer:
         )
         self.producer: Producer | None = self._producer()
         self.pool = ThreadPoolExecutor(config.concurrency, thread_name_prefix="stream-score")
-        #: Polled, not yet sent: the micro-batch being formed, and when its first event came.
+        #: Polled, not yet sent: the micro-batch being formed, when its first event came, and how
+        #: long that event had waited to be polled (see :class:`Timeline`).
         self._forming: list[Message] = []
         self._formed_at = 0.0
-        #: Sent micro-batches, in poll order; and the released events (with their outputs) not yet committed.
+        self._waited: float | None = None
+        #: Sent micro-batches, in poll order; and the released events not yet committed: each with
+        #: its output, the member that polled it, and, for a micro-batch's last event, its timeline.
         self._pending: deque[Chunk] = deque()
-        self._released: list[tuple[Message, tuple[str, bytes], str | None]] = []
+        self._released: list[tuple[Message, tuple[str, bytes], str | None, Timeline | None]] = []
         self._in_flight: InFlight | None = None
         #: When the last transaction committed (monotonic; see :data:`MARKER_GRACE`).
         self._committed_at = -float("inf")
@@ -311,6 +334,7 @@ class StreamConsumer:
         """Add polled ``messages`` to the micro-batch; send it when full or due (a full pipeline waits)."""
         if messages and not self._forming:
             self._formed_at = time.monotonic()
+            self._waited = self._age(messages[0])
         self._forming.extend(messages)
         size = self.config.instances
         while len(self._forming) >= size or (
@@ -320,8 +344,18 @@ class StreamConsumer:
                 wait_futures([self._pending[0].outputs], timeout=self.config.poll)
                 return
             chunk, self._forming = self._forming[:size], self._forming[size:]
-            self._pending.append(Chunk(chunk, self.consumer.memberid(), self.pool.submit(self.score, chunk)))
-            self._formed_at = time.monotonic()
+            now = time.monotonic()
+            timeline = Timeline(self._waited, min(self._formed_at, now) if self._formed_at > 0 else now, sent=now)
+            self._pending.append(
+                Chunk(chunk, self.consumer.memberid(), self.pool.submit(self.score, chunk, timeline), timeline)
+            )
+            self._formed_at = now
+            self._waited = self._age(self._forming[0]) if self._forming else None
+
+    def _age(self, msg: Message) -> float | None:
+        """How long ``msg`` waited from its Kafka timestamp to now (None without one)."""
+        ts = _timestamp(msg)
+        return None if ts is None else max(0.0, self.metrics.wall() - ts / 1000.0)
 
     def _release(self) -> None:
         """Move the answered micro-batches at the head of the queue (poll order) to the released events.
@@ -334,13 +368,27 @@ class StreamConsumer:
             chunk = self._pending[0]
             outputs = chunk.outputs.result()  # (raises what scoring raised)
             self._pending.popleft()
-            self._released.extend((m, o, chunk.member) for m, o in zip(chunk.messages, outputs))
+            chunk.timeline.released = time.monotonic()
+            last = len(outputs) - 1
+            self._released.extend(
+                (m, o, chunk.member, chunk.timeline if i == last else None)
+                for i, (m, o) in enumerate(zip(chunk.messages, outputs))
+            )
 
     def _hand_over(self) -> None:
         """Commit up to ``batch`` released events on the commit thread."""
         taken, self._released = self._released[: self.config.batch], self._released[self.config.batch :]
-        members = {member for _, _, member in taken}  # (one, unless the member rejoined under a new id)
-        self.commit([m for m, _, _ in taken], [o for _, o, _ in taken], members.pop() if len(members) == 1 else None)
+        members = {member for _, _, member, _ in taken}  # (one, unless the member rejoined under a new id)
+        now = time.monotonic()
+        timelines = [t for *_, t in taken if t is not None]
+        for t in timelines:
+            t.handed = now
+        self.commit(
+            [m for m, *_ in taken],
+            [o for _, o, *_ in taken],
+            members.pop() if len(members) == 1 else None,
+            timelines,
+        )
 
     def _drain(self) -> None:
         """On stop: send what is forming, wait for the answers (at most :data:`DRAIN_TIMEOUT`), commit them."""
@@ -415,8 +463,8 @@ class StreamConsumer:
         elif partitions:
             consumer.resume(partitions)
 
-    def score(self, messages: list[Message]) -> list[tuple[str, bytes]]:
-        """Each message's output as (topic, value), in the messages' order.
+    def score(self, messages: list[Message], timeline: Timeline | None = None) -> list[tuple[str, bytes]]:
+        """Each message's output as (topic, value), in the messages' order; ``timeline.answered`` set at the end.
 
         TorchServe is asked for the valid ones (:meth:`_answers`).
 
@@ -455,6 +503,8 @@ class StreamConsumer:
                 )
             else:
                 outputs.append((self.config.output, records.prediction(source, event, answer)))
+        if timeline is not None:
+            timeline.answered = time.monotonic()
         return outputs
 
     def _answers(self, events: list[records.Event]) -> list[dict | TorchServeError]:
@@ -496,12 +546,19 @@ class StreamConsumer:
                 raise Transient(str(exc)) from exc
             raise StreamError(f"TorchServe refused {self.config.model} for every event: {exc}") from exc
 
-    def commit(self, messages: list[Message], outputs: list[tuple[str, bytes]], member: str | None) -> bool:
+    def commit(
+        self,
+        messages: list[Message],
+        outputs: list[tuple[str, bytes]],
+        member: str | None,
+        timelines: list[Timeline] | None = None,
+    ) -> bool:
         """Hand ``outputs`` and the offsets after ``messages`` to the commit thread.
 
         :meth:`finish` takes its outcome; none may be in flight. ``member`` is the member id the events were
         polled under: once it is no longer the consumer's (its session ended while it scored, so the broker
-        would refuse the offsets), they are given up here, without the round trip.
+        would refuse the offsets), they are given up here, without the round trip. ``timelines``: those of the
+        micro-batches whose last event is among ``messages``.
 
         Returns:
             Whether they were handed over.
@@ -517,7 +574,12 @@ class StreamConsumer:
             )
             return False
         write = self._transact if self.transactional else self._deliver
-        self._in_flight = InFlight(messages, outputs, on_daemon_thread(write, self.producer, messages, outputs, group))
+        self._in_flight = InFlight(
+            messages,
+            outputs,
+            on_daemon_thread(write, self.producer, messages, outputs, group),
+            timelines=timelines or [],
+        )
         return True
 
     def _transact(
@@ -600,6 +662,7 @@ class StreamConsumer:
             self._abort(f"the commit did not end within {COMMIT_DEADLINE:g} s", settle=settle)
             return None
         self.metrics.committed(done.messages, at)
+        self.metrics.stages(done.timelines, time.monotonic())
         self.counts.transactions += 1
         for topic, _ in done.outputs:
             if topic == self.config.output:
@@ -691,7 +754,7 @@ class StreamConsumer:
     def _retry_later(self, exc: Transient) -> None:
         """Drop what was polled and not yet handed to a commit, seek back to its first events, back off."""
         self.counts.retries += 1
-        dropped = [m for m, _, _ in self._released] + self._discard()
+        dropped = [m for m, *_ in self._released] + self._discard()
         self._released = []
         self._rewind(dropped)
         self._back_off(f"TorchServe did not answer now ({exc})")

@@ -60,6 +60,12 @@ LATENCY_BUCKETS = (
     300.0,
 )
 
+#: A micro-batch's time in each stage of the pipeline, seconds: finer than the latency's, since
+#: most stages take a few ms.
+STAGE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0)
+#: The stages, in order (see :meth:`StreamMetrics.stages`).
+STAGES = ("wait", "linger", "score", "order", "queue", "commit")
+
 PREFIX = "rtserve_stream_"
 EVENTS = PREFIX + "events"
 TRANSACTIONS = PREFIX + "transactions"
@@ -69,6 +75,7 @@ LAG = PREFIX + "consumer_lag"
 ASSIGNED = PREFIX + "assigned_partitions"
 LATENCY = PREFIX + "event_to_prediction_seconds"
 LOOP_AGE = PREFIX + "loop_age_seconds"
+STAGE = PREFIX + "stage_seconds"
 
 
 class Counted(Protocol):
@@ -190,6 +197,7 @@ class StreamMetrics:
         self.clock, self.wall = clock, wall
         self.registry = CollectorRegistry(auto_describe=False)
         self.latency = Histogram(LATENCY_BUCKETS)
+        self.stage = {name: Histogram(STAGE_BUCKETS) for name in STAGES}
         self.counts: Counted | None = None
         #: From the last statistics: assigned partitions -> (end, start).
         self.partitions: dict[Partition, tuple[int, int]] = {}
@@ -248,6 +256,25 @@ class StreamMetrics:
             positions[tp] = max(positions.get(tp, -1), m.offset() + 1)
         self.positions = positions
         return self.latency.observe_many(ages)
+
+    def stages(self, timelines: Iterable[Any], committed: float) -> None:
+        """Record where committed micro-batches spent their time (``committed``: monotonic, as theirs).
+
+        Each :class:`rtserve.stream.consumer.Timeline`, one value per stage: ``wait`` from its first
+        event's Kafka timestamp until the micro-batch began to form (fetched, polled, and behind a
+        full micro-batch); ``linger`` until it was sent; ``score`` until its outputs were built
+        (TorchServe's answer included); ``order`` until the micro-batches before it were answered
+        too; ``queue`` until the commit in flight before it ended; ``commit`` until its own ended.
+        """
+        values: dict[str, list[float]] = {name: [] for name in STAGES}
+        for t in timelines:
+            if t.waited is not None:
+                values["wait"].append(t.waited)
+            marks = (t.polled, t.sent, t.answered, t.released, t.handed, committed)
+            for name, start, end in zip(STAGES[1:], marks, marks[1:]):
+                values[name].append(max(0.0, end - start))
+        for name, found in values.items():
+            self.stage[name].observe_many(found)
 
     def lag(self) -> dict[Partition, int]:
         """Per assigned partition, its end minus the group's committed offset (see the module)."""
@@ -318,6 +345,15 @@ class StreamMetrics:
             buckets=buckets,
             sum_value=total,
         )
+        stages = HistogramMetricFamily(
+            STAGE,
+            "A micro-batch's time in each stage: wait (event to poll), linger, score, order, queue, commit",
+            labels=["stage"],
+        )
+        for name in STAGES:
+            buckets, total = self.stage[name].buckets()
+            stages.add_metric([name], buckets, sum_value=total)
+        yield stages
         yield GaugeMetricFamily(
             LOOP_AGE, "Seconds since the consumer's loop last came round", value=self.clock() - self.last_tick
         )

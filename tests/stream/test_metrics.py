@@ -154,9 +154,28 @@ def test_metrics_and_health_follow_a_stalled_then_draining_consumer(kafka, torch
         assert buckets["+Inf"] == count and buckets["300.0"] == count
         assert 0 < samples[("rtserve_stream_event_to_prediction_seconds_sum", ())]
         assert samples[("rtserve_stream_loop_age_seconds", ())] < 10
+        # each micro-batch (at most 64 events: one request) timed once in every stage; together the
+        # stages of its first event take no longer than the events' own times to their commits
+        stage = {
+            dict(labels)["stage"]: v
+            for (name, labels), v in samples.items()
+            if name == "rtserve_stream_stage_seconds_count"
+        }
+        assert set(stage) == {"wait", "linger", "score", "order", "queue", "commit"}, stage
+        assert len(set(stage.values())) == 1 and len(sent) / 64 <= stage["score"] <= len(sent), stage
+        spent = {
+            dict(labels)["stage"]: v
+            for (name, labels), v in samples.items()
+            if name == "rtserve_stream_stage_seconds_sum"
+        }
+        assert spent["score"] > 0 and spent["commit"] > 0, spent
+        assert sum(spent.values()) <= samples[("rtserve_stream_event_to_prediction_seconds_sum", ())] + 0.1, spent
         rss = psutil.Process(service.pid(tmp_path)).memory_info().rss / 2**20
         assert rss * 1.5 <= pod_memory_mib(), f"the consumer holds {rss:.0f} MiB: raise the pod's memory"
-        print(f"drained {len(sent)} events in {took:.1f} s (RSS {rss:.0f} MiB); event-to-prediction buckets: {buckets}")
+        print(
+            f"drained {len(sent)} events in {took:.1f} s (RSS {rss:.0f} MiB); event-to-prediction buckets: {buckets}; "
+            f"{stage['score']:.0f} micro-batches, seconds per stage: {spent}"
+        )
     finally:
         service.stop(tmp_path)
     with pytest.raises(urllib.error.URLError):  # the port went with the process

@@ -23,9 +23,11 @@ from bench.stream import (
     per_transaction,
     quantile,
     split,
+    stage_times,
     summarize,
     top_frames,
 )
+from rtserve.stream.consumer import Timeline
 from rtserve.stream.metrics import StreamMetrics
 
 pytestmark = pytest.mark.unit
@@ -131,11 +133,29 @@ def scrape(predictions: int, dead_letters: int, transactions: int, aborted: int 
 
 def test_transactions_and_events_per_transaction_come_from_the_consumers_metrics():
     before, after = scrape(100, 4, 2, aborted=1), scrape(1100, 4, 6, aborted=3)
-    assert before == {"events": 104.0, "transactions": 2.0}  # committed only, not aborted
+    assert (before["events"], before["transactions"]) == (104.0, 2.0)  # committed only, not aborted
     assert per_transaction(before, after) == (4, 250.0)
     assert per_transaction(after, after) == (0, None)
     # no metrics port (the naive consumer), or it did not answer
     assert per_transaction({}, after) == (None, None)
+
+
+def test_stage_times_are_each_stages_mean_and_bucket_over_the_window():
+    metrics = StreamMetrics()
+    metrics.stages([Timeline(1.0, polled=0.0, sent=0.001, answered=0.011, released=0.011, handed=0.011)], 0.02)
+    before = consumer_counts(metrics.render().decode())
+    slow = [Timeline(0.003, polled=0.0, sent=0.002, answered=0.012, released=0.012, handed=0.014) for _ in range(98)]
+    metrics.stages(
+        [*slow, Timeline(0.003, polled=0.0, sent=0.002, answered=0.2, released=0.2, handed=0.2)], 0.2 + 0.006
+    )
+    after = consumer_counts(metrics.render().decode())
+    got = stage_times(before, after)
+    assert list(got) == ["wait", "linger", "score", "order", "queue", "commit"]
+    assert got["wait"] == {"batches": 99, "mean_ms": 3.0, "p99_within_ms": 5.0}  # the second second's only
+    assert got["score"]["mean_ms"] == pytest.approx((98 * 10 + 198) / 99, abs=0.01)
+    assert got["score"]["p99_within_ms"] == 250.0  # 98 of 99 at 10 ms: 98.99 % is not 99 %
+    assert got["order"] == {"batches": 99, "mean_ms": 0.0, "p99_within_ms": 0.5}
+    assert stage_times(after, after) == {} and stage_times({}, {}) == {}
 
 
 JFR_TEXT = """\

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rtserve.cli import build_parser
 from rtserve.errors import StreamError
 from rtserve.stream import metrics
-from rtserve.stream.consumer import Counts
+from rtserve.stream.consumer import Counts, Timeline
 from rtserve.stream.metrics import Histogram, StreamMetrics, partition_lag, partitions_from_stats
 
 pytestmark = pytest.mark.unit
@@ -189,6 +189,36 @@ def test_a_scrape_reads_the_consumers_counts_lag_and_latency():
     assert families(m)["rtserve_stream_events"][0][2] == 50
     m.on_stats(stats(p1=partition(ls=9, committed=6)))  # p0 revoked: its series goes
     assert [s[1]["partition"] for s in families(m)["rtserve_stream_consumer_lag"]] == ["1"]
+
+
+def test_each_committed_micro_batch_adds_its_time_in_each_stage():
+    m = StreamMetrics()
+    first = Timeline(0.004, polled=10.0, sent=10.002, answered=10.012, released=10.013, handed=10.033)
+    untimed = Timeline(None, polled=10.1, sent=10.1, answered=10.15, released=10.15, handed=10.16)
+    m.stages([first, untimed], committed=10.2)
+    got = {
+        (s[1]["stage"], s[0].rsplit("_", 1)[1]): s[2]
+        for s in families(m)["rtserve_stream_stage_seconds"]
+        if not s[0].endswith("_bucket")
+    }
+    expected = {
+        "wait": [0.004],  # the second has no Kafka timestamp
+        "linger": [0.002, 0.0],
+        "score": [0.01, 0.05],
+        "order": [0.001, 0.0],
+        "queue": [0.02, 0.01],
+        "commit": [0.167, 0.04],
+    }
+    assert set(expected) == set(metrics.STAGES)
+    for stage, values in expected.items():
+        assert got[(stage, "count")] == len(values), stage
+        assert got[(stage, "sum")] == pytest.approx(sum(values), abs=1e-9), stage
+    buckets = {
+        s[1]["le"]: s[2]
+        for s in families(m)["rtserve_stream_stage_seconds"]
+        if s[0].endswith("_bucket") and s[1]["stage"] == "commit"
+    }
+    assert (buckets["0.03"], buckets["0.05"], buckets["0.1"], buckets["0.25"]) == (0, 1, 1, 2)
 
 
 def test_statistics_that_cannot_be_read_keep_the_last_lag_and_never_raise():
