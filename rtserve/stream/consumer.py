@@ -369,11 +369,10 @@ class StreamConsumer:
             outputs = chunk.outputs.result()  # (raises what scoring raised)
             self._pending.popleft()
             chunk.timeline.released = time.monotonic()
-            last = len(outputs) - 1
-            self._released.extend(
-                (m, o, chunk.member, chunk.timeline if i == last else None)
-                for i, (m, o) in enumerate(zip(chunk.messages, outputs))
-            )
+            self._released.extend((m, o, chunk.member, None) for m, o in zip(chunk.messages, outputs))
+            if outputs:  # the timeline rides on the micro-batch's last event
+                m, o, member, _ = self._released[-1]
+                self._released[-1] = (m, o, member, chunk.timeline)
 
     def _hand_over(self) -> None:
         """Commit up to ``batch`` released events on the commit thread."""
