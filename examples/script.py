@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
+import inspect
+import io
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -54,6 +58,11 @@ def fit(
     retrains of one recipe. ``schedule`` steps after each batch. ``y`` is a tensor, or a dict of
     tensors (one per output) that ``loss`` takes as such.
     """
+    cached = _cache_path(model, inputs, y, optimizer, epochs, batch, seed, schedule, loss)
+    if cached is not None and cached.is_file():
+        model.load_state_dict(torch.load(cached, weights_only=True))
+        logger.info("weights from the training cache (%s): trained before on the same inputs", cached.name)
+        return model.eval()
     g = torch.Generator().manual_seed(seed + 1)
     rows = len(next(iter(y.values()))) if isinstance(y, dict) else len(y)
     model.train()
@@ -67,7 +76,45 @@ def fit(
             optimizer.step()
             if schedule is not None:
                 schedule.step()
+    if cached is not None:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        partial = cached.with_suffix(f".{os.getpid()}.part")
+        torch.save(model.state_dict(), partial)
+        partial.replace(cached)
     return model.eval()
+
+
+#: A directory that keeps :func:`fit`'s results (unset: every call trains). The tests set it, under
+#: ~/.cache/rtserve, so that each example trains once per change of anything its training reads.
+CACHE_ENV = "RTSERVE_TRAIN_CACHE"
+
+
+def _cache_path(model, inputs, y, optimizer, epochs, batch, seed, schedule, loss) -> Path | None:
+    """Where :func:`fit` keeps its result for exactly these arguments, or None when no cache is set.
+
+    The key hashes everything the training reads: the starting weights, the rows and the truth, the
+    optimizer's and the schedule's class and settings, epochs, batch, seed, the loss, the source of
+    this module and of the model's, and torch's version.
+    """
+    root = os.environ.get(CACHE_ENV)
+    if not root:
+        return None
+    h = hashlib.sha256(f"{torch.__version__}|{epochs}|{batch}|{seed}|{loss.__module__}.{loss.__qualname__}".encode())
+    for source in (inspect.getsource(sys.modules[__name__]), inspect.getsource(sys.modules[type(model).__module__])):
+        h.update(source.encode())
+    state = io.BytesIO()
+    torch.save(
+        {
+            "model": model.state_dict(),
+            "inputs": inputs,
+            "y": y,
+            "optimizer": (type(optimizer).__qualname__, optimizer.state_dict()),
+            "schedule": (type(schedule).__qualname__, schedule.state_dict()) if schedule is not None else None,
+        },
+        state,
+    )
+    h.update(state.getvalue())
+    return Path(root) / f"{h.hexdigest()[:32]}.pt"
 
 
 def shuffled(y: torch.Tensor, seed: int) -> torch.Tensor:

@@ -17,6 +17,13 @@ from tests.helpers import demo_eager, make
 
 REPO = Path(__file__).resolve().parent.parent
 
+# The examples' training (examples/script.py fit) is kept beside the Makefile's other caches, keyed by
+# everything it reads: each example trains once per change, in this process and in `make example`.
+os.environ.setdefault(
+    "RTSERVE_TRAIN_CACHE",
+    str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rtserve" / "trained"),
+)
+
 
 def go_pin(gomod: Path, module: str) -> str:
     """The version ``gomod`` requires ``module`` at, as make reads it (scripts/cluster pin)."""
