@@ -92,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
                     == 0
                 )
 
-            if not wait_until(ready, 120, poll=0.5) or runner.poll() is not None:
+            # 300 s: beside the cluster tier (CI, a load of 11-17 on 2 cores) 120 s was too short
+            if not wait_until(ready, 300, poll=0.5) or runner.poll() is not None:
                 sys.exit("TorchServe did not become ready:\n" + server.log_tail())
             print(f"ready (startup probe passes) after {time.monotonic() - started:.1f}s")
             pid = server.pid()
