@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from rtserve.gateway.nginx import closing, draining, key_sync
 from rtserve.promotion.live.routes import RoutesSync
+from rtserve.server import probe
 from rtserve.server.torchserve import TorchServe, run_foreground
 from rtserve.settings import Settings
 
@@ -50,10 +51,11 @@ def each(hooks: list[Callable[[], object]]) -> Callable[[], None] | None:
     return run_all
 
 
-def run(settings: Settings, stop_timeout: float = 15.0) -> int:
+def run(settings: Settings, stop_timeout: float = 15.0, probes: str | None = None) -> int:
     """Run the server of ``settings`` until SIGTERM, with the pod's syncs (:func:`syncs`) every second.
 
-    The server runs through :func:`~rtserve.server.torchserve.run_foreground`.
+    The server runs through :func:`~rtserve.server.torchserve.run_foreground`; with ``probes`` (``HOST:PORT``)
+    this process answers the kubelet's HTTP probes there (:func:`rtserve.server.probe.serve`).
 
     Returns:
         The process exit status.
@@ -61,4 +63,7 @@ def run(settings: Settings, stop_timeout: float = 15.0) -> int:
     server = TorchServe(
         settings.run_dir, settings.model_store, list(settings.models), settings.torchserve_config, settings=settings
     )
+    if probes:
+        probe.serve(probes, settings.run_dir, settings.model)
+        logger.info("answering the kubelet's probes on %s (/ready, /live)", probes)
     return run_foreground(server, stop_timeout, on_poll=each(syncs(settings)))

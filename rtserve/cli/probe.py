@@ -1,4 +1,4 @@
-"""``python -m rtserve probe``: the pod's exec probes and pre-stop drain (rtserve.server.probe).
+"""``python -m rtserve probe``: the pod's probe checks run once, and its pre-stop drain (rtserve.server.probe).
 
     python -m rtserve probe ready   # /ping is healthy AND the model answers a real prediction
     python -m rtserve probe live    # the frontend answers HTTP at all (any status)
@@ -69,8 +69,8 @@ def cmd_drain(args: argparse.Namespace) -> int:
         from rtserve.gateway.nginx import close_client_connections, closing, draining
 
         # First, the gateway's /readyz answers 503: the kubelet's HTTP probe of the gateway takes
-        # the pod out of the serving endpoints (the rtserve container's exec probe cannot: the
-        # kubelet cancels exec probes once the pod terminates).
+        # the pod out of the serving endpoints at once (the rtserve container's /ready follows
+        # once the drain below writes its marker).
         draining(s.gateway_dir, True)
         timer = threading.Timer(args.propagation, closing, args=(s.gateway_dir, True))
         timer.daemon = True

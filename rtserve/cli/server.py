@@ -47,6 +47,10 @@ def options() -> argparse.ArgumentParser:
         default=15.0,
         help="run: seconds TorchServe gets to stop after SIGTERM before SIGKILL",
     )
+    p.add_argument(
+        "--probes",
+        help="run: answer the kubelet's HTTP probes (GET /ready, /live) on HOST:PORT, e.g. 0.0.0.0:8087 (default: off)",
+    )
     p.add_argument("--drain", action="store_true", help="stop: drain first (not ready, wait until idle), then SIGTERM")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="drain: give up waiting after this many seconds")
     p.add_argument("--quiet", type=float, default=1.0, help="drain: seconds with no arrival, queued or running request")
@@ -158,7 +162,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Stay in the foreground until SIGTERM (the container's entry point)."""
     from rtserve import container
 
-    return container.run(settings(args), args.stop_timeout)
+    return container.run(settings(args), args.stop_timeout, args.probes)
 
 
 def cmd_exporter(args: argparse.Namespace) -> int:

@@ -1,13 +1,16 @@
-"""Kubernetes exec probes and the pre-stop drain for a TorchServe started by ``rtserve server run``.
+"""Kubernetes probes and the pre-stop drain for a TorchServe started by ``rtserve server run``.
 
 Token authorization stays on, so the probes read the key and effective config from the run directory (``--run-dir``
 or ``$RTSERVE_RUN_DIR``) and call the server on loopback: ``ready`` (warmed up, ``/ping`` healthy, a real prediction
-answered), ``live`` (any HTTP answer), ``drain`` (:func:`rtserve.server.drain.drain`). Each prints one line and exits
-0 or 1; a probe is a new process every few seconds, so this module imports nothing heavier than http.client.
+answered), ``live`` (any HTTP answer), ``drain`` (:func:`rtserve.server.drain.drain`). The pod's main process answers
+the kubelet's HTTP probes with them (:func:`serve`); ``python -m rtserve probe`` runs each once (exit 0 or 1), so
+this module imports nothing heavier than http.client until :func:`serve` is called.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -19,6 +22,8 @@ from rtserve.server.drain import is_draining
 from rtserve.server.properties import read_properties
 from rtserve.server.readiness import probe_prediction
 from rtserve.settings import RunDir
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -115,3 +120,53 @@ def drain(run_dir: Path, propagation: float, timeout: float, quiet: float = 2.0,
     return Result(
         report.drained, f"{verdict} after {report.seconds:.1f}s ({report.arrivals} requests seen while draining)"
     )
+
+
+def serve(listen: str, run_dir: Path, model: str, timeout: float = 3.0):
+    """Answer the kubelet's HTTP probes on ``listen`` (``HOST:PORT``) from this process, in a daemon thread.
+
+    ``GET /ready`` runs :func:`ready` for ``model``, ``GET /live`` runs :func:`live`: 200 when it passes, 503 when
+    not, each with the verdict's line as the body; any other path is a 404. A probe costs a loopback call or two,
+    where an exec probe costs a Python start-up. The kubelet's events keep only the status, so each change of a
+    probe's verdict is logged with its line (the container's log). Returns the ``ThreadingHTTPServer``
+    (``shutdown()`` stops it).
+    """
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    host, _, port = listen.rpartition(":")
+    checks = {"/ready": lambda: ready(run_dir, model, timeout), "/live": lambda: live(run_dir, timeout)}
+    last: dict[str, str] = {}
+    lock = threading.Lock()
+
+    class Probe(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            path = self.path.split("?", 1)[0]
+            check = checks.get(path)
+            if check is None:
+                self._answer(404, f"no probe at {path}: /ready or /live")
+                return
+            try:
+                result = check()
+            except Exception as exc:  # noqa: BLE001 - a probe fails, it never stops the pod's process
+                result = Result(False, f"{path[1:]} probe failed: {type(exc).__name__}: {exc}")
+            with lock:
+                if last.get(path) != result.message:
+                    last[path] = result.message
+                    logger.info("probe %s: %s", path, result.message)
+            self._answer(200 if result.ok else 503, result.message)
+
+        def _answer(self, status: int, message: str) -> None:
+            body = (message + "\n").encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args) -> None:  # noqa: A002 - http.server's name
+            """No access log line per probe (one every few seconds); verdict changes are logged above."""
+
+    server = ThreadingHTTPServer((host or "0.0.0.0", int(port)), Probe)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="rtserve-probes", daemon=True).start()
+    return server

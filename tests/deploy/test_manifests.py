@@ -144,22 +144,24 @@ def test_image_is_the_overlays_pinned_model_version(rendered, overlay):
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_probes_run_real_probe_commands_against_the_configured_ports(rendered, overlay):
+def test_probes_ask_the_entry_point_on_the_port_it_answers_them(rendered, overlay):
     objects = rendered[overlay]
     c = container(objects)
-    parser = build_parser()
     checks = {}
     for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
-        command = c[kind]["exec"]["command"]
-        assert command[:4] == ["python", "-m", "rtserve", "probe"], command
-        checks[kind] = parser.parse_args(command[3:]).command  # exits (fails) on a bad argument
+        assert set(c[kind]) >= {"httpGet"} and "exec" not in c[kind], c[kind]
+        assert c[kind]["httpGet"]["port"] == "probes", c[kind]
+        checks[kind] = c[kind]["httpGet"]["path"]
         assert c[kind]["timeoutSeconds"] >= 3 and c[kind]["periodSeconds"] >= 5
-    assert checks == {"startupProbe": "ready", "readinessProbe": "ready", "livenessProbe": "live"}
+    assert checks == {"startupProbe": "/ready", "readinessProbe": "/ready", "livenessProbe": "/live"}
     # the startup probe gives the model load at least two minutes
     assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] >= 120
 
-    # The probes find the server through RTSERVE_RUN_DIR, where the entry point runs it.
+    # The entry point answers them (rtserve.server.probe.serve) on the port they name, and finds the
+    # server through RTSERVE_RUN_DIR, where it runs it.
     assert c["args"][:5] == ["python", "-m", "rtserve", "server", "run"]
+    args = build_parser().parse_args(c["args"][3:])  # exits (fails) on a bad argument
+    assert args.probes == f"0.0.0.0:{container_ports(objects)['probes']}", args.probes
     assert env(objects)["RTSERVE_RUN_DIR"] == c["workingDir"]
     assert env(objects)["RTSERVE_MODEL"] == "realtime-classifier"
 

@@ -1,7 +1,8 @@
-"""The container's entry point and its exec probes, against a real TorchServe on free ports.
+"""The container's entry point and its probes, against a real TorchServe on free ports.
 
-The pod runs ``python -m rtserve server run`` and probes it with ``python -m rtserve probe``;
-these tests run exactly those commands, with the cluster's ``config.properties``
+The pod runs ``python -m rtserve server run --probes 0.0.0.0:8087``, which answers the kubelet's
+HTTP probes (``GET /ready``, ``/live``); ``python -m rtserve probe`` runs the same checks once, as
+a command. These tests run exactly those, with the cluster's ``config.properties``
 (deploy/k8s/base) but loopback listeners on free ports, and keys that expire after 1.8 s so the
 probes must renew them as they would after an hour in the cluster.
 
@@ -22,6 +23,8 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -106,9 +109,10 @@ class Pod:
         self.server = TorchServe(self.run_dir, store, config=config)
         self.proc: subprocess.Popen | None = None
         self.out = root / "runner.out"
+        self.probes = f"127.0.0.1:{free_ports(1)[0]}"
 
     def start(self) -> None:
-        cmd = [sys.executable, "-m", "rtserve", "server", "run"]
+        cmd = [sys.executable, "-m", "rtserve", "server", "run", "--probes", self.probes]
         if self.sandbox:
             # Only the run directory and /tmp stay writable; then drop to the pod's user. It
             # keeps CAP_DAC_READ_SEARCH (read anything, write nothing extra) only because this
@@ -139,6 +143,14 @@ class Pod:
             text=True,
             timeout=60,
         )
+
+    def http(self, path: str, timeout: float = 5.0) -> tuple[int, str]:
+        """What the kubelet's HTTP probe of ``path`` gets from the entry point: (status, body)."""
+        try:
+            with urllib.request.urlopen(f"http://{self.probes}{path}", timeout=timeout) as answer:
+                return answer.status, answer.read().decode().strip()
+        except urllib.error.HTTPError as answer:
+            return answer.code, answer.read().decode().strip()
 
     def wait_ready(self, timeout: float = 300.0) -> subprocess.CompletedProcess:
         # 300 s: on a busy machine (a fresh clone's three tiers) the warm-up took over 120 s
@@ -220,6 +232,28 @@ def test_ready_means_the_model_answers_even_after_keys_expire(pod):
     again = pod.probe("ready")
     assert again.returncode == 0, again.stdout
     assert (pod.run_dir / "key_file.json").read_text() != keys, "keys were not renewed"
+    time.sleep(2.0)  # and the entry point's own probes renew them too
+    assert pod.http("/ready") == (200, f"ready: {MODEL_NAME} 1.0 answers")
+    assert pod.http("/live") == (200, "live: /ping 200")
+
+
+def test_the_entry_point_answers_the_kubelets_probes_with_the_commands_verdicts(pod):
+    """``--probes``: GET /ready and /live give the probe commands' verdicts, 200 or 503 (draining:
+    503 at once), anything else a 404; each change of a verdict is one line of the pod's output."""
+    pod.wait_ready()
+    assert pod.http("/ready") == (200, f"ready: {MODEL_NAME} 1.0 answers")
+    assert pod.http("/live") == (200, "live: /ping 200")
+    assert pod.http("/metrics")[0] == 404
+    (pod.run_dir / DRAIN_FILE).write_text("")
+    try:
+        assert pod.http("/ready") == (503, "draining: not accepting new requests")
+        assert pod.http("/live")[0] == 200
+    finally:
+        (pod.run_dir / DRAIN_FILE).unlink()
+    assert pod.http("/ready")[0] == 200
+    out = pod.out.read_text(errors="replace")
+    assert out.count("probe /ready: draining: not accepting new requests") == 1, out[-3000:]
+    assert f"probe /ready: ready: {MODEL_NAME} 1.0 answers" in out
 
 
 def test_server_runs_on_a_read_only_root_as_the_pods_user(pod):
@@ -289,11 +323,17 @@ def test_live_fails_while_the_frontend_is_frozen(pod):
         started = time.monotonic()
         frozen = pod.probe("live")
         took = time.monotonic() - started
+        started = time.monotonic()
+        status, body = pod.http("/live", timeout=10)
+        took_http = time.monotonic() - started
     finally:
         os.kill(frontend, signal.SIGCONT)
     assert frozen.returncode == 1 and frozen.stdout.startswith("frontend does not answer"), frozen.stdout
     assert took < 5 + 5, f"the probe took {took:.1f} s, past the manifest's timeoutSeconds (5)"
+    assert status == 503 and body.startswith("frontend does not answer"), (status, body)
+    assert took_http < 5, f"GET /live took {took_http:.1f} s, past the manifest's timeoutSeconds (5)"
     assert pod.probe("live").returncode == 0
+    assert pod.http("/live")[0] == 200
 
 
 def test_bench_probe_cost_main(pod, tmp_path):
