@@ -1,6 +1,6 @@
 """The NetworkPolicies as the local cluster enforces them (kube-router's firewall, which `make
-cluster` runs): who reaches the model, its management API, its metrics, the candidate, and what the
-pods themselves may reach, probed with a short connect timeout from pods of the test's own.
+cluster` runs): who reaches the model, its management API, its metrics, its probes' port, the
+candidate, and what the pods themselves may reach, probed with a short connect timeout from pods of the test's own.
 
 The probes run in pods of the rtserve image (its Python) with the restricted security context:
 in another namespace with and without the management-client label, in the local overlay's
@@ -52,36 +52,42 @@ EXPECTED = {
     ("another namespace", "inference (Service)"): True,
     ("another namespace", "management (pod)"): False,
     ("another namespace", "metrics (pod)"): False,
+    ("another namespace", "probes (pod)"): False,
     ("another namespace", "candidate (Service)"): False,
     ("another namespace", "test's target :8000"): True,
     ("another namespace", "test's target :9092 (Kafka's port)"): True,
     ("another namespace, management-client label", "inference (Service)"): True,
     ("another namespace, management-client label", "management (pod)"): False,
     ("another namespace, management-client label", "metrics (pod)"): False,
+    ("another namespace, management-client label", "probes (pod)"): False,
     ("another namespace, management-client label", "candidate (Service)"): False,
     ("another namespace, management-client label", "test's target :8000"): True,
     ("another namespace, management-client label", "test's target :9092 (Kafka's port)"): True,
     (f"{NAMESPACE}, no label", "inference (Service)"): True,
     (f"{NAMESPACE}, no label", "management (pod)"): False,
     (f"{NAMESPACE}, no label", "metrics (pod)"): False,
+    (f"{NAMESPACE}, no label", "probes (pod)"): False,
     (f"{NAMESPACE}, no label", "candidate (Service)"): False,
     (f"{NAMESPACE}, no label", "test's target :8000"): True,
     (f"{NAMESPACE}, no label", "test's target :9092 (Kafka's port)"): True,
     (f"{NAMESPACE}, management-client label", "inference (Service)"): True,
     (f"{NAMESPACE}, management-client label", "management (pod)"): True,
     (f"{NAMESPACE}, management-client label", "metrics (pod)"): False,
+    (f"{NAMESPACE}, management-client label", "probes (pod)"): False,
     (f"{NAMESPACE}, management-client label", "candidate (Service)"): False,
     (f"{NAMESPACE}, management-client label", "test's target :8000"): True,
     (f"{NAMESPACE}, management-client label", "test's target :9092 (Kafka's port)"): True,
     ("monitoring namespace", "inference (Service)"): True,
     ("monitoring namespace", "management (pod)"): False,
     ("monitoring namespace", "metrics (pod)"): True,
+    ("monitoring namespace", "probes (pod)"): False,
     ("monitoring namespace", "candidate (Service)"): False,
     ("monitoring namespace", "test's target :8000"): True,
     ("monitoring namespace", "test's target :9092 (Kafka's port)"): True,
     ("stream consumer's policy", "inference (Service)"): True,
     ("stream consumer's policy", "management (pod)"): False,
     ("stream consumer's policy", "metrics (pod)"): False,
+    ("stream consumer's policy", "probes (pod)"): False,
     ("stream consumer's policy", "candidate (Service)"): False,
     ("stream consumer's policy", "test's target :8000"): False,
     ("stream consumer's policy", "test's target :9092 (Kafka's port)"): True,
@@ -180,6 +186,8 @@ def probes(served, image_vars, tmp_path_factory):
             Target("inference (Service)", service["rtserve"], 8080, NAMESPACE, server_labels),
             Target("management (pod)", last.ip, 8081, NAMESPACE, server_labels),
             Target("metrics (pod)", last.ip, 8082, NAMESPACE, server_labels),
+            # the kubelet's HTTP probes (the pod's main process answers them): the node only
+            Target("probes (pod)", last.ip, 8087, NAMESPACE, server_labels),
             Target("candidate (Service)", service["rtserve-candidate"], 8080, NAMESPACE, candidate_labels),
             Target("test's target :8000", target_ip, TARGET_PORT, OTHER, target_labels),
             Target("test's target :9092 (Kafka's port)", target_ip, KAFKA_PORT, OTHER, target_labels),
