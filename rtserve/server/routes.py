@@ -18,6 +18,7 @@ AGENT = "TorchServe frontend (JVM) + rtserve agent"
 WORKER = "Python worker (handler)"
 OIP_SIDECAR = "OIP sidecar"
 EXPORTER = "metrics exporter"
+ENTRY_POINT = "the pod's main process (`rtserve server run`)"
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class Api:
 
 GATEWAY = Api("gateway", "none", ":8080", "GatewaySettings.listen")
 GATEWAY_HEALTH = Api("gateway health", "none", ":8086", "GatewaySettings.health_listen")
+PROBES = Api("probes", "none", ":8087", "rtserve server run --probes")
 INFERENCE = Api("inference", "127.0.0.1:8080", "127.0.0.1:8090", "inference_address")
 MANAGEMENT = Api("management", "127.0.0.1:8081", ":8081", "management_address")
 METRICS = Api(
@@ -55,6 +57,7 @@ GRPC_MANAGEMENT = Api("gRPC management", "127.0.0.1:7071", "127.0.0.1:7071", "gr
 APIS = (
     GATEWAY,
     GATEWAY_HEALTH,
+    PROBES,
     INFERENCE,
     MANAGEMENT,
     METRICS,
@@ -146,10 +149,28 @@ ROUTES = (
         INFERENCE,
     ),
     Route("any", "/*", GATEWAY_HEALTH, "nginx: 404", (NGINX,), _GATEWAY_FILES),
-    # TorchServe's inference listener (loopback; in the pod behind the gateway).
+    # The kubelet's probes of the rtserve container, answered by its main process.
     Route(
-        "GET", "/ping", INFERENCE, f"{_TS} health; the exec probes ask it", (FRONTEND,), ("rtserve/server/probe.py",)
+        "GET",
+        "/ready",
+        PROBES,
+        "not draining, warmed up, /ping healthy and a prediction answered: 200, else 503 (readiness, startup)",
+        (ENTRY_POINT, FRONTEND, WORKER),
+        ("rtserve/server/probe.py",),
+        INFERENCE,
     ),
+    Route(
+        "GET",
+        "/live",
+        PROBES,
+        "the frontend answers /ping with any status: 200, else 503 (liveness)",
+        (ENTRY_POINT, FRONTEND),
+        ("rtserve/server/probe.py",),
+        INFERENCE,
+    ),
+    Route("any", "/*", PROBES, "404", (ENTRY_POINT,), ("rtserve/server/probe.py",)),
+    # TorchServe's inference listener (loopback; in the pod behind the gateway).
+    Route("GET", "/ping", INFERENCE, f"{_TS} health; the probes ask it", (FRONTEND,), ("rtserve/server/probe.py",)),
     Route(
         "POST",
         "/predictions/{model}",
