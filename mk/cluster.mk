@@ -119,6 +119,8 @@ CLUSTER_RUNS        = $(shell pid=$$(head -n1 $(CLUSTER_RUN_DIR)/kube-apiserver.
 # The engine whose images make cluster-load (and k8s-deploy OVERLAY=local) load into the node.
 CLUSTER_ENGINE     ?= podman
 IMAGES             ?=
+# Where the loads keep the images' layers (skopeo's OCI layouts, one image per repository, a few GB).
+CLUSTER_LAYERS     ?= $(CACHE_DIR)/image-layers
 CLUSTER_KUBECONFIG ?= build/cluster/admin.kubeconfig
 # Fixed ports, e.g. CLUSTER_PORTS="kube-apiserver=6443" (default: free ones, recorded in the run directory).
 CLUSTER_PORTS      ?=
@@ -137,7 +139,7 @@ cluster-stop: ## Stop the cluster `make cluster` started (by its PID files in CL
 .PHONY: cluster-load
 cluster-load: | $(STAMP) ## Load IMAGES built here (e.g. IMAGES="registry.example.com/ml/rtserve:1.0") into the cluster's node, as kind load does; skips those it holds
 	@test -n "$(IMAGES)" || { echo 'usage: make cluster-load IMAGES="registry.example.com/ml/rtserve:1.0 ..."'; exit 2; }
-	$(PY) -m rtserve cluster load --run-dir $(CLUSTER_RUN_DIR) --engine $(CLUSTER_ENGINE) $(IMAGES)
+	$(PY) -m rtserve cluster load --run-dir $(CLUSTER_RUN_DIR) --engine $(CLUSTER_ENGINE) --layers $(CLUSTER_LAYERS) $(IMAGES)
 
 .PHONY: cluster-status
 cluster-status: ## Show whether each component of the cluster in CLUSTER_RUN_DIR runs, its API server and kubeconfig

@@ -9,7 +9,7 @@
         [--netpol-bin-dir DIR] [--metrics-bin-dir DIR] [--port kube-apiserver=6443]
     python -m rtserve cluster status [--run-dir .run/cluster]
     python -m rtserve cluster stop [--run-dir .run/cluster]
-    python -m rtserve cluster load [--run-dir .run/cluster] [--engine podman] IMAGE [IMAGE ...]
+    python -m rtserve cluster load [--run-dir .run/cluster] [--engine podman] [--layers DIR] IMAGE [IMAGE ...]
 
 ``make cluster``, ``make cluster-status``, ``make cluster-load``, ... call these.
 """
@@ -113,7 +113,7 @@ def cmd_load(args: argparse.Namespace) -> int:
     Images the node holds already are skipped.
     """
     begin = time.monotonic()
-    done = images.load(images.node_ctr(args.run_dir, args.ctr), args.image, args.engine)
+    done = images.load(images.node_ctr(args.run_dir, args.ctr), args.image, args.engine, layers=args.layers)
     imported = sum(1 for d in done if d.action == "imported")
     print(f">> {len(done)} image(s) on the node, {imported} imported, in {time.monotonic() - begin:.1f} s")
     return 0
@@ -209,5 +209,14 @@ def add(groups: argparse._SubParsersAction) -> None:
         ),
         (["--engine"], {"default": "podman", "help": "the engine whose images are saved (podman or docker)"}),
         (["--ctr"], {"default": "ctr", "help": "containerd's client"}),
+        (
+            ["--layers"],
+            {
+                "type": Path,
+                "default": None,
+                "help": "a directory that keeps the images' layers between loads (podman with skopeo): "
+                "a second version of an image copies its new layers only",
+            },
+        ),
         run_dir,
     )

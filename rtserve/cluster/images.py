@@ -7,10 +7,14 @@ rewrites. :func:`config_digest` and :func:`plan` are pure; :func:`load` runs the
 
 from __future__ import annotations
 
+import fcntl
+import functools
 import hashlib
 import io
 import json
 import os
+import re
+import shutil
 import stat
 import subprocess
 import tarfile
@@ -35,6 +39,8 @@ QUERY_TIMEOUT = 60.0
 INDEX_TYPES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json")
 #: The exit status of a process killed by SIGPIPE (its reader went away).
 SIGPIPE_EXIT = -13
+#: The OCI layout's name of a manifest.
+ANNOTATION = "org.opencontainers.image.ref.name"
 
 
 @dataclass(frozen=True)
@@ -174,29 +180,43 @@ class NodeImages:
                 return fields[-1] == "true"
         return False
 
-    def import_new_layers(self, engine: str, image: Local, timeout: float = LOAD_TIMEOUT) -> float:
+    def import_new_layers(
+        self, engine: str, image: Local, timeout: float = LOAD_TIMEOUT, layers: Path | None = None
+    ) -> float:
         """Import ``image`` sending only the layers the node lacks; returns the seconds.
 
-        podman writes the image's uncompressed layers (``push dir:``, digests = the layers' diff IDs,
-        which containerd holds them under once imported); the OCI archive streamed into
-        ``ctr images import`` carries the manifest, the config and the missing layers only.
+        ``skopeo`` copies the image from podman's store into an OCI layout kept under ``layers``
+        (one per repository), uncompressed, so blob digests are the layers' diff IDs, which
+        containerd holds them under once imported; a layer the layout holds is not copied again,
+        so a second version of an image writes its new layers only (without skopeo: ``podman push
+        dir:``, every layer each time). The OCI archive streamed into ``ctr images import``
+        carries the manifest, the config and the layers the node lacks.
         """
         start = time.monotonic()
         have = set(self.ctr("content", "ls", "-q", timeout=QUERY_TIMEOUT).split())
         with tempfile.TemporaryDirectory(prefix="rtserve-load-", dir=os.environ.get("TMPDIR", "/var/tmp")) as tmp:
-            layout = Path(tmp) / "image"
-            run([engine, "push", "--quiet", image.name, f"dir:{layout}"], timeout=timeout)
-            manifest = (layout / "manifest.json").read_bytes()
-            doc = json.loads(manifest)
-            wanted = [doc["config"]] + [layer for layer in doc["layers"] if layer["digest"] not in have]
-            blobs = {d["digest"]: layout / d["digest"].removeprefix("sha256:") for d in wanted}
-            writer = oci_archive(image.name, manifest, blobs)
-            archive = Path(tmp) / "import.tar"
-            with archive.open("wb") as out:
-                writer(out)
-            with archive.open("rb") as stream:
-                self.ctr("images", "import", "-", stdin=stream, timeout=timeout)
+            if layers is not None and shutil.which("skopeo"):
+                with LayerCache(layers, image.name) as cache:
+                    manifest = cache.copy(image, timeout)
+                    self._import(image, manifest, cache.blob, have, Path(tmp), timeout)
+            else:
+                layout = Path(tmp) / "image"
+                run([engine, "push", "--quiet", image.name, f"dir:{layout}"], timeout=timeout)
+                manifest = (layout / "manifest.json").read_bytes()
+                self._import(image, manifest, lambda d: layout / d.removeprefix("sha256:"), have, Path(tmp), timeout)
         return time.monotonic() - start
+
+    def _import(
+        self, image: Local, manifest: bytes, blob: Callable[[str], Path], have: set[str], tmp: Path, timeout: float
+    ) -> None:
+        doc = json.loads(manifest)
+        wanted = [doc["config"]] + [layer for layer in doc["layers"] if layer["digest"] not in have]
+        writer = oci_archive(image.name, manifest, {d["digest"]: blob(d["digest"]) for d in wanted})
+        archive = tmp / "import.tar"
+        with archive.open("wb") as out:
+            writer(out)
+        with archive.open("rb") as stream:
+            self.ctr("images", "import", "-", stdin=stream, timeout=timeout)
 
     def import_from(self, engine: str, image: Local, timeout: float = LOAD_TIMEOUT) -> float:
         """Stream ``engine save`` of ``image`` into ``ctr images import``; returns the seconds.
@@ -244,6 +264,59 @@ class NodeImages:
         return time.monotonic() - start
 
 
+class LayerCache:
+    """An OCI layout of one repository's images, kept between loads (locked while in use).
+
+    :meth:`copy` puts an image in it with ``skopeo`` (a layer the layout holds is not copied
+    again) and leaves only that image: blobs no longer named are deleted, so the layout holds one
+    image's layers, and a later version of it reuses all but its new ones.
+    """
+
+    def __init__(self, root: Path, name: str) -> None:
+        repository = name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
+        self.dir = root / re.sub(r"[^A-Za-z0-9._-]+", "_", repository)
+        self._lock: IO[bytes] | None = None
+
+    def __enter__(self) -> LayerCache:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock = (self.dir.parent / f"{self.dir.name}.lock").open("wb")
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._lock is not None
+        self._lock.close()  # releases the lock
+
+    def blob(self, digest: str) -> Path:
+        return self.dir / "blobs" / "sha256" / digest.removeprefix("sha256:")
+
+    def copy(self, image: Local, timeout: float) -> bytes:
+        """Copy ``image`` (podman's store) into the layout; returns its manifest."""
+        tag = "image"
+        run(
+            [
+                "skopeo",
+                "copy",
+                "--quiet",
+                "--dest-oci-accept-uncompressed-layers",
+                f"containers-storage:{image.name}",
+                f"oci:{self.dir}:{tag}",
+            ],
+            timeout=timeout,
+        )
+        index = json.loads((self.dir / "index.json").read_text())
+        (entry,) = [m for m in index["manifests"] if (m.get("annotations") or {}).get(ANNOTATION) == tag]
+        manifest = self.blob(entry["digest"]).read_bytes()
+        index["manifests"] = [entry]
+        (self.dir / "index.json").write_text(json.dumps(index))
+        doc = json.loads(manifest)
+        keep = {entry["digest"], doc["config"]["digest"], *(layer["digest"] for layer in doc["layers"])}
+        for path in (self.dir / "blobs" / "sha256").iterdir():
+            if f"sha256:{path.name}" not in keep:
+                path.unlink()
+        return manifest
+
+
 def oci_archive(name: str, manifest: bytes, blobs: dict[str, Path]) -> Callable[[IO[bytes]], None]:
     """A writer of the OCI archive of one image named ``name``: its ``manifest`` and ``blobs`` (digest -> file).
 
@@ -284,8 +357,16 @@ def oci_archive(name: str, manifest: bytes, blobs: dict[str, Path]) -> Callable[
     return write
 
 
-def load(ctr: Ctr, names: list[str], engine: str = "podman", say: Callable[[str], None] = print) -> list[Loaded]:
+def load(
+    ctr: Ctr,
+    names: list[str],
+    engine: str = "podman",
+    say: Callable[[str], None] = print,
+    layers: Path | None = None,
+) -> list[Loaded]:
     """Load each image of ``names`` from ``engine`` into the node ``ctr`` reaches, unless it holds it already.
+
+    With podman, ``layers`` keeps the images' layers between loads (:class:`LayerCache`).
 
     One line is said per image.
 
@@ -297,7 +378,10 @@ def load(ctr: Ctr, names: list[str], engine: str = "podman", say: Callable[[str]
     node = NodeImages(ctr)
     refs = ctr.images()
     done = []
-    into = node.import_new_layers if Path(engine).name == "podman" else node.import_from
+    if Path(engine).name == "podman":
+        into = functools.partial(node.import_new_layers, layers=layers)
+    else:
+        into = node.import_from
     for image in images:
         action = plan(image, refs, node.config_of)
         if action == "present" and not node.unpacked(image.name):

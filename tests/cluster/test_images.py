@@ -9,6 +9,7 @@ the rtserve and gateway images go the same way in `make k8s-deploy OVERLAY=local
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import uuid
@@ -66,6 +67,55 @@ def test_an_image_is_imported_once_and_tagged_under_a_second_name(cluster, tiny_
         left = [ref for ref in (name, second, image_id) if ref in held]
         if left:
             ctr("images", "rm", *left)
+
+
+def test_a_second_version_copies_only_its_new_layer_and_the_cache_keeps_one_image(cluster, tmp_path):
+    """Version images share every layer but their last: the load's layer cache (skopeo's OCI
+    layout) copies the shared ones once, keeps one image per repository, and the node runs it."""
+    run = uuid.uuid4().hex[:12]
+    (tmp_path / "shared").write_bytes(run.encode() * 100_000)
+    (tmp_path / "version").write_text(run)
+    (tmp_path / "Base").write_text("FROM scratch\nCOPY shared /shared\n")
+    name = f"localhost/rtserve-layer-check:{run}"
+    base = podman("build", "-q", "-f", "Base", "-t", f"{name}-1", ".", cwd=tmp_path)
+    (tmp_path / "Next").write_text(f"FROM {base}\nCOPY version /version\n")
+    nxt = podman("build", "-q", "-f", "Next", "-t", f"{name}-2", ".", cwd=tmp_path)
+    layers, ctr = tmp_path / "layers", images.node_ctr(cluster.run_dir)
+    layout = layers / "localhost_rtserve-layer-check"
+    blobs = layout / "blobs" / "sha256"
+
+    def cache_load(tag: str) -> subprocess.CompletedProcess:
+        done = make("cluster-load", f"CLUSTER_RUN_DIR={cluster.run_dir}", f"CLUSTER_LAYERS={layers}", f"IMAGES={tag}")
+        assert done.returncode == 0, done.stdout
+        return done
+
+    try:
+        cache_load(f"{name}-1")
+        (shared,) = podman("image", "inspect", "--format", "{{json .RootFS.Layers}}", base).strip("[]\n").split(",")
+        shared_blob = blobs / shared.strip('"').removeprefix("sha256:")
+        first = shared_blob.stat()
+        assert first.st_size > 1_000_000, "the shared layer, uncompressed, in the cache"
+        cache_load(f"{name}-2")
+        again = shared_blob.stat()
+        assert (again.st_ino, again.st_mtime_ns) == (first.st_ino, first.st_mtime_ns), "the shared layer copied again"
+        index = json.loads((layout / "index.json").read_text())
+        assert len(index["manifests"]) == 1, index
+        manifest = json.loads((blobs / index["manifests"][0]["digest"].removeprefix("sha256:")).read_bytes())
+        assert manifest["config"]["digest"] == f"sha256:{nxt}"
+        named = {
+            manifest["config"]["digest"],
+            index["manifests"][0]["digest"],
+            *(x["digest"] for x in manifest["layers"]),
+        }
+        assert {f"sha256:{p.name}" for p in blobs.iterdir()} == named, "the first version's config left in the cache"
+        node = images.NodeImages(ctr)
+        assert node.config_of(ctr.images()[f"{name}-2"]) == f"sha256:{nxt}" and node.unpacked(f"{name}-2")
+    finally:
+        held = ctr.images()
+        left = [ref for ref in (f"{name}-1", f"{name}-2") if ref in held]
+        if left:
+            ctr("images", "rm", *left)
+        podman("rmi", "--force", nxt, base)
 
 
 def test_a_missing_image_or_a_stopped_cluster_is_refused_by_name(cluster, tmp_path):

@@ -229,7 +229,7 @@ def test_a_name_on_the_node_is_skipped_only_when_its_layers_are_unpacked(monkeyp
     imported, said = [], []
     monkeypatch.setattr(images, "local_image", lambda name, engine: IMAGE)
     monkeypatch.setattr(
-        images.NodeImages, "import_new_layers", lambda node, engine, image: imported.append(image) or 1.0
+        images.NodeImages, "import_new_layers", lambda node, engine, image, **kw: imported.append(image) or 1.0
     )
     ctr = NodeCtr(unpacked)
     (loaded,) = images.load(ctr, [IMAGE.name], "podman", said.append)
