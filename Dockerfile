@@ -4,38 +4,28 @@
 # (build/image/<version>/) and tags the image IMG:<model version>. docs/image-and-pod.md has the
 # size breakdown and build times.
 #
-# Two stages: the builder installs the Python dependencies into a virtualenv from the wheelhouse
-# (wheels made on the host from the pinned requirements.txt: `pip install --no-index`, so the image
-# holds exactly what the tests ran and the build needs no package index); the runtime stage gets
-# the virtualenv, a Java 17 runtime, the Java agent (built from agent/ in a stage of its own,
-# with a JDK that stays there) and rtserve's own files, nothing else.
+# It is built on the dependencies image (deploy/podman/deps.Dockerfile: Java 17, tini, the
+# model-server user and the pruned virtualenv), which `make image` builds first, once per set of
+# dependencies, and passes as DEPS_IMAGE (localhost/rtserve-deps:<hash of its inputs>). So an
+# image of a new version, or of a change to rtserve's code, is a few small layers on it: rtserve's
+# files, the Java agent (built from agent/ in a stage of its own, with a JDK that stays there)
+# and the archive.
 #
-# The base is a build argument: the official Python 3.11 image on Debian bookworm (bookworm ships
-# Java 17), or the equivalent that `make image-base` builds from Debian's packages where no
-# registry can be reached. Builder and runtime use the same base, so the virtualenv's python
-# link points at the same interpreter in both.
+# The base is a build argument, as in the dependencies image (the same one is passed to both):
+# the official Python 3.11 image on Debian bookworm, or the equivalent that `make image-base`
+# builds from Debian's packages where no registry can be reached. Only the agent's stage uses it.
 ARG BASE_IMAGE=docker.io/library/python:3.11-slim-bookworm
-
-# Java 17 runs TorchServe's frontend; tini is PID 1 (reaps zombies, forwards SIGTERM). A stage of
-# its own: the runtime builds on it and so does the agent's builder, which adds the JDK.
-# (The JRE's post-install links man pages into a directory the slim image has removed; ct.sym is
-#  javac's symbol table for other releases, which the runtime never reads.)
-FROM ${BASE_IMAGE} AS java
-RUN mkdir -p /usr/share/man/man1 \
- && apt-get update \
- && apt-get install -y --no-install-recommends openjdk-17-jre-headless tini \
- && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt /var/log/dpkg.log \
-      /usr/share/doc/* /usr/share/man/* \
- && rm -f /usr/lib/jvm/java-17-openjdk-*/lib/ct.sym
+# No default: `make image` names the dependencies image built from the same wheelhouse.
+ARG DEPS_IMAGE
 
 # The frontend's Java agent (greedy batching, the OIP model routes), built from agent/ with javac
 # and jar exactly as the Makefile's build/agent/rtserve-agent.jar rule does (Debian's JDK 17, in
-# this stage only). The JRE is reinstalled for the ct.sym the stage above removed: `javac
-# --release` reads it.
-FROM java AS agent
+# this stage only). On the base rather than the dependencies image: it needs none of them, and
+# its JDK layer stays cached when the dependencies change. (The JDK's post-install links man
+# pages into a directory the slim image has removed.)
+FROM ${BASE_IMAGE} AS agent
 RUN mkdir -p /usr/share/man/man1 \
  && apt-get update \
- && apt-get install -y --no-install-recommends --reinstall openjdk-17-jre-headless \
  && apt-get install -y --no-install-recommends openjdk-17-jdk-headless \
  && rm -rf /var/lib/apt/lists/*
 COPY agent/ /build/agent/
@@ -44,30 +34,7 @@ RUN cd /build && mkdir -p build/agent/classes \
  && jar --create --file build/agent/rtserve-agent.jar --manifest agent/MANIFEST.MF \
       -C build/agent/classes .
 
-FROM ${BASE_IMAGE} AS builder
-COPY wheelhouse/ /wheelhouse/
-RUN python3 -m venv /opt/venv \
- && /opt/venv/bin/pip install --no-index --find-links /wheelhouse --no-cache-dir \
-      --disable-pip-version-check -r /wheelhouse/requirements.txt \
- && /opt/venv/bin/pip uninstall --yes --disable-pip-version-check pip
-# Only what runs: no C++ headers, CMake files or static libraries (for building extensions), no
-# test suites, and bytecode only for the modules rtserve imports (prune_venv.py says what and why;
-# `make image` lists them, so a change to rtserve alone reuses this layer).
-COPY prune_venv.py runtime-modules.txt /build/
-RUN rm -rf /opt/venv/lib/python3.11/site-packages/torch/include \
-      /opt/venv/lib/python3.11/site-packages/torch/share/cmake \
- && find /opt/venv -name '*.a' -delete \
- && cd /build && PYTHONDONTWRITEBYTECODE=1 /opt/venv/bin/python prune_venv.py /opt/venv runtime-modules.txt
-
-FROM java AS runtime
-# A fixed non-root UID (above 10000) that the Deployment's runAsUser names too.
-RUN groupadd --gid 10001 model-server \
- && useradd --uid 10001 --gid 10001 --home-dir /home/model-server --no-create-home \
-      --shell /usr/sbin/nologin model-server \
- && mkdir -p /home/model-server/run /etc/rtserve \
- && chown 10001:10001 /home/model-server /home/model-server/run
-
-COPY --from=builder /opt/venv /opt/venv
+FROM ${DEPS_IMAGE} AS runtime
 WORKDIR /opt/rtserve
 COPY handler/ ./handler/
 COPY rtserve/ ./rtserve/

@@ -11,9 +11,14 @@ BASE_IMAGE    ?= docker.io/library/python:3.11-slim-bookworm
 # The local stand-in for BASE_IMAGE (debootstrap); its tag changes with the script that builds it.
 LOCAL_BASE    ?= localhost/rtserve-base:bookworm-$(shell sha256sum deploy/podman/build-base.sh | cut -c1-12)
 IMAGE_CONTEXT ?= build/image/$(MODEL_VERSION)
+# The dependencies image the version's image is built on (deploy/podman/deps.Dockerfile: Java 17,
+# tini, the pruned virtualenv), tagged DEPS_IMG:<hash of its inputs> and built only when no image
+# has that tag; its context (the wheelhouse, hard-linked) beside the version's.
+DEPS_IMG      ?= localhost/rtserve-deps
+DEPS_CONTEXT  ?= $(IMAGE_CONTEXT)-deps
 # One image build at a time on this machine (clones and test processes alike): the next one
-# takes the layers the first cached (the builder stage and the 4 GB virtualenv) instead of
-# making its own copies at the same time (two at once filled the disk once).
+# takes the layers or the image the first made (the dependencies image and its 4 GB virtualenv)
+# instead of making its own copies at the same time (two at once filled the disk once).
 IMAGE_LOCK    ?= $(CACHE_DIR)/image-build.lock
 # The image's tag: the model version (what the overlays pin); tests use their own.
 IMAGE_TAG     ?= $(MODEL_VERSION)
@@ -42,6 +47,7 @@ image-base: ## Build LOCAL_BASE (Debian bookworm, Python 3.11) with debootstrap,
 image: $(ARCHIVE) $(WHEELHOUSE_STAMP) ## Build IMG:IMAGE_TAG (default MODEL_VERSION) with that version's archive (DOCKER=podman|docker; reused while its inputs are unchanged)
 	@$(require_archive)
 	@$(IMAGE_ENV) IMG=$(IMG) IMAGE_TAG=$(IMAGE_TAG) IMAGE_CONTEXT=$(IMAGE_CONTEXT) MAR=$(MAR) \
+	  DEPS_IMG=$(DEPS_IMG) DEPS_CONTEXT=$(DEPS_CONTEXT) \
 	  MODEL_NAME=$(MODEL_NAME) MODEL_VERSION=$(MODEL_VERSION) K8S_DIR=$(K8S_DIR) scripts/image rtserve
 
 

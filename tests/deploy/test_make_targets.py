@@ -51,6 +51,11 @@ if "get" in args and "job/rtserve-verify" in args:  # the Job's true conditions
 if "logs" in args:
     sys.stdout.write("error: realtime-classifier 2.0 answers 3 of 256 golden rows differently\\n"
                      if os.environ.get("FAIL_VERIFY") else "verified {{}}\\n")
+# Images the engine holds, with their IDs and rtserve.inputs labels (any other name: no output).
+images = json.loads(os.environ.get("STAND_IN_IMAGES", "{{}}"))
+if args[:3] == ["image", "inspect", "--format"] and args[4] in images:
+    fields = dict(inputs="rtserve.inputs", Id=".Id")  # the --format asks for one of them
+    sys.stdout.write("".join(value for field, value in images[args[4]].items() if fields[field] in args[3]))
 """
 
 
@@ -65,11 +70,13 @@ class Make:
             script.write_text(STAND_IN.replace("{tool}", tool))
             script.chmod(0o755)
 
-    def __call__(self, *args: str, fail_rollout: bool = False,
-                 fail_verify: bool = False) -> subprocess.CompletedProcess:
+    def __call__(self, *args: str, fail_rollout: bool = False, fail_verify: bool = False,
+                 images: dict[str, dict[str, str]] | None = None) -> subprocess.CompletedProcess:
+        """``images``: what the stand-in engine holds, name -> {"Id": ..., "inputs": ...}."""
         self.log.unlink(missing_ok=True)
         env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
         env["STAND_IN_LOG"] = str(self.log)  # and no variables inherited from an outer make
+        env["STAND_IN_IMAGES"] = json.dumps(images or {})
         if fail_rollout:
             env["FAIL_ROLLOUT"] = "1"
         if fail_verify:
@@ -268,46 +275,92 @@ def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
             for m in re.finditer(r"^\s*([A-Za-z]+)\s+(.*)$", joined, re.M)]
 
 
-def test_make_image_stages_every_file_the_dockerfile_copies(make, mar_v1, build_root, tmp_path):
-    context = tmp_path / "context"
-    result = make("image", "MODEL_VERSION=1.0", f"IMG={IMG}", f"IMAGE_CONTEXT={context}",
-                  f"MODEL_STORE={mar_v1.parent}", f"DEMO_ARTIFACTS={build_root / 'artifacts'}",
-                  f"VENV={REPO / '.venv'}")
-    assert result.returncode == 0, result.stdout + result.stderr
-    builds = [call for call in make.calls if call[:1] == ["build"]]
-    assert len(builds) == 1, make.calls
-    (build,) = builds
-    assert build[-3:] == ["-t", f"{IMG}:1.0", str(context)]
-    build_args = dict(build[i + 1].split("=", 1) for i, a in enumerate(build) if a == "--build-arg")
-    assert build_args["MODEL_NAME"] == MODEL_NAME and build_args["MODEL_VERSION"] == "1.0"
-    # The stand-in has every image, so the official base is used as it is.
-    assert build_args["BASE_IMAGE"] == "docker.io/library/python:3.11-slim-bookworm"
+#: The base `make image` builds on when the engine has it (the stand-in has every image).
+OFFICIAL_BASE = "docker.io/library/python:3.11-slim-bookworm"
+DEPS_DOCKERFILE = "deploy/podman/deps.Dockerfile"
 
+
+def image_builds(calls: list[list[str]]) -> list[list[str]]:
+    """The engine's `build` calls, in order."""
+    return [call for call in calls if call[:1] == ["build"]]
+
+
+def option_values(build: list[str], option: str) -> dict[str, str]:
+    """A build's ``--build-arg`` (or ``--label``) values, by name."""
+    return dict(build[i + 1].split("=", 1) for i, a in enumerate(build) if a == option)
+
+
+def image_variables(context: Path, mar: Path, build_root: Path) -> list[str]:
+    return ["MODEL_VERSION=1.0", f"IMG={IMG}", f"IMAGE_CONTEXT={context}", f"MODEL_STORE={mar.parent}",
+            f"DEMO_ARTIFACTS={build_root / 'artifacts'}", f"VENV={REPO / '.venv'}"]
+
+
+def test_make_image_stages_every_file_the_dockerfile_copies(make, mar_v1, build_root, tmp_path):
+    """Two images, two contexts: the dependencies image (deploy/podman/deps.Dockerfile: Java, the
+    virtualenv from the wheelhouse) and the version's on it (the Dockerfile: rtserve's files, the
+    agent built from source, the archive); every file either copies is in its staged context."""
+    context = tmp_path / "context"
+    result = make("image", *image_variables(context, mar_v1, build_root))
+    assert result.returncode == 0, result.stdout + result.stderr
+    deps_build, build = image_builds(make.calls)
+    # The dependencies image first, tagged with the hash of its inputs (its label), from a context
+    # beside the version's: none of the wheelhouse goes into the version's.
+    deps_context, deps = Path(deps_build[-1]), deps_build[-2]
+    assert deps_context == tmp_path / "context-deps"
+    assert re.fullmatch(r"localhost/rtserve-deps:[0-9a-f]{16}", deps)
+    assert option_values(deps_build, "--label") == {"rtserve.inputs": deps.rpartition(":")[2]}
+    assert deps_build[deps_build.index("-f") + 1] == str(deps_context / "deps.Dockerfile")
+    assert option_values(deps_build, "--build-arg") == {"BASE_IMAGE": OFFICIAL_BASE}
+    assert (deps_context / "deps.Dockerfile").read_text() == (REPO / DEPS_DOCKERFILE).read_text()
+    # Then the version's, on it.
+    assert build[-3:] == ["-t", f"{IMG}:1.0", str(context)]
+    build_args = option_values(build, "--build-arg")
+    assert build_args == {"BASE_IMAGE": OFFICIAL_BASE, "DEPS_IMAGE": deps, "MODEL_NAME": MODEL_NAME,
+                          "MODEL_VERSION": "1.0"}
+
+    deps_instructions = dockerfile_instructions((deps_context / "deps.Dockerfile").read_text())
     instructions = dockerfile_instructions((context / "Dockerfile").read_text())
-    froms = [args.split() for op, args in instructions if op == "FROM"]
-    # Every stage on the BASE_IMAGE build argument: the Java runtime, the agent's builder (a JDK
-    # on top of it), the virtualenv's builder, and the runtime on the Java stage.
-    assert froms == [["${BASE_IMAGE}", "AS", "java"], ["java", "AS", "agent"],
-                     ["${BASE_IMAGE}", "AS", "builder"], ["java", "AS", "runtime"]]
+
+    def froms(steps: list[tuple[str, str]]) -> list[list[str]]:
+        return [args.split() for op, args in steps if op == "FROM"]
+
+    # Every stage on the BASE_IMAGE build argument, or on a stage or image made from it: the Java
+    # runtime and the virtualenv's builder, the dependencies image on the Java stage; the agent's
+    # builder (a JDK) on the base, the version's image on the dependencies image.
+    assert froms(deps_instructions) == [["${BASE_IMAGE}", "AS", "java"], ["${BASE_IMAGE}", "AS", "builder"],
+                                        ["java", "AS", "deps"]]
+    assert froms(instructions) == [["${BASE_IMAGE}", "AS", "agent"], ["${DEPS_IMAGE}", "AS", "runtime"]]
+    for steps in (deps_instructions, instructions):
+        args = {k: v for k, _, v in (a.partition("=") for op, a in steps if op == "ARG")}
+        assert args["BASE_IMAGE"] == OFFICIAL_BASE
+    assert "DEPS_IMAGE" in [a for op, a in instructions if op == "ARG"], "no default: make image names it"
     # The agent is built from source with javac and jar, as the Makefile does, never copied in.
     runs = " ".join(a for op, a in instructions if op == "RUN")
     assert "javac --release 17 -Xlint:all -Werror" in runs and "jar --create" in runs
-    assert not list(context.rglob("*.jar")), "a built jar in the build context"
+    assert not list(context.rglob("*.jar")) and not list(deps_context.rglob("*.jar")), "a built jar in a context"
     assert (context / "agent" / "MANIFEST.MF").is_file()
-    args = {k: v for k, _, v in (a.partition("=") for op, a in instructions if op == "ARG")}
-    assert re.fullmatch(r"docker\.io/library/python:3\.11-slim-bookworm", args["BASE_IMAGE"])
-    args.update(build_args)
-    copies = [a.split() for op, a in instructions if op == "COPY" and not a.startswith("--from=")]
-    assert copies, "no COPY found"
-    for *sources, _dest in copies:
-        for source in sources:
-            path = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], source)
-            assert (context / path).exists(), f"COPY source missing from the context: {path}"
+    # What each copies from another stage: the virtualenv into the dependencies image, the agent's
+    # jar into the version's.
+    assert [a for op, a in deps_instructions if op == "COPY" and a.startswith("--from=")] == \
+        ["--from=builder /opt/venv /opt/venv"]
+    assert [a for op, a in instructions if op == "COPY" and a.startswith("--from=")] == \
+        ["--from=agent /build/build/agent/rtserve-agent.jar ./build/agent/rtserve-agent.jar"]
+    for where, steps, values in ((deps_context, deps_instructions, {}), (context, instructions, build_args)):
+        args = {k: v for k, _, v in (a.partition("=") for op, a in steps if op == "ARG")} | values
+        copies = [a.split() for op, a in steps if op == "COPY" and not a.startswith("--from=")]
+        assert copies, f"no COPY found in {where}"
+        for *sources, _dest in copies:
+            for source in sources:
+                path = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], source)
+                assert (where / path).exists(), f"COPY source missing from {where}: {path}"
     assert (context / "model_store" / mar_v1.name).read_bytes() == mar_v1.read_bytes()
     assert sorted(p.name for p in (context / "model_store").iterdir()) == [mar_v1.name]
-    # The wheelhouse: the pinned requirements and a wheel for each of them, nothing to download.
-    wheels = sorted(p.name for p in (context / "wheelhouse").glob("*.whl"))
-    assert (context / "wheelhouse" / "requirements.txt").read_text() == (REPO / "requirements.txt").read_text()
+    # The wheelhouse, in the dependencies' context only: the pinned requirements and a wheel for
+    # each of them, nothing to download.
+    assert not (context / "wheelhouse").exists()
+    wheelhouse = deps_context / "wheelhouse"
+    wheels = sorted(p.name for p in wheelhouse.glob("*.whl"))
+    assert (wheelhouse / "requirements.txt").read_text() == (REPO / "requirements.txt").read_text()
     for line in (REPO / "requirements.txt").read_text().splitlines():
         name = line.split("#")[0].strip().split("==")[0]
         if name:
@@ -317,7 +370,10 @@ def test_make_image_stages_every_file_the_dockerfile_copies(make, mar_v1, build_
     (user,) = [a for op, a in instructions if op == "USER"]
     uid, gid = (int(x) for x in user.split(":"))
     assert uid > 10000 and gid > 10000
-    assert ":latest" not in (context / "Dockerfile").read_text()
+    # The user the version's image runs as is the one the dependencies image made.
+    (make_user,) = [a for op, a in deps_instructions if op == "RUN" and "useradd" in a]
+    assert f"--uid {uid} --gid {gid}" in make_user and f"groupadd --gid {gid}" in make_user
+    assert ":latest" not in (context / "Dockerfile").read_text() + (deps_context / "deps.Dockerfile").read_text()
     (cmd,) = [json.loads(a) for op, a in instructions if op == "CMD"]
     assert cmd == ["python", "-m", "rtserve", "server", "run"]
     help_text = subprocess.run([sys.executable, "-m", "rtserve", "server", "--help"], cwd=REPO,
@@ -327,6 +383,38 @@ def test_make_image_stages_every_file_the_dockerfile_copies(make, mar_v1, build_
     assert "RTSERVE_MODELS=${MODEL_NAME}=${MODEL_NAME}_${MODEL_VERSION}.mar" in env
     (expose,) = [a for op, a in instructions if op == "EXPOSE"]
     assert expose.split() == ["8081", "8082"]  # inference: loopback, behind the gateway sidecar
+    for op in ("USER", "CMD", "ENTRYPOINT", "EXPOSE", "ENV"):
+        assert op not in {o for o, _ in deps_instructions}, f"{op} belongs to the version's image"
+
+
+def test_make_image_builds_no_dependencies_image_when_its_tagged_image_exists(make, mar_v1, build_root,
+                                                                              tmp_path):
+    """When the engine holds DEPS_IMG:<inputs> labelled with those inputs, `make image` runs no
+    build of it (a build with every layer cached still re-reads the wheels and the virtualenv:
+    about 90 s) and builds the version's image on it; the dependencies image's ID is one of the
+    version's inputs, so a new one rebuilds the version's image; with both current, no build."""
+    variables = image_variables(tmp_path / "context", mar_v1, build_root)
+    first = make("image", *variables)
+    assert first.returncode == 0, first.stdout + first.stderr
+    deps_build, build = image_builds(make.calls)
+    deps, inputs = deps_build[-2], deps_build[-2].rpartition(":")[2]
+
+    held = {deps: {"Id": "sha256:" + "d" * 64, "inputs": inputs}}
+    again = make("image", *variables, images=held)
+    assert again.returncode == 0, again.stdout + again.stderr
+    (rebuild,) = image_builds(make.calls)
+    assert rebuild[-3:] == ["-t", f"{IMG}:1.0", str(tmp_path / "context")]
+    assert option_values(rebuild, "--build-arg")["DEPS_IMAGE"] == deps
+    assert f">> {deps} is up to date (inputs {inputs})\n" in again.stdout
+    version_inputs = option_values(rebuild, "--label")["rtserve.inputs"]
+    assert version_inputs != option_values(build, "--label")["rtserve.inputs"], \
+        "the dependencies image's ID is not among the version's inputs"
+
+    held[f"{IMG}:1.0"] = {"Id": "sha256:" + "e" * 64, "inputs": version_inputs}
+    current = make("image", *variables, images=held)
+    assert current.returncode == 0, current.stdout + current.stderr
+    assert image_builds(make.calls) == []
+    assert f">> {IMG}:1.0 is up to date (inputs {version_inputs})\n" in current.stdout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -382,8 +470,8 @@ def test_make_image_of_a_jvm_service_stages_every_file_its_containerfile_copies(
         runs = [" ".join(a.split()) for op, a in dockerfile_instructions(text) if op == "RUN"]
         return [run for run in runs if "openjdk-17-jre-headless tini" in run]
 
-    assert java((context / "Containerfile").read_text()) == java((REPO / "Dockerfile").read_text())
-    assert len(java((REPO / "Dockerfile").read_text())) == 1
+    assert java((context / "Containerfile").read_text()) == java((REPO / DEPS_DOCKERFILE).read_text())
+    assert len(java((REPO / DEPS_DOCKERFILE).read_text())) == 1
     (user,) = [a for op, a in instructions if op == "USER"]
     assert user == "10001:10001"
     (cmd,) = [json.loads(a) for op, a in instructions if op == "CMD"]

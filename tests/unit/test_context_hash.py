@@ -1,5 +1,6 @@
 """deploy/podman/context_hash.py: two builds of one model version share an image's inputs label
-(their archives differ only in build times), a changed weight or handler does not."""
+(their archives differ only in build times), a changed weight or handler does not; a wheel counts
+by its name and size (the dependencies image's 2.7 GB wheelhouse is never read)."""
 
 from __future__ import annotations
 
@@ -41,4 +42,25 @@ def test_the_context_digest_follows_every_file(tmp_path):
     assert context_digest(tmp_path / "ctx", ["base-id"]) == before
     assert context_digest(tmp_path / "ctx", ["other-base"]) != before
     (tmp_path / "ctx" / "handler" / "h.py").write_text("a = 2\n")
+    assert context_digest(tmp_path / "ctx", ["base-id"]) != before
+
+
+def test_a_wheel_counts_by_its_name_and_size_not_its_bytes(tmp_path):
+    wheelhouse = tmp_path / "ctx" / "wheelhouse"
+    wheelhouse.mkdir(parents=True)
+    (wheelhouse / "requirements.txt").write_text("torch==2.13.0\n")
+    wheel = wheelhouse / "torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl"
+    wheel.write_bytes(b"a" * 100)
+    before = context_digest(tmp_path / "ctx", ["base-id"])
+    wheel.write_bytes(b"b" * 100)  # other bytes, the same size: not read
+    assert context_digest(tmp_path / "ctx", ["base-id"]) == before
+    wheel.write_bytes(b"b" * 101)  # rebuilt under the same name
+    assert context_digest(tmp_path / "ctx", ["base-id"]) != before
+    wheel.write_bytes(b"a" * 100)
+    assert context_digest(tmp_path / "ctx", ["base-id"]) == before
+    wheel.rename(wheelhouse / "torch-2.13.1-cp311-cp311-manylinux_2_28_x86_64.whl")  # another version
+    assert context_digest(tmp_path / "ctx", ["base-id"]) != before
+    # Any other file still counts by its bytes.
+    (wheelhouse / "torch-2.13.1-cp311-cp311-manylinux_2_28_x86_64.whl").rename(wheel)
+    (wheelhouse / "requirements.txt").write_text("torch==2.13.9\n")
     assert context_digest(tmp_path / "ctx", ["base-id"]) != before
