@@ -35,7 +35,7 @@ IMAGE_ENV = DOCKER="$(DOCKER)" PY=$(PY) BASE_IMAGE=$(BASE_IMAGE) LOCAL_BASE=$(LO
   IMAGE_LOCK=$(IMAGE_LOCK) WHEELHOUSE=$(abspath $(WHEELHOUSE))
 
 .PHONY: pod-deps
-pod-deps: ## Install podman, buildah, debootstrap, runc and catatonit from Debian's packages if one is missing
+pod-deps: ## Install podman, buildah, skopeo, debootstrap, runc and catatonit from Debian's packages if one is missing
 	@scripts/deps pod
 
 .PHONY: image-base
