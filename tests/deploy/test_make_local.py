@@ -23,6 +23,8 @@ from tests.deploy.test_make_targets import IMG, plan
 pytestmark = pytest.mark.deploy
 
 GATEWAY = "localhost/rtserve-gateway-standin:nginx-bookworm"
+#: Where the loads keep the images' layers (the Makefile's CLUSTER_LAYERS, in its CACHE_DIR).
+LAYERS = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rtserve" / "image-layers"
 STORE = "registry.example.com/ml/rtserve-cassandra:5.0.6"
 BROKER = "registry.example.com/ml/rtserve-kafka:4.4.0"
 BIN, KUBECONFIG = "/c/bin", "/c/admin.kubeconfig"
@@ -82,7 +84,8 @@ def test_on_the_local_cluster_it_builds_loads_makes_the_token_and_uses_the_clust
         f"if [ -f model_store/realtime-classifier_2.0.mar ] || ! podman image inspect {IMG}:2.0 >/dev/null 2>&1; "
         "then make --no-print-directory image DOCKER=podman MODEL_VERSION=2.0 IMAGE_TAG=2.0; fi",
         f"make --no-print-directory image-gateway {TARGET[store]}DOCKER=podman",
-        f"{py} -m rtserve cluster load --run-dir {cluster} --engine podman {IMG}:2.0 {GATEWAY} {store}".strip(),
+        f"{py} -m rtserve cluster load --run-dir {cluster} --engine podman --layers {LAYERS} {IMG}:2.0 {GATEWAY} "
+        f"{store}".strip(),
         f"{LOCAL_KUBECTL} apply -f deploy/k8s/overlays/{overlay}/namespace.yaml",
         f"{LOCAL_KUBECTL} -n rtserve-{overlay} get secret rtserve-gateway-tokens >/dev/null 2>&1 || "
         f"{LOCAL_KUBECTL} -n rtserve-{overlay} create secret generic rtserve-gateway-tokens "
@@ -99,7 +102,7 @@ def test_on_the_local_cluster_it_builds_loads_makes_the_token_and_uses_the_clust
 @pytest.mark.parametrize("overlay", sorted(LOCAL))
 def test_the_overlays_pin_is_built_and_loaded_without_a_version(tmp_path, overlay):
     lines = local_plan(tmp_path, pid=os.getpid(), overlay=overlay)
-    loads = f"--engine podman {IMG}:1.0 {GATEWAY} {LOCAL[overlay]}".strip()
+    loads = f"--engine podman --layers {LAYERS} {IMG}:1.0 {GATEWAY} {LOCAL[overlay]}".strip()
     assert any(line.endswith(loads) for line in lines), lines
     assert any('--version "1.0"' in line for line in lines), lines
 
@@ -171,4 +174,4 @@ def test_make_cluster_load_needs_images_and_passes_them_on(tmp_path):
     assert done.stdout == 'usage: make cluster-load IMAGES="registry.example.com/ml/rtserve:1.0 ..."\n'
     lines = plan("cluster-load", f"IMAGES={IMG}:1.0 {GATEWAY}", f"CLUSTER_RUN_DIR={tmp_path}")
     assert lines[-1] == (f"{REPO / '.venv'}/bin/python -m rtserve cluster load --run-dir {tmp_path} "
-                         f"--engine podman {IMG}:1.0 {GATEWAY}")
+                         f"--engine podman --layers {LAYERS} {IMG}:1.0 {GATEWAY}")
