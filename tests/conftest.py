@@ -78,9 +78,13 @@ def make_archive(build_root: Path, version: str, store: Path | None = None, **va
     or the artifact directory given as ``ARTIFACTS=`` (with ``MODEL_NAME=``), into ``store``
     (default ``build_root/model_store``)."""
     store = store or build_root / "model_store"
+    name = variables.get("MODEL_NAME", MODEL_NAME)
     args = [
         f"MODEL_VERSION={version}",
         f"MODEL_STORE={store}",
+        # Staged under the session's own directory: the tiers' pytest processes run at once and
+        # build the same versions (the Makefile's default, build/stage/<name>_<version>, is shared).
+        f"STAGE={build_root / 'stage' / f'{name}_{version}'}",
         f"DEMO_ARTIFACTS={build_root / 'artifacts'}",
         f"VENV={REPO / '.venv'}",
     ]
@@ -94,7 +98,7 @@ def make_archive(build_root: Path, version: str, store: Path | None = None, **va
         text=True,
     )
     assert done.returncode == 0, f"make archive failed:\n{done.stdout[-3000:]}"
-    mar = store / f"{variables.get('MODEL_NAME', MODEL_NAME)}_{version}.mar"
+    mar = store / f"{name}_{version}.mar"
     assert mar.is_file(), f"make archive did not produce {mar}"
     return mar
 
