@@ -108,7 +108,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_load(args: argparse.Namespace) -> int:
-    """Load images built here into the cluster's node (podman save | ctr images import).
+    """Load images built here into the cluster's node (only their new layers, into ctr images import).
 
     Images the node holds already are skipped.
     """

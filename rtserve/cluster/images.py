@@ -209,6 +209,7 @@ class NodeImages:
     def _import(
         self, image: Local, manifest: bytes, blob: Callable[[str], Path], have: set[str], tmp: Path, timeout: float
     ) -> None:
+        """Send ctr the manifest, the config and the layers not in ``have`` (``blob``: digest -> its file)."""
         doc = json.loads(manifest)
         wanted = [doc["config"]] + [layer for layer in doc["layers"] if layer["digest"] not in have]
         writer = oci_archive(image.name, manifest, {d["digest"]: blob(d["digest"]) for d in wanted})

@@ -91,8 +91,8 @@ def test_a_second_version_copies_only_its_new_layer_and_the_cache_keeps_one_imag
 
     try:
         cache_load(f"{name}-1")
-        (shared,) = podman("image", "inspect", "--format", "{{json .RootFS.Layers}}", base).strip("[]\n").split(",")
-        shared_blob = blobs / shared.strip('"').removeprefix("sha256:")
+        (shared,) = json.loads(podman("image", "inspect", "--format", "{{json .RootFS.Layers}}", base))
+        shared_blob = blobs / shared.removeprefix("sha256:")
         first = shared_blob.stat()
         assert first.st_size > 1_000_000, "the shared layer, uncompressed, in the cache"
         cache_load(f"{name}-2")
