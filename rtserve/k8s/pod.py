@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rtserve.errors import DeployError
-from rtserve.k8s.deploy import Kubectl
+from rtserve.k8s.deploy import POLL_SECONDS, Kubectl
 from rtserve.settings import RunDir
 
 #: The gateway image of the local overlay (deploy/k8s/components/local-images): Debian's nginx,
@@ -139,7 +139,7 @@ class Deployed:
                 raise DeployError(
                     f"{len(pods)} of {replicas} pods of {self.app} ready in {self.namespace} after {timeout:.0f} s"
                 )
-            time.sleep(0.5)
+            time.sleep(POLL_SECONDS)
 
 
 def save_token(token: str, path: Path) -> None:
@@ -205,7 +205,7 @@ def stop(deployed: Deployed, timeout: float = 180) -> list[str]:
     while deployed.get("pods", "-l", f"app.kubernetes.io/name={deployed.app}", "-o", "name").strip():
         if time.monotonic() - began > timeout:
             raise DeployError(f"pods of {deployed.app} still terminating after {timeout:.0f} s")
-        time.sleep(0.5)
+        time.sleep(POLL_SECONDS)
     seconds = time.monotonic() - began
     events = json.loads(deployed.get("events", "--field-selector", "reason=FailedPreStopHook", "-o", "json"))
     failed = [e.get("message", "") for e in events["items"] if e["involvedObject"].get("name") in names]

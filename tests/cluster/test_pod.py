@@ -239,7 +239,7 @@ def test_pod_report_main_measures_the_running_pod(pod, tmp_path):
         f"pod-report: a replica ready {report['seconds_to_ready']} s after its pod's deletion; "
         f"memory idle {report['memory_idle']}, under load {report['memory_load']} MiB"
     )
-    assert 0 < report["seconds_to_ready"] < 300
+    assert 0 < report["seconds_to_ready"] < 600  # the local overlay's start-up budget
     assert report["image"]["size_mb"] > 0 and report["image"]["layers"], report["image"]
     assert set(report["memory_idle"]) == set(report["memory_load"]) == {"rtserve", "gateway"}
     assert report["memory_load"]["rtserve"] > 100, report["memory_load"]  # TorchServe, torch: hundreds of MiB
@@ -248,7 +248,7 @@ def test_pod_report_main_measures_the_running_pod(pod, tmp_path):
     assert point["per_second"] > 0 and point["errors"] == 0 and point["pod_cores"] > 0, point
     assert "capacity_per_second" in report["sizing"], report["sizing"]
     # the autoscaler's minimum ready again (more when it chose more under the report's load)
-    assert len(pod.deployed.wait_ready(2, 300)) >= 2 and predict(pod).status_code == 200
+    assert len(pod.deployed.wait_ready(2, 600)) >= 2 and predict(pod).status_code == 200
 
 
 def test_cgroup_memory_agrees_with_the_metrics_server(pod):
@@ -278,7 +278,7 @@ def test_pod_stop_drains_each_pod_and_removes_the_namespace(pod):
         while not gone.is_set():
             if not pod.deployed.get("pods", "-l", "app.kubernetes.io/name=rtserve", "-o", "name").strip():
                 gone.set()
-            time.sleep(0.5)
+            time.sleep(1)  # a kubectl run per look (rtserve.k8s.deploy.POLL_SECONDS)
 
     load = SteadyLoad(
         pod.url,
