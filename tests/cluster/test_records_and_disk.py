@@ -1,5 +1,5 @@
 """Bounded disk and records in the cluster: the local-records overlay (the local overlay with an
-in-cluster Cassandra node) with its run volume's sizeLimit patched to 24Mi (a copy of deploy/k8s
+in-cluster Cassandra node) with its run volume's sizeLimit patched to 16Mi (a copy of deploy/k8s
 with one patch: the disk budget follows by the overlay's replacement) takes steady traffic through
 the Service that writes four times that into the pods' access logs, with no pod evicted or
 restarted and no request failed on its first try; then a rollout replaces those pods under the
@@ -40,7 +40,7 @@ pytestmark = pytest.mark.cluster
 #: The overlay under test and its namespace.
 OVERLAY, NAMESPACE = "local-records", "rtserve-local-records"
 #: The run volume's size limit under test, and how many times it the traffic writes.
-SIZE_LIMIT, SIZE_LIMIT_BYTES, WRITES = "24Mi", 24 * 2**20, 4
+SIZE_LIMIT, SIZE_LIMIT_BYTES, WRITES = "16Mi", 16 * 2**20, 4
 #: A query parameter this long on every request: the access log keeps each request's URI (the
 #: integration tier's disk test does the same; TorchServe takes request lines up to 4 KiB).
 PAD = 3800
@@ -183,7 +183,7 @@ def namespace(cluster):
     cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false")
 
 
-def test_a_24mi_run_volume_takes_four_times_its_size_and_every_answer_reaches_cassandra(
+def test_a_16mi_run_volume_takes_four_times_its_size_and_every_answer_reaches_cassandra(
     cluster, namespace, image_vars, tmp_path
 ):
     begin = time.monotonic()
