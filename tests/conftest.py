@@ -24,6 +24,14 @@ os.environ.setdefault(
     str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rtserve" / "trained"),
 )
 
+# The JVMs the tests start on this machine (TorchServe's frontends, the Kafka broker, the Cassandra
+# node; the `java` launcher reads this variable, the pods of the cluster tier never see it) compile
+# with C1 alone. Each lives seconds to minutes, where C2's compilations cost more CPU than they
+# save: a frontend took 11.1 CPU-s to start and 15.4 more for 3,000 requests with C2, 6.5 and 6.1
+# with C1 alone (its steady state, after C2's warm-up, is 0.37 ms of CPU per request against C1's
+# 0.50: what production and `make bench-quick` keep). Set it empty to test with C2.
+os.environ.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
+
 
 def go_pin(gomod: Path, module: str) -> str:
     """The version ``gomod`` requires ``module`` at, as make reads it (scripts/cluster pin)."""
