@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 
@@ -246,3 +247,10 @@ def test_missing_or_corrupt_artifacts_fail_initialize(trained_dir, tmp_path):
     (tmp_path / "meta.json").unlink()
     with pytest.raises(ConfigError, match="model metadata not found"):
         RealTimeHandler().initialize(make_context(tmp_path, MODEL_YAML))
+
+
+def test_initialize_freezes_what_it_loaded_out_of_later_collections(handler_ctx):
+    """torch, the program and the handler are frozen (a full collection would walk them all,
+    a stall of tens of ms in every batch then waiting), and full collections are rare."""
+    assert gc.get_freeze_count() > 50_000, gc.get_freeze_count()
+    assert gc.get_threshold()[2] >= 1000, gc.get_threshold()
